@@ -1,0 +1,117 @@
+// The tagged allocator. Every byte the engine allocates goes through one of these, named by a
+// Category, so the memory anatomy table is read off the allocator itself.
+//
+// Note [allocation policy]: buffers are allocated once per run (weights, gradients, optimizer
+// state, the activation arena, the temporary arena, workspaces) and carved by offsets. Nothing
+// is allocated inside a training step, so the per-category peaks equal the planned sizes.
+#pragma once
+#include <cstddef>
+#include <mutex>
+#include <string>
+
+#include "core/tensor.h"
+#include "memory/category.h"
+
+namespace anatomy {
+
+struct Stat {
+  int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+  void add(int64_t n) {
+    current += n;
+    allocated += n;
+    if (current > peak) peak = current;
+  }
+  void sub(int64_t n) {
+    current -= n;
+    freed += n;
+  }
+};
+
+struct AllocatorStats {
+  Stat per_category[kNumCategories];
+  Stat total;
+  CategoryBytes current() const;
+  CategoryBytes peak() const;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+
+  // Throws anatomy::Error on failure with the per-category table in the message.
+  void* allocate(size_t bytes, Category c);
+  void deallocate(void* p, size_t bytes, Category c) noexcept;
+
+  const AllocatorStats& stats() const { return m_stats; }
+  // A table of current and peak MiB per category, one line each.
+  std::string table() const;
+
+ protected:
+  virtual void* raw_allocate(size_t bytes) = 0;  // returns nullptr when out of memory
+  virtual void raw_deallocate(void* p) noexcept = 0;
+  virtual std::string oom_hint(size_t bytes) const { return str_cat("could not allocate ", bytes, " bytes"); }
+
+ private:
+  std::mutex m_mutex;
+  AllocatorStats m_stats;
+};
+
+class CpuAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::CPU; }
+  // For tests: make allocations beyond this many bytes in total fail like an out-of-memory.
+  void set_limit(int64_t bytes) { m_limit = bytes; }
+
+ protected:
+  void* raw_allocate(size_t bytes) override;
+  void raw_deallocate(void* p) noexcept override;
+
+ private:
+  int64_t m_limit = -1;
+};
+
+// A move-only owning buffer. Copying is deleted to prevent performance accidents.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Allocator& a, DType t, Shape s, Category c);
+  ~Buffer() { reset(); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+
+  void reset() noexcept;
+  const Tensor& tensor() const { return m_tensor; }
+  operator const Tensor&() const { return m_tensor; }
+  void* data() const { return m_tensor.data; }
+  size_t bytes() const { return m_bytes; }
+  Category category() const { return m_category; }
+
+ private:
+  Allocator* m_alloc = nullptr;
+  Tensor m_tensor;
+  size_t m_bytes = 0;
+  Category m_category = Category::Other;
+};
+
+// A bump arena over one Buffer: carve tensors by offset, reset to reuse. Offsets are aligned
+// to 256 bytes (cuBLASLt and vectorized kernels want at least 16).
+class Arena {
+ public:
+  Arena() = default;
+  Arena(Allocator& a, size_t bytes, Category c) : m_buf(a, DType::U8, Shape{static_cast<int64_t>(bytes)}, c) {}
+  Tensor take(DType t, Shape s);
+  size_t used() const { return m_used; }
+  size_t high_water() const { return m_high; }
+  size_t capacity() const { return m_buf.bytes(); }
+  void reset_to(size_t mark) { m_used = mark; }
+  static size_t round_up(size_t n) { return (n + 255) & ~size_t{255}; }
+
+ private:
+  Buffer m_buf;
+  size_t m_used = 0, m_high = 0;
+};
+
+}  // namespace anatomy

@@ -1,0 +1,151 @@
+// The backend interface: every op the BERT forward and backward needs, once for the CPU
+// (ops/cpu, the fp32 reference) and once for CUDA (ops/cuda). The model is written once
+// against this interface.
+//
+// Conventions (all ops):
+// - Tensors are contiguous row-major views; outputs come first, then inputs, then options.
+// - "Activation" tensors are in the run's compute dtype (F32, or BF16/F16 in mixed
+//   precision); parameter tensors passed to forward ops are in the compute dtype too (the
+//   half copy); parameter gradients are F32 and are always ACCUMULATED into (+=): the
+//   trainer zeroes them at the start of each accumulation cycle.
+// - Linear layers follow Hugging Face: weight [out, in], y = x W^T + b.
+// - Dropout is counter-based (core/rng.h): element i of a dropout site with spec
+//   (p, seed, offset) is kept iff dropout_keep(seed, offset, i, p); kept values are scaled
+//   by 1/(1-p). Backward regenerates the mask; nothing is stored. p == 0 means identity.
+// - Attention masks are I32 [B, T], 1 = attend to this key, 0 = padding (Hugging Face).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "memory/allocator.h"
+
+namespace anatomy {
+
+enum class Trans : uint8_t { N, T };
+enum class Epilogue : uint8_t { None, Bias, BiasGelu };
+
+struct DropoutSpec {
+  float p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+struct MatmulArgs {
+  float alpha = 1.0f;
+  float beta = 0.0f;  // C = alpha * op(A) op(B) + beta * C
+  Epilogue epilogue = Epilogue::None;
+  Tensor bias;     // [N], compute dtype; with Bias / BiasGelu
+  Tensor gelu_in;  // [M, N], compute dtype; with BiasGelu: receives the pre-activation
+};
+
+struct AdamWArgs {
+  float lr = 5e-5f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  int64_t step = 1;  // 1-based, for bias correction
+};
+
+struct SgdArgs {
+  float lr = 1e-2f, momentum = 0.9f, weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+// How the optimizer turns raw accumulated gradients into the gradient it applies:
+// g = grad * inv_loss_scale * clip, clip = min(1, max_norm / (||grad * inv_loss_scale|| + 1e-6)).
+// norm_sq is an F32 [1] tensor on the backend's device holding sum(grad^2) (unscaled),
+// so the update needs no host synchronization. max_norm <= 0 disables clipping.
+struct GradTransform {
+  Tensor norm_sq;
+  float inv_loss_scale = 1.0f;
+  float max_norm = 1.0f;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual Allocator& allocator() = 0;
+  virtual std::string name() const = 0;
+  virtual void synchronize() = 0;
+
+  // ---- data movement -------------------------------------------------------------------
+  virtual void upload(const Tensor& dst, const void* host) = 0;    // host bytes -> dst
+  virtual void download(void* host, const Tensor& src) = 0;        // src -> host bytes
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;     // same dtype and size
+  virtual void cast(const Tensor& dst, const Tensor& src) = 0;     // between float dtypes
+  virtual void fill(const Tensor& dst, float value) = 0;
+
+  // ---- tensor contractions -------------------------------------------------------------
+  // C[M,N] = alpha * op(A) op(B) + beta * C (+ bias, GELU per args.epilogue).
+  // A, B in the compute dtype; C in the compute dtype or F32 (parameter gradients).
+  virtual void matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb,
+                      const MatmulArgs& args) = 0;
+  // db[N] += sum over rows of dy[M, N].
+  virtual void bias_grad(const Tensor& db, const Tensor& dy) = 0;
+
+  // ---- attention -----------------------------------------------------------------------
+  // qkv [B, T, 3H] with per token [q | k | v], head h at columns [h*D, (h+1)*D) of each.
+  // ctx [B, T, H]; lse F32 [B, heads, T] = log-sum-exp of the scaled, masked scores.
+  // scale = 1/sqrt(D). Dropout (on the probabilities) with index ((b*heads + h)*T + q)*T + k.
+  virtual void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv,
+                                 const Tensor& mask, int heads, const DropoutSpec& dropout) = 0;
+  virtual void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
+                                  const Tensor& ctx, const Tensor& lse, const Tensor& mask,
+                                  int heads, const DropoutSpec& dropout) = 0;
+
+  // ---- statistical normalizations ------------------------------------------------------
+  // sum = dropout(branch) + residual (residual may be undefined: then sum = dropout(branch));
+  // y = (sum - mean) * rstd * gamma + beta over the last dim. mean, rstd F32 [rows].
+  // gamma, beta in the compute dtype. sum is saved for backward.
+  virtual void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& branch, const Tensor& residual,
+                                 const Tensor& gamma, const Tensor& beta, float eps,
+                                 const DropoutSpec& branch_dropout) = 0;
+  // dsum = dL/dsum; dbranch (if defined) = dropout_backward(dsum); dgamma, dbeta F32 (+=).
+  virtual void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
+                                  const Tensor& dbeta, const Tensor& dy, const Tensor& sum,
+                                  const Tensor& mean, const Tensor& rstd, const Tensor& gamma,
+                                  const DropoutSpec& branch_dropout) = 0;
+  // Cross-entropy over logits [B, C] with I32 labels [B]: losses F32 [B] (per sample);
+  // dlogits = (softmax - onehot) * grad_scale (grad_scale = loss_scale / total batch).
+  virtual void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                             const Tensor& labels, float grad_scale) = 0;
+
+  // ---- element-wise --------------------------------------------------------------------
+  virtual void gelu_forward(const Tensor& y, const Tensor& x) = 0;  // exact erf GELU
+  virtual void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
+  virtual void tanh_forward(const Tensor& y, const Tensor& x) = 0;
+  virtual void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) = 0;
+  virtual void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) = 0;
+  virtual void dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) = 0;
+  // y = a + b (same shape and dtype).
+  virtual void add(const Tensor& y, const Tensor& a, const Tensor& b) = 0;
+  // e[B*T, H] = word[ids] + pos[t] + type[type_ids]; ids, type_ids I32 [B, T].
+  virtual void embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_ids,
+                                 const Tensor& word, const Tensor& pos, const Tensor& type) = 0;
+  // F32 gradients (+=) from de [B*T, H].
+  virtual void embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& dtype,
+                                  const Tensor& de, const Tensor& ids, const Tensor& type_ids) = 0;
+  // out[B, H] = x[B, T, H][:, t, :]; backward writes dx[:, t, :] = dout and zeroes the rest.
+  virtual void select_token(const Tensor& out, const Tensor& x, int64_t t) = 0;
+  virtual void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) = 0;
+
+  // ---- optimizer -----------------------------------------------------------------------
+  // out F32 [1] += sum(x^2) over an F32 tensor.
+  virtual void sum_squares(const Tensor& out, const Tensor& x) = 0;
+  // In place on F32 params/grads/moments of equal size; half_copy (if defined) receives
+  // the updated params in its dtype (the compute copy in mixed precision).
+  virtual void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v,
+                            const Tensor& half_copy, const Tensor& grads, const GradTransform& g,
+                            const AdamWArgs& a) = 0;
+  virtual void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy,
+                          const Tensor& grads, const GradTransform& g, const SgdArgs& a) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// True when this build has the CUDA backend and a CUDA device is present.
+bool cuda_available();
+// Throws anatomy::Error when the build has no CUDA backend or no device is present.
+std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
+
+}  // namespace anatomy

@@ -1,0 +1,12 @@
+// Built when the CUDA backend is off: the CPU engine still links and says why there is no GPU.
+#include "ops/backend.h"
+
+namespace anatomy {
+
+bool cuda_available() { return false; }
+
+std::unique_ptr<Backend> make_cuda_backend(int) {
+  fail("--device cuda: this build of anatomy has no CUDA backend (configure with -DANATOMY_CUDA=ON)");
+}
+
+}  // namespace anatomy
