@@ -67,6 +67,8 @@ class Backend {
   virtual Allocator& allocator() = 0;
   virtual std::string name() const = 0;
   virtual void synchronize() = 0;
+  // Let F32 contractions use TF32 tensor cores (--precision tf32); the CPU ignores it.
+  virtual void set_allow_tf32(bool) {}
 
   // ---- data movement -------------------------------------------------------------------
   virtual void upload(const Tensor& dst, const void* host) = 0;    // host bytes -> dst
