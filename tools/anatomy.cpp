@@ -1,1 +1,121 @@
-int main() { return 0; }
+// The `anatomy` command line: train, and (as they land) plan, eval and report.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "ops/backend.h"
+#include "train/trainer.h"
+
+using namespace anatomy;
+
+namespace {
+
+struct TrainFlags {
+  TrainOptions o;
+  std::string precision = "fp32", checkpointing = "none", optim = "adamw", save_strategy = "final";
+  bool seed_experiment = false;
+};
+
+void add_train_flags(CLI::App& cmd, TrainFlags& f) {
+  TrainOptions& o = f.o;
+  cmd.add_flag("--seed-experiment", f.seed_experiment,
+               "The experiment of 'Model training anatomy': bert-large, seq 512, 512 random sequences, batch 4, fp32, "
+               "one epoch (bert-tiny when no GPU is present)");
+  auto* preset = cmd.add_option("--preset", o.preset, "Built-in model: bert-tiny, bert-mini, bert-base, bert-large")
+                     ->capture_default_str();
+  cmd.add_option("--model-name-or-path", o.model_name_or_path,
+                 "A Hugging Face model directory (config.json, optionally model.safetensors)")
+      ->excludes(preset);
+  cmd.add_option("--num-labels", o.num_labels, "Classes of the classification head (presets)")->capture_default_str();
+  cmd.add_option("--dataset", o.dataset, "Synthetic data: seed (random ids, labels 0) or learnable")->capture_default_str();
+  cmd.add_option("--num-samples", o.num_samples, "Samples in the synthetic set")->capture_default_str();
+  cmd.add_option("--seq-len", o.seq_len, "Sequence length")->capture_default_str();
+  cmd.add_option("--dataloader-prefetch", o.prefetch, "Batches prepared ahead by the loader thread")->capture_default_str();
+  cmd.add_option("--per-device-train-batch-size", o.per_device_train_batch_size, "Micro-batch size")->capture_default_str();
+  cmd.add_option("--gradient-accumulation-steps", o.gradient_accumulation_steps,
+                 "Micro-batches per optimizer step")->capture_default_str();
+  cmd.add_option("--num-train-epochs", o.num_train_epochs, "Epochs")->capture_default_str();
+  cmd.add_option("--max-steps", o.max_steps, "Optimizer steps (overrides epochs when > 0)")->capture_default_str();
+  cmd.add_option("--seed", o.seed, "Seed of initialization, data order and dropout")->capture_default_str();
+  cmd.add_option("--optim", f.optim, "Optimizer: adamw or sgd")->capture_default_str();
+  cmd.add_option("--learning-rate", o.learning_rate, "Peak learning rate")->capture_default_str();
+  cmd.add_option("--weight-decay", o.optim.weight_decay, "Decoupled weight decay (not on biases and LayerNorm)")
+      ->capture_default_str();
+  cmd.add_option("--adam-beta1", o.optim.beta1, "AdamW beta1")->capture_default_str();
+  cmd.add_option("--adam-beta2", o.optim.beta2, "AdamW beta2")->capture_default_str();
+  cmd.add_option("--adam-epsilon", o.optim.eps, "AdamW epsilon")->capture_default_str();
+  cmd.add_option("--sgd-momentum", o.optim.momentum, "SGD momentum")->capture_default_str();
+  cmd.add_option("--lr-scheduler-type", o.lr_scheduler_type, "linear or constant")->capture_default_str();
+  cmd.add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps")->capture_default_str();
+  cmd.add_option("--max-grad-norm", o.max_grad_norm, "Gradient clipping norm (0: off)")->capture_default_str();
+  cmd.add_option("--precision", f.precision, "fp32, tf32, bf16 or fp16 (mixed precision keeps fp32 master weights)")
+      ->capture_default_str();
+  cmd.add_option("--gradient-checkpointing", f.checkpointing, "none, layer or selective")->capture_default_str();
+  cmd.add_option("--device", o.device, "auto (the GPU when present), cpu or cuda")->capture_default_str();
+  cmd.add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str();
+  cmd.add_option("--output-dir", o.output_dir, "Where train_results.json, metrics.jsonl and the model go")
+      ->capture_default_str();
+  cmd.add_option("--logging-steps", o.logging_steps, "Log every N steps (0: summary only)")->capture_default_str();
+  cmd.add_option("--save-strategy", f.save_strategy, "final (save the model at the end) or no")->capture_default_str();
+  cmd.add_flag("--disable-tqdm", o.disable_progress_bar, "No progress bar on a terminal");
+}
+
+TrainOptions finish_train_flags(CLI::App& cmd, TrainFlags& f) {
+  TrainOptions o = f.o;
+  o.precision = parse_precision(f.precision);
+  o.gradient_checkpointing = parse_checkpoint_policy(f.checkpointing);
+  o.optim.kind = parse_optimizer(f.optim);
+  ANATOMY_CHECK(f.save_strategy == "final" || f.save_strategy == "no", "--save-strategy: expected final or no (got '",
+                f.save_strategy, "')");
+  o.save_model = f.save_strategy == "final";
+  const bool gpu = o.device == "cuda" || (o.device == "auto" && cuda_available());
+  if (f.seed_experiment) {
+    for (const char* flag : {"--preset", "--model-name-or-path", "--num-samples", "--seq-len",
+                             "--per-device-train-batch-size", "--precision", "--num-train-epochs", "--max-steps"})
+      ANATOMY_CHECK(cmd.count(flag) == 0, "--seed-experiment fixes the model, data and batch; drop ", flag);
+    o.preset = gpu ? "bert-large" : "bert-tiny";
+    o.seq_len = 512;
+    o.num_samples = 512;
+    o.per_device_train_batch_size = 4;
+    o.num_train_epochs = 1;
+    o.precision = Precision::Fp32;
+    o.dataset = "seed";
+    if (!gpu)
+      std::fprintf(stderr,
+                   "anatomy: no GPU present: running the seed experiment on the CPU with the small bert-tiny preset "
+                   "(the page uses bert-large on a V100)\n");
+  }
+  ANATOMY_CHECK(gpu || o.precision == Precision::Fp32,
+                "--precision ", f.precision, " needs a GPU (--device cuda); the CPU backend computes in fp32");
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"anatomy: train BERT on the GPU and see where every byte and millisecond goes.\n"
+               "Reproduces Hugging Face's 'Model training anatomy' experiment (see README.md)."};
+  app.require_subcommand(1);
+  TrainFlags tf;
+  CLI::App* train_cmd = app.add_subcommand("train", "Train BertForSequenceClassification and report time and memory");
+  add_train_flags(*train_cmd, tf);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (train_cmd->parsed()) {
+      TrainOptions o = finish_train_flags(*train_cmd, tf);
+      train(o);
+    }
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "anatomy: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "anatomy: error: %s\n", e.what());
+    return 3;
+  }
+}

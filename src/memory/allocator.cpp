@@ -86,6 +86,12 @@ void Buffer::reset() noexcept {
 
 Tensor Arena::take(DType t, Shape s) {
   size_t n = round_up(s.numel() * dtype_size(t));
+  if (m_dry) {
+    Tensor out(reinterpret_cast<void*>(m_used + 256), t, s, Device::CPU);  // never dereferenced
+    m_used += n;
+    if (m_used > m_high) m_high = m_used;
+    return out;
+  }
   ANATOMY_CHECK(m_used + n <= m_buf.bytes(), "internal error: arena of ", m_buf.bytes(), " bytes for ",
                 category_name(m_buf.category()), " overflows (", m_used, " used, ", n, " more asked)");
   Tensor out(static_cast<char*>(m_buf.data()) + m_used, t, s, m_buf.tensor().device);

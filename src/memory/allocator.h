@@ -98,10 +98,19 @@ class Buffer {
 
 // A bump arena over one Buffer: carve tensors by offset, reset to reuse. Offsets are aligned
 // to 256 bytes (cuBLASLt and vectorized kernels want at least 16).
+//
+// A dry arena (Arena::dry()) owns no memory: take() only counts, so the same carving code that
+// lays out the real buffers also computes the plan's exact byte counts before allocation.
 class Arena {
  public:
   Arena() = default;
   Arena(Allocator& a, size_t bytes, Category c) : m_buf(a, DType::U8, Shape{static_cast<int64_t>(bytes)}, c) {}
+  static Arena dry() {
+    Arena a;
+    a.m_dry = true;
+    return a;
+  }
+  bool is_dry() const { return m_dry; }
   Tensor take(DType t, Shape s);
   size_t used() const { return m_used; }
   size_t high_water() const { return m_high; }
@@ -112,6 +121,7 @@ class Arena {
  private:
   Buffer m_buf;
   size_t m_used = 0, m_high = 0;
+  bool m_dry = false;
 };
 
 }  // namespace anatomy

@@ -1,0 +1,129 @@
+#include "data/dataset.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace anatomy {
+
+void HostBatch::resize(int64_t B, int64_t T) {
+  batch = B;
+  seq = T;
+  input_ids.assign(B * T, 0);
+  token_type_ids.assign(B * T, 0);
+  attention_mask.assign(B * T, 0);
+  labels.assign(B, 0);
+}
+
+SyntheticKind parse_synthetic_kind(const std::string& s) {
+  if (s == "seed" || s == "synthetic") return SyntheticKind::Seed;
+  if (s == "learnable") return SyntheticKind::Learnable;
+  fail("--dataset: unknown synthetic set '", s, "' (expected seed or learnable)");
+}
+
+SyntheticDataset::SyntheticDataset(SyntheticKind kind, size_t n, int64_t seq_len, int64_t vocab, uint64_t seed)
+    : m_kind(kind), m_n(n), m_seq(seq_len), m_vocab(vocab), m_seed(seed) {
+  ANATOMY_CHECK(n > 0, "--num-samples must be at least 1");
+  ANATOMY_CHECK(seq_len >= 2, "--seq-len must be at least 2");
+  ANATOMY_CHECK(vocab > 300, "synthetic data needs a vocabulary of more than 300 ids (config has ", vocab, ")");
+}
+
+void SyntheticDataset::get(size_t i, HostBatch& out, int64_t row) const {
+  Rng rng(mix64(m_seed * 0x2545f4914f6cdd1dULL + i));
+  int32_t* ids = out.input_ids.data() + row * m_seq;
+  int32_t* types = out.token_type_ids.data() + row * m_seq;
+  int32_t* mask = out.attention_mask.data() + row * m_seq;
+  const int64_t hi = std::min<int64_t>(30000, m_vocab);
+  if (m_kind == SyntheticKind::Seed) {
+    for (int64_t t = 0; t < m_seq; ++t) {
+      ids[t] = static_cast<int32_t>(rng.randint(100, hi));
+      types[t] = 0;
+      mask[t] = 1;
+    }
+    out.labels[row] = 0;
+    return;
+  }
+  const int32_t label = static_cast<int32_t>(rng.randint(0, 2));
+  const int64_t len = m_seq / 2 + rng.randint(0, m_seq - m_seq / 2 + 1);  // in [T/2, T]
+  const int64_t marked = std::min<int64_t>(4, len - 1);
+  for (int64_t t = 0; t < m_seq; ++t) {
+    int32_t id = 0;
+    if (t == 0) {
+      id = 101;  // [CLS]
+    } else if (t <= marked) {
+      id = static_cast<int32_t>(label ? rng.randint(1000, 1100) : rng.randint(2000, 2100));
+    } else if (t < len) {
+      id = static_cast<int32_t>(rng.randint(300, hi));
+    }
+    ids[t] = id;
+    types[t] = 0;
+    mask[t] = t < len ? 1 : 0;
+  }
+  out.labels[row] = label;
+}
+
+std::vector<size_t> BatchPlan::indices(int64_t epoch, int64_t b) const {
+  std::vector<size_t> perm(m_n);
+  std::iota(perm.begin(), perm.end(), size_t{0});
+  Rng rng(mix64(m_seed + 0x51ed270b27a1c3d5ULL * static_cast<uint64_t>(epoch + 1)));
+  for (size_t i = m_n; i > 1; --i) std::swap(perm[i - 1], perm[rng.next() % i]);  // Fisher-Yates
+  const size_t begin = static_cast<size_t>(b) * m_batch, end = std::min(m_n, begin + m_batch);
+  return std::vector<size_t>(perm.begin() + begin, perm.begin() + end);
+}
+
+Prefetcher::Prefetcher(const Dataset& ds, BatchPlan plan, int64_t first, int64_t last, int prefetch)
+    : m_ds(ds), m_plan(plan), m_next(first), m_last(last), m_depth(std::max(1, prefetch)) {
+  m_thread = std::thread([this] { run(); });
+}
+
+Prefetcher::~Prefetcher() {
+  {
+    std::lock_guard<std::mutex> lock(m_mu);
+    m_stop = true;
+  }
+  m_cv.notify_all();
+  if (m_thread.joinable()) m_thread.join();
+}
+
+void Prefetcher::run() {
+  const int64_t per_epoch = m_plan.batches_per_epoch();
+  try {
+    for (int64_t g = m_next; g < m_last; ++g) {
+      std::vector<size_t> idx = m_plan.indices(g / per_epoch, g % per_epoch);
+      HostBatch hb;
+      hb.resize(static_cast<int64_t>(idx.size()), m_ds.seq_len());
+      for (size_t r = 0; r < idx.size(); ++r) m_ds.get(idx[r], hb, static_cast<int64_t>(r));
+      std::unique_lock<std::mutex> lock(m_mu);
+      m_cv.wait(lock, [this] { return m_stop || m_queue.size() < m_depth; });
+      if (m_stop) return;
+      m_queue.push_back(std::move(hb));
+      m_cv.notify_all();
+    }
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(m_mu);
+    m_error = e.what();
+  }
+  std::lock_guard<std::mutex> lock(m_mu);
+  m_done = true;
+  m_cv.notify_all();
+}
+
+bool Prefetcher::next(HostBatch& out, double& wait_seconds) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(m_mu);
+  m_cv.wait(lock, [this] { return !m_queue.empty() || m_done; });
+  wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (m_queue.empty()) {
+    if (!m_error.empty()) throw Error(m_error);
+    return false;
+  }
+  out = std::move(m_queue.front());
+  m_queue.pop_front();
+  m_cv.notify_all();
+  return true;
+}
+
+}  // namespace anatomy

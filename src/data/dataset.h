@@ -1,0 +1,98 @@
+// Datasets of token sequences with labels, batching with a seeded shuffle, and a background
+// prefetch thread that fills the next batches while the device trains on the current one.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace anatomy {
+
+// One batch on the host: I32 ids, token types and mask [B, T] row-major; labels [B].
+struct HostBatch {
+  int64_t batch = 0, seq = 0;
+  std::vector<int32_t> input_ids, token_type_ids, attention_mask, labels;
+  void resize(int64_t B, int64_t T);
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual size_t size() const = 0;
+  virtual int64_t seq_len() const = 0;
+  // Writes sample i into row `row` of the batch (length seq_len()).
+  virtual void get(size_t i, HostBatch& out, int64_t row) const = 0;
+};
+
+enum class SyntheticKind : uint8_t {
+  // The seed experiment: ids uniform in [100, 30000), no padding, every label 0 (the page's
+  // randint(0, 1)).
+  Seed,
+  // A learnable task: label c in {0, 1} decides which of two id ranges the first tokens after
+  // [CLS] come from; the rest is random, and sequences are padded to random lengths.
+  Learnable,
+};
+
+SyntheticKind parse_synthetic_kind(const std::string& s);
+
+// Samples are pure functions of (seed, index), so any sample can be regenerated on resume.
+class SyntheticDataset final : public Dataset {
+ public:
+  SyntheticDataset(SyntheticKind kind, size_t n, int64_t seq_len, int64_t vocab_size, uint64_t seed);
+  size_t size() const override { return m_n; }
+  int64_t seq_len() const override { return m_seq; }
+  void get(size_t i, HostBatch& out, int64_t row) const override;
+
+ private:
+  SyntheticKind m_kind;
+  size_t m_n;
+  int64_t m_seq, m_vocab;
+  uint64_t m_seed;
+};
+
+// Epoch order: a seeded permutation per epoch (the Trainer's RandomSampler), batches of
+// `batch` samples with a smaller last batch (drop_last false).
+class BatchPlan {
+ public:
+  BatchPlan(size_t n, int64_t batch, uint64_t seed) : m_n(n), m_batch(batch), m_seed(seed) {}
+  int64_t batches_per_epoch() const { return static_cast<int64_t>((m_n + m_batch - 1) / m_batch); }
+  // Sample indices of batch b of epoch e.
+  std::vector<size_t> indices(int64_t epoch, int64_t b) const;
+
+ private:
+  size_t m_n;
+  int64_t m_batch;
+  uint64_t m_seed;
+};
+
+// Fills batches on a background thread into a bounded queue (depth `prefetch`), in the order
+// given by a BatchPlan from a starting global batch index. next() blocks only when the
+// producer is behind; the time it blocked is the trainer's data-wait time.
+class Prefetcher {
+ public:
+  Prefetcher(const Dataset& ds, BatchPlan plan, int64_t first_batch, int64_t last_batch, int prefetch);
+  ~Prefetcher();
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+  // Returns false after last_batch. wait_seconds receives how long the caller waited.
+  bool next(HostBatch& out, double& wait_seconds);
+
+ private:
+  void run();
+  const Dataset& m_ds;
+  BatchPlan m_plan;
+  int64_t m_next, m_last;
+  size_t m_depth;
+  std::deque<HostBatch> m_queue;
+  std::mutex m_mu;
+  std::condition_variable m_cv;
+  bool m_stop = false, m_done = false;
+  std::string m_error;
+  std::thread m_thread;
+};
+
+}  // namespace anatomy

@@ -1,0 +1,26 @@
+// Hugging Face model directories: config.json + model.safetensors with HF parameter names.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/bert.h"
+
+namespace anatomy {
+
+// Writes DIR/config.json and DIR/model.safetensors (each atomically; DIR is created).
+void save_pretrained(const std::string& dir, BertForSequenceClassification& model);
+
+struct LoadReport {
+  std::vector<std::string> newly_initialized;  // in the model, absent from the file
+  std::vector<std::string> unused;             // in the file, not used by the model
+};
+
+// Reads the weights of PATH (a directory holding model.safetensors, or the file itself) into
+// the model's master weights. Parameters missing from the file keep their current values and
+// are reported, as transformers reports newly initialized weights.
+LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClassification& model);
+
+// config.json of a directory (or the config path itself).
+std::string config_path_of(const std::string& path);
+
+}  // namespace anatomy

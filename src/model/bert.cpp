@@ -1,0 +1,370 @@
+#include "model/bert.h"
+
+#include <algorithm>
+
+#include "core/rng.h"
+
+namespace anatomy {
+
+const char* checkpoint_policy_name(CheckpointPolicy p) {
+  switch (p) {
+    case CheckpointPolicy::None: return "none";
+    case CheckpointPolicy::Layer: return "layer";
+    case CheckpointPolicy::Selective: return "selective";
+  }
+  return "?";
+}
+
+CheckpointPolicy parse_checkpoint_policy(const std::string& s) {
+  if (s == "none" || s == "false") return CheckpointPolicy::None;
+  if (s == "layer" || s == "true") return CheckpointPolicy::Layer;
+  if (s == "selective") return CheckpointPolicy::Selective;
+  fail("--gradient-checkpointing: unknown policy '", s, "' (expected none, layer or selective)");
+}
+
+// Shapes (R = B*T rows, H hidden, I intermediate, nh heads):
+struct BertForSequenceClassification::LayerActs {
+  Tensor qkv;                // (R, 3H)  q | k | v per token
+  Tensor ctx;                // (R, H)   attention output before the output projection
+  Tensor lse;                // (B, nh, T) F32, softmax log-sum-exp
+  Tensor s1, mean1, rstd1;   // (R, H), (R) F32, (R) F32: LayerNorm 1 input and statistics
+  Tensor h1;                 // (R, H)   LayerNorm 1 output
+  Tensor pre;                // (R, I)   GELU input
+  Tensor g;                  // (R, I)   GELU output (a temporary under selective checkpointing)
+  Tensor s2, mean2, rstd2;   // (R, H), (R), (R): LayerNorm 2 input and statistics
+};
+
+struct BertForSequenceClassification::Acts {
+  int64_t B = 0, T = 0;
+  bool training = true;
+  Tensor emb_sum, emb_mean, emb_rstd, emb_ln;  // (R, H), (R), (R), (R, H)
+  std::vector<Tensor> xs;                      // layer inputs/outputs (R, H): L+1 when training, 2 in eval
+  std::vector<LayerActs> layers;               // L, or 1 reused (layer checkpointing, eval)
+  Tensor cls, pooled, pooled_d;                // (B, H) each; pooled_d aliases pooled without dropout
+  Tensor logits, dlogits;                      // (B, C) compute dtype
+  Tensor losses;                               // (B) F32
+  // Temporary arena: forward's branch output and backward's gradients.
+  Tensor t1, t2, t3;                           // (R, H)
+  Tensor big;                                  // (R, max(I, 3H))
+  Tensor hd1, hd2;                             // (B, H)
+  const Tensor& x_in(int l) const { return training ? xs[l] : xs[l % 2]; }
+  const Tensor& x_out(int l) const { return training ? xs[l + 1] : xs[(l + 1) % 2]; }
+};
+
+namespace {
+
+void carve_layer(Arena& ar, DType dt, int64_t R, int64_t B, int64_t T, int64_t H, int64_t I, int64_t nh,
+                 bool keep_g, Tensor& qkv, Tensor& ctx, Tensor& lse, Tensor& s1, Tensor& mean1, Tensor& rstd1,
+                 Tensor& h1, Tensor& pre, Tensor& g, Tensor& s2, Tensor& mean2, Tensor& rstd2) {
+  qkv = ar.take(dt, {R, 3 * H});
+  ctx = ar.take(dt, {R, H});
+  lse = ar.take(DType::F32, {B, nh, T});
+  s1 = ar.take(dt, {R, H});
+  mean1 = ar.take(DType::F32, {R});
+  rstd1 = ar.take(DType::F32, {R});
+  h1 = ar.take(dt, {R, H});
+  pre = ar.take(dt, {R, I});
+  if (keep_g) g = ar.take(dt, {R, I});
+  s2 = ar.take(dt, {R, H});
+  mean2 = ar.take(DType::F32, {R});
+  rstd2 = ar.take(DType::F32, {R});
+}
+
+}  // namespace
+
+// The one place that lays out activations and temporaries; run dry it is the plan.
+static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
+                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training);
+
+ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
+  Arena act = Arena::dry(), tmp = Arena::dry();
+  BertForSequenceClassification::Acts a;
+  carve_acts(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training);
+  return {act.used(), tmp.used()};
+}
+
+static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
+                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training) {
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, L = cfg.num_hidden_layers;
+  const int64_t nh = cfg.num_attention_heads, C = cfg.num_labels, R = B * T;
+  a.B = B;
+  a.T = T;
+  a.training = training;
+  a.emb_sum = act.take(dt, {R, H});
+  a.emb_mean = act.take(DType::F32, {R});
+  a.emb_rstd = act.take(DType::F32, {R});
+  a.emb_ln = act.take(dt, {R, H});
+  const bool emb_dropout = training && cfg.hidden_dropout_prob > 0;
+  a.xs.assign(training ? L + 1 : 2, Tensor());
+  for (size_t i = 0; i < a.xs.size(); ++i)
+    a.xs[i] = (i == 0 && !emb_dropout) ? a.emb_ln : act.take(dt, {R, H});
+  const bool per_layer = training && policy != CheckpointPolicy::Layer;
+  a.layers.assign(per_layer ? L : 1, {});
+  for (auto& la : a.layers)
+    carve_layer(act, dt, R, B, T, H, I, nh, !(training && policy == CheckpointPolicy::Selective), la.qkv, la.ctx,
+                la.lse, la.s1, la.mean1, la.rstd1, la.h1, la.pre, la.g, la.s2, la.mean2, la.rstd2);
+  a.cls = act.take(dt, {B, H});
+  a.pooled = act.take(dt, {B, H});
+  const double head_p = cfg.classifier_dropout.value_or(cfg.hidden_dropout_prob);
+  a.pooled_d = (training && head_p > 0) ? act.take(dt, {B, H}) : a.pooled;
+  a.logits = act.take(dt, {B, C});
+  a.dlogits = act.take(dt, {B, C});
+  a.losses = act.take(DType::F32, {B});
+
+  a.t1 = tmp.take(dt, {R, H});
+  if (training) {
+    a.t2 = tmp.take(dt, {R, H});
+    a.t3 = tmp.take(dt, {R, H});
+    a.big = tmp.take(dt, {R, std::max(I, 3 * H)});
+    a.hd1 = tmp.take(dt, {B, H});
+    a.hd2 = tmp.take(dt, {B, H});
+    // Selective checkpointing: the GELU output lives in backward's scratch, recomputed there.
+    if (policy == CheckpointPolicy::Selective)
+      for (auto& la : a.layers) la.g = Tensor(a.big.data, dt, {R, I}, a.big.device);
+  }
+}
+
+BertForSequenceClassification::BertForSequenceClassification(Backend& be, const BertConfig& cfg,
+                                                             const ModelShape& shape)
+    : m_be(be), m_cfg(cfg), m_layout(ParamLayout::for_sequence_classification(cfg)), m_shape(shape) {
+  ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
+  ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_position_embeddings, "--seq-len ", shape.max_seq,
+                " must be between 1 and max_position_embeddings (", cfg.max_position_embeddings, ")");
+  Allocator& al = be.allocator();
+  const int64_t n = static_cast<int64_t>(m_layout.total());
+  m_master = Buffer(al, DType::F32, {n}, Category::Weights);
+  if (shape.compute != DType::F32) {
+    m_compute = Buffer(al, shape.compute, {n}, Category::Weights);
+    m_compute_view = m_compute.tensor();
+  } else {
+    m_compute_view = m_master.tensor();
+  }
+  if (shape.training) m_grads = Buffer(al, DType::F32, {n}, Category::Gradients);
+  ArenaBytes bytes = model_arena_bytes(cfg, shape);
+  m_act_arena = Arena(al, bytes.activations, Category::Activations);
+  m_tmp_arena = Arena(al, bytes.temporary, Category::Temporary);
+  m_acts = std::make_unique<Acts>();
+}
+
+BertForSequenceClassification::~BertForSequenceClassification() = default;
+
+void BertForSequenceClassification::carve(int64_t B, int64_t T, bool training) {
+  ANATOMY_CHECK(B >= 1 && B <= m_shape.max_batch, "batch of ", B, " samples exceeds the planned micro-batch of ",
+                m_shape.max_batch);
+  ANATOMY_CHECK(T >= 1 && T <= m_shape.max_seq, "sequence length ", T, " exceeds the planned --seq-len ",
+                m_shape.max_seq);
+  ANATOMY_CHECK(!training || m_shape.training, "internal error: backward on an inference-only model");
+  if (m_acts->B == B && m_acts->T == T && m_acts->training == training && !m_acts->xs.empty()) return;
+  m_act_arena.reset_to(0);
+  m_tmp_arena.reset_to(0);
+  *m_acts = Acts();
+  carve_acts(*m_acts, m_act_arena, m_tmp_arena, m_cfg, m_shape.compute, m_shape.checkpointing, B, T, training);
+}
+
+DropoutSpec BertForSequenceClassification::drop(float p, uint64_t base, int site, bool training) const {
+  if (!training || p <= 0) return {};
+  return DropoutSpec{p, m_seed, base + static_cast<uint64_t>(site)};
+}
+
+void BertForSequenceClassification::init_weights(uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> flat(m_layout.total(), 0.0f);
+  const double std = m_cfg.initializer_range;
+  for (const auto& p : m_layout.params()) {
+    float* w = flat.data() + p.offset;
+    const bool is_ln = p.name.find("LayerNorm.weight") != std::string::npos;
+    if (is_ln) {
+      std::fill(w, w + p.numel(), 1.0f);
+    } else if (p.decay) {  // every matrix: Linear and Embedding weights
+      for (size_t i = 0; i < p.numel(); ++i) w[i] = static_cast<float>(rng.normal() * std);
+    }
+  }
+  // nn.Embedding(padding_idx=pad_token_id) keeps that row at zero.
+  const auto& word = m_layout.get("bert.embeddings.word_embeddings.weight");
+  if (m_cfg.pad_token_id >= 0 && m_cfg.pad_token_id < m_cfg.vocab_size)
+    std::fill_n(flat.data() + word.offset + m_cfg.pad_token_id * m_cfg.hidden_size, m_cfg.hidden_size, 0.0f);
+  set_master_from_host(flat);
+}
+
+void BertForSequenceClassification::set_master_from_host(const std::vector<float>& flat) {
+  ANATOMY_ASSERT(flat.size() == m_layout.total());
+  m_be.upload(m_master.tensor(), flat.data());
+  sync_compute_copy();
+}
+
+std::vector<float> BertForSequenceClassification::master_to_host() {
+  std::vector<float> out(m_layout.total());
+  m_be.download(out.data(), m_master.tensor());
+  return out;
+}
+
+std::vector<float> BertForSequenceClassification::grads_to_host() {
+  std::vector<float> out(m_layout.total());
+  m_be.download(out.data(), m_grads.tensor());
+  return out;
+}
+
+void BertForSequenceClassification::sync_compute_copy() {
+  if (m_compute.data()) m_be.cast(m_compute.tensor(), m_master.tensor());
+}
+
+void BertForSequenceClassification::zero_grads() { m_be.fill(m_grads.tensor(), 0.0f); }
+
+// Dropout sites per micro-batch: 0 embeddings, 1 + 3l + {0: attention probs, 1: attention
+// output, 2: feed-forward output}, 1 + 3L pooler. Backward and recompute use the same sites.
+static float head_dropout(const BertConfig& c) {
+  return static_cast<float>(c.classifier_dropout.value_or(c.hidden_dropout_prob));
+}
+static int site_attn(int l) { return 1 + 3 * l; }
+static int site_attn_out(int l) { return 2 + 3 * l; }
+static int site_ffn_out(int l) { return 3 + 3 * l; }
+
+void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const Tensor& out, LayerActs& a,
+                                                  const DeviceBatch& b, bool training, uint64_t base,
+                                                  const Tensor& branch) {
+  const std::string p = layer_prefix(l);
+  const int64_t H = m_cfg.hidden_size, nh = m_cfg.num_attention_heads;
+  const float eps = static_cast<float>(m_cfg.layer_norm_eps);
+  const float hp = static_cast<float>(m_cfg.hidden_dropout_prob), ap = static_cast<float>(m_cfg.attention_probs_dropout_prob);
+  const ParamInfo& wq = m_layout.get(p + "attention.self.query.weight");
+  const ParamInfo& bq = m_layout.get(p + "attention.self.query.bias");
+  Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
+  Tensor bqkv = ParamLayout::range(m_compute_view, bq.offset, {3 * H});
+
+  m_be.matmul(a.qkv, x, Trans::N, wqkv, Trans::T, {1, 0, Epilogue::Bias, bqkv, {}});
+  m_be.attention_forward(a.ctx.view({m_acts->B, m_acts->T, H}), a.lse, a.qkv.view({m_acts->B, m_acts->T, 3 * H}),
+                         b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), training));
+  m_be.matmul(branch, a.ctx, Trans::N, W(p + "attention.output.dense.weight"), Trans::T,
+              {1, 0, Epilogue::Bias, W(p + "attention.output.dense.bias"), {}});
+  m_be.layernorm_forward(a.h1, a.s1, a.mean1, a.rstd1, branch, x, W(p + "attention.output.LayerNorm.weight"),
+                         W(p + "attention.output.LayerNorm.bias"), eps, drop(hp, base, site_attn_out(l), training));
+  m_be.matmul(a.g, a.h1, Trans::N, W(p + "intermediate.dense.weight"), Trans::T,
+              {1, 0, Epilogue::BiasGelu, W(p + "intermediate.dense.bias"), a.pre});
+  m_be.matmul(branch, a.g, Trans::N, W(p + "output.dense.weight"), Trans::T,
+              {1, 0, Epilogue::Bias, W(p + "output.dense.bias"), {}});
+  m_be.layernorm_forward(out, a.s2, a.mean2, a.rstd2, branch, a.h1, W(p + "output.LayerNorm.weight"),
+                         W(p + "output.LayerNorm.bias"), eps, drop(hp, base, site_ffn_out(l), training));
+}
+
+// dout arrives in t1; returns the tensor holding dx (one of t1, t2, t3).
+Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, LayerActs& a, const Tensor& x,
+                                                     const DeviceBatch& b, uint64_t base, const Tensor& X1,
+                                                     const Tensor& X2, const Tensor& X3) {
+  const std::string p = layer_prefix(l);
+  const int64_t H = m_cfg.hidden_size, I = m_cfg.intermediate_size, nh = m_cfg.num_attention_heads;
+  const int64_t R = m_acts->B * m_acts->T;
+  const float hp = static_cast<float>(m_cfg.hidden_dropout_prob), ap = static_cast<float>(m_cfg.attention_probs_dropout_prob);
+  const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};  // C += A B (gradients and residual sums)
+  const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
+  Tensor big = m_acts->big.view({static_cast<int64_t>(m_acts->big.numel())});
+  Tensor dI = big.slice(0, R * I).view({R, I});
+  Tensor dqkv = big.slice(0, R * 3 * H).view({R, 3 * H});
+
+  if (m_shape.checkpointing == CheckpointPolicy::Selective) m_be.gelu_forward(a.g, a.pre);
+  // LayerNorm 2: ds2 (X2) reaches h1 through the residual; df2 (X3) reaches the FFN output.
+  m_be.layernorm_backward(X2, X3, G(p + "output.LayerNorm.weight"), G(p + "output.LayerNorm.bias"), dout, a.s2,
+                          a.mean2, a.rstd2, W(p + "output.LayerNorm.weight"), drop(hp, base, site_ffn_out(l), true));
+  // FFN out: y = g W2^T + b2, W2 (H, I). dW2 first: under selective checkpointing g shares
+  // its memory with dI.
+  m_be.matmul(G(p + "output.dense.weight"), X3, Trans::T, a.g, Trans::N, acc);
+  m_be.bias_grad(G(p + "output.dense.bias"), X3);
+  m_be.matmul(dI, X3, Trans::N, W(p + "output.dense.weight"), Trans::N, put);
+  m_be.gelu_backward(dI, dI, a.pre);
+  // FFN in: pre = h1 W1^T + b1, W1 (I, H); dh1 = dpre W1 + ds2.
+  m_be.matmul(X2, dI, Trans::N, W(p + "intermediate.dense.weight"), Trans::N, acc);
+  m_be.matmul(G(p + "intermediate.dense.weight"), dI, Trans::T, a.h1, Trans::N, acc);
+  m_be.bias_grad(G(p + "intermediate.dense.bias"), dI);
+  // LayerNorm 1: ds1 (X3) reaches x; dao (X1) reaches the attention output projection.
+  m_be.layernorm_backward(X3, X1, G(p + "attention.output.LayerNorm.weight"), G(p + "attention.output.LayerNorm.bias"),
+                          X2, a.s1, a.mean1, a.rstd1, W(p + "attention.output.LayerNorm.weight"),
+                          drop(hp, base, site_attn_out(l), true));
+  m_be.matmul(X2, X1, Trans::N, W(p + "attention.output.dense.weight"), Trans::N, put);  // dctx
+  m_be.matmul(G(p + "attention.output.dense.weight"), X1, Trans::T, a.ctx, Trans::N, acc);
+  m_be.bias_grad(G(p + "attention.output.dense.bias"), X1);
+  m_be.attention_backward(dqkv.view({m_acts->B, m_acts->T, 3 * H}), X2.view({m_acts->B, m_acts->T, H}),
+                          a.qkv.view({m_acts->B, m_acts->T, 3 * H}), a.ctx.view({m_acts->B, m_acts->T, H}), a.lse,
+                          b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), true));
+  // QKV: qkv = x Wqkv^T + bqkv; dx = dqkv Wqkv + ds1.
+  const ParamInfo& wq = m_layout.get(p + "attention.self.query.weight");
+  const ParamInfo& bq = m_layout.get(p + "attention.self.query.bias");
+  Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
+  m_be.matmul(X3, dqkv, Trans::N, wqkv, Trans::N, acc);
+  m_be.matmul(ParamLayout::range(m_grads.tensor(), wq.offset, {3 * H, H}), dqkv, Trans::T, x, Trans::N, acc);
+  m_be.bias_grad(ParamLayout::range(m_grads.tensor(), bq.offset, {3 * H}), dqkv);
+  return X3;
+}
+
+void BertForSequenceClassification::forward(const DeviceBatch& b, bool training, uint64_t base) {
+  const int64_t B = b.batch(), T = b.seq(), L = m_cfg.num_hidden_layers, H = m_cfg.hidden_size;
+  carve(B, T, training);
+  Acts& a = *m_acts;
+  const float eps = static_cast<float>(m_cfg.layer_norm_eps), hp = static_cast<float>(m_cfg.hidden_dropout_prob);
+  m_be.embedding_forward(a.emb_sum, b.input_ids, b.token_type_ids, W("bert.embeddings.word_embeddings.weight"),
+                         W("bert.embeddings.position_embeddings.weight"), W("bert.embeddings.token_type_embeddings.weight"));
+  m_be.layernorm_forward(a.emb_ln, a.emb_sum, a.emb_mean, a.emb_rstd, a.emb_sum, Tensor(),
+                         W("bert.embeddings.LayerNorm.weight"), W("bert.embeddings.LayerNorm.bias"), eps, {});
+  if (a.xs[0].data != a.emb_ln.data) m_be.dropout_forward(a.xs[0], a.emb_ln, drop(hp, base, 0, training));
+  for (int l = 0; l < L; ++l)
+    layer_forward(l, a.x_in(l), a.x_out(l), a.layers[a.layers.size() == 1 ? 0 : l], b, training, base, a.t1);
+  // Pooler on the first token, then the classifier.
+  m_be.select_token(a.cls, a.x_in(static_cast<int>(L)).view({B, T, H}), 0);
+  m_be.matmul(a.pooled, a.cls, Trans::N, W("bert.pooler.dense.weight"), Trans::T,
+              {1, 0, Epilogue::Bias, W("bert.pooler.dense.bias"), {}});
+  m_be.tanh_forward(a.pooled, a.pooled);
+  if (a.pooled_d.data != a.pooled.data)
+    m_be.dropout_forward(a.pooled_d, a.pooled, drop(head_dropout(m_cfg), base, site_attn(static_cast<int>(L)), training));
+  m_be.matmul(a.logits, a.pooled_d, Trans::N, W("classifier.weight"), Trans::T,
+              {1, 0, Epilogue::Bias, W("classifier.bias"), {}});
+  m_losses = a.losses;
+  m_logits = a.logits;
+}
+
+void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float grad_scale, uint64_t base) {
+  forward(b, true, base);
+  Acts& a = *m_acts;
+  const int64_t B = a.B, T = a.T, L = m_cfg.num_hidden_layers, H = m_cfg.hidden_size;
+  const float hp = static_cast<float>(m_cfg.hidden_dropout_prob);
+  const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};
+  const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
+  m_be.cross_entropy(a.losses, a.dlogits, a.logits, b.labels, grad_scale);
+
+  // Classifier and pooler.
+  m_be.matmul(G("classifier.weight"), a.dlogits, Trans::T, a.pooled_d, Trans::N, acc);
+  m_be.bias_grad(G("classifier.bias"), a.dlogits);
+  m_be.matmul(a.hd1, a.dlogits, Trans::N, W("classifier.weight"), Trans::N, put);
+  if (a.pooled_d.data != a.pooled.data)
+    m_be.dropout_backward(a.hd1, a.hd1, drop(head_dropout(m_cfg), base, site_attn(static_cast<int>(L)), true));
+  m_be.tanh_backward(a.hd1, a.hd1, a.pooled);
+  m_be.matmul(G("bert.pooler.dense.weight"), a.hd1, Trans::T, a.cls, Trans::N, acc);
+  m_be.bias_grad(G("bert.pooler.dense.bias"), a.hd1);
+  m_be.matmul(a.hd2, a.hd1, Trans::N, W("bert.pooler.dense.weight"), Trans::N, put);
+  m_be.select_token_backward(a.t1.view({B, T, H}), a.hd2, 0);
+
+  // Encoder layers in reverse; the gradient rotates through t1, t2, t3.
+  Tensor X1 = a.t1, X2 = a.t2, X3 = a.t3;
+  for (int l = static_cast<int>(L) - 1; l >= 0; --l) {
+    LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : l];
+    // Layer checkpointing: recompute this layer's forward from its saved input (X2 is free
+    // scratch here). It rewrites xs[l+1] with the values it already holds.
+    if (m_shape.checkpointing == CheckpointPolicy::Layer && l != L - 1) layer_forward(l, a.x_in(l), a.x_out(l), la, b, true, base, X2);
+    Tensor dx = layer_backward(l, X1, la, a.x_in(l), b, base, X1, X2, X3);
+    // Rotate so that dx becomes the next layer's incoming gradient.
+    Tensor others[2];
+    int k = 0;
+    for (const Tensor* t : {&X1, &X2, &X3})
+      if (t->data != dx.data) others[k++] = *t;
+    X1 = dx;
+    X2 = others[0];
+    X3 = others[1];
+  }
+  // Embeddings: dropout, LayerNorm (no residual), then the three tables.
+  if (a.xs[0].data != a.emb_ln.data) m_be.dropout_backward(X1, X1, drop(hp, base, 0, true));
+  m_be.layernorm_backward(X2, Tensor(), G("bert.embeddings.LayerNorm.weight"), G("bert.embeddings.LayerNorm.bias"), X1,
+                          a.emb_sum, a.emb_mean, a.emb_rstd, W("bert.embeddings.LayerNorm.weight"), {});
+  m_be.embedding_backward(G("bert.embeddings.word_embeddings.weight"), G("bert.embeddings.position_embeddings.weight"),
+                          G("bert.embeddings.token_type_embeddings.weight"), X2, b.input_ids, b.token_type_ids);
+}
+
+void BertForSequenceClassification::forward_eval(const DeviceBatch& b) { forward(b, false, 0); }
+
+}  // namespace anatomy

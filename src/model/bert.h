@@ -1,0 +1,114 @@
+// BertForSequenceClassification with an explicit forward and backward per layer, written once
+// against the Backend interface (ops/backend.h). Saved activations live in one arena
+// (Category::Activations), backward scratch in another (Category::Temporary); both are sized
+// by the same carving code that the planner runs dry (Note [allocation policy]).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "memory/allocator.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "ops/backend.h"
+
+namespace anatomy {
+
+// What forward keeps for backward (--gradient-checkpointing).
+//   None:      every tensor backward needs.
+//   Layer:     only each layer's input; backward re-runs the layer's forward first.
+//   Selective: everything except the GELU output (B*T x intermediate per layer), which
+//              backward recomputes from the saved pre-activation: one cheap element-wise op
+//              buys back about a quarter of the activation memory.
+enum class CheckpointPolicy : uint8_t { None, Layer, Selective };
+
+const char* checkpoint_policy_name(CheckpointPolicy p);
+CheckpointPolicy parse_checkpoint_policy(const std::string& s);  // throws with the flag name
+
+// A batch on the backend's device: ids, token types and mask I32 [B, T], labels I32 [B].
+struct DeviceBatch {
+  Tensor input_ids, token_type_ids, attention_mask, labels;
+  int64_t batch() const { return input_ids.dim(0); }
+  int64_t seq() const { return input_ids.dim(1); }
+};
+
+struct ModelShape {
+  int64_t max_batch = 1;  // micro-batch
+  int64_t max_seq = 128;
+  DType compute = DType::F32;
+  CheckpointPolicy checkpointing = CheckpointPolicy::None;
+  bool training = true;  // false: inference only, activations of one layer at a time
+};
+
+// Exact bytes of the model's arenas for a shape: the planner and the model share this.
+struct ArenaBytes {
+  size_t activations = 0;
+  size_t temporary = 0;
+};
+ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& shape);
+
+class BertForSequenceClassification {
+ public:
+  BertForSequenceClassification(Backend& be, const BertConfig& cfg, const ModelShape& shape);
+  ~BertForSequenceClassification();
+
+  const BertConfig& config() const { return m_cfg; }
+  const ParamLayout& layout() const { return m_layout; }
+  const ModelShape& shape() const { return m_shape; }
+  Backend& backend() { return m_be; }
+
+  // Flat buffers (Note [flat parameter layout]).
+  const Tensor& master() const { return m_master.tensor(); }  // F32 weights
+  const Tensor& compute_params() const { return m_compute_view; }  // compute dtype (aliases master in F32)
+  const Tensor& grads() const { return m_grads.tensor(); }    // F32
+
+  // Hugging Face initialization: Linear and Embedding weights ~ N(0, initializer_range),
+  // the padding row of the word embeddings zero, biases zero, LayerNorm weight 1 and bias 0.
+  void init_weights(uint64_t seed);
+  // Host F32 values for the whole flat master buffer (length layout().total()).
+  void set_master_from_host(const std::vector<float>& flat);
+  std::vector<float> master_to_host();
+  std::vector<float> grads_to_host();
+  // Refresh the compute-dtype copy from the master weights (no-op in F32).
+  void sync_compute_copy();
+  void zero_grads();
+  // Seed of the dropout masks (counter-based, so runs are reproducible and resumable).
+  void set_dropout_seed(uint64_t seed) { m_seed = seed; }
+
+  // Forward and backward of one micro-batch: accumulates parameter gradients scaled by
+  // grad_scale (= loss_scale / samples in the optimizer step) and writes per-sample losses
+  // F32 [B] into losses(). dropout_base makes the dropout masks of this micro-batch unique.
+  void forward_backward(const DeviceBatch& batch, float grad_scale, uint64_t dropout_base);
+  // Forward only (no dropout, nothing saved beyond one layer): logits in the compute dtype.
+  void forward_eval(const DeviceBatch& batch);
+
+  const Tensor& losses() const { return m_losses; }  // F32 [B] of the last call
+  const Tensor& logits() const { return m_logits; }  // [B, num_labels] of the last call
+
+  // Saved activations and scratch views (defined in bert.cpp; public for the planner's dry run).
+  struct LayerActs;
+  struct Acts;
+
+ private:
+  void carve(int64_t B, int64_t T, bool training);
+  void forward(const DeviceBatch& batch, bool training, uint64_t dropout_base);
+  void layer_forward(int l, const Tensor& x, const Tensor& out, LayerActs& a, const DeviceBatch& b,
+                     bool training, uint64_t dropout_base, const Tensor& scratch);
+  Tensor layer_backward(int l, const Tensor& dout, LayerActs& a, const Tensor& x, const DeviceBatch& b,
+                        uint64_t dropout_base, const Tensor& t1, const Tensor& t2, const Tensor& t3);
+  DropoutSpec drop(float p, uint64_t base, int site, bool training) const;
+  Tensor W(const std::string& name) const { return m_layout.view(m_compute_view, name); }
+  Tensor G(const std::string& name) const { return m_layout.view(m_grads.tensor(), name); }
+
+  Backend& m_be;
+  BertConfig m_cfg;
+  ParamLayout m_layout;
+  ModelShape m_shape;
+  uint64_t m_seed = 0;
+  Buffer m_master, m_compute, m_grads;
+  Tensor m_compute_view;
+  Arena m_act_arena, m_tmp_arena;
+  std::unique_ptr<Acts> m_acts;
+  Tensor m_losses, m_logits;
+};
+
+}  // namespace anatomy

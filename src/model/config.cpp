@@ -1,0 +1,311 @@
+#include "model/config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+namespace anatomy {
+namespace {
+
+using nlohmann::json;
+
+// Reads the typed fields of a config.json object, each error naming the source and the field.
+class FieldReader {
+ public:
+  FieldReader(const json& j, const std::string& source) : m_j(j), m_source(source) {}
+
+  const json* get(const char* key) const {
+    auto it = m_j.find(key);
+    return it == m_j.end() ? nullptr : &*it;
+  }
+  const json* get_non_null(const char* key) const {
+    const json* v = get(key);
+    return v && !v->is_null() ? v : nullptr;
+  }
+
+  // Integers only: 768.0, "768" and true are refused, as nn.Linear would refuse them.
+  void integer(const char* key, int64_t& out, int64_t min, const char* what) const {
+    const json* v = get(key);
+    if (!v) return;
+    bool ok = false;
+    if (v->is_number_unsigned()) {
+      ok = v->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+      if (ok) out = v->get<int64_t>();
+    } else if (v->is_number_integer()) {
+      out = v->get<int64_t>();
+      ok = true;
+    }
+    ANATOMY_CHECK(ok && out >= min, m_source, ": field '", key, "' must be ", what, ", got ", v->dump());
+  }
+  void number(const char* key, double& out) const {
+    const json* v = get(key);
+    if (!v) return;
+    ANATOMY_CHECK(v->is_number(), m_source, ": field '", key, "' must be a number, got ", v->dump());
+    out = v->get<double>();
+  }
+  void string(const char* key, std::string& out) const {
+    const json* v = get(key);
+    if (!v) return;
+    ANATOMY_CHECK(v->is_string(), m_source, ": field '", key, "' must be a string, got ", v->dump());
+    out = v->get<std::string>();
+  }
+
+  const std::string& source() const { return m_source; }
+
+ private:
+  const json& m_j;
+  const std::string& m_source;
+};
+
+// "3" -> 3; id2label keys are JSON strings holding integers.
+bool parse_label_id(const std::string& s, int& out) {
+  if (s.empty() || s.size() > 9) return false;
+  int v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  out = v;
+  return true;
+}
+
+std::string truncated(std::string s) {
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> BertConfig::preset_names() { return {"bert-tiny", "bert-mini", "bert-base", "bert-large"}; }
+
+BertConfig BertConfig::preset(std::string_view name) {
+  BertConfig c;  // HF defaults are bert-base
+  auto shape = [&](int64_t layers, int64_t hidden, int64_t heads, int64_t inter) {
+    c.num_hidden_layers = layers;
+    c.hidden_size = hidden;
+    c.num_attention_heads = heads;
+    c.intermediate_size = inter;
+  };
+  if (name == "bert-tiny") shape(2, 128, 2, 512);
+  else if (name == "bert-mini") shape(4, 256, 4, 1024);
+  else if (name == "bert-base") shape(12, 768, 12, 3072);
+  else if (name == "bert-large") shape(24, 1024, 16, 4096);
+  else {
+    std::string valid;
+    for (const auto& n : preset_names()) valid += (valid.empty() ? "" : ", ") + n;
+    fail("unknown model preset '", name, "' (valid: ", valid, ")");
+  }
+  return c;
+}
+
+void BertConfig::set_num_labels(int64_t n) {
+  ANATOMY_CHECK(n > 0 && n <= std::numeric_limits<int>::max(), "num_labels must be a positive integer, got ", n);
+  num_labels = n;
+  id2label.clear();
+  label2id.clear();
+  for (int i = 0; i < static_cast<int>(n); ++i) {
+    id2label[i] = "LABEL_" + std::to_string(i);
+    label2id[id2label[i]] = i;
+  }
+}
+
+BertConfig BertConfig::from_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  ANATOMY_CHECK(in, path, ": cannot open (", std::strerror(errno), ")");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  ANATOMY_CHECK(!in.bad(), path, ": cannot read (", std::strerror(errno), ")");
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    std::string msg = e.what();
+    if (auto p = msg.find("] "); p != std::string::npos) msg = msg.substr(p + 2);
+    for (char& c : msg)
+      if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+    fail(path, ": not valid JSON at byte ", e.byte, ": ", msg);
+  }
+  return from_json(j, path);
+}
+
+BertConfig BertConfig::from_json(const json& j, const std::string& source) {
+  ANATOMY_CHECK(j.is_object(), source, ": must be a JSON object, got ", j.type_name());
+  FieldReader f(j, source);
+  BertConfig c;
+
+  std::string model_type = "bert";
+  f.string("model_type", model_type);
+  ANATOMY_CHECK(model_type == "bert", source, ": model_type '", model_type, "' is not supported (expected 'bert')");
+
+  const char* positive = "a positive integer";
+  f.integer("vocab_size", c.vocab_size, 1, positive);
+  f.integer("hidden_size", c.hidden_size, 1, positive);
+  f.integer("num_hidden_layers", c.num_hidden_layers, 1, positive);
+  f.integer("num_attention_heads", c.num_attention_heads, 1, positive);
+  f.integer("intermediate_size", c.intermediate_size, 1, positive);
+  f.integer("max_position_embeddings", c.max_position_embeddings, 1, positive);
+  f.integer("type_vocab_size", c.type_vocab_size, 1, positive);
+  f.integer("pad_token_id", c.pad_token_id, 0, "a non-negative integer");
+  f.string("hidden_act", c.hidden_act);
+  f.string("position_embedding_type", c.position_embedding_type);
+  f.number("hidden_dropout_prob", c.hidden_dropout_prob);
+  f.number("attention_probs_dropout_prob", c.attention_probs_dropout_prob);
+  f.number("initializer_range", c.initializer_range);
+  f.number("layer_norm_eps", c.layer_norm_eps);
+  if (f.get_non_null("classifier_dropout")) {
+    double d = 0;
+    f.number("classifier_dropout", d);
+    c.classifier_dropout = d;
+  }
+  if (f.get_non_null("problem_type")) {
+    std::string p;
+    f.string("problem_type", p);
+    c.problem_type = p;
+  }
+  if (const json* a = f.get_non_null("architectures")) {
+    ANATOMY_CHECK(a->is_array(), source, ": field 'architectures' must be an array of strings");
+    c.architectures.clear();
+    for (const json& s : *a) {
+      ANATOMY_CHECK(s.is_string(), source, ": field 'architectures' must be an array of strings");
+      c.architectures.push_back(s.get<std::string>());
+    }
+  }
+
+  // Labels, as PretrainedConfig does: id2label (keys are strings in JSON) sets num_labels and
+  // wins over a disagreeing num_labels; otherwise num_labels makes LABEL_i names.
+  if (const json* m = f.get_non_null("id2label")) {
+    ANATOMY_CHECK(m->is_object() && !m->empty(), source, ": field 'id2label' must be a non-empty object");
+    c.id2label.clear();
+    for (const auto& [k, v] : m->items()) {
+      int id = 0;
+      ANATOMY_CHECK(parse_label_id(k, id), source, ": field 'id2label' keys must be non-negative integers, got '",
+                    truncated(k), "'");
+      ANATOMY_CHECK(v.is_string(), source, ": field 'id2label' values must be strings, got ", truncated(v.dump()));
+      ANATOMY_CHECK(c.id2label.emplace(id, v.get<std::string>()).second, source, ": field 'id2label' has the id ",
+                    id, " twice");
+    }
+    c.num_labels = static_cast<int64_t>(c.id2label.size());
+    c.label2id.clear();
+    for (const auto& [id, name] : c.id2label) c.label2id[name] = id;
+  } else if (f.get("num_labels")) {
+    int64_t n = 0;
+    f.integer("num_labels", n, 1, positive);
+    ANATOMY_CHECK(n <= 1'000'000, source, ": field 'num_labels' is implausibly large (", n, ")");
+    c.set_num_labels(n);
+  }
+  if (const json* m = f.get_non_null("label2id")) {
+    ANATOMY_CHECK(m->is_object(), source, ": field 'label2id' must be an object of integers");
+    c.label2id.clear();
+    for (const auto& [k, v] : m->items()) {
+      ANATOMY_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= std::numeric_limits<int>::max(),
+                    source, ": field 'label2id' values must be non-negative integers, got ", truncated(v.dump()));
+      c.label2id[k] = v.get<int>();
+    }
+  }
+  c.validate(source);
+  return c;
+}
+
+json BertConfig::to_json() const {
+  json id2 = json::object(), l2i = json::object();
+  for (const auto& [id, name] : id2label) id2[std::to_string(id)] = name;
+  for (const auto& [name, id] : label2id) l2i[name] = id;
+  json j = {
+      {"architectures", architectures},
+      {"attention_probs_dropout_prob", attention_probs_dropout_prob},
+      {"classifier_dropout", classifier_dropout ? json(*classifier_dropout) : json(nullptr)},
+      {"hidden_act", hidden_act},
+      {"hidden_dropout_prob", hidden_dropout_prob},
+      {"hidden_size", hidden_size},
+      {"id2label", id2},
+      {"initializer_range", initializer_range},
+      {"intermediate_size", intermediate_size},
+      {"label2id", l2i},
+      {"layer_norm_eps", layer_norm_eps},
+      {"max_position_embeddings", max_position_embeddings},
+      {"model_type", "bert"},
+      {"num_attention_heads", num_attention_heads},
+      {"num_hidden_layers", num_hidden_layers},
+      {"pad_token_id", pad_token_id},
+      {"position_embedding_type", position_embedding_type},
+      {"torch_dtype", "float32"},
+      {"type_vocab_size", type_vocab_size},
+      {"use_cache", true},
+      {"vocab_size", vocab_size},
+  };
+  if (problem_type) j["problem_type"] = *problem_type;
+  return j;
+}
+
+void BertConfig::save(const std::string& path) const {
+  validate(path);
+  write_file_atomic(path, to_json().dump(2) + "\n");
+}
+
+void BertConfig::validate(std::string_view src) const {
+  auto positive = [&](const char* field, int64_t v) {
+    ANATOMY_CHECK(v > 0, src, ": field '", field, "' must be a positive integer, got ", v);
+  };
+  positive("vocab_size", vocab_size);
+  positive("hidden_size", hidden_size);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("num_attention_heads", num_attention_heads);
+  positive("intermediate_size", intermediate_size);
+  positive("max_position_embeddings", max_position_embeddings);
+  positive("type_vocab_size", type_vocab_size);
+  positive("num_labels", num_labels);
+  ANATOMY_CHECK(hidden_size % num_attention_heads == 0, src, ": hidden_size ", hidden_size,
+                " is not a multiple of num_attention_heads ", num_attention_heads);
+
+  auto probability = [&](const char* field, double p) {
+    ANATOMY_CHECK(p >= 0.0 && p < 1.0, src, ": field '", field, "' must be a probability in [0, 1), got ", p);
+  };
+  probability("hidden_dropout_prob", hidden_dropout_prob);
+  probability("attention_probs_dropout_prob", attention_probs_dropout_prob);
+  if (classifier_dropout) probability("classifier_dropout", *classifier_dropout);
+  ANATOMY_CHECK(std::isfinite(layer_norm_eps) && layer_norm_eps > 0, src,
+                ": field 'layer_norm_eps' must be a positive number, got ", layer_norm_eps);
+  ANATOMY_CHECK(std::isfinite(initializer_range) && initializer_range >= 0, src,
+                ": field 'initializer_range' must be a non-negative number, got ", initializer_range);
+  ANATOMY_CHECK(pad_token_id >= 0 && pad_token_id < vocab_size, src, ": field 'pad_token_id' ", pad_token_id,
+                " is outside the vocabulary [0, ", vocab_size, ")");
+
+  ANATOMY_CHECK(hidden_act == "gelu", src, ": hidden_act '", hidden_act,
+                "' is not supported (anatomy implements only \"gelu\", the exact erf form)");
+  ANATOMY_CHECK(position_embedding_type == "absolute", src, ": position_embedding_type '", position_embedding_type,
+                "' is not supported (only \"absolute\")");
+  if (problem_type) {
+    const std::string& p = *problem_type;
+    ANATOMY_CHECK(p == "regression" || p == "single_label_classification" || p == "multi_label_classification", src,
+                  ": problem_type '", p,
+                  "' is not one of regression, single_label_classification, multi_label_classification");
+  }
+
+  ANATOMY_CHECK(static_cast<int64_t>(id2label.size()) == num_labels, src, ": id2label has ", id2label.size(),
+                " labels but num_labels is ", num_labels);
+  int expect = 0;
+  for (const auto& [id, name] : id2label) {
+    ANATOMY_CHECK(id == expect, src, ": id2label ids must be 0..", num_labels - 1, " with none missing; ", expect,
+                  " is missing");
+    ++expect;
+  }
+}
+
+int64_t BertConfig::num_parameters() const {
+  const int64_t H = hidden_size, I = intermediate_size, L = num_labels;
+  const int64_t embeddings = (vocab_size + max_position_embeddings + type_vocab_size) * H + 2 * H;  // + LayerNorm
+  const int64_t attention = 4 * (H * H + H) + 2 * H;        // q, k, v, output dense + LayerNorm
+  const int64_t ffn = (H * I + I) + (I * H + H) + 2 * H;    // intermediate, output + LayerNorm
+  const int64_t pooler = H * H + H;
+  const int64_t classifier = H * L + L;
+  return embeddings + num_hidden_layers * (attention + ffn) + pooler + classifier;
+}
+
+}  // namespace anatomy

@@ -1,0 +1,66 @@
+// BERT hyper-parameters with Hugging Face names and defaults (transformers BertConfig), read from
+// and written to config.json so a checkpoint directory loads in transformers as
+// BertForSequenceClassification.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace anatomy {
+
+struct BertConfig {
+  int64_t vocab_size = 30522;
+  int64_t hidden_size = 768;
+  int64_t num_hidden_layers = 12;
+  int64_t num_attention_heads = 12;
+  int64_t intermediate_size = 3072;
+  std::string hidden_act = "gelu";  // exact (erf) GELU is the only activation implemented
+  double hidden_dropout_prob = 0.1;
+  double attention_probs_dropout_prob = 0.1;
+  std::optional<double> classifier_dropout;  // unset: the head uses hidden_dropout_prob
+  int64_t max_position_embeddings = 512;
+  int64_t type_vocab_size = 2;
+  double initializer_range = 0.02;
+  double layer_norm_eps = 1e-12;
+  int64_t pad_token_id = 0;
+  std::string position_embedding_type = "absolute";  // the only one implemented
+
+  // Classification head. As in transformers, id2label decides num_labels when present; use
+  // set_num_labels() to change the count with default "LABEL_i" names.
+  int64_t num_labels = 2;
+  std::map<int, std::string> id2label{{0, "LABEL_0"}, {1, "LABEL_1"}};
+  std::map<std::string, int> label2id{{"LABEL_0", 0}, {"LABEL_1", 1}};
+  // "regression", "single_label_classification" or "multi_label_classification"; unset lets
+  // the model infer it from num_labels and the label dtype, as transformers does.
+  std::optional<std::string> problem_type;
+  std::vector<std::string> architectures{"BertForSequenceClassification"};
+
+  bool operator==(const BertConfig&) const = default;
+
+  // "bert-tiny", "bert-mini", "bert-base", "bert-large"; anything else is an error naming these.
+  static BertConfig preset(std::string_view name);
+  static std::vector<std::string> preset_names();
+
+  // Errors: "<path>: cannot open ...", "<path>: not valid JSON at byte N: ...",
+  // "<path>: field 'hidden_size' must be a positive integer", and everything validate() finds.
+  static BertConfig from_json_file(const std::string& path);
+  static BertConfig from_json(const nlohmann::json& j, const std::string& source_name);
+  nlohmann::json to_json() const;  // keys sorted, as transformers writes them
+  void save(const std::string& path) const;  // atomically, 2-space indented
+
+  // Sets num_labels with id2label {i: "LABEL_i"} and the matching label2id.
+  void set_num_labels(int64_t n);
+
+  // Throws a one-line "<source>: ..." error for any inconsistent or unsupported setting.
+  void validate(std::string_view source = "config") const;
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // Exact parameter count of BertForSequenceClassification with this config.
+  int64_t num_parameters() const;
+};
+
+}  // namespace anatomy

@@ -1,0 +1,55 @@
+// Parameters of BertForSequenceClassification with Hugging Face names, laid out in one flat
+// buffer per category (fp32 master weights, the compute-dtype copy, fp32 gradients).
+//
+// Note [flat parameter layout]: parameters that take weight decay come first (all matrices:
+// embeddings, attention, feed-forward, pooler, classifier), then those that do not (biases and
+// LayerNorm parameters, the Trainer's no-decay rule). Within a layer the query, key and value
+// weights are adjacent, so they form one [3H, H] matrix and one [3H] bias: a single GEMM makes
+// q, k and v. Every offset is a multiple of 8 elements (16-byte aligned in bf16); with
+// hidden and intermediate sizes divisible by 8 the layout has no padding at all.
+#pragma once
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace anatomy {
+
+struct ParamInfo {
+  std::string name;  // Hugging Face name, e.g. "bert.encoder.layer.0.attention.self.query.weight"
+  Shape shape;
+  size_t offset = 0;  // in elements, into the flat buffer
+  bool decay = false;
+  size_t numel() const { return shape.numel(); }
+};
+
+class ParamLayout {
+ public:
+  static ParamLayout for_sequence_classification(const BertConfig& cfg);
+
+  const std::vector<ParamInfo>& params() const { return m_params; }
+  const ParamInfo& get(const std::string& name) const;
+  const ParamInfo* find(const std::string& name) const;
+  size_t total() const { return m_total; }        // flat buffer length in elements
+  size_t decay_end() const { return m_decay_end; }  // [0, decay_end) takes weight decay
+  size_t num_parameters() const;                  // sum of numel (no padding)
+
+  // View of one parameter inside a flat buffer (any dtype, any device).
+  Tensor view(const Tensor& flat, const std::string& name) const;
+  Tensor view(const Tensor& flat, const ParamInfo& p) const;
+  // A contiguous range [offset, offset + n) of the flat buffer with a shape.
+  static Tensor range(const Tensor& flat, size_t offset, Shape shape);
+
+ private:
+  void add(const std::string& name, Shape shape, bool decay);
+  std::vector<ParamInfo> m_params;
+  std::unordered_map<std::string, size_t> m_index;
+  size_t m_total = 0, m_decay_end = 0;
+};
+
+// The per-layer parameter names, in one place.
+std::string layer_prefix(int l);
+
+}  // namespace anatomy

@@ -1,0 +1,112 @@
+#include "optim/optimizer.h"
+
+#include <algorithm>
+
+#include "model/params.h"
+
+namespace anatomy {
+
+OptimizerKind parse_optimizer(const std::string& s) {
+  if (s == "adamw" || s == "adamw_torch" || s == "adamw_torch_fused") return OptimizerKind::AdamW;
+  if (s == "sgd") return OptimizerKind::Sgd;
+  fail("--optim: unknown optimizer '", s, "' (expected adamw or sgd)");
+}
+
+const char* optimizer_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::AdamW: return "adamw";
+    case OptimizerKind::Sgd: return "sgd";
+  }
+  return "?";
+}
+
+size_t optimizer_state_bytes(OptimizerKind k, size_t n) {
+  switch (k) {
+    case OptimizerKind::AdamW: return 8 * n;  // two F32 moments
+    case OptimizerKind::Sgd: return 4 * n;    // one F32 momentum buffer
+  }
+  return 0;
+}
+
+namespace {
+
+// The two groups as views: [0, decay_end) with weight decay, [decay_end, n) without.
+struct Split {
+  Tensor a, b;
+};
+Split split(const Tensor& t, size_t decay_end) {
+  if (!t.defined()) return {};
+  const int64_t n = static_cast<int64_t>(t.numel()), d = static_cast<int64_t>(decay_end);
+  Tensor flat = t.view({n});
+  return {flat.slice(0, d), flat.slice(d, n)};
+}
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(Backend& be, const OptimizerOptions& o, size_t n)
+      : m_be(be), m_opt(o), m_m(be.allocator(), DType::F32, {static_cast<int64_t>(n)}, Category::OptimizerState),
+        m_v(be.allocator(), DType::F32, {static_cast<int64_t>(n)}, Category::OptimizerState) {
+    be.fill(m_m, 0.0f);
+    be.fill(m_v, 0.0f);
+  }
+  void step(const ParamGroups& p, const GradTransform& g, float lr) override {
+    ++m_steps;
+    Split w = split(p.master, p.decay_end), h = split(p.half_copy, p.decay_end), gr = split(p.grads, p.decay_end);
+    Split m = split(m_m, p.decay_end), v = split(m_v, p.decay_end);
+    AdamWArgs args{lr, m_opt.beta1, m_opt.beta2, m_opt.eps, m_opt.weight_decay, m_steps};
+    if (w.a.numel()) m_be.adamw_update(w.a, m.a, v.a, h.a, gr.a, g, args);
+    args.weight_decay = 0.0f;
+    if (w.b.numel()) m_be.adamw_update(w.b, m.b, v.b, h.b, gr.b, g, args);
+  }
+  std::vector<std::pair<std::string, Tensor>> state() override { return {{"exp_avg", m_m}, {"exp_avg_sq", m_v}}; }
+
+ private:
+  Backend& m_be;
+  OptimizerOptions m_opt;
+  Buffer m_m, m_v;
+};
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(Backend& be, const OptimizerOptions& o, size_t n)
+      : m_be(be), m_opt(o), m_buf(be.allocator(), DType::F32, {static_cast<int64_t>(n)}, Category::OptimizerState) {
+    be.fill(m_buf, 0.0f);
+  }
+  void step(const ParamGroups& p, const GradTransform& g, float lr) override {
+    ++m_steps;
+    Split w = split(p.master, p.decay_end), h = split(p.half_copy, p.decay_end), gr = split(p.grads, p.decay_end);
+    Split b = split(m_buf, p.decay_end);
+    SgdArgs args{lr, m_opt.momentum, m_opt.weight_decay, false};
+    if (w.a.numel()) m_be.sgd_update(w.a, b.a, h.a, gr.a, g, args);
+    args.weight_decay = 0.0f;
+    if (w.b.numel()) m_be.sgd_update(w.b, b.b, h.b, gr.b, g, args);
+  }
+  std::vector<std::pair<std::string, Tensor>> state() override { return {{"momentum_buffer", m_buf}}; }
+
+ private:
+  Backend& m_be;
+  OptimizerOptions m_opt;
+  Buffer m_buf;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> Optimizer::create(Backend& be, const OptimizerOptions& o, size_t n) {
+  switch (o.kind) {
+    case OptimizerKind::AdamW: return std::make_unique<AdamW>(be, o, n);
+    case OptimizerKind::Sgd: return std::make_unique<Sgd>(be, o, n);
+  }
+  fail("internal error: optimizer kind");
+}
+
+float scheduled_lr(const std::string& schedule, float lr, int64_t k, int64_t total, int64_t warmup) {
+  if (k < warmup) return lr * static_cast<float>(k) / static_cast<float>(std::max<int64_t>(1, warmup));  // as transformers
+  if (schedule == "constant") return lr;
+  if (schedule == "linear") {
+    const double left = static_cast<double>(total - k) / static_cast<double>(std::max<int64_t>(1, total - warmup));
+    return static_cast<float>(lr * std::max(0.0, left));
+  }
+  fail("--lr-scheduler-type: unknown schedule '", schedule, "' (expected linear or constant)");
+}
+
+}  // namespace anatomy

@@ -1,0 +1,53 @@
+// Optimizers over the flat parameter buffers (Note [flat parameter layout]). Each owns its state
+// in Category::OptimizerState and updates the decay and no-decay groups in one call each.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memory/allocator.h"
+#include "ops/backend.h"
+
+namespace anatomy {
+
+enum class OptimizerKind : uint8_t { AdamW, Sgd };
+
+struct OptimizerOptions {
+  OptimizerKind kind = OptimizerKind::AdamW;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW (the Trainer's defaults)
+  float momentum = 0.9f;                             // SGD
+  float weight_decay = 0.0f;
+};
+
+OptimizerKind parse_optimizer(const std::string& s);  // throws naming --optim
+const char* optimizer_name(OptimizerKind k);
+// Bytes of optimizer state per parameter: the planner's arithmetic.
+size_t optimizer_state_bytes(OptimizerKind k, size_t n_params);
+
+// The parameters an update touches: F32 masters and gradients, the optional half copy, and
+// where the weight-decay group ends.
+struct ParamGroups {
+  Tensor master, half_copy, grads;
+  size_t decay_end = 0;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual void step(const ParamGroups& p, const GradTransform& g, float lr) = 0;
+  // Named state tensors (for checkpoints) and the number of steps taken.
+  virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
+  int64_t steps() const { return m_steps; }
+  void set_steps(int64_t s) { m_steps = s; }
+
+  static std::unique_ptr<Optimizer> create(Backend& be, const OptimizerOptions& o, size_t n);
+
+ protected:
+  int64_t m_steps = 0;
+};
+
+// Learning rate for optimizer step k (0-based): "linear" decays from lr to 0 over total steps
+// after warmup (the Trainer's default), "constant" keeps lr (after warmup).
+float scheduled_lr(const std::string& schedule, float lr, int64_t k, int64_t total, int64_t warmup);
+
+}  // namespace anatomy

@@ -1,0 +1,87 @@
+#include "telemetry/nvml.h"
+
+#include <dlfcn.h>
+#include <sys/resource.h>
+
+namespace anatomy {
+
+namespace {
+// The few NVML types and entry points we use (ABI as documented in nvml.h, v2 entry points).
+using nvmlReturn_t = int;
+using nvmlDevice_t = void*;
+struct nvmlMemory_t {
+  unsigned long long total, free, used;
+};
+struct nvmlUtilization_t {
+  unsigned int gpu, memory;
+};
+using InitFn = nvmlReturn_t (*)();
+using HandleFn = nvmlReturn_t (*)(unsigned int, nvmlDevice_t*);
+using MemoryFn = nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*);
+using UtilFn = nvmlReturn_t (*)(nvmlDevice_t, nvmlUtilization_t*);
+using NameFn = nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned int);
+using ShutdownFn = nvmlReturn_t (*)();
+}  // namespace
+
+Nvml::Nvml() {
+  m_lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!m_lib) {
+    m_why = "libnvidia-ml.so.1 not found (no NVIDIA driver)";
+    return;
+  }
+  auto init = reinterpret_cast<InitFn>(dlsym(m_lib, "nvmlInit_v2"));
+  m_get_handle = dlsym(m_lib, "nvmlDeviceGetHandleByIndex_v2");
+  m_get_memory = dlsym(m_lib, "nvmlDeviceGetMemoryInfo");
+  m_get_util = dlsym(m_lib, "nvmlDeviceGetUtilizationRates");
+  m_get_name = dlsym(m_lib, "nvmlDeviceGetName");
+  m_shutdown = dlsym(m_lib, "nvmlShutdown");
+  if (!init || !m_get_handle || !m_get_memory) {
+    m_why = "libnvidia-ml.so.1 lacks the expected entry points";
+    return;
+  }
+  if (init() != 0) {
+    m_why = "nvmlInit failed";
+    return;
+  }
+  m_ok = true;
+}
+
+Nvml::~Nvml() {
+  if (m_ok && m_shutdown) reinterpret_cast<ShutdownFn>(m_shutdown)();
+  if (m_lib) dlclose(m_lib);
+}
+
+std::optional<GpuMemory> Nvml::memory(unsigned device) const {
+  if (!m_ok) return std::nullopt;
+  nvmlDevice_t h = nullptr;
+  if (reinterpret_cast<HandleFn>(m_get_handle)(device, &h) != 0) return std::nullopt;
+  nvmlMemory_t m{};
+  if (reinterpret_cast<MemoryFn>(m_get_memory)(h, &m) != 0) return std::nullopt;
+  return GpuMemory{m.total, m.free, m.used};
+}
+
+std::optional<GpuUtilization> Nvml::utilization(unsigned device) const {
+  if (!m_ok || !m_get_util) return std::nullopt;
+  nvmlDevice_t h = nullptr;
+  if (reinterpret_cast<HandleFn>(m_get_handle)(device, &h) != 0) return std::nullopt;
+  nvmlUtilization_t u{};
+  if (reinterpret_cast<UtilFn>(m_get_util)(h, &u) != 0) return std::nullopt;
+  return GpuUtilization{u.gpu, u.memory};
+}
+
+std::string Nvml::device_name(unsigned device) const {
+  if (!m_ok || !m_get_name) return "unknown";
+  nvmlDevice_t h = nullptr;
+  char buf[96] = {};
+  if (reinterpret_cast<HandleFn>(m_get_handle)(device, &h) != 0) return "unknown";
+  if (reinterpret_cast<NameFn>(m_get_name)(h, buf, sizeof buf) != 0) return "unknown";
+  return buf;
+}
+
+uint64_t process_peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+}  // namespace anatomy

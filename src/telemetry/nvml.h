@@ -1,0 +1,46 @@
+// NVML, loaded at run time (dlopen of the driver's libnvidia-ml.so.1), so the binary builds and
+// runs where there is no driver. "GPU memory occupied" is NVML's used memory of the device:
+// the number nvidia-smi shows, as the seed page reads it.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace anatomy {
+
+struct GpuMemory {
+  uint64_t total = 0, free = 0, used = 0;  // bytes
+};
+struct GpuUtilization {
+  unsigned gpu = 0, memory = 0;  // percent over the last sample period
+};
+
+class Nvml {
+ public:
+  // Loads the library and initializes it; available() is false when either fails.
+  Nvml();
+  ~Nvml();
+  Nvml(const Nvml&) = delete;
+  Nvml& operator=(const Nvml&) = delete;
+
+  bool available() const { return m_ok; }
+  const std::string& why_unavailable() const { return m_why; }
+  std::optional<GpuMemory> memory(unsigned device = 0) const;
+  std::optional<GpuUtilization> utilization(unsigned device = 0) const;
+  std::string device_name(unsigned device = 0) const;
+
+ private:
+  void* m_lib = nullptr;
+  bool m_ok = false;
+  std::string m_why;
+  void* m_get_handle = nullptr;
+  void* m_get_memory = nullptr;
+  void* m_get_util = nullptr;
+  void* m_get_name = nullptr;
+  void* m_shutdown = nullptr;
+};
+
+// Peak resident set size of this process in bytes (getrusage), for CPU runs.
+uint64_t process_peak_rss_bytes();
+
+}  // namespace anatomy

@@ -1,0 +1,54 @@
+// Everything a training run is configured by; the command line fills it (tools/anatomy.cpp),
+// with flag names taken from the Hugging Face Trainer's arguments where one exists.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "model/bert.h"
+#include "optim/optimizer.h"
+
+namespace anatomy {
+
+enum class Precision : uint8_t { Fp32, Tf32, Bf16, Fp16 };
+Precision parse_precision(const std::string& s);  // throws naming --precision
+const char* precision_name(Precision p);
+DType compute_dtype(Precision p);
+
+struct TrainOptions {
+  // Model: a preset, or a Hugging Face directory (config.json, optionally model.safetensors).
+  std::string preset = "bert-large";
+  std::string model_name_or_path;
+  int64_t num_labels = 2;
+  // Data.
+  std::string dataset = "seed";  // seed | learnable (synthetic)
+  int64_t num_samples = 512;
+  int64_t seq_len = 512;
+  int prefetch = 2;
+  // Loop.
+  int64_t per_device_train_batch_size = 4;
+  int64_t gradient_accumulation_steps = 1;
+  int64_t num_train_epochs = 1;
+  int64_t max_steps = -1;  // > 0 overrides epochs
+  uint64_t seed = 42;
+  // Optimizer and schedule (the Trainer's defaults).
+  OptimizerOptions optim;
+  float learning_rate = 5e-5f;
+  std::string lr_scheduler_type = "linear";
+  int64_t warmup_steps = 0;
+  float max_grad_norm = 1.0f;
+  // Precision, memory, device.
+  Precision precision = Precision::Fp32;
+  CheckpointPolicy gradient_checkpointing = CheckpointPolicy::None;
+  std::string device = "auto";  // auto | cpu | cuda
+  int threads = 0;              // CPU threads (0: all)
+  // Output.
+  std::string output_dir = "runs/train";
+  int64_t logging_steps = 50;  // 0: only the summary
+  bool save_model = true;      // --save-strategy no turns it off
+  bool disable_progress_bar = false;
+  float fp16_initial_scale = 65536.0f;
+
+  void validate() const;  // one-line errors naming the flag
+};
+
+}  // namespace anatomy
