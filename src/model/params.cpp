@@ -5,10 +5,10 @@ namespace anatomy {
 std::string layer_prefix(int l) { return "bert.encoder.layer." + std::to_string(l) + "."; }
 
 void ParamLayout::add(const std::string& name, Shape shape, bool decay) {
-  ParamInfo p{name, shape, m_total, decay};
+  ParamInfo p{name, shape, (m_total + 7) / 8 * 8, decay};
   m_index[name] = m_params.size();
   m_params.push_back(p);
-  m_total += (shape.numel() + 7) / 8 * 8;
+  m_total = p.offset + shape.numel();
 }
 
 ParamLayout ParamLayout::for_sequence_classification(const BertConfig& cfg) {

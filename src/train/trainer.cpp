@@ -241,6 +241,7 @@ TrainResult train(const TrainOptions& opt) {
   be->synchronize();
   res.train_runtime = std::chrono::duration<double>(Clock::now() - t0).count();
   res.steps = total_steps;
+  res.final_loss_scale = scaler.scale;
   res.train_samples_per_second = res.samples / res.train_runtime;
   res.train_steps_per_second = total_steps / res.train_runtime;
   res.train_loss = loss_sum_all / std::max<int64_t>(1, res.samples);

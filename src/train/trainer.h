@@ -18,6 +18,7 @@ struct TrainResult {
   double train_loss = 0;                 // mean over all samples seen
   double first_loss = 0, last_loss = 0;  // mean of the first and last optimizer step
   int64_t steps = 0, samples = 0, skipped_steps = 0;
+  float final_loss_scale = 1.0f;         // fp16 dynamic loss scale at the end
   std::string device;
   int64_t num_parameters = 0;
   CategoryBytes peak_bytes;              // tagged allocator, per category

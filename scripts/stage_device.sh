@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds the CUDA binaries here (sm_90) and stages them, with the few shared libraries the GPU
+# machine lacks (OpenBLAS and its Fortran runtime, utf8proc), into .carry/ for the device tool:
+# that machine has the CUDA toolkit and driver but none of our Debian build dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake --build build-gpu -j "$(nproc)"
+rm -rf .carry && mkdir -p .carry/bin .carry/lib
+cp build-gpu/anatomy build-gpu/anatomy_tests build-gpu/anatomy_gpu_tests .carry/bin/
+for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libutf8proc.so.3 libutf8proc.so.2; do
+  path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
+  [ -n "$path" ] && cp -L "$path" .carry/lib/
+done
+du -sh .carry

@@ -1,0 +1,161 @@
+// Multi-head self-attention, materialized per query row (the reference, not the fast path).
+// Shapes: qkv [B, T, 3H], ctx [B, T, H], lse [B, heads, T], D = H / heads.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/reference.h"
+#include "ops/cpu/scalar.h"
+
+namespace anatomy::ref {
+
+namespace {
+
+struct Layout {
+  int64_t batch, seq, hidden, heads, d;
+  const int32_t* mask;
+  // Offsets into qkv of head h's q, k, v for token (b, t).
+  int64_t q(int64_t b, int64_t t, int64_t h) const { return (b * seq + t) * 3 * hidden + h * d; }
+  int64_t k(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + hidden; }
+  int64_t v(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + 2 * hidden; }
+  int64_t o(int64_t b, int64_t t, int64_t h) const { return (b * seq + t) * hidden + h * d; }
+  bool attends(int64_t b, int64_t key) const { return !mask || mask[b * seq + key] != 0; }
+  bool any_key(int64_t b) const {
+    for (int64_t j = 0; j < seq; ++j)
+      if (attends(b, j)) return true;
+    return false;
+  }
+};
+
+template <class T>
+double dot(const T* x, const T* y, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * y[i];
+  return s;
+}
+
+// P[j] for query row i of head (b, h), from the saved lse: exp(S_ij - lse_i), 0 where masked;
+// 1/T everywhere when the sequence has no unmasked key.
+template <class T>
+void recompute_probs(double* p, const Layout& L, const T* qkv, int64_t b, int64_t h, int64_t i,
+                     double lse, bool any, double scale) {
+  const T* q = qkv + L.q(b, i, h);
+  for (int64_t j = 0; j < L.seq; ++j) {
+    if (!any)
+      p[j] = 1.0 / static_cast<double>(L.seq);
+    else if (!L.attends(b, j))
+      p[j] = 0.0;
+    else
+      p[j] = std::exp(dot(q, qkv + L.k(b, j, h), L.d) * scale - lse);
+  }
+}
+
+}  // namespace
+
+template <class T>
+void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_t batch,
+                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout) {
+  const Layout L{batch, seq, hidden, heads, hidden / heads, mask};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(L.d));
+  const DropoutMask drop(dropout);
+  const int64_t rows = batch * heads * seq;
+#pragma omp parallel if (rows * seq * L.d > kParallelWork)
+  {
+    std::vector<double> s(seq), out(L.d);
+#pragma omp for
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t i = row % seq, bh = row / seq, h = bh % heads, b = bh / heads;
+      const bool any = L.any_key(b);
+      const T* q = qkv + L.q(b, i, h);
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < seq; ++j) {
+        s[j] = !any ? 0.0 : L.attends(b, j) ? dot(q, qkv + L.k(b, j, h), L.d) * scale : -INFINITY;
+        mx = s[j] > mx ? s[j] : mx;
+      }
+      double total = 0;
+      for (int64_t j = 0; j < seq; ++j) total += std::exp(s[j] - mx);  // exp(-inf) = 0
+      const double l = mx + std::log(total);
+      lse[row] = static_cast<T>(l);
+      std::fill(out.begin(), out.end(), 0.0);
+      for (int64_t j = 0; j < seq; ++j) {
+        const double pd = std::exp(s[j] - l) * drop.factor(static_cast<uint64_t>(row * seq + j));
+        if (pd == 0.0) continue;
+        const T* v = qkv + L.v(b, j, h);
+        for (int64_t c = 0; c < L.d; ++c) out[c] += pd * v[c];
+      }
+      T* o = ctx + L.o(b, i, h);
+      for (int64_t c = 0; c < L.d; ++c) o[c] = static_cast<T>(out[c]);
+    }
+  }
+}
+
+template <class T>
+void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, const T* lse,
+                        const int32_t* mask, int64_t batch, int64_t seq, int64_t hidden, int heads,
+                        const DropoutSpec& dropout) {
+  (void)ctx;
+  const Layout L{batch, seq, hidden, heads, hidden / heads, mask};
+  const int64_t D = L.d;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const DropoutMask drop(dropout);
+  // One (b, h) per iteration: it owns its dq/dk/dv columns, so threads never collide.
+#pragma omp parallel if (batch * heads * seq * seq * D > kParallelWork)
+  {
+    std::vector<double> p(seq), dp(seq), dq(D), dk(seq * D), dv(seq * D);
+#pragma omp for
+    for (int64_t bh = 0; bh < batch * heads; ++bh) {
+      const int64_t h = bh % heads, b = bh / heads;
+      const bool any = L.any_key(b);
+      std::fill(dk.begin(), dk.end(), 0.0);
+      std::fill(dv.begin(), dv.end(), 0.0);
+      for (int64_t i = 0; i < seq; ++i) {
+        const int64_t row = bh * seq + i;
+        const T* q = qkv + L.q(b, i, h);
+        const T* dout = dctx + L.o(b, i, h);
+        recompute_probs(p.data(), L, qkv, b, h, i, static_cast<double>(lse[row]), any, scale);
+        double rowsum = 0;  // D_i = sum_j P_ij dP_ij
+        for (int64_t j = 0; j < seq; ++j) {
+          const double f = drop.factor(static_cast<uint64_t>(row * seq + j));
+          const T* v = qkv + L.v(b, j, h);
+          if (p[j] != 0.0 && f != 0.0)
+            for (int64_t c = 0; c < D; ++c) dv[j * D + c] += p[j] * f * dout[c];
+          dp[j] = f == 0.0 ? 0.0 : dot(dout, v, D) * f;
+          rowsum += p[j] * dp[j];
+        }
+        std::fill(dq.begin(), dq.end(), 0.0);
+        if (any) {
+          for (int64_t j = 0; j < seq; ++j) {
+            const double ds = p[j] * (dp[j] - rowsum) * scale;
+            if (ds == 0.0) continue;
+            const T* k = qkv + L.k(b, j, h);
+            for (int64_t c = 0; c < D; ++c) {
+              dq[c] += ds * k[c];
+              dk[j * D + c] += ds * q[c];
+            }
+          }
+        }
+        T* dqo = dqkv + L.q(b, i, h);
+        for (int64_t c = 0; c < D; ++c) dqo[c] = static_cast<T>(dq[c]);
+      }
+      for (int64_t j = 0; j < seq; ++j) {
+        T* dko = dqkv + L.k(b, j, h);
+        T* dvo = dqkv + L.v(b, j, h);
+        for (int64_t c = 0; c < D; ++c) {
+          dko[c] = static_cast<T>(dk[j * D + c]);
+          dvo[c] = static_cast<T>(dv[j * D + c]);
+        }
+      }
+    }
+  }
+}
+
+#define ANATOMY_INSTANTIATE(T)                                                                    \
+  template void attention_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
+                                     int, const DropoutSpec&);                                    \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const T*, const int32_t*, \
+                                      int64_t, int64_t, int64_t, int, const DropoutSpec&);
+ANATOMY_INSTANTIATE(float)
+ANATOMY_INSTANTIATE(double)
+#undef ANATOMY_INSTANTIATE
+
+}  // namespace anatomy::ref

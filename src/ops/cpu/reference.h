@@ -1,0 +1,130 @@
+// The math of every backend op on raw row-major arrays, templated on the scalar type T.
+// CpuBackend calls the float instantiation; tests call the double one for finite-difference
+// gradient checks. Reductions accumulate in double for both. Definitions live in the
+// per-family .cpp files next to this header and are instantiated for float and double.
+//
+// Conventions: outputs first, then inputs, then sizes and options; "+=" says the output is
+// accumulated into, every other output is overwritten. Optional inputs/outputs are nullptr.
+// Dimensions are int64_t, element counts size_t. Options (DropoutSpec, ...) come from
+// ops/backend.h and have the same meaning as there.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/backend.h"
+
+namespace anatomy::ref {
+
+// ---- tensor contractions (matmul.cpp) ---------------------------------------------------
+// pre = alpha * op(A) op(B) + beta * C_old (+ bias[n] with Bias / BiasGelu);
+// C = pre, or gelu(pre) with BiasGelu, which also stores pre into gelu_in [M, N].
+// So beta scales the old C BEFORE the epilogue, as cuBLASLt does. With beta == 0 the old C
+// is never read (NaN in C does not propagate). op(A) is [M, K]: A is [M, K] for Trans::N,
+// [K, M] for Trans::T; op(B) is [K, N]: B is [K, N] for Trans::N, [N, K] for Trans::T.
+template <class T>
+void matmul(T* c, const T* a, Trans ta, const T* b, Trans tb, int64_t m, int64_t n, int64_t k,
+            T alpha, T beta, Epilogue epilogue, const T* bias, T* gelu_in);
+// db[n] += sum_r dy[r, n], dy [rows, n].
+template <class T>
+void bias_grad(T* db, const T* dy, int64_t rows, int64_t n);
+
+// ---- attention (attention.cpp) ----------------------------------------------------------
+// qkv [B, T, 3H] (per token [q | k | v], head h at columns [h*D, (h+1)*D) of each), mask
+// I32 [B, T] (nullptr: attend everywhere), ctx [B, T, H], lse [B, heads, T].
+// S = (q k^T) / sqrt(D); a key with mask 0 gets probability exactly 0 (score -inf). When all
+// keys of a sequence are masked, the row attends uniformly (every score taken as the constant
+// 0, lse = log T): Hugging Face's finfo.min mask gives the same uniform row. lse is the
+// natural log-sum-exp of the masked scaled scores, always finite. P = exp(S - lse);
+// Pd = P * keep / (1 - p) with the dropout index ((b*heads + h)*T + q)*T + k; ctx = Pd V.
+template <class T>
+void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_t batch,
+                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout);
+// dqkv [B, T, 3H] (overwritten). Recomputes P from lse, then, per head:
+//   dV = Pd^T dO;  dPd = dO V^T;  dP = dPd * keep / (1 - p);
+//   dS = P * (dP - D), D_i = sum_j P_ij dP_ij (= dO_i . O_i, also with dropout);
+//   dQ = dS K * scale;  dK = dS^T Q * scale.  Fully masked rows give dS = 0.
+// ctx is accepted for the flash-style D = rowsum(dO * O); the reference computes D from P.
+template <class T>
+void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, const T* lse,
+                        const int32_t* mask, int64_t batch, int64_t seq, int64_t hidden, int heads,
+                        const DropoutSpec& dropout);
+
+// ---- statistical normalizations (layernorm.cpp, loss.cpp) -------------------------------
+// Over rows of width h: sum = dropout(branch) + residual (residual may be nullptr; dropout
+// index = element index in [rows, h]); mean = E[sum]; rstd = 1 / sqrt(Var[sum] + eps)
+// (biased variance, two passes); y = (sum - mean) * rstd * gamma + beta.
+template <class T>
+void layernorm_forward(T* y, T* sum, T* mean, T* rstd, const T* branch, const T* residual,
+                       const T* gamma, const T* beta, int64_t rows, int64_t h, double eps,
+                       const DropoutSpec& branch_dropout);
+// xhat = (sum - mean) * rstd, g = dy * gamma:
+//   dsum = rstd * (g - mean(g) - xhat * mean(g * xhat));  dbranch = dropout_backward(dsum)
+//   (dbranch may be nullptr); dgamma += sum_rows dy * xhat; dbeta += sum_rows dy.
+template <class T>
+void layernorm_backward(T* dsum, T* dbranch, T* dgamma, T* dbeta, const T* dy, const T* sum,
+                        const T* mean, const T* rstd, const T* gamma, int64_t rows, int64_t h,
+                        const DropoutSpec& branch_dropout);
+// losses[b] = logsumexp(logits[b]) - logits[b, label[b]];
+// dlogits = (softmax(logits) - onehot(label)) * grad_scale (dlogits may be nullptr).
+// Throws anatomy::Error when a label is outside [0, classes).
+template <class T>
+void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* labels, int64_t batch,
+                   int64_t classes, double grad_scale);
+
+// ---- element-wise (elementwise.cpp, embedding.cpp) --------------------------------------
+// y = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2));  dx = dy * (Phi(x) + x phi(x)).
+template <class T>
+void gelu_forward(T* y, const T* x, size_t n);
+template <class T>
+void gelu_backward(T* dx, const T* dy, const T* x, size_t n);
+// dx = dy * (1 - y^2), y = tanh(x).
+template <class T>
+void tanh_forward(T* y, const T* x, size_t n);
+template <class T>
+void tanh_backward(T* dx, const T* dy, const T* y, size_t n);
+// y[i] = keep(i) ? x[i] / (1 - p) : 0 (p == 0: y = x). Backward is the same map on dy.
+template <class T>
+void dropout_forward(T* y, const T* x, size_t n, const DropoutSpec& d);
+template <class T>
+void dropout_backward(T* dx, const T* dy, size_t n, const DropoutSpec& d);
+template <class T>
+void add(T* y, const T* a, const T* b, size_t n);
+// out[b, :] = x[b, t, :] for x [B, T, H]; backward: dx[:, t, :] = dout, the rest zero.
+template <class T>
+void select_token(T* out, const T* x, int64_t batch, int64_t seq, int64_t hidden, int64_t t);
+template <class T>
+void select_token_backward(T* dx, const T* dout, int64_t batch, int64_t seq, int64_t hidden,
+                           int64_t t);
+// e[b*T + t, :] = word[ids[b, t]] + pos[t] + type[type_ids[b, t]] (type_ids nullptr: all 0).
+// Throws anatomy::Error for an id >= vocab, a type id >= type_vocab, or seq > max_pos.
+template <class T>
+void embedding_forward(T* e, const int32_t* ids, const int32_t* type_ids, const T* word,
+                       const T* pos, const T* type, int64_t batch, int64_t seq, int64_t hidden,
+                       int64_t vocab, int64_t max_pos, int64_t type_vocab);
+// dword[ids] += de, dpos[t] += de, dtype[type_ids] += de (any of the three may be nullptr).
+template <class T>
+void embedding_backward(T* dword, T* dpos, T* dtype, const T* de, const int32_t* ids,
+                        const int32_t* type_ids, int64_t batch, int64_t seq, int64_t hidden,
+                        int64_t vocab, int64_t max_pos, int64_t type_vocab);
+
+// ---- optimizer (optimizer.cpp) ----------------------------------------------------------
+// out[0] += sum x^2.
+template <class T>
+void sum_squares(T* out, const T* x, size_t n);
+// The factor applied to raw gradients (GradTransform in backend.h): inv_loss_scale * clip,
+// clip = max_norm > 0 ? min(1, max_norm / (sqrt(norm_sq) * inv_loss_scale + 1e-6)) : 1.
+double grad_factor(double norm_sq, double inv_loss_scale, double max_norm);
+// PyTorch AdamW with g = grads * factor:
+//   p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+//   p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps).
+template <class T>
+void adamw_update(T* params, T* m, T* v, const T* grads, size_t n, double factor,
+                  const AdamWArgs& a);
+// PyTorch SGD (dampening 0) with g = grads * factor + wd * p; buf = momentum * buf + g
+// (buffers start at zero, so the first step gives buf = g as PyTorch does);
+// p -= lr * (nesterov ? g + momentum * buf : buf). momentum == 0: p -= lr * g, buf untouched
+// (may be nullptr).
+template <class T>
+void sgd_update(T* params, T* buf, const T* grads, size_t n, double factor, const SgdArgs& a);
+
+}  // namespace anatomy::ref

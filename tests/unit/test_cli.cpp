@@ -1,0 +1,121 @@
+// The command line: help, bad flags and bad files give one-line errors and a non-zero exit,
+// never a crash, and no output directory that looks finished.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct CmdResult {
+  int status = -1;
+  std::string output;
+};
+
+CmdResult run(const std::string& args) {
+  std::string cmd = std::string(ANATOMY_BINARY) + " " + args + " 2>&1";
+  CmdResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+std::string tmp(const std::string& name) {
+  fs::path p = fs::path(testing::TempDir()) / name;
+  fs::remove_all(p);
+  return p.string();
+}
+
+// One error line that names what is wrong; exit 2 (not a crash, not success).
+void expect_clean_error(const CmdResult& r, const std::string& needle) {
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("error"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+}
+
+const char* kTiny = "train --device cpu --preset bert-tiny --seq-len 16 --num-samples 8 --disable-tqdm ";
+
+}  // namespace
+
+TEST(Cli, HelpExplainsTheFlags) {
+  CmdResult r = run("train --help");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.output.find("--per-device-train-batch-size"), std::string::npos);
+  EXPECT_NE(r.output.find("--gradient-checkpointing"), std::string::npos);
+  CmdResult top = run("--help");
+  EXPECT_EQ(top.status, 0);
+  EXPECT_NE(top.output.find("train"), std::string::npos);
+}
+
+TEST(Cli, UnknownFlagIsAnError) {
+  CmdResult r = run(std::string(kTiny) + "--no-such-flag 3");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("no-such-flag"), std::string::npos);
+}
+
+TEST(Cli, ContradictoryFlagsAreAnError) {
+  CmdResult r = run("train --seed-experiment --preset bert-base");
+  expect_clean_error(r, "--preset");
+  CmdResult both = run(std::string(kTiny) + "--model-name-or-path /tmp");
+  EXPECT_NE(both.status, 0);
+}
+
+TEST(Cli, ZeroBatchSize) {
+  std::string out = tmp("cli_zero_batch");
+  expect_clean_error(run(std::string(kTiny) + "--per-device-train-batch-size 0 --output-dir " + out),
+                     "--per-device-train-batch-size");
+  EXPECT_FALSE(fs::exists(fs::path(out) / "train_results.json"));
+}
+
+TEST(Cli, SequenceLongerThanThePositionTable) {
+  std::string out = tmp("cli_long_seq");
+  expect_clean_error(run("train --device cpu --preset bert-tiny --seq-len 4096 --output-dir " + out), "max_position_embeddings");
+  EXPECT_FALSE(fs::exists(fs::path(out) / "train_results.json"));
+}
+
+TEST(Cli, MissingAndGarbledConfig) {
+  std::string dir = tmp("cli_bad_config");
+  fs::create_directories(dir);
+  expect_clean_error(run(std::string("train --device cpu --model-name-or-path ") + dir + " --output-dir " + dir + "/out"),
+                     "config.json");
+  std::ofstream(dir + "/config.json") << "{\"hidden_size\": 64, \"num_attention_heads\": ";
+  expect_clean_error(run(std::string("train --device cpu --model-name-or-path ") + dir + " --output-dir " + dir + "/out"),
+                     "config.json");
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "out" / "train_results.json"));
+}
+
+TEST(Cli, TruncatedSafetensors) {
+  std::string dir = tmp("cli_bad_weights");
+  std::string out = dir + "/out";
+  CmdResult ok = run(std::string(kTiny) + "--max-steps 1 --output-dir " + dir);
+  ASSERT_EQ(ok.status, 0) << ok.output;
+  fs::resize_file(fs::path(dir) / "model.safetensors", fs::file_size(fs::path(dir) / "model.safetensors") / 2);
+  expect_clean_error(run("train --device cpu --seq-len 16 --num-samples 8 --model-name-or-path " + dir + " --output-dir " + out),
+                     "model.safetensors");
+  EXPECT_FALSE(fs::exists(fs::path(out) / "train_results.json"));
+}
+
+TEST(Cli, BadPrecisionOnCpu) {
+  expect_clean_error(run(std::string(kTiny) + "--precision bf16"), "--precision");
+  expect_clean_error(run(std::string(kTiny) + "--precision fp8"), "--precision");
+}
+
+TEST(Cli, TrainsAndPrintsTheSeedSummary) {
+  std::string out = tmp("cli_train");
+  CmdResult r = run(std::string(kTiny) + "--max-steps 2 --output-dir " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("Time: "), std::string::npos);
+  EXPECT_NE(r.output.find("Samples/second: "), std::string::npos);
+  EXPECT_NE(r.output.find("GPU memory occupied: "), std::string::npos);
+  EXPECT_NE(r.output.find("optimizer_state"), std::string::npos);
+  EXPECT_TRUE(fs::exists(fs::path(out) / "train_results.json"));
+}

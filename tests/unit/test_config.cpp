@@ -1,0 +1,253 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+#include "model/config.h"
+
+using namespace anatomy;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+class ConfigTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+    m_dir = fs::path(testing::TempDir()) /
+            ("anatomy_cfg_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(m_dir);
+    fs::create_directories(m_dir);
+  }
+  void TearDown() override { fs::remove_all(m_dir); }
+
+  std::string write(const std::string& name, const std::string& text) {
+    std::string p = (m_dir / name).string();
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  }
+
+  // Loading `text` must fail with a one-line error naming the file and containing `needle`.
+  void expect_bad(const std::string& text, const std::string& needle) {
+    std::string p = write("config.json", text);
+    try {
+      BertConfig::from_json_file(p);
+      ADD_FAILURE() << "expected an error for " << text;
+    } catch (const Error& e) {
+      std::string m = e.what();
+      EXPECT_EQ(m.rfind(p + ": ", 0), 0u) << m;
+      EXPECT_NE(m.find(needle), std::string::npos) << "wanted '" << needle << "' in: " << m;
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    }
+  }
+
+  fs::path m_dir;
+};
+
+// bert-base-uncased's config.json from the Hugging Face hub.
+const char* kBertBaseUncased = R"({
+  "architectures": ["BertForMaskedLM"],
+  "attention_probs_dropout_prob": 0.1,
+  "gradient_checkpointing": false,
+  "hidden_act": "gelu",
+  "hidden_dropout_prob": 0.1,
+  "hidden_size": 768,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "layer_norm_eps": 1e-12,
+  "max_position_embeddings": 512,
+  "model_type": "bert",
+  "num_attention_heads": 12,
+  "num_hidden_layers": 12,
+  "pad_token_id": 0,
+  "position_embedding_type": "absolute",
+  "transformers_version": "4.6.0.dev0",
+  "type_vocab_size": 2,
+  "use_cache": true,
+  "vocab_size": 30522
+})";
+
+}  // namespace
+
+TEST_F(ConfigTest, DefaultsAreHuggingFaceDefaults) {
+  BertConfig c;
+  EXPECT_EQ(c.vocab_size, 30522);
+  EXPECT_EQ(c.hidden_size, 768);
+  EXPECT_EQ(c.num_hidden_layers, 12);
+  EXPECT_EQ(c.num_attention_heads, 12);
+  EXPECT_EQ(c.intermediate_size, 3072);
+  EXPECT_EQ(c.hidden_act, "gelu");
+  EXPECT_EQ(c.hidden_dropout_prob, 0.1);
+  EXPECT_EQ(c.attention_probs_dropout_prob, 0.1);
+  EXPECT_EQ(c.max_position_embeddings, 512);
+  EXPECT_EQ(c.type_vocab_size, 2);
+  EXPECT_EQ(c.initializer_range, 0.02);
+  EXPECT_EQ(c.layer_norm_eps, 1e-12);
+  EXPECT_EQ(c.pad_token_id, 0);
+  EXPECT_EQ(c.num_labels, 2);
+  EXPECT_EQ(c.id2label.at(1), "LABEL_1");
+  EXPECT_EQ(c.label2id.at("LABEL_0"), 0);
+  EXPECT_FALSE(c.problem_type);
+  EXPECT_EQ(c.head_dim(), 64);
+  EXPECT_NO_THROW(c.validate());
+  EXPECT_EQ(BertConfig::preset("bert-base"), c);
+}
+
+TEST_F(ConfigTest, PresetsAndParameterCounts) {
+  BertConfig tiny = BertConfig::preset("bert-tiny");
+  EXPECT_EQ(tiny.num_hidden_layers, 2);
+  EXPECT_EQ(tiny.hidden_size, 128);
+  EXPECT_EQ(tiny.num_attention_heads, 2);
+  EXPECT_EQ(tiny.intermediate_size, 512);
+  EXPECT_EQ(tiny.vocab_size, 30522);
+  EXPECT_EQ(tiny.max_position_embeddings, 512);
+  BertConfig mini = BertConfig::preset("bert-mini");
+  EXPECT_EQ(mini.num_hidden_layers, 4);
+  EXPECT_EQ(mini.hidden_size, 256);
+  EXPECT_EQ(mini.num_attention_heads, 4);
+  EXPECT_EQ(mini.intermediate_size, 1024);
+  BertConfig large = BertConfig::preset("bert-large");
+  EXPECT_EQ(large.num_hidden_layers, 24);
+  EXPECT_EQ(large.hidden_size, 1024);
+  EXPECT_EQ(large.num_attention_heads, 16);
+  EXPECT_EQ(large.intermediate_size, 4096);
+  EXPECT_EQ(large.head_dim(), 64);
+
+  // By hand, bert-base with 2 labels:
+  //   embeddings (30522 + 512 + 2) * 768 + 2*768            = 23,837,184
+  //   per layer  4*(768*768+768) + 2*768                     =  2,363,904
+  //            + (768*3072+3072) + (3072*768+768) + 2*768    =  4,723,968  -> 7,087,872 x 12 = 85,054,464
+  //   pooler 768*768+768 = 590,592; classifier 768*2+2 = 1,538
+  //   total 109,483,778 (transformers' BertForSequenceClassification("bert-base-uncased")).
+  EXPECT_EQ(BertConfig::preset("bert-base").num_parameters(), 109483778);
+  // bert-large: 31,782,912 + 24 * 12,596,224 + 1,049,600 + 2,050 = 335,143,938.
+  EXPECT_EQ(large.num_parameters(), 335143938);
+  // bert-tiny: 3,972,864 + 2 * 198,272 + 16,512 + 258 = 4,386,178.
+  EXPECT_EQ(tiny.num_parameters(), 4386178);
+  BertConfig three = tiny;
+  three.set_num_labels(3);
+  EXPECT_EQ(three.num_parameters(), tiny.num_parameters() + 128 + 1);
+
+  for (const auto& n : BertConfig::preset_names()) EXPECT_NO_THROW(BertConfig::preset(n).validate(n));
+  try {
+    BertConfig::preset("bert-huge");
+    FAIL();
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("bert-huge"), std::string::npos) << m;
+    EXPECT_NE(m.find("bert-tiny, bert-mini, bert-base, bert-large"), std::string::npos) << m;
+  }
+}
+
+TEST_F(ConfigTest, LoadsTheHubConfigOfBertBaseUncased) {
+  BertConfig c = BertConfig::from_json_file(write("config.json", kBertBaseUncased));
+  BertConfig expect;
+  expect.architectures = {"BertForMaskedLM"};
+  EXPECT_EQ(c, expect);
+}
+
+TEST_F(ConfigTest, ToJsonIsWhatTransformersExpects) {
+  BertConfig c = BertConfig::preset("bert-tiny");
+  json j = c.to_json();
+  EXPECT_EQ(j["model_type"], "bert");
+  EXPECT_EQ(j["architectures"], json::array({"BertForSequenceClassification"}));
+  EXPECT_EQ(j["id2label"], json({{"0", "LABEL_0"}, {"1", "LABEL_1"}}));
+  EXPECT_EQ(j["label2id"], json({{"LABEL_0", 0}, {"LABEL_1", 1}}));
+  EXPECT_EQ(j["torch_dtype"], "float32");
+  EXPECT_EQ(j["hidden_size"], 128);
+  EXPECT_EQ(j["layer_norm_eps"], 1e-12);
+  EXPECT_TRUE(j["hidden_size"].is_number_integer());
+  EXPECT_TRUE(j["classifier_dropout"].is_null());
+  EXPECT_FALSE(j.contains("problem_type"));
+  EXPECT_FALSE(j.contains("num_labels"));  // transformers derives it from id2label
+}
+
+TEST_F(ConfigTest, SaveLoadRoundTrip) {
+  BertConfig c = BertConfig::preset("bert-mini");
+  c.id2label = {{0, "negative"}, {1, "neutral"}, {2, "positive"}};
+  c.label2id = {{"negative", 0}, {"neutral", 1}, {"positive", 2}};
+  c.num_labels = 3;
+  c.problem_type = "single_label_classification";
+  c.classifier_dropout = 0.25;
+  c.hidden_dropout_prob = 0.05;
+  c.vocab_size = 1000;
+  c.pad_token_id = 1;
+  const std::string p = (m_dir / "config.json").string();
+  c.save(p);
+  BertConfig back = BertConfig::from_json_file(p);
+  EXPECT_EQ(back, c);
+  EXPECT_EQ(back.to_json(), c.to_json());
+  // Saving over an existing file replaces it, leaving no temporary behind.
+  BertConfig::preset("bert-tiny").save(p);
+  EXPECT_EQ(BertConfig::from_json_file(p), BertConfig::preset("bert-tiny"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(m_dir), fs::directory_iterator()), 1);
+}
+
+TEST_F(ConfigTest, LabelsFollowTransformers) {
+  // num_labels alone: LABEL_i names.
+  BertConfig a = BertConfig::from_json(json{{"num_labels", 5}}, "a.json");
+  EXPECT_EQ(a.num_labels, 5);
+  EXPECT_EQ(a.id2label.at(4), "LABEL_4");
+  EXPECT_EQ(a.label2id.at("LABEL_4"), 4);
+  // id2label decides num_labels, even against a disagreeing num_labels; label2id is derived.
+  BertConfig b = BertConfig::from_json(json{{"num_labels", 7}, {"id2label", {{"0", "neg"}, {"1", "pos"}, {"2", "mid"}}}},
+                                       "b.json");
+  EXPECT_EQ(b.num_labels, 3);
+  EXPECT_EQ(b.label2id.at("mid"), 2);
+  // Regression with one label.
+  BertConfig r = BertConfig::from_json(json{{"num_labels", 1}, {"problem_type", "regression"}}, "r.json");
+  EXPECT_EQ(r.num_labels, 1);
+  EXPECT_EQ(*r.problem_type, "regression");
+  EXPECT_FALSE(BertConfig::from_json(json{{"problem_type", nullptr}}, "n.json").problem_type);
+}
+
+TEST_F(ConfigTest, BadConfigsAreOneLineErrors) {
+  try {
+    BertConfig::from_json_file((m_dir / "nope" / "config.json").string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json: cannot open"), std::string::npos) << e.what();
+  }
+  expect_bad("", "not valid JSON at byte");
+  expect_bad("{\"hidden_size\": 768,\n \"x\": }", "not valid JSON at byte 28");
+  expect_bad("[768]", "must be a JSON object");
+  expect_bad(R"({"hidden_size": "768"})", "field 'hidden_size' must be a positive integer");
+  expect_bad(R"({"hidden_size": 768.0})", "field 'hidden_size' must be a positive integer");
+  expect_bad(R"({"hidden_size": -768})", "field 'hidden_size' must be a positive integer");
+  expect_bad(R"({"num_hidden_layers": 0})", "field 'num_hidden_layers' must be a positive integer");
+  expect_bad(R"({"vocab_size": 18446744073709551615})", "field 'vocab_size' must be a positive integer");
+  expect_bad(R"({"num_attention_heads": true})", "field 'num_attention_heads'");
+  expect_bad(R"({"hidden_size": 100})", "hidden_size 100 is not a multiple of num_attention_heads 12");
+  expect_bad(R"({"hidden_dropout_prob": 1.0})", "field 'hidden_dropout_prob' must be a probability in [0, 1)");
+  expect_bad(R"({"attention_probs_dropout_prob": -0.1})", "field 'attention_probs_dropout_prob'");
+  expect_bad(R"({"classifier_dropout": 2})", "field 'classifier_dropout'");
+  expect_bad(R"({"hidden_dropout_prob": "0.1"})", "field 'hidden_dropout_prob' must be a number");
+  expect_bad(R"({"hidden_act": "gelu_new"})", "hidden_act 'gelu_new' is not supported");
+  expect_bad(R"({"hidden_act": "relu"})", "only \"gelu\"");
+  expect_bad(R"({"position_embedding_type": "relative_key"})", "position_embedding_type");
+  expect_bad(R"({"model_type": "roberta"})", "model_type 'roberta'");
+  expect_bad(R"({"layer_norm_eps": 0})", "field 'layer_norm_eps'");
+  expect_bad(R"({"pad_token_id": 30522})", "field 'pad_token_id'");
+  expect_bad(R"({"num_labels": 0})", "field 'num_labels' must be a positive integer");
+  expect_bad(R"({"id2label": {"0": "a", "2": "b"}})", "1 is missing");
+  expect_bad(R"({"id2label": {"x": "a"}})", "field 'id2label' keys must be non-negative integers");
+  expect_bad(R"({"id2label": {"0": 5}})", "field 'id2label' values must be strings");
+  expect_bad(R"({"id2label": {"0": "a", "00": "b"}})", "has the id 0 twice");
+  expect_bad(R"({"label2id": {"a": "0"}})", "field 'label2id' values");
+  expect_bad(R"({"problem_type": "ranking"})", "problem_type 'ranking'");
+  expect_bad(R"({"architectures": "BertModel"})", "field 'architectures'");
+
+  BertConfig c;
+  c.num_attention_heads = 5;
+  try {
+    c.validate("my.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "my.json: hidden_size 768 is not a multiple of num_attention_heads 5");
+  }
+}

@@ -1,0 +1,360 @@
+// CpuBackend: the float ops against the double reference on fresh random inputs (outputs
+// poisoned with NaN first), hand-checked small cases, and errors on bad input.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "ops/backend.h"
+#include "ops/cpu/reference.h"
+#include "test_cpu_util.h"
+
+using namespace anatomy;
+using namespace anatomy::test;
+
+namespace {
+
+class CpuOps : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> be = make_cpu_backend(2);
+};
+
+// A naive triple loop: C = alpha * op(A) op(B) + beta * C.
+std::vector<double> naive_gemm(const std::vector<double>& a, Trans ta, const std::vector<double>& b,
+                               Trans tb, std::vector<double> c, int64_t M, int64_t N, int64_t K,
+                               double alpha, double beta) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k)
+        s += (ta == Trans::N ? a[i * K + k] : a[k * M + i]) *
+             (tb == Trans::N ? b[k * N + j] : b[j * K + k]);
+      c[i * N + j] = alpha * s + beta * c[i * N + j];
+    }
+  return c;
+}
+
+}  // namespace
+
+TEST_F(CpuOps, MatmulAllTransposesAlphaBetaEpilogues) {
+  ANATOMY_FRESH_RNG(rng);
+  const int64_t M = 5, N = 7, K = 6;
+  for (Trans ta : {Trans::N, Trans::T})
+    for (Trans tb : {Trans::N, Trans::T})
+      for (Epilogue epi : {Epilogue::None, Epilogue::Bias, Epilogue::BiasGelu})
+        for (float beta : {0.0f, 0.5f}) {
+          auto a = randn<float>(rng, M * K), b = randn<float>(rng, K * N),
+               bias = randn<float>(rng, N);
+          auto c = beta == 0.0f ? poisoned(M * N) : randn<float>(rng, M * N);
+          auto gelu_in = poisoned(M * N);
+          const float alpha = 0.75f;
+          auto want =
+              naive_gemm(to_double(a), ta, to_double(b), tb, to_double(c), M, N, K, alpha, beta);
+          if (beta == 0.0f)
+            want = naive_gemm(to_double(a), ta, to_double(b), tb, std::vector<double>(M * N), M, N,
+                              K, alpha, 0);
+          std::vector<double> want_pre = want;
+          for (int64_t i = 0; i < M * N; ++i) {
+            if (epi != Epilogue::None) want_pre[i] = want[i] + bias[i % N];
+            want[i] = epi == Epilogue::BiasGelu
+                          ? 0.5 * want_pre[i] * (1 + std::erf(want_pre[i] / std::sqrt(2.0)))
+                          : want_pre[i];
+          }
+          MatmulArgs args;
+          args.alpha = alpha;
+          args.beta = beta;
+          args.epilogue = epi;
+          if (epi != Epilogue::None) args.bias = host(bias, {N});
+          if (epi == Epilogue::BiasGelu) args.gelu_in = host(gelu_in, {M, N});
+          be->matmul(host(c, {M, N}), host(a, ta == Trans::N ? Shape{M, K} : Shape{K, M}), ta,
+                     host(b, tb == Trans::N ? Shape{K, N} : Shape{N, K}), tb, args);
+          const std::string what = std::string("C ta=") + (ta == Trans::T ? "T" : "N") +
+                                   " tb=" + (tb == Trans::T ? "T" : "N") +
+                                   " epi=" + std::to_string(int(epi)) +
+                                   " beta=" + std::to_string(beta);
+          expect_close(c, want, 1e-5, what);
+          if (epi == Epilogue::BiasGelu) expect_close(gelu_in, want_pre, 1e-5, what + " gelu_in");
+        }
+}
+
+TEST_F(CpuOps, MatmulShapeMismatchThrows) {
+  std::vector<float> a(6), b(6), c(4);
+  EXPECT_THROW(
+      be->matmul(host(c, {2, 2}), host(a, {2, 3}), Trans::N, host(b, {2, 3}), Trans::N, {}), Error);
+}
+
+TEST_F(CpuOps, BiasGradAccumulates) {
+  ANATOMY_FRESH_RNG(rng);
+  const int64_t R = 9, N = 70;  // N spans two column blocks
+  auto dy = randn<float>(rng, R * N), db = randn<float>(rng, N);
+  auto want = to_double(db);
+  ref::bias_grad(want.data(), to_double(dy).data(), R, N);
+  be->bias_grad(host(db, {N}), host(dy, {R, N}));
+  expect_close(db, want, 1e-6, "db");
+}
+
+TEST_F(CpuOps, AttentionMatchesDoubleReference) {
+  ANATOMY_FRESH_RNG(rng);
+  const int64_t B = 2, T = 6, H = 12;
+  const int heads = 3;
+  const DropoutSpec drop{0.2f, rng.next(), rng.next()};
+  auto qkv = randn<float>(rng, B * T * 3 * H), dctx = randn<float>(rng, B * T * H);
+  std::vector<int32_t> mask = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0};
+  auto ctx = poisoned(B * T * H), lse = poisoned(B * heads * T), dqkv = poisoned(qkv.size());
+  be->attention_forward(host(ctx, {B, T, H}), host(lse, {B, heads, T}), host(qkv, {B, T, 3 * H}),
+                        host(mask, {B, T}), heads, drop);
+  be->attention_backward(host(dqkv, {B, T, 3 * H}), host(dctx, {B, T, H}), host(qkv, {B, T, 3 * H}),
+                         host(ctx, {B, T, H}), host(lse, {B, heads, T}), host(mask, {B, T}), heads,
+                         drop);
+  std::vector<double> ctx_d(ctx.size()), lse_d(lse.size()), dqkv_d(qkv.size());
+  auto qkv_d = to_double(qkv);
+  ref::attention_forward(ctx_d.data(), lse_d.data(), qkv_d.data(), mask.data(), B, T, H, heads,
+                         drop);
+  ref::attention_backward(dqkv_d.data(), to_double(dctx).data(), qkv_d.data(), ctx_d.data(),
+                          lse_d.data(), mask.data(), B, T, H, heads, drop);
+  expect_close(ctx, ctx_d, 1e-5, "ctx");
+  expect_close(lse, lse_d, 1e-5, "lse");
+  expect_close(dqkv, dqkv_d, 1e-4, "dqkv");
+}
+
+TEST_F(CpuOps, AttentionHandCase) {
+  // One head of width 1, two keys: scores [0, ln 3] -> probs [1/4, 3/4]; ctx = 4/4 + 3*8/4 = 7.
+  std::vector<float> qkv = {1, 0, 4, 0, std::log(3.0f), 8}, ctx = poisoned(2), lse = poisoned(2);
+  std::vector<int32_t> mask = {1, 1};
+  be->attention_forward(host(ctx, {1, 2, 1}), host(lse, {1, 1, 2}), host(qkv, {1, 2, 3}),
+                        host(mask, {1, 2}), 1, {});
+  EXPECT_NEAR(ctx[0], 7.0, 1e-5);
+  EXPECT_NEAR(lse[0], std::log(4.0), 1e-6);
+  // Masking key 1 leaves all the weight on key 0.
+  mask = {1, 0};
+  be->attention_forward(host(ctx, {1, 2, 1}), host(lse, {1, 1, 2}), host(qkv, {1, 2, 3}),
+                        host(mask, {1, 2}), 1, {});
+  EXPECT_NEAR(ctx[0], 4.0, 1e-6);
+  EXPECT_NEAR(lse[0], 0.0, 1e-6);
+}
+
+TEST_F(CpuOps, LayerNormMatchesDoubleReference) {
+  ANATOMY_FRESH_RNG(rng);
+  const int64_t R = 5, Hd = 70;
+  const DropoutSpec drop{0.1f, rng.next(), rng.next()};
+  auto branch = randn<float>(rng, R * Hd), residual = randn<float>(rng, R * Hd),
+       gamma = randn<float>(rng, Hd), beta = randn<float>(rng, Hd), dy = randn<float>(rng, R * Hd);
+  auto dgamma = randn<float>(rng, Hd), dbeta = randn<float>(rng, Hd);
+  auto y = poisoned(R * Hd), sum = poisoned(R * Hd), mean = poisoned(R), rstd = poisoned(R),
+       dsum = poisoned(R * Hd), dbranch = poisoned(R * Hd);
+  be->layernorm_forward(host(y, {R, Hd}), host(sum, {R, Hd}), host(mean, {R}), host(rstd, {R}),
+                        host(branch, {R, Hd}), host(residual, {R, Hd}), host(gamma, {Hd}),
+                        host(beta, {Hd}), 1e-12f, drop);
+  std::vector<double> y_d(y.size()), sum_d(y.size()), mean_d(R), rstd_d(R), dsum_d(y.size()),
+      dbranch_d(y.size()), dgamma_d = to_double(dgamma), dbeta_d = to_double(dbeta);
+  ref::layernorm_forward(y_d.data(), sum_d.data(), mean_d.data(), rstd_d.data(),
+                         to_double(branch).data(), to_double(residual).data(),
+                         to_double(gamma).data(), to_double(beta).data(), R, Hd, 1e-12f, drop);
+  expect_close(y, y_d, 1e-5, "y");
+  expect_close(sum, sum_d, 1e-6, "sum");
+  expect_close(mean, mean_d, 1e-5, "mean");
+  expect_close(rstd, rstd_d, 1e-5, "rstd");
+  be->layernorm_backward(host(dsum, {R, Hd}), host(dbranch, {R, Hd}), host(dgamma, {Hd}),
+                         host(dbeta, {Hd}), host(dy, {R, Hd}), host(sum, {R, Hd}), host(mean, {R}),
+                         host(rstd, {R}), host(gamma, {Hd}), drop);
+  ref::layernorm_backward(dsum_d.data(), dbranch_d.data(), dgamma_d.data(), dbeta_d.data(),
+                          to_double(dy).data(), sum_d.data(), mean_d.data(), rstd_d.data(),
+                          to_double(gamma).data(), R, Hd, drop);
+  expect_close(dsum, dsum_d, 1e-5, "dsum");
+  expect_close(dbranch, dbranch_d, 1e-5, "dbranch");
+  expect_close(dgamma, dgamma_d, 1e-5, "dgamma");
+  expect_close(dbeta, dbeta_d, 1e-5, "dbeta");
+}
+
+TEST_F(CpuOps, LayerNormHandCaseWithoutResidual) {
+  // x = [1, 2, 3, 4]: mean 2.5, biased variance 1.25.
+  std::vector<float> x = {1, 2, 3, 4}, gamma = {1, 1, 2, 1}, beta = {0, 0, 0, 1};
+  auto y = poisoned(4), sum = poisoned(4), mean = poisoned(1), rstd = poisoned(1);
+  be->layernorm_forward(host(y, {1, 4}), host(sum, {1, 4}), host(mean, {1}), host(rstd, {1}),
+                        host(x, {1, 4}), Tensor(), host(gamma, {4}), host(beta, {4}), 1e-5f, {});
+  const double rs = 1.0 / std::sqrt(1.25 + 1e-5);
+  EXPECT_NEAR(mean[0], 2.5, 1e-6);
+  EXPECT_NEAR(rstd[0], rs, 1e-6);
+  EXPECT_NEAR(y[0], -1.5 * rs, 1e-6);
+  EXPECT_NEAR(y[2], 2 * 0.5 * rs, 1e-6);
+  EXPECT_NEAR(y[3], 1.5 * rs + 1, 1e-6);
+  EXPECT_EQ(sum, x);
+}
+
+TEST_F(CpuOps, CrossEntropyHandCase) {
+  // logits log[1, 2, 3]: softmax [1/6, 2/6, 3/6].
+  std::vector<float> logits = {0, std::log(2.0f), std::log(3.0f), 5, 5, 5};
+  std::vector<int32_t> labels = {2, 0};
+  auto losses = poisoned(2), dlogits = poisoned(6);
+  be->cross_entropy(host(losses, {2}), host(dlogits, {2, 3}), host(logits, {2, 3}),
+                    host(labels, {2}), 0.5f);
+  EXPECT_NEAR(losses[0], std::log(2.0), 1e-6);
+  EXPECT_NEAR(losses[1], std::log(3.0), 1e-6);
+  const double want[6] = {0.5 / 6, 0.5 * 2 / 6, 0.5 * (0.5 - 1), 0.5 * (1.0 / 3 - 1),
+                          0.5 / 3, 0.5 / 3};
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(dlogits[i], want[i], 1e-6) << i;
+}
+
+TEST_F(CpuOps, CrossEntropyStableForLargeLogits) {
+  std::vector<float> logits = {1000, 0, -1000}, losses = poisoned(1), dlogits = poisoned(3);
+  std::vector<int32_t> labels = {1};
+  be->cross_entropy(host(losses, {1}), host(dlogits, {1, 3}), host(logits, {1, 3}),
+                    host(labels, {1}), 1.0f);
+  EXPECT_NEAR(losses[0], 1000.0, 1e-3);
+  EXPECT_NEAR(dlogits[0], 1.0, 1e-6);
+  EXPECT_NEAR(dlogits[1], -1.0, 1e-6);
+}
+
+TEST_F(CpuOps, ElementwiseMatchDoubleReference) {
+  ANATOMY_FRESH_RNG(rng);
+  const int64_t n = 257;
+  const DropoutSpec drop{0.3f, rng.next(), rng.next()};
+  auto x = randn<float>(rng, n, 2.0), x2 = randn<float>(rng, n), dy = randn<float>(rng, n);
+  const auto xd = to_double(x), x2d = to_double(x2), dyd = to_double(dy);
+  std::vector<double> want(n), y_tanh(n);
+  const Shape s{n};
+  auto out = poisoned(n);
+  be->gelu_forward(host(out, s), host(x, s));
+  ref::gelu_forward(want.data(), xd.data(), n);
+  expect_close(out, want, 1e-6, "gelu");
+  out = poisoned(n);
+  be->gelu_backward(host(out, s), host(dy, s), host(x, s));
+  ref::gelu_backward(want.data(), dyd.data(), xd.data(), n);
+  expect_close(out, want, 1e-6, "gelu_backward");
+  auto y = poisoned(n);
+  be->tanh_forward(host(y, s), host(x, s));
+  ref::tanh_forward(y_tanh.data(), xd.data(), n);
+  expect_close(y, y_tanh, 1e-6, "tanh");
+  out = poisoned(n);
+  be->tanh_backward(host(out, s), host(dy, s), host(y, s));
+  ref::tanh_backward(want.data(), dyd.data(), to_double(y).data(), n);
+  expect_close(out, want, 1e-6, "tanh_backward");
+  out = poisoned(n);
+  be->dropout_forward(host(out, s), host(x, s), drop);
+  ref::dropout_forward(want.data(), xd.data(), n, drop);
+  expect_close(out, want, 1e-6, "dropout");
+  out = poisoned(n);
+  be->dropout_backward(host(out, s), host(dy, s), drop);
+  ref::dropout_backward(want.data(), dyd.data(), n, drop);
+  expect_close(out, want, 1e-6, "dropout_backward");
+  out = poisoned(n);
+  be->add(host(out, s), host(x, s), host(x2, s));
+  ref::add(want.data(), xd.data(), x2d.data(), n);
+  expect_close(out, want, 1e-6, "add");
+}
+
+TEST_F(CpuOps, GeluHandValues) {
+  std::vector<float> x = {-1, 0, 1, 3}, y = poisoned(4);
+  be->gelu_forward(host(y, {4}), host(x, {4}));
+  EXPECT_NEAR(y[0], -0.15865525393145707, 1e-7);
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_NEAR(y[2], 0.8413447460685429, 1e-7);
+  EXPECT_NEAR(y[3], 2.9959502258159849, 1e-6);
+}
+
+TEST_F(CpuOps, DropoutKeepsAboutOneMinusPAndScales) {
+  const int64_t n = 20000;
+  std::vector<float> x(n, 1.0f), y = poisoned(n), dx = poisoned(n);
+  const DropoutSpec d{0.25f, 7, 3};
+  be->dropout_forward(host(y, {n}), host(x, {n}), d);
+  be->dropout_backward(host(dx, {n}), host(x, {n}), d);
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(y[i] == 0.0f || std::abs(y[i] - 1.0f / 0.75f) < 1e-6) << y[i];
+    ASSERT_EQ(y[i], dx[i]);  // backward regenerates the same mask
+    kept += y[i] != 0.0f;
+  }
+  EXPECT_NEAR(double(kept) / n, 0.75, 0.02);
+  DropoutSpec other = d;
+  other.offset = 4;
+  auto y2 = poisoned(n);
+  be->dropout_forward(host(y2, {n}), host(x, {n}), other);
+  EXPECT_NE(y, y2);  // another offset is another mask
+}
+
+TEST_F(CpuOps, EmbeddingMatchesDoubleReference) {
+  ANATOMY_FRESH_RNG(rng);
+  const int64_t B = 2, T = 4, Hd = 66, V = 7, P = 5, TV = 2;
+  auto word = randn<float>(rng, V * Hd), pos = randn<float>(rng, P * Hd),
+       type = randn<float>(rng, TV * Hd), de = randn<float>(rng, B * T * Hd),
+       dword = randn<float>(rng, V * Hd), dpos = randn<float>(rng, P * Hd),
+       dtype = randn<float>(rng, TV * Hd);
+  std::vector<int32_t> ids(B * T), type_ids(B * T);
+  for (auto& i : ids) i = static_cast<int32_t>(rng.randint(0, V));
+  for (auto& i : type_ids) i = static_cast<int32_t>(rng.randint(0, TV));
+  auto e = poisoned(B * T * Hd);
+  std::vector<double> e_d(e.size()), dword_d = to_double(dword), dpos_d = to_double(dpos),
+                                     dtype_d = to_double(dtype);
+  be->embedding_forward(host(e, {B * T, Hd}), host(ids, {B, T}), host(type_ids, {B, T}),
+                        host(word, {V, Hd}), host(pos, {P, Hd}), host(type, {TV, Hd}));
+  ref::embedding_forward(e_d.data(), ids.data(), type_ids.data(), to_double(word).data(),
+                         to_double(pos).data(), to_double(type).data(), B, T, Hd, V, P, TV);
+  expect_close(e, e_d, 1e-6, "e");
+  be->embedding_backward(host(dword, {V, Hd}), host(dpos, {P, Hd}), host(dtype, {TV, Hd}),
+                         host(de, {B * T, Hd}), host(ids, {B, T}), host(type_ids, {B, T}));
+  ref::embedding_backward(dword_d.data(), dpos_d.data(), dtype_d.data(), to_double(de).data(),
+                          ids.data(), type_ids.data(), B, T, Hd, V, P, TV);
+  expect_close(dword, dword_d, 1e-6, "dword");
+  expect_close(dpos, dpos_d, 1e-6, "dpos");
+  expect_close(dtype, dtype_d, 1e-6, "dtype");
+}
+
+TEST_F(CpuOps, SelectTokenAndBackward) {
+  ANATOMY_FRESH_RNG(rng);
+  const int64_t B = 2, T = 3, Hd = 4;
+  auto x = randn<float>(rng, B * T * Hd), out = poisoned(B * Hd), dx = poisoned(B * T * Hd);
+  be->select_token(host(out, {B, Hd}), host(x, {B, T, Hd}), 0);
+  be->select_token_backward(host(dx, {B, T, Hd}), host(out, {B, Hd}), 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < Hd; ++j) {
+        if (t == 0) {
+          EXPECT_EQ(out[b * Hd + j], x[(b * T) * Hd + j]);
+        }
+        EXPECT_EQ(dx[(b * T + t) * Hd + j], t == 0 ? x[(b * T) * Hd + j] : 0.0f);
+      }
+}
+
+// Shapes above ref::kParallelWork, so the OpenMP paths run (a race would show as a mismatch).
+TEST_F(CpuOps, ParallelPathsMatchDoubleReference) {
+  ANATOMY_FRESH_RNG(rng);
+  const int64_t B = 2, T = 32, H = 64, R = B * T;
+  const int heads = 2;
+  const DropoutSpec drop{0.1f, rng.next(), rng.next()};
+  auto qkv = randn<float>(rng, B * T * 3 * H), dctx = randn<float>(rng, R * H);
+  std::vector<int32_t> mask(B * T, 1);
+  for (int64_t t = 20; t < T; ++t) mask[T + t] = 0;
+  auto ctx = poisoned(R * H), lse = poisoned(B * heads * T), dqkv = poisoned(qkv.size());
+  be->attention_forward(host(ctx, {B, T, H}), host(lse, {B, heads, T}), host(qkv, {B, T, 3 * H}),
+                        host(mask, {B, T}), heads, drop);
+  be->attention_backward(host(dqkv, {B, T, 3 * H}), host(dctx, {B, T, H}), host(qkv, {B, T, 3 * H}),
+                         host(ctx, {B, T, H}), host(lse, {B, heads, T}), host(mask, {B, T}), heads,
+                         drop);
+  std::vector<double> ctx_d(ctx.size()), lse_d(lse.size()), dqkv_d(qkv.size());
+  const auto qkv_d = to_double(qkv);
+  ref::attention_forward(ctx_d.data(), lse_d.data(), qkv_d.data(), mask.data(), B, T, H, heads,
+                         drop);
+  ref::attention_backward(dqkv_d.data(), to_double(dctx).data(), qkv_d.data(), ctx_d.data(),
+                          lse_d.data(), mask.data(), B, T, H, heads, drop);
+  expect_close(ctx, ctx_d, 1e-5, "ctx");
+  expect_close(dqkv, dqkv_d, 1e-4, "dqkv");
+
+  const int64_t Hd = 768;  // LayerNorm, bias_grad, dropout and sum_squares at 64 x 768
+  auto x = randn<float>(rng, R * Hd), gamma = randn<float>(rng, Hd), beta = randn<float>(rng, Hd);
+  auto y = poisoned(R * Hd), sum = poisoned(R * Hd), mean = poisoned(R), rstd = poisoned(R);
+  be->layernorm_forward(host(y, {R, Hd}), host(sum, {R, Hd}), host(mean, {R}), host(rstd, {R}),
+                        host(x, {R, Hd}), Tensor(), host(gamma, {Hd}), host(beta, {Hd}), 1e-12f,
+                        drop);
+  std::vector<double> y_d(y.size()), sum_d(y.size()), mean_d(R), rstd_d(R);
+  ref::layernorm_forward<double>(y_d.data(), sum_d.data(), mean_d.data(), rstd_d.data(),
+                                 to_double(x).data(), nullptr, to_double(gamma).data(),
+                                 to_double(beta).data(), R, Hd, 1e-12f, drop);
+  expect_close(y, y_d, 1e-5, "layernorm y");
+  std::vector<float> db(Hd, 0.0f), ss = {0};
+  std::vector<double> db_d(Hd, 0.0);
+  be->bias_grad(host(db, {Hd}), host(y, {R, Hd}));
+  ref::bias_grad(db_d.data(), to_double(y).data(), R, Hd);
+  expect_close(db, db_d, 1e-6, "bias_grad");
+  be->sum_squares(host(ss, {1}), host(x, {R * Hd}));
+  double ss_d = 0;
+  for (float v : x) ss_d += double(v) * v;
+  EXPECT_NEAR(ss[0], ss_d, 1e-6 * ss_d);
+}
