@@ -12,6 +12,7 @@
 #include "data/dataset.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
+#include "memory/planner.h"
 #include "model/config.h"
 #include "telemetry/nvml.h"
 
@@ -115,6 +116,21 @@ TrainResult train(const TrainOptions& opt) {
   if (opt.precision == Precision::Tf32) be->set_allow_tf32(true);
 
   ModelShape shape{opt.per_device_train_batch_size, opt.seq_len, compute_dtype(opt.precision), opt.gradient_checkpointing, true};
+  // The plan, before anything is allocated: refuse a run that cannot fit, with the levers
+  // that would make it fit.
+  const PlanInput plan_in{cfg, shape, opt.optim.kind, want_cuda ? Device::CUDA : Device::CPU};
+  const MemoryPlan plan = plan_memory(plan_in);
+  if (auto mem = want_cuda ? nvml.memory(0) : std::nullopt) {
+    const int64_t free_bytes = static_cast<int64_t>(mem->free), slack = int64_t{256} << 20;
+    if (plan.total() + slack > free_bytes) {
+      std::fprintf(stderr, "Memory plan (does not fit):\n%s", format_plan(plan).c_str());
+      std::string levers;
+      for (const Lever& l : levers_that_fit(plan_in, free_bytes, slack, opt.gradient_accumulation_steps))
+        levers += str_cat("; ", l.description, " (", l.total >> 20, " MiB)");
+      fail("--per-device-train-batch-size ", shape.max_batch, ": the plan needs ", plan.total() >> 20, " MiB but the GPU has ",
+           free_bytes >> 20, " MiB free", levers.empty() ? std::string("; no single lever makes it fit") : " -- would fit" + levers);
+    }
+  }
   BertForSequenceClassification model(*be, cfg, shape);
   model.set_dropout_seed(opt.seed);
   model.init_weights(opt.seed);
@@ -288,21 +304,27 @@ TrainResult train(const TrainOptions& opt) {
   nlohmann::json cats;
   for (int i = 0; i < kNumCategories; ++i) cats[std::string(category_name(static_cast<Category>(i)))] = res.peak_bytes.v[i];
   out["allocator_peak_bytes"] = cats;
+  nlohmann::json planned;
+  for (int i = 0; i < kNumCategories; ++i) planned[std::string(category_name(static_cast<Category>(i)))] = plan.bytes.v[i];
+  out["planned_bytes"] = planned;
   write_file_atomic((fs::path(opt.output_dir) / "train_results.json").string(), out.dump(2) + "\n");
 
-  // The memory anatomy, from the tagged allocator.
+  // The memory anatomy: planned before the run, and the tagged allocator's peaks.
   const double n = static_cast<double>(res.num_parameters);
-  std::printf("\nMemory anatomy (tagged allocator, peak per category):\n");
+  std::printf("\nMemory anatomy (planned before the run | allocated, peak per category):\n");
   for (int i = 0; i < kNumCategories; ++i) {
-    const int64_t b = res.peak_bytes.v[i];
-    if (!b) continue;
-    std::printf("  %-16s %10.1f MiB  %6.2f bytes/param\n", std::string(category_name(static_cast<Category>(i))).c_str(),
-                mib(b), b / n);
+    const int64_t b = res.peak_bytes.v[i], pb = plan.bytes.v[i];
+    if (!b && !pb) continue;
+    std::printf("  %-16s %10.1f MiB | %10.1f MiB  %6.2f bytes/param\n",
+                std::string(category_name(static_cast<Category>(i))).c_str(), mib(pb), mib(b), b / n);
   }
-  std::printf("  %-16s %10.1f MiB\n", "total", mib(res.peak_bytes.total()));
+  std::printf("  %-16s %10.1f MiB | %10.1f MiB\n", "total", mib(plan.total()), mib(res.peak_bytes.total()));
   if (res.gpu_memory_occupied_mb >= 0)
-    std::printf("  NVML: CUDA context %lld MB, weights %lld MB\n", static_cast<long long>(res.cuda_context_mb),
-                static_cast<long long>(res.weights_mb));
+    std::printf("  NVML: CUDA context %lld MB, weights %lld MB, used at the end %lld MB (minus context: %lld MB vs %.0f MB planned)\n",
+                static_cast<long long>(res.cuda_context_mb), static_cast<long long>(res.weights_mb),
+                static_cast<long long>(res.gpu_memory_occupied_mb),
+                static_cast<long long>(res.gpu_memory_occupied_mb - res.cuda_context_mb - (used_before >> 20)),
+                plan.total() / 1e6 * (1e6 / 1048576.0));
   if (res.skipped_steps) std::printf("fp16: %lld steps skipped on overflow\n", static_cast<long long>(res.skipped_steps));
   // The seed page's three lines.
   std::printf("\nTime: %.2f\nSamples/second: %.2f\n", res.train_runtime, res.train_samples_per_second);

@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "model/bert.h"
+#include "memory/planner.h"
 #include "model/params.h"
 #include "optim/optimizer.h"
 #include "train/trainer.h"
@@ -49,7 +50,55 @@ TEST(Train, MemoryAnatomyMatchesTheArithmetic) {
     ArenaBytes a = model_arena_bytes(cfg, s);
     EXPECT_EQ(r.peak_bytes[Category::Activations], static_cast<int64_t>(a.activations));
     EXPECT_EQ(r.peak_bytes[Category::Temporary], static_cast<int64_t>(a.temporary));
+    // The planner predicted every category exactly, before the run.
+    MemoryPlan plan = plan_memory({cfg, s, k, Device::CPU});
+    for (int c = 0; c < kNumCategories; ++c)
+      EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c));
   }
+}
+
+TEST(Planner, PlansEveryPresetPrecisionOptimizerAndPolicyConsistently) {
+  for (const char* preset : {"bert-tiny", "bert-base", "bert-large"}) {
+    BertConfig cfg = BertConfig::preset(preset);
+    const int64_t n = cfg.num_parameters();
+    for (DType dt : {DType::F32, DType::BF16})
+      for (OptimizerKind k : {OptimizerKind::AdamW, OptimizerKind::Sgd})
+        for (CheckpointPolicy pol : {CheckpointPolicy::None, CheckpointPolicy::Layer, CheckpointPolicy::Selective}) {
+          MemoryPlan p = plan_memory({cfg, {4, 512, dt, pol, true}, k, Device::CUDA});
+          EXPECT_EQ(p.num_parameters, n);
+          // 16 bytes/param in fp32 AdamW training, 18 in mixed precision (the seed page's figures).
+          const int64_t static_bytes = p.bytes[Category::Weights] + p.bytes[Category::Gradients] + p.bytes[Category::OptimizerState];
+          const int64_t per_param = (dt == DType::F32 ? 8 : 10) + (k == OptimizerKind::AdamW ? 8 : 4);
+          EXPECT_EQ(static_bytes, per_param * n) << preset;
+          EXPECT_GT(p.bytes[Category::Activations], 0);
+        }
+  }
+}
+
+TEST(Planner, SeedRunOnAV100AndTheLargestBatch) {
+  BertConfig cfg = BertConfig::preset("bert-large");
+  PlanInput in{cfg, {4, 512, DType::F32, CheckpointPolicy::None, true}, OptimizerKind::AdamW, Device::CUDA};
+  const int64_t v100 = parse_bytes("16GB", "--gpu-memory");
+  EXPECT_EQ(v100, 16000000000LL);
+  // 16 bytes/param of bert-large is 5.4 GB before activations: batch 4 fits in 16 GB.
+  EXPECT_LT(plan_memory(in).total(), v100);
+  const int64_t best = largest_batch_that_fits(in, v100, 0);
+  EXPECT_GE(best, 4);
+  in.shape.max_batch = best;
+  EXPECT_LE(plan_memory(in).total(), v100);
+  in.shape.max_batch = best + 1;
+  EXPECT_GT(plan_memory(in).total(), v100);
+  EXPECT_THROW(parse_bytes("16 parsecs", "--gpu-memory"), Error);
+}
+
+TEST(Planner, LeversThatFitAreCheaperThanThePlan) {
+  BertConfig cfg = BertConfig::preset("bert-large");
+  PlanInput in{cfg, {64, 512, DType::BF16, CheckpointPolicy::None, true}, OptimizerKind::AdamW, Device::CUDA};
+  const int64_t cap = parse_bytes("16GiB", "--gpu-memory");
+  ASSERT_GT(plan_memory(in).total(), cap);
+  auto levers = levers_that_fit(in, cap, 0, 1);
+  ASSERT_FALSE(levers.empty());
+  for (const auto& l : levers) EXPECT_LE(l.total, cap) << l.description;
 }
 
 TEST(Train, LossFallsOnTheLearnableTask) {

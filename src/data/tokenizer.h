@@ -1,0 +1,93 @@
+// BERT WordPiece tokenization with Hugging Face's semantics, from a vocab.txt or a tokenizer.json.
+//
+// Text is UTF-8; ill-formed bytes become U+FFFD exactly as Python's
+// bytes.decode("utf-8", errors="replace") would make them, and text cleaning then drops U+FFFD
+// (as Hugging Face does), so invalid bytes vanish and never raise.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace anatomy {
+
+// Whose rules to follow where Hugging Face's two implementations disagree. The differences, all
+// at the edges of Unicode (see Note [Two references] in tokenizer.cpp):
+//   Transformers: the Python BertTokenizer (BertTokenizerLegacy in transformers 5): NFC before
+//     splitting, Python's str.lower() with Final_Sigma, every C* category dropped as control,
+//     pair truncation by transformers' longest-first split.
+//   Tokenizers: the Rust library behind BertTokenizerFast and tokenizer.json: no NFC, lowercase
+//     per character, Cc/Cf/Co dropped, pair truncation by tokenizers' longest-first split.
+enum class BertSemantics { Transformers, Tokenizers };
+
+struct BertNormalizerConfig {
+  bool clean_text = true;              // drop NUL, U+FFFD and controls; whitespace becomes ' '
+  bool handle_chinese_chars = true;    // put spaces around CJK ideographs
+  bool lowercase = true;
+  std::optional<bool> strip_accents;   // NFD and drop Mn; unset means "as lowercase"
+};
+
+enum class Truncation { None, LongestFirst };
+enum class Padding { None, MaxLength };
+
+struct Encoding {
+  std::vector<int32_t> input_ids;       // (n) [CLS] a [SEP] (b [SEP]) then [PAD]s
+  std::vector<int32_t> token_type_ids;  // (n) 0 for [CLS] a [SEP], 1 for b [SEP], 0 for padding
+  std::vector<int32_t> attention_mask;  // (n) 1 for tokens, 0 for padding
+};
+
+class WordPieceTokenizer {
+ public:
+  // A vocab.txt (one token a line, the line number its id) with the Python BertTokenizer's rules.
+  // strip_accents unset strips accents exactly when lower-casing.
+  static WordPieceTokenizer from_vocab_txt(const std::string& path, bool do_lower_case = true,
+                                           std::optional<bool> strip_accents = std::nullopt);
+  // A tokenizer.json of the BERT kind (WordPiece model, BertNormalizer, BertPreTokenizer, and a
+  // BERT post-processor) with the tokenizers library's rules. Its truncation and padding
+  // sections are ignored: encode() takes them as arguments.
+  static WordPieceTokenizer from_tokenizer_json(const std::string& path);
+
+  // Word-piece ids of the text, without [CLS]/[SEP]. Special tokens written in the text
+  // ("[SEP]", case-sensitive) map to their ids.
+  std::vector<int32_t> encode_words(std::string_view text) const;
+  std::vector<std::string> tokenize(std::string_view text) const;
+
+  // [CLS] a [SEP] or [CLS] a [SEP] b [SEP]. With LongestFirst the word pieces are cut so the whole
+  // fits max_length; with MaxLength padding a shorter result is padded to max_length.
+  Encoding encode(std::string_view text_a, std::optional<std::string_view> text_b = std::nullopt,
+                  size_t max_length = 512, Truncation truncation = Truncation::LongestFirst,
+                  Padding padding = Padding::MaxLength) const;
+
+  int32_t token_to_id(std::string_view token) const;  // -1 when absent
+  const std::string& id_to_token(int32_t id) const;
+  size_t vocab_size() const { return m_id_to_token.size(); }
+  int32_t cls_id() const { return m_cls; }
+  int32_t sep_id() const { return m_sep; }
+  int32_t pad_id() const { return m_pad; }
+  int32_t unk_id() const { return m_unk; }
+  const BertNormalizerConfig& normalizer() const { return m_norm; }
+  BertSemantics semantics() const { return m_semantics; }
+  size_t max_input_chars_per_word() const { return m_max_input_chars_per_word; }
+
+ private:
+  WordPieceTokenizer() = default;
+  void finish(const std::string& path);
+  void encode_into(std::string_view text, std::vector<int32_t>& ids) const;
+  void encode_segment(std::u32string_view segment, std::vector<int32_t>& ids) const;
+  void word_pieces(std::u32string_view word, std::vector<int32_t>& ids) const;
+
+  std::unordered_map<std::string, int32_t> m_vocab;
+  std::vector<std::string> m_id_to_token;
+  std::vector<std::pair<std::u32string, int32_t>> m_special;  // split out before normalizing
+  BertNormalizerConfig m_norm;
+  BertSemantics m_semantics = BertSemantics::Transformers;
+  std::string m_prefix = "##";
+  size_t m_max_input_chars_per_word = 100;
+  size_t m_max_token_chars = 0;  // the longest vocabulary entry, in code points
+  int32_t m_cls = -1, m_sep = -1, m_pad = -1, m_unk = -1;
+};
+
+}  // namespace anatomy
