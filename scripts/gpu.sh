@@ -11,6 +11,7 @@ export ANATOMY_SOURCE_DIR="$PWD" OMP_WAIT_POLICY=PASSIVE
 OUT=${OUT:-bench/results/tmp}
 mkdir -p "$OUT"
 bin=.carry/bin
+[ -x "$bin/anatomy" ] || tar -C .carry -xJf .carry/bundle.tar.xz
 for what in "$@"; do
   case "$what" in
     info)
@@ -21,7 +22,11 @@ for what in "$@"; do
     tests)
       "$bin/anatomy_gpu_tests" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |OK \]|FAILED|Failure|rel|TFLOP" | head -150 ;;
     unit)
-      "$bin/anatomy_tests" --gtest_filter='Golden*:Cpu*' 2>&1 | tail -5 ;;
+      "$bin/anatomy_tests" --gtest_filter='Golden*' 2>&1 | tail -5 ;;
+    hfload)  # a model written by anatomy, loaded by transformers
+      "$bin/anatomy" train --device cuda --preset bert-tiny --seq-len 64 --num-samples 64 --max-steps 2 \
+        --output-dir /tmp/anatomy_tiny --disable-tqdm --logging-steps 0 >/dev/null 2>&1
+      python3 tests/golden/verify_hf_load.py /tmp/anatomy_tiny 2>&1 | tail -3 | tee "$OUT/hf_load.log" ;;
     sanitize)
       compute-sanitizer --tool memcheck "$bin/anatomy_gpu_tests" --gtest_filter='-*Bench*:*Golden*' 2>&1 | tail -4 | tee "$OUT/memcheck.log"
       compute-sanitizer --tool racecheck "$bin/anatomy_gpu_tests" --gtest_filter='*Attention*:-*Bench*' 2>&1 | tail -4 | tee "$OUT/racecheck.log" ;;

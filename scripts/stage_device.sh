@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 "$@" >/dev/null
 cmake --build build-gpu -j "$(nproc)"
 rm -rf .carry && mkdir -p .carry/bin .carry/lib
 cp build-gpu/anatomy build-gpu/anatomy_tests build-gpu/anatomy_gpu_tests .carry/bin/
@@ -13,4 +13,7 @@ for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libutf8proc.so.3 l
   path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
   [ -n "$path" ] && cp -L "$path" .carry/lib/
 done
+# The working tree that travels is limited to 64 MiB: strip and compress (OpenBLAS alone is 36 MB).
+strip .carry/bin/*
+tar -C .carry -cJf .carry/bundle.tar.xz bin lib && rm -rf .carry/bin .carry/lib
 du -sh .carry

@@ -6,8 +6,12 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "io/checkpoint.h"
 #include "model/config.h"
+#include "memory/planner.h"
 #include "ops/backend.h"
+#include "telemetry/nvml.h"
+#include "telemetry/report.h"
 #include "train/trainer.h"
 
 using namespace anatomy;
@@ -64,7 +68,7 @@ void add_train_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_flag("--disable-tqdm", o.disable_progress_bar, "No progress bar on a terminal");
 }
 
-TrainOptions finish_train_flags(CLI::App& cmd, TrainFlags& f) {
+TrainOptions finish_train_flags(CLI::App& cmd, TrainFlags& f, bool will_run = true) {
   TrainOptions o = f.o;
   o.precision = parse_precision(f.precision);
   o.gradient_checkpointing = parse_checkpoint_policy(f.checkpointing);
@@ -89,9 +93,52 @@ TrainOptions finish_train_flags(CLI::App& cmd, TrainFlags& f) {
                    "anatomy: no GPU present: running the seed experiment on the CPU with the small bert-tiny preset "
                    "(the page uses bert-large on a V100)\n");
   }
-  ANATOMY_CHECK(gpu || o.precision == Precision::Fp32,
+  ANATOMY_CHECK(!will_run || gpu || o.precision == Precision::Fp32,
                 "--precision ", f.precision, " needs a GPU (--device cuda); the CPU backend computes in fp32");
   return o;
+}
+
+// `anatomy plan`: the memory table of a run without running it, whether it fits on the GPU
+// present (or one named by --gpu-memory), and the largest micro-batch that would.
+int run_plan(const TrainOptions& o, const std::string& gpu_memory, bool has_gpu) {
+  BertConfig cfg = o.model_name_or_path.empty() ? BertConfig::preset(o.preset)
+                                                : BertConfig::from_json_file(config_path_of(o.model_name_or_path));
+  if (o.model_name_or_path.empty() && cfg.num_labels != o.num_labels) cfg.set_num_labels(o.num_labels);
+  const Device dev = (o.device == "cpu") ? Device::CPU : Device::CUDA;
+  PlanInput in{cfg, {o.per_device_train_batch_size, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true},
+               o.optim.kind, dev};
+  MemoryPlan p = plan_memory(in);
+  std::printf("Memory plan: %s, batch %lld x seq %lld, %s, %s, checkpointing %s (%lld parameters)\n%s",
+              o.model_name_or_path.empty() ? o.preset.c_str() : o.model_name_or_path.c_str(),
+              static_cast<long long>(o.per_device_train_batch_size), static_cast<long long>(o.seq_len),
+              precision_name(o.precision), optimizer_name(o.optim.kind), checkpoint_policy_name(o.gradient_checkpointing),
+              static_cast<long long>(p.num_parameters), format_plan(p).c_str());
+  int64_t capacity = -1, reserved = 0;
+  std::string where;
+  if (!gpu_memory.empty()) {
+    capacity = parse_bytes(gpu_memory, "--gpu-memory");
+    // The CUDA context and kernels (the seed page's ~1.3 GB on a V100) come on top of the plan.
+    reserved = parse_bytes("1300MB", "--context");
+    where = "a " + gpu_memory + " GPU (reserving 1300 MB for the CUDA context)";
+  } else if (has_gpu) {
+    Nvml nvml;
+    if (auto m = nvml.memory(0)) {
+      capacity = static_cast<int64_t>(m->free);
+      reserved = int64_t{600} << 20;
+      where = str_cat("the GPU present (", nvml.device_name(0), ", ", m->free >> 20, " MiB free, reserving 600 MiB for the context)");
+    }
+  }
+  if (capacity < 0) {
+    std::printf("No GPU present and no --gpu-memory given: name one (e.g. --gpu-memory 16GB) to ask whether it fits.\n");
+    return 0;
+  }
+  const bool fits = p.total() + reserved <= capacity;
+  std::printf("Fits on %s: %s (%.0f MiB needed)\n", where.c_str(), fits ? "yes" : "no", (p.total() + reserved) / 1048576.0);
+  std::printf("Largest micro-batch that fits: %lld\n", static_cast<long long>(largest_batch_that_fits(in, capacity, reserved)));
+  if (!fits)
+    for (const Lever& l : levers_that_fit(in, capacity, reserved, o.gradient_accumulation_steps))
+      std::printf("  would fit: %s (%.0f MiB)\n", l.description.c_str(), l.total / 1048576.0);
+  return 0;
 }
 
 }  // namespace
@@ -114,6 +161,17 @@ int main(int argc, char** argv) {
   TrainFlags tf;
   CLI::App* train_cmd = app.add_subcommand("train", "Train BertForSequenceClassification and report time and memory");
   add_train_flags(*train_cmd, tf);
+  TrainFlags pf;
+  std::string gpu_memory;
+  CLI::App* plan_cmd = app.add_subcommand("plan", "Print the memory plan of a training run without running it");
+  add_train_flags(*plan_cmd, pf);
+  plan_cmd->add_option("--gpu-memory", gpu_memory, "Ask about a GPU of this size instead of the one present (e.g. 16GB)");
+  std::vector<std::string> report_dirs;
+  std::string report_out;
+  CLI::App* report_cmd = app.add_subcommand("report", "Write one self-contained HTML page on where the memory and time of runs went");
+  report_cmd->add_option("RUN_DIR", report_dirs, "Output directories of finished runs (several: side by side)")->required();
+  report_cmd->add_option("-o,--output", report_out,
+                         "The HTML file (default: RUN_DIR/report.html for one run, report.html here for several)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -123,6 +181,12 @@ int main(int argc, char** argv) {
     if (train_cmd->parsed()) {
       TrainOptions o = finish_train_flags(*train_cmd, tf);
       train(o);
+    }
+    if (plan_cmd->parsed()) return run_plan(finish_train_flags(*plan_cmd, pf, false), gpu_memory, cuda_available());
+    if (report_cmd->parsed()) {
+      if (report_out.empty()) report_out = report_dirs.size() == 1 ? report_dirs[0] + "/report.html" : "report.html";
+      write_report(report_dirs, report_out);
+      std::printf("Report: %s\n", report_out.c_str());
     }
     return 0;
   } catch (const Error& e) {

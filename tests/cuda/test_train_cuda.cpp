@@ -2,6 +2,7 @@
 // fp16 loss scaling skips overflowing steps and backs off.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "model/bert.h"

@@ -2,12 +2,34 @@
 #include <cuda_runtime.h>
 
 #include "ops/backend.h"
+#include "ops/cuda/common.cuh"
 
 namespace anatomy {
 
 bool cuda_available() {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver / no device: leave no sticky error behind
+    return false;
+  }
+  return n > 0;
 }
+
+namespace cuda {
+
+int sm_count() {
+  constexpr int kMaxDevices = 64;
+  static thread_local int cached[kMaxDevices] = {};
+  int dev = 0;
+  ANATOMY_CUDA_CHECK(cudaGetDevice(&dev));
+  int n = dev < kMaxDevices ? cached[dev] : 0;
+  if (n == 0) {
+    ANATOMY_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    if (dev < kMaxDevices) cached[dev] = n;
+  }
+  return n;
+}
+
+}  // namespace cuda
 
 }  // namespace anatomy

@@ -1,0 +1,474 @@
+// Fused multi-head self-attention for the CUDA backend: entry points, the reference
+// kernels (every dtype, head_dim <= 128, fp32 math; the F32 path and the fallback), and the
+// small passes around the backward (Dsum = rowsum(dO * O), dQ conversion).
+// The math and the masking convention are in attention_common.cuh.
+#include "ops/backend_memory.h"
+#include "ops/cuda/attention.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/rng.h"
+#include "ops/cuda/attention_common.cuh"
+
+namespace anatomy::cuda {
+namespace attn {
+namespace {
+
+// ---- reference kernels -------------------------------------------------------------------
+// One block of 4 warps owns kRows rows (queries, or keys in the dK/dV kernel) of one (b, h),
+// two rows per warp. The other side streams through shared memory in tiles of 32 rows; lane
+// j of a warp computes the score against partner j of the tile (a D-long dot product out of
+// shared memory), and the products with the partner rows are summed with the lane's score
+// broadcast by shuffles, lane l accumulating output columns l, l+32, l+64, l+96.
+constexpr int kRows = 8;
+constexpr int kRowsPerWarp = 2;
+constexpr int kTile = 32;
+constexpr int kThreads = 128;
+constexpr int kMaxD = 128;
+constexpr int kCols = kMaxD / 32;
+
+// True in every thread when batch b has at least one valid key.
+__device__ bool block_any_valid(const int32_t* mask, int b, int T) {
+  if (mask == nullptr) return true;
+  int any = 0;
+  for (int k = threadIdx.x; k < T; k += blockDim.x) any |= mask[static_cast<size_t>(b) * T + k] != 0;
+  return __syncthreads_or(any) != 0;
+}
+
+// Masked, scaled score (natural-log domain) for raw dot product `dot` with key k.
+__device__ __forceinline__ float ref_score(float dot, const Params& p, int b, int k, bool uniform) {
+  bool valid = p.mask == nullptr || p.mask[static_cast<size_t>(b) * p.T + k] != 0;
+  return valid ? dot * p.scale : (uniform ? 0.0f : -INFINITY);
+}
+
+// rows[r][d] = x[token row0 + r][d] for the kRows rows (zeros past T), x = base + t*stride.
+template <class T, int N, int LD>
+__device__ void load_rows(float (*rows)[LD], const T* base, size_t stride, int row0, int T_, int D) {
+  for (int i = threadIdx.x; i < N * D; i += blockDim.x) {
+    int r = i / D, d = i - r * D, t = row0 + r;
+    rows[r][d] = t < T_ ? to_float(base[static_cast<size_t>(t) * stride + d]) : 0.0f;
+  }
+}
+
+// Forward: two passes over the keys. Pass 1: lse per query row (each lane keeps a running
+// max/sum over its keys, combined across the warp at the end). Pass 2: O = sum_k P Z v_k.
+template <class T>
+__global__ void __launch_bounds__(kThreads) ref_forward_kernel(Params p) {
+  __shared__ float qs[kRows][kMaxD];
+  __shared__ float ks[kTile][kMaxD + 1];
+  __shared__ float vs[kTile][kMaxD + 1];
+  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int D = p.D, T_ = p.T;
+  const size_t rs = 3 * static_cast<size_t>(p.H);
+  const T* qb = static_cast<const T*>(p.qkv) + static_cast<size_t>(b) * T_ * rs + h * D;
+  const T* kb = qb + p.H;
+  const T* vb = qb + 2 * p.H;
+  const bool uniform = !block_any_valid(p.mask, b, T_);
+  load_rows<T, kRows>(qs, qb, rs, q0, T_, D);
+
+  float m[kRowsPerWarp], l[kRowsPerWarp];
+  for (int r = 0; r < kRowsPerWarp; ++r) m[r] = -INFINITY, l[r] = 0.0f;
+  for (int k0 = 0; k0 < T_; k0 += kTile) {
+    __syncthreads();
+    load_rows<T, kTile>(ks, kb, rs, k0, T_, D);
+    __syncthreads();
+    const int k = k0 + lane;
+    if (k >= T_) continue;
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int row = warp * kRowsPerWarp + r;
+      float dot = 0.0f;
+      for (int d = 0; d < D; ++d) dot = fmaf(qs[row][d], ks[lane][d], dot);
+      float s = ref_score(dot, p, b, k, uniform);
+      if (s > m[r]) {
+        l[r] = l[r] * expf(m[r] - s) + 1.0f;
+        m[r] = s;
+      } else if (s != -INFINITY) {
+        l[r] += expf(s - m[r]);
+      }
+    }
+  }
+  float lse[kRowsPerWarp];
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    float mx = m[r];
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = m[r] == -INFINITY ? 0.0f : l[r] * expf(m[r] - mx);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    lse[r] = mx + logf(sum);
+    const int q = q0 + warp * kRowsPerWarp + r;
+    if (lane == 0 && q < T_) p.lse[(static_cast<size_t>(b) * p.heads + h) * T_ + q] = lse[r];
+  }
+
+  float acc[kRowsPerWarp][kCols] = {};
+  for (int k0 = 0; k0 < T_; k0 += kTile) {
+    __syncthreads();
+    load_rows<T, kTile>(ks, kb, rs, k0, T_, D);
+    load_rows<T, kTile>(vs, vb, rs, k0, T_, D);
+    __syncthreads();
+    const int k = k0 + lane;
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int row = warp * kRowsPerWarp + r, q = q0 + row;
+      float pz = 0.0f;
+      if (k < T_) {
+        float dot = 0.0f;
+        for (int d = 0; d < D; ++d) dot = fmaf(qs[row][d], ks[lane][d], dot);
+        pz = expf(ref_score(dot, p, b, k, uniform) - lse[r]);
+        if (p.drop) {
+          uint64_t i = ((static_cast<uint64_t>(b) * p.heads + h) * T_ + q) * T_ + k;
+          pz = dropout_keep_fast(p.rng_base + i, p.thr_hi) ? pz * p.inv_keep : 0.0f;
+        }
+      }
+      for (int j = 0; j < kTile; ++j) {
+        float pj = __shfl_sync(0xffffffffu, pz, j);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c)
+          if (lane + 32 * c < D) acc[r][c] = fmaf(pj, vs[j][lane + 32 * c], acc[r][c]);
+      }
+    }
+  }
+  T* ctx = static_cast<T*>(p.ctx);
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int q = q0 + warp * kRowsPerWarp + r;
+    if (q >= T_) continue;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+      if (lane + 32 * c < D)
+        ctx[(static_cast<size_t>(b) * T_ + q) * p.H + h * D + lane + 32 * c] = from_float<T>(acc[r][c]);
+  }
+}
+
+// Backward, query side: dQ_q = scale * sum_k dS_qk k_k, one pass over the keys.
+template <class T>
+__global__ void __launch_bounds__(kThreads) ref_backward_q_kernel(Params p) {
+  __shared__ float qs[kRows][kMaxD];
+  __shared__ float dos[kRows][kMaxD];
+  __shared__ float ks[kTile][kMaxD + 1];
+  __shared__ float vs[kTile][kMaxD + 1];
+  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int D = p.D, T_ = p.T;
+  const size_t rs = 3 * static_cast<size_t>(p.H);
+  const T* qb = static_cast<const T*>(p.qkv) + static_cast<size_t>(b) * T_ * rs + h * D;
+  const T* kb = qb + p.H;
+  const T* vb = qb + 2 * p.H;
+  const T* dob = static_cast<const T*>(p.dctx) + static_cast<size_t>(b) * T_ * p.H + h * D;
+  const bool uniform = !block_any_valid(p.mask, b, T_);
+  load_rows<T, kRows>(qs, qb, rs, q0, T_, D);
+  load_rows<T, kRows>(dos, dob, p.H, q0, T_, D);
+  float lse[kRowsPerWarp], dsum[kRowsPerWarp];
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int q = q0 + warp * kRowsPerWarp + r;
+    const size_t idx = (static_cast<size_t>(b) * p.heads + h) * T_ + q;
+    lse[r] = q < T_ ? p.lse[idx] : 0.0f;
+    dsum[r] = q < T_ ? p.dsum[idx] : 0.0f;
+  }
+  float acc[kRowsPerWarp][kCols] = {};
+  for (int k0 = 0; k0 < T_; k0 += kTile) {
+    __syncthreads();
+    load_rows<T, kTile>(ks, kb, rs, k0, T_, D);
+    load_rows<T, kTile>(vs, vb, rs, k0, T_, D);
+    __syncthreads();
+    const int k = k0 + lane;
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int row = warp * kRowsPerWarp + r, q = q0 + row;
+      float ds = 0.0f;
+      if (k < T_ && q < T_) {
+        float dot = 0.0f, dpd = 0.0f;
+        for (int d = 0; d < D; ++d) {
+          dot = fmaf(qs[row][d], ks[lane][d], dot);
+          dpd = fmaf(dos[row][d], vs[lane][d], dpd);
+        }
+        float pr = expf(ref_score(dot, p, b, k, uniform) - lse[r]);
+        if (p.drop) {
+          uint64_t i = ((static_cast<uint64_t>(b) * p.heads + h) * T_ + q) * T_ + k;
+          dpd = dropout_keep_fast(p.rng_base + i, p.thr_hi) ? dpd * p.inv_keep : 0.0f;
+        }
+        ds = pr * (dpd - dsum[r]);
+      }
+      for (int j = 0; j < kTile; ++j) {
+        float dj = __shfl_sync(0xffffffffu, ds, j);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c)
+          if (lane + 32 * c < D) acc[r][c] = fmaf(dj, ks[j][lane + 32 * c], acc[r][c]);
+      }
+    }
+  }
+  T* dqkv = static_cast<T*>(p.dqkv);
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int q = q0 + warp * kRowsPerWarp + r;
+    if (q >= T_) continue;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+      if (lane + 32 * c < D)
+        dqkv[(static_cast<size_t>(b) * T_ + q) * rs + h * D + lane + 32 * c] = from_float<T>(acc[r][c] * p.scale);
+  }
+}
+
+// Backward, key side: dK_k = scale * sum_q dS_qk q_q and dV_k = sum_q P_qk Z_qk dO_q, one
+// pass over the queries (P recomputed from lse).
+template <class T>
+__global__ void __launch_bounds__(kThreads) ref_backward_kv_kernel(Params p) {
+  __shared__ float ks[kRows][kMaxD];
+  __shared__ float vs[kRows][kMaxD];
+  __shared__ float qs[kTile][kMaxD + 1];
+  __shared__ float dos[kTile][kMaxD + 1];
+  __shared__ float lse_s[kTile], dsum_s[kTile];
+  const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * kRows;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int D = p.D, T_ = p.T;
+  const size_t rs = 3 * static_cast<size_t>(p.H);
+  const T* qb = static_cast<const T*>(p.qkv) + static_cast<size_t>(b) * T_ * rs + h * D;
+  const T* kb = qb + p.H;
+  const T* vb = qb + 2 * p.H;
+  const T* dob = static_cast<const T*>(p.dctx) + static_cast<size_t>(b) * T_ * p.H + h * D;
+  const size_t bh = static_cast<size_t>(b) * p.heads + h;
+  const bool uniform = !block_any_valid(p.mask, b, T_);
+  load_rows<T, kRows>(ks, kb, rs, k0, T_, D);
+  load_rows<T, kRows>(vs, vb, rs, k0, T_, D);
+  float dk[kRowsPerWarp][kCols] = {}, dv[kRowsPerWarp][kCols] = {};
+  for (int qt = 0; qt < T_; qt += kTile) {
+    __syncthreads();
+    load_rows<T, kTile>(qs, qb, rs, qt, T_, D);
+    load_rows<T, kTile>(dos, dob, p.H, qt, T_, D);
+    if (threadIdx.x < kTile) {
+      const int q = qt + threadIdx.x;
+      lse_s[threadIdx.x] = q < T_ ? p.lse[bh * T_ + q] : 0.0f;
+      dsum_s[threadIdx.x] = q < T_ ? p.dsum[bh * T_ + q] : 0.0f;
+    }
+    __syncthreads();
+    const int q = qt + lane;
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const int row = warp * kRowsPerWarp + r, k = k0 + row;
+      float pz = 0.0f, ds = 0.0f;
+      if (k < T_ && q < T_) {
+        float dot = 0.0f, dpd = 0.0f;
+        for (int d = 0; d < D; ++d) {
+          dot = fmaf(ks[row][d], qs[lane][d], dot);
+          dpd = fmaf(vs[row][d], dos[lane][d], dpd);
+        }
+        float pr = expf(ref_score(dot, p, b, k, uniform) - lse_s[lane]);
+        pz = pr;
+        if (p.drop) {
+          uint64_t i = (bh * T_ + q) * T_ + k;
+          bool keep = dropout_keep_fast(p.rng_base + i, p.thr_hi);
+          pz = keep ? pr * p.inv_keep : 0.0f;
+          dpd = keep ? dpd * p.inv_keep : 0.0f;
+        }
+        ds = pr * (dpd - dsum_s[lane]);
+      }
+      for (int j = 0; j < kTile; ++j) {
+        float pj = __shfl_sync(0xffffffffu, pz, j);
+        float dj = __shfl_sync(0xffffffffu, ds, j);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c)
+          if (lane + 32 * c < D) {
+            dv[r][c] = fmaf(pj, dos[j][lane + 32 * c], dv[r][c]);
+            dk[r][c] = fmaf(dj, qs[j][lane + 32 * c], dk[r][c]);
+          }
+      }
+    }
+  }
+  T* dqkv = static_cast<T*>(p.dqkv);
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int k = k0 + warp * kRowsPerWarp + r;
+    if (k >= T_) continue;
+    T* row = dqkv + (static_cast<size_t>(b) * T_ + k) * rs + h * D;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+      if (lane + 32 * c < D) {
+        row[p.H + lane + 32 * c] = from_float<T>(dk[r][c] * p.scale);
+        row[2 * p.H + lane + 32 * c] = from_float<T>(dv[r][c]);
+      }
+  }
+}
+
+// ---- backward pre- and post-passes -------------------------------------------------------
+// dsum[b, h, t] = dO[b, t, h*D : +D] . O[b, t, h*D : +D]; one warp per token row. With
+// zero_dq, also zeroes the token's row of the F32 dQ accumulator [B, T, H].
+template <class T>
+__global__ void __launch_bounds__(256) dsum_kernel(Params p, bool zero_dq) {
+  const int64_t tok = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (tok >= static_cast<int64_t>(p.B) * p.T) return;
+  const int b = static_cast<int>(tok / p.T), t = static_cast<int>(tok - static_cast<int64_t>(b) * p.T);
+  const T* o = static_cast<const T*>(p.ctx) + tok * p.H;
+  const T* dout = static_cast<const T*>(p.dctx) + tok * p.H;
+  for (int h = 0; h < p.heads; ++h) {
+    float acc = 0.0f;
+    for (int d = lane; d < p.D; d += 32) acc = fmaf(to_float(o[h * p.D + d]), to_float(dout[h * p.D + d]), acc);
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) p.dsum[(static_cast<size_t>(b) * p.heads + h) * p.T + t] = acc;
+  }
+  if (zero_dq) {
+    float4* row = reinterpret_cast<float4*>(p.dq_acc + tok * p.H);  // H % 4 == 0 on this path
+    for (int i = lane; i < p.H / 4; i += 32) row[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+// dqkv[b, t, 0:H] = scale * dq_acc[b, t, :], four columns per thread (H % 4 == 0).
+template <class T>
+__global__ void __launch_bounds__(256) dq_convert_kernel(Params p) {
+  const int64_t n4 = static_cast<int64_t>(p.B) * p.T * (p.H / 4);
+  const int h4 = p.H / 4;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t tok = i / h4;
+    const int c = static_cast<int>(i - tok * h4) * 4;
+    float4 v = reinterpret_cast<const float4*>(p.dq_acc)[i];
+    T* out = static_cast<T*>(p.dqkv) + tok * 3 * p.H + c;
+    out[0] = from_float<T>(v.x * p.scale);
+    out[1] = from_float<T>(v.y * p.scale);
+    out[2] = from_float<T>(v.z * p.scale);
+    out[3] = from_float<T>(v.w * p.scale);
+  }
+}
+
+// ---- host helpers ------------------------------------------------------------------------
+void check_launch(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  ANATOMY_CHECK(e == cudaSuccess, "attention: launching ", what, " failed: ", cudaGetErrorString(e));
+}
+
+size_t align_up(size_t n) { return (n + 255) & ~static_cast<size_t>(255); }
+
+// ANATOMY_ATTENTION=reference forces the reference kernels (tests, debugging).
+bool force_reference() {
+  const char* v = std::getenv("ANATOMY_ATTENTION");
+  return v != nullptr && std::strcmp(v, "reference") == 0;
+}
+
+int smem_optin_limit() {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 48 * 1024;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return 48 * 1024;
+  return v;
+}
+
+bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+// Validates the common arguments and fills the shape part of Params.
+Params make_params(const Tensor& qkv, const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d) {
+  ANATOMY_CHECK(qkv.device == Device::CUDA && qkv.defined(), "attention: qkv must be a CUDA tensor");
+  ANATOMY_CHECK(qkv.shape.rank == 3, "attention: qkv must be [B, T, 3H], got ", qkv.shape.str());
+  ANATOMY_CHECK(is_float_dtype(qkv.dtype), "attention: unsupported dtype ", dtype_name(qkv.dtype));
+  ANATOMY_CHECK(heads > 0 && qkv.dim(2) % (3 * static_cast<int64_t>(heads)) == 0,
+                "attention: qkv width ", qkv.dim(2), " is not 3 * heads * head_dim with heads = ", heads);
+  Params p;
+  p.B = static_cast<int>(qkv.dim(0));
+  p.T = static_cast<int>(qkv.dim(1));
+  p.H = static_cast<int>(qkv.dim(2) / 3);
+  p.heads = heads;
+  p.D = p.H / heads;
+  ANATOMY_CHECK(p.D >= 1 && p.D <= kMaxD, "attention: head_dim ", p.D, " is not supported (at most ", kMaxD, ")");
+  ANATOMY_CHECK(qkv.dim(0) <= 65535 && heads <= 65535 && qkv.dim(1) < (1 << 30),
+                "attention: shape ", qkv.shape.str(), " is too large");
+  ANATOMY_CHECK(lse.defined() && lse.dtype == DType::F32 && lse.numel() == static_cast<size_t>(p.B) * heads * p.T,
+                "attention: lse must be F32 [B, heads, T]");
+  if (mask.defined()) {
+    ANATOMY_CHECK(mask.dtype == DType::I32 && mask.numel() == static_cast<size_t>(p.B) * p.T,
+                  "attention: mask must be I32 [B, T], got ", dtype_name(mask.dtype), " ", mask.shape.str());
+    p.mask = mask.ptr<const int32_t>();
+  }
+  p.qkv = qkv.data;
+  p.lse = lse.ptr<float>();
+  p.scale = 1.0f / std::sqrt(static_cast<float>(p.D));
+  ANATOMY_CHECK(d.p >= 0.0f && d.p < 1.0f, "attention: dropout probability ", d.p, " is not in [0, 1)");
+  if (d.p > 0.0f) {
+    p.drop = true;
+    p.inv_keep = 1.0f / (1.0f - d.p);
+    // keep iff (h >> 40) >= ceil(p * 2^24); p * 2^24 is exact in float.
+    uint32_t thr = static_cast<uint32_t>(std::ceil(d.p * 16777216.0f));
+    p.thr_hi = thr << 8;
+    p.rng_base = d.seed * 0x9e3779b97f4a7c15ULL + mix64(d.offset + 0x632be59bd9b4e019ULL);
+  }
+  return p;
+}
+
+dim3 ref_grid(const Params& p) {
+  return dim3(static_cast<unsigned>((p.T + kRows - 1) / kRows), static_cast<unsigned>(p.heads),
+              static_cast<unsigned>(p.B));
+}
+
+template <class T>
+void ref_forward(const Params& p, cudaStream_t s) {
+  ref_forward_kernel<T><<<ref_grid(p), kThreads, 0, s>>>(p);
+  check_launch("attention reference forward");
+}
+
+template <class T>
+void backward_passes(const Params& p, bool fast, bool is_bf16, cudaStream_t s) {
+  const int64_t tokens = static_cast<int64_t>(p.B) * p.T;
+  dsum_kernel<T><<<static_cast<unsigned>((tokens + 7) / 8), 256, 0, s>>>(p, fast);
+  check_launch("attention dsum");
+  if (fast && flash_backward(p, is_bf16, smem_optin_limit(), s)) {
+    check_launch("attention flash backward");
+    const int64_t n4 = tokens * (p.H / 4);
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n4 + 255) / 256, 132 * 16));
+    dq_convert_kernel<T><<<blocks, 256, 0, s>>>(p);
+    check_launch("attention dq convert");
+    return;
+  }
+  ref_backward_q_kernel<T><<<ref_grid(p), kThreads, 0, s>>>(p);
+  check_launch("attention reference backward (dq)");
+  ref_backward_kv_kernel<T><<<ref_grid(p), kThreads, 0, s>>>(p);
+  check_launch("attention reference backward (dk, dv)");
+}
+
+}  // namespace
+}  // namespace attn
+
+size_t attention_scratch_bytes(int64_t B, int64_t T, int heads, int head_dim, DType dt) {
+  return anatomy::attention_scratch_bytes(B, T, heads, head_dim, dt);  // ops/backend_memory.h
+}
+
+void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
+                       const DropoutSpec& d, void* scratch, cudaStream_t s) {
+  attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
+  ANATOMY_CHECK(ctx.defined() && ctx.dtype == qkv.dtype && ctx.numel() == static_cast<size_t>(p.B) * p.T * p.H,
+                "attention: ctx must be [B, T, H] in the dtype of qkv");
+  p.ctx = ctx.data;
+  if (p.B == 0 || p.T == 0) return;
+  const bool is_bf16 = qkv.dtype == DType::BF16;
+  if (qkv.dtype != DType::F32 && !attn::force_reference() &&
+      attn::flash_forward(p, is_bf16, attn::smem_optin_limit(), s)) {
+    attn::check_launch("attention flash forward");
+    return;
+  }
+  switch (qkv.dtype) {
+    case DType::F32: attn::ref_forward<float>(p, s); break;
+    case DType::BF16: attn::ref_forward<__nv_bfloat16>(p, s); break;
+    case DType::F16: attn::ref_forward<__half>(p, s); break;
+    default: fail("attention: unsupported dtype");
+  }
+}
+
+void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                        const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
+                        cudaStream_t s) {
+  attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
+  const size_t n = static_cast<size_t>(p.B) * p.T * p.H;
+  ANATOMY_CHECK(ctx.defined() && ctx.dtype == qkv.dtype && ctx.numel() == n, "attention: ctx must be [B, T, H]");
+  ANATOMY_CHECK(dctx.defined() && dctx.dtype == qkv.dtype && dctx.numel() == n, "attention: dctx must be [B, T, H]");
+  ANATOMY_CHECK(dqkv.defined() && dqkv.dtype == qkv.dtype && dqkv.numel() == qkv.numel(),
+                "attention: dqkv must match qkv");
+  ANATOMY_CHECK(scratch != nullptr, "attention: backward needs scratch memory");
+  p.ctx = ctx.data;
+  p.dctx = dctx.data;
+  p.dqkv = dqkv.data;
+  if (p.B == 0 || p.T == 0) return;
+  p.dsum = static_cast<float*>(scratch);
+  const size_t dsum_bytes = attn::align_up(static_cast<size_t>(p.B) * p.heads * p.T * sizeof(float));
+  p.dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dsum_bytes);
+  const bool fast = qkv.dtype != DType::F32 && !attn::force_reference() && attn::flash_supports(p);
+  const bool is_bf16 = qkv.dtype == DType::BF16;
+  switch (qkv.dtype) {
+    case DType::F32: attn::backward_passes<float>(p, false, false, s); break;
+    case DType::BF16: attn::backward_passes<__nv_bfloat16>(p, fast, is_bf16, s); break;
+    case DType::F16: attn::backward_passes<__half>(p, fast, is_bf16, s); break;
+    default: fail("attention: unsupported dtype");
+  }
+}
+
+}  // namespace anatomy::cuda

@@ -1,0 +1,675 @@
+// Fast attention for BF16/F16 with head_dim 64 (FlashAttention-2 style; no T x T matrix
+// in memory). Tensor cores through mma.sync.m16n8k16 (16-bit inputs, fp32 accumulators),
+// operands fed from shared memory by ldmatrix, tiles streamed by cp.async with double
+// buffering. The math is in attention_common.cuh.
+//
+// mma.m16n8k16 fragments (g = lane / 4, t = lane % 4), used throughout:
+//   A (16x16, row-major):  a0 = A[g][2t..2t+1]    a1 = A[g+8][2t..]   a2 = A[g][2t+8..]   a3 = A[g+8][2t+8..]
+//   B (16x8, k x n):       b0 = B[2t..2t+1][g]    b1 = B[2t+8..][g]
+//   C (16x8, fp32):        c0,c1 = C[g][2t..2t+1] c2,c3 = C[g+8][2t..2t+1]
+// so the C fragments of two adjacent n-tiles, packed to 16 bits, are the A fragment of one
+// 16-wide k-step: the probabilities go from the S = QK^T accumulators straight into P V.
+//
+// Shared-memory tiles are [rows][D] of 16-bit elements, D = 64 -> 8 chunks of 16 bytes per
+// row; chunk c of row r is stored at chunk position c ^ (r & 7) (XOR swizzle), so the 8 rows
+// an ldmatrix phase reads, and the 8 rows a cp.async phase writes, hit 8 distinct bank groups.
+#include <cmath>
+#include <cstdlib>
+
+#include "ops/cuda/attention_common.cuh"
+
+namespace anatomy::cuda::attn {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---- PTX wrappers ------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; when !pred, writes 16 zero bytes (src not read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool pred) {
+  const int n = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+// 4-byte async copy (for lse / dsum), zero when !pred.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool pred) {
+  const int n = pred ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c += a * b (16x16 * 16x8, fp32 accumulate).
+template <bool BF16>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (BF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats -> one register of two 16-bit values (lo in the low half).
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (BF16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    r = *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    r = *reinterpret_cast<uint32_t*>(&v);
+  }
+  return r;
+}
+
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Byte offset of 16-byte chunk c of row r in a swizzled [rows][D] 16-bit tile.
+template <int D>
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return static_cast<uint32_t>(r * (D * 2) + ((c ^ (r & 7)) << 4));
+}
+
+// Async copy of rows [row0, row0 + R) of a strided [T][D] 16-bit matrix into a swizzled tile;
+// rows at or past T are zero-filled.
+template <int R, int D, int NTH>
+__device__ __forceinline__ void load_tile(uint32_t tile, const uint16_t* base, size_t stride, int row0, int T) {
+  constexpr int CPR = D / 8;  // chunks per row
+#pragma unroll
+  for (int i = threadIdx.x; i < R * CPR; i += NTH) {
+    const int r = i / CPR, c = i % CPR, t = row0 + r;
+    const bool ok = t < T;
+    const uint16_t* src = base + static_cast<size_t>(ok ? t : 0) * stride + c * 8;
+    cp_async16(tile + swz<D>(r, c), src, ok);
+  }
+}
+
+// Per-key additive bias (log2 domain) for keys [0, nk): 0 for a valid key, -inf for a
+// masked key or a key at or past T. When batch b has no valid key, every key below T gets 0
+// and the caller multiplies the scores by 0 (uniform row). Returns "b has a valid key".
+template <int NTH>
+__device__ bool build_key_bias(float* kb, const int32_t* mask, int b, int T, int k_begin, int nk) {
+  int any = 0;
+  if (mask == nullptr) {
+    any = 1;
+  } else {
+    for (int k = threadIdx.x; k < T; k += NTH) any |= mask[static_cast<size_t>(b) * T + k] != 0;
+  }
+  any = __syncthreads_or(any);
+  for (int i = threadIdx.x; i < nk; i += NTH) {
+    const int k = k_begin + i;
+    float v = -INFINITY;
+    if (k < T) {
+      const bool valid = mask == nullptr || mask[static_cast<size_t>(b) * T + k] != 0;
+      v = (valid || !any) ? 0.0f : -INFINITY;
+    }
+    kb[i] = v;
+  }
+  return any != 0;
+}
+
+// ---- forward -----------------------------------------------------------------------------
+// Grid (ceil(T / BR), heads, B); 4 warps; warp w owns query rows [w*16*MT, (w+1)*16*MT) of
+// the CTA's BR = 64*MT rows, keeps its Q fragments in registers, and streams 64-key K/V
+// tiles. Per tile, per row: S = Q K^T (log2 domain, with key bias), running max m and
+// running sum l of exp2(S - m) (undropped), O = O * exp2(m_old - m_new) + (P Z') V with Z'
+// the 0/1 keep mask; at the end O *= inv_keep / l and lse = (m + log2 l) * ln 2.
+// Shared memory: Q [BR][D] | K [2][BC][D] | V [2][BC][D] | key bias [ceil(T/BC)*BC] f32.
+template <bool BF16, int D, int MT>
+struct FwdCfg {
+  static constexpr int kWarps = 4, kThreads = 128, BR = 16 * MT * kWarps, BC = 64;
+  static constexpr int kQBytes = BR * D * 2, kKVBytes = BC * D * 2;
+  static constexpr int kBiasOffset = kQBytes + 4 * kKVBytes;
+  static size_t smem_bytes(int T) { return kBiasOffset + static_cast<size_t>((T + BC - 1) / BC) * BC * 4; }
+};
+
+template <bool BF16, int D, int MT, bool DROP>
+__global__ void __launch_bounds__(128, MT == 1 ? 3 : 2) flash_fwd_kernel(Params p) {
+  using C = FwdCfg<BF16, D, MT>;
+  constexpr int BR = C::BR, BC = C::BC, NTH = C::kThreads;
+  constexpr int KS = D / 16;   // k-steps of Q K^T
+  constexpr int NS = BC / 8;   // n-tiles of S
+  constexpr int NO = D / 8;    // n-tiles of O
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t q_s = smem_addr(smem);
+  const uint32_t k_s = q_s + C::kQBytes;            // stage st at k_s + st * kKVBytes
+  const uint32_t v_s = k_s + 2 * C::kKVBytes;
+  float* kb = reinterpret_cast<float*>(smem + C::kBiasOffset);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BR;
+  const int T = p.T;
+  const size_t rs = 3 * static_cast<size_t>(p.H);
+  const uint16_t* qg = static_cast<const uint16_t*>(p.qkv) + static_cast<size_t>(b) * T * rs + h * D;
+  const uint16_t* kg = qg + p.H;
+  const uint16_t* vg = qg + 2 * p.H;
+  const int nkv = (T + BC - 1) / BC;
+
+  load_tile<BR, D, NTH>(q_s, qg, rs, q0, T);
+  load_tile<BC, D, NTH>(k_s, kg, rs, 0, T);
+  load_tile<BC, D, NTH>(v_s, vg, rs, 0, T);
+  cp_async_commit();
+  const bool any_valid = build_key_bias<NTH>(kb, p.mask, b, T, 0, nkv * BC);
+  const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;  // s2 = s * scale_mul + kb
+  cp_async_wait_all();
+  __syncthreads();
+
+  // Q fragments of this warp's rows (A operand: rows = queries, k = head dim).
+  uint32_t qf[MT][KS][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+      ldsm_x4(qf[mt][ks], q_s + swz<D>(warp * 16 * MT + mt * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+
+  float o[MT][NO][4];
+  float m[MT][2], l[MT][2];
+  uint64_t zrow[MT][2];  // dropout counter base of each of this thread's rows
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < NO; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      m[mt][hf] = -INFINITY;
+      l[mt][hf] = 0.0f;
+      const int q = q0 + warp * 16 * MT + mt * 16 + g + 8 * hf;
+      zrow[mt][hf] = p.rng_base + ((static_cast<uint64_t>(b) * p.heads + h) * T + q) * static_cast<uint64_t>(T);
+    }
+  }
+
+  // ldmatrix lane roles: matrix index mi = lane / 8, row within matrix lane % 8.
+  const int mi = lane >> 3, r8 = lane & 7;
+
+  for (int j = 0; j < nkv; ++j) {
+    const int st = j & 1;
+    if (j + 1 < nkv) {
+      load_tile<BC, D, NTH>(k_s + (st ^ 1) * C::kKVBytes, kg, rs, (j + 1) * BC, T);
+      load_tile<BC, D, NTH>(v_s + (st ^ 1) * C::kKVBytes, vg, rs, (j + 1) * BC, T);
+    }
+    cp_async_commit();
+    const uint32_t kt = k_s + st * C::kKVBytes, vt = v_s + st * C::kKVBytes;
+
+    // S = Q K^T: B operand from K [key][d] (= k x n column-major): plain ldmatrix; one x4
+    // gives the two k-halves of two adjacent 8-key n-tiles.
+    float s[MT][NS][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < NS; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int np = 0; np < NS / 2; ++np) {
+        uint32_t bf[4];
+        ldsm_x4(bf, kt + swz<D>(np * 16 + (mi >> 1) * 8 + r8, 2 * ks + (mi & 1)));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma<BF16>(s[mt][2 * np], qf[mt][ks], bf[0], bf[1]);
+          mma<BF16>(s[mt][2 * np + 1], qf[mt][ks], bf[2], bf[3]);
+        }
+      }
+
+    // Scale, bias, online softmax. Thread holds columns n*8 + 2t + {0,1} of rows g, g+8.
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      const float2 bias = *reinterpret_cast<const float2*>(kb + j * BC + n * 8 + 2 * t4);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        s[mt][n][0] = fmaf(s[mt][n][0], scale_mul, bias.x);
+        s[mt][n][1] = fmaf(s[mt][n][1], scale_mul, bias.y);
+        s[mt][n][2] = fmaf(s[mt][n][2], scale_mul, bias.x);
+        s[mt][n][3] = fmaf(s[mt][n][3], scale_mul, bias.y);
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float mx = m[mt][hf];
+#pragma unroll
+        for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * hf], s[mt][n][2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // A row with no finite score yet keeps m = -inf; subtract 0 then (exp2(-inf) = 0).
+        const float mu = mx == -INFINITY ? 0.0f : mx;
+        const float corr = fast_exp2(m[mt][hf] - mu);
+        m[mt][hf] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+          const float e0 = fast_exp2(s[mt][n][2 * hf] - mu), e1 = fast_exp2(s[mt][n][2 * hf + 1] - mu);
+          s[mt][n][2 * hf] = e0;
+          s[mt][n][2 * hf + 1] = e1;
+          sum += e0 + e1;
+        }
+        l[mt][hf] = l[mt][hf] * corr + sum;  // thread-partial row sum; reduced at the end
+#pragma unroll
+        for (int n = 0; n < NO; ++n) {
+          o[mt][n][2 * hf] *= corr;
+          o[mt][n][2 * hf + 1] *= corr;
+        }
+      }
+
+    if constexpr (DROP) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        // Element (n, e) is row g + 8*(e >> 1), key j*BC + n*8 + 2t + (e & 1). The bits are
+        // gathered in a partly unrolled loop to bound the registers the hashes keep live.
+        uint32_t bits = 0;
+        const uint64_t kcol = static_cast<uint64_t>(j * BC + 2 * t4);
+#pragma unroll 4
+        for (int i = 0; i < NS * 4; ++i) {
+          const uint64_t z = zrow[mt][(i >> 1) & 1] + kcol + (i >> 2) * 8 + (i & 1);
+          bits |= static_cast<uint32_t>(dropout_keep_fast(z, p.thr_hi)) << i;
+        }
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (!((bits >> (n * 4 + e)) & 1u)) s[mt][n][e] = 0.0f;
+      }
+    }
+
+    // O += P V: A = P from the S accumulators; B from V [key][d] (= k x n row-major):
+    // transposing ldmatrix, one x4 = both k-halves of two adjacent 8-column n-tiles.
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = pack2<BF16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = pack2<BF16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = pack2<BF16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = pack2<BF16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int np = 0; np < NO / 2; ++np) {
+        uint32_t bf[4];
+        ldsm_x4_t(bf, vt + swz<D>(kk * 16 + (mi & 1) * 8 + r8, 2 * np + (mi >> 1)));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma<BF16>(o[mt][2 * np], a[mt], bf[0], bf[1]);
+          mma<BF16>(o[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+        }
+      }
+    }
+    cp_async_wait_all();
+    __syncthreads();
+  }
+
+  // Epilogue: normalize, write lse, stage O through this warp's own rows of the Q tile, then
+  // 16-byte coalesced stores.
+  const float out_mul = DROP ? p.inv_keep : 1.0f;
+  unsigned char* q_tile = smem;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float sum = l[mt][hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float mu = m[mt][hf] == -INFINITY ? 0.0f : m[mt][hf];
+      const int row = warp * 16 * MT + mt * 16 + g + 8 * hf, q = q0 + row;
+      if (t4 == 0 && q < T) p.lse[(static_cast<size_t>(b) * p.heads + h) * T + q] = (mu + __log2f(sum)) * kLn2;
+      const float inv = out_mul / sum;
+#pragma unroll
+      for (int n = 0; n < NO; ++n)
+        *reinterpret_cast<uint32_t*>(q_tile + swz<D>(row, n) + 4 * t4) =
+            pack2<BF16>(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
+    }
+  __syncwarp();
+  uint16_t* ctx = static_cast<uint16_t*>(p.ctx);
+  constexpr int CPR = D / 8;
+#pragma unroll
+  for (int i = lane; i < 16 * MT * CPR; i += 32) {
+    const int row = warp * 16 * MT + i / CPR, c = i % CPR, q = q0 + row;
+    if (q < T)
+      *reinterpret_cast<uint4*>(ctx + (static_cast<size_t>(b) * T + q) * p.H + h * D + c * 8) =
+          *reinterpret_cast<const uint4*>(q_tile + swz<D>(row, c));
+  }
+}
+
+// ---- backward ----------------------------------------------------------------------------
+// Grid (ceil(T / BC), heads, B); 4 warps; the CTA owns BC = 64 keys, warp w keys
+// [w*16, w*16+16) with their K and V fragments in registers and dK, dV accumulators; it
+// streams 64-query tiles of Q, dO, lse, Dsum. Per query tile, in the transposed frame
+// (rows = keys, columns = queries):
+//   S^T = K Q^T,  P^T = exp2(S^T * scale*log2e + kb - lse*log2e),  dP^T = Z (V dO^T),
+//   dS^T = P^T (dP^T - Dsum),   dV += (P Z')^T dO,   dK += dS^T Q,
+// then dS^T goes to shared memory and warp w computes rows [w*16, w*16+16) of the tile's
+// dQ = dS K, added into the F32 accumulator with vector reductions.
+// Shared memory: K [BC][D] | V [BC][D] | Q [2][BR][D] | dO [2][BR][D] | dS^T [BC][BR] |
+//                lse [2][BR] | Dsum [2][BR] f32.
+template <bool BF16, int D>
+struct BwdCfg {
+  static constexpr int kThreads = 128, BC = 64, BR = 64;
+  static constexpr int kKBytes = BC * D * 2, kQBytes = BR * D * 2, kSBytes = BC * BR * 2;
+  static constexpr int kK = 0, kV = kKBytes, kQ = 2 * kKBytes, kDO = kQ + 2 * kQBytes, kS = kDO + 2 * kQBytes;
+  static constexpr int kLse = kS + kSBytes, kDsum = kLse + 2 * BR * 4;
+  static constexpr int kBytes = kDsum + 2 * BR * 4;
+};
+
+template <bool BF16, int D, bool DROP>
+__global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
+  using C = BwdCfg<BF16, D>;
+  constexpr int BR = C::BR, BC = C::BC, NTH = C::kThreads;
+  static_assert(BR == 64 && BC == 64, "dS^T tile uses the D = 64 swizzle");
+  constexpr int KS = D / 16;   // k-steps over the head dim
+  constexpr int NS = BR / 8;   // n-tiles of S^T (queries)
+  constexpr int NO = D / 8;    // n-tiles of dK, dV, dQ
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t base = smem_addr(smem);
+  const uint32_t k_s = base + C::kK, v_s = base + C::kV, q_s = base + C::kQ, do_s = base + C::kDO;
+  const uint32_t ds_s = base + C::kS;
+  const float* lse_s = reinterpret_cast<const float*>(smem + C::kLse);
+  const float* dsum_s = reinterpret_cast<const float*>(smem + C::kDsum);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const int mi = lane >> 3, r8 = lane & 7;
+  const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * BC;
+  const int T = p.T;
+  const size_t rs = 3 * static_cast<size_t>(p.H);
+  const size_t bh = static_cast<size_t>(b) * p.heads + h;
+  const uint16_t* qg = static_cast<const uint16_t*>(p.qkv) + static_cast<size_t>(b) * T * rs + h * D;
+  const uint16_t* kg = qg + p.H;
+  const uint16_t* vg = qg + 2 * p.H;
+  const uint16_t* dog = static_cast<const uint16_t*>(p.dctx) + static_cast<size_t>(b) * T * p.H + h * D;
+  const float* lse_g = p.lse + bh * T;
+  const float* dsum_g = p.dsum + bh * T;
+  const int nq = (T + BR - 1) / BR;
+
+  auto load_q_tile = [&](int jt, int st) {
+    load_tile<BR, D, NTH>(q_s + st * C::kQBytes, qg, rs, jt * BR, T);
+    load_tile<BR, D, NTH>(do_s + st * C::kQBytes, dog, p.H, jt * BR, T);
+    const int i = threadIdx.x & (BR - 1), q = jt * BR + i;
+    const bool ok = q < T;
+    if (threadIdx.x < BR)
+      cp_async4(base + C::kLse + (st * BR + i) * 4, lse_g + (ok ? q : 0), ok);
+    else
+      cp_async4(base + C::kDsum + (st * BR + i) * 4, dsum_g + (ok ? q : 0), ok);
+  };
+
+  load_tile<BC, D, NTH>(k_s, kg, rs, k0, T);
+  load_tile<BC, D, NTH>(v_s, vg, rs, k0, T);
+  load_q_tile(0, 0);
+  cp_async_commit();
+
+  // Key bias of this thread's two key rows (g, g+8 of the warp's 16).
+  float kbias[2];
+  bool any_valid;
+  {
+    int any = 0;
+    if (p.mask == nullptr) {
+      any = 1;
+    } else {
+      for (int k = threadIdx.x; k < T; k += NTH) any |= p.mask[static_cast<size_t>(b) * T + k] != 0;
+    }
+    any_valid = __syncthreads_or(any) != 0;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int k = k0 + warp * 16 + g + 8 * hf;
+      float v = -INFINITY;
+      if (k < T) {
+        const bool valid = p.mask == nullptr || p.mask[static_cast<size_t>(b) * T + k] != 0;
+        v = (valid || !any_valid) ? 0.0f : -INFINITY;
+      }
+      kbias[hf] = v;
+    }
+  }
+  const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
+  uint64_t zk[2];  // dropout counter of (q = 0, k = this thread's key rows)
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+    zk[hf] = p.rng_base + bh * T * static_cast<uint64_t>(T) + static_cast<uint64_t>(k0 + warp * 16 + g + 8 * hf);
+
+  cp_async_wait_all();
+  __syncthreads();
+
+  // K and V fragments of this warp's 16 keys (A operand: rows = keys, k = head dim).
+  uint32_t kf[KS][4], vf[KS][4];
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+    ldsm_x4(kf[ks], k_s + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+    ldsm_x4(vf[ks], v_s + swz<D>(warp * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+  }
+  float dk[NO][4], dv[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; ++n) dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
+
+  for (int j = 0; j < nq; ++j) {
+    const int st = j & 1;
+    if (j + 1 < nq) load_q_tile(j + 1, st ^ 1);
+    cp_async_commit();
+    const uint32_t qt = q_s + st * C::kQBytes, dot = do_s + st * C::kQBytes;
+
+    // S^T = K Q^T and dPd^T = V dO^T; B operands from Q / dO [query][d]: plain ldmatrix.
+    float s[NS][4], dp[NS][4];
+#pragma unroll
+    for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int np = 0; np < NS / 2; ++np) {
+        uint32_t bq[4], bo[4];
+        const uint32_t off = swz<D>(np * 16 + (mi >> 1) * 8 + r8, 2 * ks + (mi & 1));
+        ldsm_x4(bq, qt + off);
+        ldsm_x4(bo, dot + off);
+        mma<BF16>(s[2 * np], kf[ks], bq[0], bq[1]);
+        mma<BF16>(s[2 * np + 1], kf[ks], bq[2], bq[3]);
+        mma<BF16>(dp[2 * np], vf[ks], bo[0], bo[1]);
+        mma<BF16>(dp[2 * np + 1], vf[ks], bo[2], bo[3]);
+      }
+
+    // Element-wise: s <- P Z' (for dV), dp <- dS. Thread holds key rows g, g+8 and query
+    // columns n*8 + 2t + {0,1}.
+    uint32_t bits = 0xffffffffu;
+    if constexpr (DROP) {
+      // Element (n, e) is key row g + 8*(e >> 1), query j*BR + n*8 + 2t + (e & 1).
+      bits = 0;
+      const uint32_t qcol = static_cast<uint32_t>(j * BR + 2 * t4);
+#pragma unroll 4
+      for (int i = 0; i < NS * 4; ++i) {
+        const uint64_t q = qcol + (i >> 2) * 8 + (i & 1);
+        const uint64_t z = zk[(i >> 1) & 1] + q * static_cast<uint64_t>(T);
+        bits |= static_cast<uint32_t>(dropout_keep_fast(z, p.thr_hi)) << i;
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      const int c = n * 8 + 2 * t4;
+      const float2 L = *reinterpret_cast<const float2*>(lse_s + st * BR + c);
+      const float2 Dv = *reinterpret_cast<const float2*>(dsum_s + st * BR + c);
+      const float lse2[2] = {L.x * kLog2e, L.y * kLog2e};
+      const float dsv[2] = {Dv.x, Dv.y};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pr = fast_exp2(fmaf(s[n][e], scale_mul, kbias[e >> 1]) - lse2[e & 1]);
+        float dpv = dp[n][e], pz = pr;
+        if constexpr (DROP) {
+          const bool keep = (bits >> (n * 4 + e)) & 1u;
+          pz = keep ? pr : 0.0f;
+          dpv = keep ? dpv * p.inv_keep : 0.0f;
+        }
+        s[n][e] = pz;
+        dp[n][e] = pr * (dpv - dsv[e & 1]);
+      }
+    }
+
+    // dV += (P Z')^T dO and dK += dS^T Q: A from the registers above (rows = keys,
+    // k = queries); B from dO / Q [query][d] (k x n row-major): transposing ldmatrix.
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      uint32_t ap[4], as[4];
+      ap[0] = pack2<BF16>(s[2 * kk][0], s[2 * kk][1]);
+      ap[1] = pack2<BF16>(s[2 * kk][2], s[2 * kk][3]);
+      ap[2] = pack2<BF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      ap[3] = pack2<BF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      as[0] = pack2<BF16>(dp[2 * kk][0], dp[2 * kk][1]);
+      as[1] = pack2<BF16>(dp[2 * kk][2], dp[2 * kk][3]);
+      as[2] = pack2<BF16>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      as[3] = pack2<BF16>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      // dS^T to shared memory for dQ (rows = keys, 16-byte chunk = 8 queries).
+      const int kr = warp * 16 + g;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_s + swz<BR>(kr, 2 * kk) + 4 * t4), "r"(as[0]));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_s + swz<BR>(kr + 8, 2 * kk) + 4 * t4), "r"(as[1]));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_s + swz<BR>(kr, 2 * kk + 1) + 4 * t4), "r"(as[2]));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_s + swz<BR>(kr + 8, 2 * kk + 1) + 4 * t4), "r"(as[3]));
+#pragma unroll
+      for (int np = 0; np < NO / 2; ++np) {
+        uint32_t bo[4], bq[4];
+        const uint32_t off = swz<D>(kk * 16 + (mi & 1) * 8 + r8, 2 * np + (mi >> 1));
+        ldsm_x4_t(bo, dot + off);
+        ldsm_x4_t(bq, qt + off);
+        mma<BF16>(dv[2 * np], ap, bo[0], bo[1]);
+        mma<BF16>(dv[2 * np + 1], ap, bo[2], bo[3]);
+        mma<BF16>(dk[2 * np], as, bq[0], bq[1]);
+        mma<BF16>(dk[2 * np + 1], as, bq[2], bq[3]);
+      }
+    }
+    __syncthreads();  // dS^T complete
+
+    // dQ rows [w*16, w*16+16) of this tile = dS (16 x BC) K (BC x D). A = dS from dS^T
+    // [key][query] (transposing ldmatrix); B = K [key][d] (transposing ldmatrix).
+    {
+      float dq[NO][4];
+#pragma unroll
+      for (int n = 0; n < NO; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < BC / 16; ++ks) {
+        uint32_t a[4];
+        ldsm_x4_t(a, ds_s + swz<BR>(ks * 16 + (mi >> 1) * 8 + r8, 2 * warp + (mi & 1)));
+#pragma unroll
+        for (int np = 0; np < NO / 2; ++np) {
+          uint32_t bk[4];
+          ldsm_x4_t(bk, k_s + swz<D>(ks * 16 + (mi & 1) * 8 + r8, 2 * np + (mi >> 1)));
+          mma<BF16>(dq[2 * np], a, bk[0], bk[1]);
+          mma<BF16>(dq[2 * np + 1], a, bk[2], bk[3]);
+        }
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int q = j * BR + warp * 16 + g + 8 * hf;
+        if (q < T) {
+          float* row = p.dq_acc + (static_cast<size_t>(b) * T + q) * p.H + h * D + 2 * t4;
+#pragma unroll
+          for (int n = 0; n < NO; ++n) red_add_f32x2(row + n * 8, dq[n][2 * hf], dq[n][2 * hf + 1]);
+        }
+      }
+    }
+    cp_async_wait_all();
+    __syncthreads();  // next stage landed; everyone is done with this stage and dS^T
+  }
+
+  // Epilogue: dK * scale and dV * inv_keep, staged through this warp's own rows of the K and
+  // V tiles (no other warp reads them after the last barrier), then 16-byte stores.
+  const float dv_mul = DROP ? p.inv_keep : 1.0f;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = warp * 16 + g + 8 * hf;
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(k_s + swz<D>(row, n) + 4 * t4),
+                   "r"(pack2<BF16>(dk[n][2 * hf] * p.scale, dk[n][2 * hf + 1] * p.scale)));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(v_s + swz<D>(row, n) + 4 * t4),
+                   "r"(pack2<BF16>(dv[n][2 * hf] * dv_mul, dv[n][2 * hf + 1] * dv_mul)));
+    }
+  }
+  __syncwarp();
+  uint16_t* dqkv = static_cast<uint16_t*>(p.dqkv);
+  constexpr int CPR = D / 8;
+#pragma unroll
+  for (int i = lane; i < 16 * CPR; i += 32) {
+    const int row = warp * 16 + i / CPR, c = i % CPR, k = k0 + row;
+    if (k < T) {
+      uint16_t* dst = dqkv + (static_cast<size_t>(b) * T + k) * rs + h * D + c * 8;
+      *reinterpret_cast<uint4*>(dst + p.H) = *reinterpret_cast<const uint4*>(smem + C::kK + swz<D>(row, c));
+      *reinterpret_cast<uint4*>(dst + 2 * p.H) = *reinterpret_cast<const uint4*>(smem + C::kV + swz<D>(row, c));
+    }
+  }
+}
+
+// ---- launchers ---------------------------------------------------------------------------
+// ANATOMY_ATTENTION_FWD_MT=1 selects 64-query forward tiles (16 rows per warp) instead of
+// 128 (32 rows per warp); for tuning.
+int fwd_mt() {
+  const char* e = std::getenv("ANATOMY_ATTENTION_FWD_MT");
+  return (e != nullptr && e[0] == '1') ? 1 : 2;
+}
+
+template <bool BF16, int MT>
+bool launch_fwd(const Params& p, int smem_limit, cudaStream_t s) {
+  using C = FwdCfg<BF16, 64, MT>;
+  const size_t bytes = C::smem_bytes(p.T);
+  if (bytes > static_cast<size_t>(smem_limit)) return false;
+  auto kernel = p.drop ? flash_fwd_kernel<BF16, 64, MT, true> : flash_fwd_kernel<BF16, 64, MT, false>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
+    return false;
+  dim3 grid(static_cast<unsigned>((p.T + C::BR - 1) / C::BR), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.B));
+  kernel<<<grid, C::kThreads, bytes, s>>>(p);
+  return true;
+}
+
+template <bool BF16>
+bool launch_bwd(const Params& p, int smem_limit, cudaStream_t s) {
+  using C = BwdCfg<BF16, 64>;
+  if (C::kBytes > smem_limit) return false;
+  auto kernel = p.drop ? flash_bwd_kernel<BF16, 64, true> : flash_bwd_kernel<BF16, 64, false>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kBytes) != cudaSuccess) return false;
+  dim3 grid(static_cast<unsigned>((p.T + C::BC - 1) / C::BC), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.B));
+  kernel<<<grid, C::kThreads, C::kBytes, s>>>(p);
+  return true;
+}
+
+}  // namespace
+
+bool flash_supports(const Params& p) {
+  // 16-byte cp.async / vector stores need 16-byte aligned rows and head slices.
+  auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  return p.D == 64 && p.H % 8 == 0 && aligned(p.qkv) && aligned(p.ctx) &&
+         (p.dctx == nullptr || aligned(p.dctx)) && (p.dqkv == nullptr || aligned(p.dqkv));
+}
+
+bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s) {
+  if (!flash_supports(p)) return false;
+  if (fwd_mt() == 1) return is_bf16 ? launch_fwd<true, 1>(p, smem_limit, s) : launch_fwd<false, 1>(p, smem_limit, s);
+  return is_bf16 ? launch_fwd<true, 2>(p, smem_limit, s) : launch_fwd<false, 2>(p, smem_limit, s);
+}
+
+bool flash_backward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s) {
+  if (!flash_supports(p)) return false;
+  return is_bf16 ? launch_bwd<true>(p, smem_limit, s) : launch_bwd<false>(p, smem_limit, s);
+}
+
+}  // namespace anatomy::cuda::attn

@@ -1,0 +1,416 @@
+// CudaBackend: each entry point checks devices, dtypes and shapes, then calls a launcher
+// (ops/cuda/launchers.h) or cuBLASLt (ops/cuda/matmul.h) on the backend's stream.
+#include "ops/cuda/cuda_backend.h"
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/matmul.h"
+
+#if __has_include("ops/cuda/attention.h")
+#include "ops/cuda/attention.h"
+#define ANATOMY_HAVE_CUDA_ATTENTION 1
+#endif
+
+namespace anatomy::cuda {
+
+namespace {
+
+constexpr DType F32 = DType::F32;
+constexpr DType I32 = DType::I32;
+
+bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+void on_device(const Tensor& t, const char* op, const char* what) {
+  ANATOMY_CHECK(t.defined(), op, ": ", what, " is undefined");
+  ANATOMY_CHECK(t.device == Device::CUDA, op, ": ", what, " is on ", device_name(t.device),
+                "; the CUDA backend needs device tensors");
+}
+void expect(const Tensor& t, DType dt, const char* op, const char* what) {
+  on_device(t, op, what);
+  ANATOMY_CHECK(t.dtype == dt, op, ": ", what, " is ", dtype_name(t.dtype), ", expected ", dtype_name(dt));
+}
+void expect(const Tensor& t, DType dt, size_t numel, const char* op, const char* what) {
+  expect(t, dt, op, what);
+  ANATOMY_CHECK(t.numel() == numel, op, ": ", what, " ", t.shape.str(), " has ", t.numel(), " elements, expected ",
+                numel);
+}
+// A float tensor (F32, BF16, F16): returns its dtype, which the op's other activations must share.
+DType compute_dtype(const Tensor& t, const char* op, const char* what) {
+  on_device(t, op, what);
+  ANATOMY_CHECK(is_float(t.dtype), op, ": ", what, " is ", dtype_name(t.dtype), "; expected F32, BF16 or F16");
+  return t.dtype;
+}
+void expect_opt(const Tensor& t, DType dt, size_t numel, const char* op, const char* what) {
+  if (t.defined()) expect(t, dt, numel, op, what);
+}
+
+// Rows x cols of a tensor seen as a matrix over its last dimension.
+struct Mat {
+  int64_t rows, cols;
+};
+Mat as_matrix(const Tensor& t) {
+  const int64_t cols = t.shape.rank ? t.dim(-1) : 1;
+  return {cols ? static_cast<int64_t>(t.numel()) / cols : 0, cols};
+}
+
+GradFactor grad_factor(const GradTransform& g, const char* op) {
+  GradFactor f;
+  f.inv_loss_scale = g.inv_loss_scale;
+  f.max_norm = g.max_norm;
+  if (g.max_norm > 0) {
+    expect(g.norm_sq, F32, 1, op, "norm_sq (clipping is on)");
+    f.norm_sq = g.norm_sq.ptr<const float>();
+  }
+  return f;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device_index) : m_device(device_index), m_alloc(device_index) {
+  int count = 0;
+  ANATOMY_CUDA_CHECK(cudaGetDeviceCount(&count));
+  ANATOMY_CHECK(device_index >= 0 && device_index < count, "--device cuda:", device_index, ": this machine has ", count,
+                " CUDA device(s)");
+  ANATOMY_CUDA_CHECK(cudaSetDevice(device_index));
+  cudaDeviceProp prop{};
+  ANATOMY_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_index));
+  m_name = str_cat("cuda:", device_index, " (", prop.name, ", sm_", prop.major, prop.minor, ", ",
+                   prop.totalGlobalMem >> 20, " MiB)");
+  m_workspace = Buffer(m_alloc, DType::U8, Shape{static_cast<int64_t>(kWorkspaceBytes)}, Category::Workspace);
+  m_reduce = Buffer(m_alloc, F32, Shape{static_cast<int64_t>(kReduceScratchBytes / sizeof(float))},
+                    Category::Temporary);
+  m_matmul = std::make_unique<LtMatmul>(m_workspace.data(), kWorkspaceBytes);
+  // Last: nothing after it can throw, so the destructor (which destroys it) always runs.
+  ANATOMY_CUDA_CHECK(cudaStreamCreateWithFlags(&m_stream, cudaStreamNonBlocking));
+}
+
+CudaBackend::~CudaBackend() {
+  if (m_stream) {
+    (void)cudaStreamSynchronize(m_stream);  // nothing may still use the buffers freed below
+    (void)cudaStreamDestroy(m_stream);
+  }
+}
+
+void CudaBackend::synchronize() { ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream)); }
+
+void CudaBackend::set_allow_tf32(bool on) { m_matmul->set_allow_tf32(on); }
+
+int64_t CudaBackend::matmul_fallback_calls() const { return m_matmul->fallback_calls(); }
+
+ReduceScratch CudaBackend::reduce_scratch() const {
+  return ReduceScratch{m_reduce.tensor().ptr<float>(), m_reduce.tensor().numel()};
+}
+
+// ---- data movement -------------------------------------------------------------------------------
+// Synchronous with respect to the host, so the caller may free or reuse `host` on return (also
+// when it is pinned, where cudaMemcpyAsync alone would return before the copy ran).
+void CudaBackend::upload(const Tensor& dst, const void* host) {
+  on_device(dst, "upload", "dst");
+  if (dst.bytes() == 0) return;
+  ANATOMY_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, m_stream));
+  ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));
+}
+
+void CudaBackend::download(void* host, const Tensor& src) {
+  on_device(src, "download", "src");
+  if (src.bytes() == 0) return;
+  ANATOMY_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, m_stream));
+  ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));
+}
+
+void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
+  on_device(dst, "copy", "dst");
+  on_device(src, "copy", "src");
+  ANATOMY_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy: dst ", dtype_name(dst.dtype),
+                dst.shape.str(), " and src ", dtype_name(src.dtype), src.shape.str(), " differ in dtype or size");
+  if (dst.bytes() && dst.data != src.data)
+    ANATOMY_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.bytes(), cudaMemcpyDeviceToDevice, m_stream));
+}
+
+void CudaBackend::cast(const Tensor& dst, const Tensor& src) {
+  compute_dtype(dst, "cast", "dst");
+  compute_dtype(src, "cast", "src");
+  ANATOMY_CHECK(dst.numel() == src.numel(), "cast: dst ", dst.shape.str(), " and src ", src.shape.str(),
+                " differ in size");
+  cuda::cast(dst, src, m_stream);
+}
+
+void CudaBackend::fill(const Tensor& dst, float value) {
+  on_device(dst, "fill", "dst");
+  cuda::fill(dst, value, m_stream);
+}
+
+// ---- tensor contractions -------------------------------------------------------------------------
+void CudaBackend::matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb,
+                         const MatmulArgs& args) {
+  const DType dt = compute_dtype(a, "matmul", "A");
+  expect(b, dt, "matmul", "B");
+  on_device(c, "matmul", "C");
+  ANATOMY_CHECK(c.dtype == dt || c.dtype == F32, "matmul: C is ", dtype_name(c.dtype), "; expected ",
+                dtype_name(dt), " or F32");
+  const Mat mc = as_matrix(c), ma = as_matrix(a), mb = as_matrix(b);
+  const int64_t m = mc.rows, n = mc.cols;
+  const int64_t k = ta == Trans::N ? ma.cols : ma.rows;
+  const bool ok = (ta == Trans::N ? ma.rows : ma.cols) == m && (tb == Trans::N ? mb.cols : mb.rows) == n &&
+                  (tb == Trans::N ? mb.rows : mb.cols) == k;
+  ANATOMY_CHECK(ok, "matmul: shapes do not agree: C ", c.shape.str(), ", A ", a.shape.str(), ta == Trans::T ? "^T" : "",
+                ", B ", b.shape.str(), tb == Trans::T ? "^T" : "");
+  if (args.epilogue != Epilogue::None) expect(args.bias, dt, static_cast<size_t>(n), "matmul", "bias");
+  if (args.epilogue == Epilogue::BiasGelu) {
+    ANATOMY_CHECK(c.dtype == dt, "matmul: the BiasGelu epilogue writes C in the compute dtype, not ",
+                  dtype_name(c.dtype));
+    expect(args.gelu_in, dt, c.numel(), "matmul", "gelu_in");
+  }
+  m_matmul->run(c, a, ta, b, tb, m, n, k, args, m_stream);
+}
+
+void CudaBackend::bias_grad(const Tensor& db, const Tensor& dy) {
+  compute_dtype(dy, "bias_grad", "dy");
+  expect(db, F32, static_cast<size_t>(as_matrix(dy).cols), "bias_grad", "db");
+  cuda::bias_grad(db, dy, reduce_scratch(), m_stream);
+}
+
+// ---- attention -----------------------------------------------------------------------------------
+// The scratch grows when the kernels ask for more than it has. Shapes are fixed for a run, so
+// this happens on the first step only and the Temporary peak is reached there (Note [allocation
+// policy] in memory/allocator.h).
+void* CudaBackend::attention_scratch(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (bytes > m_attn_scratch.bytes()) {
+    synchronize();  // the old scratch may still be in use on the stream
+    m_attn_scratch.reset();
+    m_attn_scratch = Buffer(m_alloc, DType::U8, Shape{static_cast<int64_t>(bytes)}, Category::Temporary);
+  }
+  return m_attn_scratch.data();
+}
+
+namespace {
+struct AttnDims {
+  int64_t b, t, h;
+};
+AttnDims attention_dims(const Tensor& qkv, const Tensor& ctx, const Tensor& lse, const Tensor& mask, int heads,
+                        const char* op) {
+  const DType dt = compute_dtype(qkv, op, "qkv");
+  ANATOMY_CHECK(qkv.shape.rank == 3 && qkv.dim(2) % 3 == 0, op, ": qkv ", qkv.shape.str(), " is not [B, T, 3H]");
+  const AttnDims d{qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3};
+  ANATOMY_CHECK(heads > 0 && d.h % heads == 0, op, ": hidden ", d.h, " is not divisible by heads ", heads);
+  expect(ctx, dt, static_cast<size_t>(d.b * d.t * d.h), op, "ctx");
+  expect(lse, F32, static_cast<size_t>(d.b * heads * d.t), op, "lse");
+  expect_opt(mask, I32, static_cast<size_t>(d.b * d.t), op, "mask");
+  return d;
+}
+}  // namespace
+
+void CudaBackend::attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask,
+                                    int heads, const DropoutSpec& dropout) {
+  const AttnDims d = attention_dims(qkv, ctx, lse, mask, heads, "attention_forward");
+#if defined(ANATOMY_HAVE_CUDA_ATTENTION)
+  void* scratch = attention_scratch(cuda::attention_scratch_bytes(d.b, d.t, heads, static_cast<int>(d.h / heads), qkv.dtype));
+  cuda::attention_forward(ctx, lse, qkv, mask, heads, dropout, scratch, m_stream);
+#else
+  (void)d;
+  fail("attention_forward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
+#endif
+}
+
+void CudaBackend::attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                                     const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout) {
+  const AttnDims d = attention_dims(qkv, ctx, lse, mask, heads, "attention_backward");
+  expect(dqkv, qkv.dtype, qkv.numel(), "attention_backward", "dqkv");
+  expect(dctx, qkv.dtype, ctx.numel(), "attention_backward", "dctx");
+#if defined(ANATOMY_HAVE_CUDA_ATTENTION)
+  void* scratch = attention_scratch(cuda::attention_scratch_bytes(d.b, d.t, heads, static_cast<int>(d.h / heads), qkv.dtype));
+  cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream);
+#else
+  (void)d;
+  fail("attention_backward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
+#endif
+}
+
+// ---- statistical normalizations -------------------------------------------------------------------
+void CudaBackend::layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                                    const Tensor& branch, const Tensor& residual, const Tensor& gamma,
+                                    const Tensor& beta, float eps, const DropoutSpec& branch_dropout) {
+  const char* op = "layernorm_forward";
+  const DType dt = compute_dtype(y, op, "y");
+  const Mat m = as_matrix(y);
+  const size_t n = y.numel(), rows = static_cast<size_t>(m.rows), h = static_cast<size_t>(m.cols);
+  expect(sum, dt, n, op, "sum");
+  expect(branch, dt, n, op, "branch");
+  expect_opt(residual, dt, n, op, "residual");
+  expect(mean, F32, rows, op, "mean");
+  expect(rstd, F32, rows, op, "rstd");
+  expect(gamma, dt, h, op, "gamma");
+  expect(beta, dt, h, op, "beta");
+  cuda::layernorm_forward(y, sum, mean, rstd, branch, residual, gamma, beta, eps, branch_dropout, m_stream);
+}
+
+void CudaBackend::layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
+                                     const Tensor& dbeta, const Tensor& dy, const Tensor& sum, const Tensor& mean,
+                                     const Tensor& rstd, const Tensor& gamma, const DropoutSpec& branch_dropout) {
+  const char* op = "layernorm_backward";
+  const DType dt = compute_dtype(dy, op, "dy");
+  const Mat m = as_matrix(dy);
+  const size_t n = dy.numel(), rows = static_cast<size_t>(m.rows), h = static_cast<size_t>(m.cols);
+  expect(dsum, dt, n, op, "dsum");
+  expect_opt(dbranch, dt, n, op, "dbranch");
+  expect_opt(dgamma, F32, h, op, "dgamma");
+  expect_opt(dbeta, F32, h, op, "dbeta");
+  expect(sum, dt, n, op, "sum");
+  expect(mean, F32, rows, op, "mean");
+  expect(rstd, F32, rows, op, "rstd");
+  expect(gamma, dt, h, op, "gamma");
+  cuda::layernorm_backward(dsum, dbranch, dgamma, dbeta, dy, sum, mean, rstd, gamma, branch_dropout, reduce_scratch(),
+                           m_stream);
+}
+
+void CudaBackend::cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                const Tensor& labels, float grad_scale) {
+  const char* op = "cross_entropy";
+  const DType dt = compute_dtype(logits, op, "logits");
+  const Mat m = as_matrix(logits);
+  expect(losses, F32, static_cast<size_t>(m.rows), op, "losses");
+  expect(labels, I32, static_cast<size_t>(m.rows), op, "labels");
+  expect_opt(dlogits, dt, logits.numel(), op, "dlogits");
+  cuda::cross_entropy(losses, dlogits, logits, labels, grad_scale, m_stream);
+}
+
+// ---- element-wise --------------------------------------------------------------------------------
+namespace {
+void unary(const char* op, const Tensor& y, const Tensor& x) {
+  const DType dt = compute_dtype(x, op, "input");
+  expect(y, dt, x.numel(), op, "output");
+}
+void binary(const char* op, const Tensor& y, const Tensor& a, const Tensor& b) {
+  unary(op, y, a);
+  expect(b, a.dtype, a.numel(), op, "second input");
+}
+}  // namespace
+
+void CudaBackend::gelu_forward(const Tensor& y, const Tensor& x) {
+  unary("gelu_forward", y, x);
+  cuda::gelu_forward(y, x, m_stream);
+}
+void CudaBackend::gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
+  binary("gelu_backward", dx, dy, x);
+  cuda::gelu_backward(dx, dy, x, m_stream);
+}
+void CudaBackend::tanh_forward(const Tensor& y, const Tensor& x) {
+  unary("tanh_forward", y, x);
+  cuda::tanh_forward(y, x, m_stream);
+}
+void CudaBackend::tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
+  binary("tanh_backward", dx, dy, y);
+  cuda::tanh_backward(dx, dy, y, m_stream);
+}
+void CudaBackend::dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) {
+  unary("dropout_forward", y, x);
+  cuda::dropout_forward(y, x, d, m_stream);
+}
+void CudaBackend::dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) {
+  unary("dropout_backward", dx, dy);
+  cuda::dropout_forward(dx, dy, d, m_stream);  // the same mask and scale: dx = dy * factor
+}
+void CudaBackend::add(const Tensor& y, const Tensor& a, const Tensor& b) {
+  binary("add", y, a, b);
+  cuda::add(y, a, b, m_stream);
+}
+
+namespace {
+// ids [B, T]; tables [rows, H] in the compute dtype (forward) or F32 (backward gradients).
+void check_embedding(const char* op, const Tensor& e, const Tensor& ids, const Tensor& type_ids,
+                     std::initializer_list<std::pair<const Tensor*, const char*>> tables, DType table_dtype) {
+  expect(ids, I32, op, "ids");
+  ANATOMY_CHECK(ids.shape.rank == 2, op, ": ids ", ids.shape.str(), " is not [B, T]");
+  expect_opt(type_ids, I32, ids.numel(), op, "type_ids");
+  const int64_t h = e.dim(-1);
+  ANATOMY_CHECK(e.numel() == ids.numel() * static_cast<size_t>(h), op, ": embeddings ", e.shape.str(),
+                " do not match ids ", ids.shape.str());
+  for (const auto& [t, what] : tables) {
+    if (!t->defined()) continue;
+    expect(*t, table_dtype, op, what);
+    ANATOMY_CHECK(t->shape.rank == 2 && t->dim(1) == h, op, ": table ", what, " ", t->shape.str(),
+                  " does not have width ", h);
+  }
+}
+}  // namespace
+
+void CudaBackend::embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_ids, const Tensor& word,
+                                    const Tensor& pos, const Tensor& type) {
+  const char* op = "embedding_forward";
+  const DType dt = compute_dtype(e, op, "e");
+  on_device(word, op, "word");
+  on_device(pos, op, "pos");
+  on_device(type, op, "type");
+  check_embedding(op, e, ids, type_ids, {{&word, "word"}, {&pos, "pos"}, {&type, "type"}}, dt);
+  ANATOMY_CHECK(ids.dim(1) <= pos.dim(0), op, ": sequence length ", ids.dim(1), " exceeds max_position_embeddings ",
+                pos.dim(0));
+  cuda::embedding_forward(e, ids, type_ids, word, pos, type, m_stream);
+}
+
+void CudaBackend::embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& dtype, const Tensor& de,
+                                     const Tensor& ids, const Tensor& type_ids) {
+  const char* op = "embedding_backward";
+  compute_dtype(de, op, "de");
+  check_embedding(op, de, ids, type_ids, {{&dword, "dword"}, {&dpos, "dpos"}, {&dtype, "dtype"}}, F32);
+  ANATOMY_CHECK(!dpos.defined() || ids.dim(1) <= dpos.dim(0), op, ": sequence length ", ids.dim(1),
+                " exceeds max_position_embeddings ", dpos.dim(0));
+  cuda::embedding_backward(dword, dpos, dtype, de, ids, type_ids, reduce_scratch(), m_stream);
+}
+
+namespace {
+void check_select(const char* op, const Tensor& x, const Tensor& out, int64_t t) {
+  const DType dt = compute_dtype(x, op, "x");
+  ANATOMY_CHECK(x.shape.rank == 3 && t >= 0 && t < x.dim(1), op, ": x ", x.shape.str(), " is not [B, T, H] with token ",
+                t, " < T");
+  expect(out, dt, static_cast<size_t>(x.dim(0) * x.dim(2)), op, "out");
+}
+}  // namespace
+
+void CudaBackend::select_token(const Tensor& out, const Tensor& x, int64_t t) {
+  check_select("select_token", x, out, t);
+  cuda::select_token(out, x, t, m_stream);
+}
+void CudaBackend::select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) {
+  check_select("select_token_backward", dx, dout, t);
+  cuda::select_token_backward(dx, dout, t, m_stream);
+}
+
+// ---- optimizer -----------------------------------------------------------------------------------
+void CudaBackend::sum_squares(const Tensor& out, const Tensor& x) {
+  expect(out, F32, 1, "sum_squares", "out");
+  expect(x, F32, "sum_squares", "x");
+  cuda::sum_squares(out, x, m_stream);
+}
+
+void CudaBackend::adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
+                               const Tensor& grads, const GradTransform& g, const AdamWArgs& a) {
+  const char* op = "adamw_update";
+  expect(params, F32, op, "params");
+  const size_t n = params.numel();
+  expect(m, F32, n, op, "m");
+  expect(v, F32, n, op, "v");
+  expect(grads, F32, n, op, "grads");
+  if (half_copy.defined()) {
+    compute_dtype(half_copy, op, "half_copy");
+    ANATOMY_CHECK(half_copy.numel() == n, op, ": half_copy ", half_copy.shape.str(), " does not match params ",
+                  params.shape.str());
+  }
+  cuda::adamw_update(params, m, v, half_copy, grads, grad_factor(g, op), a, m_stream);
+}
+
+void CudaBackend::sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy,
+                             const Tensor& grads, const GradTransform& g, const SgdArgs& a) {
+  const char* op = "sgd_update";
+  expect(params, F32, op, "params");
+  const size_t n = params.numel();
+  expect(grads, F32, n, op, "grads");
+  if (a.momentum != 0.0f) expect(momentum, F32, n, op, "momentum");
+  if (half_copy.defined()) {
+    compute_dtype(half_copy, op, "half_copy");
+    ANATOMY_CHECK(half_copy.numel() == n, op, ": half_copy ", half_copy.shape.str(), " does not match params ",
+                  params.shape.str());
+  }
+  cuda::sgd_update(params, momentum, half_copy, grads, grad_factor(g, op), a, m_stream);
+}
+
+}  // namespace anatomy::cuda

@@ -1,0 +1,105 @@
+// The CUDA backend: cuBLASLt for the contractions, the kernels of ops/cuda/*.cu for the rest,
+// all work in order on one non-default stream. Every device byte it owns goes through its
+// CudaAllocator: the cuBLASLt workspace (Workspace), the reduction scratch and the attention
+// scratch (Temporary).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "ops/backend.h"
+#include "ops/backend_memory.h"
+#include "ops/cuda/cuda_allocator.h"
+#include "ops/cuda/launchers.h"
+
+namespace anatomy::cuda {
+
+class LtMatmul;
+
+class CudaBackend final : public Backend {
+ public:
+  static constexpr size_t kWorkspaceBytes = kCudaLtWorkspaceBytes;  // ops/backend_memory.h (the planner reads it)
+  static constexpr size_t kReduceScratchBytes = kCudaReduceScratchBytes;  // partial rows of column reductions
+
+  explicit CudaBackend(int device_index);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::CUDA; }
+  Allocator& allocator() override { return m_alloc; }
+  std::string name() const override { return m_name; }
+  void synchronize() override;
+  void set_allow_tf32(bool on) override;
+
+  cudaStream_t stream() const { return m_stream; }
+  int device_index() const { return m_device; }
+  // Free and total bytes of the current device (cudaMemGetInfo).
+  static DeviceMemory memory_info() { return device_memory(); }
+  // Matmul calls cuBLASLt declined (run by the tiled fallback kernel instead).
+  int64_t matmul_fallback_calls() const;
+
+  // ---- data movement (upload/download return when the host buffer may be reused/read) ---------
+  void upload(const Tensor& dst, const void* host) override;
+  void download(void* host, const Tensor& src) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void cast(const Tensor& dst, const Tensor& src) override;
+  void fill(const Tensor& dst, float value) override;
+
+  // ---- tensor contractions ---------------------------------------------------------------------
+  void matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, const MatmulArgs& args) override;
+  void bias_grad(const Tensor& db, const Tensor& dy) override;
+
+  // ---- attention -------------------------------------------------------------------------------
+  void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
+                         const DropoutSpec& dropout) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                          const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout) override;
+
+  // ---- statistical normalizations --------------------------------------------------------------
+  void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& branch, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
+                         float eps, const DropoutSpec& branch_dropout) override;
+  void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
+                          const Tensor& dy, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                          const Tensor& gamma, const DropoutSpec& branch_dropout) override;
+  void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                     float grad_scale) override;
+
+  // ---- element-wise ----------------------------------------------------------------------------
+  void gelu_forward(const Tensor& y, const Tensor& x) override;
+  void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) override;
+  void tanh_forward(const Tensor& y, const Tensor& x) override;
+  void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) override;
+  void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) override;
+  void dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) override;
+  void add(const Tensor& y, const Tensor& a, const Tensor& b) override;
+  void embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_ids, const Tensor& word,
+                         const Tensor& pos, const Tensor& type) override;
+  void embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& dtype, const Tensor& de,
+                          const Tensor& ids, const Tensor& type_ids) override;
+  void select_token(const Tensor& out, const Tensor& x, int64_t t) override;
+  void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) override;
+
+  // ---- optimizer -------------------------------------------------------------------------------
+  void sum_squares(const Tensor& out, const Tensor& x) override;
+  void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
+                    const Tensor& grads, const GradTransform& g, const AdamWArgs& a) override;
+  void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy, const Tensor& grads,
+                  const GradTransform& g, const SgdArgs& a) override;
+
+ private:
+  ReduceScratch reduce_scratch() const;
+  void* attention_scratch(size_t bytes);
+
+  int m_device;
+  std::string m_name;
+  CudaAllocator m_alloc;  // declared before the buffers: it must outlive them
+  cudaStream_t m_stream = nullptr;
+  Buffer m_workspace;      // [kWorkspaceBytes] U8, Category::Workspace
+  Buffer m_reduce;         // [kReduceScratchBytes / 4] F32, Category::Temporary
+  Buffer m_attn_scratch;   // U8, Category::Temporary, sized by attention_scratch_bytes
+  std::unique_ptr<LtMatmul> m_matmul;
+};
+
+}  // namespace anatomy::cuda

@@ -1,0 +1,94 @@
+// Host-callable launchers of the CUDA kernels, one section per kernel file. Each takes outputs
+// first, then inputs, then options, then the stream, checks its launch, and assumes the caller
+// (CudaBackend) has validated devices, dtypes and shapes. Float tensors may be F32, BF16 or F16
+// (the compute dtype) unless a comment says F32; ids, labels and masks are I32.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "core/tensor.h"
+#include "ops/backend.h"
+
+namespace anatomy::cuda {
+
+// F32 scratch for two-stage (deterministic) column reductions: per-block partial sums are
+// written here, then summed in a fixed order.
+struct ReduceScratch {
+  float* data = nullptr;
+  size_t floats = 0;
+};
+
+// ---- elementwise.cu ---------------------------------------------------------------------------
+void gelu_forward(const Tensor& y, const Tensor& x, cudaStream_t s);
+void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, cudaStream_t s);
+void tanh_forward(const Tensor& y, const Tensor& x, cudaStream_t s);
+void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y, cudaStream_t s);
+void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d, cudaStream_t s);
+void add(const Tensor& y, const Tensor& a, const Tensor& b, cudaStream_t s);
+void cast(const Tensor& dst, const Tensor& src, cudaStream_t s);  // any pair of F32/BF16/F16
+void fill(const Tensor& dst, float value, cudaStream_t s);        // float dtypes and I32
+// out [B, H] = x [B, T, H][:, t, :]; backward writes all of dx [B, T, H].
+void select_token(const Tensor& out, const Tensor& x, int64_t t, cudaStream_t s);
+void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t, cudaStream_t s);
+
+// ---- reduce.cu ----------------------------------------------------------------------------------
+// db F32 [N] += column sums of dy [M, N].
+void bias_grad(const Tensor& db, const Tensor& dy, const ReduceScratch& scratch, cudaStream_t s);
+// partials F32 [groups, stride]: out0[j] += sum_g partials[g, j] and out1[j] += sum_g
+// partials[g, n + j] for j < n (stride >= n, or >= 2n with out1), summed in the order g = 0, 1, ...
+// Either output may be nullptr (skipped).
+void reduce_partials(float* out0, float* out1, const float* partials, int groups, int64_t n,
+                     int64_t stride, cudaStream_t s);
+
+// ---- layernorm.cu -------------------------------------------------------------------------------
+// Rows of width H: sum = dropout(branch) + residual; y = LN(sum) * gamma + beta;
+// mean, rstd F32 [rows]. residual may be undefined.
+void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& branch, const Tensor& residual, const Tensor& gamma,
+                       const Tensor& beta, float eps, const DropoutSpec& d, cudaStream_t s);
+// dsum; dbranch (may be undefined) = dropout_backward(dsum); dgamma, dbeta F32 [H] (+=, may be
+// undefined), through two-stage reductions in `scratch` (needs at least 2H floats).
+void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
+                        const Tensor& dbeta, const Tensor& dy, const Tensor& sum, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& gamma, const DropoutSpec& d,
+                        const ReduceScratch& scratch, cudaStream_t s);
+
+// ---- loss.cu ------------------------------------------------------------------------------------
+// logits [B, C], labels I32 [B]; losses F32 [B]; dlogits [B, C] (may be undefined). A label
+// outside [0, C) yields NaN loss and NaN gradients for its row (the CPU twin throws).
+void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                   const Tensor& labels, float grad_scale, cudaStream_t s);
+
+// ---- embedding.cu -------------------------------------------------------------------------------
+// e [B*T, H] = word[ids] + pos[t] + type[type_ids]; type_ids may be undefined (all 0). An id out
+// of range gives a NaN row (the CPU twin throws; a kernel cannot).
+void embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_ids, const Tensor& word,
+                       const Tensor& pos, const Tensor& type, cudaStream_t s);
+// F32 tables' gradients (+=, each may be undefined) from de [B*T, H].
+void embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& dtype, const Tensor& de,
+                        const Tensor& ids, const Tensor& type_ids, const ReduceScratch& scratch,
+                        cudaStream_t s);
+
+// ---- optimizer.cu -------------------------------------------------------------------------------
+// out F32 [1] += sum x^2, x F32. inf/NaN in x propagate into out (the overflow check relies on it).
+void sum_squares(const Tensor& out, const Tensor& x, cudaStream_t s);
+// g = grads * inv_loss_scale * clip with clip read from norm_sq on the device (nullptr or
+// max_norm <= 0: no clipping). See GradTransform in ops/backend.h.
+struct GradFactor {
+  const float* norm_sq = nullptr;
+  float inv_loss_scale = 1.0f;
+  float max_norm = 0.0f;
+};
+void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
+                  const Tensor& grads, const GradFactor& g, const AdamWArgs& a, cudaStream_t s);
+void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy,
+                const Tensor& grads, const GradFactor& g, const SgdArgs& a, cudaStream_t s);
+
+// ---- matmul_fallback.cu -------------------------------------------------------------------------
+// The same contract as Backend::matmul for shapes or dtype combinations cuBLASLt has no
+// algorithm for (a simple tiled kernel, fp32 accumulation). m, n, k as in the contract.
+void matmul_fallback(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m,
+                     int64_t n, int64_t k, const MatmulArgs& args, cudaStream_t s);
+
+}  // namespace anatomy::cuda

@@ -1,0 +1,358 @@
+// LayerNorm over the last dim with the branch dropout and the residual add fused in front.
+// Shapes: branch, residual, sum, y, dy, dsum, dbranch [rows, H]; mean, rstd F32 [rows];
+// gamma, beta [H]; dgamma, dbeta F32 [H].
+//
+// Forward:  sum = dropout(branch) + residual (rounded to the storage type; the statistics are
+//           taken from the stored sum, which backward reads); mean = E[sum];
+//           rstd = 1/sqrt(E[(sum - mean)^2] + eps) (two passes); y = (sum - mean) rstd gamma + beta.
+// Backward: xhat = (sum - mean) rstd, g = dy gamma;
+//           dsum = rstd (g - mean(g) - xhat mean(g xhat)); dbranch = dropout_backward(dsum);
+//           dgamma += sum_rows dy xhat; dbeta += sum_rows dy.
+// The dropout index of element (r, j) is r*H + j, as in the CPU twin.
+//
+// Two paths: a warp per row with 16-byte packs held in registers when H is a multiple of the
+// pack width (4 fp32, 8 half) and at most 1024; otherwise a block per row with scalar accesses.
+// dgamma/dbeta are reduced in two deterministic stages: each block writes one partial row
+// [dgamma | dbeta] to the scratch, reduce_partials sums them in order.
+#include <algorithm>
+
+#include "core/rng.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/launchers.h"
+
+namespace anatomy::cuda {
+
+namespace {
+
+struct Drop {
+  float p, scale;
+  uint64_t seed, offset;
+  __device__ __forceinline__ float factor(uint64_t i) const {
+    if (p <= 0.0f) return 1.0f;
+    return dropout_keep(seed, offset, i, p) ? scale : 0.0f;
+  }
+};
+Drop make_drop(const DropoutSpec& d) {
+  const float scale = d.p < 1.0f ? static_cast<float>(1.0 / (1.0 - static_cast<double>(d.p))) : 0.0f;
+  return Drop{d.p, scale, d.seed, d.offset};
+}
+
+constexpr int kWarpThreads = 128;   // 4 rows (warps) per block on the warp path
+constexpr int kBlockThreads = 256;  // the block-per-row path
+// The warp path holds up to 1024 elements per row (32 per lane): beyond that the half types
+// spill (2048 bf16 at 8 packs per lane needs > 255 registers in backward).
+constexpr int kMaxWarpH = 1024;
+template <class T>
+constexpr int kMaxPacksPerLane = kMaxWarpH / (32 * kVec<T>);
+
+// ---- kernels: warp per row --------------------------------------------------------------------
+// Lane l holds packs l, l+32, ... (P of them at most) of its row: packs of W = 16/sizeof(T).
+// sum may alias branch (the embeddings' LayerNorm normalizes in place): no __restrict__ on
+// them; each element is read before it is written, by the same thread.
+template <class T, int P>
+__global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
+    T* __restrict__ y, T* sum, float* __restrict__ mean, float* __restrict__ rstd,
+    const T* branch, const T* __restrict__ residual, const T* __restrict__ gamma,
+    const T* __restrict__ beta, int64_t rows, int h, float eps, Drop drop) {
+  constexpr int W = kVec<T>;
+  using V = Pack<T, W>;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kWarpThreads / 32) + (threadIdx.x >> 5);
+  if (row >= rows) return;  // whole warps leave together; no block barrier below
+  const int packs = h / W;
+  const size_t base = static_cast<size_t>(row) * h;
+  float x[P][W];
+  float s = 0.0f;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int q = p * 32 + lane;
+    if (q < packs) {
+      V b = reinterpret_cast<const V*>(branch + base)[q];
+      V r{};
+      if (residual) r = reinterpret_cast<const V*>(residual + base)[q];
+      V o;
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        float v = to_f32(b.v[j]) * drop.factor(base + static_cast<size_t>(q) * W + j);
+        if (residual) v += to_f32(r.v[j]);
+        o.v[j] = from_f32<T>(v);
+        x[p][j] = to_f32(o.v[j]);  // statistics of the stored (rounded) sum
+        s += x[p][j];
+      }
+      reinterpret_cast<V*>(sum + base)[q] = o;
+    }
+  }
+  const float mu = warp_sum(s) / h;
+  float ss = 0.0f;
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+    if (p * 32 + lane < packs)
+#pragma unroll
+      for (int j = 0; j < W; ++j) ss += (x[p][j] - mu) * (x[p][j] - mu);
+  const float rs = 1.0f / sqrtf(warp_sum(ss) / h + eps);
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int q = p * 32 + lane;
+    if (q < packs) {
+      V g = reinterpret_cast<const V*>(gamma)[q], bt = reinterpret_cast<const V*>(beta)[q], o;
+#pragma unroll
+      for (int j = 0; j < W; ++j) o.v[j] = from_f32<T>((x[p][j] - mu) * rs * to_f32(g.v[j]) + to_f32(bt.v[j]));
+      reinterpret_cast<V*>(y + base)[q] = o;
+    }
+  }
+  if (lane == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+// Warps stride over rows; each lane accumulates dgamma/dbeta for its columns in registers, the
+// block combines its warps in warp order in shared memory and writes partials[blockIdx.x, 0:2H].
+template <class T, int P>
+__global__ void __launch_bounds__(kWarpThreads) ln_backward_warp(
+    T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
+    const T* __restrict__ sum, const float* __restrict__ mean, const float* __restrict__ rstd,
+    const T* __restrict__ gamma, int64_t rows, int h, Drop drop) {
+  constexpr int W = kVec<T>;
+  using V = Pack<T, W>;
+  extern __shared__ float shared[];  // [2H] when partials: dgamma | dbeta
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kWarps = kWarpThreads / 32;
+  const int packs = h / W;
+  const float inv_h = 1.0f / h;
+  float dg[P][W], db[P][W];
+#pragma unroll
+  for (int p = 0; p < P; ++p)
+#pragma unroll
+    for (int j = 0; j < W; ++j) dg[p][j] = db[p][j] = 0.0f;
+
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const size_t base = static_cast<size_t>(row) * h;
+    const float mu = mean[row], rs = rstd[row];
+    float xhat[P][W], g[P][W];
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int q = p * 32 + lane;
+      if (q < packs) {
+        V d = reinterpret_cast<const V*>(dy + base)[q], x = reinterpret_cast<const V*>(sum + base)[q];
+        V gm = reinterpret_cast<const V*>(gamma)[q];
+#pragma unroll
+        for (int j = 0; j < W; ++j) {
+          const float dyv = to_f32(d.v[j]);
+          xhat[p][j] = (to_f32(x.v[j]) - mu) * rs;
+          g[p][j] = dyv * to_f32(gm.v[j]);
+          sg += g[p][j];
+          sgx += g[p][j] * xhat[p][j];
+          dg[p][j] += dyv * xhat[p][j];
+          db[p][j] += dyv;
+        }
+      }
+    }
+    const float mg = warp_sum(sg) * inv_h, mgx = warp_sum(sgx) * inv_h;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int q = p * 32 + lane;
+      if (q < packs) {
+        V o, ob;
+#pragma unroll
+        for (int j = 0; j < W; ++j) {
+          const float d = rs * (g[p][j] - mg - xhat[p][j] * mgx);
+          o.v[j] = from_f32<T>(d);
+          if (dbranch) ob.v[j] = from_f32<T>(d * drop.factor(base + static_cast<size_t>(q) * W + j));
+        }
+        reinterpret_cast<V*>(dsum + base)[q] = o;
+        if (dbranch) reinterpret_cast<V*>(dbranch + base)[q] = ob;
+      }
+    }
+  }
+  if (!partials) return;  // uniform across the grid
+  for (int w = 0; w < kWarps; ++w) {  // fixed warp order: deterministic
+    if (warp == w) {
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const int q = p * 32 + lane;
+        if (q < packs)
+#pragma unroll
+          for (int j = 0; j < W; ++j) {
+            const int c = q * W + j;
+            shared[c] = w ? shared[c] + dg[p][j] : dg[p][j];
+            shared[h + c] = w ? shared[h + c] + db[p][j] : db[p][j];
+          }
+      }
+    }
+    __syncthreads();
+  }
+  float* out = partials + static_cast<size_t>(blockIdx.x) * 2 * h;
+  for (int c = threadIdx.x; c < 2 * h; c += blockDim.x) out[c] = shared[c];
+}
+
+// ---- kernels: block per row (any H) -----------------------------------------------------------
+template <class T>
+__global__ void __launch_bounds__(kBlockThreads) ln_forward_block(
+    T* __restrict__ y, T* sum, float* __restrict__ mean, float* __restrict__ rstd,
+    const T* branch, const T* __restrict__ residual, const T* __restrict__ gamma,
+    const T* __restrict__ beta, int64_t rows, int h, float eps, Drop drop) {
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x;
+  const size_t base = static_cast<size_t>(row) * h;
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < h; c += blockDim.x) {
+    float v = to_f32(branch[base + c]) * drop.factor(base + c);
+    if (residual) v += to_f32(residual[base + c]);
+    const T o = from_f32<T>(v);
+    sum[base + c] = o;  // re-read below by this same thread only
+    s += to_f32(o);
+  }
+  const float mu = block_sum(s, red) / h;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < h; c += blockDim.x) {
+    const float d = to_f32(sum[base + c]) - mu;
+    ss += d * d;
+  }
+  const float rs = 1.0f / sqrtf(block_sum(ss, red) / h + eps);
+  for (int c = threadIdx.x; c < h; c += blockDim.x)
+    y[base + c] = from_f32<T>((to_f32(sum[base + c]) - mu) * rs * to_f32(gamma[c]) + to_f32(beta[c]));
+  if (threadIdx.x == 0) {
+    mean[row] = mu;
+    rstd[row] = rs;
+  }
+}
+
+// Blocks stride over rows; thread t owns columns t, t + blockDim, ... of the block's partial
+// row, which it alone reads and writes (so no barrier is needed for it).
+template <class T>
+__global__ void __launch_bounds__(kBlockThreads) ln_backward_block(
+    T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
+    const T* __restrict__ sum, const float* __restrict__ mean, const float* __restrict__ rstd,
+    const T* __restrict__ gamma, int64_t rows, int h, Drop drop) {
+  __shared__ float red[32];
+  float* part = partials ? partials + static_cast<size_t>(blockIdx.x) * 2 * h : nullptr;
+  if (part)
+    for (int c = threadIdx.x; c < 2 * h; c += blockDim.x) part[c] = 0.0f;
+  const float inv_h = 1.0f / h;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const size_t base = static_cast<size_t>(row) * h;
+    const float mu = mean[row], rs = rstd[row];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) {
+      const float dyv = to_f32(dy[base + c]), xhat = (to_f32(sum[base + c]) - mu) * rs;
+      const float g = dyv * to_f32(gamma[c]);
+      sg += g;
+      sgx += g * xhat;
+      if (part) {
+        part[c] += dyv * xhat;
+        part[h + c] += dyv;
+      }
+    }
+    const float mg = block_sum(sg, red) * inv_h, mgx = block_sum(sgx, red) * inv_h;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) {
+      const float xhat = (to_f32(sum[base + c]) - mu) * rs, g = to_f32(dy[base + c]) * to_f32(gamma[c]);
+      const float d = rs * (g - mg - xhat * mgx);
+      dsum[base + c] = from_f32<T>(d);
+      if (dbranch) dbranch[base + c] = from_f32<T>(d * drop.factor(base + c));
+    }
+  }
+}
+
+// ---- dispatch helpers ---------------------------------------------------------------------------
+// Packs per lane for the warp path (1, 2, 4 or 8), or 0 when the block path must run.
+template <class T>
+int packs_per_lane(int h, std::initializer_list<const void*> ptrs) {
+  constexpr int W = kVec<T>;
+  if (h % W != 0 || h > kMaxWarpH) return 0;
+  for (const void* p : ptrs)
+    if (p && !aligned16(p)) return 0;
+  const int need = (h / W + 31) / 32;
+  int p = 1;
+  while (p < need) p *= 2;
+  return p;
+}
+
+template <class T, int P, class F>
+void with_packs(int p, F&& f) {
+  if constexpr (P <= kMaxPacksPerLane<T>) {
+    if (p == P)
+      f(std::integral_constant<int, P>{});
+    else
+      with_packs<T, P * 2>(p, f);
+  }
+}
+
+}  // namespace
+
+// ---- launchers ----------------------------------------------------------------------------------
+void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& branch, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
+                       float eps, const DropoutSpec& d, cudaStream_t s) {
+  const int h = static_cast<int>(y.dim(-1));
+  const int64_t rows = h ? static_cast<int64_t>(y.numel()) / h : 0;
+  if (rows == 0) return;
+  const Drop drop = make_drop(d);
+  dispatch_float(y.dtype, "layernorm_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* yp = y.ptr<T>();
+    T* sp = sum.ptr<T>();
+    const T* bp = branch.ptr<const T>();
+    const T* rp = residual.defined() ? residual.ptr<const T>() : nullptr;
+    const T* gp = gamma.ptr<const T>();
+    const T* btp = beta.ptr<const T>();
+    const int p = packs_per_lane<T>(h, {yp, sp, bp, rp, gp, btp});
+    if (p == 0) {
+      ln_forward_block<T><<<static_cast<unsigned>(rows), kBlockThreads, 0, s>>>(
+          yp, sp, mean.ptr<float>(), rstd.ptr<float>(), bp, rp, gp, btp, rows, h, eps, drop);
+    } else {
+      const unsigned grid = static_cast<unsigned>((rows + kWarpThreads / 32 - 1) / (kWarpThreads / 32));
+      with_packs<T, 1>(p, [&](auto pc) {
+        ln_forward_warp<T, decltype(pc)::value><<<grid, kWarpThreads, 0, s>>>(
+            yp, sp, mean.ptr<float>(), rstd.ptr<float>(), bp, rp, gp, btp, rows, h, eps, drop);
+      });
+    }
+    ANATOMY_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
+                        const Tensor& dy, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                        const Tensor& gamma, const DropoutSpec& d, const ReduceScratch& scratch, cudaStream_t s) {
+  const int h = static_cast<int>(dy.dim(-1));
+  const int64_t rows = h ? static_cast<int64_t>(dy.numel()) / h : 0;
+  if (rows == 0) return;
+  const Drop drop = make_drop(d);
+  const bool reduce = dgamma.defined() || dbeta.defined();
+  // Partial rows: as many blocks as keep the device busy, as the scratch allows.
+  const int64_t cap = static_cast<int64_t>(scratch.floats) / (2 * static_cast<int64_t>(h));
+  ANATOMY_CHECK(!reduce || cap >= 1, "internal error: layernorm_backward scratch of ", scratch.floats,
+                " floats is below 2H = ", 2 * h);
+  dispatch_float(dy.dtype, "layernorm_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dsp = dsum.ptr<T>();
+    T* dbp = dbranch.defined() ? dbranch.ptr<T>() : nullptr;
+    const T* dyp = dy.ptr<const T>();
+    const T* sp = sum.ptr<const T>();
+    const T* gp = gamma.ptr<const T>();
+    const int p = packs_per_lane<T>(h, {dsp, dbp, dyp, sp, gp});
+    const int64_t rows_per_block = p ? kWarpThreads / 32 : 1;
+    int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+    if (reduce) blocks = std::min<int64_t>({blocks, 4 * static_cast<int64_t>(sm_count()), cap});
+    blocks = std::max<int64_t>(blocks, 1);
+    float* partials = reduce ? scratch.data : nullptr;
+    if (p == 0) {
+      ln_backward_block<T><<<static_cast<unsigned>(blocks), kBlockThreads, 0, s>>>(
+          dsp, dbp, partials, dyp, sp, mean.ptr<const float>(), rstd.ptr<const float>(), gp, rows, h, drop);
+    } else {
+      const size_t smem = reduce ? 2 * static_cast<size_t>(h) * sizeof(float) : 0;  // <= 8 KiB
+      with_packs<T, 1>(p, [&](auto pc) {
+        ln_backward_warp<T, decltype(pc)::value><<<static_cast<unsigned>(blocks), kWarpThreads, smem, s>>>(
+            dsp, dbp, partials, dyp, sp, mean.ptr<const float>(), rstd.ptr<const float>(), gp, rows, h, drop);
+      });
+    }
+    ANATOMY_CUDA_LAUNCH_CHECK();
+    if (reduce)
+      reduce_partials(dgamma.defined() ? dgamma.ptr<float>() : nullptr, dbeta.defined() ? dbeta.ptr<float>() : nullptr,
+                      partials, static_cast<int>(blocks), h, 2 * static_cast<int64_t>(h), s);
+  });
+}
+
+}  // namespace anatomy::cuda

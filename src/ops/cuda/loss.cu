@@ -1,0 +1,60 @@
+// Softmax cross-entropy, forward and backward in one pass: logits [B, C], labels I32 [B];
+// losses F32 [B] = logsumexp(logits[b]) - logits[b, label]; dlogits = (softmax - onehot) * scale.
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/launchers.h"
+
+namespace anatomy::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;  // 4 rows (warps) per block
+
+// ---- kernels ------------------------------------------------------------------------------------
+// A warp per row; lanes stride over the classes (C is 2 for the BERT classifier, so the work
+// is launch-bound either way).
+template <class T>
+__global__ void cross_entropy_kernel(float* __restrict__ losses, T* __restrict__ dlogits, const T* __restrict__ logits,
+                                     const int32_t* __restrict__ labels, int64_t batch, int64_t classes,
+                                     float grad_scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  if (row >= batch) return;
+  const T* x = logits + row * classes;
+  const int32_t label = labels[row];
+  const bool valid = label >= 0 && label < classes;
+  float mx = -INFINITY;
+  for (int64_t c = lane; c < classes; c += 32) mx = fmaxf(mx, to_f32(x[c]));
+  mx = warp_max(mx);
+  float se = 0.0f;
+  for (int64_t c = lane; c < classes; c += 32) se += expf(to_f32(x[c]) - mx);
+  se = warp_sum(se);
+  const float lse = mx + logf(se);
+  if (lane == 0) losses[row] = valid ? lse - to_f32(x[label]) : NAN;
+  if (dlogits) {
+    const float inv = 1.0f / se;
+    for (int64_t c = lane; c < classes; c += 32) {
+      const float p = expf(to_f32(x[c]) - mx) * inv;
+      dlogits[row * classes + c] = from_f32<T>(valid ? (p - (c == label ? 1.0f : 0.0f)) * grad_scale : NAN);
+    }
+  }
+}
+
+}  // namespace
+
+// ---- launchers ----------------------------------------------------------------------------------
+void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                   float grad_scale, cudaStream_t s) {
+  const int64_t classes = logits.dim(-1);
+  const int64_t batch = classes ? static_cast<int64_t>(logits.numel()) / classes : 0;
+  if (batch == 0) return;
+  const unsigned grid = static_cast<unsigned>((batch + kThreads / 32 - 1) / (kThreads / 32));
+  dispatch_float(logits.dtype, "cross_entropy", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    cross_entropy_kernel<T><<<grid, kThreads, 0, s>>>(losses.ptr<float>(), dlogits.defined() ? dlogits.ptr<T>() : nullptr,
+                                                      logits.ptr<const T>(), labels.ptr<const int32_t>(), batch,
+                                                      classes, grad_scale);
+  });
+  ANATOMY_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace anatomy::cuda

@@ -1,0 +1,164 @@
+#include "ops/cuda/matmul.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "ops/cuda/check.h"
+#include "ops/cuda/launchers.h"
+
+namespace anatomy::cuda {
+
+namespace {
+
+cudaDataType_t lt_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: fail("matmul: dtype ", dtype_name(t), " is not supported (F32, BF16, F16)");
+  }
+}
+
+// Largest power of two dividing the address, capped at 256 (cuBLASLt's default assumption).
+uint16_t alignment(const void* p) {
+  const uintptr_t u = reinterpret_cast<uintptr_t>(p);
+  if (u == 0) return 256;
+  const uintptr_t low = u & (~u + 1);
+  return static_cast<uint16_t>(low > 256 ? 256 : low);
+}
+
+template <class T>
+void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
+  ANATOMY_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+}
+template <class T>
+void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const T& v) {
+  ANATOMY_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
+}
+
+cublasOperation_t op(uint8_t t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+}  // namespace
+
+size_t LtMatmul::KeyHash::operator()(const Key& k) const {
+  size_t h = std::hash<int64_t>{}(k.m);
+  auto mix = [&h](uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  mix(static_cast<uint64_t>(k.n));
+  mix(static_cast<uint64_t>(k.k));
+  mix(k.ta | k.tb << 1 | k.tf32 << 2 | k.epilogue << 3 | k.a_type << 8 | k.c_type << 16 |
+      static_cast<uint64_t>(k.bias_type) << 24);
+  mix(k.align_a | k.align_b << 9 | static_cast<uint64_t>(k.align_c) << 18 | static_cast<uint64_t>(k.align_bias) << 27);
+  return h;
+}
+
+LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes)
+    : m_workspace(workspace), m_workspace_bytes(workspace_bytes) {
+  ANATOMY_CUDA_CHECK(cublasLtCreate(&m_handle));
+}
+
+LtMatmul::~LtMatmul() {
+  for (auto& [key, p] : m_plans) {
+    if (p.lt_a) cublasLtMatrixLayoutDestroy(p.lt_a);
+    if (p.lt_b) cublasLtMatrixLayoutDestroy(p.lt_b);
+    if (p.lt_c) cublasLtMatrixLayoutDestroy(p.lt_c);
+    if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  }
+  if (m_handle) cublasLtDestroy(m_handle);
+}
+
+// Descriptors, layouts and the heuristic's first algorithm for one problem, built once.
+LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* bias) {
+  auto it = m_plans.find(key);
+  if (it != m_plans.end()) return it->second;
+  Plan p;
+  const auto a_type = static_cast<DType>(key.a_type), c_type = static_cast<DType>(key.c_type);
+  const cublasComputeType_t compute =
+      a_type == DType::F32 && key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  ANATOMY_CUDA_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  // cuBLASLt's A is our B (op tb), its B is our A (op ta): C^T = op(B)^T op(A)^T.
+  set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, op(key.tb));
+  set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, op(key.ta));
+  const cublasLtEpilogue_t epi = key.epilogue ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+  if (key.epilogue) {
+    set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+             static_cast<int32_t>(lt_type(static_cast<DType>(key.bias_type))));
+    set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);  // the heuristic reads its alignment
+  }
+  const cudaDataType_t at = lt_type(a_type), ct = lt_type(c_type);
+  const uint64_t m = key.m, n = key.n, k = key.k;
+  // Our B: [K,N] row-major (N) = col-major N x K, ld N; [N,K] row-major (T) = col-major K x N, ld K.
+  if (key.tb)
+    ANATOMY_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lt_a, at, k, n, static_cast<int64_t>(k)));
+  else
+    ANATOMY_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lt_a, at, n, k, static_cast<int64_t>(n)));
+  // Our A: [M,K] row-major (N) = col-major K x M, ld K; [K,M] row-major (T) = col-major M x K, ld M.
+  if (key.ta)
+    ANATOMY_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lt_b, at, m, k, static_cast<int64_t>(m)));
+  else
+    ANATOMY_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lt_b, at, k, m, static_cast<int64_t>(k)));
+  // C = D: [M,N] row-major = col-major N x M, ld N.
+  ANATOMY_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lt_c, ct, n, m, static_cast<int64_t>(n)));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  ANATOMY_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(m_workspace_bytes));
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<uint32_t>(key.align_b));
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(key.align_a));
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(key.align_c));
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(key.align_c));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(m_handle, p.desc, p.lt_a, p.lt_b, p.lt_c, p.lt_c, pref, 1,
+                                                           &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  // NOT_SUPPORTED (or no result) means this combination has no cuBLASLt kernel: fall back.
+  if (st != CUBLAS_STATUS_NOT_SUPPORTED) ANATOMY_CUDA_CHECK(st);
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+    p.algo = result.algo;
+    p.has_algo = true;
+  }
+  return m_plans.emplace(key, p).first->second;
+}
+
+void LtMatmul::run(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n,
+                   int64_t k, const MatmulArgs& args, cudaStream_t s) {
+  if (m == 0 || n == 0) return;
+  const bool gelu = args.epilogue == Epilogue::BiasGelu;
+  // With BiasGelu the GEMM reads C (for beta) and writes the pre-activation D = gelu_in; the GELU
+  // kernel then writes C. Otherwise D = C, in place. C and D share one layout and dtype.
+  const Tensor& d = gelu ? args.gelu_in : c;
+  const bool has_bias = args.epilogue != Epilogue::None;
+  const void* bias = has_bias ? args.bias.data : nullptr;
+  if (k == 0) {  // cuBLASLt wants K >= 1; the tiled kernel handles the empty sum
+    matmul_fallback(c, a, ta, b, tb, m, n, k, args, s);
+    ++m_fallback_calls;
+    return;
+  }
+  Key key{m,
+          n,
+          k,
+          static_cast<uint8_t>(ta == Trans::T),
+          static_cast<uint8_t>(tb == Trans::T),
+          static_cast<uint8_t>(a.dtype),
+          static_cast<uint8_t>(d.dtype),
+          static_cast<uint8_t>(has_bias ? args.bias.dtype : DType::F32),
+          static_cast<uint8_t>(has_bias),
+          static_cast<uint8_t>(a.dtype == DType::F32 && m_tf32),
+          alignment(a.data),
+          alignment(b.data),
+          std::min(alignment(c.data), alignment(d.data)),
+          alignment(bias)};
+  Plan& p = plan_for(key, bias);
+  if (!p.has_algo) {
+    matmul_fallback(c, a, ta, b, tb, m, n, k, args, s);
+    ++m_fallback_calls;
+    return;
+  }
+  if (has_bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  ANATOMY_CUDA_CHECK(cublasLtMatmul(m_handle, p.desc, &args.alpha, b.data, p.lt_a, a.data, p.lt_b, &args.beta, c.data,
+                                    p.lt_c, d.data, p.lt_c, &p.algo, m_workspace, m_workspace_bytes, s));
+  if (gelu) gelu_forward(c, args.gelu_in, s);
+}
+
+}  // namespace anatomy::cuda

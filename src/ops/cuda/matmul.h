@@ -1,0 +1,66 @@
+// Row-major matmul through cuBLASLt with plans cached per problem.
+//
+// Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T: cuBLASLt's "A" is
+// our B and its "B" is our A, with the transposes passed through unchanged, and a row-major
+// [r, c] matrix is read as a column-major (rows c, cols r, ld c) one.
+//
+// Epilogues: Bias uses CUBLASLT_EPILOGUE_BIAS. BiasGelu does NOT use CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+// cuBLASLt's GELU is the tanh approximation (the library documents only "GELU"; PyTorch fuses it
+// only for approximate="tanh"), while BERT's activation is the exact erf GELU. So BiasGelu runs
+// the BIAS epilogue reading C (beta) and writing the pre-activation D = args.gelu_in, then the
+// exact-erf GELU kernel writes C: one extra read of gelu_in and write of C, in exchange for
+// matching Hugging Face.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <unordered_map>
+
+#include "ops/backend.h"
+
+namespace anatomy::cuda {
+
+class LtMatmul {
+ public:
+  // workspace: device memory of workspace_bytes (owned by the caller, Category::Workspace).
+  LtMatmul(void* workspace, size_t workspace_bytes);
+  ~LtMatmul();
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+
+  void set_allow_tf32(bool on) { m_tf32 = on; }
+  // Backend::matmul's contract, m, n, k already checked against the shapes.
+  void run(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n, int64_t k,
+           const MatmulArgs& args, cudaStream_t s);
+  // How many calls went to the tiled fallback kernel because cuBLASLt had no algorithm.
+  int64_t fallback_calls() const { return m_fallback_calls; }
+  size_t cached_plans() const { return m_plans.size(); }
+
+ private:
+  struct Key {
+    int64_t m, n, k;
+    uint8_t ta, tb, a_type, c_type, bias_type, epilogue, tf32;
+    uint16_t align_a, align_b, align_c, align_bias;  // bytes, power of two <= 256
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const;
+  };
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t lt_a = nullptr, lt_b = nullptr, lt_c = nullptr;  // cuBLASLt's A (our B), B (our A), C=D
+    cublasLtMatmulAlgo_t algo{};
+    bool has_algo = false;  // false: cuBLASLt declined; use the fallback kernel
+  };
+  Plan& plan_for(const Key& key, const void* bias);
+
+  cublasLtHandle_t m_handle = nullptr;
+  void* m_workspace;
+  size_t m_workspace_bytes;
+  bool m_tf32 = false;
+  int64_t m_fallback_calls = 0;
+  std::unordered_map<Key, Plan, KeyHash> m_plans;
+};
+
+}  // namespace anatomy::cuda

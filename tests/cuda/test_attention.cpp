@@ -1,0 +1,497 @@
+// Fused attention (ops/cuda/attention.h) against a host double-precision reference.
+// Fresh random inputs per case, outputs poisoned with NaN before each run, padding masks
+// with padded and interior-masked keys, a batch whose keys are all masked, with and without
+// dropout, F32 / BF16 / F16, the fast path and the reference kernels.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "ops/cuda/attention.h"
+
+namespace {
+
+using anatomy::DropoutSpec;
+using anatomy::DType;
+using anatomy::Shape;
+using anatomy::Tensor;
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t bytes) : n(bytes) { cuda_ok(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc"); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void upload(const void* h) { cuda_ok(cudaMemcpy(p, h, n, cudaMemcpyHostToDevice), "upload"); }
+  void download(void* h) const { cuda_ok(cudaMemcpy(h, p, n, cudaMemcpyDeviceToHost), "download"); }
+  void poison() { cuda_ok(cudaMemset(p, 0xff, n), "poison"); }  // NaN in F32, BF16 and F16
+};
+
+// Host encode/decode of the compute dtypes.
+std::vector<uint8_t> encode(const std::vector<float>& x, DType dt) {
+  std::vector<uint8_t> out(x.size() * anatomy::dtype_size(dt));
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (dt == DType::F32) {
+      std::memcpy(&out[i * 4], &x[i], 4);
+    } else {
+      uint16_t h = dt == DType::BF16 ? anatomy::f32_to_bf16(x[i]) : anatomy::f32_to_f16(x[i]);
+      std::memcpy(&out[i * 2], &h, 2);
+    }
+  }
+  return out;
+}
+std::vector<float> decode(const std::vector<uint8_t>& b, DType dt) {
+  const size_t es = anatomy::dtype_size(dt);
+  std::vector<float> out(b.size() / es);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (dt == DType::F32) {
+      std::memcpy(&out[i], &b[i * 4], 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, &b[i * 2], 2);
+      out[i] = dt == DType::BF16 ? anatomy::bf16_to_f32(h) : anatomy::f16_to_f32(h);
+    }
+  }
+  return out;
+}
+// Values exactly representable in dt (so the reference sees what the device sees).
+std::vector<float> random_values(size_t n, float amp, DType dt, anatomy::Rng& rng) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>((2.0 * rng.uniform() - 1.0) * amp);
+  return decode(encode(v, dt), dt);
+}
+
+enum class MaskKind { None, Padded, AllMaskedBatch };
+
+struct Case {
+  int B, T, heads, D;
+  DType dt;
+  float p;
+  MaskKind mask = MaskKind::Padded;
+};
+
+std::string describe(const Case& c) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "B=%d T=%d heads=%d D=%d %s p=%.2f mask=%d", c.B, c.T, c.heads, c.D,
+                std::string(anatomy::dtype_name(c.dt)).c_str(), c.p, static_cast<int>(c.mask));
+  return buf;
+}
+
+std::vector<int32_t> make_mask(const Case& c, anatomy::Rng& rng) {
+  std::vector<int32_t> m(static_cast<size_t>(c.B) * c.T, 1);
+  if (c.mask == MaskKind::None) return m;
+  for (int b = 0; b < c.B; ++b) {
+    int32_t* row = &m[static_cast<size_t>(b) * c.T];
+    if (b % 2 == 1) {  // right padding of a random length (at least one valid key)
+      int len = 1 + static_cast<int>(rng.randint(0, c.T));
+      for (int k = len; k < c.T; ++k) row[k] = 0;
+    }
+    if (b % 3 == 2)  // interior holes
+      for (int k = 0; k < c.T; ++k)
+        if (rng.uniform() < 0.25) row[k] = 0;
+    if (c.mask == MaskKind::AllMaskedBatch && b == 0)
+      for (int k = 0; k < c.T; ++k) row[k] = 0;
+  }
+  return m;
+}
+
+// Host reference for the (b, h) pairs in `sel`; entries of other pairs are left NaN.
+struct Reference {
+  std::vector<double> ctx, lse, dqkv;
+};
+
+Reference reference(const Case& c, const std::vector<float>& qkv, const std::vector<int32_t>& mask,
+                    const std::vector<float>& dctx, const DropoutSpec& d, const std::vector<std::pair<int, int>>& sel) {
+  const int T = c.T, D = c.D, H = c.heads * c.D;
+  const size_t rs = 3 * static_cast<size_t>(H);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const double nan = std::nan("");
+  Reference r;
+  r.ctx.assign(static_cast<size_t>(c.B) * T * H, nan);
+  r.lse.assign(static_cast<size_t>(c.B) * c.heads * T, nan);
+  r.dqkv.assign(static_cast<size_t>(c.B) * T * rs, nan);
+  std::vector<double> P(static_cast<size_t>(T) * T), Z(static_cast<size_t>(T) * T), dS(static_cast<size_t>(T) * T);
+  for (auto [b, h] : sel) {
+    auto q = [&](int t, int i) { return static_cast<double>(qkv[(static_cast<size_t>(b) * T + t) * rs + h * D + i]); };
+    auto k = [&](int t, int i) { return static_cast<double>(qkv[(static_cast<size_t>(b) * T + t) * rs + H + h * D + i]); };
+    auto v = [&](int t, int i) { return static_cast<double>(qkv[(static_cast<size_t>(b) * T + t) * rs + 2 * H + h * D + i]); };
+    auto dout = [&](int t, int i) { return static_cast<double>(dctx[(static_cast<size_t>(b) * T + t) * H + h * D + i]); };
+    bool any = false;
+    for (int kk = 0; kk < T; ++kk) any |= mask[static_cast<size_t>(b) * T + kk] != 0;
+    for (int qi = 0; qi < T; ++qi) {
+      std::vector<double> s(T);
+      double mx = -INFINITY;
+      for (int kk = 0; kk < T; ++kk) {
+        if (mask[static_cast<size_t>(b) * T + kk]) {
+          double dot = 0;
+          for (int i = 0; i < D; ++i) dot += q(qi, i) * k(kk, i);
+          s[kk] = dot * scale;
+        } else {
+          s[kk] = any ? -INFINITY : 0.0;
+        }
+        mx = std::max(mx, s[kk]);
+      }
+      double l = 0;
+      for (int kk = 0; kk < T; ++kk) l += std::exp(s[kk] - mx);
+      const double lse = mx + std::log(l);
+      r.lse[(static_cast<size_t>(b) * c.heads + h) * T + qi] = lse;
+      for (int kk = 0; kk < T; ++kk) {
+        const size_t e = static_cast<size_t>(qi) * T + kk;
+        P[e] = std::exp(s[kk] - lse);
+        Z[e] = 1.0;
+        if (d.p > 0) {
+          uint64_t idx = ((static_cast<uint64_t>(b) * c.heads + h) * T + qi) * T + kk;
+          Z[e] = anatomy::dropout_keep(d.seed, d.offset, idx, d.p) ? 1.0 / (1.0 - d.p) : 0.0;
+        }
+      }
+      for (int i = 0; i < D; ++i) {
+        double o = 0;
+        for (int kk = 0; kk < T; ++kk) o += P[static_cast<size_t>(qi) * T + kk] * Z[static_cast<size_t>(qi) * T + kk] * v(kk, i);
+        r.ctx[(static_cast<size_t>(b) * T + qi) * H + h * D + i] = o;
+      }
+    }
+    // Backward.
+    for (int qi = 0; qi < T; ++qi) {
+      std::vector<double> dp(T);
+      double dsum = 0;
+      for (int kk = 0; kk < T; ++kk) {
+        double dot = 0;
+        for (int i = 0; i < D; ++i) dot += dout(qi, i) * v(kk, i);
+        const size_t e = static_cast<size_t>(qi) * T + kk;
+        dp[kk] = Z[e] * dot;
+        dsum += P[e] * dp[kk];
+      }
+      for (int kk = 0; kk < T; ++kk) {
+        const size_t e = static_cast<size_t>(qi) * T + kk;
+        dS[e] = P[e] * (dp[kk] - dsum);
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      double* row = &r.dqkv[(static_cast<size_t>(b) * T + t) * rs + h * D];
+      for (int i = 0; i < D; ++i) {
+        double dq = 0, dk = 0, dv = 0;
+        for (int u = 0; u < T; ++u) {
+          dq += dS[static_cast<size_t>(t) * T + u] * k(u, i);
+          dk += dS[static_cast<size_t>(u) * T + t] * q(u, i);
+          dv += P[static_cast<size_t>(u) * T + t] * Z[static_cast<size_t>(u) * T + t] * dout(u, i);
+        }
+        row[i] = dq * scale;
+        row[H + i] = dk * scale;
+        row[2 * H + i] = dv;
+      }
+    }
+  }
+  return r;
+}
+
+// ||out - ref|| / ||ref|| over the entries where ref is defined (not NaN) and, if given,
+// only those in the column range [c0, c1) of rows of width `width`. Non-finite out -> inf.
+double rel_err(const std::vector<float>& out, const std::vector<double>& ref, size_t width = 0, size_t c0 = 0,
+               size_t c1 = 0) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(ref[i])) continue;
+    if (width) {
+      size_t c = i % width;
+      if (c < c0 || c >= c1) continue;
+    }
+    if (!std::isfinite(out[i])) return INFINITY;
+    num += (out[i] - ref[i]) * (out[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+struct EnvGuard {
+  std::string name;
+  EnvGuard(const char* n, const char* v) : name(n) {
+    if (v) setenv(n, v, 1);
+    else unsetenv(n);
+  }
+  ~EnvGuard() { unsetenv(name.c_str()); }
+};
+
+// Device buffers and tensors of one problem.
+struct Problem {
+  Case c;
+  size_t H, n_qkv, n_ctx, n_lse;
+  DevBuf qkv, ctx, lse, mask, dctx, dqkv, scratch;
+  Problem(const Case& cs)
+      : c(cs),
+        H(static_cast<size_t>(cs.heads) * cs.D),
+        n_qkv(static_cast<size_t>(cs.B) * cs.T * 3 * H),
+        n_ctx(static_cast<size_t>(cs.B) * cs.T * H),
+        n_lse(static_cast<size_t>(cs.B) * cs.heads * cs.T),
+        qkv(n_qkv * anatomy::dtype_size(cs.dt)),
+        ctx(n_ctx * anatomy::dtype_size(cs.dt)),
+        lse(n_lse * 4),
+        mask(static_cast<size_t>(cs.B) * cs.T * 4),
+        dctx(n_ctx * anatomy::dtype_size(cs.dt)),
+        dqkv(n_qkv * anatomy::dtype_size(cs.dt)),
+        scratch(anatomy::cuda::attention_scratch_bytes(cs.B, cs.T, cs.heads, cs.D, cs.dt)) {}
+  Tensor t_qkv() const { return Tensor(qkv.p, c.dt, Shape{c.B, c.T, static_cast<int64_t>(3 * H)}, anatomy::Device::CUDA); }
+  Tensor t_ctx() const { return Tensor(ctx.p, c.dt, Shape{c.B, c.T, static_cast<int64_t>(H)}, anatomy::Device::CUDA); }
+  Tensor t_dctx() const { return Tensor(dctx.p, c.dt, Shape{c.B, c.T, static_cast<int64_t>(H)}, anatomy::Device::CUDA); }
+  Tensor t_dqkv() const { return Tensor(dqkv.p, c.dt, Shape{c.B, c.T, static_cast<int64_t>(3 * H)}, anatomy::Device::CUDA); }
+  Tensor t_lse() const { return Tensor(lse.p, DType::F32, Shape{c.B, c.heads, c.T}, anatomy::Device::CUDA); }
+  Tensor t_mask() const {
+    if (c.mask == MaskKind::None) return Tensor();
+    return Tensor(mask.p, DType::I32, Shape{c.B, c.T}, anatomy::Device::CUDA);
+  }
+  void forward(const DropoutSpec& d) {
+    anatomy::cuda::attention_forward(t_ctx(), t_lse(), t_qkv(), t_mask(), c.heads, d, scratch.p, nullptr);
+  }
+  void backward(const DropoutSpec& d) {
+    anatomy::cuda::attention_backward(t_dqkv(), t_dctx(), t_qkv(), t_ctx(), t_lse(), t_mask(), c.heads, d,
+                                      scratch.p, nullptr);
+  }
+};
+
+// Runs forward + backward on fresh inputs and compares with the reference on `sel` (all
+// (b, h) pairs when empty).
+void check_case(const Case& c, uint64_t seed, std::vector<std::pair<int, int>> sel = {}) {
+  SCOPED_TRACE(describe(c));
+  anatomy::Rng rng(seed);
+  Problem pr(c);
+  const float amp = 2.5f;
+  std::vector<float> qkv = random_values(pr.n_qkv, amp, c.dt, rng);
+  std::vector<float> dctx = random_values(pr.n_ctx, 1.0f, c.dt, rng);
+  std::vector<int32_t> mask = make_mask(c, rng);
+  DropoutSpec d;
+  d.p = c.p;
+  d.seed = rng.next();
+  d.offset = rng.next() % 100000;
+  pr.qkv.upload(encode(qkv, c.dt).data());
+  pr.dctx.upload(encode(dctx, c.dt).data());
+  pr.mask.upload(mask.data());
+  pr.ctx.poison();
+  pr.lse.poison();
+  pr.dqkv.poison();
+  pr.scratch.poison();
+  pr.forward(d);
+  pr.backward(d);
+  cuda_ok(cudaDeviceSynchronize(), "attention kernels");
+
+  std::vector<uint8_t> ctx_b(pr.ctx.n), dqkv_b(pr.dqkv.n);
+  std::vector<float> lse(pr.n_lse);
+  pr.ctx.download(ctx_b.data());
+  pr.dqkv.download(dqkv_b.data());
+  pr.lse.download(lse.data());
+  std::vector<float> ctx = decode(ctx_b, c.dt), dqkv = decode(dqkv_b, c.dt);
+
+  // Every element written, not just the checked ones.
+  for (float x : ctx) ASSERT_TRUE(std::isfinite(x)) << "ctx has a non-finite element";
+  for (float x : lse) ASSERT_TRUE(std::isfinite(x)) << "lse has a non-finite element";
+  for (float x : dqkv) ASSERT_TRUE(std::isfinite(x)) << "dqkv has a non-finite element";
+
+  if (sel.empty())
+    for (int b = 0; b < c.B; ++b)
+      for (int h = 0; h < c.heads; ++h) sel.emplace_back(b, h);
+  Reference ref = reference(c, qkv, mask, dctx, d, sel);
+  const double tol = c.dt == DType::F32 ? 1e-5 : 1e-2;
+  const size_t H = pr.H, W = 3 * H;
+  const double e_ctx = rel_err(ctx, ref.ctx), e_lse = rel_err(lse, ref.lse);
+  const double e_dq = rel_err(dqkv, ref.dqkv, W, 0, H), e_dk = rel_err(dqkv, ref.dqkv, W, H, 2 * H),
+               e_dv = rel_err(dqkv, ref.dqkv, W, 2 * H, 3 * H);
+  std::printf("  %-56s ctx %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", describe(c).c_str(), e_ctx, e_lse, e_dq, e_dk,
+              e_dv);
+  EXPECT_LT(e_ctx, tol);
+  EXPECT_LT(e_lse, c.dt == DType::F32 ? 1e-5 : 1e-3);
+  EXPECT_LT(e_dq, tol);
+  EXPECT_LT(e_dk, tol);
+  EXPECT_LT(e_dv, tol);
+}
+
+uint64_t test_seed() {
+  static uint64_t s = 0x5eed0000;
+  return ++s;
+}
+
+TEST(Attention, Fp32ReferenceKernels) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (float p : {0.0f, 0.1f}) {
+    check_case({2, 77, 2, 64, DType::F32, p}, test_seed());
+    check_case({3, 128, 3, 32, DType::F32, p}, test_seed());
+    check_case({1, 200, 2, 128, DType::F32, p}, test_seed());
+    check_case({2, 45, 2, 40, DType::F32, p}, test_seed());
+  }
+}
+
+TEST(Attention, Bf16FastPath) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (const char* mt : {"2", "1"}) {
+    EnvGuard g("ANATOMY_ATTENTION_FWD_MT", mt);
+    for (float p : {0.0f, 0.1f}) {
+      check_case({2, 100, 2, 64, DType::BF16, p}, test_seed());
+      check_case({3, 256, 2, 64, DType::BF16, p}, test_seed());
+      check_case({1, 512, 2, 64, DType::BF16, p}, test_seed());
+      check_case({2, 33, 3, 64, DType::BF16, p}, test_seed());
+    }
+  }
+}
+
+TEST(Attention, Fp16FastPath) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (float p : {0.0f, 0.1f}) {
+    check_case({2, 100, 2, 64, DType::F16, p}, test_seed());
+    check_case({2, 384, 2, 64, DType::F16, p}, test_seed());
+  }
+}
+
+TEST(Attention, HalfReferenceKernels) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  {
+    EnvGuard g("ANATOMY_ATTENTION", "reference");
+    for (float p : {0.0f, 0.1f}) {
+      check_case({2, 100, 2, 64, DType::BF16, p}, test_seed());
+      check_case({2, 100, 2, 64, DType::F16, p}, test_seed());
+    }
+  }
+  // Head dims the fast path does not take fall back to the reference kernels.
+  check_case({2, 90, 4, 32, DType::BF16, 0.1f}, test_seed());
+  check_case({1, 130, 2, 128, DType::F16, 0.0f}, test_seed());
+}
+
+TEST(Attention, NoMask) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  Case c{2, 96, 2, 64, DType::F32, 0.0f, MaskKind::None};
+  check_case(c, test_seed());
+  c.dt = DType::BF16;
+  check_case(c, test_seed());
+}
+
+TEST(Attention, AllMaskedBatchIsUniformNotNaN) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (float p : {0.0f, 0.1f}) check_case({3, 70, 2, 64, dt, p, MaskKind::AllMaskedBatch}, test_seed());
+  EnvGuard g("ANATOMY_ATTENTION", "reference");
+  check_case({3, 70, 2, 64, DType::BF16, 0.1f, MaskKind::AllMaskedBatch}, test_seed());
+}
+
+TEST(Attention, RejectsBadShapes) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  Case c{1, 16, 2, 256, DType::F32, 0.0f};  // head_dim 256 is not supported
+  Problem pr(c);
+  EXPECT_THROW(pr.forward(DropoutSpec{}), anatomy::Error);
+  Case c2{1, 16, 2, 64, DType::F32, 0.0f};
+  Problem pr2(c2);
+  DropoutSpec d;
+  d.p = 1.0f;
+  EXPECT_THROW(pr2.forward(d), anatomy::Error);
+}
+
+// Times bert-large-shaped attention (B=32, T=512, heads=16, D=64) and prints TFLOP/s
+// (forward 4*B*heads*T^2*D, backward 2.5x that). Asserts correctness on a few heads only.
+TEST(AttentionBench, BertLarge) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  const int B = 32, T = 512, heads = 16, D = 64;
+  for (DType dt : {DType::BF16, DType::F16}) {
+    for (float p : {0.0f, 0.1f}) {
+      for (const char* mt : {"2", "1"}) {
+        if (dt == DType::F16 && mt[0] == '1') continue;
+        EnvGuard g("ANATOMY_ATTENTION_FWD_MT", mt);
+        Case c{B, T, heads, D, dt, p, MaskKind::Padded};
+        check_case(c, test_seed(), {{0, 0}, {1, 7}, {B - 1, heads - 1}});
+        Problem pr(c);
+        anatomy::Rng rng(7);
+        pr.qkv.upload(encode(random_values(pr.n_qkv, 2.5f, dt, rng), dt).data());
+        pr.dctx.upload(encode(random_values(pr.n_ctx, 1.0f, dt, rng), dt).data());
+        std::vector<int32_t> mask(static_cast<size_t>(B) * T, 1);
+        pr.mask.upload(mask.data());
+        DropoutSpec d;
+        d.p = p;
+        d.seed = 1234;
+        cudaEvent_t e0, e1, e2;
+        cuda_ok(cudaEventCreate(&e0), "event");
+        cuda_ok(cudaEventCreate(&e1), "event");
+        cuda_ok(cudaEventCreate(&e2), "event");
+        for (int i = 0; i < 3; ++i) {
+          pr.forward(d);
+          pr.backward(d);
+        }
+        std::vector<float> tf, tb;
+        for (int i = 0; i < 20; ++i) {
+          cuda_ok(cudaEventRecord(e0), "record");
+          pr.forward(d);
+          cuda_ok(cudaEventRecord(e1), "record");
+          pr.backward(d);
+          cuda_ok(cudaEventRecord(e2), "record");
+          cuda_ok(cudaEventSynchronize(e2), "sync");
+          float a, b2;
+          cuda_ok(cudaEventElapsedTime(&a, e0, e1), "elapsed");
+          cuda_ok(cudaEventElapsedTime(&b2, e1, e2), "elapsed");
+          tf.push_back(a);
+          tb.push_back(b2);
+        }
+        std::sort(tf.begin(), tf.end());
+        std::sort(tb.begin(), tb.end());
+        const double fl = 4.0 * B * heads * static_cast<double>(T) * T * D;
+        const double mf = tf[tf.size() / 2], mb = tb[tb.size() / 2];
+        std::printf("BENCH %s p=%.1f fwd_mt=%s: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms %.1f TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
+                    std::string(anatomy::dtype_name(dt)).c_str(), p, mt, mf, fl / mf / 1e9, mb, 2.5 * fl / mb / 1e9,
+                    3.5 * fl / (mf + mb) / 1e9);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        cudaEventDestroy(e2);
+      }
+    }
+  }
+  // The F32 (reference-kernel) path, for information.
+  {
+    Case c{8, T, heads, D, DType::F32, 0.1f, MaskKind::Padded};
+    Problem pr(c);
+    anatomy::Rng rng(9);
+    pr.qkv.upload(encode(random_values(pr.n_qkv, 2.5f, c.dt, rng), c.dt).data());
+    pr.dctx.upload(encode(random_values(pr.n_ctx, 1.0f, c.dt, rng), c.dt).data());
+    std::vector<int32_t> mask(static_cast<size_t>(c.B) * T, 1);
+    pr.mask.upload(mask.data());
+    DropoutSpec d;
+    d.p = c.p;
+    pr.forward(d);
+    pr.backward(d);
+    cudaEvent_t e0, e1, e2;
+    cuda_ok(cudaEventCreate(&e0), "event");
+    cuda_ok(cudaEventCreate(&e1), "event");
+    cuda_ok(cudaEventCreate(&e2), "event");
+    cuda_ok(cudaEventRecord(e0), "record");
+    pr.forward(d);
+    cuda_ok(cudaEventRecord(e1), "record");
+    pr.backward(d);
+    cuda_ok(cudaEventRecord(e2), "record");
+    cuda_ok(cudaEventSynchronize(e2), "sync");
+    float a, b2;
+    cuda_ok(cudaEventElapsedTime(&a, e0, e1), "elapsed");
+    cuda_ok(cudaEventElapsedTime(&b2, e1, e2), "elapsed");
+    const double fl = 4.0 * c.B * heads * static_cast<double>(T) * T * D;
+    std::printf("BENCH F32 reference B=%d p=0.1: fwd %.3f ms %.2f TFLOP/s | bwd %.3f ms %.2f TFLOP/s\n", c.B, a,
+                fl / a / 1e9, b2, 2.5 * fl / b2 / 1e9);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaEventDestroy(e2);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,785 @@
+// Every CudaBackend op against its CPU twin (make_cpu_backend, fp32) on fresh random inputs.
+// GPU outputs are poisoned with NaN before each op (so an unwritten element fails), accumulated
+// outputs start from random values on both sides (so "+=" is checked), and results are compared
+// by ||out - ref|| / ||ref||: 1e-5 for fp32, 1e-3 with TF32, 1e-2 for BF16/F16 (whose inputs are
+// rounded to the half type before they reach either backend). NaN never passes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "ops/backend.h"
+#include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/launchers.h"
+
+namespace {
+
+using namespace anatomy;
+
+constexpr double kTolF32 = 1e-5, kTolTf32 = 1e-3, kTolHalf = 1e-2;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+double tol_for(DType dt) { return dt == DType::F32 ? kTolF32 : kTolHalf; }
+
+float round_to(float x, DType dt) {
+  switch (dt) {
+    case DType::BF16: return bf16_to_f32(f32_to_bf16(x));
+    case DType::F16: return f16_to_f32(f32_to_f16(x));
+    default: return x;
+  }
+}
+
+// A device tensor in the op's dtype and its host F32 twin holding the same (rounded) values.
+struct Pair {
+  Tensor g, c;
+};
+
+class Ctx {
+ public:
+  Ctx() : m_seed(std::random_device{}()), m_rng(m_seed) {
+    gpu = make_cuda_backend(0);
+    cpu = make_cpu_backend();
+  }
+  std::string trace() const { return "seed " + std::to_string(m_seed); }
+
+  std::vector<float> randn(size_t n, float scale = 1.0f) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = static_cast<float>(m_rng.normal()) * scale;
+    return v;
+  }
+  int64_t randint(int64_t lo, int64_t hi) { return m_rng.randint(lo, hi); }
+
+  Tensor device(DType dt, Shape s, Category c = Category::Other) {
+    m_buffers.emplace_back(gpu->allocator(), dt, s, c);
+    return m_buffers.back().tensor();
+  }
+  Tensor host(DType dt, Shape s) {
+    m_buffers.emplace_back(cpu->allocator(), dt, s, Category::Other);
+    return m_buffers.back().tensor();
+  }
+
+  // Values rounded to dt, uploaded as dt to the GPU and as F32 to the CPU.
+  Pair input(DType dt, Shape s, const std::vector<float>& values) {
+    std::vector<float> r(values.size());
+    for (size_t i = 0; i < r.size(); ++i) r[i] = round_to(values[i], dt);
+    Pair p{device(dt, s), host(DType::F32, s)};
+    put(p.g, r);
+    std::memcpy(p.c.data, r.data(), r.size() * sizeof(float));
+    return p;
+  }
+  Pair input(DType dt, Shape s, float scale = 1.0f) { return input(dt, s, randn(s.numel(), scale)); }
+  // An output: NaN on both sides.
+  Pair output(DType dt, Shape s) {
+    return input(dt, s, std::vector<float>(s.numel(), kNaN));
+  }
+  Pair ints(Shape s, int64_t lo, int64_t hi) {
+    std::vector<int32_t> v(s.numel());
+    for (auto& x : v) x = static_cast<int32_t>(randint(lo, hi));
+    Pair p{device(DType::I32, s), host(DType::I32, s)};
+    gpu->upload(p.g, v.data());
+    std::memcpy(p.c.data, v.data(), v.size() * sizeof(int32_t));
+    return p;
+  }
+
+  // Host floats -> a device tensor of any float dtype.
+  void put(const Tensor& t, const std::vector<float>& v) {
+    ASSERT_EQ(v.size(), t.numel());
+    if (t.dtype == DType::F32) {
+      gpu->upload(t, v.data());
+      return;
+    }
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = t.dtype == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+    gpu->upload(t, h.data());
+  }
+  // A device tensor of any float dtype -> host floats.
+  std::vector<float> get(const Tensor& t) {
+    std::vector<float> v(t.numel());
+    if (t.dtype == DType::F32) {
+      gpu->download(v.data(), t);
+      return v;
+    }
+    std::vector<uint16_t> h(t.numel());
+    gpu->download(h.data(), t);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = t.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+    return v;
+  }
+  static std::vector<float> host_values(const Tensor& t) {
+    const float* p = t.ptr<const float>();
+    return std::vector<float>(p, p + t.numel());
+  }
+
+  std::unique_ptr<Backend> gpu, cpu;
+
+ private:
+  uint32_t m_seed;
+  Rng m_rng;
+  std::vector<Buffer> m_buffers;
+};
+
+// ||got - ref|| / ||ref|| < tol, with no NaN on either side.
+void expect_close(const std::vector<float>& got, const std::vector<float>& ref, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double num = 0, den = 0;
+  size_t nan_got = 0, nan_ref = 0, first_nan = got.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) {
+      ++nan_got;
+      if (first_nan == got.size()) first_nan = i;
+      continue;
+    }
+    if (std::isnan(ref[i])) {
+      ++nan_ref;
+      continue;
+    }
+    const double d = static_cast<double>(got[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  EXPECT_EQ(nan_got, 0u) << what << ": " << nan_got << " NaN outputs (first at " << first_nan << ")";
+  EXPECT_EQ(nan_ref, 0u) << what << ": the reference has NaN";
+  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  EXPECT_LT(rel, tol) << what << ": relative error " << rel;
+}
+
+void expect_close(Ctx& ctx, const Pair& p, double tol, const std::string& what) {
+  expect_close(ctx.get(p.g), Ctx::host_values(p.c), tol, what);
+}
+
+const char* trans_name(Trans t) { return t == Trans::N ? "N" : "T"; }
+const char* epi_name(Epilogue e) { return e == Epilogue::None ? "none" : e == Epilogue::Bias ? "bias" : "bias+gelu"; }
+
+// One matmul on both backends: C[M,N] (dtype c_dt) = alpha op(A) op(B) + beta C (+ epilogue).
+void check_matmul(Ctx& ctx, DType dt, DType c_dt, int64_t m, int64_t n, int64_t k, Trans ta, Trans tb, Epilogue epi,
+                  float alpha, float beta, double tol) {
+  SCOPED_TRACE(std::string("matmul ") + std::string(dtype_name(dt)) + "->" + std::string(dtype_name(c_dt)) + " M=" +
+               std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k) + " " + trans_name(ta) +
+               trans_name(tb) + " " + epi_name(epi) + " beta=" + std::to_string(beta));
+  Pair a = ctx.input(dt, ta == Trans::N ? Shape{m, k} : Shape{k, m});
+  Pair b = ctx.input(dt, tb == Trans::N ? Shape{k, n} : Shape{n, k});
+  // beta != 0 reads C: random on both sides; beta == 0 must not read it: NaN on both sides.
+  Pair c = beta != 0.0f ? ctx.input(c_dt, Shape{m, n}) : ctx.output(c_dt, Shape{m, n});
+  MatmulArgs ga, ca;
+  ga.alpha = ca.alpha = alpha;
+  ga.beta = ca.beta = beta;
+  ga.epilogue = ca.epilogue = epi;
+  Pair bias, gelu_in;
+  if (epi != Epilogue::None) {
+    bias = ctx.input(dt, Shape{n});
+    ga.bias = bias.g;
+    ca.bias = bias.c;
+  }
+  if (epi == Epilogue::BiasGelu) {
+    gelu_in = ctx.output(dt, Shape{m, n});
+    ga.gelu_in = gelu_in.g;
+    ca.gelu_in = gelu_in.c;
+  }
+  ctx.gpu->matmul(c.g, a.g, ta, b.g, tb, ga);
+  ctx.cpu->matmul(c.c, a.c, ta, b.c, tb, ca);
+  expect_close(ctx, c, tol, "C");
+  if (epi == Epilogue::BiasGelu) expect_close(ctx, gelu_in, tol, "gelu_in");
+}
+
+constexpr Trans kTrans[] = {Trans::N, Trans::T};
+constexpr Epilogue kEpilogues[] = {Epilogue::None, Epilogue::Bias, Epilogue::BiasGelu};
+constexpr DType kFloatTypes[] = {DType::F32, DType::BF16, DType::F16};
+
+// ---- matmul ---------------------------------------------------------------------------------------
+
+TEST(CudaOps, MatmulF32AllTransposesAndEpilogues) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (Trans ta : kTrans)
+    for (Trans tb : kTrans)
+      for (Epilogue e : kEpilogues) {
+        check_matmul(ctx, DType::F32, DType::F32, 128, 192, 256, ta, tb, e, 1.0f, 0.0f, kTolF32);
+        check_matmul(ctx, DType::F32, DType::F32, 37, 53, 29, ta, tb, e, 0.5f, 0.0f, kTolF32);  // odd: unaligned lds
+        check_matmul(ctx, DType::F32, DType::F32, 64, 96, 80, ta, tb, e, 1.0f, 0.75f, kTolF32);
+      }
+}
+
+TEST(CudaOps, MatmulTf32) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  ctx.gpu->set_allow_tf32(true);
+  for (Trans ta : kTrans)
+    for (Trans tb : kTrans)
+      for (Epilogue e : kEpilogues) check_matmul(ctx, DType::F32, DType::F32, 256, 384, 512, ta, tb, e, 1.0f, 0.0f, kTolTf32);
+  ctx.gpu->set_allow_tf32(false);  // back to full fp32: the plan cache keys on the mode
+  check_matmul(ctx, DType::F32, DType::F32, 256, 384, 512, Trans::N, Trans::T, Epilogue::Bias, 1.0f, 0.0f, kTolF32);
+}
+
+TEST(CudaOps, MatmulHalfAllTransposesAndEpilogues) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (DType dt : {DType::BF16, DType::F16})
+    for (Trans ta : kTrans)
+      for (Trans tb : kTrans)
+        for (Epilogue e : kEpilogues) {
+          check_matmul(ctx, dt, dt, 256, 384, 128, ta, tb, e, 1.0f, 0.0f, kTolHalf);
+          check_matmul(ctx, dt, dt, 40, 24, 72, ta, tb, e, 1.0f, 0.0f, kTolHalf);
+          check_matmul(ctx, dt, dt, 64, 32, 48, ta, tb, e, 0.5f, 1.0f, kTolHalf);
+        }
+  // The classifier: logits [B, 2] = pooled [B, H] W[2, H]^T + b, and its input gradient.
+  check_matmul(ctx, DType::BF16, DType::BF16, 8, 2, 64, Trans::N, Trans::T, Epilogue::Bias, 1.0f, 0.0f, kTolHalf);
+  check_matmul(ctx, DType::BF16, DType::BF16, 8, 64, 2, Trans::N, Trans::N, Epilogue::None, 1.0f, 0.0f, kTolHalf);
+}
+
+// Parameter gradients: F32 C += op(A) op(B) from half A, B (beta = 1), e.g. dW[out, in] += dY^T X.
+TEST(CudaOps, MatmulHalfInputsAccumulateIntoF32) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (DType dt : {DType::BF16, DType::F16})
+    for (Trans ta : kTrans)
+      for (Trans tb : kTrans) {
+        // Identical rounded inputs and fp32 accumulation on both sides: far below kTolHalf.
+        check_matmul(ctx, dt, DType::F32, 96, 160, 512, ta, tb, Epilogue::None, 1.0f, 1.0f, 1e-4);
+        check_matmul(ctx, dt, DType::F32, 2, 64, 8, ta, tb, Epilogue::None, 1.0f, 1.0f, 1e-4);  // classifier dW
+      }
+}
+
+TEST(CudaOps, MatmulCommonShapesUseCublasLt) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  // BERT-like projections (tokens x hidden) in bf16: cuBLASLt must have algorithms for these.
+  check_matmul(ctx, DType::BF16, DType::BF16, 512, 768, 256, Trans::N, Trans::T, Epilogue::Bias, 1.0f, 0.0f, kTolHalf);
+  check_matmul(ctx, DType::BF16, DType::BF16, 512, 1024, 256, Trans::N, Trans::T, Epilogue::BiasGelu, 1.0f, 0.0f,
+               kTolHalf);
+  check_matmul(ctx, DType::BF16, DType::BF16, 512, 256, 768, Trans::N, Trans::N, Epilogue::None, 1.0f, 0.0f, kTolHalf);
+  check_matmul(ctx, DType::BF16, DType::F32, 768, 256, 512, Trans::T, Trans::N, Epilogue::None, 1.0f, 1.0f, 1e-4);
+  auto* be = dynamic_cast<cuda::CudaBackend*>(ctx.gpu.get());
+  ASSERT_NE(be, nullptr);
+  EXPECT_EQ(be->matmul_fallback_calls(), 0);
+}
+
+// The tiled kernel used where cuBLASLt declines, called directly.
+TEST(CudaOps, MatmulFallbackKernel) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  auto* be = dynamic_cast<cuda::CudaBackend*>(ctx.gpu.get());
+  ASSERT_NE(be, nullptr);
+  const int64_t m = 33, n = 47, k = 70;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (Trans ta : kTrans)
+      for (Trans tb : kTrans)
+        for (Epilogue e : kEpilogues) {
+          SCOPED_TRACE(std::string(dtype_name(dt)) + trans_name(ta) + trans_name(tb) + epi_name(e));
+          Pair a = ctx.input(dt, ta == Trans::N ? Shape{m, k} : Shape{k, m});
+          Pair b = ctx.input(dt, tb == Trans::N ? Shape{k, n} : Shape{n, k});
+          const float beta = 0.5f;
+          Pair c = ctx.input(dt, Shape{m, n});
+          Pair bias = ctx.input(dt, Shape{n}), gin = ctx.output(dt, Shape{m, n});
+          MatmulArgs ga, ca;
+          ga.beta = ca.beta = beta;
+          ga.epilogue = ca.epilogue = e;
+          ga.bias = bias.g, ca.bias = bias.c;
+          ga.gelu_in = gin.g, ca.gelu_in = gin.c;
+          cuda::matmul_fallback(c.g, a.g, ta, b.g, tb, m, n, k, ga, be->stream());
+          ctx.cpu->matmul(c.c, a.c, ta, b.c, tb, ca);
+          expect_close(ctx, c, tol_for(dt), "C");
+          if (e == Epilogue::BiasGelu) expect_close(ctx, gin, tol_for(dt), "gelu_in");
+        }
+}
+
+TEST(CudaOps, BiasGrad) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (DType dt : kFloatTypes)
+    for (auto [rows, n] : {std::pair<int64_t, int64_t>{4096, 768}, {37, 3}, {1000, 300}, {5, 3072}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " rows " + std::to_string(rows) + " n " + std::to_string(n));
+      Pair dy = ctx.input(dt, Shape{rows, n});
+      Pair db = ctx.input(DType::F32, Shape{n});  // accumulated into
+      ctx.gpu->bias_grad(db.g, dy.g);
+      ctx.cpu->bias_grad(db.c, dy.c);
+      expect_close(ctx, db, kTolF32 * 10, "db");  // fp32 sums of identical inputs, different order
+    }
+}
+
+// ---- layernorm ------------------------------------------------------------------------------------
+
+TEST(CudaOps, LayerNormForward) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  // 1024, 768, 64: the warp path; 100, 1030: the block path.
+  for (DType dt : kFloatTypes)
+    for (int64_t h : {1024, 768, 64, 100, 1030})
+      for (bool residual : {true, false})
+        for (float p : {0.0f, 0.1f}) {
+          SCOPED_TRACE(std::string(dtype_name(dt)) + " H " + std::to_string(h) + (residual ? " residual" : "") +
+                       " p " + std::to_string(p));
+          const int64_t rows = 67;
+          const DropoutSpec d{p, 1234u + static_cast<uint64_t>(h), 77};
+          Pair branch = ctx.input(dt, Shape{rows, h});
+          Pair res = residual ? ctx.input(dt, Shape{rows, h}) : Pair{};
+          std::vector<float> gv = ctx.randn(h, 0.2f);  // gamma near 1
+          for (auto& x : gv) x += 1.0f;
+          Pair gamma = ctx.input(dt, Shape{h}, gv), beta = ctx.input(dt, Shape{h});
+          Pair y = ctx.output(dt, Shape{rows, h}), sum = ctx.output(dt, Shape{rows, h});
+          Pair mean = ctx.output(DType::F32, Shape{rows}), rstd = ctx.output(DType::F32, Shape{rows});
+          ctx.gpu->layernorm_forward(y.g, sum.g, mean.g, rstd.g, branch.g, res.g, gamma.g, beta.g, 1e-12f, d);
+          ctx.cpu->layernorm_forward(y.c, sum.c, mean.c, rstd.c, branch.c, res.c, gamma.c, beta.c, 1e-12f, d);
+          const double tol = tol_for(dt);
+          expect_close(ctx, sum, tol, "sum");
+          expect_close(ctx, y, tol, "y");
+          expect_close(ctx, mean, tol, "mean");
+          expect_close(ctx, rstd, tol, "rstd");
+          if (p > 0) {  // element i dropped iff dropout_keep(seed, offset, i, p) says so: sum == residual
+            const std::vector<float> gs = ctx.get(sum.g);
+            const std::vector<float> rv = residual ? ctx.get(res.g) : std::vector<float>(gs.size(), 0.0f);
+            size_t wrong = 0, dropped = 0;
+            for (size_t i = 0; i < gs.size(); ++i)
+              if (!dropout_keep(d.seed, d.offset, i, d.p)) {
+                ++dropped;
+                wrong += gs[i] != rv[i];
+              }
+            EXPECT_EQ(wrong, 0u) << "of " << dropped << " dropped elements";
+          }
+        }
+}
+
+TEST(CudaOps, LayerNormBackward) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (DType dt : kFloatTypes)
+    for (int64_t h : {1024, 768, 64, 100, 1030})
+      for (float p : {0.0f, 0.1f})
+        for (int64_t rows : {int64_t{3}, int64_t{517}}) {
+          SCOPED_TRACE(std::string(dtype_name(dt)) + " H " + std::to_string(h) + " rows " + std::to_string(rows) +
+                       " p " + std::to_string(p));
+          const DropoutSpec d{p, 99, 5};
+          // Inputs as a forward pass leaves them: sum, and mean/rstd of the stored (rounded) sum.
+          Pair sum = ctx.input(dt, Shape{rows, h}, 2.0f);
+          const std::vector<float> sv = Ctx::host_values(sum.c);
+          std::vector<float> mv(rows), rv(rows);
+          for (int64_t r = 0; r < rows; ++r) {
+            double mu = 0, var = 0;
+            for (int64_t j = 0; j < h; ++j) mu += sv[r * h + j];
+            mu /= h;
+            for (int64_t j = 0; j < h; ++j) var += (sv[r * h + j] - mu) * (sv[r * h + j] - mu);
+            mv[r] = static_cast<float>(mu);
+            rv[r] = static_cast<float>(1.0 / std::sqrt(var / h + 1e-12));
+          }
+          Pair mean = ctx.input(DType::F32, Shape{rows}, mv), rstd = ctx.input(DType::F32, Shape{rows}, rv);
+          Pair dy = ctx.input(dt, Shape{rows, h}), gamma = ctx.input(dt, Shape{h});
+          Pair dsum = ctx.output(dt, Shape{rows, h}), dbranch = ctx.output(dt, Shape{rows, h});
+          Pair dgamma = ctx.input(DType::F32, Shape{h}), dbeta = ctx.input(DType::F32, Shape{h});  // +=
+          ctx.gpu->layernorm_backward(dsum.g, dbranch.g, dgamma.g, dbeta.g, dy.g, sum.g, mean.g, rstd.g, gamma.g, d);
+          ctx.cpu->layernorm_backward(dsum.c, dbranch.c, dgamma.c, dbeta.c, dy.c, sum.c, mean.c, rstd.c, gamma.c, d);
+          const double tol = tol_for(dt);
+          expect_close(ctx, dsum, tol, "dsum");
+          expect_close(ctx, dbranch, tol, "dbranch");
+          expect_close(ctx, dgamma, tol, "dgamma");
+          expect_close(ctx, dbeta, tol, "dbeta");
+        }
+}
+
+TEST(CudaOps, LayerNormBackwardWithoutOptionalOutputs) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  const int64_t rows = 40, h = 256;
+  Pair sum = ctx.input(DType::F32, Shape{rows, h}), dy = ctx.input(DType::F32, Shape{rows, h});
+  Pair gamma = ctx.input(DType::F32, Shape{h});
+  std::vector<float> ones(rows, 1.0f), zeros(rows, 0.0f);
+  Pair mean = ctx.input(DType::F32, Shape{rows}, zeros), rstd = ctx.input(DType::F32, Shape{rows}, ones);
+  Pair dsum = ctx.output(DType::F32, Shape{rows, h});
+  ctx.gpu->layernorm_backward(dsum.g, Tensor{}, Tensor{}, Tensor{}, dy.g, sum.g, mean.g, rstd.g, gamma.g, {});
+  ctx.cpu->layernorm_backward(dsum.c, Tensor{}, Tensor{}, Tensor{}, dy.c, sum.c, mean.c, rstd.c, gamma.c, {});
+  expect_close(ctx, dsum, kTolF32, "dsum");
+}
+
+// ---- cross-entropy --------------------------------------------------------------------------------
+
+TEST(CudaOps, CrossEntropy) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (DType dt : kFloatTypes)
+    for (int64_t classes : {2, 5, 100}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " classes " + std::to_string(classes));
+      const int64_t batch = 37;
+      Pair logits = ctx.input(dt, Shape{batch, classes}, 3.0f);
+      Pair labels = ctx.ints(Shape{batch}, 0, classes);
+      Pair losses = ctx.output(DType::F32, Shape{batch}), dlogits = ctx.output(dt, Shape{batch, classes});
+      ctx.gpu->cross_entropy(losses.g, dlogits.g, logits.g, labels.g, 0.25f);
+      ctx.cpu->cross_entropy(losses.c, dlogits.c, logits.c, labels.c, 0.25f);
+      expect_close(ctx, losses, kTolF32 * 10, "losses");  // fp32 output from identical inputs
+      expect_close(ctx, dlogits, tol_for(dt), "dlogits");
+    }
+}
+
+// ---- embedding ------------------------------------------------------------------------------------
+
+TEST(CudaOps, EmbeddingForwardAndBackward) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (DType dt : kFloatTypes)
+    for (int64_t h : {64, 30})           // 16-byte packs; scalar path
+      for (int64_t type_vocab : {2, 6})  // one pass of token types; two
+        for (bool with_types : {true, false}) {
+          SCOPED_TRACE(std::string(dtype_name(dt)) + " H " + std::to_string(h) + " types " +
+                       std::to_string(type_vocab) + (with_types ? "" : " (no type_ids)"));
+          const int64_t batch = 3, seq = 17, vocab = 20, max_pos = 32;  // ids repeat: atomics collide
+          Pair ids = ctx.ints(Shape{batch, seq}, 0, vocab);
+          Pair tids = with_types ? ctx.ints(Shape{batch, seq}, 0, type_vocab) : Pair{};
+          Pair word = ctx.input(dt, Shape{vocab, h}), pos = ctx.input(dt, Shape{max_pos, h});
+          Pair type = ctx.input(dt, Shape{type_vocab, h});
+          Pair e = ctx.output(dt, Shape{batch * seq, h});
+          ctx.gpu->embedding_forward(e.g, ids.g, tids.g, word.g, pos.g, type.g);
+          ctx.cpu->embedding_forward(e.c, ids.c, tids.c, word.c, pos.c, type.c);
+          expect_close(ctx, e, tol_for(dt), "e");
+
+          Pair de = ctx.input(dt, Shape{batch * seq, h});
+          Pair dword = ctx.input(DType::F32, Shape{vocab, h}), dpos = ctx.input(DType::F32, Shape{max_pos, h});
+          Pair dtype = ctx.input(DType::F32, Shape{type_vocab, h});  // all accumulated into
+          ctx.gpu->embedding_backward(dword.g, dpos.g, dtype.g, de.g, ids.g, tids.g);
+          ctx.cpu->embedding_backward(dword.c, dpos.c, dtype.c, de.c, ids.c, tids.c);
+          expect_close(ctx, dword, kTolF32, "dword");
+          expect_close(ctx, dpos, kTolF32, "dpos");
+          expect_close(ctx, dtype, kTolF32, "dtype");
+        }
+}
+
+// ---- element-wise ---------------------------------------------------------------------------------
+
+// An n-element slice starting `offset` elements into a larger buffer: offset 1 defeats the
+// 16-byte packs, n odd exercises the tail.
+Pair slice(const Pair& whole, int64_t offset, int64_t n) {
+  return Pair{whole.g.view(Shape{static_cast<int64_t>(whole.g.numel())}).slice(offset, offset + n),
+              whole.c.view(Shape{static_cast<int64_t>(whole.c.numel())}).slice(offset, offset + n)};
+}
+
+TEST(CudaOps, ElementwiseOps) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  const int64_t n = 100003;
+  for (DType dt : kFloatTypes)
+    for (int64_t off : {0, 1}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " offset " + std::to_string(off));
+      const double tol = tol_for(dt);
+      auto in = [&](float scale = 2.0f) { return slice(ctx.input(dt, Shape{n + 1}, scale), off, n); };
+      auto out = [&] { return slice(ctx.output(dt, Shape{n + 1}), off, n); };
+      {
+        Pair x = in(), y = out();
+        ctx.gpu->gelu_forward(y.g, x.g);
+        ctx.cpu->gelu_forward(y.c, x.c);
+        expect_close(ctx, y, tol, "gelu");
+        Pair dy = in(), dx = out();
+        ctx.gpu->gelu_backward(dx.g, dy.g, x.g);
+        ctx.cpu->gelu_backward(dx.c, dy.c, x.c);
+        expect_close(ctx, dx, tol, "gelu_backward");
+      }
+      {
+        Pair x = in(), y = out();
+        ctx.gpu->tanh_forward(y.g, x.g);
+        ctx.cpu->tanh_forward(y.c, x.c);
+        expect_close(ctx, y, tol, "tanh");
+        Pair yy = in(0.5f), dy = in(), dx = out();
+        ctx.gpu->tanh_backward(dx.g, dy.g, yy.g);
+        ctx.cpu->tanh_backward(dx.c, dy.c, yy.c);
+        expect_close(ctx, dx, tol, "tanh_backward");
+      }
+      for (float p : {0.0f, 0.1f, 0.5f}) {
+        SCOPED_TRACE("dropout p " + std::to_string(p));
+        const DropoutSpec d{p, 0x1234abcdULL, 42};
+        Pair x = in(), y = out();
+        ctx.gpu->dropout_forward(y.g, x.g, d);
+        ctx.cpu->dropout_forward(y.c, x.c, d);
+        expect_close(ctx, y, tol, "dropout");
+        const std::vector<float> gy = ctx.get(y.g), cy = Ctx::host_values(y.c);
+        size_t mismatched = 0, dropped = 0;
+        for (size_t i = 0; i < gy.size(); ++i) {
+          mismatched += (gy[i] == 0.0f) != (cy[i] == 0.0f);
+          dropped += cy[i] == 0.0f;
+        }
+        EXPECT_EQ(mismatched, 0u) << "the GPU mask differs from the CPU's";
+        if (p > 0) {
+          EXPECT_NEAR(static_cast<double>(dropped) / n, p, 0.01);
+        }
+        Pair dy = in(), dx = out();
+        ctx.gpu->dropout_backward(dx.g, dy.g, d);
+        ctx.cpu->dropout_backward(dx.c, dy.c, d);
+        expect_close(ctx, dx, tol, "dropout_backward");
+      }
+      {
+        Pair a = in(), b = in(), y = out();
+        ctx.gpu->add(y.g, a.g, b.g);
+        ctx.cpu->add(y.c, a.c, b.c);
+        expect_close(ctx, y, tol, "add");
+      }
+    }
+}
+
+// The model runs these in place: tanh(pooled) into pooled, dI = gelu'(pre) * dI, hd1 through
+// dropout and tanh backward.
+TEST(CudaOps, ElementwiseInPlace) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  const int64_t n = 40001;
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double tol = tol_for(dt);
+    const DropoutSpec d{0.1f, 7, 3};
+    Pair x = ctx.input(dt, Shape{n}), y = ctx.input(dt, Shape{n}, 0.5f), g = ctx.input(dt, Shape{n});
+    ctx.gpu->tanh_forward(x.g, x.g);
+    ctx.cpu->tanh_forward(x.c, x.c);
+    expect_close(ctx, x, tol, "tanh in place");
+    ctx.gpu->gelu_backward(g.g, g.g, y.g);
+    ctx.cpu->gelu_backward(g.c, g.c, y.c);
+    expect_close(ctx, g, tol, "gelu_backward in place");
+    ctx.gpu->dropout_backward(g.g, g.g, d);
+    ctx.cpu->dropout_backward(g.c, g.c, d);
+    expect_close(ctx, g, tol, "dropout_backward in place");
+    ctx.gpu->tanh_backward(g.g, g.g, y.g);
+    ctx.cpu->tanh_backward(g.c, g.c, y.c);
+    expect_close(ctx, g, tol, "tanh_backward in place");
+  }
+}
+
+// The embeddings' LayerNorm: branch and sum are one tensor, no residual, no dropout.
+TEST(CudaOps, LayerNormForwardInPlaceSum) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (DType dt : kFloatTypes)
+    for (int64_t h : {1024, 100}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " H " + std::to_string(h));
+      const int64_t rows = 33;
+      Pair e = ctx.input(dt, Shape{rows, h}), gamma = ctx.input(dt, Shape{h}), beta = ctx.input(dt, Shape{h});
+      Pair y = ctx.output(dt, Shape{rows, h});
+      Pair mean = ctx.output(DType::F32, Shape{rows}), rstd = ctx.output(DType::F32, Shape{rows});
+      ctx.gpu->layernorm_forward(y.g, e.g, mean.g, rstd.g, e.g, Tensor{}, gamma.g, beta.g, 1e-12f, {});
+      ctx.cpu->layernorm_forward(y.c, e.c, mean.c, rstd.c, e.c, Tensor{}, gamma.c, beta.c, 1e-12f, {});
+      expect_close(ctx, e, tol_for(dt), "sum");
+      expect_close(ctx, y, tol_for(dt), "y");
+    }
+}
+
+TEST(CudaOps, CastIsRoundToNearestEvenLikeTheHost) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  const int64_t n = 4099;
+  std::vector<float> v = ctx.randn(n, 100.0f);
+  v[0] = 0.0f, v[1] = -0.0f, v[2] = 1e-30f, v[3] = 70000.0f, v[4] = -1e-6f;  // zeros, subnormal/overflow in f16
+  for (DType from : kFloatTypes)
+    for (DType to : kFloatTypes) {
+      SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to)));
+      Tensor src = ctx.device(from, Shape{n}), dst = ctx.device(to, Shape{n});
+      std::vector<float> src_values(n);
+      for (int64_t i = 0; i < n; ++i) src_values[i] = round_to(v[i], from);
+      ctx.put(src, src_values);
+      ctx.put(dst, std::vector<float>(n, kNaN));
+      ctx.gpu->cast(dst, src);
+      const std::vector<float> got = ctx.get(dst);
+      size_t wrong = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = round_to(src_values[i], to);
+        wrong += std::memcmp(&got[i], &want, 4) != 0;
+      }
+      EXPECT_EQ(wrong, 0u);
+    }
+}
+
+TEST(CudaOps, FillAndCopy) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (DType dt : kFloatTypes) {
+    Tensor t = ctx.device(dt, Shape{1001});
+    ctx.put(t, std::vector<float>(1001, kNaN));
+    ctx.gpu->fill(t, 0.3f);
+    for (float x : ctx.get(t)) ASSERT_EQ(x, round_to(0.3f, dt));
+    Tensor u = ctx.device(dt, Shape{1001});
+    ctx.gpu->copy(u, t);
+    for (float x : ctx.get(u)) ASSERT_EQ(x, round_to(0.3f, dt));
+  }
+  Tensor ti = ctx.device(DType::I32, Shape{77});
+  ctx.gpu->fill(ti, 7.0f);
+  std::vector<int32_t> hi(77);
+  ctx.gpu->download(hi.data(), ti);
+  for (int32_t x : hi) ASSERT_EQ(x, 7);
+}
+
+TEST(CudaOps, SelectToken) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (DType dt : kFloatTypes)
+    for (int64_t t : {0, 5}) {
+      const int64_t b = 3, seq = 7, h = 24;
+      Pair x = ctx.input(dt, Shape{b, seq, h}), out = ctx.output(dt, Shape{b, h});
+      ctx.gpu->select_token(out.g, x.g, t);
+      ctx.cpu->select_token(out.c, x.c, t);
+      expect_close(ctx, out, 1e-12, "select_token");  // a copy: exact
+      Pair dout = ctx.input(dt, Shape{b, h}), dx = ctx.output(dt, Shape{b, seq, h});
+      ctx.gpu->select_token_backward(dx.g, dout.g, t);
+      ctx.cpu->select_token_backward(dx.c, dout.c, t);
+      expect_close(ctx, dx, 1e-12, "select_token_backward");
+    }
+}
+
+// ---- optimizer ------------------------------------------------------------------------------------
+
+TEST(CudaOps, SumSquares) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (int64_t n : {int64_t{1}, int64_t{1000003}})
+    for (int64_t off : {0, 1}) {
+      Pair x = slice(ctx.input(DType::F32, Shape{n + 1}), off, n);
+      Pair out = ctx.input(DType::F32, Shape{1}, std::vector<float>{1.5f});  // accumulated into
+      ctx.gpu->sum_squares(out.g, x.g);
+      ctx.cpu->sum_squares(out.c, x.c);
+      expect_close(ctx, out, kTolF32, "sum_squares n " + std::to_string(n));
+    }
+}
+
+// The fp16 overflow check relies on inf/NaN gradients reaching the norm unfiltered.
+TEST(CudaOps, SumSquaresPropagatesInfAndNaN) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  const int64_t n = 50001;
+  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), kNaN}) {
+    std::vector<float> v = ctx.randn(n);
+    v[static_cast<size_t>(ctx.randint(0, n))] = bad;
+    Tensor x = ctx.device(DType::F32, Shape{n}), out = ctx.device(DType::F32, Shape{1});
+    ctx.put(x, v);
+    ctx.gpu->fill(out, 0.0f);
+    ctx.gpu->sum_squares(out, x);
+    const float s = ctx.get(out)[0];
+    if (std::isnan(bad))
+      EXPECT_TRUE(std::isnan(s)) << s;
+    else
+      EXPECT_TRUE(std::isinf(s) && s > 0) << s;
+  }
+}
+
+struct OptimState {
+  Pair params, grads, m, v, half, norm;
+};
+
+OptimState make_optim_state(Ctx& ctx, int64_t n, float grad_scale) {
+  OptimState s;
+  s.params = ctx.input(DType::F32, Shape{n}, 0.05f);
+  s.grads = ctx.input(DType::F32, Shape{n}, grad_scale);
+  s.m = ctx.input(DType::F32, Shape{n}, 0.0f);
+  s.v = ctx.input(DType::F32, Shape{n}, 0.0f);
+  s.half = ctx.output(DType::BF16, Shape{n});
+  s.norm = ctx.input(DType::F32, Shape{1}, 0.0f);
+  return s;
+}
+
+// norm_sq computed by each backend from its own grads, as the trainer does.
+GradTransform grad_transform(Ctx& ctx, OptimState& s, bool gpu, float inv_loss_scale, float max_norm) {
+  Backend& be = gpu ? *ctx.gpu : *ctx.cpu;
+  const Tensor& norm = gpu ? s.norm.g : s.norm.c;
+  be.fill(norm, 0.0f);
+  be.sum_squares(norm, gpu ? s.grads.g : s.grads.c);
+  GradTransform g;
+  g.norm_sq = norm;
+  g.inv_loss_scale = inv_loss_scale;
+  g.max_norm = max_norm;
+  return g;
+}
+
+TEST(CudaOps, AdamWWithClippingAndLossScale) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (float max_norm : {1.0f, 0.0f, 1e6f})  // clipping active; off; on but inactive
+    for (int64_t n : {int64_t{100003}, int64_t{64}}) {
+      SCOPED_TRACE("max_norm " + std::to_string(max_norm) + " n " + std::to_string(n));
+      const float loss_scale = 1024.0f;
+      OptimState s = make_optim_state(ctx, n, loss_scale);
+      AdamWArgs a;
+      a.lr = 1e-3f, a.weight_decay = 0.01f;
+      for (int64_t step = 1; step <= 3; ++step) {  // moments evolve over steps
+        a.step = step;
+        const GradTransform gg = grad_transform(ctx, s, true, 1.0f / loss_scale, max_norm);
+        const GradTransform gc = grad_transform(ctx, s, false, 1.0f / loss_scale, max_norm);
+        ctx.gpu->adamw_update(s.params.g, s.m.g, s.v.g, s.half.g, s.grads.g, gg, a);
+        ctx.cpu->adamw_update(s.params.c, s.m.c, s.v.c, Tensor{}, s.grads.c, gc, a);
+      }
+      expect_close(ctx, s.params, kTolF32, "params");
+      expect_close(ctx, s.m, kTolF32, "m");
+      expect_close(ctx, s.v, kTolF32, "v");
+      std::vector<float> half_ref = Ctx::host_values(s.params.c);
+      for (auto& x : half_ref) x = round_to(x, DType::BF16);
+      expect_close(ctx.get(s.half.g), half_ref, kTolHalf, "half_copy");
+    }
+}
+
+TEST(CudaOps, SgdWithClipping) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (float momentum : {0.9f, 0.0f})
+    for (bool nesterov : {false, true})
+      for (float max_norm : {1.0f, 0.0f}) {
+        SCOPED_TRACE("momentum " + std::to_string(momentum) + (nesterov ? " nesterov" : "") + " max_norm " +
+                     std::to_string(max_norm));
+        const int64_t n = 100003;
+        OptimState s = make_optim_state(ctx, n, 1.0f);
+        SgdArgs a;
+        a.lr = 1e-2f, a.momentum = momentum, a.weight_decay = 0.01f, a.nesterov = nesterov && momentum != 0;
+        for (int step = 0; step < 3; ++step) {
+          const GradTransform gg = grad_transform(ctx, s, true, 0.5f, max_norm);
+          const GradTransform gc = grad_transform(ctx, s, false, 0.5f, max_norm);
+          ctx.gpu->sgd_update(s.params.g, s.m.g, s.half.g, s.grads.g, gg, a);
+          ctx.cpu->sgd_update(s.params.c, s.m.c, Tensor{}, s.grads.c, gc, a);
+        }
+        expect_close(ctx, s.params, kTolF32, "params");
+        if (momentum != 0) expect_close(ctx, s.m, kTolF32, "momentum");
+        std::vector<float> half_ref = Ctx::host_values(s.params.c);
+        for (auto& x : half_ref) x = round_to(x, DType::BF16);
+        expect_close(ctx.get(s.half.g), half_ref, kTolHalf, "half_copy");
+      }
+}
+
+// ---- memory ---------------------------------------------------------------------------------------
+
+TEST(CudaOps, OutOfMemoryIsAnErrorNamingCategories) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  const cuda::DeviceMemory mem = cuda::CudaBackend::memory_info();
+  ASSERT_GT(mem.total, 0u);
+  ASSERT_LE(mem.free, mem.total);
+  try {
+    Buffer huge(ctx.gpu->allocator(), DType::U8, Shape{static_cast<int64_t>(mem.total) * 2}, Category::Activations);
+    FAIL() << "allocating twice the device's memory succeeded";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("out of memory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("activations"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("workspace"), std::string::npos) << msg;  // the table of what is allocated
+    EXPECT_NE(msg.find("MiB free"), std::string::npos) << msg;
+  }
+  // The failed cudaMalloc left no sticky error: the backend still works.
+  Pair x = ctx.input(DType::F32, Shape{1000}), y = ctx.output(DType::F32, Shape{1000});
+  ctx.gpu->gelu_forward(y.g, x.g);
+  ctx.cpu->gelu_forward(y.c, x.c);
+  ctx.gpu->synchronize();
+  expect_close(ctx, y, kTolF32, "gelu after OOM");
+}
+
+}  // namespace
