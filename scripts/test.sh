@@ -5,3 +5,4 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
 cd build && ctest --output-on-failure -j "$(nproc)" "$@"
+../scripts/fuzz.sh 15  # libFuzzer targets on their corpora, 15 s each (we are in build/)

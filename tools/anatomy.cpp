@@ -45,7 +45,7 @@ void add_train_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--num-train-epochs", o.num_train_epochs, "Epochs")->capture_default_str();
   cmd.add_option("--max-steps", o.max_steps, "Optimizer steps (overrides epochs when > 0)")->capture_default_str();
   cmd.add_option("--seed", o.seed, "Seed of initialization, data order and dropout")->capture_default_str();
-  cmd.add_option("--optim", f.optim, "Optimizer: adamw or sgd")->capture_default_str();
+  cmd.add_option("--optim", f.optim, "Optimizer: adamw, adamw-8bit, sgd or adafactor")->capture_default_str();
   cmd.add_option("--learning-rate", o.learning_rate, "Peak learning rate")->capture_default_str();
   cmd.add_option("--weight-decay", o.optim.weight_decay, "Decoupled weight decay (not on biases and LayerNorm)")
       ->capture_default_str();
@@ -66,6 +66,9 @@ void add_train_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--logging-steps", o.logging_steps, "Log every N steps (0: summary only)")->capture_default_str();
   cmd.add_option("--save-strategy", f.save_strategy, "final (save the model at the end) or no")->capture_default_str();
   cmd.add_flag("--disable-tqdm", o.disable_progress_bar, "No progress bar on a terminal");
+  cmd.add_option("--profile-steps", o.profile_steps,
+                 "After training, time every op of N more steps (CUDA events) and write profile.json")
+      ->capture_default_str();
 }
 
 TrainOptions finish_train_flags(CLI::App& cmd, TrainFlags& f, bool will_run = true) {

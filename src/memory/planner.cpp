@@ -20,7 +20,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.bytes[Category::Weights] = 4 * n + (s.compute == DType::F32 ? 0 : n * static_cast<int64_t>(dtype_size(s.compute)));
   if (s.training) {
     p.bytes[Category::Gradients] = 4 * n;
-    p.bytes[Category::OptimizerState] = static_cast<int64_t>(optimizer_state_bytes(in.optimizer, static_cast<size_t>(n)));
+    p.bytes[Category::OptimizerState] = static_cast<int64_t>(optimizer_state_bytes(in.optimizer, lay));
   }
   const ArenaBytes a = model_arena_bytes(c, s);
   p.bytes[Category::Activations] = static_cast<int64_t>(a.activations);
@@ -95,6 +95,8 @@ std::vector<Lever> levers_that_fit(const PlanInput& in, int64_t capacity, int64_
   }
   if (in.optimizer == OptimizerKind::AdamW) {
     PlanInput t = in;
+    t.optimizer = OptimizerKind::AdamW8bit;
+    consider(t, "--optim adamw-8bit");
     t.optimizer = OptimizerKind::Sgd;
     consider(t, "--optim sgd");
   }

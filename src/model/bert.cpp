@@ -124,6 +124,40 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
   }
 }
 
+std::vector<LivenessPoint> activation_liveness(const BertConfig& cfg, const ModelShape& s) {
+  const int64_t B = s.max_batch, T = s.max_seq, R = B * T, H = cfg.hidden_size, L = cfg.num_hidden_layers;
+  const int64_t e = static_cast<int64_t>(dtype_size(s.compute));
+  auto round = [](int64_t n) { return static_cast<int64_t>(Arena::round_up(static_cast<size_t>(n))); };
+  // One layer's saved tensors, measured by carving it dry.
+  Arena one = Arena::dry();
+  BertForSequenceClassification::LayerActs la;
+  carve_layer(one, s.compute, R, B, T, H, cfg.intermediate_size, cfg.num_attention_heads,
+              s.checkpointing != CheckpointPolicy::Selective, la.qkv, la.ctx, la.lse, la.s1, la.mean1, la.rstd1, la.h1,
+              la.pre, la.g, la.s2, la.mean2, la.rstd2);
+  const int64_t layer = static_cast<int64_t>(one.used()), x = round(R * H * e);
+  const int64_t emb = 2 * round(R * H * e) + 2 * round(R * 4) + (cfg.hidden_dropout_prob > 0 ? x : 0);
+  const int64_t total = static_cast<int64_t>(model_arena_bytes(cfg, s).activations);
+  const bool ckpt = s.checkpointing == CheckpointPolicy::Layer;
+  std::vector<LivenessPoint> out;
+  int64_t live = 0;
+  out.push_back({"step start", 0});
+  live += emb;
+  out.push_back({"embeddings forward", live});
+  for (int64_t l = 0; l < L; ++l) {
+    live += ckpt ? x : layer + x;  // the layer's saved tensors (or only its output) and its output
+    out.push_back({str_cat("layer ", l, " forward"), std::min(live, total)});
+  }
+  out.push_back({"pooler, classifier, loss", total});
+  live = total;
+  for (int64_t l = L - 1; l >= 0; --l) {
+    live -= ckpt ? x : layer + x;
+    out.push_back({str_cat("layer ", l, " backward"), std::max<int64_t>(live + (ckpt ? layer : 0), 0)});
+  }
+  out.push_back({"embeddings backward", 0});
+  out.push_back({"optimizer step", 0});
+  return out;
+}
+
 BertForSequenceClassification::BertForSequenceClassification(Backend& be, const BertConfig& cfg,
                                                              const ModelShape& shape)
     : m_be(be), m_cfg(cfg), m_layout(ParamLayout::for_sequence_classification(cfg)), m_shape(shape) {
@@ -297,6 +331,7 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
 void BertForSequenceClassification::forward(const DeviceBatch& b, bool training, uint64_t base) {
   const int64_t B = b.batch(), T = b.seq(), L = m_cfg.num_hidden_layers, H = m_cfg.hidden_size;
   carve(B, T, training);
+  m_be.set_phase(Phase::Forward);
   Acts& a = *m_acts;
   const float eps = static_cast<float>(m_cfg.layer_norm_eps), hp = static_cast<float>(m_cfg.hidden_dropout_prob);
   m_be.embedding_forward(a.emb_sum, b.input_ids, b.token_type_ids, W("bert.embeddings.word_embeddings.weight"),
@@ -327,6 +362,7 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};
   const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
   m_be.cross_entropy(a.losses, a.dlogits, a.logits, b.labels, grad_scale);
+  m_be.set_phase(Phase::Backward);
 
   // Classifier and pooler.
   m_be.matmul(G("classifier.weight"), a.dlogits, Trans::T, a.pooled_d, Trans::N, acc);

@@ -46,6 +46,15 @@ struct ArenaBytes {
 };
 ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& shape);
 
+// Saved-activation bytes that are live after each stage of one training step (forward adds a
+// layer's saved tensors, backward releases them): the shape of memory over a step. The arena
+// holds the peak for the whole run; this says which part of it is in use when.
+struct LivenessPoint {
+  std::string label;
+  int64_t activation_bytes = 0;
+};
+std::vector<LivenessPoint> activation_liveness(const BertConfig& cfg, const ModelShape& shape);
+
 class BertForSequenceClassification {
  public:
   BertForSequenceClassification(Backend& be, const BertConfig& cfg, const ModelShape& shape);

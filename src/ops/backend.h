@@ -14,9 +14,11 @@
 //   by 1/(1-p). Backward regenerates the mask; nothing is stored. p == 0 means identity.
 // - Attention masks are I32 [B, T], 1 = attend to this key, 0 = padding (Hugging Face).
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "memory/allocator.h"
@@ -24,6 +26,8 @@
 namespace anatomy {
 
 enum class Trans : uint8_t { N, T };
+// Which part of a training step issues an op (set by the model and trainer; the profiler reads it).
+enum class Phase : uint8_t { Forward, Backward, Optimizer, Data };
 enum class Epilogue : uint8_t { None, Bias, BiasGelu };
 
 struct DropoutSpec {
@@ -50,6 +54,45 @@ struct SgdArgs {
   bool nesterov = false;
 };
 
+// Block-wise 8-bit AdamW (Note [8-bit AdamW] in optim/adamw8bit.h): the moments are U8 codes
+// into a 256-entry quantization map, with one F32 absmax per block of kQuantBlock values.
+inline constexpr int64_t kQuantBlock = 256;
+
+// Adafactor with an explicit learning rate (Hugging Face: scale_parameter=False,
+// relative_step=False, warmup_init=False, beta1=None).
+struct AdafactorArgs {
+  float lr = 1e-3f, weight_decay = 0.0f;
+  float decay_rate = -0.8f;      // beta2_t = 1 - step^decay_rate
+  float eps1 = 1e-30f;           // added to g^2 in the second-moment statistics
+  float clip_threshold = 1.0f;   // the update is divided by max(1, RMS(update) / clip_threshold)
+  int64_t step = 1;              // 1-based
+};
+
+// One parameter of the flat buffer as Adafactor sees it (all fields in elements; built by
+// adafactor_table in optim/adafactor.h). Factored (2-D [rows, cols]): running row means of
+// g^2 + eps1 at state[row_state, +rows) and column means at state[col_state, +cols).
+// Unfactored (1-D): rows == 1, cols == numel, the full second moment at state[row_state, +cols).
+// The last five fields are the CUDA kernels' work decomposition (the CPU reference ignores
+// them): F32 scratch at scratch[scratch, ...) (factored: per-row sums [rows] then 2 scalars;
+// unfactored: per-chunk partial sums [chunks] then 2 scalars); the segment covers `chunks`
+// chunks of `chunk` rows (factored) or `chunk` elements (unfactored) starting at chunk index
+// chunk_begin over all segments, and ceil(cols / 32) column strips from strip_begin (factored).
+struct AdafactorSegment {
+  int64_t offset = 0, rows = 0, cols = 0;
+  int64_t factored = 0, decay = 0;
+  int64_t row_state = 0, col_state = -1;
+  int64_t scratch = 0, chunk = 0, chunks = 0, chunk_begin = 0, strip_begin = 0;
+};
+inline constexpr int64_t kAdafactorSegmentFields = 12;
+static_assert(sizeof(AdafactorSegment) == kAdafactorSegmentFields * sizeof(int64_t));
+
+// The segment table on the backend's device (I64 [count, kAdafactorSegmentFields], the
+// AdafactorSegment array) with the totals the host needs to size the launches.
+struct AdafactorTable {
+  Tensor segments;
+  int64_t count = 0, chunks = 0, strips = 0;
+};
+
 // How the optimizer turns raw accumulated gradients into the gradient it applies:
 // g = grad * inv_loss_scale * clip, clip = min(1, max_norm / (||grad * inv_loss_scale|| + 1e-6)).
 // norm_sq is an F32 [1] tensor on the backend's device holding sum(grad^2) (unscaled),
@@ -69,6 +112,19 @@ class Backend {
   virtual void synchronize() = 0;
   // Let F32 contractions use TF32 tensor cores (--precision tf32); the CPU ignores it.
   virtual void set_allow_tf32(bool) {}
+  virtual void set_phase(Phase) {}
+
+  // ---- timing marks (the op profiler) -------------------------------------------------
+  // A mark records "now" in the backend's stream order: CUDA events on the GPU, the host
+  // clock on the CPU (whose ops are synchronous). elapsed_ms is valid after synchronize().
+  virtual int timing_mark() {
+    m_host_marks.push_back(std::chrono::steady_clock::now());
+    return static_cast<int>(m_host_marks.size()) - 1;
+  }
+  virtual double timing_elapsed_ms(int a, int b) {
+    return std::chrono::duration<double, std::milli>(m_host_marks[b] - m_host_marks[a]).count();
+  }
+  virtual void timing_reset() { m_host_marks.clear(); }
 
   // ---- data movement -------------------------------------------------------------------
   virtual void upload(const Tensor& dst, const void* host) = 0;    // host bytes -> dst
@@ -142,6 +198,25 @@ class Backend {
                             const AdamWArgs& a) = 0;
   virtual void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy,
                           const Tensor& grads, const GradTransform& g, const SgdArgs& a) = 0;
+  // Block-wise 8-bit AdamW (Note [8-bit AdamW] in optim/adamw8bit.h) over F32 params and
+  // grads [n]: m_codes, v_codes U8 [n] and m_absmax, v_absmax F32 [ceil(n / kQuantBlock)] are
+  // dequantized, updated in fp32 with the AdamW math of adamw_update, and re-quantized in
+  // place. qmap F32 [512]: the signed map of m (entries 0..255) then the unsigned map of v,
+  // each sorted ascending. half_copy as in adamw_update.
+  virtual void adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes,
+                                const Tensor& m_absmax, const Tensor& v_absmax, const Tensor& half_copy,
+                                const Tensor& grads, const Tensor& qmap, const GradTransform& g,
+                                const AdamWArgs& a) = 0;
+  // Adafactor over whole flat F32 params and grads: every parameter of `table` is updated in
+  // place (weight decay where its segment says so); state F32 holds the second-moment
+  // statistics, scratch F32 the kernels' reductions (AdafactorSegment). half_copy as in
+  // adamw_update (over the whole flat buffer).
+  virtual void adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch,
+                                const Tensor& half_copy, const Tensor& grads, const AdafactorTable& table,
+                                const GradTransform& g, const AdafactorArgs& a) = 0;
+
+ protected:
+  std::vector<std::chrono::steady_clock::time_point> m_host_marks;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);

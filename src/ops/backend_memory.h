@@ -1,8 +1,12 @@
 // Device memory a backend allocates for itself, shared by the backends and the memory planner
 // (which must know it before any device exists).
 //
-// Fused attention backward scratch: D = rowsum(dO * O) per (b, head, query) in F32,
-// plus, for half-precision inputs, an F32 accumulator for dQ. Each part is 256-byte aligned.
+// Fused attention scratch (forward and backward share one buffer), each part 256-byte aligned:
+// - D = rowsum(dO * O) per (b, head, query) in F32 (backward);
+// - F32: the cuBLAS path's score and dP matrices of ONE sample, 2 x [heads, T, T] F32 (the
+//   path loops over the batch, reusing them); its cuBLAS workspace is the backend's cuBLASLt
+//   workspace (kCudaLtWorkspaceBytes below), not part of this;
+// - BF16/F16: an F32 accumulator [B, T, H] for dQ (flash backward).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -14,8 +18,8 @@ namespace anatomy {
 inline size_t attention_scratch_bytes(int64_t B, int64_t T, int heads, int head_dim, DType dt) {
   auto align = [](size_t n) { return (n + 255) & ~static_cast<size_t>(255); };
   const size_t dsum = align(static_cast<size_t>(B) * heads * T * sizeof(float));
-  const size_t dq = dt == DType::F32 ? 0 : align(static_cast<size_t>(B) * T * heads * head_dim * sizeof(float));
-  return dsum + dq;
+  if (dt == DType::F32) return dsum + 2 * align(static_cast<size_t>(heads) * T * T * sizeof(float));
+  return dsum + align(static_cast<size_t>(B) * T * heads * head_dim * sizeof(float));
 }
 
 // The CUDA backend's fixed allocations, made once when it starts.

@@ -3,27 +3,36 @@
 #include <algorithm>
 
 #include "model/params.h"
+#include "optim/adafactor.h"
+#include "optim/adamw8bit.h"
 
 namespace anatomy {
 
 OptimizerKind parse_optimizer(const std::string& s) {
   if (s == "adamw" || s == "adamw_torch" || s == "adamw_torch_fused") return OptimizerKind::AdamW;
   if (s == "sgd") return OptimizerKind::Sgd;
-  fail("--optim: unknown optimizer '", s, "' (expected adamw or sgd)");
+  if (s == "adamw-8bit" || s == "adamw_8bit" || s == "adamw_bnb_8bit") return OptimizerKind::AdamW8bit;
+  if (s == "adafactor") return OptimizerKind::Adafactor;
+  fail("--optim: unknown optimizer '", s, "' (expected adamw, adamw-8bit, sgd or adafactor)");
 }
 
 const char* optimizer_name(OptimizerKind k) {
   switch (k) {
     case OptimizerKind::AdamW: return "adamw";
     case OptimizerKind::Sgd: return "sgd";
+    case OptimizerKind::AdamW8bit: return "adamw-8bit";
+    case OptimizerKind::Adafactor: return "adafactor";
   }
   return "?";
 }
 
-size_t optimizer_state_bytes(OptimizerKind k, size_t n) {
+size_t optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout) {
+  const size_t n = layout.total();
   switch (k) {
     case OptimizerKind::AdamW: return 8 * n;  // two F32 moments
     case OptimizerKind::Sgd: return 4 * n;    // one F32 momentum buffer
+    case OptimizerKind::AdamW8bit: return adamw8bit_state_bytes(layout);
+    case OptimizerKind::Adafactor: return adafactor_state_bytes(layout);
   }
   return 0;
 }
@@ -91,10 +100,13 @@ class Sgd final : public Optimizer {
 
 }  // namespace
 
-std::unique_ptr<Optimizer> Optimizer::create(Backend& be, const OptimizerOptions& o, size_t n) {
+std::unique_ptr<Optimizer> Optimizer::create(Backend& be, const OptimizerOptions& o, const ParamLayout& layout) {
+  const size_t n = layout.total();
   switch (o.kind) {
     case OptimizerKind::AdamW: return std::make_unique<AdamW>(be, o, n);
     case OptimizerKind::Sgd: return std::make_unique<Sgd>(be, o, n);
+    case OptimizerKind::AdamW8bit: return make_adamw8bit(be, o, layout);
+    case OptimizerKind::Adafactor: return make_adafactor(be, o, layout);
   }
   fail("internal error: optimizer kind");
 }

@@ -10,19 +10,22 @@
 
 namespace anatomy {
 
-enum class OptimizerKind : uint8_t { AdamW, Sgd };
+class ParamLayout;
+
+enum class OptimizerKind : uint8_t { AdamW, Sgd, AdamW8bit, Adafactor };
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::AdamW;
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW (the Trainer's defaults)
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW and 8-bit AdamW (the Trainer's defaults)
   float momentum = 0.9f;                             // SGD
   float weight_decay = 0.0f;
 };
 
 OptimizerKind parse_optimizer(const std::string& s);  // throws naming --optim
 const char* optimizer_name(OptimizerKind k);
-// Bytes of optimizer state per parameter: the planner's arithmetic.
-size_t optimizer_state_bytes(OptimizerKind k, size_t n_params);
+// Bytes the optimizer allocates (all Category::OptimizerState) for a model's flat parameter
+// layout: the planner's arithmetic, exactly what Optimizer::create allocates.
+size_t optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout);
 
 // The parameters an update touches: F32 masters and gradients, the optional half copy, and
 // where the weight-decay group ends.
@@ -40,7 +43,8 @@ class Optimizer {
   int64_t steps() const { return m_steps; }
   void set_steps(int64_t s) { m_steps = s; }
 
-  static std::unique_ptr<Optimizer> create(Backend& be, const OptimizerOptions& o, size_t n);
+  // State for the flat buffers of `layout` (Adafactor factors each parameter's own shape).
+  static std::unique_ptr<Optimizer> create(Backend& be, const OptimizerOptions& o, const ParamLayout& layout);
 
  protected:
   int64_t m_steps = 0;

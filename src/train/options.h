@@ -47,6 +47,7 @@ struct TrainOptions {
   bool save_model = true;      // --save-strategy no turns it off
   bool disable_progress_bar = false;
   float fp16_initial_scale = 65536.0f;
+  int64_t profile_steps = 0;   // extra steps timed op by op after training (telemetry/profiler.h)
 
   void validate() const;  // one-line errors naming the flag
 };

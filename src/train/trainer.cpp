@@ -15,6 +15,8 @@
 #include "memory/planner.h"
 #include "model/config.h"
 #include "telemetry/nvml.h"
+#include "telemetry/profiler.h"
+#include "telemetry/sampler.h"
 
 namespace anatomy {
 
@@ -111,23 +113,25 @@ TrainResult train(const TrainOptions& opt) {
     return m ? static_cast<int64_t>(m->used) : -1;
   };
   const int64_t used_before = want_cuda ? nvml_used() : -1;
-  std::unique_ptr<Backend> be = want_cuda ? make_cuda_backend(0) : make_cpu_backend(opt.threads);
+  std::unique_ptr<Backend> device = want_cuda ? make_cuda_backend(0) : make_cpu_backend(opt.threads);
   const int64_t used_context = want_cuda ? nvml_used() : -1;
-  if (opt.precision == Precision::Tf32) be->set_allow_tf32(true);
+  if (opt.precision == Precision::Tf32) device->set_allow_tf32(true);
+  ProfilingBackend prof(*device);  // the model runs through it; it only forwards until enabled
+  Backend* be = &prof;
 
   ModelShape shape{opt.per_device_train_batch_size, opt.seq_len, compute_dtype(opt.precision), opt.gradient_checkpointing, true};
   // The plan, before anything is allocated: refuse a run that cannot fit, with the levers
   // that would make it fit.
   const PlanInput plan_in{cfg, shape, opt.optim.kind, want_cuda ? Device::CUDA : Device::CPU};
-  const MemoryPlan plan = plan_memory(plan_in);
+  const MemoryPlan mem_plan = plan_memory(plan_in);
   if (auto mem = want_cuda ? nvml.memory(0) : std::nullopt) {
     const int64_t free_bytes = static_cast<int64_t>(mem->free), slack = int64_t{256} << 20;
-    if (plan.total() + slack > free_bytes) {
-      std::fprintf(stderr, "Memory plan (does not fit):\n%s", format_plan(plan).c_str());
+    if (mem_plan.total() + slack > free_bytes) {
+      std::fprintf(stderr, "Memory plan (does not fit):\n%s", format_plan(mem_plan).c_str());
       std::string levers;
       for (const Lever& l : levers_that_fit(plan_in, free_bytes, slack, opt.gradient_accumulation_steps))
         levers += str_cat("; ", l.description, " (", l.total >> 20, " MiB)");
-      fail("--per-device-train-batch-size ", shape.max_batch, ": the plan needs ", plan.total() >> 20, " MiB but the GPU has ",
+      fail("--per-device-train-batch-size ", shape.max_batch, ": the plan needs ", mem_plan.total() >> 20, " MiB but the GPU has ",
            free_bytes >> 20, " MiB free", levers.empty() ? std::string("; no single lever makes it fit") : " -- would fit" + levers);
     }
   }
@@ -144,7 +148,7 @@ TrainResult train(const TrainOptions& opt) {
   const int64_t used_weights = want_cuda ? nvml_used() : -1;
 
   OptimizerOptions oo = opt.optim;
-  auto optimizer = Optimizer::create(*be, oo, model.layout().total());
+  auto optimizer = Optimizer::create(*be, oo, model.layout());
 
   // Data and the device-side batch buffers.
   SyntheticDataset data(parse_synthetic_kind(opt.dataset), static_cast<size_t>(opt.num_samples), opt.seq_len,
@@ -182,27 +186,32 @@ TrainResult train(const TrainOptions& opt) {
   int64_t window_samples = 0, micro = 0;
   HostBatch hb;
   std::vector<float> host_losses(B);
-  const auto t0 = Clock::now();
-  for (int64_t step = 0; step < total_steps; ++step) {
+
+  // One optimizer step: accumulation over micro-batches, gradient norm, (fp16) overflow
+  // check, update. Returns the summed loss and the samples it saw.
+  auto run_step = [&](Prefetcher& source, double& step_loss, int64_t& step_samples) -> float {
     model.zero_grads();
-    double step_loss = 0;
-    int64_t step_samples = 0;
+    step_loss = 0;
+    step_samples = 0;
     for (int64_t m = 0; m < accum; ++m, ++micro) {
       double waited = 0;
-      ANATOMY_CHECK(loader.next(hb, waited), "internal error: the data loader ran dry");
+      ANATOMY_CHECK(source.next(hb, waited), "internal error: the data loader ran dry");
       data_wait += waited;
       const int64_t b = hb.batch;
       DeviceBatch db{d_ids.tensor().slice(0, b), d_types.tensor().slice(0, b), d_mask.tensor().slice(0, b),
                      d_labels.tensor().slice(0, b)};
+      be->set_phase(Phase::Data);
       be->upload(db.input_ids, hb.input_ids.data());
       be->upload(db.token_type_ids, hb.token_type_ids.data());
       be->upload(db.attention_mask, hb.attention_mask.data());
       be->upload(db.labels, hb.labels.data());
       model.forward_backward(db, scaler.scale / static_cast<float>(b * accum), static_cast<uint64_t>(micro) << 12);
+      be->set_phase(Phase::Data);
       be->download(host_losses.data(), model.losses().slice(0, b));
       for (int64_t i = 0; i < b; ++i) step_loss += host_losses[i];
       step_samples += b;
     }
+    be->set_phase(Phase::Optimizer);
     be->fill(d_norm, 0.0f);
     be->sum_squares(d_norm, model.grads());
     bool apply = true;
@@ -218,6 +227,16 @@ TrainResult train(const TrainOptions& opt) {
                          model.grads(), model.layout().decay_end()};
       optimizer->step(groups, GradTransform{d_norm, 1.0f / scaler.scale, opt.max_grad_norm}, lr);
     }
+    return lr;
+  };
+
+  NvmlSampler sampler(nvml, (fs::path(opt.output_dir) / "nvml.jsonl").string(), 0.2);
+  if (want_cuda) sampler.start();
+  const auto t0 = Clock::now();
+  for (int64_t step = 0; step < total_steps; ++step) {
+    double step_loss = 0;
+    int64_t step_samples = 0;
+    const float lr = run_step(loader, step_loss, step_samples);
     be->synchronize();
     const double now = std::chrono::duration<double>(Clock::now() - t0).count();
     stamps.push_back(now);
@@ -270,11 +289,31 @@ TrainResult train(const TrainOptions& opt) {
   }
   res.num_parameters = static_cast<int64_t>(model.layout().num_parameters());
   res.peak_bytes = al.stats().peak();
+  res.weights_mb = res.peak_bytes[Category::Weights] >> 20;
   res.process_peak_rss_mb = static_cast<int64_t>(process_peak_rss_bytes() >> 20);
   if (want_cuda && used_before >= 0) {
     res.gpu_memory_occupied_mb = nvml_used() >> 20;
     res.cuda_context_mb = (used_context - used_before) >> 20;
-    res.weights_mb = (used_weights - used_context) >> 20;
+    res.model_nvml_mb = (used_weights - used_context) >> 20;
+  }
+  sampler.stop();
+
+  // --profile-steps: extra steps, outside the timed ones, with every op between timing marks.
+  if (opt.profile_steps > 0) {
+    Prefetcher source(data, plan, 0, opt.profile_steps * accum, opt.prefetch);
+    prof.enable(true);
+    for (int64_t k = 0; k < opt.profile_steps; ++k) {
+      double l = 0;
+      int64_t n = 0;
+      prof.step_begin();
+      run_step(source, l, n);
+      prof.step_end();
+    }
+    ProfileSummary ps = prof.summarize();
+    prof.enable(false);
+    const Ceilings ceil = measure_ceilings(*device);
+    write_profile((fs::path(opt.output_dir) / "profile.json").string(), ps, ceil);
+    print_profile(ps, ceil);
   }
 
   if (opt.save_model) save_pretrained(opt.output_dir, model);
@@ -300,31 +339,44 @@ TrainResult train(const TrainOptions& opt) {
                         {"gpu_memory_occupied_mb", res.gpu_memory_occupied_mb},
                         {"cuda_context_mb", res.cuda_context_mb},
                         {"weights_mb", res.weights_mb},
+                        {"model_allocation_nvml_mb", res.model_nvml_mb},
                         {"process_peak_rss_mb", res.process_peak_rss_mb}};
   nlohmann::json cats;
   for (int i = 0; i < kNumCategories; ++i) cats[std::string(category_name(static_cast<Category>(i)))] = res.peak_bytes.v[i];
   out["allocator_peak_bytes"] = cats;
   nlohmann::json planned;
-  for (int i = 0; i < kNumCategories; ++i) planned[std::string(category_name(static_cast<Category>(i)))] = plan.bytes.v[i];
+  for (int i = 0; i < kNumCategories; ++i) planned[std::string(category_name(static_cast<Category>(i)))] = mem_plan.bytes.v[i];
   out["planned_bytes"] = planned;
+  // Memory over one step: the static categories as planned, saved activations as they live.
+  nlohmann::json events = nlohmann::json::array();
+  for (const LivenessPoint& lp : activation_liveness(cfg, shape)) {
+    nlohmann::json bytes;
+    for (int i = 0; i < kNumCategories; ++i) bytes[std::string(category_name(static_cast<Category>(i)))] = mem_plan.bytes.v[i];
+    bytes["activations"] = lp.activation_bytes;
+    events.push_back({{"label", lp.label}, {"phase", lp.label.find("backward") != std::string::npos ? "backward"
+                                                     : lp.label.find("optimizer") != std::string::npos ? "optimizer"
+                                                                                                      : "forward"},
+                      {"bytes", bytes}});
+  }
+  write_file_atomic((fs::path(opt.output_dir) / "memory_timeline.json").string(), nlohmann::json{{"events", events}}.dump(1) + "\n");
   write_file_atomic((fs::path(opt.output_dir) / "train_results.json").string(), out.dump(2) + "\n");
 
   // The memory anatomy: planned before the run, and the tagged allocator's peaks.
   const double n = static_cast<double>(res.num_parameters);
   std::printf("\nMemory anatomy (planned before the run | allocated, peak per category):\n");
   for (int i = 0; i < kNumCategories; ++i) {
-    const int64_t b = res.peak_bytes.v[i], pb = plan.bytes.v[i];
+    const int64_t b = res.peak_bytes.v[i], pb = mem_plan.bytes.v[i];
     if (!b && !pb) continue;
     std::printf("  %-16s %10.1f MiB | %10.1f MiB  %6.2f bytes/param\n",
                 std::string(category_name(static_cast<Category>(i))).c_str(), mib(pb), mib(b), b / n);
   }
-  std::printf("  %-16s %10.1f MiB | %10.1f MiB\n", "total", mib(plan.total()), mib(res.peak_bytes.total()));
+  std::printf("  %-16s %10.1f MiB | %10.1f MiB\n", "total", mib(mem_plan.total()), mib(res.peak_bytes.total()));
   if (res.gpu_memory_occupied_mb >= 0)
-    std::printf("  NVML: CUDA context %lld MB, weights %lld MB, used at the end %lld MB (minus context: %lld MB vs %.0f MB planned)\n",
-                static_cast<long long>(res.cuda_context_mb), static_cast<long long>(res.weights_mb),
+    std::printf("  NVML: CUDA context %lld MB, model allocation %lld MB, used at the end %lld MB (minus context: %lld MB vs %.0f MB planned)\n",
+                static_cast<long long>(res.cuda_context_mb), static_cast<long long>(res.model_nvml_mb),
                 static_cast<long long>(res.gpu_memory_occupied_mb),
                 static_cast<long long>(res.gpu_memory_occupied_mb - res.cuda_context_mb - (used_before >> 20)),
-                plan.total() / 1e6 * (1e6 / 1048576.0));
+                mem_plan.total() / 1e6 * (1e6 / 1048576.0));
   if (res.skipped_steps) std::printf("fp16: %lld steps skipped on overflow\n", static_cast<long long>(res.skipped_steps));
   // The seed page's three lines.
   std::printf("\nTime: %.2f\nSamples/second: %.2f\n", res.train_runtime, res.train_samples_per_second);

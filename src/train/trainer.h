@@ -24,7 +24,8 @@ struct TrainResult {
   CategoryBytes peak_bytes;              // tagged allocator, per category
   int64_t gpu_memory_occupied_mb = -1;   // NVML used at the end (-1 without a GPU)
   int64_t cuda_context_mb = -1;          // NVML used by the context before any model memory
-  int64_t weights_mb = -1;               // NVML growth from allocating the weights
+  int64_t weights_mb = -1;               // the weights category of the tagged allocator
+  int64_t model_nvml_mb = -1;            // NVML growth from allocating the model (weights, grads, arenas)
   int64_t process_peak_rss_mb = 0;
 };
 

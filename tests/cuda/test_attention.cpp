@@ -1,7 +1,7 @@
 // Fused attention (ops/cuda/attention.h) against a host double-precision reference.
 // Fresh random inputs per case, outputs poisoned with NaN before each run, padding masks
 // with padded and interior-masked keys, a batch whose keys are all masked, with and without
-// dropout, F32 / BF16 / F16, the fast path and the reference kernels.
+// dropout, F32 (cuBLAS path, plain and TF32) / BF16 / F16 (flash path), and the reference kernels.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,12 +11,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
 
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "ops/backend_memory.h"
 #include "ops/cuda/attention.h"
 
 namespace {
@@ -83,12 +85,13 @@ struct Case {
   DType dt;
   float p;
   MaskKind mask = MaskKind::Padded;
+  bool tf32 = false;  // F32 cuBLAS path with TF32 allowed
 };
 
 std::string describe(const Case& c) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "B=%d T=%d heads=%d D=%d %s p=%.2f mask=%d", c.B, c.T, c.heads, c.D,
-                std::string(anatomy::dtype_name(c.dt)).c_str(), c.p, static_cast<int>(c.mask));
+  std::snprintf(buf, sizeof buf, "B=%d T=%d heads=%d D=%d %s%s p=%.2f mask=%d", c.B, c.T, c.heads, c.D,
+                std::string(anatomy::dtype_name(c.dt)).c_str(), c.tf32 ? "(tf32)" : "", c.p, static_cast<int>(c.mask));
   return buf;
 }
 
@@ -230,7 +233,7 @@ struct EnvGuard {
 struct Problem {
   Case c;
   size_t H, n_qkv, n_ctx, n_lse;
-  DevBuf qkv, ctx, lse, mask, dctx, dqkv, scratch;
+  DevBuf qkv, ctx, lse, mask, dctx, dqkv, scratch, workspace;
   Problem(const Case& cs)
       : c(cs),
         H(static_cast<size_t>(cs.heads) * cs.D),
@@ -243,7 +246,8 @@ struct Problem {
         mask(static_cast<size_t>(cs.B) * cs.T * 4),
         dctx(n_ctx * anatomy::dtype_size(cs.dt)),
         dqkv(n_qkv * anatomy::dtype_size(cs.dt)),
-        scratch(anatomy::cuda::attention_scratch_bytes(cs.B, cs.T, cs.heads, cs.D, cs.dt)) {}
+        scratch(anatomy::cuda::attention_scratch_bytes(cs.B, cs.T, cs.heads, cs.D, cs.dt)),
+        workspace(anatomy::kCudaLtWorkspaceBytes) {}  // what the backend lends the F32 path
   Tensor t_qkv() const { return Tensor(qkv.p, c.dt, Shape{c.B, c.T, static_cast<int64_t>(3 * H)}, anatomy::Device::CUDA); }
   Tensor t_ctx() const { return Tensor(ctx.p, c.dt, Shape{c.B, c.T, static_cast<int64_t>(H)}, anatomy::Device::CUDA); }
   Tensor t_dctx() const { return Tensor(dctx.p, c.dt, Shape{c.B, c.T, static_cast<int64_t>(H)}, anatomy::Device::CUDA); }
@@ -253,12 +257,19 @@ struct Problem {
     if (c.mask == MaskKind::None) return Tensor();
     return Tensor(mask.p, DType::I32, Shape{c.B, c.T}, anatomy::Device::CUDA);
   }
+  anatomy::cuda::AttentionOptions options() const {
+    anatomy::cuda::AttentionOptions o;
+    o.cublas_workspace = workspace.p;
+    o.cublas_workspace_bytes = workspace.n;
+    o.allow_tf32 = c.tf32;
+    return o;
+  }
   void forward(const DropoutSpec& d) {
-    anatomy::cuda::attention_forward(t_ctx(), t_lse(), t_qkv(), t_mask(), c.heads, d, scratch.p, nullptr);
+    anatomy::cuda::attention_forward(t_ctx(), t_lse(), t_qkv(), t_mask(), c.heads, d, scratch.p, nullptr, options());
   }
   void backward(const DropoutSpec& d) {
     anatomy::cuda::attention_backward(t_dqkv(), t_dctx(), t_qkv(), t_ctx(), t_lse(), t_mask(), c.heads, d,
-                                      scratch.p, nullptr);
+                                      scratch.p, nullptr, options());
   }
 };
 
@@ -303,7 +314,8 @@ void check_case(const Case& c, uint64_t seed, std::vector<std::pair<int, int>> s
     for (int b = 0; b < c.B; ++b)
       for (int h = 0; h < c.heads; ++h) sel.emplace_back(b, h);
   Reference ref = reference(c, qkv, mask, dctx, d, sel);
-  const double tol = c.dt == DType::F32 ? 1e-5 : 1e-2;
+  const bool exact_f32 = c.dt == DType::F32 && !c.tf32;
+  const double tol = exact_f32 ? 1e-5 : 1e-2;
   const size_t H = pr.H, W = 3 * H;
   const double e_ctx = rel_err(ctx, ref.ctx), e_lse = rel_err(lse, ref.lse);
   const double e_dq = rel_err(dqkv, ref.dqkv, W, 0, H), e_dk = rel_err(dqkv, ref.dqkv, W, H, 2 * H),
@@ -311,7 +323,7 @@ void check_case(const Case& c, uint64_t seed, std::vector<std::pair<int, int>> s
   std::printf("  %-56s ctx %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", describe(c).c_str(), e_ctx, e_lse, e_dq, e_dk,
               e_dv);
   EXPECT_LT(e_ctx, tol);
-  EXPECT_LT(e_lse, c.dt == DType::F32 ? 1e-5 : 1e-3);
+  EXPECT_LT(e_lse, exact_f32 ? 1e-5 : 1e-3);
   EXPECT_LT(e_dq, tol);
   EXPECT_LT(e_dk, tol);
   EXPECT_LT(e_dv, tol);
@@ -322,9 +334,40 @@ uint64_t test_seed() {
   return ++s;
 }
 
+// The default F32 path (cuBLAS GEMMs + row kernels): several T (odd, tile-sized, bert-sized),
+// head dims 64 / 32 / odd, padding masks and a batch with every key masked, dropout 0 and 0.1.
+TEST(Attention, Fp32CublasPath) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (float p : {0.0f, 0.1f}) {
+    for (MaskKind mk : {MaskKind::Padded, MaskKind::AllMaskedBatch}) {
+      check_case({3, 33, 2, 64, DType::F32, p, mk}, test_seed());
+      check_case({3, 128, 3, 32, DType::F32, p, mk}, test_seed());
+      check_case({3, 512, 2, 64, DType::F32, p, mk}, test_seed(), {{0, 0}, {1, 1}, {2, 0}});
+    }
+    check_case({2, 77, 2, 128, DType::F32, p}, test_seed());
+    check_case({2, 45, 2, 40, DType::F32, p}, test_seed());
+    check_case({2, 50, 3, 33, DType::F32, p}, test_seed());  // odd head dim: unaligned operands
+    check_case({2, 96, 2, 64, DType::F32, p, MaskKind::None}, test_seed());
+  }
+}
+
+// TF32 allowed (--precision tf32): the same path with CUBLAS_COMPUTE_32F_FAST_TF32, checked at
+// the half-precision tolerance.
+TEST(Attention, Fp32CublasPathTf32) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (float p : {0.0f, 0.1f}) {
+    check_case({3, 128, 2, 64, DType::F32, p, MaskKind::AllMaskedBatch, true}, test_seed());
+    check_case({2, 512, 2, 64, DType::F32, p, MaskKind::Padded, true}, test_seed());
+  }
+}
+
 TEST(Attention, Fp32ReferenceKernels) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  EnvGuard g("ANATOMY_ATTENTION", "reference");
+  check_case({3, 70, 2, 64, DType::F32, 0.1f, MaskKind::AllMaskedBatch}, test_seed());
   for (float p : {0.0f, 0.1f}) {
     check_case({2, 77, 2, 64, DType::F32, p}, test_seed());
     check_case({3, 128, 3, 32, DType::F32, p}, test_seed());
@@ -402,6 +445,47 @@ TEST(Attention, RejectsBadShapes) {
   EXPECT_THROW(pr2.forward(d), anatomy::Error);
 }
 
+// Median forward and backward times (ms) over `iters` runs after 3 warm-up runs, with events.
+std::pair<double, double> time_fwd_bwd(Problem& pr, const DropoutSpec& d, int iters) {
+  cudaEvent_t e0, e1, e2;
+  cuda_ok(cudaEventCreate(&e0), "event");
+  cuda_ok(cudaEventCreate(&e1), "event");
+  cuda_ok(cudaEventCreate(&e2), "event");
+  for (int i = 0; i < 3; ++i) {
+    pr.forward(d);
+    pr.backward(d);
+  }
+  std::vector<float> tf, tb;
+  for (int i = 0; i < iters; ++i) {
+    cuda_ok(cudaEventRecord(e0), "record");
+    pr.forward(d);
+    cuda_ok(cudaEventRecord(e1), "record");
+    pr.backward(d);
+    cuda_ok(cudaEventRecord(e2), "record");
+    cuda_ok(cudaEventSynchronize(e2), "sync");
+    float a, b;
+    cuda_ok(cudaEventElapsedTime(&a, e0, e1), "elapsed");
+    cuda_ok(cudaEventElapsedTime(&b, e1, e2), "elapsed");
+    tf.push_back(a);
+    tb.push_back(b);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaEventDestroy(e2);
+  std::sort(tf.begin(), tf.end());
+  std::sort(tb.begin(), tb.end());
+  return {tf[tf.size() / 2], tb[tb.size() / 2]};
+}
+
+// Fresh random qkv / dctx and an all-ones mask for timing.
+void fill_for_bench(Problem& pr, uint64_t seed) {
+  anatomy::Rng rng(seed);
+  pr.qkv.upload(encode(random_values(pr.n_qkv, 2.5f, pr.c.dt, rng), pr.c.dt).data());
+  pr.dctx.upload(encode(random_values(pr.n_ctx, 1.0f, pr.c.dt, rng), pr.c.dt).data());
+  std::vector<int32_t> mask(static_cast<size_t>(pr.c.B) * pr.c.T, 1);
+  pr.mask.upload(mask.data());
+}
+
 // Times bert-large-shaped attention (B=32, T=512, heads=16, D=64) and prints TFLOP/s
 // (forward 4*B*heads*T^2*D, backward 2.5x that). Asserts correctness on a few heads only.
 TEST(AttentionBench, BertLarge) {
@@ -416,81 +500,49 @@ TEST(AttentionBench, BertLarge) {
         Case c{B, T, heads, D, dt, p, MaskKind::Padded};
         check_case(c, test_seed(), {{0, 0}, {1, 7}, {B - 1, heads - 1}});
         Problem pr(c);
-        anatomy::Rng rng(7);
-        pr.qkv.upload(encode(random_values(pr.n_qkv, 2.5f, dt, rng), dt).data());
-        pr.dctx.upload(encode(random_values(pr.n_ctx, 1.0f, dt, rng), dt).data());
-        std::vector<int32_t> mask(static_cast<size_t>(B) * T, 1);
-        pr.mask.upload(mask.data());
+        fill_for_bench(pr, 7);
         DropoutSpec d;
         d.p = p;
         d.seed = 1234;
-        cudaEvent_t e0, e1, e2;
-        cuda_ok(cudaEventCreate(&e0), "event");
-        cuda_ok(cudaEventCreate(&e1), "event");
-        cuda_ok(cudaEventCreate(&e2), "event");
-        for (int i = 0; i < 3; ++i) {
-          pr.forward(d);
-          pr.backward(d);
-        }
-        std::vector<float> tf, tb;
-        for (int i = 0; i < 20; ++i) {
-          cuda_ok(cudaEventRecord(e0), "record");
-          pr.forward(d);
-          cuda_ok(cudaEventRecord(e1), "record");
-          pr.backward(d);
-          cuda_ok(cudaEventRecord(e2), "record");
-          cuda_ok(cudaEventSynchronize(e2), "sync");
-          float a, b2;
-          cuda_ok(cudaEventElapsedTime(&a, e0, e1), "elapsed");
-          cuda_ok(cudaEventElapsedTime(&b2, e1, e2), "elapsed");
-          tf.push_back(a);
-          tb.push_back(b2);
-        }
-        std::sort(tf.begin(), tf.end());
-        std::sort(tb.begin(), tb.end());
+        const auto [mf, mb] = time_fwd_bwd(pr, d, 20);
         const double fl = 4.0 * B * heads * static_cast<double>(T) * T * D;
-        const double mf = tf[tf.size() / 2], mb = tb[tb.size() / 2];
         std::printf("BENCH %s p=%.1f fwd_mt=%s: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms %.1f TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
                     std::string(anatomy::dtype_name(dt)).c_str(), p, mt, mf, fl / mf / 1e9, mb, 2.5 * fl / mb / 1e9,
                     3.5 * fl / (mf + mb) / 1e9);
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
-        cudaEventDestroy(e2);
       }
     }
   }
-  // The F32 (reference-kernel) path, for information.
+  // The F32 cuBLAS path (plain fp32, and with TF32 allowed), B = 4 (bert-large fp32 training)
+  // and B = 32; correctness on a few heads first.
+  for (int B2 : {4, 32}) {
+    for (bool tf32 : {false, true}) {
+      for (float p : {0.0f, 0.1f}) {
+        Case c{B2, T, heads, D, DType::F32, p, MaskKind::Padded, tf32};
+        check_case(c, test_seed(), {{0, 0}, {1, 7}, {B2 - 1, heads - 1}});
+        Problem pr(c);
+        fill_for_bench(pr, 9);
+        DropoutSpec d;
+        d.p = p;
+        d.seed = 1234;
+        const auto [mf, mb] = time_fwd_bwd(pr, d, 20);
+        const double fl = 4.0 * B2 * heads * static_cast<double>(T) * T * D;
+        std::printf("BENCH F32%s cublas B=%d p=%.1f: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms %.1f TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
+                    tf32 ? " (tf32)" : "", B2, p, mf, fl / mf / 1e9, mb, 2.5 * fl / mb / 1e9, 3.5 * fl / (mf + mb) / 1e9);
+      }
+    }
+  }
+  // The F32 reference kernels, for comparison.
   {
-    Case c{8, T, heads, D, DType::F32, 0.1f, MaskKind::Padded};
+    EnvGuard g("ANATOMY_ATTENTION", "reference");
+    Case c{4, T, heads, D, DType::F32, 0.1f, MaskKind::Padded};
     Problem pr(c);
-    anatomy::Rng rng(9);
-    pr.qkv.upload(encode(random_values(pr.n_qkv, 2.5f, c.dt, rng), c.dt).data());
-    pr.dctx.upload(encode(random_values(pr.n_ctx, 1.0f, c.dt, rng), c.dt).data());
-    std::vector<int32_t> mask(static_cast<size_t>(c.B) * T, 1);
-    pr.mask.upload(mask.data());
+    fill_for_bench(pr, 9);
     DropoutSpec d;
     d.p = c.p;
-    pr.forward(d);
-    pr.backward(d);
-    cudaEvent_t e0, e1, e2;
-    cuda_ok(cudaEventCreate(&e0), "event");
-    cuda_ok(cudaEventCreate(&e1), "event");
-    cuda_ok(cudaEventCreate(&e2), "event");
-    cuda_ok(cudaEventRecord(e0), "record");
-    pr.forward(d);
-    cuda_ok(cudaEventRecord(e1), "record");
-    pr.backward(d);
-    cuda_ok(cudaEventRecord(e2), "record");
-    cuda_ok(cudaEventSynchronize(e2), "sync");
-    float a, b2;
-    cuda_ok(cudaEventElapsedTime(&a, e0, e1), "elapsed");
-    cuda_ok(cudaEventElapsedTime(&b2, e1, e2), "elapsed");
+    const auto [mf, mb] = time_fwd_bwd(pr, d, 3);
     const double fl = 4.0 * c.B * heads * static_cast<double>(T) * T * D;
-    std::printf("BENCH F32 reference B=%d p=0.1: fwd %.3f ms %.2f TFLOP/s | bwd %.3f ms %.2f TFLOP/s\n", c.B, a,
-                fl / a / 1e9, b2, 2.5 * fl / b2 / 1e9);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaEventDestroy(e2);
+    std::printf("BENCH F32 reference B=%d p=0.1: fwd %.3f ms %.2f TFLOP/s | bwd %.3f ms %.2f TFLOP/s\n", c.B, mf,
+                fl / mf / 1e9, mb, 2.5 * fl / mb / 1e9);
   }
 }
 

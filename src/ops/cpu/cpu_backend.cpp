@@ -8,6 +8,7 @@
 #include "ops/backend.h"
 #include "ops/cpu/convert.h"
 #include "ops/cpu/reference.h"
+#include "ops/optim_math.h"
 
 namespace anatomy {
 
@@ -290,6 +291,52 @@ class CpuBackend final : public Backend {
     float* buf =
         a.momentum != 0.0f ? (expect(momentum, F32, n, op, "momentum"), f32(momentum)) : nullptr;
     ref::sgd_update(f32(params), buf, f32(grads), n, factor(g, op), a);
+    write_half(half_copy, params, op);
+  }
+  void adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes, const Tensor& m_absmax,
+                        const Tensor& v_absmax, const Tensor& half_copy, const Tensor& grads, const Tensor& qmap,
+                        const GradTransform& g, const AdamWArgs& a) override {
+    const char* op = "adamw8bit_update";
+    expect(params, F32, op, "params");
+    const size_t n = params.numel(), blocks = (n + kQuantBlock - 1) / kQuantBlock;
+    expect(m_codes, DType::U8, n, op, "m_codes");
+    expect(v_codes, DType::U8, n, op, "v_codes");
+    expect(m_absmax, F32, blocks, op, "m_absmax");
+    expect(v_absmax, F32, blocks, op, "v_absmax");
+    expect(qmap, F32, 512, op, "qmap");
+    expect(grads, F32, n, op, "grads");
+    // The factor in float, as the CUDA kernel computes it (ops/optim_math.h).
+    float norm_sq = 0.0f;
+    if (g.max_norm > 0) {
+      expect(g.norm_sq, F32, 1, op, "norm_sq (clipping is on)");
+      norm_sq = f32(g.norm_sq)[0];
+    }
+    const float f = om::grad_factor(norm_sq, g.max_norm > 0, g.inv_loss_scale, g.max_norm);
+    ref::adamw8bit_update<float>(f32(params), m_codes.ptr<uint8_t>(), v_codes.ptr<uint8_t>(), f32(m_absmax),
+                                 f32(v_absmax), f32(grads), f32(qmap), n, f, a);
+    write_half(half_copy, params, op);
+  }
+  void adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch, const Tensor& half_copy,
+                        const Tensor& grads, const AdafactorTable& table, const GradTransform& g,
+                        const AdafactorArgs& a) override {
+    const char* op = "adafactor_update";
+    expect(params, F32, op, "params");
+    const size_t n = params.numel();
+    expect(grads, F32, n, op, "grads");
+    expect(state, F32, op, "state");
+    expect(scratch, F32, op, "scratch");
+    expect(table.segments, DType::I64, static_cast<size_t>(table.count * kAdafactorSegmentFields), op, "segments");
+    const auto* segs = table.segments.ptr<const AdafactorSegment>();
+    for (int64_t s = 0; s < table.count; ++s) {
+      const AdafactorSegment& sg = segs[s];
+      const int64_t numel = sg.rows * sg.cols;
+      ANATOMY_CHECK(sg.rows > 0 && sg.cols > 0 && sg.offset >= 0 && static_cast<size_t>(sg.offset + numel) <= n &&
+                        sg.row_state >= 0 &&
+                        static_cast<size_t>(sg.row_state + (sg.factored ? sg.rows : numel)) <= state.numel() &&
+                        (!sg.factored || (sg.col_state >= 0 && static_cast<size_t>(sg.col_state + sg.cols) <= state.numel())),
+                    op, ": segment ", s, " is out of range of params ", params.shape.str(), " or state ", state.shape.str());
+    }
+    ref::adafactor_update(f32(params), f32(state), f32(grads), segs, static_cast<size_t>(table.count), factor(g, op), a);
     write_half(half_copy, params, op);
   }
 

@@ -126,5 +126,23 @@ void adamw_update(T* params, T* m, T* v, const T* grads, size_t n, double factor
 // (may be nullptr).
 template <class T>
 void sgd_update(T* params, T* buf, const T* grads, size_t n, double factor, const SgdArgs& a);
+// Block-wise 8-bit AdamW (Backend::adamw8bit_update, Note [8-bit AdamW] in
+// optim/adamw8bit.h): per block of kQuantBlock values, dequantize m and v (code -> map entry
+// times the block's absmax), apply adamw_update's math in T with g = grads * factor, store the
+// new absmax (max |m|, max v over the block) and the nearest codes. With T = float the math is
+// ops/optim_math.h's, the same operations as the CUDA kernel. qmap: signed map then unsigned.
+template <class T>
+void adamw8bit_update(float* params, uint8_t* m_codes, uint8_t* v_codes, float* m_absmax, float* v_absmax,
+                      const float* grads, const float* qmap, size_t n, T factor, const AdamWArgs& a);
+// Adafactor (Hugging Face, explicit lr, no momentum) over the parameters of `segs` (the
+// AdafactorSegment fields offset, rows, cols, factored, decay, row_state, col_state), math in
+// double. With g = grads * factor and beta2t = 1 - step^decay_rate:
+//   factored [R, C]: row = beta2t row + (1-beta2t) mean_j(g^2 + eps1), col likewise over i;
+//     u = g * rsqrt(row_i / mean(row)) * rsqrt(col_j);
+//   unfactored: v = beta2t v + (1-beta2t) (g^2 + eps1); u = g * rsqrt(v);
+//   u /= max(1, RMS(u) / clip_threshold); p -= lr * wd * p (decay segments); p -= lr * u.
+template <class T>
+void adafactor_update(T* params, T* state, const T* grads, const AdafactorSegment* segs, size_t count,
+                      double factor, const AdafactorArgs& a);
 
 }  // namespace anatomy::ref

@@ -1,6 +1,7 @@
 // Fused multi-head self-attention for the CUDA backend: entry points, the reference
-// kernels (every dtype, head_dim <= 128, fp32 math; the F32 path and the fallback), and the
-// small passes around the backward (Dsum = rowsum(dO * O), dQ conversion).
+// kernels (every dtype, head_dim <= 128, fp32 math; the fallback, and every dtype under
+// ANATOMY_ATTENTION=reference), and the small passes around the backward (Dsum = rowsum(dO * O),
+// dQ conversion). F32 runs on cuBLAS (attention_gemm.cu), BF16/F16 D=64 on attention_flash.cu.
 // The math and the masking convention are in attention_common.cuh.
 #include "ops/backend_memory.h"
 #include "ops/cuda/attention.h"
@@ -397,6 +398,12 @@ void ref_forward(const Params& p, cudaStream_t s) {
   check_launch("attention reference forward");
 }
 
+// The F32 cuBLAS path's two [heads, T, T] buffers, after the Dsum part of the scratch.
+float* gemm_buffer(void* scratch, const Params& p, int which) {
+  const size_t dsum_bytes = align_up(static_cast<size_t>(p.B) * p.heads * p.T * sizeof(float));
+  return reinterpret_cast<float*>(static_cast<char*>(scratch) + dsum_bytes + which * align_up(gemm_score_bytes(p.T, p.heads)));
+}
+
 template <class T>
 void backward_passes(const Params& p, bool fast, bool is_bf16, cudaStream_t s) {
   const int64_t tokens = static_cast<int64_t>(p.B) * p.T;
@@ -424,13 +431,18 @@ size_t attention_scratch_bytes(int64_t B, int64_t T, int heads, int head_dim, DT
 }
 
 void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                       const DropoutSpec& d, void* scratch, cudaStream_t s) {
+                       const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt) {
   attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
   ANATOMY_CHECK(ctx.defined() && ctx.dtype == qkv.dtype && ctx.numel() == static_cast<size_t>(p.B) * p.T * p.H,
                 "attention: ctx must be [B, T, H] in the dtype of qkv");
   p.ctx = ctx.data;
   if (p.B == 0 || p.T == 0) return;
   const bool is_bf16 = qkv.dtype == DType::BF16;
+  if (qkv.dtype == DType::F32 && !attn::force_reference()) {
+    ANATOMY_CHECK(scratch != nullptr, "attention: the F32 forward needs scratch memory");
+    attn::gemm_forward(p, attn::gemm_buffer(scratch, p, 0), opt, s);
+    return;
+  }
   if (qkv.dtype != DType::F32 && !attn::force_reference() &&
       attn::flash_forward(p, is_bf16, attn::smem_optin_limit(), s)) {
     attn::check_launch("attention flash forward");
@@ -446,7 +458,7 @@ void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, 
 
 void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
-                        cudaStream_t s) {
+                        cudaStream_t s, const AttentionOptions& opt) {
   attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
   const size_t n = static_cast<size_t>(p.B) * p.T * p.H;
   ANATOMY_CHECK(ctx.defined() && ctx.dtype == qkv.dtype && ctx.numel() == n, "attention: ctx must be [B, T, H]");
@@ -464,7 +476,16 @@ void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qk
   const bool fast = qkv.dtype != DType::F32 && !attn::force_reference() && attn::flash_supports(p);
   const bool is_bf16 = qkv.dtype == DType::BF16;
   switch (qkv.dtype) {
-    case DType::F32: attn::backward_passes<float>(p, false, false, s); break;
+    case DType::F32:
+      if (attn::force_reference()) {
+        attn::backward_passes<float>(p, false, false, s);
+      } else {
+        const int64_t tokens = static_cast<int64_t>(p.B) * p.T;
+        attn::dsum_kernel<float><<<static_cast<unsigned>((tokens + 7) / 8), 256, 0, s>>>(p, false);
+        attn::check_launch("attention dsum");
+        attn::gemm_backward(p, attn::gemm_buffer(scratch, p, 0), attn::gemm_buffer(scratch, p, 1), opt, s);
+      }
+      break;
     case DType::BF16: attn::backward_passes<__nv_bfloat16>(p, fast, is_bf16, s); break;
     case DType::F16: attn::backward_passes<__half>(p, fast, is_bf16, s); break;
     default: fail("attention: unsupported dtype");

@@ -1,9 +1,34 @@
+// Fused multi-head self-attention on the GPU (attention.cu, attention_flash.cu,
+// attention_gemm.cu). The math and the masking convention are in attention_common.cuh.
+//
+// Paths: BF16/F16 with head_dim 64 take the flash kernels; F32 takes the cuBLAS path (strided
+// batched GEMMs per sample with the [heads, T, T] score matrix in scratch); everything else,
+// and every dtype under ANATOMY_ATTENTION=reference, takes the scalar reference kernels.
+// `scratch` must hold attention_scratch_bytes(...) bytes (ops/backend_memory.h).
 #pragma once
 #include <cuda_runtime.h>
+
+#include <cstddef>
+
 #include "core/tensor.h"
 #include "ops/backend.h"
+
 namespace anatomy::cuda {
+
+struct AttentionOptions {
+  // cuBLAS workspace for the F32 GEMM path (the backend lends its cuBLASLt workspace: both
+  // run in order on one stream). Null / 0: cuBLAS runs without a workspace.
+  void* cublas_workspace = nullptr;
+  size_t cublas_workspace_bytes = 0;
+  // Let the F32 GEMM path use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32).
+  bool allow_tf32 = false;
+};
+
 size_t attention_scratch_bytes(int64_t B, int64_t T, int heads, int head_dim, DType dt);
-void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch, cudaStream_t s);
-void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx, const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch, cudaStream_t s);
-}
+void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
+                       const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt = {});
+void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                        const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
+                        cudaStream_t s, const AttentionOptions& opt = {});
+
+}  // namespace anatomy::cuda

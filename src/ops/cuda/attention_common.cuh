@@ -1,5 +1,6 @@
 // Shared pieces of the attention kernels (attention.cu: host entry points, reference
-// kernels, pre/post passes; attention_flash.cu: the tensor-core fast path).
+// kernels, pre/post passes; attention_flash.cu: the tensor-core fast path for BF16/F16;
+// attention_gemm.cu: the cuBLAS path for F32).
 //
 // Problem (per batch b, head h; D = head_dim, H = heads*D, scale = 1/sqrt(D)):
 //   q_t = qkv[b, t, 0*H + h*D : +D],  k_t = qkv[b, t, 1*H + h*D : +D],  v_t = qkv[b, t, 2*H + h*D : +D]
@@ -22,7 +23,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+
+#include "ops/cuda/attention.h"
 
 namespace anatomy::cuda::attn {
 
@@ -82,5 +86,11 @@ bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s
 // writes dK, dV into p.dqkv.
 bool flash_backward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);
 bool flash_supports(const Params& p);
+
+// F32 cuBLAS path (attention_gemm.cu). S and dP are [heads, T, T] F32 scratch buffers of
+// gemm_score_bytes(T, heads) each. The backward needs p.dsum filled; it overwrites p.dqkv.
+size_t gemm_score_bytes(int64_t T, int heads);
+void gemm_forward(const Params& p, float* S, const AttentionOptions& o, cudaStream_t s);
+void gemm_backward(const Params& p, float* S, float* dP, const AttentionOptions& o, cudaStream_t s);
 
 }  // namespace anatomy::cuda::attn

@@ -88,11 +88,31 @@ CudaBackend::~CudaBackend() {
     (void)cudaStreamSynchronize(m_stream);  // nothing may still use the buffers freed below
     (void)cudaStreamDestroy(m_stream);
   }
+  for (cudaEvent_t e : m_events) (void)cudaEventDestroy(e);
+}
+
+int CudaBackend::timing_mark() {
+  if (m_events_used == m_events.size()) {
+    cudaEvent_t e;
+    ANATOMY_CUDA_CHECK(cudaEventCreate(&e));
+    m_events.push_back(e);
+  }
+  ANATOMY_CUDA_CHECK(cudaEventRecord(m_events[m_events_used], m_stream));
+  return static_cast<int>(m_events_used++);
+}
+
+double CudaBackend::timing_elapsed_ms(int a, int b) {
+  float ms = 0;
+  ANATOMY_CUDA_CHECK(cudaEventElapsedTime(&ms, m_events[a], m_events[b]));
+  return ms;
 }
 
 void CudaBackend::synchronize() { ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream)); }
 
-void CudaBackend::set_allow_tf32(bool on) { m_matmul->set_allow_tf32(on); }
+void CudaBackend::set_allow_tf32(bool on) {
+  m_matmul->set_allow_tf32(on);
+  m_allow_tf32 = on;  // the F32 attention GEMMs follow the same switch
+}
 
 int64_t CudaBackend::matmul_fallback_calls() const { return m_matmul->fallback_calls(); }
 
@@ -170,6 +190,17 @@ void CudaBackend::bias_grad(const Tensor& db, const Tensor& dy) {
 }
 
 // ---- attention -----------------------------------------------------------------------------------
+#ifdef ANATOMY_HAVE_CUDA_ATTENTION
+// The F32 attention GEMMs borrow the cuBLASLt workspace: both run in order on m_stream.
+AttentionOptions CudaBackend::attention_options() const {
+  AttentionOptions o;
+  o.cublas_workspace = m_workspace.data();
+  o.cublas_workspace_bytes = kWorkspaceBytes;
+  o.allow_tf32 = m_allow_tf32;
+  return o;
+}
+#endif
+
 // The scratch grows when the kernels ask for more than it has. Shapes are fixed for a run, so
 // this happens on the first step only and the Temporary peak is reached there (Note [allocation
 // policy] in memory/allocator.h).
@@ -205,7 +236,7 @@ void CudaBackend::attention_forward(const Tensor& ctx, const Tensor& lse, const 
   const AttnDims d = attention_dims(qkv, ctx, lse, mask, heads, "attention_forward");
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(d.b, d.t, heads, static_cast<int>(d.h / heads), qkv.dtype));
-  cuda::attention_forward(ctx, lse, qkv, mask, heads, dropout, scratch, m_stream);
+  cuda::attention_forward(ctx, lse, qkv, mask, heads, dropout, scratch, m_stream, attention_options());
 #else
   (void)d;
   fail("attention_forward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
@@ -219,7 +250,7 @@ void CudaBackend::attention_backward(const Tensor& dqkv, const Tensor& dctx, con
   expect(dctx, qkv.dtype, ctx.numel(), "attention_backward", "dctx");
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(d.b, d.t, heads, static_cast<int>(d.h / heads), qkv.dtype));
-  cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream);
+  cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream, attention_options());
 #else
   (void)d;
   fail("attention_backward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
@@ -411,6 +442,48 @@ void CudaBackend::sgd_update(const Tensor& params, const Tensor& momentum, const
                   params.shape.str());
   }
   cuda::sgd_update(params, momentum, half_copy, grads, grad_factor(g, op), a, m_stream);
+}
+
+void CudaBackend::adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes,
+                                   const Tensor& m_absmax, const Tensor& v_absmax, const Tensor& half_copy,
+                                   const Tensor& grads, const Tensor& qmap, const GradTransform& g,
+                                   const AdamWArgs& a) {
+  const char* op = "adamw8bit_update";
+  expect(params, F32, op, "params");
+  const size_t n = params.numel(), blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  expect(m_codes, DType::U8, n, op, "m_codes");
+  expect(v_codes, DType::U8, n, op, "v_codes");
+  expect(m_absmax, F32, blocks, op, "m_absmax");
+  expect(v_absmax, F32, blocks, op, "v_absmax");
+  expect(qmap, F32, 512, op, "qmap");
+  expect(grads, F32, n, op, "grads");
+  if (half_copy.defined()) {
+    compute_dtype(half_copy, op, "half_copy");
+    ANATOMY_CHECK(half_copy.numel() == n, op, ": half_copy ", half_copy.shape.str(), " does not match params ",
+                  params.shape.str());
+  }
+  cuda::adamw8bit_update(params, m_codes, v_codes, m_absmax, v_absmax, half_copy, grads, qmap, grad_factor(g, op), a,
+                         m_stream);
+}
+
+void CudaBackend::adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch,
+                                   const Tensor& half_copy, const Tensor& grads, const AdafactorTable& table,
+                                   const GradTransform& g, const AdafactorArgs& a) {
+  const char* op = "adafactor_update";
+  expect(params, F32, op, "params");
+  const size_t n = params.numel();
+  expect(grads, F32, n, op, "grads");
+  expect(state, F32, op, "state");
+  expect(scratch, F32, op, "scratch");
+  // The table itself lives on the device; its builder (optim/adafactor.h) keeps it in range.
+  expect(table.segments, DType::I64, static_cast<size_t>(table.count * kAdafactorSegmentFields), op, "segments");
+  ANATOMY_CHECK(table.count >= 0 && table.chunks >= table.count && table.strips >= 0, op, ": inconsistent table totals");
+  if (half_copy.defined()) {
+    compute_dtype(half_copy, op, "half_copy");
+    ANATOMY_CHECK(half_copy.numel() == n, op, ": half_copy ", half_copy.shape.str(), " does not match params ",
+                  params.shape.str());
+  }
+  cuda::adafactor_update(params, state, scratch, half_copy, grads, table, grad_factor(g, op), a, m_stream);
 }
 
 }  // namespace anatomy::cuda

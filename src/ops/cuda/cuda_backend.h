@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <vector>
 
 #include "ops/backend.h"
 #include "ops/backend_memory.h"
@@ -15,6 +16,7 @@
 namespace anatomy::cuda {
 
 class LtMatmul;
+struct AttentionOptions;  // ops/cuda/attention.h
 
 class CudaBackend final : public Backend {
  public:
@@ -33,6 +35,11 @@ class CudaBackend final : public Backend {
   void set_allow_tf32(bool on) override;
 
   cudaStream_t stream() const { return m_stream; }
+  // Timing marks are CUDA events recorded on the stream; the pool grows while profiling and
+  // is reused after timing_reset().
+  int timing_mark() override;
+  double timing_elapsed_ms(int a, int b) override;
+  void timing_reset() override { m_events_used = 0; }
   int device_index() const { return m_device; }
   // Free and total bytes of the current device (cudaMemGetInfo).
   static DeviceMemory memory_info() { return device_memory(); }
@@ -87,19 +94,29 @@ class CudaBackend final : public Backend {
                     const Tensor& grads, const GradTransform& g, const AdamWArgs& a) override;
   void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy, const Tensor& grads,
                   const GradTransform& g, const SgdArgs& a) override;
+  void adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes, const Tensor& m_absmax,
+                        const Tensor& v_absmax, const Tensor& half_copy, const Tensor& grads, const Tensor& qmap,
+                        const GradTransform& g, const AdamWArgs& a) override;
+  void adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch, const Tensor& half_copy,
+                        const Tensor& grads, const AdafactorTable& table, const GradTransform& g,
+                        const AdafactorArgs& a) override;
 
  private:
   ReduceScratch reduce_scratch() const;
   void* attention_scratch(size_t bytes);
+  AttentionOptions attention_options() const;  // cuBLAS workspace and TF32 switch for the F32 path
 
   int m_device;
   std::string m_name;
   CudaAllocator m_alloc;  // declared before the buffers: it must outlive them
   cudaStream_t m_stream = nullptr;
+  std::vector<cudaEvent_t> m_events;
+  size_t m_events_used = 0;
   Buffer m_workspace;      // [kWorkspaceBytes] U8, Category::Workspace
   Buffer m_reduce;         // [kReduceScratchBytes / 4] F32, Category::Temporary
   Buffer m_attn_scratch;   // U8, Category::Temporary, sized by attention_scratch_bytes
   std::unique_ptr<LtMatmul> m_matmul;
+  bool m_allow_tf32 = false;  // set_allow_tf32 (also read by the F32 attention path)
 };
 
 }  // namespace anatomy::cuda

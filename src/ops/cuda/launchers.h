@@ -84,6 +84,15 @@ void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const 
                   const Tensor& grads, const GradFactor& g, const AdamWArgs& a, cudaStream_t s);
 void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy,
                 const Tensor& grads, const GradFactor& g, const SgdArgs& a, cudaStream_t s);
+// Block-wise 8-bit AdamW (Backend::adamw8bit_update): one block of kQuantBlock threads per
+// quantization block; codes U8, absmax F32 [ceil(n / kQuantBlock)], qmap F32 [512].
+void adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes, const Tensor& m_absmax,
+                      const Tensor& v_absmax, const Tensor& half_copy, const Tensor& grads, const Tensor& qmap,
+                      const GradFactor& g, const AdamWArgs& a, cudaStream_t s);
+// Adafactor over every segment of the (device-resident) table: four launches in all.
+void adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch, const Tensor& half_copy,
+                      const Tensor& grads, const AdafactorTable& t, const GradFactor& g, const AdafactorArgs& a,
+                      cudaStream_t s);
 
 // ---- matmul_fallback.cu -------------------------------------------------------------------------
 // The same contract as Backend::matmul for shapes or dtype combinations cuBLASLt has no

@@ -5,6 +5,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
+#include "ops/optim_math.h"
 
 namespace anatomy::cuda {
 
@@ -124,6 +125,246 @@ void dispatch_half(const Tensor& half_copy, F&& f) {
     dispatch_float(half_copy.dtype, "optimizer half_copy", f);
 }
 
+// ---- 8-bit AdamW --------------------------------------------------------------------------------
+// One thread block per quantization block (kQuantBlock threads, one element each): dequantize,
+// the AdamW step in fp32 (ops/optim_math.h, the CPU twin's exact operations), block absmax,
+// re-quantize by binary search over the maps in shared memory. No atomics: the result does not
+// depend on scheduling.
+__device__ __forceinline__ float exact_grad_factor(const GradFactor& gf) {
+  const bool clip = gf.norm_sq != nullptr && gf.max_norm > 0.0f;
+  return om::grad_factor(clip ? *gf.norm_sq : 0.0f, clip, gf.inv_loss_scale, gf.max_norm);
+}
+
+template <class H>
+__global__ void __launch_bounds__(kQuantBlock)
+    adamw8bit_kernel(float* __restrict__ params, uint8_t* __restrict__ m_codes, uint8_t* __restrict__ v_codes,
+                     float* __restrict__ m_absmax, float* __restrict__ v_absmax, H* __restrict__ half,
+                     const float* __restrict__ grads, const float* __restrict__ qmap, size_t n, GradFactor gf,
+                     om::AdamConsts<float> c) {
+  __shared__ float map[512];
+  __shared__ float red[32];
+  const int t = threadIdx.x;
+  map[t] = qmap[t];
+  map[t + kQuantBlock] = qmap[t + kQuantBlock];
+  __syncthreads();
+  const size_t b = blockIdx.x, i = b * kQuantBlock + t;
+  const bool live = i < n;
+  const float f = exact_grad_factor(gf);
+  const float ma = m_absmax[b], va = v_absmax[b];
+  float m = 0.0f, v = 0.0f;
+  if (live) {
+    m = om::dequantize(map, m_codes[i], ma);
+    v = om::dequantize(map + 256, v_codes[i], va);
+    const float p = om::adam_element(params[i], m, v, om::mul(grads[i], f), c);
+    params[i] = p;
+    if (half) half[i] = from_f32<H>(p);
+  }
+  // Every thread has read the old scales before the reductions' barriers; thread 0 writes after.
+  const float am = block_max(live ? fabsf(m) : 0.0f, red);
+  const float av = block_max(live ? v : 0.0f, red);
+  if (live) {
+    m_codes[i] = om::quantize(map, m, am, false);
+    v_codes[i] = om::quantize(map + 256, v, av, true);
+  }
+  if (t == 0) {
+    m_absmax[b] = am;
+    v_absmax[b] = av;
+  }
+}
+
+// ---- Adafactor ----------------------------------------------------------------------------------
+// Four launches per step over all parameters (AdafactorSegment in ops/backend.h):
+//   1. statistics: per row chunk, each row's mean of g^2 + eps1 (a warp per row) into the row
+//      state; per 32-column strip, each column's mean over all rows (8 row lanes, summed in a
+//      fixed order) into the column state; for 1-D parameters the full v, element-wise.
+//   2. row dots: per row chunk, W_r = sum_j g_rj^2 / col_j (so sum over the row of the unclipped
+//      update squared is W_r * mean(row) / row_r); 1-D: per-chunk partial sums of g^2 / v.
+//   3. per segment (one block each): mean(row) and the update RMS, hence the clip scale.
+//   4. apply: p = p - lr wd p - lr * g rsqrt(row_r / mean(row)) rsqrt(col_j) * scale.
+// Every reduction has a fixed order (warp shuffles, block_sum, per-chunk partials): deterministic.
+constexpr int kAfThreads = 256, kAfWarps = kAfThreads / 32, kAfStrip = 32;
+
+struct AdafactorConsts {
+  float beta2t, one_minus_beta2t, eps1, lr, lr_wd, clip_threshold;
+};
+
+// The last segment whose first chunk (strips: first strip) is at or before b.
+__device__ __forceinline__ int find_segment(const AdafactorSegment* __restrict__ segs, int count, int64_t b,
+                                            bool strips) {
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    const int64_t begin = strips ? segs[mid].strip_begin : segs[mid].chunk_begin;
+    if (begin <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+__global__ void __launch_bounds__(kAfThreads)
+    adafactor_stats_kernel(float* __restrict__ state, const float* __restrict__ grads,
+                           const AdafactorSegment* __restrict__ segs, int count, int64_t chunks, GradFactor gf,
+                           AdafactorConsts c) {
+  const float f = grad_factor(gf.norm_sq, gf.inv_loss_scale, gf.max_norm);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t b = blockIdx.x;
+  if (b < chunks) {
+    const AdafactorSegment sg = segs[find_segment(segs, count, b, false)];
+    const int64_t local = b - sg.chunk_begin;
+    const float* g = grads + sg.offset;
+    if (sg.factored) {
+      const int64_t r0 = local * sg.chunk, r1 = min(sg.rows, r0 + sg.chunk);
+      for (int64_t r = r0 + warp; r < r1; r += kAfWarps) {
+        float acc = 0.0f;
+        for (int64_t j = lane; j < sg.cols; j += 32) {
+          const float x = g[r * sg.cols + j] * f;
+          acc += x * x + c.eps1;
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) {
+          float& row = state[sg.row_state + r];
+          row = c.beta2t * row + c.one_minus_beta2t * (acc / static_cast<float>(sg.cols));
+        }
+      }
+    } else {
+      const int64_t e0 = local * sg.chunk, e1 = min(sg.cols, e0 + sg.chunk);
+      for (int64_t e = e0 + threadIdx.x; e < e1; e += kAfThreads) {
+        const float x = g[e] * f;
+        float& v = state[sg.row_state + e];
+        v = c.beta2t * v + c.one_minus_beta2t * (x * x + c.eps1);
+      }
+    }
+    return;
+  }
+  __shared__ float part[kAfWarps][kAfStrip];
+  const int64_t q = b - chunks;
+  const AdafactorSegment sg = segs[find_segment(segs, count, q, true)];
+  const int64_t j = (q - sg.strip_begin) * kAfStrip + lane;
+  const float* g = grads + sg.offset;
+  float acc = 0.0f;
+  if (j < sg.cols)
+    for (int64_t r = warp; r < sg.rows; r += kAfWarps) {
+      const float x = g[r * sg.cols + j] * f;
+      acc += x * x + c.eps1;
+    }
+  part[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && j < sg.cols) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kAfWarps; ++k) sum += part[k][lane];
+    float& col = state[sg.col_state + j];
+    col = c.beta2t * col + c.one_minus_beta2t * (sum / static_cast<float>(sg.rows));
+  }
+}
+
+__global__ void __launch_bounds__(kAfThreads)
+    adafactor_rowdot_kernel(float* __restrict__ scratch, const float* __restrict__ state,
+                            const float* __restrict__ grads, const AdafactorSegment* __restrict__ segs, int count,
+                            GradFactor gf) {
+  __shared__ float red[32];
+  const float f = grad_factor(gf.norm_sq, gf.inv_loss_scale, gf.max_norm);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t b = blockIdx.x;
+  const AdafactorSegment sg = segs[find_segment(segs, count, b, false)];
+  const int64_t local = b - sg.chunk_begin;
+  const float* g = grads + sg.offset;
+  if (sg.factored) {
+    const float* col = state + sg.col_state;
+    const int64_t r0 = local * sg.chunk, r1 = min(sg.rows, r0 + sg.chunk);
+    for (int64_t r = r0 + warp; r < r1; r += kAfWarps) {
+      float acc = 0.0f;
+      for (int64_t j = lane; j < sg.cols; j += 32) {
+        const float x = g[r * sg.cols + j] * f;
+        acc += x * x / col[j];
+      }
+      acc = warp_sum(acc);
+      if (lane == 0) scratch[sg.scratch + r] = acc;
+    }
+  } else {
+    const float* v = state + sg.row_state;
+    const int64_t e0 = local * sg.chunk, e1 = min(sg.cols, e0 + sg.chunk);
+    float acc = 0.0f;
+    for (int64_t e = e0 + threadIdx.x; e < e1; e += kAfThreads) {
+      const float x = g[e] * f;
+      acc += x * x / v[e];
+    }
+    acc = block_sum(acc, red);
+    if (threadIdx.x == 0) scratch[sg.scratch + local] = acc;
+  }
+}
+
+__global__ void __launch_bounds__(kAfThreads)
+    adafactor_segment_kernel(float* __restrict__ scratch, const float* __restrict__ state,
+                             const AdafactorSegment* __restrict__ segs, AdafactorConsts c) {
+  __shared__ float red[32];
+  const AdafactorSegment sg = segs[blockIdx.x];
+  float* w = scratch + sg.scratch;
+  float mean_row = 1.0f, sumsq;
+  int64_t slots;  // where the two scalars go
+  if (sg.factored) {
+    const float* row = state + sg.row_state;
+    float acc = 0.0f;
+    for (int64_t r = threadIdx.x; r < sg.rows; r += kAfThreads) acc += row[r];
+    mean_row = block_sum(acc, red) / static_cast<float>(sg.rows);
+    acc = 0.0f;
+    for (int64_t r = threadIdx.x; r < sg.rows; r += kAfThreads) acc += w[r] * (mean_row / row[r]);
+    sumsq = block_sum(acc, red);
+    slots = sg.rows;
+  } else {
+    float acc = 0.0f;
+    for (int64_t k = threadIdx.x; k < sg.chunks; k += kAfThreads) acc += w[k];
+    sumsq = block_sum(acc, red);
+    slots = sg.chunks;
+  }
+  if (threadIdx.x == 0) {
+    const float rms = sqrtf(sumsq / static_cast<float>(sg.rows * sg.cols));
+    w[slots] = mean_row;
+    w[slots + 1] = 1.0f / fmaxf(1.0f, rms / c.clip_threshold);
+  }
+}
+
+template <class H>
+__global__ void __launch_bounds__(kAfThreads)
+    adafactor_apply_kernel(float* __restrict__ params, H* __restrict__ half, const float* __restrict__ state,
+                           const float* __restrict__ scratch, const float* __restrict__ grads,
+                           const AdafactorSegment* __restrict__ segs, int count, GradFactor gf, AdafactorConsts c) {
+  const float f = grad_factor(gf.norm_sq, gf.inv_loss_scale, gf.max_norm);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t b = blockIdx.x;
+  const AdafactorSegment sg = segs[find_segment(segs, count, b, false)];
+  const int64_t local = b - sg.chunk_begin;
+  const float* g = grads + sg.offset;
+  float* p = params + sg.offset;
+  H* h = half ? half + sg.offset : nullptr;
+  const float lr_wd = sg.decay ? c.lr_wd : 0.0f;
+  auto apply = [&](int64_t i, float u) {
+    float x = p[i];
+    x = x - lr_wd * x;
+    x = x - c.lr * u;
+    p[i] = x;
+    if (h) h[i] = from_f32<H>(x);
+  };
+  if (sg.factored) {
+    const float* row = state + sg.row_state;
+    const float* col = state + sg.col_state;
+    const float mean_row = scratch[sg.scratch + sg.rows], scale = scratch[sg.scratch + sg.rows + 1];
+    const int64_t r0 = local * sg.chunk, r1 = min(sg.rows, r0 + sg.chunk);
+    for (int64_t r = r0 + warp; r < r1; r += kAfWarps) {
+      const float rf = rsqrtf(row[r] / mean_row) * scale;
+      for (int64_t j = lane; j < sg.cols; j += 32) {
+        const int64_t i = r * sg.cols + j;
+        apply(i, g[i] * f * rf * rsqrtf(col[j]));
+      }
+    }
+  } else {
+    const float* v = state + sg.row_state;
+    const float scale = scratch[sg.scratch + sg.chunks + 1];
+    const int64_t e0 = local * sg.chunk, e1 = min(sg.cols, e0 + sg.chunk);
+    for (int64_t e = e0 + threadIdx.x; e < e1; e += kAfThreads) apply(e, g[e] * f * rsqrtf(v[e]) * scale);
+  }
+}
+
 }  // namespace
 
 // ---- launchers ----------------------------------------------------------------------------------
@@ -177,6 +418,55 @@ void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half
     H* hp = half_copy.defined() ? half_copy.ptr<H>() : nullptr;
     sgd_kernel<H><<<grid_for(n, kThreads, 4), kThreads, 0, s>>>(params.ptr<float>(), buf, hp, grads.ptr<const float>(),
                                                                 n, g, sp);
+  });
+  ANATOMY_CUDA_LAUNCH_CHECK();
+}
+
+void adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes, const Tensor& m_absmax,
+                      const Tensor& v_absmax, const Tensor& half_copy, const Tensor& grads, const Tensor& qmap,
+                      const GradFactor& g, const AdamWArgs& a, cudaStream_t s) {
+  const size_t n = params.numel();
+  if (n == 0) return;
+  const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  const om::AdamConsts<float> c = om::adam_consts<float>(a);
+  dispatch_half(half_copy, [&](auto tag) {
+    using H = typename decltype(tag)::type;
+    H* hp = half_copy.defined() ? half_copy.ptr<H>() : nullptr;
+    adamw8bit_kernel<H><<<static_cast<unsigned>(blocks), kQuantBlock, 0, s>>>(
+        params.ptr<float>(), m_codes.ptr<uint8_t>(), v_codes.ptr<uint8_t>(), m_absmax.ptr<float>(),
+        v_absmax.ptr<float>(), hp, grads.ptr<const float>(), qmap.ptr<const float>(), n, g, c);
+  });
+  ANATOMY_CUDA_LAUNCH_CHECK();
+}
+
+void adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch, const Tensor& half_copy,
+                      const Tensor& grads, const AdafactorTable& t, const GradFactor& g, const AdafactorArgs& a,
+                      cudaStream_t s) {
+  if (t.count == 0) return;
+  const double beta2t = 1.0 - std::pow(static_cast<double>(a.step), static_cast<double>(a.decay_rate));
+  const AdafactorConsts c{static_cast<float>(beta2t),
+                          static_cast<float>(1.0 - beta2t),
+                          a.eps1,
+                          a.lr,
+                          static_cast<float>(static_cast<double>(a.lr) * a.weight_decay),
+                          a.clip_threshold};
+  const auto* segs = t.segments.ptr<const AdafactorSegment>();
+  const int count = static_cast<int>(t.count);
+  float* st = state.ptr<float>();
+  float* scr = scratch.ptr<float>();
+  adafactor_stats_kernel<<<static_cast<unsigned>(t.chunks + t.strips), kAfThreads, 0, s>>>(
+      st, grads.ptr<const float>(), segs, count, t.chunks, g, c);
+  ANATOMY_CUDA_LAUNCH_CHECK();
+  adafactor_rowdot_kernel<<<static_cast<unsigned>(t.chunks), kAfThreads, 0, s>>>(scr, st, grads.ptr<const float>(),
+                                                                                 segs, count, g);
+  ANATOMY_CUDA_LAUNCH_CHECK();
+  adafactor_segment_kernel<<<static_cast<unsigned>(count), kAfThreads, 0, s>>>(scr, st, segs, c);
+  ANATOMY_CUDA_LAUNCH_CHECK();
+  dispatch_half(half_copy, [&](auto tag) {
+    using H = typename decltype(tag)::type;
+    H* hp = half_copy.defined() ? half_copy.ptr<H>() : nullptr;
+    adafactor_apply_kernel<H><<<static_cast<unsigned>(t.chunks), kAfThreads, 0, s>>>(
+        params.ptr<float>(), hp, st, scr, grads.ptr<const float>(), segs, count, g, c);
   });
   ANATOMY_CUDA_LAUNCH_CHECK();
 }

@@ -1,0 +1,62 @@
+#include "telemetry/op_cost.h"
+
+namespace anatomy {
+
+std::string_view op_class_name(OpClass c) {
+  switch (c) {
+    case OpClass::TensorContraction: return "tensor_contraction";
+    case OpClass::StatisticalNormalization: return "statistical_normalization";
+    case OpClass::Elementwise: return "elementwise";
+    case OpClass::Optimizer: return "optimizer";
+    case OpClass::Data: return "data";
+  }
+  return "?";
+}
+
+static double nbytes(const Tensor& t) { return static_cast<double>(t.bytes()); }
+
+OpCost matmul_cost(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, const MatmulArgs& args) {
+  const double M = static_cast<double>(c.dim(0)), N = static_cast<double>(c.dim(1));
+  const double K = static_cast<double>(ta == Trans::N ? a.dim(1) : a.dim(0));
+  OpCost o{2 * M * N * K, nbytes(a) + nbytes(b) + nbytes(c), OpClass::TensorContraction};
+  if (args.beta != 0) o.bytes += nbytes(c);
+  if (args.epilogue != Epilogue::None) {
+    o.flops += M * N;
+    o.bytes += nbytes(args.bias);
+  }
+  if (args.epilogue == Epilogue::BiasGelu) {
+    o.flops += 8 * M * N;  // erf-GELU, counted as a handful of operations per element
+    o.bytes += nbytes(args.gelu_in);
+  }
+  return o;
+}
+
+OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, bool backward) {
+  const double B = static_cast<double>(qkv.dim(0)), T = static_cast<double>(qkv.dim(1));
+  const double H = static_cast<double>(ctx.dim(-1)), D = H / heads;
+  const double lse = B * heads * T * 4;
+  if (!backward) return {4 * B * heads * T * T * D, nbytes(qkv) + nbytes(ctx) + lse, OpClass::TensorContraction};
+  // Reads qkv, ctx, dctx, lse; writes dqkv.
+  return {10 * B * heads * T * T * D, 2 * nbytes(qkv) + 2 * nbytes(ctx) + lse, OpClass::TensorContraction};
+}
+
+OpCost layernorm_cost(const Tensor& y, bool has_residual, bool backward) {
+  const double n = static_cast<double>(y.numel()), e = static_cast<double>(dtype_size(y.dtype));
+  const double rows = static_cast<double>(y.dim(0));
+  if (!backward)  // read branch (+ residual); write y and sum; write mean, rstd
+    return {8 * n, n * e * (has_residual ? 4 : 3) + rows * 8, OpClass::StatisticalNormalization};
+  // read dy and sum, write dsum and dbranch; read mean, rstd
+  return {14 * n, n * e * 4 + rows * 8, OpClass::StatisticalNormalization};
+}
+
+OpCost cross_entropy_cost(const Tensor& logits) {
+  const double n = static_cast<double>(logits.numel());
+  return {5 * n, 2 * nbytes(logits) + static_cast<double>(logits.dim(0)) * 8, OpClass::StatisticalNormalization};
+}
+
+OpCost elementwise_cost(const Tensor& t, double flops_per, int reads, int writes, OpClass cls) {
+  const double n = static_cast<double>(t.numel());
+  return {flops_per * n, (reads + writes) * nbytes(t), cls};
+}
+
+}  // namespace anatomy

@@ -1,0 +1,42 @@
+// What each op must do: floating-point operations and the fewest bytes it must move (each
+// input read once, each output written once), and its class in the seed page's taxonomy.
+// The profiler divides these by measured time to place every op on the roofline.
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+#include "core/tensor.h"
+#include "ops/backend.h"
+
+namespace anatomy {
+
+enum class OpClass : uint8_t {
+  TensorContraction,         // GEMMs and the fused attention (its flops are all matrix products)
+  StatisticalNormalization,  // LayerNorm, softmax cross-entropy
+  Elementwise,               // bias gradients, dropout, GELU, tanh, residual adds, embeddings, casts
+  Optimizer,                 // gradient norm and the parameter update
+  Data,                      // host <-> device copies
+};
+constexpr int kNumOpClasses = 5;
+std::string_view op_class_name(OpClass c);
+
+struct OpCost {
+  double flops = 0;
+  double bytes = 0;
+  OpClass cls = OpClass::Elementwise;
+};
+
+// C[M,N] = op(A) op(B) (+ beta C) (+ bias) (+ GELU).
+OpCost matmul_cost(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, const MatmulArgs& args);
+// Forward: S = QK^T and O = PV, 4 B h T^2 D flops; backward recomputes S and does 4 more
+// products: 10 B h T^2 D.
+OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, bool backward);
+// Per element: LayerNorm forward ~8 flops (add, mean, var, normalize, scale, shift),
+// backward ~14; bytes of the tensors it reads and writes.
+OpCost layernorm_cost(const Tensor& y, bool has_residual, bool backward);
+// rows x classes softmax with the loss and its gradient: ~5 flops per logit.
+OpCost cross_entropy_cost(const Tensor& logits);
+// n elements, `flops_per` each, reading `reads` tensors and writing `writes` of the same size.
+OpCost elementwise_cost(const Tensor& t, double flops_per, int reads, int writes, OpClass cls = OpClass::Elementwise);
+
+}  // namespace anatomy

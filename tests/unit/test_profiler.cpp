@@ -1,0 +1,87 @@
+// The time anatomy: declared flops and bytes per op against hand computation, the class
+// grouping, and a profiled CPU run whose per-op times add up to the step.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "telemetry/op_cost.h"
+#include "telemetry/profiler.h"
+#include "train/trainer.h"
+
+using namespace anatomy;
+
+namespace {
+Tensor t(DType dt, Shape s) { return Tensor(reinterpret_cast<void*>(256), dt, s, Device::CPU); }  // never dereferenced
+}  // namespace
+
+TEST(OpCost, MatmulFlopsAndBytesByHand) {
+  // bert-large FFN in: [16384, 1024] x [4096, 1024]^T in bf16, bias + GELU.
+  Tensor x = t(DType::BF16, {16384, 1024}), w = t(DType::BF16, {4096, 1024}), y = t(DType::BF16, {16384, 4096});
+  Tensor b = t(DType::BF16, {4096}), pre = t(DType::BF16, {16384, 4096});
+  OpCost plain = matmul_cost(y, x, Trans::N, w, {});
+  EXPECT_DOUBLE_EQ(plain.flops, 2.0 * 16384 * 4096 * 1024);
+  EXPECT_DOUBLE_EQ(plain.bytes, 2.0 * (16384.0 * 1024 + 4096.0 * 1024 + 16384.0 * 4096));
+  EXPECT_EQ(plain.cls, OpClass::TensorContraction);
+  OpCost fused = matmul_cost(y, x, Trans::N, w, {1, 0, Epilogue::BiasGelu, b, pre});
+  EXPECT_DOUBLE_EQ(fused.flops, plain.flops + 9.0 * 16384 * 4096);
+  EXPECT_DOUBLE_EQ(fused.bytes, plain.bytes + 2.0 * 4096 + 2.0 * 16384 * 4096);
+  // Weight gradient accumulating into F32 (beta = 1): C is read and written.
+  Tensor dw = t(DType::F32, {4096, 1024}), dy = t(DType::BF16, {16384, 4096});
+  OpCost wg = matmul_cost(dw, dy, Trans::T, x, {1, 1, Epilogue::None, {}, {}});
+  EXPECT_DOUBLE_EQ(wg.flops, 2.0 * 4096 * 1024 * 16384);
+  EXPECT_DOUBLE_EQ(wg.bytes, 2.0 * 16384 * 4096 + 2.0 * 16384 * 1024 + 2 * 4.0 * 4096 * 1024);
+}
+
+TEST(OpCost, AttentionAndNormalizationByHand) {
+  Tensor qkv = t(DType::BF16, {32, 512, 3072}), ctx = t(DType::BF16, {32, 512, 1024});
+  OpCost f = attention_cost(qkv, ctx, 16, false), b = attention_cost(qkv, ctx, 16, true);
+  EXPECT_DOUBLE_EQ(f.flops, 4.0 * 32 * 16 * 512 * 512 * 64);
+  EXPECT_DOUBLE_EQ(b.flops, 2.5 * f.flops);
+  EXPECT_DOUBLE_EQ(f.bytes, 2.0 * 32 * 512 * 3072 + 2.0 * 32 * 512 * 1024 + 4.0 * 32 * 16 * 512);
+  Tensor y = t(DType::BF16, {16384, 1024});
+  OpCost ln = layernorm_cost(y, true, false);
+  EXPECT_DOUBLE_EQ(ln.flops, 8.0 * 16384 * 1024);
+  EXPECT_DOUBLE_EQ(ln.bytes, 4 * 2.0 * 16384 * 1024 + 8.0 * 16384);
+  EXPECT_EQ(ln.cls, OpClass::StatisticalNormalization);
+  EXPECT_EQ(cross_entropy_cost(t(DType::F32, {32, 2})).cls, OpClass::StatisticalNormalization);
+  OpCost d = elementwise_cost(y, 2, 1, 1);
+  EXPECT_DOUBLE_EQ(d.bytes, 2 * 2.0 * 16384 * 1024);
+  EXPECT_EQ(d.cls, OpClass::Elementwise);
+  EXPECT_EQ(op_class_name(OpClass::TensorContraction), "tensor_contraction");
+}
+
+TEST(Profiler, CpuRunWritesAProfileWhoseOpsAddUpToTheStep) {
+  TrainOptions o;
+  o.preset = "bert-tiny";
+  o.device = "cpu";
+  o.seq_len = 64;
+  o.num_samples = 32;
+  o.per_device_train_batch_size = 8;
+  o.max_steps = 1;
+  o.profile_steps = 2;
+  o.logging_steps = 0;
+  o.save_model = false;
+  o.disable_progress_bar = true;
+  o.output_dir = (std::filesystem::path(testing::TempDir()) / "anatomy_profile").string();
+  train(o);
+  std::ifstream in(std::filesystem::path(o.output_dir) / "profile.json");
+  ASSERT_TRUE(in.good());
+  nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["steps_profiled"], 2);
+  const double step = j["step_time_ms"], ops = j["ops_time_ms"];
+  EXPECT_GT(step, 0);
+  EXPECT_NEAR(ops / step, 1.0, 0.05);  // per-op times cover the step within 5%
+  EXPECT_GT(j["forward_ms"].get<double>(), 0);
+  EXPECT_GT(j["backward_ms"].get<double>(), 0);
+  double flops_pct = 0;
+  bool contraction = false;
+  for (const auto& c : j["classes"]) {
+    flops_pct += c["flops_pct"].get<double>();
+    contraction |= c["class"] == "tensor_contraction";
+  }
+  EXPECT_NEAR(flops_pct, 100.0, 1e-6);
+  EXPECT_TRUE(contraction);
+  EXPECT_GT(j["ops"].size(), 10u);
+}

@@ -1,0 +1,519 @@
+// Text datasets: CSV/TSV/JSONL parsing, labels, the token cache, padding, bucketing, splits, and
+// hostile files (each a one-line error naming the file and line, never a crash).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "data/csv.h"
+#include "data/text_dataset.h"
+#include "data/tokenizer.h"
+
+using namespace anatomy;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kSentiment = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
+
+const WordPieceTokenizer& tokenizer() {
+  static const WordPieceTokenizer tok =
+      WordPieceTokenizer::from_vocab_txt(std::string(ANATOMY_SOURCE_DIR) + "/tests/data/tokenizer/vocab.txt");
+  return tok;
+}
+
+std::vector<std::vector<std::string>> parse_csv(std::string_view data, char delim = ',',
+                                                std::vector<size_t>* lines = nullptr) {
+  CsvParser p(data, delim, "t.csv");
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> f;
+  while (p.next(f)) {
+    rows.push_back(f);
+    if (lines) lines->push_back(p.record_line());
+  }
+  return rows;
+}
+
+using Rows = std::vector<std::vector<std::string>>;
+
+class TextDatasetTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+    m_dir = fs::path(testing::TempDir()) /
+            ("anatomy_text_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(m_dir);
+    fs::create_directories(m_dir);
+  }
+  void TearDown() override { fs::remove_all(m_dir); }
+
+  std::string write(const std::string& name, const std::string& bytes) const {
+    const std::string p = (m_dir / name).string();
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return p;
+  }
+  static TextDataOptions no_cache() {
+    TextDataOptions o;
+    o.cache = CacheMode::Off;
+    return o;
+  }
+  // Loading must throw one line that contains every needle (typically "file:line:").
+  static void expect_error(const std::string& path, const std::vector<std::string>& needles,
+                           TextDataOptions opt = no_cache()) {
+    try {
+      TextDataset::load(path, tokenizer(), opt);
+      ADD_FAILURE() << "expected an error loading " << path;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      EXPECT_LT(m.size(), 600u) << m;
+      for (const std::string& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "'" << n << "' not in: " << m;
+    }
+  }
+  // The ids of a sample as a vector.
+  static std::vector<int32_t> ids(const TextDataset& ds, size_t i) {
+    auto s = ds.ids(i);
+    return {s.begin(), s.end()};
+  }
+
+  fs::path m_dir;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ CSV parsing
+
+TEST(TextDatasetCsv, QuotesEscapesAndLineEnds) {
+  std::vector<size_t> lines;
+  const Rows rows = parse_csv(
+      "text,label\r\n"
+      "plain,1\r\n"
+      "\"with, comma\",2\n"
+      "\"say \"\"hi\"\"\",3\r\n"
+      "\"two\r\nlines\",4\n"
+      "\n\r\n"  // blank lines are skipped
+      "\"\",5\n"
+      "trailing,\n"
+      "a\"b,6\r"  // a quote inside an unquoted field is a character; a lone \r ends a record
+      "last,7",   // no final line end
+      ',', &lines);
+  const Rows want = {{"text", "label"}, {"plain", "1"},     {"with, comma", "2"}, {"say \"hi\"", "3"},
+                     {"two\r\nlines", "4"}, {"", "5"},       {"trailing", ""},     {"a\"b", "6"},
+                     {"last", "7"}};
+  EXPECT_EQ(rows, want);
+  EXPECT_EQ(lines, (std::vector<size_t>{1, 2, 3, 4, 5, 9, 10, 11, 12}));
+}
+
+TEST(TextDatasetCsv, TabsAndOtherDelimiters) {
+  EXPECT_EQ(parse_csv("a\tb\n\"x\ty\"\t2\n", '\t'), (Rows{{"a", "b"}, {"x\ty", "2"}}));
+  EXPECT_EQ(parse_csv("a;b\nx,y;2\n", ';'), (Rows{{"a", "b"}, {"x,y", "2"}}));
+  EXPECT_THROW(CsvParser("", '"', "t.csv"), Error);
+}
+
+TEST(TextDatasetCsv, MalformedQuotes) {
+  try {
+    parse_csv("text,label\nok,1\n\"never closed,2\nmore,3\n");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t.csv:3: unterminated quoted field"), std::string::npos) << e.what();
+  }
+  try {
+    parse_csv("text,label\n\"closed\"x,1\n");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t.csv:2: unexpected 'x' after a closing quote"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TextDatasetCsv, HashIsStableAndSensitive) {
+  EXPECT_EQ(hash64("hello"), hash64("hello"));
+  EXPECT_NE(hash64("hello"), hash64("hellp"));
+  EXPECT_NE(hash64(""), hash64(std::string(1, '\0')));
+  // Streaming in pieces equals one call, whatever the split.
+  std::string s(1000, 'x');
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>(i * 7 + 3);
+  for (size_t cut : {0, 1, 31, 32, 33, 500, 999}) {
+    Hash64 h;
+    h.update(s.substr(0, cut)).update(s.substr(cut));
+    EXPECT_EQ(h.digest(), hash64(s)) << cut;
+  }
+  Hash64 a, b;
+  a.field("ab").field("c");
+  b.field("a").field("bc");
+  EXPECT_NE(a.digest(), b.digest());
+}
+
+// ------------------------------------------------------------------------------ loading
+
+TEST_F(TextDatasetTest, JsonlWithStringLabels) {
+  TextDataset ds = TextDataset::load(kSentiment, tokenizer(), no_cache());
+  ASSERT_EQ(ds.size(), 197u);
+  EXPECT_EQ(ds.seq_len(), 128);
+  EXPECT_EQ(ds.cache_status(), CacheStatus::InMemory);
+  const LabelSet& ls = ds.labels();
+  EXPECT_EQ(ls.kind, LabelSet::Kind::Names);
+  EXPECT_EQ(ls.names, (std::vector<std::string>{"negative", "neutral", "positive"}));
+  EXPECT_EQ(ls.id2label(), (std::map<int, std::string>{{0, "negative"}, {1, "neutral"}, {2, "positive"}}));
+  EXPECT_EQ(ls.label2id().at("positive"), 2);
+  // The first line: {"text": "The meeting wasted the whole afternoon.", "label": "negative"}
+  EXPECT_EQ(ds.label(0), 0);
+  EXPECT_EQ(ids(ds, 0), tokenizer().encode("The meeting wasted the whole afternoon.", std::nullopt, 128,
+                                           Truncation::LongestFirst, Padding::None)
+                            .input_ids);
+  std::set<int32_t> seen;
+  for (size_t i = 0; i < ds.size(); ++i) seen.insert(ds.label(i));
+  EXPECT_EQ(seen, (std::set<int32_t>{0, 1, 2}));
+}
+
+TEST_F(TextDatasetTest, CsvIntegerLabelsAndColumnNames) {
+  const std::string p = write("d.csv",
+                              "id,sentence,y\n"
+                              "1,\"Hello, world.\",3\n"
+                              "2,Good morning,0\n");
+  TextDataOptions o = no_cache();
+  o.text_column = "sentence";
+  o.label_column = "y";
+  TextDataset ds = TextDataset::load(p, tokenizer(), o);
+  ASSERT_EQ(ds.size(), 2u);
+  EXPECT_EQ(ds.labels().kind, LabelSet::Kind::Ids);
+  EXPECT_EQ(ds.labels().num_labels, 4);
+  EXPECT_EQ(ds.labels().id2label().at(3), "LABEL_3");
+  EXPECT_EQ(ds.label(0), 3);
+  EXPECT_EQ(ds.label(1), 0);
+  EXPECT_EQ(ids(ds, 0), tokenizer().encode("Hello, world.", std::nullopt, 128, Truncation::LongestFirst,
+                                           Padding::None).input_ids);
+  // Strings and integers mixed: all become names, sorted by bytes.
+  const std::string q = write("m.csv", "text,label\na,10\nb,2\nc,x\n");
+  TextDataset mixed = TextDataset::load(q, tokenizer(), no_cache());
+  EXPECT_EQ(mixed.labels().names, (std::vector<std::string>{"10", "2", "x"}));
+  EXPECT_EQ(mixed.label(1), 1);
+}
+
+TEST_F(TextDatasetTest, TsvByExtensionAndDelimiterOption) {
+  TextDataset tsv = TextDataset::load(write("d.tsv", "text\tlabel\nit works, really\tpos\n"), tokenizer(), no_cache());
+  ASSERT_EQ(tsv.size(), 1u);
+  EXPECT_EQ(tsv.labels().names, std::vector<std::string>{"pos"});
+  TextDataOptions o = no_cache();
+  o.delimiter = ';';
+  TextDataset semi = TextDataset::load(write("d.csv", "label;text\nneg;a, b\n"), tokenizer(), o);
+  EXPECT_EQ(ids(semi, 0), tokenizer().encode("a, b", std::nullopt, 128, Truncation::LongestFirst,
+                                             Padding::None).input_ids);
+  o.format = TextFormat::Tsv;
+  o.delimiter = 0;
+  EXPECT_EQ(TextDataset::load(write("d.data", "text\tlabel\nx\t1\n"), tokenizer(), o).size(), 1u);
+  expect_error(write("d.parquet", "x"), {"d.parquet: cannot tell the format"});
+}
+
+TEST_F(TextDatasetTest, PairColumns) {
+  const std::string p = write("pairs.jsonl",
+                              "{\"premise\": \"A man plays a guitar.\", \"hypothesis\": \"Someone makes music.\", "
+                              "\"label\": \"entailment\"}\n"
+                              "{\"premise\": \"The cat sleeps.\", \"hypothesis\": \"The cat runs.\", "
+                              "\"label\": \"contradiction\"}\n");
+  TextDataOptions o = no_cache();
+  o.text_column = "premise";
+  o.text_pair_column = "hypothesis";
+  o.max_length = 12;
+  TextDataset ds = TextDataset::load(p, tokenizer(), o);
+  ASSERT_EQ(ds.size(), 2u);
+  const Encoding e = tokenizer().encode("A man plays a guitar.", std::string_view("Someone makes music."), 12,
+                                        Truncation::LongestFirst, Padding::None);
+  EXPECT_EQ(ids(ds, 0), e.input_ids);
+  auto ty = ds.types(0);
+  EXPECT_EQ(std::vector<int32_t>(ty.begin(), ty.end()), e.token_type_ids);
+  EXPECT_EQ(ds.length(0), 12);  // truncated longest-first
+  EXPECT_EQ(ty[11], 1);
+  EXPECT_EQ(ds.labels().names, (std::vector<std::string>{"contradiction", "entailment"}));
+  o.text_pair_column = "missing";
+  expect_error(p, {"pairs.jsonl:1: no field 'missing'"}, o);
+}
+
+// ------------------------------------------------------------------------------ cache
+
+TEST_F(TextDatasetTest, CacheIsCreatedOnceAndReused) {
+  const std::string p = write("s.jsonl", std::string(std::istreambuf_iterator<char>(std::ifstream(kSentiment).rdbuf()), {}));
+  TextDataset first = TextDataset::load(p, tokenizer());
+  EXPECT_EQ(first.cache_status(), CacheStatus::Created);
+  ASSERT_TRUE(fs::exists(first.cache_path()));
+  EXPECT_EQ(fs::path(first.cache_path()).parent_path(), m_dir);
+  struct stat before {};
+  ASSERT_EQ(::stat(first.cache_path().c_str(), &before), 0);
+
+  TextDataset second = TextDataset::load(p, tokenizer());
+  EXPECT_EQ(second.cache_status(), CacheStatus::Reused);  // mapped, not re-tokenized
+  EXPECT_EQ(second.cache_path(), first.cache_path());
+  struct stat after {};
+  ASSERT_EQ(::stat(second.cache_path().c_str(), &after), 0);
+  EXPECT_EQ(before.st_mtim.tv_sec, after.st_mtim.tv_sec);
+  EXPECT_EQ(before.st_mtim.tv_nsec, after.st_mtim.tv_nsec);
+  EXPECT_EQ(before.st_ino, after.st_ino);
+  ASSERT_EQ(second.size(), first.size());
+  EXPECT_EQ(second.labels(), first.labels());
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(ids(second, i), ids(first, i));
+    EXPECT_EQ(second.label(i), first.label(i));
+  }
+  // A moved dataset keeps its mapping.
+  TextDataset moved = std::move(second);
+  EXPECT_EQ(ids(moved, 5), ids(first, 5));
+
+  // Other options make another cache; a cache directory holds it elsewhere.
+  TextDataOptions o;
+  o.max_length = 16;
+  TextDataset shorter = TextDataset::load(p, tokenizer(), o);
+  EXPECT_EQ(shorter.cache_status(), CacheStatus::Created);
+  EXPECT_NE(shorter.cache_path(), first.cache_path());
+  o.cache_dir = (m_dir / "cache").string();
+  TextDataset elsewhere = TextDataset::load(p, tokenizer(), o);
+  EXPECT_EQ(elsewhere.cache_status(), CacheStatus::Created);
+  EXPECT_EQ(fs::path(elsewhere.cache_path()).parent_path(), m_dir / "cache");
+  EXPECT_EQ(TextDataset::load(p, tokenizer(), o).cache_status(), CacheStatus::Reused);
+}
+
+TEST_F(TextDatasetTest, CacheIsInvalidatedWhenTheDataChanges) {
+  const std::string p = write("d.csv", "text,label\nthe first text,a\nthe second,b\n");
+  TextDataset a = TextDataset::load(p, tokenizer());
+  EXPECT_EQ(a.cache_status(), CacheStatus::Created);
+  write("d.csv", "text,label\nthe first text,a\nthe second one,b\n");  // same labels, one more word
+  TextDataset b = TextDataset::load(p, tokenizer());
+  EXPECT_EQ(b.cache_status(), CacheStatus::Created);
+  EXPECT_NE(b.cache_path(), a.cache_path());
+  EXPECT_EQ(b.length(1), a.length(1) + 1);
+  // A damaged cache is rebuilt, not trusted.
+  {
+    std::fstream f(b.cache_path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(64);
+    const uint64_t bogus = 12345;
+    f.write(reinterpret_cast<const char*>(&bogus), 8);
+  }
+  TextDataset c = TextDataset::load(p, tokenizer());
+  EXPECT_EQ(c.cache_status(), CacheStatus::Created);
+  EXPECT_EQ(ids(c, 1), ids(b, 1));
+}
+
+TEST_F(TextDatasetTest, UnwritableCacheFallsBackToMemory) {
+  TextDataOptions o;
+  o.cache_dir = "/proc/no-such-dir";
+  TextDataset ds = TextDataset::load(write("d.csv", "text,label\nx,1\n"), tokenizer(), o);
+  EXPECT_EQ(ds.cache_status(), CacheStatus::InMemory);
+  EXPECT_TRUE(ds.cache_path().empty());
+  EXPECT_EQ(ds.size(), 1u);
+}
+
+// ------------------------------------------------------------------------------ batches
+
+TEST_F(TextDatasetTest, PaddingMasksAndDynamicPadding) {
+  const std::string p = write("d.csv", "text,label\nhello world,0\na much longer sentence than the first one,1\n");
+  TextDataOptions o = no_cache();
+  o.max_length = 16;
+  TextDataset ds = TextDataset::load(p, tokenizer(), o);
+  const int64_t l0 = ds.length(0), l1 = ds.length(1);
+  EXPECT_EQ(l0, 4);  // [CLS] hello world [SEP]
+  EXPECT_GT(l1, l0);
+
+  HostBatch full;
+  full.resize(2, ds.seq_len());
+  std::fill(full.input_ids.begin(), full.input_ids.end(), -7);  // poison
+  ds.get(1, full, 0);
+  ds.get(0, full, 1);
+  for (int64_t t = 0; t < 16; ++t) {
+    EXPECT_EQ(full.attention_mask[t], t < l1 ? 1 : 0);
+    EXPECT_EQ(full.attention_mask[16 + t], t < l0 ? 1 : 0);
+    if (t >= l0) {
+      EXPECT_EQ(full.input_ids[16 + t], tokenizer().pad_id());
+    }
+    EXPECT_EQ(full.token_type_ids[16 + t], 0);
+  }
+  EXPECT_EQ(full.input_ids[16], tokenizer().cls_id());
+  EXPECT_EQ(full.input_ids[16 + l0 - 1], tokenizer().sep_id());
+  EXPECT_EQ(full.labels, (std::vector<int32_t>{1, 0}));
+
+  // Dynamic padding: the batch is as long as its longest sample.
+  EXPECT_EQ(ds.longest_in({0}), l0);
+  EXPECT_EQ(ds.longest_in({0, 1}), l1);
+  HostBatch dyn;
+  dyn.resize(2, ds.longest_in({0, 1}));
+  ds.get(0, dyn, 0);
+  ds.get(1, dyn, 1);
+  for (int64_t t = 0; t < l1; ++t) {
+    EXPECT_EQ(dyn.input_ids[l1 + t], full.input_ids[t]);
+    EXPECT_EQ(dyn.attention_mask[t], t < l0 ? 1 : 0);
+  }
+  HostBatch too_short;
+  too_short.resize(1, l0);
+  EXPECT_THROW(ds.get(1, too_short, 0), Error);
+}
+
+TEST(TextDatasetBatches, BucketingCoversEveryIndexOnce) {
+  std::vector<int64_t> lengths(1003);
+  for (size_t i = 0; i < lengths.size(); ++i) lengths[i] = 2 + static_cast<int64_t>((i * 7919) % 126);
+  // Padded tokens of a batch list: each batch costs its longest sample times its size.
+  auto padded_tokens = [&](const std::vector<std::vector<size_t>>& batches) {
+    int64_t padded = 0;
+    for (const auto& b : batches) {
+      int64_t longest = 0;
+      for (size_t i : b) longest = std::max(longest, lengths[i]);
+      padded += longest * static_cast<int64_t>(b.size());
+    }
+    return padded;
+  };
+  for (int64_t batch : {1, 8, 32}) {
+    const auto batches = bucketed_batches(lengths, batch, 42, 5);
+    std::vector<size_t> all;
+    size_t short_batches = 0;
+    for (const auto& b : batches) {
+      ASSERT_FALSE(b.empty());
+      ASSERT_LE(b.size(), static_cast<size_t>(batch));
+      short_batches += b.size() < static_cast<size_t>(batch);
+      all.insert(all.end(), b.begin(), b.end());
+    }
+    std::sort(all.begin(), all.end());
+    ASSERT_EQ(all.size(), lengths.size());
+    for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], i);
+    EXPECT_LE(short_batches, 1u);
+    if (batch > 1) {  // sorting within chunks pads far less than random batches (one-batch chunks)
+      const int64_t bucketed = padded_tokens(batches), random = padded_tokens(bucketed_batches(lengths, batch, 42, 1));
+      EXPECT_LT(bucketed * 4, random * 3) << bucketed << " vs " << random;
+    }
+  }
+  EXPECT_EQ(bucketed_batches(lengths, 8, 1), bucketed_batches(lengths, 8, 1));
+  EXPECT_NE(bucketed_batches(lengths, 8, 1), bucketed_batches(lengths, 8, 2));
+  EXPECT_TRUE(bucketed_batches({}, 4, 1).empty());
+}
+
+TEST(TextDatasetBatches, SplitIsDisjointAndDeterministic) {
+  const TrainValSplit s = split(100, 0.1, 7);
+  EXPECT_EQ(s.val.size(), 10u);
+  EXPECT_EQ(s.train.size(), 90u);
+  std::vector<size_t> all = s.train;
+  all.insert(all.end(), s.val.begin(), s.val.end());
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i < 100; ++i) EXPECT_EQ(all[i], i);
+  EXPECT_TRUE(std::is_sorted(s.val.begin(), s.val.end()));
+  EXPECT_EQ(split(100, 0.1, 7).val, s.val);
+  EXPECT_NE(split(100, 0.1, 8).val, s.val);
+  EXPECT_EQ(split(3, 0.01, 1).val.size(), 1u);  // at least one
+  EXPECT_EQ(split(3, 0.99, 1).train.size(), 1u);
+  EXPECT_THROW(split(1, 0.5, 1), Error);
+  EXPECT_THROW(split(10, 1.0, 1), Error);
+}
+
+TEST_F(TextDatasetTest, SplitSubsetAndSeparateValidationFile) {
+  TextDataset train = TextDataset::load(kSentiment, tokenizer(), no_cache());
+  const TrainValSplit s = split(train, 0.2, 3);
+  SubsetDataset val(train, s.val);
+  ASSERT_EQ(val.size(), s.val.size());
+  HostBatch a, b;
+  a.resize(1, val.seq_len());
+  b.resize(1, val.seq_len());
+  val.get(2, a, 0);
+  train.get(s.val[2], b, 0);
+  EXPECT_EQ(a.input_ids, b.input_ids);
+  EXPECT_EQ(a.labels, b.labels);
+
+  // A validation file is read with the training labels: ids agree, an unknown label is an error.
+  TextDataOptions o = no_cache();
+  o.labels = train.labels();
+  TextDataset v = TextDataset::load(write("val.jsonl", "{\"text\": \"meh\", \"label\": \"positive\"}\n"), tokenizer(), o);
+  EXPECT_EQ(v.label(0), 2);
+  EXPECT_EQ(v.labels(), train.labels());
+  expect_error(write("bad.jsonl", "{\"text\": \"a\", \"label\": \"negative\"}\n\n{\"text\": \"b\", \"label\": \"angry\"}\n"),
+               {"bad.jsonl:3: unknown label 'angry'", "'negative', 'neutral', 'positive'"}, o);
+  o.labels = LabelSet::ids(2);
+  expect_error(write("ids.csv", "text,label\na,1\nb,2\n"), {"ids.csv:3: unknown label 2", "0..1"}, o);
+  expect_error(write("ids2.csv", "text,label\na,pos\n"), {"ids2.csv:2: unknown label 'pos'"}, o);
+  // From a config's id2label.
+  EXPECT_EQ(LabelSet::from_id2label({{0, "LABEL_0"}, {1, "LABEL_1"}}), LabelSet::ids(2));
+  EXPECT_EQ(LabelSet::from_id2label({{0, "neg"}, {1, "pos"}}).names, (std::vector<std::string>{"neg", "pos"}));
+}
+
+// ------------------------------------------------------------------------------ hostile input
+
+TEST_F(TextDatasetTest, InvalidUtf8IsReplacedNotFatal) {
+  // \xff and a truncated \xe2\x82 are ill-formed; they become U+FFFD, which cleaning drops.
+  const std::string bad = "good \xff" "day \xe2\x82";
+  TextDataset csv = TextDataset::load(write("u.csv", "text,label\n" + bad + ",l\xfe\n"), tokenizer(), no_cache());
+  TextDataset jsonl = TextDataset::load(write("u.jsonl", "{\"text\": \"" + bad + "\", \"label\": 1}\n"), tokenizer(),
+                                        no_cache());
+  const auto want = tokenizer().encode("good day", std::nullopt, 128, Truncation::LongestFirst, Padding::None).input_ids;
+  EXPECT_EQ(ids(csv, 0), want);
+  EXPECT_EQ(ids(jsonl, 0), want);
+  EXPECT_EQ(csv.labels().names, std::vector<std::string>{"l\xEF\xBF\xBD"});  // valid UTF-8 for config.json
+  EXPECT_EQ(sanitize_utf8("ok"), "ok");
+  EXPECT_EQ(sanitize_utf8("a\xc3"), "a\xEF\xBF\xBD");
+}
+
+TEST_F(TextDatasetTest, MissingColumnsAndFields) {
+  expect_error(write("c.csv", "sentence,label\nx,1\n"), {"c.csv:1: no column 'text'", "'sentence', 'label'"});
+  expect_error(write("c2.csv", "text,text,label\nx,y,1\n"), {"c2.csv:1: column 'text' appears twice"});
+  expect_error(write("j.jsonl", "{\"text\": \"a\", \"label\": 0}\n{\"txt\": \"b\", \"label\": 1}\n"),
+               {"j.jsonl:2: no field 'text'", "'label', 'txt'"});
+  expect_error(write("j2.jsonl", "{\"text\": \"a\"}\n"), {"j2.jsonl:1: no field 'label'"});
+  expect_error(write("j3.jsonl", "{\"text\": 5, \"label\": 0}\n"), {"j3.jsonl:1: field 'text' must be a string"});
+  expect_error(write("j4.jsonl", "{\"text\": \"a\", \"label\": 0.5}\n"), {"j4.jsonl:1: label", "0.5"});
+  expect_error(write("j5.jsonl", "{\"text\": \"a\", \"label\": -1}\n"), {"j5.jsonl:1: label '-1' is not a class id"});
+  expect_error(write("r.csv", "text,label\na,1\nb,2,3\n"), {"r.csv:3: 3 fields where the header has 2"});
+  // Unlabelled files need no label column.
+  TextDataOptions o = no_cache();
+  o.label_column = "";
+  TextDataset ds = TextDataset::load(write("u.csv", "text\nx\n"), tokenizer(), o);
+  EXPECT_EQ(ds.labels().kind, LabelSet::Kind::None);
+  EXPECT_EQ(ds.label(0), 0);
+}
+
+TEST_F(TextDatasetTest, MalformedJsonAndQuotes) {
+  expect_error(write("m.jsonl", "{\"text\": \"a\", \"label\": 0}\r\n{\"text\": \"b\", \"label\": 1\r\n"),
+               {"m.jsonl:2: not valid JSON"});
+  expect_error(write("m2.jsonl", "{\"text\": \"a\", \"label\": 0}\n[1, 2]\n"), {"m2.jsonl:2: expected a JSON object"});
+  expect_error(write("arr.json", "[{\"text\": \"a\", \"label\": 0}]"), {"arr.json:1: a JSON array"});
+  expect_error(write("q.csv", "text,label\na,1\n\"open,2\nb,3\n"), {"q.csv:3: unterminated quoted field"});
+  expect_error(write("q2.tsv", "text\tlabel\n\"x\" \t1\n"), {"q2.tsv:2: unexpected ' ' after a closing quote"});
+}
+
+TEST_F(TextDatasetTest, EmptyAndBlankFiles) {
+  expect_error(write("e.jsonl", ""), {"e.jsonl: the file is empty"});
+  expect_error(write("e.csv", ""), {"e.csv: the file is empty"});
+  expect_error(write("b.jsonl", "\n  \n\r\n"), {"b.jsonl: no samples"});
+  expect_error(write("h.csv", "text,label\n"), {"h.csv: no samples (only a header)"});
+  expect_error(write("n.csv", "\n\n"), {"n.csv: no header row"});
+  expect_error((m_dir / "absent.csv").string(), {"absent.csv: cannot read"});
+  expect_error(m_dir.string() + "/", {": cannot tell the format"});
+  TextDataOptions o = no_cache();
+  o.format = TextFormat::Csv;
+  expect_error(m_dir.string(), {"not a regular file"}, o);
+  o.max_length = 1;
+  expect_error(write("x.csv", "text,label\na,1\n"), {"x.csv: max_length 1 out of range"}, o);
+}
+
+TEST_F(TextDatasetTest, HugeLines) {
+  // 10 MB of text on one line is within the 16 MiB bound: read, tokenized and truncated.
+  std::string big;
+  big.reserve(10'000'100);
+  while (big.size() < 10'000'000) big += "lorem ipsum ";
+  TextDataOptions o = no_cache();
+  o.max_length = 32;
+  TextDataset ds = TextDataset::load(write("big.jsonl", "{\"text\": \"short\", \"label\": 0}\n{\"text\": \"" + big +
+                                                            "\", \"label\": 1}\n"),
+                                     tokenizer(), o);
+  ASSERT_EQ(ds.size(), 2u);
+  EXPECT_EQ(ds.length(1), 32);
+  TextDataset csv = TextDataset::load(write("big.csv", "text,label\n\"" + big.substr(0, 1'000'000) + "\",1\n"),
+                                      tokenizer(), o);
+  EXPECT_EQ(csv.length(0), 32);
+  // Beyond the bound: one line naming the record, nothing buffered.
+  o.max_record_bytes = 1 << 20;
+  expect_error(write("big2.jsonl", "{\"text\": \"a\", \"label\": 0}\n{\"text\": \"" + big + "\"}\n"),
+               {"big2.jsonl:2: line longer than 1048576 bytes"}, o);
+  expect_error(write("big3.csv", "text,label\nx,0\n" + big + ",1\n"), {"big3.csv:3: record longer than 1048576 bytes"},
+               o);
+  expect_error(write("big4.csv", "text,label\n\"" + big + "\",1\n"), {"big4.csv:2: record longer than"}, o);
+}
