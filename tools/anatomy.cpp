@@ -20,7 +20,7 @@ namespace {
 
 struct TrainFlags {
   TrainOptions o;
-  std::string precision = "fp32", checkpointing = "none", optim = "adamw", save_strategy = "final";
+  std::string precision = "fp32", checkpointing = "none", optim = "adamw", save_strategy = "final", batch = "4";
   bool seed_experiment = false;
 };
 
@@ -39,7 +39,8 @@ void add_train_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--num-samples", o.num_samples, "Samples in the synthetic set")->capture_default_str();
   cmd.add_option("--seq-len", o.seq_len, "Sequence length")->capture_default_str();
   cmd.add_option("--dataloader-prefetch", o.prefetch, "Batches prepared ahead by the loader thread")->capture_default_str();
-  cmd.add_option("--per-device-train-batch-size", o.per_device_train_batch_size, "Micro-batch size")->capture_default_str();
+  cmd.add_option("--per-device-train-batch-size,--batch-size", f.batch,
+                 "Micro-batch size, or auto: the largest that the memory plan fits on the GPU")->capture_default_str();
   cmd.add_option("--gradient-accumulation-steps", o.gradient_accumulation_steps,
                  "Micro-batches per optimizer step")->capture_default_str();
   cmd.add_option("--num-train-epochs", o.num_train_epochs, "Epochs")->capture_default_str();
@@ -79,6 +80,17 @@ TrainOptions finish_train_flags(CLI::App& cmd, TrainFlags& f, bool will_run = tr
   ANATOMY_CHECK(f.save_strategy == "final" || f.save_strategy == "no", "--save-strategy: expected final or no (got '",
                 f.save_strategy, "')");
   o.save_model = f.save_strategy == "final";
+  if (f.batch == "auto") {
+    o.per_device_train_batch_size = TrainOptions::kAutoBatch;
+  } else {
+    try {
+      size_t used = 0;
+      o.per_device_train_batch_size = std::stoll(f.batch, &used);
+      ANATOMY_CHECK(used == f.batch.size(), "");
+    } catch (const std::exception&) {
+      fail("--per-device-train-batch-size: expected a positive integer or auto (got '", f.batch, "')");
+    }
+  }
   const bool gpu = o.device == "cuda" || (o.device == "auto" && cuda_available());
   if (f.seed_experiment) {
     for (const char* flag : {"--preset", "--model-name-or-path", "--num-samples", "--seq-len",
@@ -104,6 +116,8 @@ TrainOptions finish_train_flags(CLI::App& cmd, TrainFlags& f, bool will_run = tr
 // `anatomy plan`: the memory table of a run without running it, whether it fits on the GPU
 // present (or one named by --gpu-memory), and the largest micro-batch that would.
 int run_plan(const TrainOptions& o, const std::string& gpu_memory, bool has_gpu) {
+  ANATOMY_CHECK(o.per_device_train_batch_size >= 1,
+                "--per-device-train-batch-size: plan needs a number (it prints the largest batch that fits)");
   BertConfig cfg = o.model_name_or_path.empty() ? BertConfig::preset(o.preset)
                                                 : BertConfig::from_json_file(config_path_of(o.model_name_or_path));
   if (o.model_name_or_path.empty() && cfg.num_labels != o.num_labels) cfg.set_num_labels(o.num_labels);

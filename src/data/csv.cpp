@@ -58,13 +58,17 @@ std::string lower(std::string s) {
   return s;
 }
 
-// nlohmann's parse_error text without its prefix and without the "last read" echo of the input
-// (which can be megabytes long): "syntax error while parsing object key - unexpected end of input".
-std::string json_error_reason(const nlohmann::json::parse_error& e) {
+// nlohmann's error text without its prefix and without the "last read" echo of the input (which
+// can be megabytes long): "syntax error while parsing object key - unexpected end of input".
+// Parsing throws parse_error for bad syntax and out_of_range for a number too large for a double.
+std::string json_error_reason(const nlohmann::json::exception& e) {
   std::string_view w = e.what();
-  if (size_t c = w.find(": "); c != std::string_view::npos) w.remove_prefix(c + 2);
+  if (size_t c = w.find("] "); c != std::string_view::npos) w.remove_prefix(c + 2);
+  if (size_t c = w.find(": "); c != std::string_view::npos && w.substr(0, 11) == "parse error") w.remove_prefix(c + 2);
   if (size_t l = w.find("; last read"); l != std::string_view::npos) w = w.substr(0, l);
-  return str_cat(printable(w, 160), " (byte ", e.byte, " of the line)");
+  std::string out = printable(w, 160);
+  if (const auto* pe = dynamic_cast<const nlohmann::json::parse_error*>(&e)) out += str_cat(" (byte ", pe->byte, " of the line)");
+  return out;
 }
 
 const char* json_type(const nlohmann::json& v) { return v.type_name(); }
@@ -96,7 +100,7 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(sanitize_utf8(raw));
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       fail(name, ":", line, ": not valid JSON: ", json_error_reason(e));
     }
     ANATOMY_CHECK(j.is_object(), name, ":", line, ": expected a JSON object, found ", json_type(j));

@@ -125,12 +125,13 @@ BertConfig BertConfig::from_json_file(const std::string& path) {
   json j;
   try {
     j = json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     std::string msg = e.what();
     if (auto p = msg.find("] "); p != std::string::npos) msg = msg.substr(p + 2);
     for (char& c : msg)
       if (static_cast<unsigned char>(c) < 0x20) c = ' ';
-    fail(path, ": not valid JSON at byte ", e.byte, ": ", msg);
+    const auto* pe = dynamic_cast<const json::parse_error*>(&e);
+    fail(path, ": not valid JSON", pe ? str_cat(" at byte ", pe->byte) : std::string(), ": ", msg);
   }
   return from_json(j, path);
 }

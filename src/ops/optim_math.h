@@ -82,17 +82,35 @@ ANATOMY_HD T grad_factor(T norm_sq, bool clip, T inv_loss_scale, T max_norm) {
   return mul(inv_loss_scale, c < T(1) ? c : T(1));
 }
 
-// Index of the entry of a sorted 256-entry map nearest to x; ties go to the lower index. A
-// branch-free binary search: i ends as the number of entries below x.
+// Quantization against a sorted 256-entry map, in three exact steps (so a caller may batch the
+// search, as the CPU reference does, and still get the same codes):
+// the normalized value, the number of entries below it (a branch-free binary search), and the
+// nearest entry (ties to the lower index).
+template <class T>
+ANATOMY_HD T normalized(T x, T absmax) {
+  return absmax > T(0) ? div(x, absmax) : T(0);  // a zero (or NaN) scale: everything is 0
+}
+template <class T>
+ANATOMY_HD int count_below(const float* map, T x) {
+  int i = 0;
+  for (int step = 128; step > 0; step >>= 1) i += static_cast<int>(static_cast<T>(map[i + step - 1]) < x) * step;
+  return i;
+}
+// `positive_nonzero`: a positive value never gets the code of 0 (the v map, so a second moment
+// never collapses to zero under a nonzero first moment).
+template <class T>
+ANATOMY_HD uint8_t code_of(const float* map, T xn, int below, bool positive_nonzero) {
+  // Branch-free: the two candidates collapse to one entry at either end of the map.
+  const int hi = below < 256 ? below : 255, lo = below > 0 ? below - 1 : 0;
+  const T d_lo = sub(xn, static_cast<T>(map[lo])), d_hi = sub(static_cast<T>(map[hi]), xn);
+  int c = hi - static_cast<int>(d_lo <= d_hi) * (hi - lo);
+  c += static_cast<int>(positive_nonzero && c == 0 && xn > T(0));
+  return static_cast<uint8_t>(c);
+}
+// Index of the map entry nearest to x.
 template <class T>
 ANATOMY_HD int nearest_code(const float* map, T x) {
-  int i = 0;
-  for (int step = 128; step > 0; step >>= 1)
-    if (static_cast<T>(map[i + step - 1]) < x) i += step;
-  if (i == 256) return 255;
-  if (i == 0) return 0;
-  const T below = sub(x, static_cast<T>(map[i - 1])), above = sub(static_cast<T>(map[i]), x);
-  return below <= above ? i - 1 : i;
+  return code_of(map, x, count_below(map, x), false);
 }
 
 // AdamW constants of one step, computed on the host in double and rounded to T once.
@@ -127,16 +145,11 @@ ANATOMY_HD T adam_element(T p, T& m, T& v, T g, const AdamConsts<T>& c) {
   return sub(mul(p, c.decay), mul(c.step_size, div(m, denom)));
 }
 
-// Code of x in a block with the given absmax: the nearest map entry to x / absmax (all codes
-// of 0 when absmax is 0). `positive_nonzero`: a positive x never gets the code of 0 (the v map,
-// so a second moment never collapses to zero under a nonzero first moment).
+// Code of x in a block with the given absmax (see code_of).
 template <class T>
 ANATOMY_HD uint8_t quantize(const float* map, T x, T absmax, bool positive_nonzero) {
-  if (!(absmax > T(0))) return static_cast<uint8_t>(nearest_code(map, T(0)));
-  const T xn = div(x, absmax);
-  int c = nearest_code(map, xn);
-  if (positive_nonzero && c == 0 && xn > T(0)) c = 1;
-  return static_cast<uint8_t>(c);
+  const T xn = normalized(x, absmax);
+  return code_of(map, xn, count_below(map, xn), positive_nonzero);
 }
 template <class T>
 ANATOMY_HD T dequantize(const float* map, uint8_t code, T absmax) {

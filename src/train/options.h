@@ -25,6 +25,7 @@ struct TrainOptions {
   int64_t seq_len = 512;
   int prefetch = 2;
   // Loop.
+  static constexpr int64_t kAutoBatch = -1;  // --per-device-train-batch-size auto
   int64_t per_device_train_batch_size = 4;
   int64_t gradient_accumulation_steps = 1;
   int64_t num_train_epochs = 1;

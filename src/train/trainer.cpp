@@ -46,7 +46,8 @@ DType compute_dtype(Precision p) {
 }
 
 void TrainOptions::validate() const {
-  ANATOMY_CHECK(per_device_train_batch_size >= 1, "--per-device-train-batch-size must be at least 1 (got ",
+  ANATOMY_CHECK(per_device_train_batch_size >= 1 || per_device_train_batch_size == kAutoBatch,
+                "--per-device-train-batch-size must be at least 1 (got ",
                 per_device_train_batch_size, ")");
   ANATOMY_CHECK(gradient_accumulation_steps >= 1, "--gradient-accumulation-steps must be at least 1 (got ",
                 gradient_accumulation_steps, ")");
@@ -120,6 +121,15 @@ TrainResult train(const TrainOptions& opt) {
   Backend* be = &prof;
 
   ModelShape shape{opt.per_device_train_batch_size, opt.seq_len, compute_dtype(opt.precision), opt.gradient_checkpointing, true};
+  if (shape.max_batch == TrainOptions::kAutoBatch) {  // the largest micro-batch the plan fits in free memory
+    auto mem = want_cuda ? nvml.memory(0) : std::nullopt;
+    ANATOMY_CHECK(mem.has_value(), "--per-device-train-batch-size auto needs a GPU whose free memory NVML reports");
+    shape.max_batch = largest_batch_that_fits({cfg, shape, opt.optim.kind, Device::CUDA}, static_cast<int64_t>(mem->free),
+                                              int64_t{256} << 20);
+    ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size auto: not even a batch of 1 fits in ",
+                  mem->free >> 20, " MiB free");
+    std::fprintf(stderr, "anatomy: --per-device-train-batch-size auto chose %lld\n", static_cast<long long>(shape.max_batch));
+  }
   // The plan, before anything is allocated: refuse a run that cannot fit, with the levers
   // that would make it fit.
   const PlanInput plan_in{cfg, shape, opt.optim.kind, want_cuda ? Device::CUDA : Device::CPU};
@@ -153,7 +163,7 @@ TrainResult train(const TrainOptions& opt) {
   // Data and the device-side batch buffers.
   SyntheticDataset data(parse_synthetic_kind(opt.dataset), static_cast<size_t>(opt.num_samples), opt.seq_len,
                         cfg.vocab_size, opt.seed);
-  const int64_t B = opt.per_device_train_batch_size, T = opt.seq_len, accum = opt.gradient_accumulation_steps;
+  const int64_t B = shape.max_batch, T = opt.seq_len, accum = opt.gradient_accumulation_steps;
   BatchPlan plan(data.size(), B, opt.seed);
   const int64_t micro_per_epoch = plan.batches_per_epoch();
   const int64_t steps_per_epoch = std::max<int64_t>(1, micro_per_epoch / accum);

@@ -138,7 +138,10 @@ TEST(CudaOptimizers, AdamW8bitMatchesTheCpuTwinBitForBit) {
       EXPECT_EQ(far, 0u) << "codes more than one step apart";
       EXPECT_EQ(differ, 0u) << "codes not bit-identical";
       EXPECT_EQ(pdiffer, 0u) << "params not bit-identical";
-      EXPECT_EQ(bf16_values(e.get<uint16_t>(ghalf)), bf16_rounded(p)) << "half copy";
+      const std::vector<float> half = bf16_values(e.get<uint16_t>(ghalf)), want_half = bf16_rounded(p);
+      size_t hdiffer = 0;
+      for (size_t i = 0; i < n; ++i) hdiffer += !(half[i] == want_half[i]);  // NaN counts as a difference
+      EXPECT_EQ(hdiffer, 0u) << "half copy";
     }
 }
 
@@ -156,6 +159,7 @@ TEST(CudaOptimizers, AdafactorMatchesTheCpuTwin) {
     const float loss_scale = 1024.0f, max_norm = 1.0f;
     std::vector<float> p = e.randn(n, 0.05), state(plan.state_floats);
     for (auto& x : state) x = static_cast<float>((0.5 + e.rng.uniform()) * 1e-6);  // positive running means
+    const std::vector<float> p0 = p;
     const Tensor gp = e.dev(DType::F32, p), gs = e.dev(DType::F32, state),
                  gscr = e.dev(DType::F32, std::vector<float>(plan.scratch_floats, kNaN)),
                  gseg = e.dev(DType::I64, plan.segments);
@@ -181,7 +185,9 @@ TEST(CudaOptimizers, AdafactorMatchesTheCpuTwin) {
     const std::vector<float> gp_out = e.get<float>(gp), gs_out = e.get<float>(gs);
     EXPECT_LT(rel_diff(gs_out, state), 1e-5) << "state";
     // The parameters move by ~1e-3 per step: compare the updates, not just the parameters.
-    EXPECT_LT(rel_diff(gp_out, p), 1e-6) << "params";
+    std::vector<float> du_gpu(n), du_cpu(n);
+    for (size_t i = 0; i < n; ++i) du_gpu[i] = gp_out[i] - p0[i], du_cpu[i] = p[i] - p0[i];
+    EXPECT_LT(rel_diff(du_gpu, du_cpu), 1e-4) << "updates";
     const std::vector<float> half = bf16_values(e.get<uint16_t>(ghalf));
     EXPECT_LT(rel_diff(half, p), 1e-2) << "half copy";
   }

@@ -19,7 +19,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Encoding e = tok.encode("Hello, wörld! 你好 [SEP] unaffable", std::string_view("a b"), 16);
     FUZZ_EXPECT(e.input_ids.size() == 16 && e.token_type_ids.size() == 16);
     for (int32_t id : e.input_ids) FUZZ_EXPECT(id >= 0 && id < n);
-    for (int32_t id = 0; id < n && id < 64; ++id) FUZZ_EXPECT(tok.token_to_id(tok.id_to_token(id)) >= 0);
+    // A tokenizer.json may leave ids unassigned; those read back as "" and are not looked up.
+    for (int32_t id = 0; id < n && id < 64; ++id)
+      if (!tok.id_to_token(id).empty()) FUZZ_EXPECT(tok.token_to_id(tok.id_to_token(id)) >= 0);
   } catch (const Error&) {
   }
   return 0;

@@ -111,6 +111,7 @@ TEST(Optimizers, AdamW8bitTracksAdamW) {
   std::vector<float> norm(1);
   AdamWArgs a;
   a.lr = 1e-3f, a.weight_decay = 0.01f;
+  double max_rel = 0, max_mrel = 0;
   for (int64_t step = 1; step <= 6; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     // Gradients with a per-block spread of scales, as real layers have.
@@ -133,7 +134,9 @@ TEST(Optimizers, AdamW8bitTracksAdamW) {
       den += d32 * d32;
     }
     const double rel = std::sqrt(num / den);
-    EXPECT_LT(rel, step == 1 ? 1e-5 : 0.05) << "relative update error";
+    // Step 1 differs only by float rounding (of parameters ~0.5 moved by ~1e-3).
+    EXPECT_LT(rel, step == 1 ? 2e-4 : 0.04) << "relative update error";
+    max_rel = std::max(max_rel, rel);
     // The dequantized moments are close to the fp32 ones.
     double mnum = 0, mden = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -141,8 +144,11 @@ TEST(Optimizers, AdamW8bitTracksAdamW) {
       mnum += (mi - m[i]) * (mi - m[i]);
       mden += static_cast<double>(m[i]) * m[i];
     }
-    EXPECT_LT(std::sqrt(mnum / mden), 0.03) << "relative first-moment error";
+    EXPECT_LT(std::sqrt(mnum / mden), 0.04) << "relative first-moment error";
+    max_mrel = std::max(max_mrel, std::sqrt(mnum / mden));
   }
+  std::printf("8-bit vs fp32 AdamW over 6 steps: relative update error <= %.4f, first moment <= %.4f\n", max_rel,
+              max_mrel);
 }
 
 namespace {
@@ -308,27 +314,53 @@ TEST(Optimizers, StateBytesEqualThePlanExactly) {
   }
 }
 
-// The learnable task of Train.LossFallsOnTheLearnableTask (where AdamW ends below 0.2), shortened
-// to 120 steps: each optimizer must end within 0.1 of AdamW's last loss and below 0.3.
+TEST(Optimizers, PlannerCountsTheStateForEveryPreset) {
+  for (const char* preset : {"bert-tiny", "bert-base", "bert-large"}) {
+    SCOPED_TRACE(preset);
+    const BertConfig cfg = BertConfig::preset(preset);
+    const ParamLayout lay = ParamLayout::for_sequence_classification(cfg);
+    const double n = static_cast<double>(lay.total());
+    for (OptimizerKind k : {OptimizerKind::AdamW8bit, OptimizerKind::Adafactor}) {
+      const MemoryPlan p = plan_memory({cfg, {4, 512, DType::BF16, CheckpointPolicy::None, true}, k, Device::CUDA});
+      const int64_t state = p.bytes[Category::OptimizerState];
+      EXPECT_EQ(state, static_cast<int64_t>(optimizer_state_bytes(k, lay))) << optimizer_name(k);
+      if (k == OptimizerKind::AdamW8bit) {
+        EXPECT_GT(state / n, 2.0);
+        EXPECT_LT(state / n, 2.04);
+      } else {
+        EXPECT_LT(state / n, 0.08);
+      }
+    }
+    // The 8-bit optimizer is a lever for an AdamW plan that does not fit.
+    PlanInput in{cfg, {64, 512, DType::BF16, CheckpointPolicy::None, true}, OptimizerKind::AdamW, Device::CUDA};
+    const int64_t total = plan_memory(in).total();
+    in.optimizer = OptimizerKind::AdamW8bit;
+    EXPECT_LT(plan_memory(in).total(), total);
+  }
+}
+
+// The learnable task of Train.LossFallsOnTheLearnableTask (bert-tiny, seq 32, batch 16, lr 1e-3,
+// linear decay), shortened to 60 steps, where AdamW's loss has fallen from 0.69 to about 0.04:
+// each optimizer must end below 0.2 and within 0.05 of AdamW's last-step loss.
 TEST(Optimizers, ConvergeOnTheLearnableTaskLikeAdamW) {
   auto run = [](OptimizerKind k) {
     TrainOptions o = tiny(std::string("anatomy_conv_") + optimizer_name(k), k);
     o.dataset = "learnable";
     o.num_samples = 1024;
     o.per_device_train_batch_size = 16;
-    o.max_steps = 120;
+    o.max_steps = 60;
     o.learning_rate = 1e-3f;
     return train(o);
   };
   const TrainResult adamw = run(OptimizerKind::AdamW);
-  EXPECT_LT(adamw.last_loss, 0.25);
+  EXPECT_LT(adamw.last_loss, 0.2);
   for (OptimizerKind k : {OptimizerKind::AdamW8bit, OptimizerKind::Adafactor}) {
     const TrainResult r = run(k);
     RecordProperty(optimizer_name(k), std::to_string(r.last_loss));
     std::printf("%-10s first %.4f last %.4f (adamw last %.4f)\n", optimizer_name(k), r.first_loss, r.last_loss,
                 adamw.last_loss);
     EXPECT_GT(r.first_loss, 0.6) << optimizer_name(k);
-    EXPECT_LT(r.last_loss, 0.3) << optimizer_name(k);
-    EXPECT_LT(r.last_loss, adamw.last_loss + 0.1) << optimizer_name(k);
+    EXPECT_LT(r.last_loss, 0.2) << optimizer_name(k);
+    EXPECT_LT(r.last_loss, adamw.last_loss + 0.05) << optimizer_name(k);
   }
 }

@@ -473,6 +473,8 @@ TEST_F(TextDatasetTest, MissingColumnsAndFields) {
 TEST_F(TextDatasetTest, MalformedJsonAndQuotes) {
   expect_error(write("m.jsonl", "{\"text\": \"a\", \"label\": 0}\r\n{\"text\": \"b\", \"label\": 1\r\n"),
                {"m.jsonl:2: not valid JSON"});
+  // A number too large for a double is not a parse error to nlohmann but out_of_range.
+  expect_error(write("m3.jsonl", "{\"text\": \"a\", \"label\": 1e999}\n"), {"m3.jsonl:1: not valid JSON", "overflow"});
   expect_error(write("m2.jsonl", "{\"text\": \"a\", \"label\": 0}\n[1, 2]\n"), {"m2.jsonl:2: expected a JSON object"});
   expect_error(write("arr.json", "[{\"text\": \"a\", \"label\": 0}]"), {"arr.json:1: a JSON array"});
   expect_error(write("q.csv", "text,label\na,1\n\"open,2\nb,3\n"), {"q.csv:3: unterminated quoted field"});

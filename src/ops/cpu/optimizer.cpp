@@ -64,6 +64,22 @@ void sgd_update(T* params, T* buf, const T* grads, size_t n, double factor, cons
   }
 }
 
+// om::quantize over a block, with the binary searches of all its values advanced level by level:
+// independent loads instead of one dependent chain per value (several times faster on a CPU),
+// the same comparisons, hence the same codes.
+template <class T>
+void quantize_block(uint8_t* codes, const float* map, const T* x, T absmax, size_t n, bool positive_nonzero) {
+  T xn[kQuantBlock];
+  int below[kQuantBlock];
+  for (size_t j = 0; j < n; ++j) {
+    xn[j] = om::normalized(x[j], absmax);
+    below[j] = 0;
+  }
+  for (int step = 128; step > 0; step >>= 1)
+    for (size_t j = 0; j < n; ++j) below[j] += static_cast<int>(static_cast<T>(map[below[j] + step - 1]) < xn[j]) * step;
+  for (size_t j = 0; j < n; ++j) codes[j] = om::code_of(map, xn[j], below[j], positive_nonzero);
+}
+
 template <class T>
 void adamw8bit_update(float* params, uint8_t* m_codes, uint8_t* v_codes, float* m_absmax, float* v_absmax,
                       const float* grads, const float* qmap, size_t n, T factor, const AdamWArgs& a) {
@@ -89,11 +105,8 @@ void adamw8bit_update(float* params, uint8_t* m_codes, uint8_t* v_codes, float* 
     // The scales are stored in F32; quantize against the stored values.
     m_absmax[b] = static_cast<float>(am);
     v_absmax[b] = static_cast<float>(av);
-    const T amq = m_absmax[b], avq = v_absmax[b];
-    for (size_t i = lo; i < hi; ++i) {
-      m_codes[i] = om::quantize(smap, m[i - lo], amq, false);
-      v_codes[i] = om::quantize(umap, v[i - lo], avq, true);
-    }
+    quantize_block(m_codes + lo, smap, m, static_cast<T>(m_absmax[b]), hi - lo, false);
+    quantize_block(v_codes + lo, umap, v, static_cast<T>(v_absmax[b]), hi - lo, true);
   }
 }
 
