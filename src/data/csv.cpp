@@ -67,14 +67,15 @@ std::string json_error_reason(const nlohmann::json::exception& e) {
   if (size_t c = w.find(": "); c != std::string_view::npos && w.substr(0, 11) == "parse error") w.remove_prefix(c + 2);
   if (size_t l = w.find("; last read"); l != std::string_view::npos) w = w.substr(0, l);
   std::string out = printable(w, 160);
-  if (const auto* pe = dynamic_cast<const nlohmann::json::parse_error*>(&e)) out += str_cat(" (byte ", pe->byte, " of the line)");
+  if (const auto* pe = dynamic_cast<const nlohmann::json::parse_error*>(&e))
+    out += str_cat(" (byte ", pe->byte, " of the line)");
   return out;
 }
 
 const char* json_type(const nlohmann::json& v) { return v.type_name(); }
 
-size_t read_jsonl(std::string_view data, const std::string& name, const RecordColumns& cols,
-                  size_t max_record_bytes, const std::function<void(const TextRecord&)>& fn) {
+size_t read_jsonl(std::string_view data, const std::string& name, const RecordColumns& cols, size_t max_record_bytes,
+                  const std::function<void(const TextRecord&)>& fn) {
   size_t count = 0, line = 0, pos = 0;
   bool first = true;
   std::string label_text;
@@ -88,13 +89,12 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
     std::string_view raw = data.substr(pos, end - pos);
     pos = end + 1;
     if (!raw.empty() && raw.back() == '\r') raw.remove_suffix(1);
-    ANATOMY_CHECK(raw.size() <= max_record_bytes, name, ":", line, ": line longer than ",
-                  max_record_bytes, " bytes; split it or raise the record limit");
+    ANATOMY_CHECK(raw.size() <= max_record_bytes, name, ":", line, ": line longer than ", max_record_bytes,
+                  " bytes; split it or raise the record limit");
     if (is_blank(raw)) continue;
     if (first) {
       const size_t c = raw.find_first_not_of(" \t");
-      ANATOMY_CHECK(raw[c] != '[', name, ":", line,
-                    ": a JSON array; expected JSON Lines (one JSON object per line)");
+      ANATOMY_CHECK(raw[c] != '[', name, ":", line, ": a JSON array; expected JSON Lines (one JSON object per line)");
       first = false;
     }
     nlohmann::json j;
@@ -116,8 +116,8 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
     };
     auto text_field = [&](const std::string& key) -> std::string_view {
       const nlohmann::json& v = field(key);
-      ANATOMY_CHECK(v.is_string(), name, ":", line, ": field '", printable(key),
-                    "' must be a string, not ", json_type(v));
+      ANATOMY_CHECK(v.is_string(), name, ":", line, ": field '", printable(key), "' must be a string, not ",
+                    json_type(v));
       return v.get_ref<const std::string&>();
     };
     TextRecord rec;
@@ -155,8 +155,8 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
     auto it = std::find(header.begin(), header.end(), want);
     ANATOMY_CHECK(it != header.end(), name, ":", header_line, ": no column '", printable(want),
                   "' in the header (columns: ", join_names(header), ")");
-    ANATOMY_CHECK(std::find(it + 1, header.end(), want) == header.end(), name, ":", header_line,
-                  ": column '", printable(want), "' appears twice in the header");
+    ANATOMY_CHECK(std::find(it + 1, header.end(), want) == header.end(), name, ":", header_line, ": column '",
+                  printable(want), "' appears twice in the header");
     return static_cast<size_t>(it - header.begin());
   };
   const size_t c_text = column(cols.text), c_pair = column(cols.text_pair), c_label = column(cols.label);
@@ -164,9 +164,8 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
   std::string label_text;
   while (parser.next(row)) {
     const size_t line = parser.record_line();
-    ANATOMY_CHECK(row.size() == header.size(), name, ":", line, ": ", row.size(), " field",
-                  row.size() == 1 ? "" : "s", " where the header has ", header.size(),
-                  delim == '\t' ? "" : " (a delimiter in an unquoted field?)");
+    ANATOMY_CHECK(row.size() == header.size(), name, ":", line, ": ", row.size(), " field", row.size() == 1 ? "" : "s",
+                  " where the header has ", header.size(), delim == '\t' ? "" : " (a delimiter in an unquoted field?)");
     TextRecord rec;
     rec.line = line;
     rec.text = row[c_text];
@@ -209,10 +208,14 @@ TextFormat parse_text_format(const std::string& s) {
 
 const char* text_format_name(TextFormat f) {
   switch (f) {
-    case TextFormat::Auto: return "auto";
-    case TextFormat::Jsonl: return "jsonl";
-    case TextFormat::Csv: return "csv";
-    case TextFormat::Tsv: return "tsv";
+    case TextFormat::Auto:
+      return "auto";
+    case TextFormat::Jsonl:
+      return "jsonl";
+    case TextFormat::Csv:
+      return "csv";
+    case TextFormat::Tsv:
+      return "tsv";
   }
   return "?";
 }
@@ -227,8 +230,8 @@ std::string sanitize_utf8(std::string_view s) {
 
 CsvParser::CsvParser(std::string_view data, char delimiter, std::string name, size_t max_record_bytes)
     : m_data(data), m_delim(delimiter), m_name(std::move(name)), m_max(max_record_bytes) {
-  ANATOMY_CHECK(delimiter != '"' && delimiter != '\n' && delimiter != '\r' && delimiter != '\0',
-                m_name, ": the delimiter cannot be a quote, a line end or NUL");
+  ANATOMY_CHECK(delimiter != '"' && delimiter != '\n' && delimiter != '\r' && delimiter != '\0', m_name,
+                ": the delimiter cannot be a quote, a line end or NUL");
 }
 
 bool CsvParser::next(std::vector<std::string>& fields) {
@@ -333,8 +336,7 @@ size_t read_text_records(std::string_view data, const std::string& name, TextFor
     case TextFormat::Auto:
       fail(name, ": internal error: read_text_records needs a concrete format");
   }
-  ANATOMY_CHECK(n > 0, name, ": no samples (", format == TextFormat::Jsonl ? "only blank lines" : "only a header",
-                ")");
+  ANATOMY_CHECK(n > 0, name, ": no samples (", format == TextFormat::Jsonl ? "only blank lines" : "only a header", ")");
   return n;
 }
 

@@ -43,8 +43,7 @@ const char* text_format_name(TextFormat f);
 // double quotes may hold delimiters, line ends and doubled quotes ("" for ").
 class CsvParser {
  public:
-  CsvParser(std::string_view data, char delimiter, std::string name,
-            size_t max_record_bytes = kMaxRecordBytes);
+  CsvParser(std::string_view data, char delimiter, std::string name, size_t max_record_bytes = kMaxRecordBytes);
   // The next non-blank record into `fields` (reusing its strings); false at the end.
   bool next(std::vector<std::string>& fields);
   // 1-based line where the record last returned by next() starts.
@@ -63,23 +62,23 @@ class CsvParser {
 // One sample as read: views valid only during the callback.
 struct TextRecord {
   std::string_view text;
-  std::string_view text_pair;  // empty when no pair column is read
-  std::string_view label;      // the label as text; empty when no label column is read
+  std::string_view text_pair;     // empty when no pair column is read
+  std::string_view label;         // the label as text; empty when no label column is read
   bool label_is_integer = false;  // an integer: a JSON integer, or a CSV field of [-]digits
-  size_t line = 0;             // 1-based line where the record starts
+  size_t line = 0;                // 1-based line where the record starts
 };
 
 struct RecordColumns {
   std::string text = "text";
-  std::string text_pair;  // empty: single texts
+  std::string text_pair;        // empty: single texts
   std::string label = "label";  // empty: unlabelled
 };
 
 // Reads every record of `data` (the bytes of the file called `name`) in order and calls `fn`
 // for each; returns the number of records. `format` must not be Auto. `delimiter` 0 means ','
 // for CSV and '\t' for TSV.
-size_t read_text_records(std::string_view data, const std::string& name, TextFormat format,
-                         char delimiter, const RecordColumns& columns, size_t max_record_bytes,
+size_t read_text_records(std::string_view data, const std::string& name, TextFormat format, char delimiter,
+                         const RecordColumns& columns, size_t max_record_bytes,
                          const std::function<void(const TextRecord&)>& fn);
 
 // `s` with each ill-formed UTF-8 sequence replaced by U+FFFD (Python's errors="replace"); `s`

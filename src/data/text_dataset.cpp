@@ -176,8 +176,8 @@ constexpr char kMagic[8] = {'A', 'N', 'A', 'T', 'T', 'X', 'T', '1'};
 struct CacheHeader {
   char magic[8];
   uint64_t key;
-  uint64_t n;           // samples
-  uint64_t tokens;      // total tokens
+  uint64_t n;       // samples
+  uint64_t tokens;  // total tokens
   uint64_t names_offset, names_bytes;
   int64_t max_length;
   uint32_t label_kind;  // LabelSet::Kind
@@ -316,8 +316,7 @@ struct TextDataset::Storage {
     if (std::memcmp(h.magic, kMagic, 8) != 0 || h.key != key || h.max_length != max_length) return reject();
     if (h.n == 0 || h.n > map.bytes || h.tokens > map.bytes || h.label_kind > 2) return reject();
     const Layout lay(h.n, h.tokens);
-    if (lay.names > map.bytes || h.names_offset != lay.names || h.names_bytes != map.bytes - lay.names)
-      return reject();
+    if (lay.names > map.bytes || h.names_offset != lay.names || h.names_bytes != map.bytes - lay.names) return reject();
     const uint64_t* off = reinterpret_cast<const uint64_t*>(base + lay.offsets);
     if (off[0] != 0 || off[h.n] != h.tokens) return reject();
     for (uint64_t i = 0; i < h.n; ++i)
@@ -567,7 +566,8 @@ TrainValSplit split(size_t n, double fraction, uint64_t seed) {
   for (size_t i = 0; i < n; ++i) order[i] = i;
   Rng rng(mix64(seed ^ 0x73706c6974746572ULL));
   for (size_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng.next() % i]);
-  TrainValSplit s{std::vector<size_t>(order.begin() + k, order.end()), std::vector<size_t>(order.begin(), order.begin() + k)};
+  TrainValSplit s{std::vector<size_t>(order.begin() + k, order.end()),
+                  std::vector<size_t>(order.begin(), order.begin() + k)};
   std::sort(s.train.begin(), s.train.end());
   std::sort(s.val.begin(), s.val.end());
   return s;

@@ -59,13 +59,13 @@ enum class CacheMode : uint8_t {
 
 struct TextDataOptions {
   std::string text_column = "text";
-  std::string text_pair_column;       // empty: single texts; else [CLS] a [SEP] b [SEP]
-  std::string label_column = "label"; // empty: an unlabelled file (every label 0)
-  int64_t max_length = 128;           // tokens including [CLS]/[SEP]; longer samples are truncated
+  std::string text_pair_column;          // empty: single texts; else [CLS] a [SEP] b [SEP]
+  std::string label_column = "label";    // empty: an unlabelled file (every label 0)
+  int64_t max_length = 128;              // tokens including [CLS]/[SEP]; longer samples are truncated
   TextFormat format = TextFormat::Auto;  // Auto: by extension (format_from_path)
-  char delimiter = 0;                 // CSV/TSV; 0: ',' for CSV, '\t' for TSV
+  char delimiter = 0;                    // CSV/TSV; 0: ',' for CSV, '\t' for TSV
   size_t max_record_bytes = kMaxRecordBytes;
-  std::string cache_dir;              // empty: beside the data file
+  std::string cache_dir;  // empty: beside the data file
   CacheMode cache = CacheMode::ReadWrite;
   // Given (a validation or evaluation file): labels are mapped through it, and one it does not
   // know is an error naming the file and line. Unset: derived from this file (see LabelSet).
@@ -99,8 +99,7 @@ class TextDataset final : public Dataset {
  public:
   // Reads, tokenizes (or maps the cache of) the file. Errors name the file and, for a bad record,
   // its line.
-  static TextDataset load(const std::string& path, const WordPieceTokenizer& tok,
-                          const TextDataOptions& options = {});
+  static TextDataset load(const std::string& path, const WordPieceTokenizer& tok, const TextDataOptions& options = {});
 
   ~TextDataset() override;
   TextDataset(TextDataset&&) noexcept;
@@ -152,8 +151,8 @@ class TextDataset final : public Dataset {
 // batches, and the batches of all chunks are shuffled. Every index appears exactly once; one
 // batch (the remainder, anywhere in the order) may be smaller than `batch`. Pass a seed that
 // mixes in the epoch.
-std::vector<std::vector<size_t>> bucketed_batches(const std::vector<int64_t>& lengths, int64_t batch,
-                                                  uint64_t seed, size_t batches_per_chunk = 50);
+std::vector<std::vector<size_t>> bucketed_batches(const std::vector<int64_t>& lengths, int64_t batch, uint64_t seed,
+                                                  size_t batches_per_chunk = 50);
 
 // A seeded split of n samples: round(n * fraction) of them (at least 1, at most n - 1) for
 // validation, the rest for training, each list ascending.
@@ -161,7 +160,9 @@ struct TrainValSplit {
   std::vector<size_t> train, val;
 };
 TrainValSplit split(size_t n, double fraction, uint64_t seed);
-inline TrainValSplit split(const Dataset& ds, double fraction, uint64_t seed) { return split(ds.size(), fraction, seed); }
+inline TrainValSplit split(const Dataset& ds, double fraction, uint64_t seed) {
+  return split(ds.size(), fraction, seed);
+}
 
 // The samples `indices` of another dataset (which must outlive it), e.g. one side of a split.
 class SubsetDataset final : public Dataset {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -159,6 +160,15 @@ WordPieceTokenizer WordPieceTokenizer::from_tokenizer_json(const std::string& pa
     fail("tokenizer file '", path, "' is not valid JSON: ", e.what());
   }
   auto bad = [&](const auto&... what) { fail("tokenizer file '", path, "': ", what...); };
+  // json::get<int> on a float is an unchecked cast (undefined beyond the range): check first.
+  auto integer = [&](const json& v, const char* what, int64_t hi) -> int64_t {  // in [0, hi]
+    if (!v.is_number_integer()) bad(what, " must be an integer, not ", v.type_name());
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
+                                             : v.get<int64_t>() >= 0 && v.get<int64_t>() <= hi;
+    if (!fits) bad(what, " ", v.dump(), " is out of range [0, ", hi, "]");
+    return v.get<int64_t>();
+  };
+  constexpr int64_t kMaxId = std::numeric_limits<int32_t>::max();
   try {
     if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
       bad("no \"model\" object: is it a tokenizer.json?");
@@ -171,7 +181,9 @@ WordPieceTokenizer WordPieceTokenizer::from_tokenizer_json(const std::string& pa
     WordPieceTokenizer t;
     t.m_semantics = BertSemantics::Tokenizers;
     t.m_prefix = model.value("continuing_subword_prefix", std::string("##"));
-    t.m_max_input_chars_per_word = model.value("max_input_chars_per_word", size_t{100});
+    if (model.contains("max_input_chars_per_word"))
+      t.m_max_input_chars_per_word =
+          static_cast<size_t>(integer(model["max_input_chars_per_word"], "max_input_chars_per_word", kMaxId));
     auto add = [&](const std::string& tok, int64_t id) {
       if (id < 0 || id > 50'000'000) bad("token \"", tok, "\" has id ", id, " out of range");
       if (static_cast<size_t>(id) >= t.m_id_to_token.size()) t.m_id_to_token.resize(static_cast<size_t>(id) + 1);
@@ -205,7 +217,7 @@ WordPieceTokenizer WordPieceTokenizer::from_tokenizer_json(const std::string& pa
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
       for (const json& a : j["added_tokens"]) {
         const std::string content = a.at("content").get<std::string>();
-        add(content, a.at("id").get<int64_t>());
+        add(content, integer(a.at("id"), "added token id", kMaxId));
         if (a.value("lstrip", false) || a.value("rstrip", false) || a.value("single_word", false) ||
             a.value("normalized", false))
           bad("added token \"", content, "\" asks for lstrip/rstrip/single_word/normalized, which is not supported");
@@ -221,14 +233,15 @@ WordPieceTokenizer WordPieceTokenizer::from_tokenizer_json(const std::string& pa
     const json& post = j.contains("post_processor") ? j["post_processor"] : json();
     const std::string post_type = post.is_null() ? "" : post.value("type", std::string());
     if (post_type == "BertProcessing") {
-      t.m_cls = post.at("cls").at(1).get<int32_t>();
-      t.m_sep = post.at("sep").at(1).get<int32_t>();
+      t.m_cls = static_cast<int32_t>(integer(post.at("cls").at(1), "post_processor cls id", kMaxId));
+      t.m_sep = static_cast<int32_t>(integer(post.at("sep").at(1), "post_processor sep id", kMaxId));
     } else if (post_type == "TemplateProcessing") {
       auto piece = [&](const json& p) -> std::string {
-        if (p.contains("SpecialToken")) return "S:" + p["SpecialToken"].at("id").get<std::string>() + ":" +
-                                              std::to_string(p["SpecialToken"].at("type_id").get<int>());
+        if (p.contains("SpecialToken"))
+          return "S:" + p["SpecialToken"].at("id").get<std::string>() + ":" +
+                 std::to_string(integer(p["SpecialToken"].at("type_id"), "type_id", kMaxId));
         return "Q:" + p.at("Sequence").at("id").get<std::string>() + ":" +
-               std::to_string(p["Sequence"].at("type_id").get<int>());
+               std::to_string(integer(p["Sequence"].at("type_id"), "type_id", kMaxId));
       };
       const json& single = post.at("single");
       const json& pair = post.at("pair");
@@ -243,7 +256,7 @@ WordPieceTokenizer WordPieceTokenizer::from_tokenizer_json(const std::string& pa
         const std::string name = p.substr(2, p.rfind(':') - 2);
         const json& st = post.at("special_tokens").at(name);
         if (st.at("ids").size() != 1) bad("special token \"", name, "\" is not one id");
-        return st.at("ids").at(0).get<int32_t>();
+        return static_cast<int32_t>(integer(st.at("ids").at(0), "special token id", kMaxId));
       };
       t.m_cls = special_id(cls);
       t.m_sep = special_id(sep);
@@ -254,7 +267,8 @@ WordPieceTokenizer WordPieceTokenizer::from_tokenizer_json(const std::string& pa
       bad("post_processor type is \"", post_type, "\"; expected BertProcessing or TemplateProcessing");
     }
     if (j.contains("padding") && j["padding"].is_object()) {
-      t.m_pad = j["padding"].value("pad_id", int32_t{0});
+      const json& pad = j["padding"];
+      t.m_pad = pad.contains("pad_id") ? static_cast<int32_t>(integer(pad["pad_id"], "pad_id", kMaxId)) : 0;
     } else {
       const auto it = t.m_vocab.find("[PAD]");
       t.m_pad = it == t.m_vocab.end() ? -1 : it->second;
@@ -269,6 +283,13 @@ WordPieceTokenizer WordPieceTokenizer::from_tokenizer_json(const std::string& pa
 void WordPieceTokenizer::finish(const std::string& path) {
   ANATOMY_CHECK(!m_vocab.empty(), "tokenizer '", path, "' has an empty vocabulary");
   ANATOMY_CHECK(m_max_input_chars_per_word > 0, "tokenizer '", path, "': max_input_chars_per_word is 0");
+  // Ids the encoder emits must name vocabulary entries (a tokenizer.json states them separately).
+  const auto n = static_cast<int64_t>(m_id_to_token.size());
+  for (auto [name, id] : {std::pair{"[CLS]", m_cls}, {"[SEP]", m_sep}, {"[UNK]", m_unk}})
+    ANATOMY_CHECK(id >= 0 && id < n, "tokenizer '", path, "': the ", name, " id ", id, " is outside the vocabulary (",
+                  n, " entries)");
+  ANATOMY_CHECK(m_pad >= -1 && m_pad < n, "tokenizer '", path, "': the [PAD] id ", m_pad,
+                " is outside the vocabulary (", n, " entries)");
   for (const auto& [tok, id] : m_vocab) m_max_token_chars = std::max(m_max_token_chars, count_code_points(tok));
   // Leftmost match wins; among matches at one place, the longest.
   std::stable_sort(m_special.begin(), m_special.end(),

@@ -170,7 +170,8 @@ TEST(CudaOptimizers, AdafactorMatchesTheCpuTwin) {
     const AdafactorTable ct{Tensor(plan.segments.data(), DType::I64, {count, kAdafactorSegmentFields}, Device::CPU),
                             count, plan.chunks, plan.strips};
     AdafactorArgs a;
-    a.lr = 1e-3f, a.weight_decay = 0.01f, a.clip_threshold = clip_threshold;
+    // lr 1e-2: updates large enough that float rounding of the parameters stays far below the bound.
+    a.lr = 1e-2f, a.weight_decay = 0.01f, a.clip_threshold = clip_threshold;
     for (int64_t step = 3; step <= 5; ++step) {
       a.step = step;
       std::vector<float> g = e.randn(n, loss_scale * 1e-3);
@@ -184,7 +185,7 @@ TEST(CudaOptimizers, AdafactorMatchesTheCpuTwin) {
     }
     const std::vector<float> gp_out = e.get<float>(gp), gs_out = e.get<float>(gs);
     EXPECT_LT(rel_diff(gs_out, state), 1e-5) << "state";
-    // The parameters move by ~1e-3 per step: compare the updates, not just the parameters.
+    // Compare the updates, not just the parameters (which move little per step).
     std::vector<float> du_gpu(n), du_cpu(n);
     for (size_t i = 0; i < n; ++i) du_gpu[i] = gp_out[i] - p0[i], du_cpu[i] = p[i] - p0[i];
     EXPECT_LT(rel_diff(du_gpu, du_cpu), 1e-4) << "updates";

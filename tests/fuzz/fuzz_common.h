@@ -39,10 +39,10 @@ class MemFile {
 }  // namespace anatomy::fuzz
 
 // A broken invariant is a finding: abort so libFuzzer records the input.
-#define FUZZ_EXPECT(cond)                                                        \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
+#define FUZZ_EXPECT(cond)                                                                \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
       fprintf(stderr, "fuzz invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                              \
-    }                                                                            \
+      std::abort();                                                                      \
+    }                                                                                    \
   } while (0)

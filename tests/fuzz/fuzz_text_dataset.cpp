@@ -74,7 +74,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       b.resize(1, ds.seq_len());
       for (size_t i = 0; i < ds.size() && i < 8; ++i) {
         ds.get(i, b, 0);
-        FUZZ_EXPECT(b.labels[0] >= 0 && (ds.labels().kind == LabelSet::Kind::None || b.labels[0] < ds.labels().num_labels));
+        FUZZ_EXPECT(b.labels[0] >= 0 &&
+                    (ds.labels().kind == LabelSet::Kind::None || b.labels[0] < ds.labels().num_labels));
       }
       (void)ds.labels().label2id();
     } catch (const Error& e) {

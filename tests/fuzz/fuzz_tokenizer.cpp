@@ -13,8 +13,10 @@ using namespace anatomy;
 namespace {
 struct Tokenizers {
   WordPieceTokenizer slow = WordPieceTokenizer::from_vocab_txt(ANATOMY_SOURCE_DIR "/tests/data/tokenizer/vocab.txt");
-  WordPieceTokenizer fast = WordPieceTokenizer::from_tokenizer_json(ANATOMY_SOURCE_DIR "/tests/data/tokenizer/tokenizer.json");
-  WordPieceTokenizer cased = WordPieceTokenizer::from_vocab_txt(ANATOMY_SOURCE_DIR "/tests/data/tokenizer/vocab.txt", false);
+  WordPieceTokenizer fast =
+      WordPieceTokenizer::from_tokenizer_json(ANATOMY_SOURCE_DIR "/tests/data/tokenizer/tokenizer.json");
+  WordPieceTokenizer cased =
+      WordPieceTokenizer::from_vocab_txt(ANATOMY_SOURCE_DIR "/tests/data/tokenizer/vocab.txt", false);
 };
 const Tokenizers& tokenizers() {
   static const Tokenizers t;  // loaded once per process
@@ -32,8 +34,10 @@ void check(const WordPieceTokenizer& tok, const Encoding& e, size_t max_length, 
     FUZZ_EXPECT(e.input_ids[i] >= 0 && static_cast<size_t>(e.input_ids[i]) < tok.vocab_size());
     FUZZ_EXPECT(e.token_type_ids[i] == 0 || e.token_type_ids[i] == 1);
     FUZZ_EXPECT(e.attention_mask[i] == 0 || e.attention_mask[i] == 1);
-    if (e.attention_mask[i] == 0) padded = true;
-    else FUZZ_EXPECT(!padded);  // padding only at the end
+    if (e.attention_mask[i] == 0)
+      padded = true;
+    else
+      FUZZ_EXPECT(!padded);  // padding only at the end
   }
 }
 }  // namespace

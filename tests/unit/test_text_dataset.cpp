@@ -47,8 +47,8 @@ class TextDatasetTest : public testing::Test {
  protected:
   void SetUp() override {
     const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-    m_dir = fs::path(testing::TempDir()) /
-            ("anatomy_text_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    m_dir =
+        fs::path(testing::TempDir()) / ("anatomy_text_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
     fs::remove_all(m_dir);
     fs::create_directories(m_dir);
   }
@@ -105,9 +105,9 @@ TEST(TextDatasetCsv, QuotesEscapesAndLineEnds) {
       "a\"b,6\r"  // a quote inside an unquoted field is a character; a lone \r ends a record
       "last,7",   // no final line end
       ',', &lines);
-  const Rows want = {{"text", "label"}, {"plain", "1"},     {"with, comma", "2"}, {"say \"hi\"", "3"},
-                     {"two\r\nlines", "4"}, {"", "5"},       {"trailing", ""},     {"a\"b", "6"},
-                     {"last", "7"}};
+  const Rows want = {{"text", "label"},   {"plain", "1"},        {"with, comma", "2"},
+                     {"say \"hi\"", "3"}, {"two\r\nlines", "4"}, {"", "5"},
+                     {"trailing", ""},    {"a\"b", "6"},         {"last", "7"}};
   EXPECT_EQ(rows, want);
   EXPECT_EQ(lines, (std::vector<size_t>{1, 2, 3, 4, 5, 9, 10, 11, 12}));
 }
@@ -166,8 +166,9 @@ TEST_F(TextDatasetTest, JsonlWithStringLabels) {
   EXPECT_EQ(ls.label2id().at("positive"), 2);
   // The first line: {"text": "The meeting wasted the whole afternoon.", "label": "negative"}
   EXPECT_EQ(ds.label(0), 0);
-  EXPECT_EQ(ids(ds, 0), tokenizer().encode("The meeting wasted the whole afternoon.", std::nullopt, 128,
-                                           Truncation::LongestFirst, Padding::None)
+  EXPECT_EQ(ids(ds, 0), tokenizer()
+                            .encode("The meeting wasted the whole afternoon.", std::nullopt, 128,
+                                    Truncation::LongestFirst, Padding::None)
                             .input_ids);
   std::set<int32_t> seen;
   for (size_t i = 0; i < ds.size(); ++i) seen.insert(ds.label(i));
@@ -189,8 +190,8 @@ TEST_F(TextDatasetTest, CsvIntegerLabelsAndColumnNames) {
   EXPECT_EQ(ds.labels().id2label().at(3), "LABEL_3");
   EXPECT_EQ(ds.label(0), 3);
   EXPECT_EQ(ds.label(1), 0);
-  EXPECT_EQ(ids(ds, 0), tokenizer().encode("Hello, world.", std::nullopt, 128, Truncation::LongestFirst,
-                                           Padding::None).input_ids);
+  EXPECT_EQ(ids(ds, 0),
+            tokenizer().encode("Hello, world.", std::nullopt, 128, Truncation::LongestFirst, Padding::None).input_ids);
   // Strings and integers mixed: all become names, sorted by bytes.
   const std::string q = write("m.csv", "text,label\na,10\nb,2\nc,x\n");
   TextDataset mixed = TextDataset::load(q, tokenizer(), no_cache());
@@ -205,8 +206,8 @@ TEST_F(TextDatasetTest, TsvByExtensionAndDelimiterOption) {
   TextDataOptions o = no_cache();
   o.delimiter = ';';
   TextDataset semi = TextDataset::load(write("d.csv", "label;text\nneg;a, b\n"), tokenizer(), o);
-  EXPECT_EQ(ids(semi, 0), tokenizer().encode("a, b", std::nullopt, 128, Truncation::LongestFirst,
-                                             Padding::None).input_ids);
+  EXPECT_EQ(ids(semi, 0),
+            tokenizer().encode("a, b", std::nullopt, 128, Truncation::LongestFirst, Padding::None).input_ids);
   o.format = TextFormat::Tsv;
   o.delimiter = 0;
   EXPECT_EQ(TextDataset::load(write("d.data", "text\tlabel\nx\t1\n"), tokenizer(), o).size(), 1u);
@@ -240,7 +241,8 @@ TEST_F(TextDatasetTest, PairColumns) {
 // ------------------------------------------------------------------------------ cache
 
 TEST_F(TextDatasetTest, CacheIsCreatedOnceAndReused) {
-  const std::string p = write("s.jsonl", std::string(std::istreambuf_iterator<char>(std::ifstream(kSentiment).rdbuf()), {}));
+  const std::string p =
+      write("s.jsonl", std::string(std::istreambuf_iterator<char>(std::ifstream(kSentiment).rdbuf()), {}));
   TextDataset first = TextDataset::load(p, tokenizer());
   EXPECT_EQ(first.cache_status(), CacheStatus::Created);
   ASSERT_TRUE(fs::exists(first.cache_path()));
@@ -423,11 +425,13 @@ TEST_F(TextDatasetTest, SplitSubsetAndSeparateValidationFile) {
   // A validation file is read with the training labels: ids agree, an unknown label is an error.
   TextDataOptions o = no_cache();
   o.labels = train.labels();
-  TextDataset v = TextDataset::load(write("val.jsonl", "{\"text\": \"meh\", \"label\": \"positive\"}\n"), tokenizer(), o);
+  TextDataset v =
+      TextDataset::load(write("val.jsonl", "{\"text\": \"meh\", \"label\": \"positive\"}\n"), tokenizer(), o);
   EXPECT_EQ(v.label(0), 2);
   EXPECT_EQ(v.labels(), train.labels());
-  expect_error(write("bad.jsonl", "{\"text\": \"a\", \"label\": \"negative\"}\n\n{\"text\": \"b\", \"label\": \"angry\"}\n"),
-               {"bad.jsonl:3: unknown label 'angry'", "'negative', 'neutral', 'positive'"}, o);
+  expect_error(
+      write("bad.jsonl", "{\"text\": \"a\", \"label\": \"negative\"}\n\n{\"text\": \"b\", \"label\": \"angry\"}\n"),
+      {"bad.jsonl:3: unknown label 'angry'", "'negative', 'neutral', 'positive'"}, o);
   o.labels = LabelSet::ids(2);
   expect_error(write("ids.csv", "text,label\na,1\nb,2\n"), {"ids.csv:3: unknown label 2", "0..1"}, o);
   expect_error(write("ids2.csv", "text,label\na,pos\n"), {"ids2.csv:2: unknown label 'pos'"}, o);
@@ -440,11 +444,14 @@ TEST_F(TextDatasetTest, SplitSubsetAndSeparateValidationFile) {
 
 TEST_F(TextDatasetTest, InvalidUtf8IsReplacedNotFatal) {
   // \xff and a truncated \xe2\x82 are ill-formed; they become U+FFFD, which cleaning drops.
-  const std::string bad = "good \xff" "day \xe2\x82";
+  const std::string bad =
+      "good \xff"
+      "day \xe2\x82";
   TextDataset csv = TextDataset::load(write("u.csv", "text,label\n" + bad + ",l\xfe\n"), tokenizer(), no_cache());
-  TextDataset jsonl = TextDataset::load(write("u.jsonl", "{\"text\": \"" + bad + "\", \"label\": 1}\n"), tokenizer(),
-                                        no_cache());
-  const auto want = tokenizer().encode("good day", std::nullopt, 128, Truncation::LongestFirst, Padding::None).input_ids;
+  TextDataset jsonl =
+      TextDataset::load(write("u.jsonl", "{\"text\": \"" + bad + "\", \"label\": 1}\n"), tokenizer(), no_cache());
+  const auto want =
+      tokenizer().encode("good day", std::nullopt, 128, Truncation::LongestFirst, Padding::None).input_ids;
   EXPECT_EQ(ids(csv, 0), want);
   EXPECT_EQ(ids(jsonl, 0), want);
   EXPECT_EQ(csv.labels().names, std::vector<std::string>{"l\xEF\xBF\xBD"});  // valid UTF-8 for config.json
@@ -503,13 +510,13 @@ TEST_F(TextDatasetTest, HugeLines) {
   while (big.size() < 10'000'000) big += "lorem ipsum ";
   TextDataOptions o = no_cache();
   o.max_length = 32;
-  TextDataset ds = TextDataset::load(write("big.jsonl", "{\"text\": \"short\", \"label\": 0}\n{\"text\": \"" + big +
-                                                            "\", \"label\": 1}\n"),
-                                     tokenizer(), o);
+  TextDataset ds = TextDataset::load(
+      write("big.jsonl", "{\"text\": \"short\", \"label\": 0}\n{\"text\": \"" + big + "\", \"label\": 1}\n"),
+      tokenizer(), o);
   ASSERT_EQ(ds.size(), 2u);
   EXPECT_EQ(ds.length(1), 32);
-  TextDataset csv = TextDataset::load(write("big.csv", "text,label\n\"" + big.substr(0, 1'000'000) + "\",1\n"),
-                                      tokenizer(), o);
+  TextDataset csv =
+      TextDataset::load(write("big.csv", "text,label\n\"" + big.substr(0, 1'000'000) + "\",1\n"), tokenizer(), o);
   EXPECT_EQ(csv.length(0), 32);
   // Beyond the bound: one line naming the record, nothing buffered.
   o.max_record_bytes = 1 << 20;

@@ -220,8 +220,11 @@ __global__ void __launch_bounds__(kBlockThreads) ln_forward_block(
   }
 }
 
-// Blocks stride over rows; thread t owns columns t, t + blockDim, ... of the block's partial
-// row, which it alone reads and writes (so no barrier is needed for it).
+// Blocks stride over rows; thread t owns columns c = t, t + blockDim, ... < H of the block's
+// partial row: both part[c] (dgamma) and part[H + c] (dbeta), which it alone zeroes, reads and
+// writes, so no barrier is needed for them. (Zeroing [0, 2H) by thread index instead handed
+// part[H + c] to another thread without a barrier: a race that compute-sanitizer's serialized
+// schedule exposed as wrong dbeta.)
 template <class T>
 __global__ void __launch_bounds__(kBlockThreads) ln_backward_block(
     T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
@@ -230,7 +233,7 @@ __global__ void __launch_bounds__(kBlockThreads) ln_backward_block(
   __shared__ float red[32];
   float* part = partials ? partials + static_cast<size_t>(blockIdx.x) * 2 * h : nullptr;
   if (part)
-    for (int c = threadIdx.x; c < 2 * h; c += blockDim.x) part[c] = 0.0f;
+    for (int c = threadIdx.x; c < h; c += blockDim.x) part[c] = part[h + c] = 0.0f;
   const float inv_h = 1.0f / h;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const size_t base = static_cast<size_t>(row) * h;
