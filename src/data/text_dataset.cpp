@@ -24,7 +24,7 @@ namespace anatomy {
 // ---------------------------------------------------------------------------------- labels
 
 // Integer labels become ids directly; above this bound they are almost surely not class ids.
-static constexpr int64_t kMaxLabelId = int64_t{1} << 20;
+static constexpr int64_t kMaxLabelId = int64_t{1} << 16;
 
 LabelSet LabelSet::ids(int64_t num_labels) {
   ANATOMY_CHECK(num_labels >= 1 && num_labels <= kMaxLabelId, "number of labels ", num_labels, " out of range");

@@ -32,6 +32,7 @@ class WordPieceTokenizer;
 
 // The classes of a labelled file, and how its labels become ids.
 //   Ids: every label in the file is an integer, used as the id; num_labels is the largest + 1.
+//     Ids must lie in [0, 65536): a larger one is almost surely not a class id (a wrong column?).
 //   Names: labels are strings (or a mix); the distinct strings sorted by byte value get ids
 //     0, 1, ... in that order, so the same set of labels always gets the same ids.
 //   None: the file was read without a label column; every label is 0.

@@ -468,6 +468,7 @@ TEST_F(TextDatasetTest, MissingColumnsAndFields) {
   expect_error(write("j3.jsonl", "{\"text\": 5, \"label\": 0}\n"), {"j3.jsonl:1: field 'text' must be a string"});
   expect_error(write("j4.jsonl", "{\"text\": \"a\", \"label\": 0.5}\n"), {"j4.jsonl:1: label", "0.5"});
   expect_error(write("j5.jsonl", "{\"text\": \"a\", \"label\": -1}\n"), {"j5.jsonl:1: label '-1' is not a class id"});
+  expect_error(write("big_id.csv", "text,label\na,0\nb,70000\n"), {"big_id.csv:3: label '70000' is not a class id"});
   expect_error(write("r.csv", "text,label\na,1\nb,2,3\n"), {"r.csv:3: 3 fields where the header has 2"});
   // Unlabelled files need no label column.
   TextDataOptions o = no_cache();
