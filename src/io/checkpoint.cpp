@@ -27,6 +27,24 @@ void save_pretrained(const std::string& dir, BertForSequenceClassification& mode
   model.config().save((fs::path(dir) / "config.json").string());
 }
 
+std::vector<std::string> checkpoint_names_for(const std::string& name) {
+  // As saved by BertForSequenceClassification, then by BertModel (no "bert." prefix), each also
+  // with the legacy LayerNorm names (gamma for weight, beta for bias) of old TF-converted files.
+  std::vector<std::string> bases{name};
+  if (name.rfind("bert.", 0) == 0) bases.push_back(name.substr(5));
+  std::vector<std::string> out;
+  for (const std::string& b : bases) {
+    out.push_back(b);
+    for (auto [from, to] : {std::pair<const char*, const char*>{"LayerNorm.weight", "LayerNorm.gamma"},
+                            std::pair<const char*, const char*>{"LayerNorm.bias", "LayerNorm.beta"}}) {
+      const size_t at = b.rfind(from);
+      if (at != std::string::npos && at + std::string(from).size() == b.size())
+        out.push_back(b.substr(0, at) + to);
+    }
+  }
+  return out;
+}
+
 LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClassification& model) {
   const std::string file = fs::is_directory(path) ? (fs::path(path) / "model.safetensors").string() : path;
   SafetensorsReader r = SafetensorsReader::open(file);
@@ -34,13 +52,20 @@ LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClass
   LoadReport rep;
   std::set<std::string> used;
   for (const auto& p : model.layout().params()) {
-    if (!r.contains(p.name)) {
+    const std::string* found = nullptr;
+    const std::vector<std::string> names = checkpoint_names_for(p.name);
+    for (const std::string& n : names)
+      if (r.contains(n)) {
+        found = &n;
+        break;
+      }
+    if (!found) {
       rep.newly_initialized.push_back(p.name);
       continue;
     }
     std::vector<int64_t> shape(p.shape.d.begin(), p.shape.d.begin() + p.shape.rank);
-    r.read(p.name, DType::F32, host.data() + p.offset, shape, "config.json");
-    used.insert(p.name);
+    r.read(*found, DType::F32, host.data() + p.offset, shape, "config.json");
+    used.insert(*found);
   }
   for (const auto& t : r.tensors())
     if (!used.count(t.name)) rep.unused.push_back(t.name);

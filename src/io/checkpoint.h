@@ -20,6 +20,11 @@ struct LoadReport {
 // are reported, as transformers reports newly initialized weights.
 LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClassification& model);
 
+// The names a parameter may carry in a checkpoint, most specific first: the
+// BertForSequenceClassification name, the BertModel name (no "bert." prefix), and the legacy
+// LayerNorm.gamma / LayerNorm.beta spellings of either.
+std::vector<std::string> checkpoint_names_for(const std::string& name);
+
 // config.json of a directory (or the config path itself).
 std::string config_path_of(const std::string& path);
 

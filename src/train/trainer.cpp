@@ -153,6 +153,9 @@ TrainResult train(const TrainOptions& opt) {
     if (!rep.newly_initialized.empty())
       std::fprintf(stderr, "note: %zu weights were not in %s and are newly initialized (e.g. %s)\n",
                    rep.newly_initialized.size(), opt.model_name_or_path.c_str(), rep.newly_initialized[0].c_str());
+    if (!rep.unused.empty())
+      std::fprintf(stderr, "note: %zu tensors of %s are not used by BertForSequenceClassification (e.g. %s)\n",
+                   rep.unused.size(), opt.model_name_or_path.c_str(), rep.unused[0].c_str());
   }
   be->synchronize();
   const int64_t used_weights = want_cuda ? nvml_used() : -1;

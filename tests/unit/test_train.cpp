@@ -9,6 +9,7 @@
 #include "core/rng.h"
 #include "model/bert.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "memory/planner.h"
 #include "model/params.h"
 #include "optim/optimizer.h"
@@ -215,4 +216,41 @@ TEST(Train, SavedModelLoadsBackIdentically) {
   BertForSequenceClassification b(*be, cfg, {1, 8, DType::F32, CheckpointPolicy::None, false});
   load_pretrained_weights(again, b);
   EXPECT_EQ(a.master_to_host(), b.master_to_host());
+}
+
+TEST(Train, LoadsBertModelNamesLegacyLayerNormNamesAndReportsTheHead) {
+  // A checkpoint as a pretraining run saves it: BertModel names without "bert.", old
+  // LayerNorm.gamma/beta spellings, a cls.* head, and no classifier.
+  auto be = make_cpu_backend();
+  BertConfig cfg = BertConfig::preset("bert-tiny");
+  BertForSequenceClassification src(*be, cfg, {1, 8, DType::F32, CheckpointPolicy::None, false});
+  src.init_weights(5);
+  std::vector<float> host = src.master_to_host();
+  std::vector<std::string> names;
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& p : src.layout().params()) {
+    if (p.name.rfind("classifier.", 0) == 0) continue;
+    std::string n = p.name.substr(5);  // drop "bert."
+    if (n.size() > 16 && n.compare(n.size() - 16, 16, "LayerNorm.weight") == 0) n.replace(n.size() - 6, 6, "gamma");
+    if (n.size() > 14 && n.compare(n.size() - 14, 14, "LayerNorm.bias") == 0) n.replace(n.size() - 4, 4, "beta");
+    names.push_back(n);
+    entries.push_back({names.back(), DType::F32, std::vector<int64_t>(p.shape.d.begin(), p.shape.d.begin() + p.shape.rank),
+                       host.data() + p.offset});
+  }
+  std::vector<float> extra(cfg.vocab_size, 0.5f);
+  entries.push_back({"cls.predictions.bias", DType::F32, {cfg.vocab_size}, extra.data()});
+  const std::string dir = (std::filesystem::path(testing::TempDir()) / "anatomy_bertmodel").string();
+  std::filesystem::create_directories(dir);
+  write_safetensors(dir + "/model.safetensors", entries);
+
+  BertForSequenceClassification dst(*be, cfg, {1, 8, DType::F32, CheckpointPolicy::None, false});
+  dst.init_weights(9);
+  LoadReport rep = load_pretrained_weights(dir, dst);
+  EXPECT_EQ(rep.newly_initialized, (std::vector<std::string>{"classifier.weight", "classifier.bias"}));
+  EXPECT_EQ(rep.unused, (std::vector<std::string>{"cls.predictions.bias"}));
+  std::vector<float> got = dst.master_to_host();
+  for (const auto& p : dst.layout().params()) {
+    if (p.name.rfind("classifier.", 0) == 0) continue;
+    EXPECT_TRUE(std::equal(got.begin() + p.offset, got.begin() + p.offset + p.numel(), host.begin() + p.offset)) << p.name;
+  }
 }
