@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -148,6 +149,37 @@ WordPieceTokenizer WordPieceTokenizer::from_vocab_txt(const std::string& path, b
   }
   t.finish(path);
   return t;
+}
+
+WordPieceTokenizer WordPieceTokenizer::from_directory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path d(dir);
+  if (fs::is_regular_file(d / "tokenizer.json")) return from_tokenizer_json((d / "tokenizer.json").string());
+  ANATOMY_CHECK(fs::is_regular_file(d / "vocab.txt"), "'", dir,
+                "' has no tokenizer: expected tokenizer.json or vocab.txt in it (or pass --tokenizer)");
+  bool lower = true;
+  std::optional<bool> strip;
+  if (fs::is_regular_file(d / "tokenizer_config.json")) {
+    const std::string path = (d / "tokenizer_config.json").string();
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_file(path, "tokenizer config"));
+    } catch (const nlohmann::json::exception& e) {
+      fail("tokenizer config '", path, "' is not valid JSON: ", e.what());
+    }
+    if (j.is_object() && j.contains("do_lower_case") && j["do_lower_case"].is_boolean()) lower = j["do_lower_case"].get<bool>();
+    if (j.is_object() && j.contains("strip_accents") && j["strip_accents"].is_boolean()) strip = j["strip_accents"].get<bool>();
+  }
+  return from_vocab_txt((d / "vocab.txt").string(), lower, strip);
+}
+
+std::vector<std::string> WordPieceTokenizer::files_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const char* name : {"tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"}) {
+    const auto p = std::filesystem::path(dir) / name;
+    if (std::filesystem::is_regular_file(p)) out.push_back(p.string());
+  }
+  return out;
 }
 
 WordPieceTokenizer WordPieceTokenizer::from_tokenizer_json(const std::string& path) {

@@ -49,6 +49,13 @@ class WordPieceTokenizer {
   // BERT post-processor) with the tokenizers library's rules. Its truncation and padding
   // sections are ignored: encode() takes them as arguments.
   static WordPieceTokenizer from_tokenizer_json(const std::string& path);
+  // A Hugging Face model directory: its tokenizer.json when present, else its vocab.txt with
+  // do_lower_case / strip_accents from tokenizer_config.json (lower-casing when it says nothing).
+  // The error names the directory when it holds neither.
+  static WordPieceTokenizer from_directory(const std::string& dir);
+  // The tokenizer files of a model directory (tokenizer.json, vocab.txt, tokenizer_config.json,
+  // special_tokens_map.json) that exist, so a trainer can copy them next to the saved model.
+  static std::vector<std::string> files_in(const std::string& dir);
 
   // Word-piece ids of the text, without [CLS]/[SEP]. Special tokens written in the text
   // ("[SEP]", case-sensitive) map to their ids.
