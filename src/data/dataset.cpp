@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/text_dataset.h"
 
 namespace anatomy {
 
@@ -65,13 +66,33 @@ void SyntheticDataset::get(size_t i, HostBatch& out, int64_t row) const {
   out.labels[row] = label;
 }
 
+BatchPlan::BatchPlan(std::vector<int64_t> lengths, int64_t batch, uint64_t seed, bool group_by_length)
+    : m_n(lengths.size()), m_batch(batch), m_seed(seed), m_lengths(std::move(lengths)), m_group(group_by_length) {}
+
 std::vector<size_t> BatchPlan::indices(int64_t epoch, int64_t b) const {
-  std::vector<size_t> perm(m_n);
-  std::iota(perm.begin(), perm.end(), size_t{0});
-  Rng rng(mix64(m_seed + 0x51ed270b27a1c3d5ULL * static_cast<uint64_t>(epoch + 1)));
-  for (size_t i = m_n; i > 1; --i) std::swap(perm[i - 1], perm[rng.next() % i]);  // Fisher-Yates
-  const size_t begin = static_cast<size_t>(b) * m_batch, end = std::min(m_n, begin + m_batch);
-  return std::vector<size_t>(perm.begin() + begin, perm.begin() + end);
+  if (epoch != m_cached_epoch) {
+    const uint64_t epoch_seed = mix64(m_seed + 0x51ed270b27a1c3d5ULL * static_cast<uint64_t>(epoch + 1));
+    m_epoch.clear();
+    if (m_group) {
+      m_epoch = bucketed_batches(m_lengths, m_batch, epoch_seed);
+    } else {
+      std::vector<size_t> perm(m_n);
+      std::iota(perm.begin(), perm.end(), size_t{0});
+      Rng rng(epoch_seed);
+      for (size_t i = m_n; i > 1; --i) std::swap(perm[i - 1], perm[rng.next() % i]);  // Fisher-Yates
+      for (size_t begin = 0; begin < m_n; begin += static_cast<size_t>(m_batch))
+        m_epoch.emplace_back(perm.begin() + begin, perm.begin() + std::min(m_n, begin + m_batch));
+    }
+    m_cached_epoch = epoch;
+  }
+  return m_epoch.at(static_cast<size_t>(b));
+}
+
+int64_t BatchPlan::padded_length(const std::vector<size_t>& idx, int64_t full) const {
+  if (m_lengths.empty()) return full;
+  int64_t longest = 1;
+  for (size_t i : idx) longest = std::max(longest, m_lengths[i]);
+  return std::min(longest, full);
 }
 
 Prefetcher::Prefetcher(const Dataset& ds, BatchPlan plan, int64_t first, int64_t last, int prefetch)
@@ -94,7 +115,7 @@ void Prefetcher::run() {
     for (int64_t g = m_next; g < m_last; ++g) {
       std::vector<size_t> idx = m_plan.indices(g / per_epoch, g % per_epoch);
       HostBatch hb;
-      hb.resize(static_cast<int64_t>(idx.size()), m_ds.seq_len());
+      hb.resize(static_cast<int64_t>(idx.size()), m_plan.padded_length(idx, m_ds.seq_len()));
       for (size_t r = 0; r < idx.size(); ++r) m_ds.get(idx[r], hb, static_cast<int64_t>(r));
       std::unique_lock<std::mutex> lock(m_mu);
       m_cv.wait(lock, [this] { return m_stop || m_queue.size() < m_depth; });

@@ -55,18 +55,28 @@ class SyntheticDataset final : public Dataset {
 };
 
 // Epoch order: a seeded permutation per epoch (the Trainer's RandomSampler), batches of
-// `batch` samples with a smaller last batch (drop_last false).
+// `batch` samples with a smaller last batch (drop_last false). Given per-sample lengths, batches
+// are padded only to their longest sample (dynamic padding) and, with group_by_length, samples
+// of similar length are batched together (bucketed_batches in data/text_dataset.h). The order of
+// epoch e is a pure function of (seed, e), so a resumed run regenerates it from the position.
 class BatchPlan {
  public:
   BatchPlan(size_t n, int64_t batch, uint64_t seed) : m_n(n), m_batch(batch), m_seed(seed) {}
+  BatchPlan(std::vector<int64_t> lengths, int64_t batch, uint64_t seed, bool group_by_length);
   int64_t batches_per_epoch() const { return static_cast<int64_t>((m_n + m_batch - 1) / m_batch); }
-  // Sample indices of batch b of epoch e.
+  // Sample indices of batch b of epoch e (the epoch's order is computed once and kept).
   std::vector<size_t> indices(int64_t epoch, int64_t b) const;
+  // The padded length of a batch: its longest sample with lengths, else `full`.
+  int64_t padded_length(const std::vector<size_t>& idx, int64_t full) const;
 
  private:
   size_t m_n;
   int64_t m_batch;
   uint64_t m_seed;
+  std::vector<int64_t> m_lengths;  // empty: every sample is full length
+  bool m_group = false;
+  mutable int64_t m_cached_epoch = -1;
+  mutable std::vector<std::vector<size_t>> m_epoch;  // batches of m_cached_epoch
 };
 
 // Fills batches on a background thread into a bounded queue (depth `prefetch`), in the order

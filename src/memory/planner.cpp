@@ -32,9 +32,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
       p.bytes[Category::Temporary] += static_cast<int64_t>(attention_scratch_bytes(
           s.max_batch, s.max_seq, static_cast<int>(c.num_attention_heads), static_cast<int>(c.head_dim()), s.compute));
   }
-  // The trainer's device batch: ids, token types, mask [B, T] and labels [B] in I32, and the
-  // gradient norm (F32 [1]).
-  p.bytes[Category::Other] = 12 * s.max_batch * s.max_seq + 4 * s.max_batch + 4;
+  // The trainer's device batch: ids, token types, mask [B, T] and labels [B] in I32, the
+  // gradient norm (F32 [1]) and the step's per-sample loss sums (F32 [B]).
+  p.bytes[Category::Other] = 12 * s.max_batch * s.max_seq + 4 * s.max_batch + 4 + 4 * s.max_batch;
   return p;
 }
 

@@ -47,6 +47,9 @@ struct BertForSequenceClassification::Acts {
   Tensor t1, t2, t3;                           // (R, H)
   Tensor big;                                  // (R, max(I, 3H))
   Tensor hd1, hd2;                             // (B, H)
+  // Packed inference (Note [packed inference]): xs and layers[0] hold N <= R token rows.
+  bool packed = false;
+  Tensor qkv_pad, ctx_pad;                     // (R, 3H), (R, H): attention's padded layout
   const Tensor& x_in(int l) const { return training ? xs[l] : xs[l % 2]; }
   const Tensor& x_out(int l) const { return training ? xs[l + 1] : xs[(l + 1) % 2]; }
 };
@@ -76,10 +79,19 @@ void carve_layer(Arena& ar, DType dt, int64_t R, int64_t B, int64_t T, int64_t H
 static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
                        DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training);
 
+static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
+                         DType dt, int64_t B, int64_t T);
+
 ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   BertForSequenceClassification::Acts a;
   carve_acts(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training);
+  if (!s.training) {  // the packed layout is the smaller one; the arena holds either
+    Arena pact = Arena::dry(), ptmp = Arena::dry();
+    BertForSequenceClassification::Acts p;
+    carve_packed(p, pact, ptmp, cfg, s.compute, s.max_batch, s.max_seq);
+    return {std::max(act.used(), pact.used()), std::max(tmp.used(), ptmp.used())};
+  }
   return {act.used(), tmp.used()};
 }
 
@@ -122,6 +134,89 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
     if (policy == CheckpointPolicy::Selective)
       for (auto& la : a.layers) la.g = Tensor(a.big.data, dt, {R, I}, a.big.device);
   }
+}
+
+// Note [packed inference]: a batch padded to T wastes (B*T - N) / (B*T) of every row-wise op
+// (the GEMMs, bias, GELU, LayerNorm with its residual) on padding tokens whose results nobody
+// reads. forward_eval with a packing index (DeviceBatch::token_rows, N rows) runs the
+// embeddings on the padded [B*T, H] batch (cheap: a table lookup), gathers the token rows into
+// a packed [N, H] hidden state, and runs every row-wise op of the encoder on N rows. Attention
+// is the one op that needs the [B, T] structure: the packed q|k|v rows are scattered into the
+// padded layout, whose padding rows were zeroed once per forward (scatter never writes them;
+// their keys are masked, so any finite value would do, and zero cannot be NaN), the existing
+// masked attention runs, and the context rows are gathered back to N. The pooler reads each
+// sequence's first token through first_rows. Every token row sees the same arithmetic as in the
+// padded forward, so the logits agree (bitwise when nothing is padding and the GEMMs see the
+// same shapes).
+//
+// Memory: carve_packed lays the same arenas out differently, and needs less than the padded
+// eval layout (the padded context reuses the embeddings' dead sum, and the packed q|k|v the
+// layer's row-wise tensors, dead until after the scatter). The arenas are sized for the larger
+// of the two (model_arena_bytes), so the planner's numbers hold for either path.
+static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
+                         DType dt, int64_t B, int64_t T) {
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, nh = cfg.num_attention_heads;
+  const int64_t C = cfg.num_labels, R = B * T;
+  a.B = B;
+  a.T = T;
+  a.training = false;
+  a.packed = true;
+  a.emb_sum = act.take(dt, {R, H});
+  a.emb_mean = act.take(DType::F32, {R});
+  a.emb_rstd = act.take(DType::F32, {R});
+  a.emb_ln = act.take(dt, {R, H});
+  a.xs = {a.emb_ln, act.take(dt, {R, H})};  // the packed hidden state ping-pongs between them
+  a.ctx_pad = a.emb_sum;                    // the embeddings' sum is dead after their LayerNorm
+  a.qkv_pad = act.take(dt, {R, 3 * H});
+  a.layers.assign(1, {});
+  BertForSequenceClassification::LayerActs& la = a.layers[0];
+  la.lse = act.take(DType::F32, {B, nh, T});
+  // The row-wise tensors lie back to back; the packed q|k|v overlays their start (it dies at the
+  // scatter, before any of them is written), and so does the packed context (the output
+  // projection reads it before LayerNorm 1 writes s1).
+  const size_t start = act.used();
+  la.s1 = act.take(dt, {R, H});
+  la.h1 = act.take(dt, {R, H});
+  la.pre = act.take(dt, {R, I});
+  la.g = act.take(dt, {R, I});
+  la.s2 = act.take(dt, {R, H});
+  ANATOMY_ASSERT(act.used() - start >= static_cast<size_t>(R * 3 * H) * dtype_size(dt));
+  la.qkv = Tensor(la.s1.data, dt, {R, 3 * H}, la.s1.device);
+  la.ctx = la.s1;
+  la.mean1 = act.take(DType::F32, {R});
+  la.rstd1 = act.take(DType::F32, {R});
+  la.mean2 = act.take(DType::F32, {R});
+  la.rstd2 = act.take(DType::F32, {R});
+  a.cls = act.take(dt, {B, H});
+  a.pooled = act.take(dt, {B, H});
+  a.pooled_d = a.pooled;
+  a.logits = act.take(dt, {B, C});
+  a.dlogits = act.take(dt, {B, C});
+  a.losses = act.take(DType::F32, {B});
+  a.t1 = tmp.take(dt, {R, H});
+}
+
+PackedRows pack_token_rows(const int32_t* mask, int64_t B, int64_t T, int64_t multiple) {
+  PackedRows p;
+  p.first_rows.resize(static_cast<size_t>(B));
+  std::vector<bool> taken(static_cast<size_t>(B * T), false);
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* m = mask + b * T;
+    const bool any = std::any_of(m, m + T, [](int32_t v) { return v != 0; });
+    p.first_rows[b] = static_cast<int32_t>(p.token_rows.size());
+    for (int64_t t = 0; t < T; ++t)
+      if (t == 0 || !any || m[t] != 0) {
+        p.token_rows.push_back(static_cast<int32_t>(b * T + t));
+        taken[b * T + t] = true;
+      }
+  }
+  if (multiple > 1) {
+    const int64_t n = static_cast<int64_t>(p.token_rows.size());
+    const int64_t want = std::min(B * T, (n + multiple - 1) / multiple * multiple);
+    for (int64_t r = 0; static_cast<int64_t>(p.token_rows.size()) < want; ++r)
+      if (!taken[r]) p.token_rows.push_back(static_cast<int32_t>(r));
+  }
+  return p;
 }
 
 std::vector<LivenessPoint> activation_liveness(const BertConfig& cfg, const ModelShape& s) {
@@ -182,17 +277,22 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
 
 BertForSequenceClassification::~BertForSequenceClassification() = default;
 
-void BertForSequenceClassification::carve(int64_t B, int64_t T, bool training) {
+void BertForSequenceClassification::carve(int64_t B, int64_t T, bool training, bool packed) {
   ANATOMY_CHECK(B >= 1 && B <= m_shape.max_batch, "batch of ", B, " samples exceeds the planned micro-batch of ",
                 m_shape.max_batch);
   ANATOMY_CHECK(T >= 1 && T <= m_shape.max_seq, "sequence length ", T, " exceeds the planned --seq-len ",
                 m_shape.max_seq);
   ANATOMY_CHECK(!training || m_shape.training, "internal error: backward on an inference-only model");
-  if (m_acts->B == B && m_acts->T == T && m_acts->training == training && !m_acts->xs.empty()) return;
+  if (m_acts->B == B && m_acts->T == T && m_acts->training == training && m_acts->packed == packed &&
+      !m_acts->xs.empty())
+    return;
   m_act_arena.reset_to(0);
   m_tmp_arena.reset_to(0);
   *m_acts = Acts();
-  carve_acts(*m_acts, m_act_arena, m_tmp_arena, m_cfg, m_shape.compute, m_shape.checkpointing, B, T, training);
+  if (packed)
+    carve_packed(*m_acts, m_act_arena, m_tmp_arena, m_cfg, m_shape.compute, B, T);
+  else
+    carve_acts(*m_acts, m_act_arena, m_tmp_arena, m_cfg, m_shape.compute, m_shape.checkpointing, B, T, training);
 }
 
 DropoutSpec BertForSequenceClassification::drop(float p, uint64_t base, int site, bool training) const {
@@ -266,8 +366,16 @@ void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const 
   Tensor bqkv = ParamLayout::range(m_compute_view, bq.offset, {3 * H});
 
   m_be.matmul(a.qkv, x, Trans::N, wqkv, Trans::T, {1, 0, Epilogue::Bias, bqkv, {}});
-  m_be.attention_forward(a.ctx.view({m_acts->B, m_acts->T, H}), a.lse, a.qkv.view({m_acts->B, m_acts->T, 3 * H}),
-                         b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), training));
+  if (m_acts->packed) {  // Note [packed inference]: attention on the padded layout
+    const Tensor& qkv_pad = m_acts->qkv_pad;
+    m_be.scatter_rows(qkv_pad, a.qkv, b.token_rows);
+    m_be.attention_forward(m_acts->ctx_pad.view({m_acts->B, m_acts->T, H}), a.lse,
+                           qkv_pad.view({m_acts->B, m_acts->T, 3 * H}), b.attention_mask, static_cast<int>(nh), {});
+    m_be.gather_rows(a.ctx, m_acts->ctx_pad, b.token_rows);
+  } else {
+    m_be.attention_forward(a.ctx.view({m_acts->B, m_acts->T, H}), a.lse, a.qkv.view({m_acts->B, m_acts->T, 3 * H}),
+                           b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), training));
+  }
   m_be.matmul(branch, a.ctx, Trans::N, W(p + "attention.output.dense.weight"), Trans::T,
               {1, 0, Epilogue::Bias, W(p + "attention.output.dense.bias"), {}});
   m_be.layernorm_forward(a.h1, a.s1, a.mean1, a.rstd1, branch, x, W(p + "attention.output.LayerNorm.weight"),
@@ -352,6 +460,7 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
               {1, 0, Epilogue::Bias, W("classifier.bias"), {}});
   m_losses = a.losses;
   m_logits = a.logits;
+  m_hidden = a.x_in(static_cast<int>(L)).view({B, T, H});
 }
 
 void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float grad_scale, uint64_t base) {
@@ -401,6 +510,49 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
                           G("bert.embeddings.token_type_embeddings.weight"), X2, b.input_ids, b.token_type_ids);
 }
 
-void BertForSequenceClassification::forward_eval(const DeviceBatch& b) { forward(b, false, 0); }
+void BertForSequenceClassification::forward_eval(const DeviceBatch& b) {
+  if (b.packed())
+    forward_packed(b);
+  else
+    forward(b, false, 0);
+}
+
+void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
+  const int64_t B = b.batch(), T = b.seq(), L = m_cfg.num_hidden_layers;
+  const int64_t N = static_cast<int64_t>(b.token_rows.numel());
+  ANATOMY_CHECK(b.token_rows.dtype == DType::I32 && b.token_rows.shape.rank == 1 && N >= B && N <= B * T,
+                "internal error: token_rows ", b.token_rows.shape.str(), " is not I32 [N] with ", B, " <= N <= ", B * T);
+  ANATOMY_CHECK(b.first_rows.defined() && b.first_rows.dtype == DType::I32 && b.first_rows.numel() == static_cast<size_t>(B),
+                "internal error: first_rows is not I32 [", B, "]");
+  carve(B, T, false, true);
+  m_be.set_phase(Phase::Forward);
+  Acts& a = *m_acts;
+  const float eps = static_cast<float>(m_cfg.layer_norm_eps);
+  m_be.embedding_forward(a.emb_sum, b.input_ids, b.token_type_ids, W("bert.embeddings.word_embeddings.weight"),
+                         W("bert.embeddings.position_embeddings.weight"), W("bert.embeddings.token_type_embeddings.weight"));
+  m_be.layernorm_forward(a.emb_ln, a.emb_sum, a.emb_mean, a.emb_rstd, a.emb_sum, Tensor(),
+                         W("bert.embeddings.LayerNorm.weight"), W("bert.embeddings.LayerNorm.bias"), eps, {});
+  m_be.fill(a.qkv_pad, 0.0f);  // padding rows stay zero: the scatters write token rows only
+  // N-row views of the carved tensors (lse stays [B, heads, T]).
+  LayerActs la = a.layers[0];
+  for (Tensor* t : {&la.qkv, &la.ctx, &la.s1, &la.mean1, &la.rstd1, &la.h1, &la.pre, &la.g, &la.s2, &la.mean2, &la.rstd2})
+    *t = t->slice(0, N);
+  Tensor x = a.xs[1].slice(0, N), y = a.xs[0].slice(0, N);  // xs[0] is the embeddings' output until the gather
+  m_be.gather_rows(x, a.emb_ln, b.token_rows);
+  for (int l = 0; l < L; ++l) {
+    layer_forward(l, x, y, la, b, false, 0, a.t1.slice(0, N));
+    std::swap(x, y);
+  }
+  // Pooler on each sequence's first token, then the classifier (no dropout in eval).
+  m_be.gather_rows(a.cls, x, b.first_rows);
+  m_be.matmul(a.pooled, a.cls, Trans::N, W("bert.pooler.dense.weight"), Trans::T,
+              {1, 0, Epilogue::Bias, W("bert.pooler.dense.bias"), {}});
+  m_be.tanh_forward(a.pooled, a.pooled);
+  m_be.matmul(a.logits, a.pooled, Trans::N, W("classifier.weight"), Trans::T,
+              {1, 0, Epilogue::Bias, W("classifier.bias"), {}});
+  m_losses = a.losses;
+  m_logits = a.logits;
+  m_hidden = Tensor();  // no [B, T, H] encoder output on this path: the hidden state is packed
+}
 
 }  // namespace anatomy

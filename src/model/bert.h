@@ -25,11 +25,27 @@ const char* checkpoint_policy_name(CheckpointPolicy p);
 CheckpointPolicy parse_checkpoint_policy(const std::string& s);  // throws with the flag name
 
 // A batch on the backend's device: ids, token types and mask I32 [B, T], labels I32 [B].
+// forward_eval computes on the tokens alone when the packing index is given (Note [packed
+// inference] in bert.cpp): token_rows I32 [N], the rows b*T + t to compute, and first_rows I32
+// [B], where each sequence's row b*T sits in token_rows. pack_token_rows builds both.
 struct DeviceBatch {
   Tensor input_ids, token_type_ids, attention_mask, labels;
+  Tensor token_rows{}, first_rows{};  // optional (an initializer: aggregates may leave them out)
   int64_t batch() const { return input_ids.dim(0); }
   int64_t seq() const { return input_ids.dim(1); }
+  bool packed() const { return token_rows.defined(); }
 };
+
+// The packing index of a host mask I32 [B, T]: per sequence its first row and every row whose
+// mask is set, ascending; all T rows of a sequence that attends to nothing (whose padded
+// attention averages over every key). Equal results to the padded forward on those rows.
+// With multiple > 1, padding rows are appended until the count is a multiple of it (or B*T):
+// fewer distinct GEMM shapes (cuBLASLt plans are made per shape); they are computed as the
+// padded forward computes them, and nothing reads them.
+struct PackedRows {
+  std::vector<int32_t> token_rows, first_rows;
+};
+PackedRows pack_token_rows(const int32_t* mask, int64_t batch, int64_t seq, int64_t multiple = 1);
 
 struct ModelShape {
   int64_t max_batch = 1;  // micro-batch
@@ -88,18 +104,24 @@ class BertForSequenceClassification {
   // F32 [B] into losses(). dropout_base makes the dropout masks of this micro-batch unique.
   void forward_backward(const DeviceBatch& batch, float grad_scale, uint64_t dropout_base);
   // Forward only (no dropout, nothing saved beyond one layer): logits in the compute dtype.
+  // With batch.packed(), the encoder runs on the batch's tokens alone (no padding rows;
+  // hidden_states() is then undefined).
   void forward_eval(const DeviceBatch& batch);
 
   const Tensor& losses() const { return m_losses; }  // F32 [B] of the last call
   const Tensor& logits() const { return m_logits; }  // [B, num_labels] of the last call
+  // [B, T, H] encoder output (BertModel's last_hidden_state) of the last forward_eval or
+  // forward_backward call, in the compute dtype; valid until the next call.
+  const Tensor& hidden_states() const { return m_hidden; }
 
   // Saved activations and scratch views (defined in bert.cpp; public for the planner's dry run).
   struct LayerActs;
   struct Acts;
 
  private:
-  void carve(int64_t B, int64_t T, bool training);
+  void carve(int64_t B, int64_t T, bool training, bool packed = false);
   void forward(const DeviceBatch& batch, bool training, uint64_t dropout_base);
+  void forward_packed(const DeviceBatch& batch);
   void layer_forward(int l, const Tensor& x, const Tensor& out, LayerActs& a, const DeviceBatch& b,
                      bool training, uint64_t dropout_base, const Tensor& scratch);
   Tensor layer_backward(int l, const Tensor& dout, LayerActs& a, const Tensor& x, const DeviceBatch& b,
@@ -117,7 +139,7 @@ class BertForSequenceClassification {
   Tensor m_compute_view;
   Arena m_act_arena, m_tmp_arena;
   std::unique_ptr<Acts> m_acts;
-  Tensor m_losses, m_logits;
+  Tensor m_losses, m_logits, m_hidden;
 };
 
 }  // namespace anatomy

@@ -9,9 +9,9 @@
 //   half copy); parameter gradients are F32 and are always ACCUMULATED into (+=): the
 //   trainer zeroes them at the start of each accumulation cycle.
 // - Linear layers follow Hugging Face: weight [out, in], y = x W^T + b.
-// - Dropout is counter-based (core/rng.h): element i of a dropout site with spec
-//   (p, seed, offset) is kept iff dropout_keep(seed, offset, i, p); kept values are scaled
-//   by 1/(1-p). Backward regenerates the mask; nothing is stored. p == 0 means identity.
+// - Dropout is counter-based (core/rng.h, Note [dropout bits]): element i of a dropout site
+//   with spec (p, seed, offset) is kept iff dropout_keep(seed, offset, i, p); kept values are
+//   scaled by 1/(1-p). Backward regenerates the mask; nothing is stored. p == 0 means identity.
 // - Attention masks are I32 [B, T], 1 = attend to this key, 0 = padding (Hugging Face).
 #pragma once
 #include <chrono>
@@ -97,10 +97,14 @@ struct AdafactorTable {
 // g = grad * inv_loss_scale * clip, clip = min(1, max_norm / (||grad * inv_loss_scale|| + 1e-6)).
 // norm_sq is an F32 [1] tensor on the backend's device holding sum(grad^2) (unscaled),
 // so the update needs no host synchronization. max_norm <= 0 disables clipping.
+// skip_nonfinite (fp16 overflow): the update reads norm_sq on the device and, when it is inf
+// or NaN, leaves params, optimizer state and the half copy untouched (norm_sq must then be
+// defined whatever max_norm says); the decision needs no host synchronization either.
 struct GradTransform {
   Tensor norm_sq;
   float inv_loss_scale = 1.0f;
   float max_norm = 1.0f;
+  bool skip_nonfinite = false;
 };
 
 class Backend {
@@ -126,6 +130,17 @@ class Backend {
   }
   virtual void timing_reset() { m_host_marks.clear(); }
 
+  // ---- graph capture (CUDA graphs) ------------------------------------------------------
+  // begin_capture: the ops issued until end_capture are recorded instead of run, with their
+  // arguments (pointers, scalars, dropout specs) frozen; replay() then runs the recording
+  // again in stream order, as often as wanted. Only device work may be recorded: no upload,
+  // download or synchronize in between, and every buffer an op grows on first use (the
+  // attention scratch) must have been sized by an eager run first. begin_capture returns
+  // false when the backend cannot record (the CPU): the ops then simply run.
+  virtual bool begin_capture() { return false; }
+  virtual void end_capture() {}
+  virtual void replay() {}
+
   // ---- data movement -------------------------------------------------------------------
   virtual void upload(const Tensor& dst, const void* host) = 0;    // host bytes -> dst
   virtual void download(void* host, const Tensor& src) = 0;        // src -> host bytes
@@ -144,7 +159,8 @@ class Backend {
   // ---- attention -----------------------------------------------------------------------
   // qkv [B, T, 3H] with per token [q | k | v], head h at columns [h*D, (h+1)*D) of each.
   // ctx [B, T, H]; lse F32 [B, heads, T] = log-sum-exp of the scaled, masked scores.
-  // scale = 1/sqrt(D). Dropout (on the probabilities) with index ((b*heads + h)*T + q)*T + k.
+  // scale = 1/sqrt(D). Dropout (on the probabilities) with element index
+  // attention_dropout_index(b*heads + h, q, k, T) (Note [attention dropout index] in core/rng.h).
   virtual void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv,
                                  const Tensor& mask, int heads, const DropoutSpec& dropout) = 0;
   virtual void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
@@ -187,6 +203,14 @@ class Backend {
   // out[B, H] = x[B, T, H][:, t, :]; backward writes dx[:, t, :] = dout and zeroes the rest.
   virtual void select_token(const Tensor& out, const Tensor& x, int64_t t) = 0;
   virtual void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) = 0;
+  // Row copies between a padded [R, C] layout and a packed [N, C] one (Note [packed inference]
+  // in model/bert.cpp); any dtype, the same on both sides; idx I32 [N] with values in [0, R)
+  // (the CPU checks; a CUDA kernel skips a row out of range).
+  // gather: out[i, :] = in[idx[i], :].
+  virtual void gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) = 0;
+  // scatter: out[idx[i], :] = in[i, :]; rows of out that idx does not name are left as they are
+  // (the caller zero-fills them when it needs zeros). idx must not repeat a row.
+  virtual void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) = 0;
 
   // ---- optimizer -----------------------------------------------------------------------
   // out F32 [1] += sum(x^2) over an F32 tensor.

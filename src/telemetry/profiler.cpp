@@ -34,8 +34,24 @@ void ProfilingBackend::step_end() {
   if (m_on) m_steps.emplace_back(m_step_begin, m_in.timing_mark());
 }
 
+void ProfilingBackend::probe_memory(std::function<int64_t()> used_bytes) {
+  m_probe = std::move(used_bytes);
+  if (m_probe) {
+    m_in.synchronize();
+    m_last_used = m_probe();
+  }
+}
+
 template <class F>
 void ProfilingBackend::timed(const char* name, const OpCost& cost, F&& f) {
+  if (m_probe) {
+    f();
+    m_in.synchronize();
+    const int64_t now = m_probe();
+    if (now > m_last_used) m_growth.push_back({name, m_phase, now - m_last_used});
+    m_last_used = now;
+    return;
+  }
   if (!m_on) {
     f();
     return;
@@ -158,6 +174,12 @@ void ProfilingBackend::select_token(const Tensor& out, const Tensor& x, int64_t 
 void ProfilingBackend::select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) {
   timed("select_token", elementwise_cost(dx, 0, 0, 1), [&] { m_in.select_token_backward(dx, dout, t); });
 }
+void ProfilingBackend::gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) {
+  timed("gather_rows", elementwise_cost(out, 0, 1, 1), [&] { m_in.gather_rows(out, in, idx); });
+}
+void ProfilingBackend::scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) {
+  timed("scatter_rows", elementwise_cost(in, 0, 1, 1), [&] { m_in.scatter_rows(out, in, idx); });
+}
 void ProfilingBackend::sum_squares(const Tensor& out, const Tensor& x) {
   timed("grad_norm", elementwise_cost(x, 2, 1, 0, OpClass::Optimizer), [&] { m_in.sum_squares(out, x); });
 }
@@ -232,7 +254,6 @@ Ceilings measure_ceilings(Backend& be) {
 
 namespace anatomy {
 
-namespace {
 const char* phase_name(Phase p) {
   switch (p) {
     case Phase::Forward: return "forward";
@@ -242,6 +263,8 @@ const char* phase_name(Phase p) {
   }
   return "?";
 }
+
+namespace {
 struct ClassTotals {
   double flops = 0, bytes = 0, ms = 0;
 };

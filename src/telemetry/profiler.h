@@ -2,6 +2,7 @@
 // brackets each op with timing marks (CUDA events on the GPU) and records its declared flops
 // and bytes (telemetry/op_cost.h). The model always runs through it; disabled it only forwards.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,8 @@
 #include "telemetry/op_cost.h"
 
 namespace anatomy {
+
+const char* phase_name(Phase p);  // "forward", "backward", "optimizer", "data"
 
 struct OpStat {
   std::string name;
@@ -37,6 +40,18 @@ class ProfilingBackend final : public Backend {
   void step_end();
   // Synchronizes, reads every mark, and aggregates what was recorded since enable(true).
   ProfileSummary summarize();
+
+  // Note [memory growth probe]: memory that no allocator call asked for (kernels loaded on their
+  // first launch, library handles' own buffers) shows up only in NVML. While a probe is set,
+  // every op is followed by a synchronize and a reading of `used_bytes`; an op after which the
+  // reading grew is recorded with the growth. Slow: the trainer sets it for the first step only.
+  struct Growth {
+    std::string op;
+    Phase phase;
+    int64_t bytes;
+  };
+  void probe_memory(std::function<int64_t()> used_bytes);  // an empty function turns it off
+  const std::vector<Growth>& memory_growth() const { return m_growth; }
 
   Backend& inner() { return m_in; }
   Device device() const override { return m_in.device(); }
@@ -81,6 +96,8 @@ class ProfilingBackend final : public Backend {
                           const Tensor& ids, const Tensor& type_ids) override;
   void select_token(const Tensor& out, const Tensor& x, int64_t t) override;
   void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) override;
+  void gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override;
+  void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override;
   void sum_squares(const Tensor& out, const Tensor& x) override;
   void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
                     const Tensor& grads, const GradTransform& g, const AdamWArgs& a) override;
@@ -110,6 +127,9 @@ class ProfilingBackend final : public Backend {
   std::vector<Record> m_records;
   std::vector<std::pair<int, int>> m_steps;
   int m_step_begin = -1;
+  std::function<int64_t()> m_probe;
+  int64_t m_last_used = 0;
+  std::vector<Growth> m_growth;
 };
 
 // The device's two ceilings, measured: a large bf16 (GPU) or f32 (CPU) matrix product and a

@@ -19,11 +19,17 @@ struct TrainOptions {
   std::string preset = "bert-large";
   std::string model_name_or_path;
   int64_t num_labels = 2;
-  // Data.
-  std::string dataset = "seed";  // seed | learnable (synthetic)
+  // Data: synthetic, or a labelled text file (--train-file) tokenized with the model's tokenizer.
+  std::string dataset = "seed";  // seed | learnable (synthetic; ignored with train_file)
   int64_t num_samples = 512;
-  int64_t seq_len = 512;
+  int64_t seq_len = 512;         // text: the longest a sample may be (--max-seq-length)
   int prefetch = 2;
+  std::string train_file, validation_file;
+  double validation_split = 0;   // > 0: hold out this fraction of the training data
+  std::string text_column = "text", text_pair_column, label_column = "label";
+  std::string tokenizer;         // a directory; default: model_name_or_path
+  bool group_by_length = false;
+  std::string dataset_cache_dir;  // where the token cache goes (default: beside the data file)
   // Loop.
   static constexpr int64_t kAutoBatch = -1;  // --per-device-train-batch-size auto
   int64_t per_device_train_batch_size = 4;
@@ -42,12 +48,22 @@ struct TrainOptions {
   CheckpointPolicy gradient_checkpointing = CheckpointPolicy::None;
   std::string device = "auto";  // auto | cpu | cuda
   int threads = 0;              // CPU threads (0: all)
-  // Output.
+  // Evaluation on the validation data: no | steps (every eval_steps) | epoch.
+  std::string eval_strategy = "no";
+  int64_t eval_steps = 0;      // 0: logging_steps
+  int64_t per_device_eval_batch_size = 8;
+  // Output and checkpoints (checkpoint_strategy: no | steps, every save_steps | epoch).
   std::string output_dir = "runs/train";
   int64_t logging_steps = 50;  // 0: only the summary
-  bool save_model = true;      // --save-strategy no turns it off
+  bool save_model = true;      // the model at the end (config.json, model.safetensors, tokenizer)
+  std::string checkpoint_strategy = "no";
+  int64_t save_steps = 500;
+  int64_t save_total_limit = 0;  // keep the newest N checkpoints (0: all)
+  std::string resume_from_checkpoint;  // a checkpoint directory or "latest"
+  std::string command_line;      // how the run was started, for the resume hint
   bool disable_progress_bar = false;
   float fp16_initial_scale = 65536.0f;
+  bool trace_memory_growth = false;  // GPU: which ops of the first step grew NVML's used memory
   int64_t profile_steps = 0;   // extra steps timed op by op after training (telemetry/profiler.h)
 
   void validate() const;  // one-line errors naming the flag

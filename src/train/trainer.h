@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "memory/category.h"
 #include "train/options.h"
@@ -27,8 +29,19 @@ struct TrainResult {
   int64_t weights_mb = -1;               // the weights category of the tagged allocator
   int64_t model_nvml_mb = -1;            // NVML growth from allocating the model (weights, grads, arenas)
   int64_t process_peak_rss_mb = 0;
+  double data_wait_s = 0;                // time the loop waited for the loader
+  int64_t start_step = 0;                // > 0 when resumed from a checkpoint
+  bool interrupted = false;              // SIGINT/SIGTERM: checkpoint saved, loop left early
+  std::string last_checkpoint;           // the newest checkpoint this run wrote
+  int64_t nvml_after_setup_mb = -1;      // NVML used with model, optimizer and buffers allocated
+  int64_t nvml_after_first_step_mb = -1;  // ... and after the first step (kernels loaded)
+  std::vector<std::pair<std::string, int64_t>> memory_growth;  // --trace-memory-growth: op -> bytes
+  double eval_loss = -1, eval_accuracy = -1, eval_macro_f1 = -1;  // the last evaluation (-1: none)
 };
 
+// Runs the loop of `opt`. Errors (bad flags, files, a plan that cannot fit) throw anatomy::Error
+// before anything is written to output_dir. On SIGINT or SIGTERM the current step finishes, a
+// checkpoint is saved and the result says interrupted (Note [stopping cleanly]).
 TrainResult train(const TrainOptions& opt);
 
 }  // namespace anatomy

@@ -158,7 +158,7 @@ Reference reference(const Case& c, const std::vector<float>& qkv, const std::vec
         P[e] = std::exp(s[kk] - lse);
         Z[e] = 1.0;
         if (d.p > 0) {
-          uint64_t idx = ((static_cast<uint64_t>(b) * c.heads + h) * T + qi) * T + kk;
+          const uint64_t idx = anatomy::attention_dropout_index(static_cast<uint64_t>(b) * c.heads + h, qi, kk, T);
           Z[e] = anatomy::dropout_keep(d.seed, d.offset, idx, d.p) ? 1.0 / (1.0 - d.p) : 0.0;
         }
       }

@@ -78,7 +78,7 @@ void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_
       lse[row] = static_cast<T>(l);
       std::fill(out.begin(), out.end(), 0.0);
       for (int64_t j = 0; j < seq; ++j) {
-        const double pd = std::exp(s[j] - l) * drop.factor(static_cast<uint64_t>(row * seq + j));
+        const double pd = std::exp(s[j] - l) * drop.factor(attention_dropout_index(bh, i, j, seq));
         if (pd == 0.0) continue;
         const T* v = qkv + L.v(b, j, h);
         for (int64_t c = 0; c < L.d; ++c) out[c] += pd * v[c];
@@ -115,7 +115,7 @@ void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, cons
         recompute_probs(p.data(), L, qkv, b, h, i, static_cast<double>(lse[row]), any, scale);
         double rowsum = 0;  // D_i = sum_j P_ij dP_ij
         for (int64_t j = 0; j < seq; ++j) {
-          const double f = drop.factor(static_cast<uint64_t>(row * seq + j));
+          const double f = drop.factor(attention_dropout_index(bh, i, j, seq));
           const T* v = qkv + L.v(b, j, h);
           if (p[j] != 0.0 && f != 0.0)
             for (int64_t c = 0; c < D; ++c) dv[j * D + c] += p[j] * f * dout[c];

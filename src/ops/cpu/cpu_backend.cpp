@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "ops/backend.h"
@@ -265,6 +266,15 @@ class CpuBackend final : public Backend {
     ref::select_token_backward(f32(dx), f32(dout), s.b, s.t, s.h, t);
   }
 
+  void gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override {
+    const RowCopy r = row_copy_dims("gather_rows", out, in, idx, true);
+    ref::gather_rows(out.data, in.data, i32(idx), r.n, r.row_bytes);
+  }
+  void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override {
+    const RowCopy r = row_copy_dims("scatter_rows", out, in, idx, false);
+    ref::scatter_rows(out.data, in.data, i32(idx), r.n, r.row_bytes);
+  }
+
   // ---- optimizer ---------------------------------------------------------------------
   void sum_squares(const Tensor& out, const Tensor& x) override {
     expect(out, F32, 1, "sum_squares", "out");
@@ -279,6 +289,7 @@ class CpuBackend final : public Backend {
     expect(m, F32, n, op, "m");
     expect(v, F32, n, op, "v");
     expect(grads, F32, n, op, "grads");
+    if (skip_step(g, op)) return;
     ref::adamw_update(f32(params), f32(m), f32(v), f32(grads), n, factor(g, op), a);
     write_half(half_copy, params, op);
   }
@@ -290,6 +301,7 @@ class CpuBackend final : public Backend {
     expect(grads, F32, n, op, "grads");
     float* buf =
         a.momentum != 0.0f ? (expect(momentum, F32, n, op, "momentum"), f32(momentum)) : nullptr;
+    if (skip_step(g, op)) return;
     ref::sgd_update(f32(params), buf, f32(grads), n, factor(g, op), a);
     write_half(half_copy, params, op);
   }
@@ -305,6 +317,7 @@ class CpuBackend final : public Backend {
     expect(v_absmax, F32, blocks, op, "v_absmax");
     expect(qmap, F32, 512, op, "qmap");
     expect(grads, F32, n, op, "grads");
+    if (skip_step(g, op)) return;
     // The factor in float, as the CUDA kernel computes it (ops/optim_math.h).
     float norm_sq = 0.0f;
     if (g.max_norm > 0) {
@@ -336,6 +349,7 @@ class CpuBackend final : public Backend {
                         (!sg.factored || (sg.col_state >= 0 && static_cast<size_t>(sg.col_state + sg.cols) <= state.numel())),
                     op, ": segment ", s, " is out of range of params ", params.shape.str(), " or state ", state.shape.str());
     }
+    if (skip_step(g, op)) return;
     ref::adafactor_update(f32(params), f32(state), f32(grads), segs, static_cast<size_t>(table.count), factor(g, op), a);
     write_half(half_copy, params, op);
   }
@@ -374,6 +388,32 @@ class CpuBackend final : public Backend {
     const Sel s{x.dim(0), x.dim(1), x.dim(2)};
     expect(out, F32, static_cast<size_t>(s.b * s.h), op, "out");
     return s;
+  }
+  struct RowCopy {
+    int64_t n;
+    size_t row_bytes;
+  };
+  // packed [N, C] and padded [R, C] of one dtype, idx I32 [N] with every value in [0, R).
+  static RowCopy row_copy_dims(const char* op, const Tensor& out, const Tensor& in, const Tensor& idx, bool gather) {
+    expect_host(out, op, "out");
+    expect_host(in, op, "in");
+    const Tensor& packed = gather ? out : in;
+    const Tensor& padded = gather ? in : out;
+    const Mat p = as_matrix(packed), q = as_matrix(padded);
+    ANATOMY_CHECK(out.dtype == in.dtype && p.cols == q.cols, op, ": out ", dtype_name(out.dtype), out.shape.str(),
+                  " and in ", dtype_name(in.dtype), in.shape.str(), " differ in dtype or row width");
+    expect(idx, I32, static_cast<size_t>(p.rows), op, "idx");
+    const int32_t* ix = i32(idx);
+    for (int64_t i = 0; i < p.rows; ++i)
+      ANATOMY_CHECK(ix[i] >= 0 && ix[i] < q.rows, op, ": idx[", i, "] = ", ix[i], " is outside the ", q.rows,
+                    " rows of ", gather ? "in" : "out");
+    return {p.rows, static_cast<size_t>(p.cols) * dtype_size(out.dtype)};
+  }
+  // GradTransform::skip_nonfinite: true when the update must leave everything untouched.
+  static bool skip_step(const GradTransform& g, const char* op) {
+    if (!g.skip_nonfinite) return false;
+    expect(g.norm_sq, F32, 1, op, "norm_sq (skip_nonfinite is on)");
+    return !std::isfinite(f32(g.norm_sq)[0]);
   }
   static double factor(const GradTransform& g, const char* op) {
     double norm_sq = 0;

@@ -95,6 +95,11 @@ void select_token(T* out, const T* x, int64_t batch, int64_t seq, int64_t hidden
 template <class T>
 void select_token_backward(T* dx, const T* dout, int64_t batch, int64_t seq, int64_t hidden,
                            int64_t t);
+// Row copies of row_bytes bytes each (rows.cpp; any element type), n rows named by idx:
+// gather: out row i = in row idx[i]; scatter: out row idx[i] = in row i. idx is trusted here
+// (the backend checks it against the row count).
+void gather_rows(void* out, const void* in, const int32_t* idx, int64_t n, size_t row_bytes);
+void scatter_rows(void* out, const void* in, const int32_t* idx, int64_t n, size_t row_bytes);
 // e[b*T + t, :] = word[ids[b, t]] + pos[t] + type[type_ids[b, t]] (type_ids nullptr: all 0).
 // Throws anatomy::Error for an id >= vocab, a type id >= type_vocab, or seq > max_pos.
 template <class T>

@@ -28,19 +28,23 @@ inline T gelu_derivative(T x) {
 }
 
 // The factor dropout multiplies element i by: 0 when dropped, 1 / (1 - p) when kept.
-// p == 0 is the identity; p >= 1 drops everything.
+// p == 0 is the identity; p >= 1 drops everything. The mask is dropout_keep (Note [dropout
+// bits] in core/rng.h) with the per-call key and threshold computed once.
 class DropoutMask {
  public:
   explicit DropoutMask(const DropoutSpec& d)
-      : m_d(d), m_scale(d.p < 1.0f ? 1.0 / (1.0 - static_cast<double>(d.p)) : 0.0) {}
-  bool active() const { return m_d.p > 0.0f; }
+      : m_active(d.p > 0.0f), m_key(dropout_key(d.seed, d.offset)), m_thr(dropout_threshold(d.p)),
+        m_scale(d.p < 1.0f ? 1.0 / (1.0 - static_cast<double>(d.p)) : 0.0) {}
+  bool active() const { return m_active; }
   double factor(uint64_t i) const {
-    if (!active()) return 1.0;
-    return dropout_keep(m_d.seed, m_d.offset, i, m_d.p) ? m_scale : 0.0;
+    if (!m_active) return 1.0;
+    return dropout_keep_key(m_key, i, m_thr) ? m_scale : 0.0;
   }
 
  private:
-  DropoutSpec m_d;
+  bool m_active;
+  uint64_t m_key;
+  uint32_t m_thr;
   double m_scale;
 };
 

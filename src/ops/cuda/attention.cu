@@ -116,10 +116,7 @@ __global__ void __launch_bounds__(kThreads) ref_forward_kernel(Params p) {
         float dot = 0.0f;
         for (int d = 0; d < D; ++d) dot = fmaf(qs[row][d], ks[lane][d], dot);
         pz = expf(ref_score(dot, p, b, k, uniform) - lse[r]);
-        if (p.drop) {
-          uint64_t i = ((static_cast<uint64_t>(b) * p.heads + h) * T_ + q) * T_ + k;
-          pz = dropout_keep_fast(p.rng_base + i, p.thr_hi) ? pz * p.inv_keep : 0.0f;
-        }
+        if (p.drop) pz = attn_keep(p, static_cast<uint64_t>(b) * p.heads + h, q, k) ? pz * p.inv_keep : 0.0f;
       }
       for (int j = 0; j < kTile; ++j) {
         float pj = __shfl_sync(0xffffffffu, pz, j);
@@ -182,10 +179,7 @@ __global__ void __launch_bounds__(kThreads) ref_backward_q_kernel(Params p) {
           dpd = fmaf(dos[row][d], vs[lane][d], dpd);
         }
         float pr = expf(ref_score(dot, p, b, k, uniform) - lse[r]);
-        if (p.drop) {
-          uint64_t i = ((static_cast<uint64_t>(b) * p.heads + h) * T_ + q) * T_ + k;
-          dpd = dropout_keep_fast(p.rng_base + i, p.thr_hi) ? dpd * p.inv_keep : 0.0f;
-        }
+        if (p.drop) dpd = attn_keep(p, static_cast<uint64_t>(b) * p.heads + h, q, k) ? dpd * p.inv_keep : 0.0f;
         ds = pr * (dpd - dsum[r]);
       }
       for (int j = 0; j < kTile; ++j) {
@@ -252,8 +246,7 @@ __global__ void __launch_bounds__(kThreads) ref_backward_kv_kernel(Params p) {
         float pr = expf(ref_score(dot, p, b, k, uniform) - lse_s[lane]);
         pz = pr;
         if (p.drop) {
-          uint64_t i = (bh * T_ + q) * T_ + k;
-          bool keep = dropout_keep_fast(p.rng_base + i, p.thr_hi);
+          const bool keep = attn_keep(p, bh, q, k);
           pz = keep ? pr * p.inv_keep : 0.0f;
           dpd = keep ? dpd * p.inv_keep : 0.0f;
         }
@@ -379,10 +372,9 @@ Params make_params(const Tensor& qkv, const Tensor& lse, const Tensor& mask, int
   if (d.p > 0.0f) {
     p.drop = true;
     p.inv_keep = 1.0f / (1.0f - d.p);
-    // keep iff (h >> 40) >= ceil(p * 2^24); p * 2^24 is exact in float.
-    uint32_t thr = static_cast<uint32_t>(std::ceil(d.p * 16777216.0f));
-    p.thr_hi = thr << 8;
-    p.rng_base = d.seed * 0x9e3779b97f4a7c15ULL + mix64(d.offset + 0x632be59bd9b4e019ULL);
+    p.thr = dropout_threshold(d.p);  // >= 1 since p > 0
+    p.thr_m1 = static_cast<uint32_t>(static_cast<uint64_t>(p.thr) * 65536u - 1u);
+    p.rng_key = dropout_key(d.seed, d.offset);
   }
   return p;
 }

@@ -10,7 +10,8 @@
 //           (Hugging Face adds finfo.min to every score, which makes such a row uniform)
 //   lse_q = log sum_k exp(s_qk)               -> lse[b, h, q] (undropped)
 //   P_qk  = exp(s_qk - lse_q)
-//   Z_qk  = keep(i) / (1 - p), i = ((b*heads + h)*T + q)*T + k   (Z = 1 without dropout)
+//   Z_qk  = keep(b*heads + h, q, k) / (1 - p)   (Z = 1 without dropout; core/rng.h,
+//                                               Note [attention dropout index])
 //   ctx[b, q, h*D : +D] = O_q = sum_k P_qk Z_qk v_k
 // Backward (dO = dctx):
 //   dV_k = sum_q P_qk Z_qk dO_q
@@ -26,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/rng.h"
 #include "ops/cuda/attention.h"
 
 namespace anatomy::cuda::attn {
@@ -41,23 +43,33 @@ struct Params {
   float* dq_acc = nullptr;        // scratch [B, T, H] F32: unscaled dQ accumulator (fast path)
   int B = 0, T = 0, heads = 0, D = 0, H = 0;
   float scale = 1.0f;
-  // Dropout: element i is kept iff hi32(mix(rng_base + i)) >= thr_hi (see keep()).
+  // Dropout (Note [dropout bits] and Note [attention dropout index] in core/rng.h): the
+  // element of (b*heads + h, q, k) is kept iff its 16-bit field of the group bits
+  // mix64(rng_key + group * kGolden) is >= thr.
   bool drop = false;
   float inv_keep = 1.0f;  // 1 / (1 - p)
-  uint32_t thr_hi = 0;
-  uint64_t rng_base = 0;
+  uint32_t thr = 0;       // dropout_threshold(p)
+  uint32_t thr_m1 = 0;    // thr * 2^16 - 1 (keep4)
+  uint64_t rng_key = 0;   // dropout_key(seed, offset)
 };
 
-// anatomy::dropout_keep(seed, offset, i, p) with the loop invariants hoisted:
-//   h = mix64(base + i), base = seed*0x9e37.. + mix64(offset + 0x632b..);
-//   keep iff float(h >> 40) * 2^-24 >= p  <=>  (h >> 40) >= ceil(p * 2^24) =: thr
-//                                          <=>  hi32(h) >= thr << 8.
-// The last step of mix64 (h = z ^ (z >> 31)) leaves bits 40..63 unchanged, so it is skipped,
-// and only the high word of the last product is needed.
-__device__ __forceinline__ bool dropout_keep_fast(uint64_t z, uint32_t thr_hi) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return static_cast<uint32_t>(z >> 32) >= thr_hi;
+// The four keep decisions of a group's bits (dropout_field_keep(bits, f, thr), f = 0..3), with
+// one compare each: field f of 32-bit word w is >= thr iff (the field in the top half of w) >
+// thr * 2^16 - 1, exact for 1 <= thr <= 2^16 (p > 0), which saves shifting the top fields down.
+__device__ __forceinline__ void keep4(bool (&k)[4], uint64_t bits, uint32_t thr_m1) {
+  const uint32_t lo = static_cast<uint32_t>(bits), hi = static_cast<uint32_t>(bits >> 32);
+  k[0] = (lo << 16) > thr_m1;
+  k[1] = lo > thr_m1;
+  k[2] = (hi << 16) > thr_m1;
+  k[3] = hi > thr_m1;
+}
+
+// Element (bh, q, k) kept: one hash per element (the reference and row kernels; the flash
+// kernels hash once per 2x2 block, see there).
+__device__ __forceinline__ bool attn_keep(const Params& p, uint64_t bh, int q, int k) {
+  return dropout_keep_key(p.rng_key, attention_dropout_index(bh, static_cast<uint64_t>(q), static_cast<uint64_t>(k),
+                                                             static_cast<uint64_t>(p.T)),
+                          p.thr);
 }
 
 template <class T>

@@ -13,6 +13,17 @@
 // Shared-memory tiles are [rows][D] of 16-bit elements, D = 64 -> 8 chunks of 16 bytes per
 // row; chunk c of row r is stored at chunk position c ^ (r & 7) (XOR swizzle), so the 8 rows
 // an ldmatrix phase reads, and the 8 rows a cp.async phase writes, hit 8 distinct bank groups.
+//
+// Note [paired rows]
+// Dropout decides a 2x2 block (queries {q, q+1} x keys {k, k+1}, q and k even) with one hash
+// (Note [attention dropout index] in core/rng.h). The C fragment gives a thread two adjacent
+// columns (2t, 2t+1) but rows g and g+8, eight apart. So the tile on the row side of the S
+// product (Q in the forward, K and V in the backward) is loaded with its rows permuted within
+// each 16-row slice: fragment row r holds token perm16(r), perm16(r) = 2r for r < 8 and
+// 2(r-8)+1 above, and a thread's rows g, g+8 are the tokens 2g, 2g+1 of the slice. A thread
+// then holds whole 2x2 blocks: one hash for its four elements of each n-tile, no exchange
+// between lanes. Only the token of a fragment row changes (key bias, dropout counter, output
+// row); every product pairs rows of the same permuted tile, so nothing else notices.
 #include <cmath>
 #include <cstdlib>
 
@@ -101,14 +112,17 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
   return static_cast<uint32_t>(r * (D * 2) + ((c ^ (r & 7)) << 4));
 }
 
-// Async copy of rows [row0, row0 + R) of a strided [T][D] 16-bit matrix into a swizzled tile;
-// rows at or past T are zero-filled.
-template <int R, int D, int NTH>
+// Fragment row r of a 16-row slice holds token perm16(r) of the slice (Note [paired rows]).
+__device__ __forceinline__ int perm16(int r) { return (r & ~15) | ((r & 7) << 1) | ((r >> 3) & 1); }
+
+// Async copy of rows [row0, row0 + R) of a strided [T][D] 16-bit matrix into a swizzled tile
+// (PAIRED: tile row r holds token row0 + perm16(r)); rows at or past T are zero-filled.
+template <int R, int D, int NTH, bool PAIRED = false>
 __device__ __forceinline__ void load_tile(uint32_t tile, const uint16_t* base, size_t stride, int row0, int T) {
   constexpr int CPR = D / 8;  // chunks per row
 #pragma unroll
   for (int i = threadIdx.x; i < R * CPR; i += NTH) {
-    const int r = i / CPR, c = i % CPR, t = row0 + r;
+    const int r = i / CPR, c = i % CPR, t = row0 + (PAIRED ? perm16(r) : r);
     const bool ok = t < T;
     const uint16_t* src = base + static_cast<size_t>(ok ? t : 0) * stride + c * 8;
     cp_async16(tile + swz<D>(r, c), src, ok);
@@ -141,8 +155,8 @@ __device__ bool build_key_bias(float* kb, const int32_t* mask, int b, int T, int
 
 // ---- forward -----------------------------------------------------------------------------
 // Grid (ceil(T / BR), heads, B); 4 warps; warp w owns query rows [w*16*MT, (w+1)*16*MT) of
-// the CTA's BR = 64*MT rows, keeps its Q fragments in registers, and streams 64-key K/V
-// tiles. Per tile, per row: S = Q K^T (log2 domain, with key bias), running max m and
+// the CTA's BR = 64*MT rows (paired, Note [paired rows]), keeps its Q fragments in registers,
+// and streams 64-key K/V tiles. Per tile, per row: S = Q K^T (log2 domain, with key bias), running max m and
 // running sum l of exp2(S - m) (undropped), O = O * exp2(m_old - m_new) + (P Z') V with Z'
 // the 0/1 keep mask; at the end O *= inv_keep / l and lse = (m + log2 l) * ln 2.
 // Shared memory: Q [BR][D] | K [2][BC][D] | V [2][BC][D] | key bias [ceil(T/BC)*BC] f32.
@@ -176,7 +190,7 @@ __global__ void __launch_bounds__(128, MT == 1 ? 3 : 2) flash_fwd_kernel(Params 
   const uint16_t* vg = qg + 2 * p.H;
   const int nkv = (T + BC - 1) / BC;
 
-  load_tile<BR, D, NTH>(q_s, qg, rs, q0, T);
+  load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, T);
   load_tile<BC, D, NTH>(k_s, kg, rs, 0, T);
   load_tile<BC, D, NTH>(v_s, vg, rs, 0, T);
   cp_async_commit();
@@ -195,7 +209,12 @@ __global__ void __launch_bounds__(128, MT == 1 ? 3 : 2) flash_fwd_kernel(Params 
 
   float o[MT][NO][4];
   float m[MT][2], l[MT][2];
-  uint64_t zrow[MT][2];  // dropout counter base of each of this thread's rows
+  // Dropout: the thread's 2x2 block of n-tile n of KV tile j in row slice mt is the queries
+  // q0 + warp*16*MT + mt*16 + 2g + {0, 1} x keys j*BC + n*8 + 2*t4 + {0, 1}, group
+  // (bh*tp + q/2)*tp + k/2; zrow[mt] = rng_key + (its group at n = 0 of the current tile j) *
+  // kGolden, advanced by (BC/2) * kGolden per tile.
+  const uint64_t tp = (static_cast<uint64_t>(T) + 1) >> 1;
+  uint64_t zrow[MT];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -204,9 +223,9 @@ __global__ void __launch_bounds__(128, MT == 1 ? 3 : 2) flash_fwd_kernel(Params 
     for (int hf = 0; hf < 2; ++hf) {
       m[mt][hf] = -INFINITY;
       l[mt][hf] = 0.0f;
-      const int q = q0 + warp * 16 * MT + mt * 16 + g + 8 * hf;
-      zrow[mt][hf] = p.rng_base + ((static_cast<uint64_t>(b) * p.heads + h) * T + q) * static_cast<uint64_t>(T);
     }
+    const uint64_t qpair = static_cast<uint64_t>((q0 + warp * 16 * MT + mt * 16) / 2 + g);
+    zrow[mt] = p.rng_key + (((static_cast<uint64_t>(b) * p.heads + h) * tp + qpair) * tp + t4) * kGolden;
   }
 
   // ldmatrix lane roles: matrix index mi = lane / 8, row within matrix lane % 8.
@@ -283,22 +302,19 @@ __global__ void __launch_bounds__(128, MT == 1 ? 3 : 2) flash_fwd_kernel(Params 
       }
 
     if constexpr (DROP) {
+      // Element (n, e) is query 2g + (e >> 1), key n*8 + 2t + (e & 1) of the block: field e
+      // of the block's bits. One hash per n-tile (Note [paired rows]).
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        // Element (n, e) is row g + 8*(e >> 1), key j*BC + n*8 + 2t + (e & 1). The bits are
-        // gathered in a partly unrolled loop to bound the registers the hashes keep live.
-        uint32_t bits = 0;
-        const uint64_t kcol = static_cast<uint64_t>(j * BC + 2 * t4);
-#pragma unroll 4
-        for (int i = 0; i < NS * 4; ++i) {
-          const uint64_t z = zrow[mt][(i >> 1) & 1] + kcol + (i >> 2) * 8 + (i & 1);
-          bits |= static_cast<uint32_t>(dropout_keep_fast(z, p.thr_hi)) << i;
-        }
 #pragma unroll
-        for (int n = 0; n < NS; ++n)
+        for (int n = 0; n < NS; ++n) {
+          bool keep[4];
+          keep4(keep, mix64(zrow[mt] + static_cast<uint64_t>(n) * (4 * kGolden)), p.thr_m1);
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (!((bits >> (n * 4 + e)) & 1u)) s[mt][n][e] = 0.0f;
+            if (!keep[e]) s[mt][n][e] = 0.0f;
+        }
+        zrow[mt] += (BC / 2) * kGolden;
       }
     }
 
@@ -341,7 +357,7 @@ __global__ void __launch_bounds__(128, MT == 1 ? 3 : 2) flash_fwd_kernel(Params 
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float mu = m[mt][hf] == -INFINITY ? 0.0f : m[mt][hf];
-      const int row = warp * 16 * MT + mt * 16 + g + 8 * hf, q = q0 + row;
+      const int row = warp * 16 * MT + mt * 16 + g + 8 * hf, q = q0 + perm16(row);
       if (t4 == 0 && q < T) p.lse[(static_cast<size_t>(b) * p.heads + h) * T + q] = (mu + __log2f(sum)) * kLn2;
       const float inv = out_mul / sum;
 #pragma unroll
@@ -354,7 +370,7 @@ __global__ void __launch_bounds__(128, MT == 1 ? 3 : 2) flash_fwd_kernel(Params 
   constexpr int CPR = D / 8;
 #pragma unroll
   for (int i = lane; i < 16 * MT * CPR; i += 32) {
-    const int row = warp * 16 * MT + i / CPR, c = i % CPR, q = q0 + row;
+    const int row = warp * 16 * MT + i / CPR, c = i % CPR, q = q0 + perm16(row);
     if (q < T)
       *reinterpret_cast<uint4*>(ctx + (static_cast<size_t>(b) * T + q) * p.H + h * D + c * 8) =
           *reinterpret_cast<const uint4*>(q_tile + swz<D>(row, c));
@@ -363,7 +379,8 @@ __global__ void __launch_bounds__(128, MT == 1 ? 3 : 2) flash_fwd_kernel(Params 
 
 // ---- backward ----------------------------------------------------------------------------
 // Grid (ceil(T / BC), heads, B); 4 warps; the CTA owns BC = 64 keys, warp w keys
-// [w*16, w*16+16) with their K and V fragments in registers and dK, dV accumulators; it
+// [w*16, w*16+16) (paired, Note [paired rows]) with their K and V fragments in registers and
+// dK, dV accumulators; it
 // streams 64-query tiles of Q, dO, lse, Dsum. Per query tile, in the transposed frame
 // (rows = keys, columns = queries):
 //   S^T = K Q^T,  P^T = exp2(S^T * scale*log2e + kb - lse*log2e),  dP^T = Z (V dO^T),
@@ -421,12 +438,12 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
       cp_async4(base + C::kDsum + (st * BR + i) * 4, dsum_g + (ok ? q : 0), ok);
   };
 
-  load_tile<BC, D, NTH>(k_s, kg, rs, k0, T);
-  load_tile<BC, D, NTH>(v_s, vg, rs, k0, T);
+  load_tile<BC, D, NTH, true>(k_s, kg, rs, k0, T);
+  load_tile<BC, D, NTH, true>(v_s, vg, rs, k0, T);
   load_q_tile(0, 0);
   cp_async_commit();
 
-  // Key bias of this thread's two key rows (g, g+8 of the warp's 16).
+  // Key bias of this thread's two key rows (fragment rows g, g+8 = keys 2g, 2g+1 of the warp's 16).
   float kbias[2];
   bool any_valid;
   {
@@ -439,7 +456,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
     any_valid = __syncthreads_or(any) != 0;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const int k = k0 + warp * 16 + g + 8 * hf;
+      const int k = k0 + warp * 16 + 2 * g + hf;
       float v = -INFINITY;
       if (k < T) {
         const bool valid = p.mask == nullptr || p.mask[static_cast<size_t>(b) * T + k] != 0;
@@ -449,10 +466,13 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
     }
   }
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
-  uint64_t zk[2];  // dropout counter of (q = 0, k = this thread's key rows)
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf)
-    zk[hf] = p.rng_base + bh * T * static_cast<uint64_t>(T) + static_cast<uint64_t>(k0 + warp * 16 + g + 8 * hf);
+  // Dropout: the thread's 2x2 block of n-tile n of query tile j is the keys
+  // k0 + warp*16 + 2g + {0, 1} x queries j*BR + n*8 + 2*t4 + {0, 1}, group (bh*tp + q/2)*tp + k/2;
+  // zk = rng_key + (its group at n = 0 of the current tile j) * kGolden, one query pair further
+  // is zstep; zk advances by (BR/2) * zstep per tile.
+  const uint64_t tp = (static_cast<uint64_t>(T) + 1) >> 1;
+  const uint64_t zstep = tp * kGolden;
+  uint64_t zk = p.rng_key + ((bh * tp + t4) * tp + static_cast<uint64_t>(k0 / 2 + warp * 8 + g)) * kGolden;
 
   cp_async_wait_all();
   __syncthreads();
@@ -492,22 +512,13 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
         mma<BF16>(dp[2 * np + 1], vf[ks], bo[2], bo[3]);
       }
 
-    // Element-wise: s <- P Z' (for dV), dp <- dS. Thread holds key rows g, g+8 and query
-    // columns n*8 + 2t + {0,1}.
-    uint32_t bits = 0xffffffffu;
-    if constexpr (DROP) {
-      // Element (n, e) is key row g + 8*(e >> 1), query j*BR + n*8 + 2t + (e & 1).
-      bits = 0;
-      const uint32_t qcol = static_cast<uint32_t>(j * BR + 2 * t4);
-#pragma unroll 4
-      for (int i = 0; i < NS * 4; ++i) {
-        const uint64_t q = qcol + (i >> 2) * 8 + (i & 1);
-        const uint64_t z = zk[(i >> 1) & 1] + q * static_cast<uint64_t>(T);
-        bits |= static_cast<uint32_t>(dropout_keep_fast(z, p.thr_hi)) << i;
-      }
-    }
+    // Element-wise: s <- P Z' (for dV), dp <- dS. Thread holds key rows 2g, 2g+1 and query
+    // columns n*8 + 2t + {0,1}: element (n, e) is key 2g + (e >> 1), query n*8 + 2t + (e & 1),
+    // field 2*(e & 1) + (e >> 1) of the bits of n-tile n (one hash each, Note [paired rows]).
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
+      [[maybe_unused]] bool keep[4] = {true, true, true, true};
+      if constexpr (DROP) keep4(keep, mix64(zk + static_cast<uint64_t>(n) * 4 * zstep), p.thr_m1);
       const int c = n * 8 + 2 * t4;
       const float2 L = *reinterpret_cast<const float2*>(lse_s + st * BR + c);
       const float2 Dv = *reinterpret_cast<const float2*>(dsum_s + st * BR + c);
@@ -518,14 +529,15 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
         const float pr = fast_exp2(fmaf(s[n][e], scale_mul, kbias[e >> 1]) - lse2[e & 1]);
         float dpv = dp[n][e], pz = pr;
         if constexpr (DROP) {
-          const bool keep = (bits >> (n * 4 + e)) & 1u;
-          pz = keep ? pr : 0.0f;
-          dpv = keep ? dpv * p.inv_keep : 0.0f;
+          const bool kp = keep[2 * (e & 1) + (e >> 1)];
+          pz = kp ? pr : 0.0f;
+          dpv = kp ? dpv * p.inv_keep : 0.0f;
         }
         s[n][e] = pz;
         dp[n][e] = pr * (dpv - dsv[e & 1]);
       }
     }
+    if constexpr (DROP) zk += (BR / 2) * zstep;
 
     // dV += (P Z')^T dO and dK += dS^T Q: A from the registers above (rows = keys,
     // k = queries); B from dO / Q [query][d] (k x n row-major): transposing ldmatrix.
@@ -611,7 +623,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   constexpr int CPR = D / 8;
 #pragma unroll
   for (int i = lane; i < 16 * CPR; i += 32) {
-    const int row = warp * 16 + i / CPR, c = i % CPR, k = k0 + row;
+    const int row = warp * 16 + i / CPR, c = i % CPR, k = k0 + perm16(row);
     if (k < T) {
       uint16_t* dst = dqkv + (static_cast<size_t>(b) * T + k) * rs + h * D + c * 8;
       *reinterpret_cast<uint4*>(dst + p.H) = *reinterpret_cast<const uint4*>(smem + C::kK + swz<D>(row, c));

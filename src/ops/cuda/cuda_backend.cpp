@@ -60,6 +60,11 @@ GradFactor grad_factor(const GradTransform& g, const char* op) {
     expect(g.norm_sq, F32, 1, op, "norm_sq (clipping is on)");
     f.norm_sq = g.norm_sq.ptr<const float>();
   }
+  if (g.skip_nonfinite) {
+    expect(g.norm_sq, F32, 1, op, "norm_sq (skip_nonfinite is on)");
+    f.norm_sq = g.norm_sq.ptr<const float>();
+    f.skip_nonfinite = true;
+  }
   return f;
 }
 
@@ -84,6 +89,13 @@ CudaBackend::CudaBackend(int device_index) : m_device(device_index), m_alloc(dev
 }
 
 CudaBackend::~CudaBackend() {
+  if (m_stream && m_capturing) {  // a capture abandoned by an exception
+    cudaGraph_t g = nullptr;
+    (void)cudaStreamEndCapture(m_stream, &g);
+    if (g) (void)cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+  }
+  if (m_graph_exec) (void)cudaGraphExecDestroy(m_graph_exec);
   if (m_stream) {
     (void)cudaStreamSynchronize(m_stream);  // nothing may still use the buffers freed below
     (void)cudaStreamDestroy(m_stream);
@@ -107,7 +119,59 @@ double CudaBackend::timing_elapsed_ms(int a, int b) {
   return ms;
 }
 
-void CudaBackend::synchronize() { ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream)); }
+void CudaBackend::synchronize() {
+  ANATOMY_CHECK(!m_capturing, "synchronize: not allowed while the backend records a graph (end_capture first)");
+  ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));
+}
+
+// Note [graph capture]
+// begin_capture puts the backend's stream into capture mode (thread-local: a call from this
+// thread that would break the recording, such as cudaMalloc or a synchronization, fails
+// instead of silently running), end_capture turns the recording into an executable graph and
+// replay launches it on the stream. What makes the ops of a training step recordable:
+//   - every buffer is allocated up front (Note [allocation policy]); the one that grows on
+//     first use, the attention scratch, refuses to grow while recording, so one eager step
+//     must come first (the cuBLASLt plans are then cached too; their heuristic queries are
+//     host-only anyway);
+//   - cuBLASLt runs with the preallocated workspace, the F32 attention path's cuBLAS with
+//     the same workspace;
+//   - no op synchronizes or copies through pageable memory; upload, download and
+//     synchronize refuse to run while recording.
+// A replay repeats the recorded launches with their recorded arguments: the dropout offsets,
+// the learning rate and the optimizer step count are those of the captured step.
+bool CudaBackend::begin_capture() {
+  ANATOMY_CHECK(!m_capturing, "begin_capture: the backend is already recording");
+  ANATOMY_CUDA_CHECK(cudaStreamBeginCapture(m_stream, cudaStreamCaptureModeThreadLocal));
+  m_capturing = true;
+  return true;
+}
+
+void CudaBackend::end_capture() {
+  ANATOMY_CHECK(m_capturing, "end_capture: begin_capture was not called");
+  m_capturing = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t e = cudaStreamEndCapture(m_stream, &graph);
+  if (e != cudaSuccess || graph == nullptr) {
+    (void)cudaGetLastError();
+    fail("end_capture: the recording failed (", cudaGetErrorString(e),
+         "): an op in it synchronized, allocated or copied through host memory");
+  }
+  size_t nodes = 0;
+  cudaError_t ge = cudaGraphGetNodes(graph, nullptr, &nodes);
+  cudaGraphExec_t exec = nullptr;
+  if (ge == cudaSuccess) ge = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  ANATOMY_CUDA_CHECK(ge);
+  if (m_graph_exec) ANATOMY_CUDA_CHECK(cudaGraphExecDestroy(m_graph_exec));
+  m_graph_exec = exec;
+  m_graph_nodes = nodes;
+}
+
+void CudaBackend::replay() {
+  ANATOMY_CHECK(m_graph_exec != nullptr, "replay: nothing was recorded (begin_capture, ops, end_capture)");
+  ANATOMY_CHECK(!m_capturing, "replay: not allowed while recording");
+  ANATOMY_CUDA_CHECK(cudaGraphLaunch(m_graph_exec, m_stream));
+}
 
 void CudaBackend::set_allow_tf32(bool on) {
   m_matmul->set_allow_tf32(on);
@@ -125,6 +189,7 @@ ReduceScratch CudaBackend::reduce_scratch() const {
 // when it is pinned, where cudaMemcpyAsync alone would return before the copy ran).
 void CudaBackend::upload(const Tensor& dst, const void* host) {
   on_device(dst, "upload", "dst");
+  ANATOMY_CHECK(!m_capturing, "upload: not allowed while the backend records a graph");
   if (dst.bytes() == 0) return;
   ANATOMY_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, m_stream));
   ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));
@@ -132,6 +197,7 @@ void CudaBackend::upload(const Tensor& dst, const void* host) {
 
 void CudaBackend::download(void* host, const Tensor& src) {
   on_device(src, "download", "src");
+  ANATOMY_CHECK(!m_capturing, "download: not allowed while the backend records a graph");
   if (src.bytes() == 0) return;
   ANATOMY_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, m_stream));
   ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));
@@ -207,6 +273,8 @@ AttentionOptions CudaBackend::attention_options() const {
 void* CudaBackend::attention_scratch(size_t bytes) {
   if (bytes == 0) return nullptr;
   if (bytes > m_attn_scratch.bytes()) {
+    ANATOMY_CHECK(!m_capturing, "attention: the scratch must grow (", bytes,
+                  " bytes), which a graph recording cannot do: run the step once before capturing it");
     synchronize();  // the old scratch may still be in use on the stream
     m_attn_scratch.reset();
     m_attn_scratch = Buffer(m_alloc, DType::U8, Shape{static_cast<int64_t>(bytes)}, Category::Temporary);
@@ -404,6 +472,28 @@ void CudaBackend::select_token(const Tensor& out, const Tensor& x, int64_t t) {
 void CudaBackend::select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) {
   check_select("select_token_backward", dx, dout, t);
   cuda::select_token_backward(dx, dout, t, m_stream);
+}
+
+namespace {
+// packed [N, C] and padded [R, C] of one dtype; idx I32 [N] (its values are not read on the host).
+void check_row_copy(const char* op, const Tensor& out, const Tensor& in, const Tensor& idx, bool gather) {
+  on_device(out, op, "out");
+  on_device(in, op, "in");
+  const Mat p = as_matrix(gather ? out : in), q = as_matrix(gather ? in : out);
+  ANATOMY_CHECK(out.dtype == in.dtype && p.cols == q.cols, op, ": out ", dtype_name(out.dtype), out.shape.str(),
+                " and in ", dtype_name(in.dtype), in.shape.str(), " differ in dtype or row width");
+  expect(idx, I32, static_cast<size_t>(p.rows), op, "idx");
+  ANATOMY_CHECK(idx.shape.rank == 1, op, ": idx ", idx.shape.str(), " is not [N]");
+}
+}  // namespace
+
+void CudaBackend::gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) {
+  check_row_copy("gather_rows", out, in, idx, true);
+  cuda::gather_rows(out, in, idx, m_stream);
+}
+void CudaBackend::scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) {
+  check_row_copy("scatter_rows", out, in, idx, false);
+  cuda::scatter_rows(out, in, idx, m_stream);
 }
 
 // ---- optimizer -----------------------------------------------------------------------------------

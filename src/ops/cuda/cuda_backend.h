@@ -40,6 +40,13 @@ class CudaBackend final : public Backend {
   int timing_mark() override;
   double timing_elapsed_ms(int a, int b) override;
   void timing_reset() override { m_events_used = 0; }
+
+  // Stream capture into a CUDA graph (Note [graph capture] in cuda_backend.cpp).
+  bool begin_capture() override;
+  void end_capture() override;
+  void replay() override;
+  bool capturing() const { return m_capturing; }
+  size_t captured_nodes() const { return m_graph_nodes; }  // nodes of the last recording
   int device_index() const { return m_device; }
   // Free and total bytes of the current device (cudaMemGetInfo).
   static DeviceMemory memory_info() { return device_memory(); }
@@ -87,6 +94,8 @@ class CudaBackend final : public Backend {
                           const Tensor& ids, const Tensor& type_ids) override;
   void select_token(const Tensor& out, const Tensor& x, int64_t t) override;
   void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) override;
+  void gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override;
+  void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override;
 
   // ---- optimizer -------------------------------------------------------------------------------
   void sum_squares(const Tensor& out, const Tensor& x) override;
@@ -116,6 +125,9 @@ class CudaBackend final : public Backend {
   Buffer m_reduce;         // [kReduceScratchBytes / 4] F32, Category::Temporary
   Buffer m_attn_scratch;   // U8, Category::Temporary, sized by attention_scratch_bytes
   std::unique_ptr<LtMatmul> m_matmul;
+  bool m_capturing = false;
+  cudaGraphExec_t m_graph_exec = nullptr;
+  size_t m_graph_nodes = 0;
   bool m_allow_tf32 = false;  // set_allow_tf32 (also read by the F32 attention path)
 };
 

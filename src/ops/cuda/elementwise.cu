@@ -34,14 +34,12 @@ struct AddF {
 struct IdentityF {
   __device__ float operator()(float x, size_t) const { return x; }
 };
-// Element i is kept iff dropout_keep(seed, offset, i, p) (core/rng.h, the CPU twin's mask);
-// kept values are scaled by 1/(1-p), p >= 1 drops all.
-struct DropoutF {
-  float p, scale;
-  uint64_t seed, offset;
-  __device__ float operator()(float x, size_t i) const {
-    return dropout_keep(seed, offset, static_cast<uint64_t>(i), p) ? x * scale : 0.0f;
-  }
+// Element i is kept iff dropout_keep(seed, offset, i, p) (core/rng.h, the CPU twin's mask), with
+// the key and threshold computed on the host; kept values are scaled by 1/(1-p), p >= 1 drops all.
+struct DropoutArgs {
+  float scale;
+  uint32_t thr;
+  uint64_t key;
 };
 
 // ---- kernels ------------------------------------------------------------------------------------
@@ -78,6 +76,26 @@ __global__ void map2_kernel(T* y, const T* a, const T* b, size_t n, Op op) {
     reinterpret_cast<Pack<T, W>*>(y)[p] = yo;
   }
   for (size_t i = packs * W + tid; i < n; i += stride) y[i] = from_f32<T>(op(to_f32(a[i]), to_f32(b[i]), i));
+}
+
+// y[i] = x[i] * factor(i): W-wide packs (W % 4 == 0: one hash per four elements, Note [dropout
+// bits]), then the n % W tail. In place allowed, as map1_kernel.
+template <class T, int W>
+__global__ void dropout_kernel(T* y, const T* x, size_t n, DropoutArgs d) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t packs = n / W;
+  for (size_t p = tid; p < packs; p += stride) {
+    Pack<T, W> xi = reinterpret_cast<const Pack<T, W>*>(x)[p];
+    bool keep[W];
+    dropout_keep_run<W>(keep, d.key, p * W, d.thr);
+    Pack<T, W> yo;
+#pragma unroll
+    for (int j = 0; j < W; ++j) yo.v[j] = from_f32<T>(keep[j] ? to_f32(xi.v[j]) * d.scale : 0.0f);
+    reinterpret_cast<Pack<T, W>*>(y)[p] = yo;
+  }
+  for (size_t i = packs * W + tid; i < n; i += stride)
+    y[i] = from_f32<T>(dropout_keep_key(d.key, i, d.thr) ? to_f32(x[i]) * d.scale : 0.0f);
 }
 
 template <class T>
@@ -172,7 +190,18 @@ void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d, cud
     return;
   }
   const float scale = d.p < 1.0f ? static_cast<float>(1.0 / (1.0 - static_cast<double>(d.p))) : 0.0f;
-  unary("dropout", y, x, DropoutF{d.p, scale, d.seed, d.offset}, s);
+  const DropoutArgs args{scale, dropout_threshold(d.p), dropout_key(d.seed, d.offset)};
+  const size_t n = x.numel();
+  if (n == 0) return;
+  dispatch_float(x.dtype, "dropout", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    constexpr int W = kVec<T>;
+    if (aligned16(y.data) && aligned16(x.data))
+      dropout_kernel<T, W><<<grid_for(n / W + 1, kThreads), kThreads, 0, s>>>(y.ptr<T>(), x.ptr<const T>(), n, args);
+    else
+      dropout_kernel<T, 1><<<grid_for(n, kThreads), kThreads, 0, s>>>(y.ptr<T>(), x.ptr<const T>(), n, args);
+  });
+  ANATOMY_CUDA_LAUNCH_CHECK();
 }
 
 void add(const Tensor& y, const Tensor& a, const Tensor& b, cudaStream_t s) { binary("add", y, a, b, AddF{}, s); }

@@ -32,6 +32,12 @@ void fill(const Tensor& dst, float value, cudaStream_t s);        // float dtype
 void select_token(const Tensor& out, const Tensor& x, int64_t t, cudaStream_t s);
 void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t, cudaStream_t s);
 
+// ---- rows.cu ------------------------------------------------------------------------------------
+// Any dtype (the same on both sides), idx I32 [N]: gather out [N, C] <- in [R, C] rows idx;
+// scatter out [R, C] rows idx <- in [N, C]. Rows named outside [0, R) are skipped.
+void gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx, cudaStream_t s);
+void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx, cudaStream_t s);
+
 // ---- reduce.cu ----------------------------------------------------------------------------------
 // db F32 [N] += column sums of dy [M, N].
 void bias_grad(const Tensor& db, const Tensor& dy, const ReduceScratch& scratch, cudaStream_t s);
@@ -79,6 +85,7 @@ struct GradFactor {
   const float* norm_sq = nullptr;
   float inv_loss_scale = 1.0f;
   float max_norm = 0.0f;
+  bool skip_nonfinite = false;  // GradTransform::skip_nonfinite (norm_sq then non-null)
 };
 void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
                   const Tensor& grads, const GradFactor& g, const AdamWArgs& a, cudaStream_t s);

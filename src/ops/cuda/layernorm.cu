@@ -24,17 +24,35 @@ namespace anatomy::cuda {
 
 namespace {
 
+// The branch dropout (Note [dropout bits] in core/rng.h) with the per-call key and threshold
+// computed on the host. The warp path's packs start at multiples of W (4 or 8, since H % W == 0
+// there): whole groups, one hash per four elements.
 struct Drop {
-  float p, scale;
-  uint64_t seed, offset;
+  bool active;
+  float scale;
+  uint32_t thr;
+  uint64_t key;
   __device__ __forceinline__ float factor(uint64_t i) const {
-    if (p <= 0.0f) return 1.0f;
-    return dropout_keep(seed, offset, i, p) ? scale : 0.0f;
+    if (!active) return 1.0f;
+    return dropout_keep_key(key, i, thr) ? scale : 0.0f;
+  }
+  // f[j] = factor(i + j), j < W.
+  template <int W>
+  __device__ __forceinline__ void factors(float (&f)[W], uint64_t i) const {
+    if (!active) {
+#pragma unroll
+      for (int j = 0; j < W; ++j) f[j] = 1.0f;
+      return;
+    }
+    bool keep[W];
+    dropout_keep_run<W>(keep, key, i, thr);
+#pragma unroll
+    for (int j = 0; j < W; ++j) f[j] = keep[j] ? scale : 0.0f;
   }
 };
 Drop make_drop(const DropoutSpec& d) {
   const float scale = d.p < 1.0f ? static_cast<float>(1.0 / (1.0 - static_cast<double>(d.p))) : 0.0f;
-  return Drop{d.p, scale, d.seed, d.offset};
+  return Drop{d.p > 0.0f, scale, dropout_threshold(d.p), dropout_key(d.seed, d.offset)};
 }
 
 constexpr int kWarpThreads = 128;   // 4 rows (warps) per block on the warp path
@@ -71,9 +89,11 @@ __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
       V r{};
       if (residual) r = reinterpret_cast<const V*>(residual + base)[q];
       V o;
+      float f[W];
+      drop.factors<W>(f, base + static_cast<size_t>(q) * W);
 #pragma unroll
       for (int j = 0; j < W; ++j) {
-        float v = to_f32(b.v[j]) * drop.factor(base + static_cast<size_t>(q) * W + j);
+        float v = to_f32(b.v[j]) * f[j];
         if (residual) v += to_f32(r.v[j]);
         o.v[j] = from_f32<T>(v);
         x[p][j] = to_f32(o.v[j]);  // statistics of the stored (rounded) sum
@@ -156,11 +176,13 @@ __global__ void __launch_bounds__(kWarpThreads) ln_backward_warp(
       const int q = p * 32 + lane;
       if (q < packs) {
         V o, ob;
+        float f[W];
+        if (dbranch) drop.factors<W>(f, base + static_cast<size_t>(q) * W);
 #pragma unroll
         for (int j = 0; j < W; ++j) {
           const float d = rs * (g[p][j] - mg - xhat[p][j] * mgx);
           o.v[j] = from_f32<T>(d);
-          if (dbranch) ob.v[j] = from_f32<T>(d * drop.factor(base + static_cast<size_t>(q) * W + j));
+          if (dbranch) ob.v[j] = from_f32<T>(d * f[j]);
         }
         reinterpret_cast<V*>(dsum + base)[q] = o;
         if (dbranch) reinterpret_cast<V*>(dbranch + base)[q] = ob;

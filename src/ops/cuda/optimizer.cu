@@ -14,11 +14,19 @@ namespace {
 constexpr int kThreads = 256;
 
 // g = grad * inv_loss_scale * clip, clip = min(1, max_norm / (sqrt(norm_sq) * inv_loss_scale + 1e-6))
-// (ops/backend.h GradTransform). inf/NaN norms give clip 0 or NaN: the step is poisoned, not hidden.
+// (ops/backend.h GradTransform). inf/NaN norms give clip 0 or NaN: the step is poisoned, not hidden
+// (unless skip_nonfinite asks to skip it, skip_step below).
 __device__ __forceinline__ float grad_factor(const float* norm_sq, float inv_loss_scale, float max_norm) {
   if (!norm_sq || max_norm <= 0.0f) return inv_loss_scale;
   const float norm = sqrtf(*norm_sq) * inv_loss_scale;
   return inv_loss_scale * fminf(1.0f, max_norm / (norm + 1e-6f));
+}
+
+// GradTransform::skip_nonfinite: the step is skipped (every kernel of the update returns before
+// writing anything) when norm_sq is inf or NaN. Read by every thread; uniform across the grid,
+// so whole blocks leave before any barrier.
+__device__ __forceinline__ bool skip_step(const GradFactor& gf) {
+  return gf.skip_nonfinite && !isfinite(*gf.norm_sq);
 }
 
 // ---- kernels ------------------------------------------------------------------------------------
@@ -53,6 +61,7 @@ template <class H, int W>
 __global__ void adamw_kernel(float* __restrict__ params, float* __restrict__ m, float* __restrict__ v,
                              H* __restrict__ half, const float* __restrict__ grads, size_t n, GradFactor gf,
                              AdamParams a) {
+  if (skip_step(gf)) return;
   const float f = grad_factor(gf.norm_sq, gf.inv_loss_scale, gf.max_norm);
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -100,6 +109,7 @@ struct SgdParams {
 template <class H>
 __global__ void sgd_kernel(float* __restrict__ params, float* __restrict__ buf, H* __restrict__ half,
                            const float* __restrict__ grads, size_t n, GradFactor gf, SgdParams a) {
+  if (skip_step(gf)) return;
   const float f = grad_factor(gf.norm_sq, gf.inv_loss_scale, gf.max_norm);
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -141,6 +151,7 @@ __global__ void __launch_bounds__(kQuantBlock)
                      float* __restrict__ m_absmax, float* __restrict__ v_absmax, H* __restrict__ half,
                      const float* __restrict__ grads, const float* __restrict__ qmap, size_t n, GradFactor gf,
                      om::AdamConsts<float> c) {
+  if (skip_step(gf)) return;
   __shared__ float map[512];
   __shared__ float red[32];
   const int t = threadIdx.x;
@@ -205,6 +216,7 @@ __global__ void __launch_bounds__(kAfThreads)
     adafactor_stats_kernel(float* __restrict__ state, const float* __restrict__ grads,
                            const AdafactorSegment* __restrict__ segs, int count, int64_t chunks, GradFactor gf,
                            AdafactorConsts c) {
+  if (skip_step(gf)) return;
   const float f = grad_factor(gf.norm_sq, gf.inv_loss_scale, gf.max_norm);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t b = blockIdx.x;
@@ -262,6 +274,7 @@ __global__ void __launch_bounds__(kAfThreads)
     adafactor_rowdot_kernel(float* __restrict__ scratch, const float* __restrict__ state,
                             const float* __restrict__ grads, const AdafactorSegment* __restrict__ segs, int count,
                             GradFactor gf) {
+  if (skip_step(gf)) return;
   __shared__ float red[32];
   const float f = grad_factor(gf.norm_sq, gf.inv_loss_scale, gf.max_norm);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -296,7 +309,8 @@ __global__ void __launch_bounds__(kAfThreads)
 
 __global__ void __launch_bounds__(kAfThreads)
     adafactor_segment_kernel(float* __restrict__ scratch, const float* __restrict__ state,
-                             const AdafactorSegment* __restrict__ segs, AdafactorConsts c) {
+                             const AdafactorSegment* __restrict__ segs, GradFactor gf, AdafactorConsts c) {
+  if (skip_step(gf)) return;
   __shared__ float red[32];
   const AdafactorSegment sg = segs[blockIdx.x];
   float* w = scratch + sg.scratch;
@@ -329,6 +343,7 @@ __global__ void __launch_bounds__(kAfThreads)
     adafactor_apply_kernel(float* __restrict__ params, H* __restrict__ half, const float* __restrict__ state,
                            const float* __restrict__ scratch, const float* __restrict__ grads,
                            const AdafactorSegment* __restrict__ segs, int count, GradFactor gf, AdafactorConsts c) {
+  if (skip_step(gf)) return;
   const float f = grad_factor(gf.norm_sq, gf.inv_loss_scale, gf.max_norm);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t b = blockIdx.x;
@@ -460,7 +475,7 @@ void adafactor_update(const Tensor& params, const Tensor& state, const Tensor& s
   adafactor_rowdot_kernel<<<static_cast<unsigned>(t.chunks), kAfThreads, 0, s>>>(scr, st, grads.ptr<const float>(),
                                                                                  segs, count, g);
   ANATOMY_CUDA_LAUNCH_CHECK();
-  adafactor_segment_kernel<<<static_cast<unsigned>(count), kAfThreads, 0, s>>>(scr, st, segs, c);
+  adafactor_segment_kernel<<<static_cast<unsigned>(count), kAfThreads, 0, s>>>(scr, st, segs, g, c);
   ANATOMY_CUDA_LAUNCH_CHECK();
   dispatch_half(half_copy, [&](auto tag) {
     using H = typename decltype(tag)::type;

@@ -1,0 +1,63 @@
+// Training checkpoints (--save-strategy, --save-steps, --save-total-limit,
+// --resume-from-checkpoint): everything a run needs to continue bitwise identically.
+//
+// Note [checkpoint directory]: OUTPUT_DIR/checkpoint-<step>/ holds
+//   config.json, model.safetensors  the F32 master weights under Hugging Face names
+//                                   (save_pretrained: loadable by transformers as is);
+//   optimizer.safetensors           every tensor of Optimizer::state(), raw bytes with their
+//                                   dtype and shape; metadata "optimizer" (its kind) and
+//                                   "steps" (the optimizer's step count);
+//   trainer_state.json              {"format_version", "step", "optimizer", "optimizer_steps",
+//                                    "files": {name: {"bytes", "checksum"}}, "trainer": <the
+//                                    trainer's JSON, verbatim>}.
+// The directory is written as "checkpoint-<step>.tmp-XXXXXX", every file fsynced, then renamed
+// into place (AtomicDir), so a checkpoint-<step> directory is complete or absent, whenever the
+// process dies. "files" records each file's size and a checksum: listing (latest_checkpoint)
+// checks the sizes, loading checks the checksums too, so truncation or corruption after the
+// fact is a clear error rather than a silently different run.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "model/bert.h"
+#include "optim/optimizer.h"
+
+namespace anatomy {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// Writes OUTPUT_DIR/checkpoint-<step>/ (Note [checkpoint directory]), replacing one of the same
+// step atomically. Returns the checkpoint's path.
+std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
+                                     Optimizer& opt, const nlohmann::json& trainer_state);
+
+// Keeps the newest `limit` complete checkpoint-<step> directories of output_dir by step (limit
+// <= 0: keeps all) and removes the older ones, each renamed to a hidden ".trash-..." name first
+// so no half-removed directory ever looks like a checkpoint. Also removes leftovers of crashed
+// runs: staging ("checkpoint-<step>.tmp-*", ".old-*") and trash directories. Directories named
+// checkpoint-<step> that are not complete checkpoints are left alone.
+void rotate_checkpoints(const std::string& output_dir, int64_t limit);
+
+// The complete checkpoint of output_dir with the highest step (numeric: 10 beats 9), or nullopt.
+// Complete: trainer_state.json parses, names the step of the directory's name, and every file it
+// lists is there with its recorded size.
+std::optional<std::string> latest_checkpoint(const std::string& output_dir);
+
+// --resume-from-checkpoint: "latest" is latest_checkpoint(output_dir); anything else must be a
+// complete checkpoint directory. Errors name the flag (and the path).
+std::string resolve_resume_path(const std::string& arg, const std::string& output_dir);
+
+// Loads a checkpoint into the model's master weights (and its compute copy) and the optimizer's
+// state and step count; returns the trainer's JSON. Everything is read and checked first (sizes,
+// checksums, config, optimizer kind, every tensor's dtype and shape), then applied: a failure is
+// a one-line error naming the file and leaves model and optimizer untouched.
+nlohmann::json load_training_checkpoint(const std::string& dir, BertForSequenceClassification& model, Optimizer& opt);
+
+// The kind name (optimizer_name) of an optimizer, told by its state tensors' names.
+std::string optimizer_kind_of(Optimizer& opt);
+// The checksum trainer_state.json records for a file (Note [checkpoint checksum]), 16 hex digits.
+std::string checkpoint_file_checksum(const std::string& path);
+
+}  // namespace anatomy

@@ -1,0 +1,107 @@
+// Evaluation of a sequence classifier on a dataset: mean cross-entropy, accuracy and macro-F1,
+// with per-sample predictions and probabilities. `anatomy eval` runs it on a saved model; the
+// trainer runs it on its training model every --eval-steps.
+//
+// Note [evaluation batches]: samples are batched in dataset order, or, when their lengths are
+// known (a TextDataset, or EvalOptions::lengths), longest first, so each batch is padded only to
+// its longest sample and batches of similar length go together (the first batch is the longest,
+// so the device's scratch reaches its size once); sort_by_length off keeps the dataset order and
+// still pads each batch only to its longest. Every result is reported in dataset order.
+// With skip_padding the model's encoder computes on real tokens only (Note [packed inference] in
+// model/bert.cpp); on CUDA the packed row count is rounded up to a multiple of 128 (padding rows
+// fill it, see pack_token_rows), since cuBLASLt plans each new GEMM shape once and a fresh row
+// count every batch made the packed path slower than the padded one in bf16. Packing also costs
+// gathers, scatters and a zero fill per layer's attention, so a batch runs packed only when that
+// skips at least skip_padding_min_fraction of its rows: length-sorted batches hold little padding
+// and mostly run padded; batches in file order (half padding, say) run packed. The only device
+// memory evaluate() takes is the batch and its packing index (Category::Other,
+// evaluation_buffer_bytes), freed when it returns.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "memory/planner.h"
+#include "model/bert.h"
+
+namespace anatomy {
+
+// ---- metrics (pure functions) ---------------------------------------------------------------
+// Fraction of predictions equal to the labels. Throws when the sizes differ or are zero.
+double accuracy(std::span<const int32_t> predictions, std::span<const int32_t> labels);
+// Macro-averaged F1: F1 = 2 TP / (2 TP + FP + FN) per class, averaged over the classes present
+// in labels or predictions (their union), as sklearn's f1_score(average='macro') does when it is
+// not given a label list: a class that neither occurs nor is predicted does not count.
+double macro_f1(std::span<const int32_t> predictions, std::span<const int32_t> labels);
+// log softmax(logits)[label] negated, in double; logits holds one row of classes.
+double cross_entropy(std::span<const float> logits, int32_t label);
+// Mean of cross_entropy over rows: logits [n, classes] row-major, labels [n].
+double mean_cross_entropy(std::span<const float> logits, int64_t classes, std::span<const int32_t> labels);
+// Softmax in double (returned as float) and the first index of the largest logit.
+std::vector<float> softmax(std::span<const float> logits);
+int32_t argmax(std::span<const float> logits);
+
+// ---- evaluation -----------------------------------------------------------------------------
+struct EvalOptions {
+  int64_t batch_size = 32;   // capped at the model's planned micro-batch (ModelShape::max_batch)
+  bool skip_padding = true;  // the packed forward (Note [packed inference] in model/bert.cpp)
+  // ... for the batches where it skips at least this fraction of the rows (Note [evaluation batches]).
+  double skip_padding_min_fraction = 0.125;
+  // Per-sample lengths for dynamic padding (Note [evaluation batches]); empty: a TextDataset's own,
+  // else every sample is ds.seq_len() long and batches keep the dataset order.
+  std::vector<int64_t> lengths;
+  bool sort_by_length = true;  // false: dataset order even with lengths (each batch still padded to its longest)
+  // With lengths: a batch's length rounded up to a multiple of this (at most the model's planned
+  // length), as DataCollatorWithPadding's pad_to_multiple_of: fewer distinct shapes to plan.
+  int64_t pad_to_multiple_of = 8;
+  // Whether the dataset's labels are true labels (loss, accuracy, F1). A TextDataset read without
+  // a label column is unlabelled whatever this says.
+  bool labelled = true;
+  bool keep_probabilities = true;  // fill EvalResult::probabilities
+};
+
+struct EvalResult {
+  static constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  int64_t samples = 0, num_labels = 0, batches = 0, batch_size = 0;
+  bool labelled = false;
+  double loss = kNaN, accuracy = kNaN, macro_f1 = kNaN;  // labelled only
+  double runtime = 0;             // seconds, batching and transfers included
+  double samples_per_second = 0;
+  // Tokens: real ones (mask 1), what padded batches hold (sum of B x T), and the rows the
+  // encoder computed (the real ones plus any first token that is padding, when packed).
+  int64_t tokens = 0, padded_tokens = 0, computed_tokens = 0;
+  bool skip_padding = false;
+  int64_t packed_batches = 0;  // batches that ran the packed forward
+  // Per sample, in dataset order.
+  std::vector<int32_t> predictions;
+  std::vector<int32_t> labels;       // as the dataset gives them (meaningless when unlabelled)
+  std::vector<double> losses;        // labelled only
+  std::vector<float> probabilities;  // [samples, num_labels], when kept
+};
+
+// Runs model.forward_eval over the whole dataset (Note [evaluation batches]). Works with any
+// model shape, training or inference; on the CPU and CUDA backends.
+EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& options = {});
+
+// eval_loss, eval_accuracy, eval_macro_f1 (labelled only), eval_samples, eval_runtime,
+// eval_samples_per_second, and the token counts, in the Trainer's style (`prefix` + name).
+nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix = "eval_");
+
+// One JSON line per sample, atomically: {"index", "prediction" (the id2label name),
+// "prediction_id", "label" and "label_id" (labelled only), "probabilities" (when kept)}.
+void write_predictions(const std::string& path, const EvalResult& r, const std::map<int, std::string>& id2label);
+
+// Device bytes evaluate() holds (Category::Other) for batches of `batch` x `seq`: ids, token
+// types and mask I32 [B, T], labels I32 [B], and with skip_padding the packing index I32 [B*T + B].
+int64_t evaluation_buffer_bytes(int64_t batch, int64_t seq, bool skip_padding);
+
+// The memory of an inference run as plan_memory gives it (shape.training false), with Other as
+// evaluate() takes it and, on CUDA, the attention scratch that the forward allocates.
+MemoryPlan plan_evaluation(const BertConfig& cfg, const ModelShape& shape, Device device, bool skip_padding);
+
+}  // namespace anatomy

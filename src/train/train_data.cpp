@@ -1,0 +1,101 @@
+#include "train/train_data.h"
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+
+namespace anatomy {
+
+namespace {
+
+// The dataset that keeps its base alive (SubsetDataset only borrows it).
+class OwningSubset final : public Dataset {
+ public:
+  OwningSubset(std::shared_ptr<const Dataset> base, std::vector<size_t> idx)
+      : m_base(std::move(base)), m_view(*m_base, std::move(idx)) {}
+  size_t size() const override { return m_view.size(); }
+  int64_t seq_len() const override { return m_view.seq_len(); }
+  void get(size_t i, HostBatch& out, int64_t row) const override { m_view.get(i, out, row); }
+
+ private:
+  std::shared_ptr<const Dataset> m_base;
+  SubsetDataset m_view;
+};
+
+}  // namespace
+
+BatchPlan TrainData::batch_plan(int64_t batch, uint64_t seed, bool group_by_length) const {
+  if (train_lengths.empty()) return BatchPlan(train->size(), batch, seed);
+  return BatchPlan(train_lengths, batch, seed, group_by_length);
+}
+
+TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
+  TrainData d;
+  if (opt.train_file.empty()) {
+    ANATOMY_CHECK(opt.validation_file.empty(), "--validation-file needs --train-file (synthetic data has no file)");
+    auto all = std::make_shared<SyntheticDataset>(parse_synthetic_kind(opt.dataset), static_cast<size_t>(opt.num_samples),
+                                                  opt.seq_len, cfg.vocab_size, opt.seed);
+    d.train = all;
+    if (opt.validation_split > 0) {
+      TrainValSplit s = split(*all, opt.validation_split, opt.seed);
+      d.train = std::make_shared<OwningSubset>(all, std::move(s.train));
+      d.validation = std::make_shared<OwningSubset>(all, std::move(s.val));
+    }
+    d.description = str_cat("synthetic '", opt.dataset, "' data, ", d.train->size(), " training samples of ", opt.seq_len,
+                             " tokens");
+    return d;
+  }
+
+  const std::string tok_dir = !opt.tokenizer.empty() ? opt.tokenizer : opt.model_name_or_path;
+  ANATOMY_CHECK(!tok_dir.empty(), "--train-file needs a tokenizer: pass --tokenizer DIR (with vocab.txt or "
+                "tokenizer.json) or --model-name-or-path");
+  const WordPieceTokenizer tok = WordPieceTokenizer::from_directory(tok_dir);
+  ANATOMY_CHECK(static_cast<int64_t>(tok.vocab_size()) <= cfg.vocab_size, "--tokenizer ", tok_dir, ": its ",
+                tok.vocab_size(), " tokens do not fit the model's vocab_size ", cfg.vocab_size);
+  d.tokenizer_files = WordPieceTokenizer::files_in(tok_dir);
+
+  TextDataOptions to;
+  to.text_column = opt.text_column;
+  to.text_pair_column = opt.text_pair_column;
+  to.label_column = opt.label_column;
+  to.max_length = opt.seq_len;
+  to.cache_dir = opt.dataset_cache_dir;
+  const LabelSet from_config = LabelSet::from_id2label(cfg.id2label);
+  if (from_config.kind == LabelSet::Kind::Names) to.labels = from_config;  // a trained head names its classes
+  auto train = std::make_shared<TextDataset>(TextDataset::load(opt.train_file, tok, to));
+  const LabelSet labels = train->labels();
+  ANATOMY_CHECK(labels.num_labels >= 1, "--train-file ", opt.train_file, ": no labels (is --label-column right?)");
+  if (!to.labels) {
+    cfg.set_num_labels(labels.num_labels);
+    cfg.id2label = labels.id2label();
+    cfg.label2id = labels.label2id();
+  }
+  d.labels = labels;
+
+  std::vector<int64_t> lengths = train->lengths();
+  d.train = train;
+  if (!opt.validation_file.empty()) {
+    TextDataOptions vo = to;
+    vo.labels = labels;
+    auto val = std::make_shared<TextDataset>(TextDataset::load(opt.validation_file, tok, vo));
+    d.validation_lengths = val->lengths();
+    d.validation = val;
+  } else if (opt.validation_split > 0) {
+    TrainValSplit s = split(*train, opt.validation_split, opt.seed);
+    std::vector<int64_t> sub(s.train.size());
+    for (size_t i = 0; i < s.train.size(); ++i) sub[i] = lengths[s.train[i]];
+    for (size_t i : s.val) d.validation_lengths.push_back(lengths[i]);
+    lengths = std::move(sub);
+    d.train = std::make_shared<OwningSubset>(train, std::move(s.train));
+    d.validation = std::make_shared<OwningSubset>(train, std::move(s.val));
+  }
+  d.train_lengths = std::move(lengths);
+  int64_t tokens = 0;
+  for (int64_t l : d.train_lengths) tokens += l;
+  d.description = str_cat(opt.train_file, ": ", d.train->size(), " training samples, ", labels.num_labels,
+                          " classes, mean length ", d.train->size() ? tokens / static_cast<int64_t>(d.train->size()) : 0,
+                          " tokens (at most ", opt.seq_len, ")",
+                          d.validation ? str_cat(", ", d.validation->size(), " for validation") : std::string());
+  return d;
+}
+
+}  // namespace anatomy

@@ -1,0 +1,35 @@
+// The data of a training run, from the options: the synthetic sets of the seed experiment, or a
+// labelled text file (JSONL, CSV, TSV) tokenized with the model's tokenizer, with an optional
+// validation file or held-out fraction. Text batches are padded to their longest sample.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/text_dataset.h"
+#include "model/config.h"
+#include "train/options.h"
+
+namespace anatomy {
+
+struct TrainData {
+  std::shared_ptr<const Dataset> train;       // what the loop batches over
+  std::shared_ptr<const Dataset> validation;  // null without --validation-file / --validation-split
+  std::vector<int64_t> train_lengths;         // per training sample; empty: all full length
+  std::vector<int64_t> validation_lengths;    // per validation sample; empty: all full length
+  std::optional<LabelSet> labels;             // text data: the classes, as the model's config will name them
+  std::vector<std::string> tokenizer_files;   // copied next to the saved model
+  std::string description;                    // one line for the log
+
+  BatchPlan batch_plan(int64_t batch, uint64_t seed, bool group_by_length) const;
+};
+
+// Reads (or maps the cache of) the text files, or builds the synthetic set. With text data the
+// labels decide the classification head: a config whose id2label names real classes maps the
+// file's labels through it; otherwise the file's labels become cfg's num_labels and id2label.
+// Errors name the flag or the file.
+TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg);
+
+}  // namespace anatomy

@@ -1,0 +1,131 @@
+// End to end through the command line: a JSONL file of real sentences -> train bert-tiny on the
+// CPU with evaluation and checkpoints -> `anatomy eval` on the saved model -> predictions file.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct CmdResult {
+  int status = -1;
+  std::string output;
+};
+
+CmdResult run(const std::string& args) {
+  std::string cmd = std::string(ANATOMY_BINARY) + " " + args + " 2>&1";
+  CmdResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+std::string tmp(const std::string& name) {
+  fs::path p = fs::path(testing::TempDir()) / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return json::parse(in);
+}
+
+std::vector<json> read_jsonl(const fs::path& p) {
+  std::vector<json> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+const std::string kData = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
+const std::string kTokenizer = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/tokenizer";
+
+}  // namespace
+
+TEST(TextTraining, JsonlToTrainedModelToEvalPredictions) {
+  const std::string dir = tmp("text_e2e");
+  fs::copy_file(kData, dir + "/data.jsonl");  // the token cache goes beside it, not into the source tree
+  const std::string out = dir + "/run";
+  CmdResult t = run("train --device cpu --preset bert-tiny --train-file " + dir + "/data.jsonl --tokenizer " + kTokenizer +
+                    " --validation-split 0.2 --max-seq-length 64 --per-device-train-batch-size 16 --num-train-epochs 3"
+                    " --learning-rate 5e-4 --eval-strategy epoch --save-strategy steps --save-steps 10"
+                    " --save-total-limit 2 --logging-steps 5 --group-by-length --disable-tqdm --output-dir " + out);
+  ASSERT_EQ(t.status, 0) << t.output;
+
+  // The classes came from the file's string labels, sorted, into the saved config.
+  const json cfg = read_json(fs::path(out) / "config.json");
+  EXPECT_EQ(cfg["id2label"].size(), 3u) << cfg.dump();
+  EXPECT_EQ(cfg["id2label"]["0"], "negative");
+  EXPECT_EQ(cfg["id2label"]["1"], "neutral");
+  EXPECT_EQ(cfg["id2label"]["2"], "positive");
+  EXPECT_TRUE(fs::exists(fs::path(out) / "vocab.txt"));  // the tokenizer travels with the model
+
+  // 197 - round(0.2 * 197) = 158 training samples / 16 = 10 batches an epoch, 3 epochs: 30 steps;
+  // an evaluation per epoch.
+  const json res = read_json(fs::path(out) / "train_results.json");
+  EXPECT_EQ(res["steps"], 30);
+  EXPECT_EQ(res["samples"], 3 * 158);
+  EXPECT_TRUE(res.contains("eval_accuracy"));
+  EXPECT_GE(res["data_wait_s"].get<double>(), 0.0);
+  int evals = 0, logs = 0;
+  for (const json& j : read_jsonl(fs::path(out) / "metrics.jsonl")) {
+    evals += j.contains("eval_loss");
+    logs += j.contains("loss");
+  }
+  EXPECT_EQ(evals, 3);
+  EXPECT_EQ(logs, 6);
+  EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-20" / "optimizer.safetensors"));
+  EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-30" / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(fs::path(out) / "checkpoint-10"));  // --save-total-limit 2
+
+  // `anatomy eval` on the saved model over the whole file.
+  const std::string ev = dir + "/eval";
+  CmdResult e = run("eval --device cpu --model-name-or-path " + out + " --eval-file " + dir +
+                    "/data.jsonl --max-seq-length 64 --output-dir " + ev);
+  ASSERT_EQ(e.status, 0) << e.output;
+  const std::vector<json> preds = read_jsonl(fs::path(ev) / "predictions.jsonl");
+  ASSERT_EQ(preds.size(), 197u);
+  const std::set<std::string> names{"negative", "neutral", "positive"};
+  int correct = 0;
+  for (const json& p : preds) {
+    EXPECT_TRUE(names.count(p["prediction"].get<std::string>())) << p.dump();
+    correct += p["prediction"] == p["label"];
+  }
+  const json er = read_json(fs::path(ev) / "eval_results.json");
+  EXPECT_NEAR(er["eval_accuracy"].get<double>(), correct / 197.0, 1e-12);
+}
+
+TEST(TextTraining, TextFlagsGiveOneLineErrors) {
+  const std::string dir = tmp("text_errors");
+  fs::copy_file(kData, dir + "/data.jsonl");
+  const std::string base = "train --device cpu --preset bert-tiny --max-steps 1 --disable-tqdm --output-dir " + dir + "/run ";
+  CmdResult no_tok = run(base + "--train-file " + dir + "/data.jsonl");
+  EXPECT_EQ(no_tok.status, 2) << no_tok.output;
+  EXPECT_NE(no_tok.output.find("--tokenizer"), std::string::npos) << no_tok.output;
+  CmdResult no_val = run(base + "--train-file " + dir + "/data.jsonl --tokenizer " + kTokenizer + " --eval-strategy steps");
+  EXPECT_EQ(no_val.status, 2) << no_val.output;
+  EXPECT_NE(no_val.output.find("--validation-file"), std::string::npos) << no_val.output;
+  CmdResult bad_col = run(base + "--train-file " + dir + "/data.jsonl --tokenizer " + kTokenizer + " --text-column body");
+  EXPECT_EQ(bad_col.status, 2) << bad_col.output;
+  EXPECT_NE(bad_col.output.find("data.jsonl"), std::string::npos) << bad_col.output;
+  CmdResult missing = run(base + "--train-file " + dir + "/nope.jsonl --tokenizer " + kTokenizer);
+  EXPECT_EQ(missing.status, 2) << missing.output;
+  EXPECT_NE(missing.output.find("nope.jsonl"), std::string::npos) << missing.output;
+  EXPECT_FALSE(fs::exists(dir + "/run/train_results.json"));
+}

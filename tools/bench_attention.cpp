@@ -1,0 +1,143 @@
+// anatomy_bench_attention: the attention ops alone at bert-large shapes (T = 512, 16 heads,
+// head_dim 64, BF16 by default), through the Backend interface as the model calls them: a key
+// padding mask of all ones, dropout 0.1 and 0. Each call is timed with CUDA events after a
+// warm-up; the median of --reps calls is reported, alternating between two input sets (fresh
+// random values, never zeros). FLOPs: forward 4*B*heads*T^2*D (the two products S = QK^T and
+// O = PV), backward 2.5x that (five products, as FlashAttention counts them). The backward
+// includes its small pre- and post-passes (Dsum = rowsum(dO*O), the dQ conversion).
+// bench/attention_sdpa.py prints the same table for PyTorch's scaled_dot_product_attention.
+//
+//   anatomy_bench_attention [--batch 32 --batch 4] [--dtype bf16] [--reps 50] [--warmup 10]
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "ops/backend.h"
+
+using namespace anatomy;
+
+namespace {
+
+struct Row {
+  int64_t B = 0;
+  float p = 0;
+  double fwd_ms = 0, bwd_ms = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<uint8_t> random_half(size_t n, DType dt, Rng& rng, double amp) {
+  std::vector<uint8_t> out(n * 2);
+  for (size_t i = 0; i < n; ++i) {
+    const float x = static_cast<float>((2.0 * rng.uniform() - 1.0) * amp);
+    const uint16_t h = dt == DType::BF16 ? f32_to_bf16(x) : f32_to_f16(x);
+    std::memcpy(&out[2 * i], &h, 2);
+  }
+  return out;
+}
+
+Row run(Backend& be, DType dt, int64_t B, float p, int reps, int warmup) {
+  constexpr int64_t T = 512, heads = 16, D = 64, H = heads * D;
+  constexpr int kSets = 2;
+  Allocator& al = be.allocator();
+  Rng rng(1234 + static_cast<uint64_t>(B));
+  std::vector<Buffer> qkv, ctx, lse, dctx;
+  for (int s = 0; s < kSets; ++s) {
+    qkv.emplace_back(al, dt, Shape{B, T, 3 * H}, Category::Other);
+    ctx.emplace_back(al, dt, Shape{B, T, H}, Category::Other);
+    lse.emplace_back(al, DType::F32, Shape{B, heads, T}, Category::Other);
+    dctx.emplace_back(al, dt, Shape{B, T, H}, Category::Other);
+    be.upload(qkv.back(), random_half(static_cast<size_t>(B * T * 3 * H), dt, rng, 2.5).data());
+    be.upload(dctx.back(), random_half(static_cast<size_t>(B * T * H), dt, rng, 1.0).data());
+  }
+  Buffer mask(al, DType::I32, Shape{B, T}, Category::Other), dqkv(al, dt, Shape{B, T, 3 * H}, Category::Other);
+  const std::vector<int32_t> ones(static_cast<size_t>(B * T), 1);
+  be.upload(mask, ones.data());
+  DropoutSpec d;
+  d.p = p;
+  d.seed = 42;
+
+  auto fwd = [&](int s, int i) {
+    d.offset = static_cast<uint64_t>(i);
+    be.attention_forward(ctx[s], lse[s], qkv[s], mask, static_cast<int>(heads), d);
+  };
+  auto bwd = [&](int s, int i) {
+    d.offset = static_cast<uint64_t>(i);
+    be.attention_backward(dqkv, dctx[s], qkv[s], ctx[s], lse[s], mask, static_cast<int>(heads), d);
+  };
+  for (int i = 0; i < warmup; ++i) {
+    fwd(i % kSets, i);
+    bwd(i % kSets, i);
+  }
+  for (int s = 0; s < kSets; ++s) fwd(s, s);  // ctx and lse of each set for the backward
+  be.synchronize();
+  be.timing_reset();
+  std::vector<int> marks;
+  for (int i = 0; i < reps; ++i) {
+    marks.push_back(be.timing_mark());
+    fwd(i % kSets, i);
+    marks.push_back(be.timing_mark());
+  }
+  for (int s = 0; s < kSets; ++s) fwd(s, s);
+  for (int i = 0; i < reps; ++i) {
+    marks.push_back(be.timing_mark());
+    bwd(i % kSets, i % kSets);
+    marks.push_back(be.timing_mark());
+  }
+  be.synchronize();
+  std::vector<double> tf, tb;
+  for (int i = 0; i < reps; ++i) tf.push_back(be.timing_elapsed_ms(marks[2 * i], marks[2 * i + 1]));
+  for (int i = 0; i < reps; ++i) tb.push_back(be.timing_elapsed_ms(marks[2 * (reps + i)], marks[2 * (reps + i) + 1]));
+  be.timing_reset();
+  return Row{B, p, median(tf), median(tb)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"anatomy_bench_attention: attention forward/backward at bert-large shapes (T 512, 16 heads, D 64)"};
+  std::vector<int64_t> batches;
+  std::string dtype = "bf16";
+  int reps = 50, warmup = 10;
+  app.add_option("--batch", batches, "Batch sizes (repeatable); default 32 and 4");
+  app.add_option("--dtype", dtype, "bf16 or fp16")->capture_default_str();
+  app.add_option("--reps", reps, "Timed calls per op (median reported)")->capture_default_str();
+  app.add_option("--warmup", warmup, "Untimed forward+backward calls first")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    ANATOMY_CHECK(cuda_available(), "no CUDA device (or this build has no CUDA backend)");
+    ANATOMY_CHECK(dtype == "bf16" || dtype == "fp16", "--dtype ", dtype, ": expected bf16 or fp16");
+    ANATOMY_CHECK(reps > 0 && warmup >= 0, "--reps must be positive");
+    const DType dt = dtype == "bf16" ? DType::BF16 : DType::F16;
+    if (batches.empty()) batches = {32, 4};
+    auto be = make_cuda_backend(0);
+    std::vector<Row> rows;
+    for (int64_t B : batches)
+      for (float p : {0.1f, 0.0f}) rows.push_back(run(*be, dt, B, p, reps, warmup));
+    std::printf("\n%s, %s, T 512, heads 16, D 64, key padding mask of all ones; median of %d calls. "
+                "FLOPs: forward 4*B*h*T^2*D, backward 2.5x forward.\n\n",
+                be->name().c_str(), dtype.c_str(), reps);
+    std::printf("| impl | B | T | heads | D | dropout | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd+bwd ms | "
+                "fwd+bwd TFLOP/s |\n");
+    std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (const Row& r : rows) {
+      const double fl = 4.0 * static_cast<double>(r.B) * 16 * 512.0 * 512.0 * 64;
+      std::printf("| anatomy flash | %lld | 512 | 16 | 64 | %.1f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f |\n",
+                  static_cast<long long>(r.B), r.p, r.fwd_ms, fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9,
+                  r.fwd_ms + r.bwd_ms, 3.5 * fl / (r.fwd_ms + r.bwd_ms) / 1e9);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "anatomy_bench_attention: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
