@@ -52,10 +52,12 @@ PEAK_FLOPS = 989e12
 
 CONFIG_TITLES = {
     "seed": "(a) seed fp32 bs4",
+    "seed_selective": "(a) seed fp32 bs4, anatomy recomputing GELU (selective)",
     "tf32": "(a') tf32 bs4",
     "bf16_bs4": "(b) bf16 bs4",
     "bf16_bs32": "(c) bf16 bs32",
     "best": "(d) bf16 best batch",
+    "layer_bs32": "(e) bf16 bs32, layer gradient checkpointing",
 }
 
 
@@ -172,8 +174,8 @@ class Bench:
             self.emit(rec)
         return rec
 
-    def anatomy(self, precision, bs, n):
-        name = f"{precision}_bs{bs}_n{n}"
+    def anatomy(self, precision, bs, n, ckpt="none"):
+        name = f"{precision}_bs{bs}_n{n}" + ("" if ckpt == "none" else f"_{ckpt}")
         key = f"anatomy:{name}:{self.a.anatomy_args}"
         if key in self.cache:
             return self.reuse(key)
@@ -192,7 +194,8 @@ class Bench:
             cmd = [self.a.anatomy_bin, "train", "--preset", "bert-large", "--seq-len", "512",
                    "--num-samples", str(n), "--per-device-train-batch-size", str(bs),
                    "--precision", precision, "--num-train-epochs", "1", "--device", "cuda",
-                   "--output-dir", run_dir, "--save-strategy", "no", "--logging-steps", "0"]
+                   "--output-dir", run_dir, "--save-strategy", "no", "--logging-steps", "0",
+                   "--gradient-checkpointing", ckpt]
             cmd += shlex.split(self.a.anatomy_args)
             rec["cmd"] = " ".join(shlex.quote(c) for c in cmd)
             rc, out, err, secs = run_proc(cmd, limit, os.path.join(self.out, "logs", f"anatomy_{name}"))
@@ -238,6 +241,11 @@ class Bench:
             if config == "seed":
                 if do_hf: self.add(config, self.hf("seed_fp32_bs4", 4, n=n4 if q else None))
                 if do_an: self.add(config, self.anatomy("fp32", 4, n4))
+            elif config == "seed_selective":  # anatomy only: the seed with the GELU output recomputed
+                if do_an: self.add(config, self.anatomy("fp32", 4, n4, ckpt="selective"))
+            elif config == "layer_bs32":
+                if do_hf: self.add(config, self.hf("bf16_bs32_ckpt", 32, n=n32 if q else None))
+                if do_an: self.add(config, self.anatomy("bf16", 32, n32, ckpt="layer"))
             elif config == "tf32":
                 if do_hf: self.add(config, self.hf("tf32_bs4", 4, n=n4 if q else None))
                 if do_an: self.add(config, self.anatomy("tf32", 4, n4))

@@ -86,13 +86,20 @@ ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   BertForSequenceClassification::Acts a;
   carve_acts(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training);
-  if (!s.training) {  // the packed layout is the smaller one; the arena holds either
-    Arena pact = Arena::dry(), ptmp = Arena::dry();
-    BertForSequenceClassification::Acts p;
-    carve_packed(p, pact, ptmp, cfg, s.compute, s.max_batch, s.max_seq);
-    return {std::max(act.used(), pact.used()), std::max(tmp.used(), ptmp.used())};
+  // forward_eval may run on any model (the trainer evaluates its training model), padded or
+  // packed: the arenas hold whichever layout is the largest.
+  Arena pact = Arena::dry(), ptmp = Arena::dry();
+  BertForSequenceClassification::Acts p;
+  carve_packed(p, pact, ptmp, cfg, s.compute, s.max_batch, s.max_seq);
+  size_t acts = std::max(act.used(), pact.used()), temps = std::max(tmp.used(), ptmp.used());
+  if (s.training) {
+    Arena eact = Arena::dry(), etmp = Arena::dry();
+    BertForSequenceClassification::Acts e;
+    carve_acts(e, eact, etmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, false);
+    acts = std::max(acts, eact.used());
+    temps = std::max(temps, etmp.used());
   }
-  return {act.used(), tmp.used()};
+  return {acts, temps};
 }
 
 static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
@@ -113,7 +120,7 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
   const bool per_layer = training && policy != CheckpointPolicy::Layer;
   a.layers.assign(per_layer ? L : 1, {});
   for (auto& la : a.layers)
-    carve_layer(act, dt, R, B, T, H, I, nh, !(training && policy == CheckpointPolicy::Selective), la.qkv, la.ctx,
+    carve_layer(act, dt, R, B, T, H, I, nh, !(training && policy != CheckpointPolicy::None), la.qkv, la.ctx,
                 la.lse, la.s1, la.mean1, la.rstd1, la.h1, la.pre, la.g, la.s2, la.mean2, la.rstd2);
   a.cls = act.take(dt, {B, H});
   a.pooled = act.take(dt, {B, H});
@@ -130,8 +137,9 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
     a.big = tmp.take(dt, {R, std::max(I, 3 * H)});
     a.hd1 = tmp.take(dt, {B, H});
     a.hd2 = tmp.take(dt, {B, H});
-    // Selective checkpointing: the GELU output lives in backward's scratch, recomputed there.
-    if (policy == CheckpointPolicy::Selective)
+    // Selective and layer checkpointing: the GELU output lives in backward's scratch, recomputed
+    // there (under layer checkpointing the recomputed layer would otherwise hold it).
+    if (policy != CheckpointPolicy::None)
       for (auto& la : a.layers) la.g = Tensor(a.big.data, dt, {R, I}, a.big.device);
   }
 }
@@ -227,7 +235,7 @@ std::vector<LivenessPoint> activation_liveness(const BertConfig& cfg, const Mode
   Arena one = Arena::dry();
   BertForSequenceClassification::LayerActs la;
   carve_layer(one, s.compute, R, B, T, H, cfg.intermediate_size, cfg.num_attention_heads,
-              s.checkpointing != CheckpointPolicy::Selective, la.qkv, la.ctx, la.lse, la.s1, la.mean1, la.rstd1, la.h1,
+              s.checkpointing == CheckpointPolicy::None, la.qkv, la.ctx, la.lse, la.s1, la.mean1, la.rstd1, la.h1,
               la.pre, la.g, la.s2, la.mean2, la.rstd2);
   const int64_t layer = static_cast<int64_t>(one.used()), x = round(R * H * e);
   const int64_t emb = 2 * round(R * H * e) + 2 * round(R * 4) + (cfg.hidden_dropout_prob > 0 ? x : 0);
@@ -402,7 +410,7 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   Tensor dI = big.slice(0, R * I).view({R, I});
   Tensor dqkv = big.slice(0, R * 3 * H).view({R, 3 * H});
 
-  if (m_shape.checkpointing == CheckpointPolicy::Selective) m_be.gelu_forward(a.g, a.pre);
+  if (m_shape.checkpointing != CheckpointPolicy::None) m_be.gelu_forward(a.g, a.pre);
   // LayerNorm 2: ds2 (X2) reaches h1 through the residual; df2 (X3) reaches the FFN output.
   m_be.layernorm_backward(X2, X3, G(p + "output.LayerNorm.weight"), G(p + "output.LayerNorm.bias"), dout, a.s2,
                           a.mean2, a.rstd2, W(p + "output.LayerNorm.weight"), drop(hp, base, site_ffn_out(l), true));

@@ -15,7 +15,8 @@ namespace anatomy {
 
 // What forward keeps for backward (--gradient-checkpointing).
 //   None:      every tensor backward needs.
-//   Layer:     only each layer's input; backward re-runs the layer's forward first.
+//   Layer:     only each layer's input; backward re-runs the layer's forward first (keeping its
+//              GELU output in backward's scratch, as Selective does).
 //   Selective: everything except the GELU output (B*T x intermediate per layer), which
 //              backward recomputes from the saved pre-activation: one cheap element-wise op
 //              buys back about a quarter of the activation memory.
