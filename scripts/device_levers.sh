@@ -4,7 +4,7 @@
 # NVML and samples/s for each. Then compute-sanitizer over the op tests. Run through the device tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export OUT=${OUT:-bench/results/tmp}
+export OUT=${LEVERS_OUT:-${OUT:-bench/results/tmp}}
 [ -x .carry/bin/anatomy ] || tar -C .carry -xJf .carry/bundle.tar.xz
 export LD_LIBRARY_PATH="$PWD/.carry/lib" OMP_WAIT_POLICY=PASSIVE
 a=.carry/bin/anatomy
@@ -23,15 +23,16 @@ mib = lambda b: b / 2**20
 p, a = r["planned_bytes"], r["allocator_peak_bytes"]
 n = r["num_parameters"]
 print(f"| {name} | {r['steady_samples_per_second']:.1f} | {mib(sum(p.values())):.0f} | {mib(sum(a.values())):.0f} | "
-      f"{r['gpu_memory_occupied_mb']} | {r['gpu_memory_occupied_mb'] - r['cuda_context_mb']} | "
+      f"{r['gpu_memory_occupied_mb']} | {r['gpu_memory_occupied_mb'] - r['cuda_context_mb'] - r.get('nvml_baseline_mb', 0)} | "
       f"{a['optimizer_state']/n:.2f} | {mib(a['activations']):.0f} | {r['last_step_loss']:.3g} |")
 PY
 }
 mkdir -p /tmp/levers
 {
-  echo "| run | samples/s (steady) | planned MiB | allocated MiB | NVML used MB | NVML minus context MB | optimizer B/param | activations MiB | last loss |"
+  echo "| run | samples/s (steady) | planned MiB | allocated MiB | NVML used MiB | NVML minus baseline and context MiB | optimizer B/param | activations MiB | last loss |"
   echo "|---|---|---|---|---|---|---|---|---|"
   row seed_fp32_bs4 --precision fp32 --per-device-train-batch-size 4 --num-samples 512
+  row seed_fp32_bs4_selective --precision fp32 --per-device-train-batch-size 4 --num-samples 512 --gradient-checkpointing selective
   for o in adamw adamw-8bit sgd adafactor; do
     row "bf16_bs32_$o" --precision bf16 --per-device-train-batch-size 32 --num-samples 384 --optim $o
   done
@@ -41,6 +42,7 @@ mkdir -p /tmp/levers
   row bf16_bs8_accum4 --precision bf16 --per-device-train-batch-size 8 --gradient-accumulation-steps 4 --num-samples 384
 } | tee "$OUT/levers.md"
 $a plan --preset bert-large --batch-size 4 --precision fp32 --gpu-memory 16GB 2>&1 | tee "$OUT/plan_v100.txt"
+[ "${1:-all}" = levers ] && exit 0
 timeout 240 compute-sanitizer --tool memcheck .carry/bin/anatomy_gpu_tests --gtest_filter='CudaOps.*:Attention.*:Optim*' 2>&1 \
   | grep -E "ERROR SUMMARY|PASSED|FAILED" | tee "$OUT/memcheck.txt"
 timeout 150 compute-sanitizer --tool racecheck .carry/bin/anatomy_gpu_tests --gtest_filter='Attention.Bf16FastPath:Attention.Fp32*:CudaOps.LayerNorm*:CudaOps.BiasGrad' 2>&1 \

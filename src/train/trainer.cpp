@@ -143,6 +143,7 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
                         {"cuda_context_mb", res.cuda_context_mb},
                         {"weights_mb", res.weights_mb},
                         {"model_allocation_nvml_mb", res.model_nvml_mb},
+                        {"nvml_baseline_mb", used_before >= 0 ? used_before >> 20 : -1},
                         {"nvml_after_setup_mb", res.nvml_after_setup_mb},
                         {"nvml_after_first_step_mb", res.nvml_after_first_step_mb},
                         {"process_peak_rss_mb", res.process_peak_rss_mb}};

@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
@@ -308,6 +309,50 @@ TEST(CudaOps, BiasGrad) {
     }
 }
 
+// The bert-large widths (1024, 3072, 4096) through the vector kernel, with row counts that are
+// not multiples of the block's rows or of the chunk, one of the full 16384 rows, a width that
+// ends in a partial column tile (1032) and a few rows (one chunk: no partials).
+TEST(CudaOps, BiasGradBertWidths) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (DType dt : {DType::BF16, DType::F32})
+    for (auto [rows, n] : {std::pair<int64_t, int64_t>{16384, 1024}, {2051, 4096}, {1999, 3072}, {640, 1032},
+                           {3, 1024}, {77, 4096}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " rows " + std::to_string(rows) + " n " + std::to_string(n));
+      Pair dy = ctx.input(dt, Shape{rows, n});
+      Pair db = ctx.input(DType::F32, Shape{n});  // accumulated into
+      ctx.gpu->bias_grad(db.g, dy.g);
+      ctx.cpu->bias_grad(db.c, dy.c);
+      expect_close(ctx, db, kTolF32 * 10, "db");
+    }
+}
+
+// The same inputs and starting db give bitwise the same db (no atomics; a fixed summation order).
+TEST(CudaOps, BiasGradDeterministic) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (DType dt : {DType::BF16, DType::F32})
+    for (auto [rows, n] : {std::pair<int64_t, int64_t>{16384, 1024}, {4099, 4096}, {1000, 300}}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " rows " + std::to_string(rows) + " n " + std::to_string(n));
+      Pair dy = ctx.input(dt, Shape{rows, n});
+      const std::vector<float> start = ctx.randn(static_cast<size_t>(n));
+      Tensor db = ctx.device(DType::F32, Shape{n});
+      std::vector<float> first;
+      for (int run = 0; run < 2; ++run) {
+        ctx.put(db, start);
+        ctx.gpu->bias_grad(db, dy.g);
+        std::vector<float> got = ctx.get(db);
+        if (run == 0) {
+          first = std::move(got);
+        } else {
+          EXPECT_EQ(std::memcmp(first.data(), got.data(), got.size() * sizeof(float)), 0) << "db differs between runs";
+        }
+      }
+    }
+}
+
 // ---- layernorm ------------------------------------------------------------------------------------
 
 TEST(CudaOps, LayerNormForward) {
@@ -401,6 +446,113 @@ TEST(CudaOps, LayerNormBackwardWithoutOptionalOutputs) {
   ctx.gpu->layernorm_backward(dsum.g, Tensor{}, Tensor{}, Tensor{}, dy.g, sum.g, mean.g, rstd.g, gamma.g, {});
   ctx.cpu->layernorm_backward(dsum.c, Tensor{}, Tensor{}, Tensor{}, dy.c, sum.c, mean.c, rstd.c, gamma.c, {});
   expect_close(ctx, dsum, kTolF32, "dsum");
+}
+
+// Inputs of a LayerNorm backward as a forward pass leaves them: sum (scale 2), mean and rstd of
+// the stored (rounded) sum; dy, gamma near 1.
+struct LnBackwardInputs {
+  Pair sum, mean, rstd, dy, gamma;
+};
+LnBackwardInputs ln_backward_inputs(Ctx& ctx, DType dt, int64_t rows, int64_t h) {
+  LnBackwardInputs in;
+  in.sum = ctx.input(dt, Shape{rows, h}, 2.0f);
+  const std::vector<float> sv = Ctx::host_values(in.sum.c);
+  std::vector<float> mv(rows), rv(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    double mu = 0, var = 0;
+    for (int64_t j = 0; j < h; ++j) mu += sv[r * h + j];
+    mu /= h;
+    for (int64_t j = 0; j < h; ++j) var += (sv[r * h + j] - mu) * (sv[r * h + j] - mu);
+    mv[r] = static_cast<float>(mu);
+    rv[r] = static_cast<float>(1.0 / std::sqrt(var / h + 1e-12));
+  }
+  in.mean = ctx.input(DType::F32, Shape{rows}, mv);
+  in.rstd = ctx.input(DType::F32, Shape{rows}, rv);
+  in.dy = ctx.input(dt, Shape{rows, h});
+  std::vector<float> gv = ctx.randn(static_cast<size_t>(h), 0.2f);
+  for (auto& x : gv) x += 1.0f;
+  in.gamma = ctx.input(dt, Shape{h}, gv);
+  return in;
+}
+
+// bert-large's LayerNorm backward (H = 1024, 16384 rows, the branch dropout fused or not) on the
+// persistent warp path, a row count that leaves the last grid step partial, and H = 4096 on the
+// block path; also dgamma or dbeta alone.
+TEST(CudaOps, LayerNormBackwardBertShapes) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  struct Case {
+    DType dt;
+    int64_t rows, h;
+    float p;
+  };
+  for (const Case& k : {Case{DType::BF16, 16384, 1024, 0.1f}, Case{DType::BF16, 16384, 1024, 0.0f},
+                        Case{DType::BF16, 2053, 1024, 0.1f}, Case{DType::F16, 1061, 1024, 0.1f},
+                        Case{DType::F32, 2053, 1024, 0.1f}, Case{DType::BF16, 1031, 4096, 0.1f},
+                        Case{DType::F32, 517, 4096, 0.0f}, Case{DType::BF16, 9, 1024, 0.1f}}) {
+    SCOPED_TRACE(std::string(dtype_name(k.dt)) + " rows " + std::to_string(k.rows) + " H " + std::to_string(k.h) +
+                 " p " + std::to_string(k.p));
+    const DropoutSpec d{k.p, 4321, 11};
+    LnBackwardInputs in = ln_backward_inputs(ctx, k.dt, k.rows, k.h);
+    Pair dsum = ctx.output(k.dt, Shape{k.rows, k.h}), dbranch = ctx.output(k.dt, Shape{k.rows, k.h});
+    Pair dgamma = ctx.input(DType::F32, Shape{k.h}), dbeta = ctx.input(DType::F32, Shape{k.h});  // +=
+    ctx.gpu->layernorm_backward(dsum.g, dbranch.g, dgamma.g, dbeta.g, in.dy.g, in.sum.g, in.mean.g, in.rstd.g,
+                                in.gamma.g, d);
+    ctx.cpu->layernorm_backward(dsum.c, dbranch.c, dgamma.c, dbeta.c, in.dy.c, in.sum.c, in.mean.c, in.rstd.c,
+                                in.gamma.c, d);
+    const double tol = tol_for(k.dt);
+    expect_close(ctx, dsum, tol, "dsum");
+    expect_close(ctx, dbranch, tol, "dbranch");
+    // fp32 sums over the rows of identical inputs: far tighter than the half outputs.
+    expect_close(ctx, dgamma, k.dt == DType::F32 ? 1e-4 : tol, "dgamma");
+    expect_close(ctx, dbeta, k.dt == DType::F32 ? 1e-4 : tol, "dbeta");
+  }
+  for (bool gamma_only : {true, false}) {  // one of the two reductions: the other output stays undefined
+    SCOPED_TRACE(gamma_only ? "dgamma only" : "dbeta only");
+    const int64_t rows = 1500, h = 1024;
+    LnBackwardInputs in = ln_backward_inputs(ctx, DType::BF16, rows, h);
+    Pair dsum = ctx.output(DType::BF16, Shape{rows, h});
+    Pair dx = ctx.input(DType::F32, Shape{h});
+    const Tensor dg_g = gamma_only ? dx.g : Tensor{}, db_g = gamma_only ? Tensor{} : dx.g;
+    const Tensor dg_c = gamma_only ? dx.c : Tensor{}, db_c = gamma_only ? Tensor{} : dx.c;
+    ctx.gpu->layernorm_backward(dsum.g, Tensor{}, dg_g, db_g, in.dy.g, in.sum.g, in.mean.g, in.rstd.g, in.gamma.g, {});
+    ctx.cpu->layernorm_backward(dsum.c, Tensor{}, dg_c, db_c, in.dy.c, in.sum.c, in.mean.c, in.rstd.c, in.gamma.c, {});
+    expect_close(ctx, dsum, kTolHalf, "dsum");
+    expect_close(ctx, dx, kTolHalf, gamma_only ? "dgamma" : "dbeta");
+  }
+}
+
+// Two runs on the same inputs (and the same starting dgamma/dbeta) agree bit for bit: the
+// partial rows are disjoint per block and summed in a fixed order.
+TEST(CudaOps, LayerNormBackwardDeterministic) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (auto [dt, rows, h] : {std::tuple<DType, int64_t, int64_t>{DType::BF16, 16384, 1024}, {DType::F32, 2053, 1024},
+                             {DType::BF16, 1031, 4096}}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)) + " rows " + std::to_string(rows) + " H " + std::to_string(h));
+    const DropoutSpec d{0.1f, 777, 3};
+    LnBackwardInputs in = ln_backward_inputs(ctx, dt, rows, h);
+    const std::vector<float> g0 = ctx.randn(static_cast<size_t>(h)), b0 = ctx.randn(static_cast<size_t>(h));
+    Tensor dsum = ctx.device(dt, Shape{rows, h}), dbranch = ctx.device(dt, Shape{rows, h});
+    Tensor dgamma = ctx.device(DType::F32, Shape{h}), dbeta = ctx.device(DType::F32, Shape{h});
+    std::vector<std::vector<float>> first;
+    for (int run = 0; run < 2; ++run) {
+      ctx.put(dgamma, g0);
+      ctx.put(dbeta, b0);
+      ctx.gpu->layernorm_backward(dsum, dbranch, dgamma, dbeta, in.dy.g, in.sum.g, in.mean.g, in.rstd.g, in.gamma.g, d);
+      std::vector<std::vector<float>> got{ctx.get(dsum), ctx.get(dbranch), ctx.get(dgamma), ctx.get(dbeta)};
+      if (run == 0) {
+        first = std::move(got);
+        continue;
+      }
+      const char* names[] = {"dsum", "dbranch", "dgamma", "dbeta"};
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_EQ(std::memcmp(first[i].data(), got[i].data(), got[i].size() * sizeof(float)), 0)
+            << names[i] << " differs between runs";
+    }
+  }
 }
 
 // ---- cross-entropy --------------------------------------------------------------------------------

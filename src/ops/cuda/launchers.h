@@ -42,8 +42,8 @@ void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx, cudaSt
 // db F32 [N] += column sums of dy [M, N].
 void bias_grad(const Tensor& db, const Tensor& dy, const ReduceScratch& scratch, cudaStream_t s);
 // partials F32 [groups, stride]: out0[j] += sum_g partials[g, j] and out1[j] += sum_g
-// partials[g, n + j] for j < n (stride >= n, or >= 2n with out1), summed in the order g = 0, 1, ...
-// Either output may be nullptr (skipped).
+// partials[g, n + j] for j < n (stride >= n, or >= 2n with out1), summed in a fixed order (the
+// same every run: Note [column sums at bandwidth]). Either output may be nullptr (skipped).
 void reduce_partials(float* out0, float* out1, const float* partials, int groups, int64_t n,
                      int64_t stride, cudaStream_t s);
 

@@ -13,7 +13,7 @@
 // Two paths: a warp per row with 16-byte packs held in registers when H is a multiple of the
 // pack width (4 fp32, 8 half) and at most 1024; otherwise a block per row with scalar accesses.
 // dgamma/dbeta are reduced in two deterministic stages: each block writes one partial row
-// [dgamma | dbeta] to the scratch, reduce_partials sums them in order.
+// [dgamma | dbeta] to the scratch, reduce_partials sums them in a fixed order.
 #include <algorithm>
 
 #include "core/rng.h"
@@ -126,51 +126,107 @@ __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
   }
 }
 
-// Warps stride over rows; each lane accumulates dgamma/dbeta for its columns in registers, the
-// block combines its warps in warp order in shared memory and writes partials[blockIdx.x, 0:2H].
+// Note [layernorm backward at bandwidth]
+// At bert-large shapes (rows = 16384, H = 1024, bf16, the branch dropout fused) the backward
+// moves 128 MB (dy and sum in, dsum and dbranch out: ~32 us at 4 TB/s) and does little
+// arithmetic, so it is a matter of keeping enough bytes in flight. A block of 8 warps, one
+// block per SM (the launch bounds give each lane up to 255 registers), is a persistent grid:
+// warp w of block b takes rows b*8 + w, then + gridDim*8, ... Each lane holds its 16-byte packs
+// of a row (P of them) and, for half types, already the next row's packs and statistics
+// (loads issued before the current row's arithmetic and shuffles, so the memory is never
+// idle behind them); gamma is loaded once into registers. dgamma/dbeta accumulate per lane in
+// registers; at the end the block adds its warps in warp order (16-byte shared accesses) and
+// writes its partial row [dgamma | dbeta] to partials[blockIdx.x] (disjoint rows per block),
+// which reduce_partials sums in a fixed order. Grid size depends only on the SM count, so the
+// result is bitwise the same run to run on a device.
+// The per-row math is unchanged (and in the CPU twin's order): xhat = (sum - mean) rstd,
+// g = dy gamma, dsum = rstd (g - mean(g) - xhat mean(g xhat)), recomputed in the second pass
+// from the packed inputs instead of being kept as floats (fewer registers).
+constexpr int kBwdThreads = 256;
+constexpr int kBwdWarps = kBwdThreads / 32;
+
+// One row as a lane holds it: packs q = p*32 + lane (< packs) of dy and sum, mean and rstd.
 template <class T, int P>
-__global__ void __launch_bounds__(kWarpThreads) ln_backward_warp(
+struct RowIn {
+  Pack<T, kVec<T>> d[P], x[P];
+  float mu, rs;
+};
+
+template <class T, int P>
+__device__ __forceinline__ void load_row(RowIn<T, P>& in, const T* __restrict__ dy, const T* __restrict__ sum,
+                                         const float* __restrict__ mean, const float* __restrict__ rstd,
+                                         int64_t row, int h, int lane) {
+  using V = Pack<T, kVec<T>>;
+  const int packs = h / kVec<T>;
+  const size_t base = static_cast<size_t>(row) * h;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int q = p * 32 + lane;
+    if (q < packs) {
+      in.d[p] = reinterpret_cast<const V*>(dy + base)[q];
+      in.x[p] = reinterpret_cast<const V*>(sum + base)[q];
+    }
+  }
+  in.mu = mean[row];
+  in.rs = rstd[row];
+}
+
+template <class T, int P, bool kPrefetch>
+__global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
     T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
     const T* __restrict__ sum, const float* __restrict__ mean, const float* __restrict__ rstd,
     const T* __restrict__ gamma, int64_t rows, int h, Drop drop) {
   constexpr int W = kVec<T>;
   using V = Pack<T, W>;
-  extern __shared__ float shared[];  // [2H] when partials: dgamma | dbeta
+  extern __shared__ float4 shared4[];  // [2H / 4] when partials: dgamma | dbeta
+  float* shared = reinterpret_cast<float*>(shared4);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  constexpr int kWarps = kWarpThreads / 32;
   const int packs = h / W;
   const float inv_h = 1.0f / h;
+  V gm[P];
   float dg[P][W], db[P][W];
 #pragma unroll
-  for (int p = 0; p < P; ++p)
+  for (int p = 0; p < P; ++p) {
+    if (p * 32 + lane < packs) gm[p] = reinterpret_cast<const V*>(gamma)[p * 32 + lane];
 #pragma unroll
     for (int j = 0; j < W; ++j) dg[p][j] = db[p][j] = 0.0f;
+  }
 
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const size_t base = static_cast<size_t>(row) * h;
-    const float mu = mean[row], rs = rstd[row];
-    float xhat[P][W], g[P][W];
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kBwdWarps;
+  int64_t row = static_cast<int64_t>(blockIdx.x) * kBwdWarps + warp;
+  RowIn<T, P> cur;
+  if (kPrefetch && row < rows) load_row(cur, dy, sum, mean, rstd, row, h, lane);
+  for (; row < rows; row += step) {
+    RowIn<T, P> next;
+    if constexpr (kPrefetch) {
+      if (row + step < rows) load_row(next, dy, sum, mean, rstd, row + step, h, lane);
+    } else {
+      load_row(cur, dy, sum, mean, rstd, row, h, lane);
+    }
+    const float mu = cur.mu, rs = cur.rs;
     float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-      const int q = p * 32 + lane;
-      if (q < packs) {
-        V d = reinterpret_cast<const V*>(dy + base)[q], x = reinterpret_cast<const V*>(sum + base)[q];
-        V gm = reinterpret_cast<const V*>(gamma)[q];
+      if (p * 32 + lane < packs) {
 #pragma unroll
         for (int j = 0; j < W; ++j) {
-          const float dyv = to_f32(d.v[j]);
-          xhat[p][j] = (to_f32(x.v[j]) - mu) * rs;
-          g[p][j] = dyv * to_f32(gm.v[j]);
-          sg += g[p][j];
-          sgx += g[p][j] * xhat[p][j];
-          dg[p][j] += dyv * xhat[p][j];
+          const float dyv = to_f32(cur.d[p].v[j]);
+          const float xhat = (to_f32(cur.x[p].v[j]) - mu) * rs;
+          const float g = dyv * to_f32(gm[p].v[j]);
+          sg += g;
+          sgx += g * xhat;
+          dg[p][j] += dyv * xhat;
           db[p][j] += dyv;
         }
       }
     }
-    const float mg = warp_sum(sg) * inv_h, mgx = warp_sum(sgx) * inv_h;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {  // the two warp sums interleaved
+      sg += __shfl_xor_sync(0xffffffffu, sg, o);
+      sgx += __shfl_xor_sync(0xffffffffu, sgx, o);
+    }
+    const float mg = sg * inv_h, mgx = sgx * inv_h;
+    const size_t base = static_cast<size_t>(row) * h;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       const int q = p * 32 + lane;
@@ -180,7 +236,9 @@ __global__ void __launch_bounds__(kWarpThreads) ln_backward_warp(
         if (dbranch) drop.factors<W>(f, base + static_cast<size_t>(q) * W);
 #pragma unroll
         for (int j = 0; j < W; ++j) {
-          const float d = rs * (g[p][j] - mg - xhat[p][j] * mgx);
+          const float xhat = (to_f32(cur.x[p].v[j]) - mu) * rs;
+          const float g = to_f32(cur.d[p].v[j]) * to_f32(gm[p].v[j]);
+          const float d = rs * (g - mg - xhat * mgx);
           o.v[j] = from_f32<T>(d);
           if (dbranch) ob.v[j] = from_f32<T>(d * f[j]);
         }
@@ -188,19 +246,28 @@ __global__ void __launch_bounds__(kWarpThreads) ln_backward_warp(
         if (dbranch) reinterpret_cast<V*>(dbranch + base)[q] = ob;
       }
     }
+    if constexpr (kPrefetch) cur = next;
   }
   if (!partials) return;  // uniform across the grid
-  for (int w = 0; w < kWarps; ++w) {  // fixed warp order: deterministic
+  // Warp order, 16 bytes at a time (W is a multiple of 4); each warp's columns are its own.
+  for (int w = 0; w < kBwdWarps; ++w) {
     if (warp == w) {
 #pragma unroll
       for (int p = 0; p < P; ++p) {
         const int q = p * 32 + lane;
         if (q < packs)
 #pragma unroll
-          for (int j = 0; j < W; ++j) {
-            const int c = q * W + j;
-            shared[c] = w ? shared[c] + dg[p][j] : dg[p][j];
-            shared[h + c] = w ? shared[h + c] + db[p][j] : db[p][j];
+          for (int j = 0; j < W; j += 4) {
+            const int c4 = (q * W + j) / 4;
+            float4 a = make_float4(dg[p][j], dg[p][j + 1], dg[p][j + 2], dg[p][j + 3]);
+            float4 b = make_float4(db[p][j], db[p][j + 1], db[p][j + 2], db[p][j + 3]);
+            if (w) {
+              const float4 sa = shared4[c4], sb = shared4[h / 4 + c4];
+              a = make_float4(sa.x + a.x, sa.y + a.y, sa.z + a.z, sa.w + a.w);
+              b = make_float4(sb.x + b.x, sb.y + b.y, sb.z + b.z, sb.w + b.w);
+            }
+            shared4[c4] = a;
+            shared4[h / 4 + c4] = b;
           }
       }
     }
@@ -358,8 +425,9 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
     const T* sp = sum.ptr<const T>();
     const T* gp = gamma.ptr<const T>();
     const int p = packs_per_lane<T>(h, {dsp, dbp, dyp, sp, gp});
-    const int64_t rows_per_block = p ? kWarpThreads / 32 : 1;
-    int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+    // The warp path is a persistent grid of one 8-warp block per SM (Note [layernorm backward
+    // at bandwidth]); the block path a block per row, at most 4 per SM when it reduces.
+    int64_t blocks = p ? std::min<int64_t>((rows + kBwdWarps - 1) / kBwdWarps, sm_count()) : rows;
     if (reduce) blocks = std::min<int64_t>({blocks, 4 * static_cast<int64_t>(sm_count()), cap});
     blocks = std::max<int64_t>(blocks, 1);
     float* partials = reduce ? scratch.data : nullptr;
@@ -368,8 +436,11 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
           dsp, dbp, partials, dyp, sp, mean.ptr<const float>(), rstd.ptr<const float>(), gp, rows, h, drop);
     } else {
       const size_t smem = reduce ? 2 * static_cast<size_t>(h) * sizeof(float) : 0;  // <= 8 KiB
+      // Prefetching the next row costs 2P more 16-byte packs per lane: affordable for the half
+      // types (P <= 4 at H <= 1024), not for fp32 (P = 8 would spill).
+      constexpr bool kPrefetch = sizeof(T) == 2;
       with_packs<T, 1>(p, [&](auto pc) {
-        ln_backward_warp<T, decltype(pc)::value><<<static_cast<unsigned>(blocks), kWarpThreads, smem, s>>>(
+        ln_backward_warp<T, decltype(pc)::value, kPrefetch><<<static_cast<unsigned>(blocks), kBwdThreads, smem, s>>>(
             dsp, dbp, partials, dyp, sp, mean.ptr<const float>(), rstd.ptr<const float>(), gp, rows, h, drop);
       });
     }
