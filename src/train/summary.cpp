@@ -1,0 +1,117 @@
+#include "train/summary.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "io/atomic_file.h"
+
+namespace anatomy {
+
+namespace fs = std::filesystem;
+
+namespace {
+double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
+}  // namespace
+
+void write_run_summary(const TrainOptions& opt, const TrainResult& res, const MemoryPlan& mem_plan, const BertConfig& cfg,
+                       const ModelShape& shape, int64_t used_before) {
+  nlohmann::json out = {{"train_runtime", res.train_runtime},
+                        {"train_samples_per_second", res.train_samples_per_second},
+                        {"train_steps_per_second", res.train_steps_per_second},
+                        {"steady_samples_per_second", res.steady_samples_per_second},
+                        {"train_loss", res.train_loss},
+                        {"first_step_loss", res.first_loss},
+                        {"last_step_loss", res.last_loss},
+                        {"steps", res.steps},
+                        {"resumed_from_step", res.start_step},
+                        {"samples", res.samples},
+                        {"skipped_steps", res.skipped_steps},
+                        {"device", res.device},
+                        {"precision", precision_name(opt.precision)},
+                        {"per_device_train_batch_size", shape.max_batch},
+                        {"gradient_accumulation_steps", opt.gradient_accumulation_steps},
+                        {"gradient_checkpointing", checkpoint_policy_name(opt.gradient_checkpointing)},
+                        {"optim", optimizer_name(opt.optim.kind)},
+                        {"seq_len", shape.max_seq},
+                        {"num_parameters", res.num_parameters},
+                        {"data_wait_s", res.data_wait_s},
+                        {"gpu_memory_occupied_mb", res.gpu_memory_occupied_mb},
+                        {"cuda_context_mb", res.cuda_context_mb},
+                        {"weights_mb", res.weights_mb},
+                        {"model_allocation_nvml_mb", res.model_nvml_mb},
+                        {"nvml_baseline_mb", used_before >= 0 ? used_before >> 20 : -1},
+                        {"nvml_after_setup_mb", res.nvml_after_setup_mb},
+                        {"nvml_after_first_step_mb", res.nvml_after_first_step_mb},
+                        {"process_peak_rss_mb", res.process_peak_rss_mb}};
+  if (res.eval_loss >= 0) {
+    out["eval_loss"] = res.eval_loss;
+    out["eval_accuracy"] = res.eval_accuracy;
+    out["eval_macro_f1"] = res.eval_macro_f1;
+  }
+  nlohmann::json cats, planned;
+  for (int i = 0; i < kNumCategories; ++i) {
+    const std::string name(category_name(static_cast<Category>(i)));
+    cats[name] = res.peak_bytes.v[i];
+    planned[name] = mem_plan.bytes.v[i];
+  }
+  out["allocator_peak_bytes"] = cats;
+  out["planned_bytes"] = planned;
+  // Memory over one step: the static categories as planned, saved activations as they live.
+  nlohmann::json events = nlohmann::json::array();
+  for (const LivenessPoint& lp : activation_liveness(cfg, shape)) {
+    nlohmann::json bytes;
+    for (int i = 0; i < kNumCategories; ++i) bytes[std::string(category_name(static_cast<Category>(i)))] = mem_plan.bytes.v[i];
+    bytes["activations"] = lp.activation_bytes;
+    events.push_back({{"label", lp.label}, {"phase", lp.label.find("backward") != std::string::npos ? "backward"
+                                                     : lp.label.find("optimizer") != std::string::npos ? "optimizer"
+                                                                                                      : "forward"},
+                      {"bytes", bytes}});
+  }
+  write_file_atomic((fs::path(opt.output_dir) / "memory_timeline.json").string(), nlohmann::json{{"events", events}}.dump(1) + "\n");
+  write_file_atomic((fs::path(opt.output_dir) / "train_results.json").string(), out.dump(2) + "\n");
+
+  // The memory anatomy: planned before the run, and the tagged allocator's peaks.
+  const double n = static_cast<double>(res.num_parameters);
+  std::printf("\nMemory anatomy (planned before the run | allocated, peak per category):\n");
+  for (int i = 0; i < kNumCategories; ++i) {
+    const int64_t b = res.peak_bytes.v[i], pb = mem_plan.bytes.v[i];
+    if (!b && !pb) continue;
+    std::printf("  %-16s %10.1f MiB | %10.1f MiB  %6.2f bytes/param\n",
+                std::string(category_name(static_cast<Category>(i))).c_str(), mib(pb), mib(b), static_cast<double>(b) / n);
+  }
+  std::printf("  %-16s %10.1f MiB | %10.1f MiB\n", "total", mib(mem_plan.total()), mib(res.peak_bytes.total()));
+  if (res.gpu_memory_occupied_mb >= 0)
+    std::printf("  NVML: CUDA context %lld MB, model allocation %lld MB, used at the end %lld MB (minus context: %lld MB vs %.0f MB planned)\n",
+                static_cast<long long>(res.cuda_context_mb), static_cast<long long>(res.model_nvml_mb),
+                static_cast<long long>(res.gpu_memory_occupied_mb),
+                static_cast<long long>(res.gpu_memory_occupied_mb - res.cuda_context_mb - (used_before >> 20)),
+                mib(mem_plan.total()));
+  if (!res.memory_growth.empty()) {
+    nlohmann::json g = nlohmann::json::array();
+    int64_t total = 0;
+    std::printf("  NVML growth during the first step, by op (--trace-memory-growth):\n");
+    for (const auto& [op, bytes] : res.memory_growth) {
+      g.push_back({{"op", op}, {"bytes", bytes}});
+      total += bytes;
+      std::printf("    %-32s %8.1f MiB\n", op.c_str(), mib(bytes));
+    }
+    std::printf("    %-32s %8.1f MiB\n", "total", mib(total));
+  }
+  if (res.skipped_steps) std::printf("fp16: %lld steps skipped on overflow\n", static_cast<long long>(res.skipped_steps));
+  if (res.train_runtime > 0)
+    std::printf("Data loading: the loop waited %.2f s for batches (%.1f%% of the run)\n", res.data_wait_s,
+                100.0 * res.data_wait_s / res.train_runtime);
+  if (res.eval_loss >= 0)
+    std::printf("Evaluation: loss %.4f, accuracy %.4f, macro-F1 %.4f\n", res.eval_loss, res.eval_accuracy, res.eval_macro_f1);
+  // The seed page's three lines.
+  std::printf("\nTime: %.2f\nSamples/second: %.2f\n", res.train_runtime, res.train_samples_per_second);
+  if (res.gpu_memory_occupied_mb >= 0)
+    std::printf("GPU memory occupied: %lld MB.\n", static_cast<long long>(res.gpu_memory_occupied_mb));
+  else
+    std::printf("GPU memory occupied: none (no GPU in use; process peak memory %lld MB).\n",
+                static_cast<long long>(res.process_peak_rss_mb));
+}
+
+
+}  // namespace anatomy
