@@ -143,6 +143,17 @@ class Backend {
 
   // ---- data movement -------------------------------------------------------------------
   virtual void upload(const Tensor& dst, const void* host) = 0;    // host bytes -> dst
+  // Note [asynchronous uploads]: the trainer's batches go through page-locked staging memory
+  // (host_alloc) and upload_async, which enqueues the copy in stream order and returns at once;
+  // the staging block may be rewritten only after wait_upload(token) returns. So a step never
+  // waits for the device between micro-batches. The CPU copies synchronously (token 0).
+  virtual void* host_alloc(size_t bytes) { return ::operator new(bytes); }
+  virtual void host_free(void* p) { ::operator delete(p); }
+  virtual int upload_async(const Tensor& dst, const void* host) {
+    upload(dst, host);
+    return 0;
+  }
+  virtual void wait_upload(int /*token*/) {}
   virtual void download(void* host, const Tensor& src) = 0;        // src -> host bytes
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;     // same dtype and size
   virtual void cast(const Tensor& dst, const Tensor& src) = 0;     // between float dtypes

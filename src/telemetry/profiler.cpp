@@ -90,6 +90,11 @@ ProfileSummary ProfilingBackend::summarize() {
 void ProfilingBackend::upload(const Tensor& dst, const void* host) {
   timed("upload", elementwise_cost(dst, 0, 0, 1, OpClass::Data), [&] { m_in.upload(dst, host); });
 }
+int ProfilingBackend::upload_async(const Tensor& dst, const void* host) {
+  int token = 0;
+  timed("upload", elementwise_cost(dst, 0, 0, 1, OpClass::Data), [&] { token = m_in.upload_async(dst, host); });
+  return token;
+}
 void ProfilingBackend::download(void* host, const Tensor& src) {
   timed("download", elementwise_cost(src, 0, 1, 0, OpClass::Data), [&] { m_in.download(host, src); });
 }

@@ -65,6 +65,10 @@ class ProfilingBackend final : public Backend {
   void timing_reset() override { m_in.timing_reset(); }
 
   void upload(const Tensor& dst, const void* host) override;
+  void* host_alloc(size_t bytes) override { return m_in.host_alloc(bytes); }
+  void host_free(void* p) override { m_in.host_free(p); }
+  int upload_async(const Tensor& dst, const void* host) override;
+  void wait_upload(int token) override { m_in.wait_upload(token); }
   void download(void* host, const Tensor& src) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void cast(const Tensor& dst, const Tensor& src) override;

@@ -101,6 +101,7 @@ CudaBackend::~CudaBackend() {
     (void)cudaStreamDestroy(m_stream);
   }
   for (cudaEvent_t e : m_events) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : m_upload_events) (void)cudaEventDestroy(e);
 }
 
 int CudaBackend::timing_mark() {
@@ -193,6 +194,37 @@ void CudaBackend::upload(const Tensor& dst, const void* host) {
   if (dst.bytes() == 0) return;
   ANATOMY_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, m_stream));
   ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));
+}
+
+void* CudaBackend::host_alloc(size_t bytes) {
+  void* p = nullptr;
+  ANATOMY_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  return p;
+}
+
+void CudaBackend::host_free(void* p) {
+  if (p) (void)cudaFreeHost(p);
+}
+
+// The copy runs in stream order; an event after it tells when `host` may be rewritten. Tokens
+// index a ring of 64 events, more than the copies a caller keeps in flight (4 per micro-batch,
+// two staging blocks).
+int CudaBackend::upload_async(const Tensor& dst, const void* host) {
+  on_device(dst, "upload_async", "dst");
+  ANATOMY_CHECK(!m_capturing, "upload_async: not allowed while the backend records a graph");
+  if (m_upload_events.empty()) {
+    m_upload_events.resize(64);
+    for (cudaEvent_t& e : m_upload_events) ANATOMY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  if (dst.bytes()) ANATOMY_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, m_stream));
+  const int token = static_cast<int>(m_upload_next++ % m_upload_events.size());
+  ANATOMY_CUDA_CHECK(cudaEventRecord(m_upload_events[token], m_stream));
+  return token;
+}
+
+void CudaBackend::wait_upload(int token) {
+  ANATOMY_CHECK(token >= 0 && static_cast<size_t>(token) < m_upload_events.size(), "wait_upload: unknown token ", token);
+  ANATOMY_CUDA_CHECK(cudaEventSynchronize(m_upload_events[token]));
 }
 
 void CudaBackend::download(void* host, const Tensor& src) {

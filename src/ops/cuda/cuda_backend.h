@@ -55,6 +55,10 @@ class CudaBackend final : public Backend {
 
   // ---- data movement (upload/download return when the host buffer may be reused/read) ---------
   void upload(const Tensor& dst, const void* host) override;
+  void* host_alloc(size_t bytes) override;
+  void host_free(void* p) override;
+  int upload_async(const Tensor& dst, const void* host) override;
+  void wait_upload(int token) override;
   void download(void* host, const Tensor& src) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void cast(const Tensor& dst, const Tensor& src) override;
@@ -126,6 +130,8 @@ class CudaBackend final : public Backend {
   Buffer m_attn_scratch;   // U8, Category::Temporary, sized by attention_scratch_bytes
   std::unique_ptr<LtMatmul> m_matmul;
   bool m_capturing = false;
+  std::vector<cudaEvent_t> m_upload_events;  // a ring: upload_async's tokens index it
+  size_t m_upload_next = 0;
   cudaGraphExec_t m_graph_exec = nullptr;
   size_t m_graph_nodes = 0;
   bool m_allow_tf32 = false;  // set_allow_tf32 (also read by the F32 attention path)
