@@ -25,18 +25,7 @@ case "${1:-}" in
     grep -E "tensor_contraction|statistical|elementwise|optimizer|forward .* backward|add up|^Time|^Samples" "$OUT/profile_bf16_bs32.log"
     mkdir -p "$OUT/runs/bf16" && cp /tmp/bf16/*.json /tmp/bf16/*.jsonl "$OUT/runs/bf16/" 2>/dev/null
     LEVERS_OUT="$OUT" bash scripts/device_levers.sh levers
-    mkdir -p /tmp/large && $a train --preset bert-large --max-steps 1 --num-samples 8 --seq-len 128 \
-      --per-device-train-batch-size 8 --output-dir /tmp/large --disable-tqdm --logging-steps 0 > /dev/null 2>&1
-    cp tests/data/tokenizer/vocab.txt /tmp/large/
-    python3 - <<'PY'
-import json, random
-random.seed(0)
-words = [w.strip() for w in open("tests/data/tokenizer/vocab.txt") if w.strip().isalpha()]
-with open("/tmp/varied.jsonl", "w") as f:
-    for i in range(4096):
-        n = int(min(500, max(8, random.lognormvariate(4.5, 0.8))))
-        f.write(json.dumps({"text": " ".join(random.choices(words, k=n)), "label": i % 2}) + "\n")
-PY
+    scripts/make_eval_fixture.sh $a /tmp/large /tmp/varied.jsonl
     for order in --sort-by-length --no-sort-by-length; do
       for sp in --skip-padding --no-skip-padding; do
         timeout 100 $a eval --model-name-or-path /tmp/large --eval-file /tmp/varied.jsonl --max-seq-length 512 \

@@ -39,19 +39,7 @@ timeout 120 $a train --preset bert-large --precision bf16 --per-device-train-bat
 grep -A40 "Memory anatomy" "$OUT/memtrace_seed.log" "$OUT/memtrace_bf16_layer.log"
 
 step inference
-mkdir -p /tmp/large && $a train --preset bert-large --max-steps 1 --num-samples 8 --seq-len 128 --per-device-train-batch-size 8 \
-  --output-dir /tmp/large --disable-tqdm --logging-steps 0 > /dev/null 2>&1
-cp tests/data/tokenizer/vocab.txt /tmp/large/
-# 4096 texts of 8 to 500 words drawn from the vocabulary: lengths vary as in real corpora.
-python3 - <<'PY'
-import json, random
-random.seed(0)
-words = [w.strip() for w in open("tests/data/tokenizer/vocab.txt") if w.strip().isalpha()]
-with open("/tmp/varied.jsonl", "w") as f:
-    for i in range(4096):
-        n = int(min(500, max(8, random.lognormvariate(4.5, 0.8))))
-        f.write(json.dumps({"text": " ".join(random.choices(words, k=n)), "label": i % 2}) + "\n")
-PY
+scripts/make_eval_fixture.sh $a /tmp/large /tmp/varied.jsonl
 for sp in --skip-padding --no-skip-padding; do
   timeout 120 $a eval --model-name-or-path /tmp/large --eval-file /tmp/varied.jsonl --max-seq-length 512 \
     --per-device-eval-batch-size 64 --precision bf16 $sp --output-dir /tmp/eval$sp > "$OUT/eval$sp.log" 2>&1

@@ -9,7 +9,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -D
 cmake --build build-gpu -j "$(nproc)"
 rm -rf .carry && mkdir -p .carry/bin .carry/lib
 cp build-gpu/anatomy build-gpu/anatomy_tests build-gpu/anatomy_gpu_tests .carry/bin/
-for tool in anatomy_bench_step anatomy_bench_attention; do
+for tool in anatomy_bench_step anatomy_bench_attention anatomy_bench_ops; do
   [ -x "build-gpu/$tool" ] && cp "build-gpu/$tool" .carry/bin/
 done
 for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libutf8proc.so.3 libutf8proc.so.2; do

@@ -102,13 +102,16 @@ class Sgd final : public Optimizer {
 
 std::unique_ptr<Optimizer> Optimizer::create(Backend& be, const OptimizerOptions& o, const ParamLayout& layout) {
   const size_t n = layout.total();
+  std::unique_ptr<Optimizer> opt;
   switch (o.kind) {
-    case OptimizerKind::AdamW: return std::make_unique<AdamW>(be, o, n);
-    case OptimizerKind::Sgd: return std::make_unique<Sgd>(be, o, n);
-    case OptimizerKind::AdamW8bit: return make_adamw8bit(be, o, layout);
-    case OptimizerKind::Adafactor: return make_adafactor(be, o, layout);
+    case OptimizerKind::AdamW: opt = std::make_unique<AdamW>(be, o, n); break;
+    case OptimizerKind::Sgd: opt = std::make_unique<Sgd>(be, o, n); break;
+    case OptimizerKind::AdamW8bit: opt = make_adamw8bit(be, o, layout); break;
+    case OptimizerKind::Adafactor: opt = make_adafactor(be, o, layout); break;
   }
-  fail("internal error: optimizer kind");
+  ANATOMY_CHECK(opt, "internal error: optimizer kind");
+  opt->m_kind = o.kind;
+  return opt;
 }
 
 float scheduled_lr(const std::string& schedule, float lr, int64_t k, int64_t total, int64_t warmup) {

@@ -41,6 +41,7 @@ class Optimizer {
   // Named state tensors (for checkpoints) and the number of steps taken.
   virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
   int64_t steps() const { return m_steps; }
+  OptimizerKind kind() const { return m_kind; }
   void set_steps(int64_t s) { m_steps = s; }
 
   // State for the flat buffers of `layout` (Adafactor factors each parameter's own shape).
@@ -48,6 +49,7 @@ class Optimizer {
 
  protected:
   int64_t m_steps = 0;
+  OptimizerKind m_kind = OptimizerKind::AdamW;  // set by create()
 };
 
 // Learning rate for optimizer step k (0-based): "linear" decays from lr to 0 over total steps

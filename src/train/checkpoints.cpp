@@ -128,20 +128,6 @@ void remove_via_trash(const fs::path& path) {
 
 }  // namespace
 
-std::string optimizer_kind_of(Optimizer& opt) {
-  // The first state tensor tells the optimizers apart (optim/optimizer.cpp, adamw8bit.cpp, adafactor.cpp).
-  static const std::pair<const char*, OptimizerKind> kFirst[] = {{"exp_avg", OptimizerKind::AdamW},
-                                                                 {"momentum_buffer", OptimizerKind::Sgd},
-                                                                 {"exp_avg_codes", OptimizerKind::AdamW8bit},
-                                                                 {"exp_avg_sq_factored", OptimizerKind::Adafactor}};
-  const auto state = opt.state();
-  for (const auto& [name, kind] : kFirst)
-    if (!state.empty() && state.front().first == name) return optimizer_name(kind);
-  std::string sig;
-  for (const auto& s : state) sig += (sig.empty() ? "" : "+") + s.first;
-  return sig.empty() ? "stateless" : sig;
-}
-
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state) {
   ANATOMY_CHECK(step >= 0, "internal error: checkpoint step ", step);
@@ -149,7 +135,7 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
   AtomicDir dir(path);
   save_pretrained(dir.staging(), model);
 
-  const std::string kind = optimizer_kind_of(opt);
+  const std::string kind = optimizer_name(opt.kind());
   const auto state = opt.state();
   std::vector<std::vector<uint8_t>> host(state.size());
   std::vector<SafetensorsEntry> entries;
@@ -238,7 +224,7 @@ nlohmann::json load_training_checkpoint(const std::string& dir_str, BertForSeque
   // Optimizer state: every tensor present, same dtype and shape, nothing extra; read to the host.
   const std::string ofile = (dir / kOptimizerFile).string();
   SafetensorsReader r = SafetensorsReader::open(ofile);
-  const std::string kind = optimizer_kind_of(opt);
+  const std::string kind = optimizer_name(opt.kind());
   const auto md = r.metadata();
   const std::string saved = md.count("optimizer") ? md.at("optimizer") : "?";
   ANATOMY_CHECK(saved == kind, ofile, ": holds the state of the '", saved, "' optimizer, this run uses '", kind, "'");

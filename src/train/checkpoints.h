@@ -55,8 +55,6 @@ std::string resolve_resume_path(const std::string& arg, const std::string& outpu
 // a one-line error naming the file and leaves model and optimizer untouched.
 nlohmann::json load_training_checkpoint(const std::string& dir, BertForSequenceClassification& model, Optimizer& opt);
 
-// The kind name (optimizer_name) of an optimizer, told by its state tensors' names.
-std::string optimizer_kind_of(Optimizer& opt);
 // The checksum trainer_state.json records for a file (Note [checkpoint checksum]), 16 hex digits.
 std::string checkpoint_file_checksum(const std::string& path);
 

@@ -334,6 +334,7 @@ TrainResult train(const TrainOptions& opt) {
   // check, update. The per-sample losses are summed on the device and read once, after the
   // step. Returns the learning rate it used.
   auto run_step = [&](Prefetcher& source, double& step_loss, int64_t& step_samples) -> float {
+    be->set_phase(Phase::Optimizer);  // clearing the gradients is the update's bookkeeping, not data
     model.zero_grads();
     be->fill(d_loss_sums, 0.0f);
     step_samples = 0;

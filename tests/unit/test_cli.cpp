@@ -7,40 +7,17 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include "../common/cli.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct CmdResult {
-  int status = -1;
-  std::string output;
-};
+using anatomy::testing_cli::CmdResult;
+using anatomy::testing_cli::expect_clean_error;
 
-CmdResult run(const std::string& args) {
-  std::string cmd = std::string(ANATOMY_BINARY) + " " + args + " 2>&1";
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
-
-std::string tmp(const std::string& name) {
-  fs::path p = fs::path(testing::TempDir()) / name;
-  fs::remove_all(p);
-  return p.string();
-}
-
-// One error line that names what is wrong; exit 2 (not a crash, not success).
-void expect_clean_error(const CmdResult& r, const std::string& needle) {
-  EXPECT_EQ(r.status, 2) << r.output;
-  EXPECT_NE(r.output.find("error"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
-}
+CmdResult run(const std::string& args) { return anatomy::testing_cli::run_anatomy(args); }
+std::string tmp(const std::string& name) { return anatomy::testing_cli::fresh_dir(name); }
 
 const char* kTiny = "train --device cpu --preset bert-tiny --seq-len 16 --num-samples 8 --disable-tqdm ";
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/cli.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/text_dataset.h"
@@ -448,28 +449,10 @@ TEST_F(EvaluateTest, PredictionsFile) {
 
 namespace {
 
-struct Cmd {
-  int status = -1;
-  std::string output;
-};
+using Cmd = anatomy::testing_cli::CmdResult;
+using anatomy::testing_cli::expect_clean_error;
 
-Cmd run_cli(const std::string& args) {
-  const std::string cmd = std::string(ANATOMY_BINARY) + " " + args + " 2>&1";
-  Cmd r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
-
-void expect_clean_error(const Cmd& r, const std::string& needle) {
-  EXPECT_EQ(r.status, 2) << r.output;
-  EXPECT_NE(r.output.find("error"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
-}
+Cmd run_cli(const std::string& args) { return anatomy::testing_cli::run_anatomy(args); }
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);

@@ -10,35 +10,17 @@
 #include <set>
 #include <string>
 #include <vector>
+#include "../common/cli.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
-struct CmdResult {
-  int status = -1;
-  std::string output;
-};
+using anatomy::testing_cli::CmdResult;
 
-CmdResult run(const std::string& args) {
-  std::string cmd = std::string(ANATOMY_BINARY) + " " + args + " 2>&1";
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
-
-std::string tmp(const std::string& name) {
-  fs::path p = fs::path(testing::TempDir()) / name;
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+CmdResult run(const std::string& args) { return anatomy::testing_cli::run_anatomy(args); }
+std::string tmp(const std::string& name) { return anatomy::testing_cli::fresh_dir(name); }
 
 json read_json(const fs::path& p) {
   std::ifstream in(p);
