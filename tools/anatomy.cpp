@@ -82,6 +82,11 @@ void add_train_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--precision", f.precision, "fp32, tf32, bf16 or fp16 (mixed precision keeps fp32 master weights)")
       ->capture_default_str();
   cmd.add_option("--gradient-checkpointing", f.checkpointing, "none, layer or selective")->capture_default_str();
+  cmd.add_option("--gradient-placement", o.gradient_placement,
+                 "Where the fp32 gradients live: own (a buffer of their own), in-activations (written into "
+                 "activation memory backward has finished with; one micro-batch per step only), or auto "
+                 "(in-activations without accumulation)")
+      ->capture_default_str();
   cmd.add_option("--device", o.device, "auto (the GPU when present), cpu or cuda")->capture_default_str();
   cmd.add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str();
   cmd.add_option("--output-dir", o.output_dir, "Where train_results.json, metrics.jsonl and the model go")
@@ -115,6 +120,7 @@ TrainOptions finish_train_flags(CLI::App& cmd, TrainFlags& f, bool will_run = tr
   TrainOptions o = f.o;
   o.precision = parse_precision(f.precision);
   o.gradient_checkpointing = parse_checkpoint_policy(f.checkpointing);
+  resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps);  // a bad value fails here
   o.optim.kind = parse_optimizer(f.optim);
   ANATOMY_CHECK(f.save_strategy == "final" || f.save_strategy == "no" || f.save_strategy == "steps" ||
                     f.save_strategy == "epoch",
@@ -307,14 +313,17 @@ int run_plan(const TrainOptions& o, const std::string& gpu_memory, bool has_gpu)
                                                 : BertConfig::from_json_file(config_path_of(o.model_name_or_path));
   if (o.model_name_or_path.empty() && cfg.num_labels != o.num_labels) cfg.set_num_labels(o.num_labels);
   const Device dev = (o.device == "cpu") ? Device::CPU : Device::CUDA;
-  PlanInput in{cfg, {o.per_device_train_batch_size, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true},
+  PlanInput in{cfg,
+               {o.per_device_train_batch_size, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true,
+                resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps)},
                o.optim.kind, dev};
   MemoryPlan p = plan_memory(in);
-  std::printf("Memory plan: %s, batch %lld x seq %lld, %s, %s, checkpointing %s (%lld parameters)\n%s",
+  std::printf("Memory plan: %s, batch %lld x seq %lld, %s, %s, checkpointing %s, gradients %s (%lld parameters)\n%s",
               o.model_name_or_path.empty() ? o.preset.c_str() : o.model_name_or_path.c_str(),
               static_cast<long long>(o.per_device_train_batch_size), static_cast<long long>(o.seq_len),
               precision_name(o.precision), optimizer_name(o.optim.kind), checkpoint_policy_name(o.gradient_checkpointing),
-              static_cast<long long>(p.num_parameters), format_plan(p).c_str());
+              gradient_placement_name(in.shape.gradients), static_cast<long long>(p.num_parameters),
+              format_plan(p).c_str());
   int64_t capacity = -1, reserved = 0;
   std::string where;
   if (!gpu_memory.empty()) {

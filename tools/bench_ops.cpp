@@ -103,19 +103,21 @@ Row bench_layernorm_backward(Backend& be, DType dt, int64_t rows, int64_t h, flo
     be.upload(mean.back(), random_values(static_cast<size_t>(rows), DType::F32, rng, 0.1).data());
     be.upload(rstd.back(), random_values(static_cast<size_t>(rows), DType::F32, rng, 0.1, 0.85).data());
   }
-  Buffer gamma(al, dt, Shape{h}, Category::Other), dsum(al, dt, Shape{rows, h}, Category::Other);
+  Buffer gamma(al, dt, Shape{h}, Category::Other), beta(al, dt, Shape{h}, Category::Other);
+  Buffer dsum(al, dt, Shape{rows, h}, Category::Other);
   Buffer dbranch(al, dt, Shape{rows, h}, Category::Other);
   Buffer dgamma(al, DType::F32, Shape{h}, Category::Other), dbeta(al, DType::F32, Shape{h}, Category::Other);
   be.upload(gamma, random_values(static_cast<size_t>(h), dt, rng, 0.2, 1.0).data());
+  be.upload(beta, random_values(static_cast<size_t>(h), dt, rng, 0.1).data());
   be.upload(dgamma, random_values(static_cast<size_t>(h), DType::F32, rng, 1.0).data());
   be.upload(dbeta, random_values(static_cast<size_t>(h), DType::F32, rng, 1.0).data());
   const bool fused = p > 0.0f;
   const double ms = time_op(be, reps, warmup, [&](int s, int i) {
     const DropoutSpec d{p, 42, static_cast<uint64_t>(i)};
-    be.layernorm_backward(dsum, fused ? dbranch.tensor() : Tensor{}, dgamma, dbeta, dy[s], sum[s], mean[s], rstd[s],
-                          gamma, d);
+    be.layernorm_backward(dsum, fused ? dbranch.tensor() : Tensor{}, dgamma, dbeta, dy[s], sum[s], rstd[s], gamma,
+                          beta, d);
   });
-  // dy, sum in; dsum (and dbranch) out.
+  // dy, y in (`sum` holds the outputs here); dsum (and dbranch) out.
   const double bytes = static_cast<double>(rows * h) * static_cast<double>(dtype_size(dt)) * (fused ? 4 : 3);
   return Row{fused ? "layernorm_backward + dropout" : "layernorm_backward",
              std::to_string(rows) + " x " + std::to_string(h), bytes, ms};

@@ -29,6 +29,7 @@ struct Stat {
 
 struct AllocatorStats {
   Stat per_category[kNumCategories];
+  Stat shared;  // bytes counted in two categories (CategoryBytes::shared)
   Stat total;
   CategoryBytes current() const;
   CategoryBytes peak() const;
@@ -42,6 +43,11 @@ class Allocator {
   // Throws anatomy::Error on failure with the per-category table in the message.
   void* allocate(size_t bytes, Category c);
   void deallocate(void* p, size_t bytes, Category c) noexcept;
+  // One block of `bytes` that holds a_bytes of category a and b_bytes of category b, which
+  // overlap (a_bytes + b_bytes >= bytes): both categories count their full size, `shared`
+  // the overlap, the total the block.
+  void* allocate_shared(size_t bytes, Category a, size_t a_bytes, Category b, size_t b_bytes);
+  void deallocate_shared(void* p, size_t bytes, Category a, size_t a_bytes, Category b, size_t b_bytes) noexcept;
 
   const AllocatorStats& stats() const { return m_stats; }
   // A table of current and peak MiB per category, one line each.
@@ -53,6 +59,7 @@ class Allocator {
   virtual std::string oom_hint(size_t bytes) const { return str_cat("could not allocate ", bytes, " bytes"); }
 
  private:
+  void* raw_or_fail(size_t bytes, Category c);  // throws the out-of-memory report
   std::mutex m_mutex;
   AllocatorStats m_stats;
 };
@@ -96,6 +103,29 @@ class Buffer {
   Category m_category = Category::Other;
 };
 
+// A move-only block from Allocator::allocate_shared (the activations arena with the gradients
+// inside it).
+class SharedBlock {
+ public:
+  SharedBlock() = default;
+  SharedBlock(Allocator& al, size_t bytes, Category a, size_t a_bytes, Category b, size_t b_bytes);
+  ~SharedBlock() { reset(); }
+  SharedBlock(const SharedBlock&) = delete;
+  SharedBlock& operator=(const SharedBlock&) = delete;
+  SharedBlock(SharedBlock&& o) noexcept { *this = std::move(o); }
+  SharedBlock& operator=(SharedBlock&& o) noexcept;
+  void reset() noexcept;
+  char* data() const { return static_cast<char*>(m_data); }
+  size_t bytes() const { return m_bytes; }
+  Device device() const { return m_alloc ? m_alloc->device() : Device::CPU; }
+
+ private:
+  Allocator* m_alloc = nullptr;
+  void* m_data = nullptr;
+  size_t m_bytes = 0, m_a_bytes = 0, m_b_bytes = 0;
+  Category m_a = Category::Other, m_b = Category::Other;
+};
+
 // A bump arena over one Buffer: carve tensors by offset, reset to reuse. Offsets are aligned
 // to 256 bytes (cuBLASLt and vectorized kernels want at least 16).
 //
@@ -105,6 +135,15 @@ class Arena {
  public:
   Arena() = default;
   Arena(Allocator& a, size_t bytes, Category c) : m_buf(a, DType::U8, Shape{static_cast<int64_t>(bytes)}, c) {}
+  // Over memory owned elsewhere (the first `bytes` of a SharedBlock).
+  static Arena over(char* data, size_t bytes, Device d, Category c) {
+    Arena a;
+    a.m_ext = data;
+    a.m_ext_bytes = bytes;
+    a.m_ext_device = d;
+    a.m_ext_category = c;
+    return a;
+  }
   static Arena dry() {
     Arena a;
     a.m_dry = true;
@@ -114,12 +153,16 @@ class Arena {
   Tensor take(DType t, Shape s);
   size_t used() const { return m_used; }
   size_t high_water() const { return m_high; }
-  size_t capacity() const { return m_buf.bytes(); }
+  size_t capacity() const { return m_ext ? m_ext_bytes : m_buf.bytes(); }
   void reset_to(size_t mark) { m_used = mark; }
   static size_t round_up(size_t n) { return (n + 255) & ~size_t{255}; }
 
  private:
   Buffer m_buf;
+  char* m_ext = nullptr;  // Arena::over
+  size_t m_ext_bytes = 0;
+  Device m_ext_device = Device::CPU;
+  Category m_ext_category = Category::Other;
   size_t m_used = 0, m_high = 0;
   bool m_dry = false;
 };

@@ -25,15 +25,20 @@ constexpr std::string_view category_name(Category c) {
 }
 
 // Bytes per category; shared by the allocator's statistics and the planner's prediction.
+// `shared` counts bytes that belong to two categories at once (gradients written into
+// activation memory that backward has finished with: Note [gradients in freed activations] in
+// model/bert.cpp): each category shows its full size, and the total counts those bytes once.
 struct CategoryBytes {
   std::array<int64_t, kNumCategories> v{};
+  int64_t shared = 0;
   int64_t& operator[](Category c) { return v[static_cast<int>(c)]; }
   int64_t operator[](Category c) const { return v[static_cast<int>(c)]; }
   int64_t total() const {
-    int64_t t = 0;
+    int64_t t = -shared;
     for (int64_t x : v) t += x;
     return t;
   }
 };
+constexpr std::string_view kSharedName = "gradients_in_activations";
 
 }  // namespace anatomy

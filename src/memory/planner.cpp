@@ -24,6 +24,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   }
   const ArenaBytes a = model_arena_bytes(c, s);
   p.bytes[Category::Activations] = static_cast<int64_t>(a.activations);
+  if (a.block)  // gradients inside the activations' block: counted in both, once in the total
+    p.bytes.shared = static_cast<int64_t>(a.activations) + p.bytes[Category::Gradients] - static_cast<int64_t>(a.block);
   p.bytes[Category::Temporary] = static_cast<int64_t>(a.temporary);
   if (in.device == Device::CUDA) {
     p.bytes[Category::Workspace] = static_cast<int64_t>(kCudaLtWorkspaceBytes);
@@ -85,6 +87,7 @@ std::vector<Lever> levers_that_fit(const PlanInput& in, int64_t capacity, int64_
   for (int64_t d = 2; d <= B && B / d >= 1; d *= 2) {
     PlanInput t = in;
     t.shape.max_batch = B / d;
+    t.shape.gradients = GradientPlacement::Own;  // accumulated gradients need a buffer of their own
     consider(t, str_cat("--per-device-train-batch-size ", B / d, " --gradient-accumulation-steps ", accum * d));
   }
   for (CheckpointPolicy pol : {CheckpointPolicy::Selective, CheckpointPolicy::Layer}) {
@@ -111,12 +114,18 @@ std::vector<Lever> levers_that_fit(const PlanInput& in, int64_t capacity, int64_
 
 std::string format_plan(const MemoryPlan& p) {
   std::string s;
-  char line[160];
+  char line[320];
   const double n = static_cast<double>(p.num_parameters);
   for (int i = 0; i < kNumCategories; ++i) {
     const int64_t b = p.bytes.v[i];
     std::snprintf(line, sizeof line, "  %-16s %12.1f MiB  %7.2f bytes/param\n",
                   std::string(category_name(static_cast<Category>(i))).c_str(), b / 1048576.0, b / n);
+    s += line;
+  }
+  if (p.bytes.shared) {
+    std::snprintf(line, sizeof line, "  %-16s %12.1f MiB  %7.2f bytes/param  (gradients written into activation memory\n"
+                  "  %-16s %12s      %7s              backward has finished with: counted once)\n",
+                  "shared", -p.bytes.shared / 1048576.0, -p.bytes.shared / n, "", "", "");
     s += line;
   }
   std::snprintf(line, sizeof line, "  %-16s %12.1f MiB  %7.2f bytes/param\n", "total", p.total() / 1048576.0, p.total() / n);

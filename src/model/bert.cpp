@@ -22,22 +22,38 @@ CheckpointPolicy parse_checkpoint_policy(const std::string& s) {
   fail("--gradient-checkpointing: unknown policy '", s, "' (expected none, layer or selective)");
 }
 
+GradientPlacement resolve_gradient_placement(const std::string& s, int64_t accum) {
+  if (s == "own") return GradientPlacement::Own;
+  if (s == "auto") return accum == 1 ? GradientPlacement::InActivations : GradientPlacement::Own;
+  if (s == "in-activations") {
+    ANATOMY_CHECK(accum == 1, "--gradient-placement in-activations: needs --gradient-accumulation-steps 1 (got ", accum,
+                  "; accumulated gradients must outlive the next micro-batch's forward)");
+    return GradientPlacement::InActivations;
+  }
+  fail("--gradient-placement: unknown value '", s, "' (expected auto, own or in-activations)");
+}
+
+const char* gradient_placement_name(GradientPlacement p) {
+  return p == GradientPlacement::Own ? "own" : "in-activations";
+}
+
 // Shapes (R = B*T rows, H hidden, I intermediate, nh heads):
 struct BertForSequenceClassification::LayerActs {
   Tensor qkv;                // (R, 3H)  q | k | v per token
   Tensor ctx;                // (R, H)   attention output before the output projection
   Tensor lse;                // (B, nh, T) F32, softmax log-sum-exp
-  Tensor s1, mean1, rstd1;   // (R, H), (R) F32, (R) F32: LayerNorm 1 input and statistics
+  Tensor rstd1;              // (R) F32: LayerNorm 1 statistics (its backward reads h1)
   Tensor h1;                 // (R, H)   LayerNorm 1 output
   Tensor pre;                // (R, I)   GELU input
   Tensor g;                  // (R, I)   GELU output (a temporary under selective checkpointing)
-  Tensor s2, mean2, rstd2;   // (R, H), (R), (R): LayerNorm 2 input and statistics
+  Tensor rstd2;              // (R) F32: LayerNorm 2 statistics (its backward reads the layer output)
 };
 
 struct BertForSequenceClassification::Acts {
   int64_t B = 0, T = 0;
   bool training = true;
-  Tensor emb_sum, emb_mean, emb_rstd, emb_ln;  // (R, H), (R), (R), (R, H)
+  Tensor emb_sum, emb_rstd, emb_ln;            // (R, H) (scratch in training), (R), (R, H)
+  Tensor mean;                                 // (R) F32 scratch: LayerNorm means (backward reads outputs)
   std::vector<Tensor> xs;                      // layer inputs/outputs (R, H): L+1 when training, 2 in eval
   std::vector<LayerActs> layers;               // L, or 1 reused (layer checkpointing, eval)
   Tensor cls, pooled, pooled_d;                // (B, H) each; pooled_d aliases pooled without dropout
@@ -56,36 +72,102 @@ struct BertForSequenceClassification::Acts {
 
 namespace {
 
+// One layer's saved tensors. The LayerNorm inputs are not among them: backward reads the
+// LayerNorm outputs instead (Note [layernorm backward from its output], ops/cpu/layernorm.cpp).
 void carve_layer(Arena& ar, DType dt, int64_t R, int64_t B, int64_t T, int64_t H, int64_t I, int64_t nh,
-                 bool keep_g, Tensor& qkv, Tensor& ctx, Tensor& lse, Tensor& s1, Tensor& mean1, Tensor& rstd1,
-                 Tensor& h1, Tensor& pre, Tensor& g, Tensor& s2, Tensor& mean2, Tensor& rstd2) {
-  qkv = ar.take(dt, {R, 3 * H});
-  ctx = ar.take(dt, {R, H});
-  lse = ar.take(DType::F32, {B, nh, T});
-  s1 = ar.take(dt, {R, H});
-  mean1 = ar.take(DType::F32, {R});
-  rstd1 = ar.take(DType::F32, {R});
-  h1 = ar.take(dt, {R, H});
-  pre = ar.take(dt, {R, I});
-  if (keep_g) g = ar.take(dt, {R, I});
-  s2 = ar.take(dt, {R, H});
-  mean2 = ar.take(DType::F32, {R});
-  rstd2 = ar.take(DType::F32, {R});
+                 bool keep_g, BertForSequenceClassification::LayerActs& la) {
+  la.qkv = ar.take(dt, {R, 3 * H});
+  la.ctx = ar.take(dt, {R, H});
+  la.lse = ar.take(DType::F32, {B, nh, T});
+  la.rstd1 = ar.take(DType::F32, {R});
+  la.h1 = ar.take(dt, {R, H});
+  la.pre = ar.take(dt, {R, I});
+  if (keep_g) la.g = ar.take(dt, {R, I});
+  la.rstd2 = ar.take(DType::F32, {R});
 }
+
+// Stages of backward, in the order it runs: when a saved tensor is read for the last time, and
+// when a parameter's gradient is first written (Note [gradients in freed activations]).
+constexpr int kStageHead = 0;
+int stage_of_layer(int64_t l, int64_t L) { return static_cast<int>(L - l); }
+int stage_of_embeddings(int64_t L) { return static_cast<int>(L + 1); }
+constexpr int kAfterBackward = 1 << 30;  // read after backward (losses, logits)
 
 }  // namespace
 
-// The one place that lays out activations and temporaries; run dry it is the plan.
+// A byte range of the activation arena and the last stage of backward that reads it.
+struct ActRegion {
+  size_t begin, end;
+  int last_stage;
+};
+
+// The one place that lays out activations and temporaries; run dry it is the plan. `regions`
+// (training only) receives the arena's byte ranges with their last readers.
 static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
-                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training);
+                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
+                       std::vector<ActRegion>* regions = nullptr);
 
 static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
                          DType dt, int64_t B, int64_t T);
 
+// Note [gradients in freed activations]
+// Backward walks the layers from the last to the first, so by the time layer l's gradients are
+// written, the activations of layers l+1 .. L-1 have been read for the last time. PyTorch gets
+// the benefit of this for free (gradients are allocated during backward, into blocks its
+// caching allocator just got back, and freed by zero_grad(set_to_none=True)); here it is
+// planned: when a step has one micro-batch, the fp32 gradients live inside the activation
+// arena, at the lowest offset where no gradient range overlaps a saved tensor that is still to
+// be read when that range is first written. The flat gradient layout (model/params.h) gives
+// the ranges: the embedding matrices (written last), each layer's matrices in layer order, and
+// a tail of the pooler and classifier matrices with every bias and LayerNorm vector (written
+// first, as each layer adds its own vectors). The arena is carved head first, then the
+// embeddings, then layer by layer (each layer's output with it), so the memory freed during
+// backward is at the top and grows downwards, while the gradients ask for it layer by layer.
+// Each range is zeroed just before its stage (the forward wrote activations there), and the
+// gradients are then valid until the next forward: enough for clipping, the optimizer step
+// and logging. With accumulation the gradients must survive the next micro-batch's forward,
+// so they get their own buffer (GradientPlacement::Own). For bert-large at seq 512 this puts
+// all but about one layer's worth of gradients (1.2 of 1.25 GiB) into memory that
+// activations already hold at the peak.
+struct GradRange {
+  size_t begin, end;  // elements of the flat buffer
+  int stage;          // the stage of backward that first writes it
+};
+
+static std::vector<GradRange> gradient_ranges(const BertConfig& cfg, const ParamLayout& lay) {
+  const int64_t L = cfg.num_hidden_layers;
+  std::vector<GradRange> out;
+  auto first = [&](int64_t l) {
+    return lay.get(l < L ? layer_prefix(static_cast<int>(l)) + "attention.self.query.weight" : "bert.pooler.dense.weight").offset;
+  };
+  out.push_back({0, first(0), stage_of_embeddings(L)});
+  for (int64_t l = 0; l < L; ++l) out.push_back({first(l), first(l + 1), stage_of_layer(l, L)});
+  out.push_back({first(L), lay.total(), kStageHead});
+  return out;
+}
+
+// The lowest 256-byte aligned offset of the gradients in the activation arena (see the note).
+static size_t gradient_offset(const std::vector<ActRegion>& regions, const std::vector<GradRange>& grads) {
+  size_t q = 0;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (const GradRange& g : grads)
+      for (const ActRegion& r : regions) {
+        const size_t gb = 4 * g.begin, ge = 4 * g.end;
+        if (r.last_stage >= g.stage && q + gb < r.end && r.begin < q + ge) {
+          q = Arena::round_up(r.end - gb);
+          moved = true;
+        }
+      }
+  }
+  return q;
+}
+
 ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   BertForSequenceClassification::Acts a;
-  carve_acts(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training);
+  std::vector<ActRegion> regions;
+  carve_acts(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training, &regions);
   // forward_eval may run on any model (the trainer evaluates its training model), padded or
   // packed: the arenas hold whichever layout is the largest.
   Arena pact = Arena::dry(), ptmp = Arena::dry();
@@ -99,38 +181,80 @@ ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
     acts = std::max(acts, eact.used());
     temps = std::max(temps, etmp.used());
   }
-  return {acts, temps};
+  ArenaBytes out{acts, temps, 0, 0};
+  if (s.training && s.gradients == GradientPlacement::InActivations) {
+    const ParamLayout lay = ParamLayout::for_sequence_classification(cfg);
+    const size_t q = gradient_offset(regions, gradient_ranges(cfg, lay));
+    if (q < acts) {  // otherwise nothing would be shared: the gradients keep a buffer of their own
+      out.gradient_offset = q;
+      out.block = std::max(acts, q + 4 * lay.total());
+    }
+  }
+  return out;
 }
 
 static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
-                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training) {
+                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
+                       std::vector<ActRegion>* regions) {
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, L = cfg.num_hidden_layers;
   const int64_t nh = cfg.num_attention_heads, C = cfg.num_labels, R = B * T;
   a.B = B;
   a.T = T;
   a.training = training;
-  a.emb_sum = act.take(dt, {R, H});
-  a.emb_mean = act.take(DType::F32, {R});
-  a.emb_rstd = act.take(DType::F32, {R});
-  a.emb_ln = act.take(dt, {R, H});
-  const bool emb_dropout = training && cfg.hidden_dropout_prob > 0;
-  a.xs.assign(training ? L + 1 : 2, Tensor());
-  for (size_t i = 0; i < a.xs.size(); ++i)
-    a.xs[i] = (i == 0 && !emb_dropout) ? a.emb_ln : act.take(dt, {R, H});
-  const bool per_layer = training && policy != CheckpointPolicy::Layer;
-  a.layers.assign(per_layer ? L : 1, {});
-  for (auto& la : a.layers)
-    carve_layer(act, dt, R, B, T, H, I, nh, !(training && policy != CheckpointPolicy::None), la.qkv, la.ctx,
-                la.lse, la.s1, la.mean1, la.rstd1, la.h1, la.pre, la.g, la.s2, la.mean2, la.rstd2);
+  size_t mark = 0;
+  auto open = [&] { mark = act.used(); };
+  auto close = [&](int last_stage) {
+    if (regions) regions->push_back({mark, act.used(), last_stage});
+  };
+  // The head: what outlives backward, then what the head's backward reads.
+  open();
+  a.logits = act.take(dt, {B, C});
+  a.dlogits = act.take(dt, {B, C});
+  a.losses = act.take(DType::F32, {B});
+  close(kAfterBackward);
+  open();
   a.cls = act.take(dt, {B, H});
   a.pooled = act.take(dt, {B, H});
   const double head_p = cfg.classifier_dropout.value_or(cfg.hidden_dropout_prob);
   a.pooled_d = (training && head_p > 0) ? act.take(dt, {B, H}) : a.pooled;
-  a.logits = act.take(dt, {B, C});
-  a.dlogits = act.take(dt, {B, C});
-  a.losses = act.take(DType::F32, {B});
+  close(kStageHead);
+  // The embeddings (their sum is scratch: the LayerNorm's backward reads its output).
+  open();
+  a.emb_rstd = act.take(DType::F32, {R});
+  a.emb_ln = act.take(dt, {R, H});
+  const bool emb_dropout = training && cfg.hidden_dropout_prob > 0;
+  a.xs.assign(training ? L + 1 : 2, Tensor());
+  a.xs[0] = emb_dropout ? act.take(dt, {R, H}) : a.emb_ln;
+  close(stage_of_embeddings(L));
+  // The layers, each with its output: the input of the next, read by both layers' backward.
+  const bool keep_g = !(training && policy != CheckpointPolicy::None);
+  if (!training) {  // one layer's tensors; the hidden state ping-pongs between xs[0] and xs[1]
+    a.layers.assign(1, {});
+    carve_layer(act, dt, R, B, T, H, I, nh, keep_g, a.layers[0]);
+    a.xs[1] = act.take(dt, {R, H});
+  } else if (policy != CheckpointPolicy::Layer) {
+    a.layers.assign(L, {});
+    for (int64_t l = 0; l < L; ++l) {
+      open();
+      carve_layer(act, dt, R, B, T, H, I, nh, keep_g, a.layers[l]);
+      a.xs[l + 1] = act.take(dt, {R, H});
+      close(stage_of_layer(l, L));
+    }
+  } else {  // layer checkpointing: one layer's tensors, rebuilt by each layer's recompute
+    a.layers.assign(1, {});
+    open();
+    carve_layer(act, dt, R, B, T, H, I, nh, keep_g, a.layers[0]);
+    close(stage_of_layer(0, L));
+    for (int64_t l = 0; l < L; ++l) {
+      open();
+      a.xs[l + 1] = act.take(dt, {R, H});
+      close(stage_of_layer(l, L));
+    }
+  }
 
   a.t1 = tmp.take(dt, {R, H});
+  a.mean = tmp.take(DType::F32, {R});
+  a.emb_sum = a.t1;  // dead before the first layer uses t1 for its branch
   if (training) {
     a.t2 = tmp.take(dt, {R, H});
     a.t3 = tmp.take(dt, {R, H});
@@ -170,7 +294,6 @@ static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Are
   a.training = false;
   a.packed = true;
   a.emb_sum = act.take(dt, {R, H});
-  a.emb_mean = act.take(DType::F32, {R});
   a.emb_rstd = act.take(DType::F32, {R});
   a.emb_ln = act.take(dt, {R, H});
   a.xs = {a.emb_ln, act.take(dt, {R, H})};  // the packed hidden state ping-pongs between them
@@ -181,19 +304,16 @@ static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Are
   la.lse = act.take(DType::F32, {B, nh, T});
   // The row-wise tensors lie back to back; the packed q|k|v overlays their start (it dies at the
   // scatter, before any of them is written), and so does the packed context (the output
-  // projection reads it before LayerNorm 1 writes s1).
+  // projection reads it before LayerNorm 1 writes h1).
   const size_t start = act.used();
-  la.s1 = act.take(dt, {R, H});
   la.h1 = act.take(dt, {R, H});
   la.pre = act.take(dt, {R, I});
   la.g = act.take(dt, {R, I});
-  la.s2 = act.take(dt, {R, H});
-  ANATOMY_ASSERT(act.used() - start >= static_cast<size_t>(R * 3 * H) * dtype_size(dt));
-  la.qkv = Tensor(la.s1.data, dt, {R, 3 * H}, la.s1.device);
-  la.ctx = la.s1;
-  la.mean1 = act.take(DType::F32, {R});
+  const size_t need = static_cast<size_t>(R * 3 * H) * dtype_size(dt);
+  if (act.used() - start < need) act.take(DType::U8, {static_cast<int64_t>(need - (act.used() - start))});
+  la.qkv = Tensor(la.h1.data, dt, {R, 3 * H}, la.h1.device);
+  la.ctx = la.h1;
   la.rstd1 = act.take(DType::F32, {R});
-  la.mean2 = act.take(DType::F32, {R});
   la.rstd2 = act.take(DType::F32, {R});
   a.cls = act.take(dt, {B, H});
   a.pooled = act.take(dt, {B, H});
@@ -202,6 +322,7 @@ static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Are
   a.dlogits = act.take(dt, {B, C});
   a.losses = act.take(DType::F32, {B});
   a.t1 = tmp.take(dt, {R, H});
+  a.mean = tmp.take(DType::F32, {R});
 }
 
 PackedRows pack_token_rows(const int32_t* mask, int64_t B, int64_t T, int64_t multiple) {
@@ -228,36 +349,34 @@ PackedRows pack_token_rows(const int32_t* mask, int64_t B, int64_t T, int64_t mu
 }
 
 std::vector<LivenessPoint> activation_liveness(const BertConfig& cfg, const ModelShape& s) {
-  const int64_t B = s.max_batch, T = s.max_seq, R = B * T, H = cfg.hidden_size, L = cfg.num_hidden_layers;
-  const int64_t e = static_cast<int64_t>(dtype_size(s.compute));
-  auto round = [](int64_t n) { return static_cast<int64_t>(Arena::round_up(static_cast<size_t>(n))); };
-  // One layer's saved tensors, measured by carving it dry.
-  Arena one = Arena::dry();
-  BertForSequenceClassification::LayerActs la;
-  carve_layer(one, s.compute, R, B, T, H, cfg.intermediate_size, cfg.num_attention_heads,
-              s.checkpointing == CheckpointPolicy::None, la.qkv, la.ctx, la.lse, la.s1, la.mean1, la.rstd1, la.h1,
-              la.pre, la.g, la.s2, la.mean2, la.rstd2);
-  const int64_t layer = static_cast<int64_t>(one.used()), x = round(R * H * e);
-  const int64_t emb = 2 * round(R * H * e) + 2 * round(R * 4) + (cfg.hidden_dropout_prob > 0 ? x : 0);
-  const int64_t total = static_cast<int64_t>(model_arena_bytes(cfg, s).activations);
-  const bool ckpt = s.checkpointing == CheckpointPolicy::Layer;
+  const int64_t L = cfg.num_hidden_layers;
+  // The training layout's regions with their last readers (Note [gradients in freed activations]):
+  // forward writes a region at the stage it belongs to, backward is done with it after its last stage.
+  Arena act = Arena::dry(), tmp = Arena::dry();
+  BertForSequenceClassification::Acts a;
+  std::vector<ActRegion> regions;
+  carve_acts(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, &regions);
+  auto bytes_where = [&](auto keep) {
+    int64_t n = 0;
+    for (const ActRegion& r : regions)
+      if (keep(r.last_stage)) n += static_cast<int64_t>(r.end - r.begin);
+    return n;
+  };
   std::vector<LivenessPoint> out;
-  int64_t live = 0;
   out.push_back({"step start", 0});
-  live += emb;
-  out.push_back({"embeddings forward", live});
-  for (int64_t l = 0; l < L; ++l) {
-    live += ckpt ? x : layer + x;  // the layer's saved tensors (or only its output) and its output
-    out.push_back({str_cat("layer ", l, " forward"), std::min(live, total)});
+  const int emb = stage_of_embeddings(L);
+  out.push_back({"embeddings forward", bytes_where([&](int st) { return st == emb; })});
+  for (int64_t l = 0; l < L; ++l) {  // layers 0 .. l written: stages L - l .. L (and the embeddings)
+    const int lo = stage_of_layer(l, L);
+    out.push_back({str_cat("layer ", l, " forward"), bytes_where([&](int st) { return st >= lo && st <= emb; })});
   }
-  out.push_back({"pooler, classifier, loss", total});
-  live = total;
-  for (int64_t l = L - 1; l >= 0; --l) {
-    live -= ckpt ? x : layer + x;
-    out.push_back({str_cat("layer ", l, " backward"), std::max<int64_t>(live + (ckpt ? layer : 0), 0)});
+  out.push_back({"pooler, classifier, loss", bytes_where([](int) { return true; })});
+  for (int64_t l = L - 1; l >= 0; --l) {  // during layer l's backward: what it and earlier stages still read
+    const int st = stage_of_layer(l, L);
+    out.push_back({str_cat("layer ", l, " backward"), bytes_where([&](int last) { return last >= st; })});
   }
-  out.push_back({"embeddings backward", 0});
-  out.push_back({"optimizer step", 0});
+  out.push_back({"embeddings backward", bytes_where([&](int last) { return last >= emb; })});
+  out.push_back({"optimizer step", bytes_where([](int last) { return last == kAfterBackward; })});
   return out;
 }
 
@@ -276,9 +395,19 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
   } else {
     m_compute_view = m_master.tensor();
   }
-  if (shape.training) m_grads = Buffer(al, DType::F32, {n}, Category::Gradients);
   ArenaBytes bytes = model_arena_bytes(cfg, shape);
-  m_act_arena = Arena(al, bytes.activations, Category::Activations);
+  if (bytes.block) {  // Note [gradients in freed activations]
+    m_act_block = SharedBlock(al, bytes.block, Category::Activations, bytes.activations, Category::Gradients,
+                              static_cast<size_t>(n) * 4);
+    m_act_arena = Arena::over(m_act_block.data(), bytes.activations, al.device(), Category::Activations);
+    m_grads_view = Tensor(m_act_block.data() + bytes.gradient_offset, DType::F32, {n}, al.device());
+  } else {
+    if (shape.training) {
+      m_grads = Buffer(al, DType::F32, {n}, Category::Gradients);
+      m_grads_view = m_grads.tensor();
+    }
+    m_act_arena = Arena(al, bytes.activations, Category::Activations);
+  }
   m_tmp_arena = Arena(al, bytes.temporary, Category::Temporary);
   m_acts = std::make_unique<Acts>();
 }
@@ -342,7 +471,7 @@ std::vector<float> BertForSequenceClassification::master_to_host() {
 
 std::vector<float> BertForSequenceClassification::grads_to_host() {
   std::vector<float> out(m_layout.total());
-  m_be.download(out.data(), m_grads.tensor());
+  m_be.download(out.data(), m_grads_view);
   return out;
 }
 
@@ -350,7 +479,11 @@ void BertForSequenceClassification::sync_compute_copy() {
   if (m_compute.data()) m_be.cast(m_compute.tensor(), m_master.tensor());
 }
 
-void BertForSequenceClassification::zero_grads() { m_be.fill(m_grads.tensor(), 0.0f); }
+void BertForSequenceClassification::zero_grads() { m_be.fill(m_grads_view, 0.0f); }
+
+void BertForSequenceClassification::zero_grad_range(size_t begin, size_t end) {
+  if (end > begin) m_be.fill(ParamLayout::range(m_grads_view, begin, {static_cast<int64_t>(end - begin)}), 0.0f);
+}
 
 // Dropout sites per micro-batch: 0 embeddings, 1 + 3l + {0: attention probs, 1: attention
 // output, 2: feed-forward output}, 1 + 3L pooler. Backward and recompute use the same sites.
@@ -386,19 +519,20 @@ void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const 
   }
   m_be.matmul(branch, a.ctx, Trans::N, W(p + "attention.output.dense.weight"), Trans::T,
               {1, 0, Epilogue::Bias, W(p + "attention.output.dense.bias"), {}});
-  m_be.layernorm_forward(a.h1, a.s1, a.mean1, a.rstd1, branch, x, W(p + "attention.output.LayerNorm.weight"),
+  const Tensor mean = m_acts->mean.slice(0, a.h1.dim(0));  // scratch: backward reads the outputs
+  m_be.layernorm_forward(a.h1, Tensor(), mean, a.rstd1, branch, x, W(p + "attention.output.LayerNorm.weight"),
                          W(p + "attention.output.LayerNorm.bias"), eps, drop(hp, base, site_attn_out(l), training));
   m_be.matmul(a.g, a.h1, Trans::N, W(p + "intermediate.dense.weight"), Trans::T,
               {1, 0, Epilogue::BiasGelu, W(p + "intermediate.dense.bias"), a.pre});
   m_be.matmul(branch, a.g, Trans::N, W(p + "output.dense.weight"), Trans::T,
               {1, 0, Epilogue::Bias, W(p + "output.dense.bias"), {}});
-  m_be.layernorm_forward(out, a.s2, a.mean2, a.rstd2, branch, a.h1, W(p + "output.LayerNorm.weight"),
+  m_be.layernorm_forward(out, Tensor(), mean, a.rstd2, branch, a.h1, W(p + "output.LayerNorm.weight"),
                          W(p + "output.LayerNorm.bias"), eps, drop(hp, base, site_ffn_out(l), training));
 }
 
 // dout arrives in t1; returns the tensor holding dx (one of t1, t2, t3).
 Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, LayerActs& a, const Tensor& x,
-                                                     const DeviceBatch& b, uint64_t base, const Tensor& X1,
+                                                     const Tensor& out, const DeviceBatch& b, uint64_t base, const Tensor& X1,
                                                      const Tensor& X2, const Tensor& X3) {
   const std::string p = layer_prefix(l);
   const int64_t H = m_cfg.hidden_size, I = m_cfg.intermediate_size, nh = m_cfg.num_attention_heads;
@@ -412,8 +546,9 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
 
   if (m_shape.checkpointing != CheckpointPolicy::None) m_be.gelu_forward(a.g, a.pre);
   // LayerNorm 2: ds2 (X2) reaches h1 through the residual; df2 (X3) reaches the FFN output.
-  m_be.layernorm_backward(X2, X3, G(p + "output.LayerNorm.weight"), G(p + "output.LayerNorm.bias"), dout, a.s2,
-                          a.mean2, a.rstd2, W(p + "output.LayerNorm.weight"), drop(hp, base, site_ffn_out(l), true));
+  m_be.layernorm_backward(X2, X3, G(p + "output.LayerNorm.weight"), G(p + "output.LayerNorm.bias"), dout, out,
+                          a.rstd2, W(p + "output.LayerNorm.weight"), W(p + "output.LayerNorm.bias"),
+                          drop(hp, base, site_ffn_out(l), true));
   // FFN out: y = g W2^T + b2, W2 (H, I). dW2 first: under selective checkpointing g shares
   // its memory with dI.
   m_be.matmul(G(p + "output.dense.weight"), X3, Trans::T, a.g, Trans::N, acc);
@@ -426,7 +561,8 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   m_be.bias_grad(G(p + "intermediate.dense.bias"), dI);
   // LayerNorm 1: ds1 (X3) reaches x; dao (X1) reaches the attention output projection.
   m_be.layernorm_backward(X3, X1, G(p + "attention.output.LayerNorm.weight"), G(p + "attention.output.LayerNorm.bias"),
-                          X2, a.s1, a.mean1, a.rstd1, W(p + "attention.output.LayerNorm.weight"),
+                          X2, a.h1, a.rstd1, W(p + "attention.output.LayerNorm.weight"),
+                          W(p + "attention.output.LayerNorm.bias"),
                           drop(hp, base, site_attn_out(l), true));
   m_be.matmul(X2, X1, Trans::N, W(p + "attention.output.dense.weight"), Trans::N, put);  // dctx
   m_be.matmul(G(p + "attention.output.dense.weight"), X1, Trans::T, a.ctx, Trans::N, acc);
@@ -439,8 +575,8 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   const ParamInfo& bq = m_layout.get(p + "attention.self.query.bias");
   Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
   m_be.matmul(X3, dqkv, Trans::N, wqkv, Trans::N, acc);
-  m_be.matmul(ParamLayout::range(m_grads.tensor(), wq.offset, {3 * H, H}), dqkv, Trans::T, x, Trans::N, acc);
-  m_be.bias_grad(ParamLayout::range(m_grads.tensor(), bq.offset, {3 * H}), dqkv);
+  m_be.matmul(ParamLayout::range(m_grads_view, wq.offset, {3 * H, H}), dqkv, Trans::T, x, Trans::N, acc);
+  m_be.bias_grad(ParamLayout::range(m_grads_view, bq.offset, {3 * H}), dqkv);
   return X3;
 }
 
@@ -452,7 +588,7 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
   const float eps = static_cast<float>(m_cfg.layer_norm_eps), hp = static_cast<float>(m_cfg.hidden_dropout_prob);
   m_be.embedding_forward(a.emb_sum, b.input_ids, b.token_type_ids, W("bert.embeddings.word_embeddings.weight"),
                          W("bert.embeddings.position_embeddings.weight"), W("bert.embeddings.token_type_embeddings.weight"));
-  m_be.layernorm_forward(a.emb_ln, a.emb_sum, a.emb_mean, a.emb_rstd, a.emb_sum, Tensor(),
+  m_be.layernorm_forward(a.emb_ln, Tensor(), a.mean, a.emb_rstd, a.emb_sum, Tensor(),
                          W("bert.embeddings.LayerNorm.weight"), W("bert.embeddings.LayerNorm.bias"), eps, {});
   if (a.xs[0].data != a.emb_ln.data) m_be.dropout_forward(a.xs[0], a.emb_ln, drop(hp, base, 0, training));
   for (int l = 0; l < L; ++l)
@@ -480,6 +616,10 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
   m_be.cross_entropy(a.losses, a.dlogits, a.logits, b.labels, grad_scale);
   m_be.set_phase(Phase::Backward);
+  // Gradients in freed activations: each stage's range is zeroed just before it is written.
+  const bool overlaid = m_act_block.data() != nullptr;
+  const std::vector<GradRange> ranges = overlaid ? gradient_ranges(m_cfg, m_layout) : std::vector<GradRange>{};
+  if (overlaid) zero_grad_range(ranges.back().begin, ranges.back().end);
 
   // Classifier and pooler.
   m_be.matmul(G("classifier.weight"), a.dlogits, Trans::T, a.pooled_d, Trans::N, acc);
@@ -500,7 +640,8 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
     // Layer checkpointing: recompute this layer's forward from its saved input (X2 is free
     // scratch here). It rewrites xs[l+1] with the values it already holds.
     if (m_shape.checkpointing == CheckpointPolicy::Layer && l != L - 1) layer_forward(l, a.x_in(l), a.x_out(l), la, b, true, base, X2);
-    Tensor dx = layer_backward(l, X1, la, a.x_in(l), b, base, X1, X2, X3);
+    if (overlaid) zero_grad_range(ranges[1 + l].begin, ranges[1 + l].end);
+    Tensor dx = layer_backward(l, X1, la, a.x_in(l), a.x_out(l), b, base, X1, X2, X3);
     // Rotate so that dx becomes the next layer's incoming gradient.
     Tensor others[2];
     int k = 0;
@@ -512,10 +653,13 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   }
   // Embeddings: dropout, LayerNorm (no residual), then the three tables.
   if (a.xs[0].data != a.emb_ln.data) m_be.dropout_backward(X1, X1, drop(hp, base, 0, true));
+  if (overlaid) zero_grad_range(ranges.front().begin, ranges.front().end);
   m_be.layernorm_backward(X2, Tensor(), G("bert.embeddings.LayerNorm.weight"), G("bert.embeddings.LayerNorm.bias"), X1,
-                          a.emb_sum, a.emb_mean, a.emb_rstd, W("bert.embeddings.LayerNorm.weight"), {});
+                          a.emb_ln, a.emb_rstd, W("bert.embeddings.LayerNorm.weight"),
+                          W("bert.embeddings.LayerNorm.bias"), {});
   m_be.embedding_backward(G("bert.embeddings.word_embeddings.weight"), G("bert.embeddings.position_embeddings.weight"),
                           G("bert.embeddings.token_type_embeddings.weight"), X2, b.input_ids, b.token_type_ids);
+  if (overlaid) m_hidden = Tensor();  // its memory now holds gradients
 }
 
 void BertForSequenceClassification::forward_eval(const DeviceBatch& b) {
@@ -538,12 +682,12 @@ void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
   const float eps = static_cast<float>(m_cfg.layer_norm_eps);
   m_be.embedding_forward(a.emb_sum, b.input_ids, b.token_type_ids, W("bert.embeddings.word_embeddings.weight"),
                          W("bert.embeddings.position_embeddings.weight"), W("bert.embeddings.token_type_embeddings.weight"));
-  m_be.layernorm_forward(a.emb_ln, a.emb_sum, a.emb_mean, a.emb_rstd, a.emb_sum, Tensor(),
+  m_be.layernorm_forward(a.emb_ln, Tensor(), a.mean, a.emb_rstd, a.emb_sum, Tensor(),
                          W("bert.embeddings.LayerNorm.weight"), W("bert.embeddings.LayerNorm.bias"), eps, {});
   m_be.fill(a.qkv_pad, 0.0f);  // padding rows stay zero: the scatters write token rows only
   // N-row views of the carved tensors (lse stays [B, heads, T]).
   LayerActs la = a.layers[0];
-  for (Tensor* t : {&la.qkv, &la.ctx, &la.s1, &la.mean1, &la.rstd1, &la.h1, &la.pre, &la.g, &la.s2, &la.mean2, &la.rstd2})
+  for (Tensor* t : {&la.qkv, &la.ctx, &la.rstd1, &la.h1, &la.pre, &la.g, &la.rstd2})
     *t = t->slice(0, N);
   Tensor x = a.xs[1].slice(0, N), y = a.xs[0].slice(0, N);  // xs[0] is the embeddings' output until the gather
   m_be.gather_rows(x, a.emb_ln, b.token_rows);

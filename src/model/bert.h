@@ -48,18 +48,36 @@ struct PackedRows {
 };
 PackedRows pack_token_rows(const int32_t* mask, int64_t batch, int64_t seq, int64_t multiple = 1);
 
+// Where the fp32 gradients live (Note [gradients in freed activations] in bert.cpp).
+//   Own:           a buffer of their own; forward_backward adds to them (accumulation).
+//   InActivations: inside the activation arena, each layer's gradients in the memory of
+//                  activations that backward has already consumed; forward_backward overwrites
+//                  them, and they hold until the next forward. For one micro-batch per step.
+enum class GradientPlacement : uint8_t { Own, InActivations };
+
+// --gradient-placement auto|own|in-activations; auto is in-activations with one micro-batch per
+// step. Throws naming the flag (in-activations with accumulation cannot work).
+GradientPlacement resolve_gradient_placement(const std::string& flag, int64_t gradient_accumulation_steps);
+const char* gradient_placement_name(GradientPlacement p);
+
 struct ModelShape {
   int64_t max_batch = 1;  // micro-batch
   int64_t max_seq = 128;
   DType compute = DType::F32;
   CheckpointPolicy checkpointing = CheckpointPolicy::None;
   bool training = true;  // false: inference only, activations of one layer at a time
+  GradientPlacement gradients = GradientPlacement::Own;
 };
 
 // Exact bytes of the model's arenas for a shape: the planner and the model share this.
+// With GradientPlacement::InActivations the activations and the gradients share one block of
+// `block` bytes: the gradients start at byte `gradient_offset` of it, and
+// activations + gradient bytes - block of them are counted in both categories.
 struct ArenaBytes {
   size_t activations = 0;
   size_t temporary = 0;
+  size_t gradient_offset = 0;
+  size_t block = 0;  // 0 unless the gradients share the activations' block
 };
 ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& shape);
 
@@ -85,7 +103,7 @@ class BertForSequenceClassification {
   // Flat buffers (Note [flat parameter layout]).
   const Tensor& master() const { return m_master.tensor(); }  // F32 weights
   const Tensor& compute_params() const { return m_compute_view; }  // compute dtype (aliases master in F32)
-  const Tensor& grads() const { return m_grads.tensor(); }    // F32
+  const Tensor& grads() const { return m_grads_view; }    // F32
 
   // Hugging Face initialization: Linear and Embedding weights ~ N(0, initializer_range),
   // the padding row of the word embeddings zero, biases zero, LayerNorm weight 1 and bias 0.
@@ -103,6 +121,8 @@ class BertForSequenceClassification {
   // Forward and backward of one micro-batch: accumulates parameter gradients scaled by
   // grad_scale (= loss_scale / samples in the optimizer step) and writes per-sample losses
   // F32 [B] into losses(). dropout_base makes the dropout masks of this micro-batch unique.
+  // With GradientPlacement::InActivations it writes the gradients afresh instead (and
+  // hidden_states() is not kept: backward reuses its memory).
   void forward_backward(const DeviceBatch& batch, float grad_scale, uint64_t dropout_base);
   // Forward only (no dropout, nothing saved beyond one layer): logits in the compute dtype.
   // With batch.packed(), the encoder runs on the batch's tokens alone (no padding rows;
@@ -125,19 +145,21 @@ class BertForSequenceClassification {
   void forward_packed(const DeviceBatch& batch);
   void layer_forward(int l, const Tensor& x, const Tensor& out, LayerActs& a, const DeviceBatch& b,
                      bool training, uint64_t dropout_base, const Tensor& scratch);
-  Tensor layer_backward(int l, const Tensor& dout, LayerActs& a, const Tensor& x, const DeviceBatch& b,
+  Tensor layer_backward(int l, const Tensor& dout, LayerActs& a, const Tensor& x, const Tensor& out, const DeviceBatch& b,
                         uint64_t dropout_base, const Tensor& t1, const Tensor& t2, const Tensor& t3);
   DropoutSpec drop(float p, uint64_t base, int site, bool training) const;
   Tensor W(const std::string& name) const { return m_layout.view(m_compute_view, name); }
-  Tensor G(const std::string& name) const { return m_layout.view(m_grads.tensor(), name); }
+  Tensor G(const std::string& name) const { return m_layout.view(m_grads_view, name); }
 
   Backend& m_be;
   BertConfig m_cfg;
   ParamLayout m_layout;
   ModelShape m_shape;
   uint64_t m_seed = 0;
+  void zero_grad_range(size_t begin, size_t end);  // elements of the flat gradients
   Buffer m_master, m_compute, m_grads;
-  Tensor m_compute_view;
+  SharedBlock m_act_block;  // activations with the gradients inside (GradientPlacement::InActivations)
+  Tensor m_compute_view, m_grads_view;
   Arena m_act_arena, m_tmp_arena;
   std::unique_ptr<Acts> m_acts;
   Tensor m_losses, m_logits, m_hidden;

@@ -181,15 +181,17 @@ class Backend {
   // ---- statistical normalizations ------------------------------------------------------
   // sum = dropout(branch) + residual (residual may be undefined: then sum = dropout(branch));
   // y = (sum - mean) * rstd * gamma + beta over the last dim. mean, rstd F32 [rows].
-  // gamma, beta in the compute dtype. sum is saved for backward.
+  // gamma, beta in the compute dtype. sum may be undefined (then it is not stored).
   virtual void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean,
                                  const Tensor& rstd, const Tensor& branch, const Tensor& residual,
                                  const Tensor& gamma, const Tensor& beta, float eps,
                                  const DropoutSpec& branch_dropout) = 0;
-  // dsum = dL/dsum; dbranch (if defined) = dropout_backward(dsum); dgamma, dbeta F32 (+=).
+  // From forward's output y and rstd (Note [layernorm backward from its output] in
+  // ops/cpu/layernorm.cpp): dsum = dL/dsum; dbranch (if defined) = dropout_backward(dsum);
+  // dgamma, dbeta F32 (+=).
   virtual void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
-                                  const Tensor& dbeta, const Tensor& dy, const Tensor& sum,
-                                  const Tensor& mean, const Tensor& rstd, const Tensor& gamma,
+                                  const Tensor& dbeta, const Tensor& dy, const Tensor& y,
+                                  const Tensor& rstd, const Tensor& gamma, const Tensor& beta,
                                   const DropoutSpec& branch_dropout) = 0;
   // Cross-entropy over logits [B, C] with I32 labels [B]: losses F32 [B] (per sample);
   // dlogits = (softmax - onehot) * grad_scale (grad_scale = loss_scale / total batch).

@@ -40,13 +40,14 @@ OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, bool back
   return {10 * B * heads * T * T * D, 2 * nbytes(qkv) + 2 * nbytes(ctx) + lse, OpClass::TensorContraction};
 }
 
-OpCost layernorm_cost(const Tensor& y, bool has_residual, bool backward) {
+OpCost layernorm_cost(const Tensor& y, bool has_residual, bool backward, bool stores_sum) {
   const double n = static_cast<double>(y.numel()), e = static_cast<double>(dtype_size(y.dtype));
   const double rows = static_cast<double>(y.dim(0));
-  if (!backward)  // read branch (+ residual); write y and sum; write mean, rstd
-    return {8 * n, n * e * (has_residual ? 4 : 3) + rows * 8, OpClass::StatisticalNormalization};
-  // read dy and sum, write dsum and dbranch; read mean, rstd
-  return {14 * n, n * e * 4 + rows * 8, OpClass::StatisticalNormalization};
+  if (!backward)  // read branch (+ residual); write y (and sum); write mean, rstd
+    return {8 * n, n * e * (2 + (has_residual ? 1 : 0) + (stores_sum ? 1 : 0)) + rows * 8,
+            OpClass::StatisticalNormalization};
+  // read dy and y, write dsum (and dbranch); read rstd
+  return {16 * n, n * e * (has_residual ? 4 : 3) + rows * 4, OpClass::StatisticalNormalization};
 }
 
 OpCost cross_entropy_cost(const Tensor& logits) {

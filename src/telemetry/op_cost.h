@@ -32,8 +32,8 @@ OpCost matmul_cost(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, 
 // products: 10 B h T^2 D.
 OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, bool backward);
 // Per element: LayerNorm forward ~8 flops (add, mean, var, normalize, scale, shift),
-// backward ~14; bytes of the tensors it reads and writes.
-OpCost layernorm_cost(const Tensor& y, bool has_residual, bool backward);
+// backward ~16 (xhat from the output); bytes of the tensors it reads and writes.
+OpCost layernorm_cost(const Tensor& y, bool has_residual, bool backward, bool stores_sum = false);
 // rows x classes softmax with the loss and its gradient: ~5 flops per logit.
 OpCost cross_entropy_cost(const Tensor& logits);
 // n elements, `flops_per` each, reading `reads` tensors and writing `writes` of the same size.

@@ -131,14 +131,14 @@ void ProfilingBackend::attention_backward(const Tensor& dqkv, const Tensor& dctx
 void ProfilingBackend::layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
                                          const Tensor& branch, const Tensor& residual, const Tensor& gamma,
                                          const Tensor& beta, float eps, const DropoutSpec& d) {
-  timed("layernorm", layernorm_cost(y, residual.defined(), false),
+  timed("layernorm", layernorm_cost(y, residual.defined(), false, sum.defined()),
         [&] { m_in.layernorm_forward(y, sum, mean, rstd, branch, residual, gamma, beta, eps, d); });
 }
 void ProfilingBackend::layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
-                                          const Tensor& dbeta, const Tensor& dy, const Tensor& sum, const Tensor& mean,
-                                          const Tensor& rstd, const Tensor& gamma, const DropoutSpec& d) {
+                                          const Tensor& dbeta, const Tensor& dy, const Tensor& y, const Tensor& rstd,
+                                          const Tensor& gamma, const Tensor& beta, const DropoutSpec& d) {
   timed("layernorm", layernorm_cost(dy, dbranch.defined(), true),
-        [&] { m_in.layernorm_backward(dsum, dbranch, dgamma, dbeta, dy, sum, mean, rstd, gamma, d); });
+        [&] { m_in.layernorm_backward(dsum, dbranch, dgamma, dbeta, dy, y, rstd, gamma, beta, d); });
 }
 void ProfilingBackend::cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                                      const Tensor& labels, float grad_scale) {

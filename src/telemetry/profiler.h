@@ -83,8 +83,8 @@ class ProfilingBackend final : public Backend {
                          const Tensor& residual, const Tensor& gamma, const Tensor& beta, float eps,
                          const DropoutSpec& d) override;
   void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
-                          const Tensor& dy, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
-                          const Tensor& gamma, const DropoutSpec& d) override;
+                          const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma,
+                          const Tensor& beta, const DropoutSpec& d) override;
   void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
                      float grad_scale) override;
   void gelu_forward(const Tensor& y, const Tensor& x) override;

@@ -46,6 +46,7 @@ struct TrainOptions {
   // Precision, memory, device.
   Precision precision = Precision::Fp32;
   CheckpointPolicy gradient_checkpointing = CheckpointPolicy::None;
+  std::string gradient_placement = "auto";  // auto | own | in-activations (resolve_gradient_placement)
   std::string device = "auto";  // auto | cpu | cuda
   int threads = 0;              // CPU threads (0: all)
   // Evaluation on the validation data: no | steps (every eval_steps) | epoch.

@@ -57,6 +57,11 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
   }
   out["allocator_peak_bytes"] = cats;
   out["planned_bytes"] = planned;
+  // Bytes counted in two categories (gradients in freed activation memory): the run's total is
+  // the sum of the categories minus these.
+  out["allocator_shared_bytes"] = res.peak_bytes.shared;
+  out["planned_shared_bytes"] = mem_plan.bytes.shared;
+  out["gradient_placement"] = gradient_placement_name(shape.gradients);
   // Memory over one step: the static categories as planned, saved activations as they live.
   nlohmann::json events = nlohmann::json::array();
   for (const LivenessPoint& lp : activation_liveness(cfg, shape)) {
@@ -80,6 +85,10 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
     std::printf("  %-16s %10.1f MiB | %10.1f MiB  %6.2f bytes/param\n",
                 std::string(category_name(static_cast<Category>(i))).c_str(), mib(pb), mib(b), static_cast<double>(b) / n);
   }
+  if (mem_plan.bytes.shared || res.peak_bytes.shared)
+    std::printf("  %-16s %10.1f MiB | %10.1f MiB  %6.2f bytes/param  gradients in activation memory backward is done with\n",
+                "counted twice", -mib(mem_plan.bytes.shared), -mib(res.peak_bytes.shared),
+                -static_cast<double>(res.peak_bytes.shared) / n);
   std::printf("  %-16s %10.1f MiB | %10.1f MiB\n", "total", mib(mem_plan.total()), mib(res.peak_bytes.total()));
   if (res.gpu_memory_occupied_mb >= 0)
     std::printf("  NVML: CUDA context %lld MB, model allocation %lld MB, used at the end %lld MB (minus context: %lld MB vs %.0f MB planned)\n",

@@ -207,7 +207,8 @@ TrainResult train(const TrainOptions& opt) {
   ProfilingBackend prof(*device);  // the model runs through it; it only forwards until enabled
   Backend* be = &prof;
 
-  ModelShape shape{opt.per_device_train_batch_size, opt.seq_len, compute_dtype(opt.precision), opt.gradient_checkpointing, true};
+  ModelShape shape{opt.per_device_train_batch_size, opt.seq_len, compute_dtype(opt.precision), opt.gradient_checkpointing, true,
+                   resolve_gradient_placement(opt.gradient_placement, opt.gradient_accumulation_steps)};
   if (shape.max_batch == TrainOptions::kAutoBatch) {  // the largest micro-batch the plan fits in free memory
     auto mem = want_cuda ? nvml.memory(0) : std::nullopt;
     ANATOMY_CHECK(mem.has_value(), "--per-device-train-batch-size auto needs a GPU whose free memory NVML reports");
@@ -335,7 +336,8 @@ TrainResult train(const TrainOptions& opt) {
   // step. Returns the learning rate it used.
   auto run_step = [&](Prefetcher& source, double& step_loss, int64_t& step_samples) -> float {
     be->set_phase(Phase::Optimizer);  // clearing the gradients is the update's bookkeeping, not data
-    model.zero_grads();
+    // In activation memory, backward clears each gradient range itself, just before writing it.
+    if (shape.gradients == GradientPlacement::Own) model.zero_grads();
     be->fill(d_loss_sums, 0.0f);
     step_samples = 0;
     int64_t widest = 0;

@@ -382,6 +382,11 @@ TEST(CudaOps, LayerNormForward) {
           expect_close(ctx, y, tol, "y");
           expect_close(ctx, mean, tol, "mean");
           expect_close(ctx, rstd, tol, "rstd");
+          // Without the stored sum (training: backward reads y): the same y, bit for bit.
+          Tensor y2 = ctx.device(dt, Shape{rows, h});
+          ctx.gpu->layernorm_forward(y2, Tensor{}, mean.g, rstd.g, branch.g, res.g, gamma.g, beta.g, 1e-12f, d);
+          const std::vector<float> ya = ctx.get(y.g), yb = ctx.get(y2);
+          EXPECT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)), 0) << "y without sum differs";
           if (p > 0) {  // element i dropped iff dropout_keep(seed, offset, i, p) says so: sum == residual
             const std::vector<float> gs = ctx.get(sum.g);
             const std::vector<float> rv = residual ? ctx.get(res.g) : std::vector<float>(gs.size(), 0.0f);
@@ -396,6 +401,25 @@ TEST(CudaOps, LayerNormForward) {
         }
 }
 
+// Inputs of a LayerNorm backward (Note [layernorm backward from its output]): the forward's
+// output y (scale 2), rstd > 0, dy, gamma near 1 (backward divides by it), beta.
+struct LnBackwardInputs {
+  Pair y, rstd, dy, gamma, beta;
+};
+LnBackwardInputs ln_backward_inputs(Ctx& ctx, DType dt, int64_t rows, int64_t h) {
+  LnBackwardInputs in;
+  in.y = ctx.input(dt, Shape{rows, h}, 2.0f);
+  std::vector<float> rv = ctx.randn(static_cast<size_t>(rows), 0.1f);
+  for (auto& x : rv) x = 0.85f + std::fabs(x);
+  in.rstd = ctx.input(DType::F32, Shape{rows}, rv);
+  in.dy = ctx.input(dt, Shape{rows, h});
+  std::vector<float> gv = ctx.randn(static_cast<size_t>(h), 0.2f);
+  for (auto& x : gv) x += 1.0f;
+  in.gamma = ctx.input(dt, Shape{h}, gv);
+  in.beta = ctx.input(dt, Shape{h});
+  return in;
+}
+
 TEST(CudaOps, LayerNormBackward) {
   if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
@@ -407,24 +431,13 @@ TEST(CudaOps, LayerNormBackward) {
           SCOPED_TRACE(std::string(dtype_name(dt)) + " H " + std::to_string(h) + " rows " + std::to_string(rows) +
                        " p " + std::to_string(p));
           const DropoutSpec d{p, 99, 5};
-          // Inputs as a forward pass leaves them: sum, and mean/rstd of the stored (rounded) sum.
-          Pair sum = ctx.input(dt, Shape{rows, h}, 2.0f);
-          const std::vector<float> sv = Ctx::host_values(sum.c);
-          std::vector<float> mv(rows), rv(rows);
-          for (int64_t r = 0; r < rows; ++r) {
-            double mu = 0, var = 0;
-            for (int64_t j = 0; j < h; ++j) mu += sv[r * h + j];
-            mu /= h;
-            for (int64_t j = 0; j < h; ++j) var += (sv[r * h + j] - mu) * (sv[r * h + j] - mu);
-            mv[r] = static_cast<float>(mu);
-            rv[r] = static_cast<float>(1.0 / std::sqrt(var / h + 1e-12));
-          }
-          Pair mean = ctx.input(DType::F32, Shape{rows}, mv), rstd = ctx.input(DType::F32, Shape{rows}, rv);
-          Pair dy = ctx.input(dt, Shape{rows, h}), gamma = ctx.input(dt, Shape{h});
+          LnBackwardInputs in = ln_backward_inputs(ctx, dt, rows, h);
           Pair dsum = ctx.output(dt, Shape{rows, h}), dbranch = ctx.output(dt, Shape{rows, h});
           Pair dgamma = ctx.input(DType::F32, Shape{h}), dbeta = ctx.input(DType::F32, Shape{h});  // +=
-          ctx.gpu->layernorm_backward(dsum.g, dbranch.g, dgamma.g, dbeta.g, dy.g, sum.g, mean.g, rstd.g, gamma.g, d);
-          ctx.cpu->layernorm_backward(dsum.c, dbranch.c, dgamma.c, dbeta.c, dy.c, sum.c, mean.c, rstd.c, gamma.c, d);
+          ctx.gpu->layernorm_backward(dsum.g, dbranch.g, dgamma.g, dbeta.g, in.dy.g, in.y.g, in.rstd.g, in.gamma.g,
+                                      in.beta.g, d);
+          ctx.cpu->layernorm_backward(dsum.c, dbranch.c, dgamma.c, dbeta.c, in.dy.c, in.y.c, in.rstd.c, in.gamma.c,
+                                      in.beta.c, d);
           const double tol = tol_for(dt);
           expect_close(ctx, dsum, tol, "dsum");
           expect_close(ctx, dbranch, tol, "dbranch");
@@ -438,41 +451,11 @@ TEST(CudaOps, LayerNormBackwardWithoutOptionalOutputs) {
   Ctx ctx;
   SCOPED_TRACE(ctx.trace());
   const int64_t rows = 40, h = 256;
-  Pair sum = ctx.input(DType::F32, Shape{rows, h}), dy = ctx.input(DType::F32, Shape{rows, h});
-  Pair gamma = ctx.input(DType::F32, Shape{h});
-  std::vector<float> ones(rows, 1.0f), zeros(rows, 0.0f);
-  Pair mean = ctx.input(DType::F32, Shape{rows}, zeros), rstd = ctx.input(DType::F32, Shape{rows}, ones);
+  LnBackwardInputs in = ln_backward_inputs(ctx, DType::F32, rows, h);
   Pair dsum = ctx.output(DType::F32, Shape{rows, h});
-  ctx.gpu->layernorm_backward(dsum.g, Tensor{}, Tensor{}, Tensor{}, dy.g, sum.g, mean.g, rstd.g, gamma.g, {});
-  ctx.cpu->layernorm_backward(dsum.c, Tensor{}, Tensor{}, Tensor{}, dy.c, sum.c, mean.c, rstd.c, gamma.c, {});
+  ctx.gpu->layernorm_backward(dsum.g, Tensor{}, Tensor{}, Tensor{}, in.dy.g, in.y.g, in.rstd.g, in.gamma.g, in.beta.g, {});
+  ctx.cpu->layernorm_backward(dsum.c, Tensor{}, Tensor{}, Tensor{}, in.dy.c, in.y.c, in.rstd.c, in.gamma.c, in.beta.c, {});
   expect_close(ctx, dsum, kTolF32, "dsum");
-}
-
-// Inputs of a LayerNorm backward as a forward pass leaves them: sum (scale 2), mean and rstd of
-// the stored (rounded) sum; dy, gamma near 1.
-struct LnBackwardInputs {
-  Pair sum, mean, rstd, dy, gamma;
-};
-LnBackwardInputs ln_backward_inputs(Ctx& ctx, DType dt, int64_t rows, int64_t h) {
-  LnBackwardInputs in;
-  in.sum = ctx.input(dt, Shape{rows, h}, 2.0f);
-  const std::vector<float> sv = Ctx::host_values(in.sum.c);
-  std::vector<float> mv(rows), rv(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    double mu = 0, var = 0;
-    for (int64_t j = 0; j < h; ++j) mu += sv[r * h + j];
-    mu /= h;
-    for (int64_t j = 0; j < h; ++j) var += (sv[r * h + j] - mu) * (sv[r * h + j] - mu);
-    mv[r] = static_cast<float>(mu);
-    rv[r] = static_cast<float>(1.0 / std::sqrt(var / h + 1e-12));
-  }
-  in.mean = ctx.input(DType::F32, Shape{rows}, mv);
-  in.rstd = ctx.input(DType::F32, Shape{rows}, rv);
-  in.dy = ctx.input(dt, Shape{rows, h});
-  std::vector<float> gv = ctx.randn(static_cast<size_t>(h), 0.2f);
-  for (auto& x : gv) x += 1.0f;
-  in.gamma = ctx.input(dt, Shape{h}, gv);
-  return in;
 }
 
 // bert-large's LayerNorm backward (H = 1024, 16384 rows, the branch dropout fused or not) on the
@@ -497,10 +480,10 @@ TEST(CudaOps, LayerNormBackwardBertShapes) {
     LnBackwardInputs in = ln_backward_inputs(ctx, k.dt, k.rows, k.h);
     Pair dsum = ctx.output(k.dt, Shape{k.rows, k.h}), dbranch = ctx.output(k.dt, Shape{k.rows, k.h});
     Pair dgamma = ctx.input(DType::F32, Shape{k.h}), dbeta = ctx.input(DType::F32, Shape{k.h});  // +=
-    ctx.gpu->layernorm_backward(dsum.g, dbranch.g, dgamma.g, dbeta.g, in.dy.g, in.sum.g, in.mean.g, in.rstd.g,
-                                in.gamma.g, d);
-    ctx.cpu->layernorm_backward(dsum.c, dbranch.c, dgamma.c, dbeta.c, in.dy.c, in.sum.c, in.mean.c, in.rstd.c,
-                                in.gamma.c, d);
+    ctx.gpu->layernorm_backward(dsum.g, dbranch.g, dgamma.g, dbeta.g, in.dy.g, in.y.g, in.rstd.g, in.gamma.g,
+                                in.beta.g, d);
+    ctx.cpu->layernorm_backward(dsum.c, dbranch.c, dgamma.c, dbeta.c, in.dy.c, in.y.c, in.rstd.c, in.gamma.c,
+                                in.beta.c, d);
     const double tol = tol_for(k.dt);
     expect_close(ctx, dsum, tol, "dsum");
     expect_close(ctx, dbranch, tol, "dbranch");
@@ -516,8 +499,8 @@ TEST(CudaOps, LayerNormBackwardBertShapes) {
     Pair dx = ctx.input(DType::F32, Shape{h});
     const Tensor dg_g = gamma_only ? dx.g : Tensor{}, db_g = gamma_only ? Tensor{} : dx.g;
     const Tensor dg_c = gamma_only ? dx.c : Tensor{}, db_c = gamma_only ? Tensor{} : dx.c;
-    ctx.gpu->layernorm_backward(dsum.g, Tensor{}, dg_g, db_g, in.dy.g, in.sum.g, in.mean.g, in.rstd.g, in.gamma.g, {});
-    ctx.cpu->layernorm_backward(dsum.c, Tensor{}, dg_c, db_c, in.dy.c, in.sum.c, in.mean.c, in.rstd.c, in.gamma.c, {});
+    ctx.gpu->layernorm_backward(dsum.g, Tensor{}, dg_g, db_g, in.dy.g, in.y.g, in.rstd.g, in.gamma.g, in.beta.g, {});
+    ctx.cpu->layernorm_backward(dsum.c, Tensor{}, dg_c, db_c, in.dy.c, in.y.c, in.rstd.c, in.gamma.c, in.beta.c, {});
     expect_close(ctx, dsum, kTolHalf, "dsum");
     expect_close(ctx, dx, kTolHalf, gamma_only ? "dgamma" : "dbeta");
   }
@@ -541,7 +524,7 @@ TEST(CudaOps, LayerNormBackwardDeterministic) {
     for (int run = 0; run < 2; ++run) {
       ctx.put(dgamma, g0);
       ctx.put(dbeta, b0);
-      ctx.gpu->layernorm_backward(dsum, dbranch, dgamma, dbeta, in.dy.g, in.sum.g, in.mean.g, in.rstd.g, in.gamma.g, d);
+      ctx.gpu->layernorm_backward(dsum, dbranch, dgamma, dbeta, in.dy.g, in.y.g, in.rstd.g, in.gamma.g, in.beta.g, d);
       std::vector<std::vector<float>> got{ctx.get(dsum), ctx.get(dbranch), ctx.get(dgamma), ctx.get(dbeta)};
       if (run == 0) {
         first = std::move(got);

@@ -188,7 +188,7 @@ TEST(DropoutBitsCuda, LayerNormMaskMatchesTheCpuFunction) {
       const Tensor tm = dev.make(DType::F32, {rows}), tr = dev.make(DType::F32, {rows});
       dev.gpu->layernorm_forward(ty, ts, tm, tr, tb, Tensor(), tg, tbe, 1e-12f, d);
       const Tensor tdy = dev.make(dt, {rows, h}, &dy), tds = dev.make(dt, {rows, h}), tdb = dev.make(dt, {rows, h});
-      dev.gpu->layernorm_backward(tds, tdb, Tensor(), Tensor(), tdy, ts, tm, tr, tg, d);
+      dev.gpu->layernorm_backward(tds, tdb, Tensor(), Tensor(), tdy, ty, tr, tg, tbe, d);
       const std::vector<float> sum = dev.get(ts), ds = dev.get(tds), db = dev.get(tdb);
       int64_t wrong_f = 0, wrong_b = 0;
       for (size_t i = 0; i < sum.size(); ++i) {

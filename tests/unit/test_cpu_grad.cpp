@@ -103,7 +103,7 @@ TEST(CpuGrad, LayerNormWithResidualAndDropout) {
   forward(y, sum, mean, rstd);
   std::vector<double> dsum(R * Hd), dbranch(R * Hd), dgamma(Hd, 0.0), dbeta(Hd, 0.0);
   ref::layernorm_backward(dsum.data(), dbranch.data(), dgamma.data(), dbeta.data(), dy.data(),
-                          sum.data(), mean.data(), rstd.data(), gamma.data(), R, Hd, drop);
+                          y.data(), rstd.data(), gamma.data(), beta.data(), R, Hd, drop);
   expect_grad(branch, dbranch, loss, "dbranch");
   expect_grad(residual, dsum, loss, "dresidual (= dsum)");
   expect_grad(gamma, dgamma, loss, "dgamma");

@@ -41,9 +41,12 @@ TEST(OpCost, AttentionAndNormalizationByHand) {
   EXPECT_DOUBLE_EQ(b.flops, 2.5 * f.flops);
   EXPECT_DOUBLE_EQ(f.bytes, 2.0 * 32 * 512 * 3072 + 2.0 * 32 * 512 * 1024 + 4.0 * 32 * 16 * 512);
   Tensor y = t(DType::BF16, {16384, 1024});
-  OpCost ln = layernorm_cost(y, true, false);
+  OpCost ln = layernorm_cost(y, true, false);  // reads branch and residual, writes y
   EXPECT_DOUBLE_EQ(ln.flops, 8.0 * 16384 * 1024);
-  EXPECT_DOUBLE_EQ(ln.bytes, 4 * 2.0 * 16384 * 1024 + 8.0 * 16384);
+  EXPECT_DOUBLE_EQ(ln.bytes, 3 * 2.0 * 16384 * 1024 + 8.0 * 16384);
+  EXPECT_DOUBLE_EQ(layernorm_cost(y, true, false, true).bytes, 4 * 2.0 * 16384 * 1024 + 8.0 * 16384);
+  // Backward from the output: reads dy and y, writes dsum and dbranch, reads rstd.
+  EXPECT_DOUBLE_EQ(layernorm_cost(y, true, true).bytes, 4 * 2.0 * 16384 * 1024 + 4.0 * 16384);
   EXPECT_EQ(ln.cls, OpClass::StatisticalNormalization);
   EXPECT_EQ(cross_entropy_cost(t(DType::F32, {32, 2})).cls, OpClass::StatisticalNormalization);
   OpCost d = elementwise_cost(y, 2, 1, 1);

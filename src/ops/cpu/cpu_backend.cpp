@@ -171,19 +171,18 @@ class CpuBackend final : public Backend {
     expect(y, F32, op, "y");
     const Mat m = as_matrix(y);
     const size_t n = y.numel(), rows = static_cast<size_t>(m.rows), h = static_cast<size_t>(m.cols);
-    expect(sum, F32, n, op, "sum");
     expect(branch, F32, n, op, "branch");
     expect(mean, F32, rows, op, "mean");
     expect(rstd, F32, rows, op, "rstd");
     expect(gamma, F32, h, op, "gamma");
     expect(beta, F32, h, op, "beta");
-    ref::layernorm_forward(f32(y), f32(sum), f32(mean), f32(rstd), f32(branch),
+    ref::layernorm_forward(f32(y), opt(sum, n, op, "sum"), f32(mean), f32(rstd), f32(branch),
                            opt(residual, n, op, "residual"), f32(gamma), f32(beta), m.rows, m.cols,
                            eps, branch_dropout);
   }
   void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
-                          const Tensor& dbeta, const Tensor& dy, const Tensor& sum,
-                          const Tensor& mean, const Tensor& rstd, const Tensor& gamma,
+                          const Tensor& dbeta, const Tensor& dy, const Tensor& y, const Tensor& rstd,
+                          const Tensor& gamma, const Tensor& beta,
                           const DropoutSpec& branch_dropout) override {
     const char* op = "layernorm_backward";
     expect(dy, F32, op, "dy");
@@ -191,13 +190,13 @@ class CpuBackend final : public Backend {
     const size_t n = dy.numel(), rows = static_cast<size_t>(m.rows),
                  h = static_cast<size_t>(m.cols);
     expect(dsum, F32, n, op, "dsum");
-    expect(sum, F32, n, op, "sum");
-    expect(mean, F32, rows, op, "mean");
+    expect(y, F32, n, op, "y");
     expect(rstd, F32, rows, op, "rstd");
     expect(gamma, F32, h, op, "gamma");
+    expect(beta, F32, h, op, "beta");
     ref::layernorm_backward(f32(dsum), opt(dbranch, n, op, "dbranch"), opt(dgamma, h, op, "dgamma"),
-                            opt(dbeta, h, op, "dbeta"), f32(dy), f32(sum), f32(mean), f32(rstd),
-                            f32(gamma), m.rows, m.cols, branch_dropout);
+                            opt(dbeta, h, op, "dbeta"), f32(dy), f32(y), f32(rstd), f32(gamma),
+                            f32(beta), m.rows, m.cols, branch_dropout);
   }
   void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                      const Tensor& labels, float grad_scale) override {

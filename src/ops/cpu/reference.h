@@ -52,17 +52,20 @@ void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, cons
 // ---- statistical normalizations (layernorm.cpp, loss.cpp) -------------------------------
 // Over rows of width h: sum = dropout(branch) + residual (residual may be nullptr; dropout
 // index = element index in [rows, h]); mean = E[sum]; rstd = 1 / sqrt(Var[sum] + eps)
-// (biased variance, two passes); y = (sum - mean) * rstd * gamma + beta.
+// (biased variance, two passes); y = (sum - mean) * rstd * gamma + beta. sum may be nullptr
+// (not stored; backward reads y instead).
 template <class T>
 void layernorm_forward(T* y, T* sum, T* mean, T* rstd, const T* branch, const T* residual,
                        const T* gamma, const T* beta, int64_t rows, int64_t h, double eps,
                        const DropoutSpec& branch_dropout);
-// xhat = (sum - mean) * rstd, g = dy * gamma:
+// From the output (Note [layernorm backward from its output]): xhat = (y - beta) / gamma,
+// g = dy * gamma:
 //   dsum = rstd * (g - mean(g) - xhat * mean(g * xhat));  dbranch = dropout_backward(dsum)
 //   (dbranch may be nullptr); dgamma += sum_rows dy * xhat; dbeta += sum_rows dy.
+// A column whose gamma is exactly zero carries no information about xhat: it counts as xhat = 0.
 template <class T>
-void layernorm_backward(T* dsum, T* dbranch, T* dgamma, T* dbeta, const T* dy, const T* sum,
-                        const T* mean, const T* rstd, const T* gamma, int64_t rows, int64_t h,
+void layernorm_backward(T* dsum, T* dbranch, T* dgamma, T* dbeta, const T* dy, const T* y,
+                        const T* rstd, const T* gamma, const T* beta, int64_t rows, int64_t h,
                         const DropoutSpec& branch_dropout);
 // losses[b] = logsumexp(logits[b]) - logits[b, label[b]];
 // dlogits = (softmax(logits) - onehot(label)) * grad_scale (dlogits may be nullptr).

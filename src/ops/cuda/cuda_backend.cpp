@@ -365,7 +365,7 @@ void CudaBackend::layernorm_forward(const Tensor& y, const Tensor& sum, const Te
   const DType dt = compute_dtype(y, op, "y");
   const Mat m = as_matrix(y);
   const size_t n = y.numel(), rows = static_cast<size_t>(m.rows), h = static_cast<size_t>(m.cols);
-  expect(sum, dt, n, op, "sum");
+  expect_opt(sum, dt, n, op, "sum");
   expect(branch, dt, n, op, "branch");
   expect_opt(residual, dt, n, op, "residual");
   expect(mean, F32, rows, op, "mean");
@@ -376,8 +376,8 @@ void CudaBackend::layernorm_forward(const Tensor& y, const Tensor& sum, const Te
 }
 
 void CudaBackend::layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
-                                     const Tensor& dbeta, const Tensor& dy, const Tensor& sum, const Tensor& mean,
-                                     const Tensor& rstd, const Tensor& gamma, const DropoutSpec& branch_dropout) {
+                                     const Tensor& dbeta, const Tensor& dy, const Tensor& y, const Tensor& rstd,
+                                     const Tensor& gamma, const Tensor& beta, const DropoutSpec& branch_dropout) {
   const char* op = "layernorm_backward";
   const DType dt = compute_dtype(dy, op, "dy");
   const Mat m = as_matrix(dy);
@@ -386,11 +386,11 @@ void CudaBackend::layernorm_backward(const Tensor& dsum, const Tensor& dbranch, 
   expect_opt(dbranch, dt, n, op, "dbranch");
   expect_opt(dgamma, F32, h, op, "dgamma");
   expect_opt(dbeta, F32, h, op, "dbeta");
-  expect(sum, dt, n, op, "sum");
-  expect(mean, F32, rows, op, "mean");
+  expect(y, dt, n, op, "y");
   expect(rstd, F32, rows, op, "rstd");
   expect(gamma, dt, h, op, "gamma");
-  cuda::layernorm_backward(dsum, dbranch, dgamma, dbeta, dy, sum, mean, rstd, gamma, branch_dropout, reduce_scratch(),
+  expect(beta, dt, h, op, "beta");
+  cuda::layernorm_backward(dsum, dbranch, dgamma, dbeta, dy, y, rstd, gamma, beta, branch_dropout, reduce_scratch(),
                            m_stream);
 }
 

@@ -79,8 +79,8 @@ class CudaBackend final : public Backend {
                          const Tensor& branch, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
                          float eps, const DropoutSpec& branch_dropout) override;
   void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
-                          const Tensor& dy, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
-                          const Tensor& gamma, const DropoutSpec& branch_dropout) override;
+                          const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma,
+                          const Tensor& beta, const DropoutSpec& branch_dropout) override;
   void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
                      float grad_scale) override;
 

@@ -49,15 +49,16 @@ void reduce_partials(float* out0, float* out1, const float* partials, int groups
 
 // ---- layernorm.cu -------------------------------------------------------------------------------
 // Rows of width H: sum = dropout(branch) + residual; y = LN(sum) * gamma + beta;
-// mean, rstd F32 [rows]. residual may be undefined.
+// mean, rstd F32 [rows]. residual and sum (then not stored) may be undefined.
 void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
                        const Tensor& branch, const Tensor& residual, const Tensor& gamma,
                        const Tensor& beta, float eps, const DropoutSpec& d, cudaStream_t s);
-// dsum; dbranch (may be undefined) = dropout_backward(dsum); dgamma, dbeta F32 [H] (+=, may be
-// undefined), through two-stage reductions in `scratch` (needs at least 2H floats).
+// From the output y (xhat = (y - beta) / gamma): dsum; dbranch (may be undefined) =
+// dropout_backward(dsum); dgamma, dbeta F32 [H] (+=, may be undefined), through two-stage
+// reductions in `scratch` (needs at least 2H floats).
 void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
-                        const Tensor& dbeta, const Tensor& dy, const Tensor& sum, const Tensor& mean,
-                        const Tensor& rstd, const Tensor& gamma, const DropoutSpec& d,
+                        const Tensor& dbeta, const Tensor& dy, const Tensor& y, const Tensor& rstd,
+                        const Tensor& gamma, const Tensor& beta, const DropoutSpec& d,
                         const ReduceScratch& scratch, cudaStream_t s);
 
 // ---- loss.cu ------------------------------------------------------------------------------------

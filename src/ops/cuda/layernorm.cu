@@ -2,10 +2,11 @@
 // Shapes: branch, residual, sum, y, dy, dsum, dbranch [rows, H]; mean, rstd F32 [rows];
 // gamma, beta [H]; dgamma, dbeta F32 [H].
 //
-// Forward:  sum = dropout(branch) + residual (rounded to the storage type; the statistics are
-//           taken from the stored sum, which backward reads); mean = E[sum];
+// Forward:  sum = dropout(branch) + residual (rounded to the storage type, stored only when
+//           asked; the statistics are taken from the rounded values); mean = E[sum];
 //           rstd = 1/sqrt(E[(sum - mean)^2] + eps) (two passes); y = (sum - mean) rstd gamma + beta.
-// Backward: xhat = (sum - mean) rstd, g = dy gamma;
+// Backward: from the output (Note [layernorm backward from its output] in the CPU twin):
+//           xhat = (y - beta) / gamma (0 where gamma == 0), g = dy gamma;
 //           dsum = rstd (g - mean(g) - xhat mean(g xhat)); dbranch = dropout_backward(dsum);
 //           dgamma += sum_rows dy xhat; dbeta += sum_rows dy.
 // The dropout index of element (r, j) is r*H + j, as in the CPU twin.
@@ -65,8 +66,8 @@ constexpr int kMaxPacksPerLane = kMaxWarpH / (32 * kVec<T>);
 
 // ---- kernels: warp per row --------------------------------------------------------------------
 // Lane l holds packs l, l+32, ... (P of them at most) of its row: packs of W = 16/sizeof(T).
-// sum may alias branch (the embeddings' LayerNorm normalizes in place): no __restrict__ on
-// them; each element is read before it is written, by the same thread.
+// sum (may be null: not stored) may alias branch: no __restrict__ on them; each element is
+// read before it is written, by the same thread.
 template <class T, int P>
 __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
     T* __restrict__ y, T* sum, float* __restrict__ mean, float* __restrict__ rstd,
@@ -99,7 +100,7 @@ __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
         x[p][j] = to_f32(o.v[j]);  // statistics of the stored (rounded) sum
         s += x[p][j];
       }
-      reinterpret_cast<V*>(sum + base)[q] = o;
+      if (sum) reinterpret_cast<V*>(sum + base)[q] = o;
     }
   }
   const float mu = warp_sum(s) / h;
@@ -128,34 +129,36 @@ __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
 
 // Note [layernorm backward at bandwidth]
 // At bert-large shapes (rows = 16384, H = 1024, bf16, the branch dropout fused) the backward
-// moves 128 MB (dy and sum in, dsum and dbranch out: ~32 us at 4 TB/s) and does little
+// moves 128 MB (dy and y in, dsum and dbranch out: ~32 us at 4 TB/s) and does little
 // arithmetic, so it is a matter of keeping enough bytes in flight. A block of 8 warps, one
 // block per SM (the launch bounds give each lane up to 255 registers), is a persistent grid:
 // warp w of block b takes rows b*8 + w, then + gridDim*8, ... Each lane holds its 16-byte packs
-// of a row (P of them) and, for half types, already the next row's packs and statistics
-// (loads issued before the current row's arithmetic and shuffles, so the memory is never
-// idle behind them); gamma is loaded once into registers. dgamma/dbeta accumulate per lane in
+// of a row (P of them) and, for half types, already the next row's packs and rstd (loads
+// issued before the current row's arithmetic and shuffles, so the memory is never idle behind
+// them); gamma and beta are loaded once into registers. dgamma/dbeta accumulate per lane in
 // registers; at the end the block adds its warps in warp order (16-byte shared accesses) and
 // writes its partial row [dgamma | dbeta] to partials[blockIdx.x] (disjoint rows per block),
 // which reduce_partials sums in a fixed order. Grid size depends only on the SM count, so the
 // result is bitwise the same run to run on a device.
-// The per-row math is unchanged (and in the CPU twin's order): xhat = (sum - mean) rstd,
+// The per-row math is unchanged (and in the CPU twin's order): xhat = (y - beta) / gamma,
 // g = dy gamma, dsum = rstd (g - mean(g) - xhat mean(g xhat)), recomputed in the second pass
 // from the packed inputs instead of being kept as floats (fewer registers).
 constexpr int kBwdThreads = 256;
 constexpr int kBwdWarps = kBwdThreads / 32;
 
-// One row as a lane holds it: packs q = p*32 + lane (< packs) of dy and sum, mean and rstd.
+// 1/gamma, with 0 for gamma == 0 (that column's xhat is unknown; see the note).
+__device__ __forceinline__ float inv_gamma(float g) { return g == 0.0f ? 0.0f : 1.0f / g; }
+
+// One row as a lane holds it: packs q = p*32 + lane (< packs) of dy and y, and rstd.
 template <class T, int P>
 struct RowIn {
   Pack<T, kVec<T>> d[P], x[P];
-  float mu, rs;
+  float rs;
 };
 
 template <class T, int P>
-__device__ __forceinline__ void load_row(RowIn<T, P>& in, const T* __restrict__ dy, const T* __restrict__ sum,
-                                         const float* __restrict__ mean, const float* __restrict__ rstd,
-                                         int64_t row, int h, int lane) {
+__device__ __forceinline__ void load_row(RowIn<T, P>& in, const T* __restrict__ dy, const T* __restrict__ y,
+                                         const float* __restrict__ rstd, int64_t row, int h, int lane) {
   using V = Pack<T, kVec<T>>;
   const int packs = h / kVec<T>;
   const size_t base = static_cast<size_t>(row) * h;
@@ -164,18 +167,17 @@ __device__ __forceinline__ void load_row(RowIn<T, P>& in, const T* __restrict__ 
     const int q = p * 32 + lane;
     if (q < packs) {
       in.d[p] = reinterpret_cast<const V*>(dy + base)[q];
-      in.x[p] = reinterpret_cast<const V*>(sum + base)[q];
+      in.x[p] = reinterpret_cast<const V*>(y + base)[q];
     }
   }
-  in.mu = mean[row];
   in.rs = rstd[row];
 }
 
 template <class T, int P, bool kPrefetch>
 __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
     T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
-    const T* __restrict__ sum, const float* __restrict__ mean, const float* __restrict__ rstd,
-    const T* __restrict__ gamma, int64_t rows, int h, Drop drop) {
+    const T* __restrict__ y, const float* __restrict__ rstd, const T* __restrict__ gamma,
+    const T* __restrict__ beta, int64_t rows, int h, Drop drop) {
   constexpr int W = kVec<T>;
   using V = Pack<T, W>;
   extern __shared__ float4 shared4[];  // [2H / 4] when partials: dgamma | dbeta
@@ -183,11 +185,14 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int packs = h / W;
   const float inv_h = 1.0f / h;
-  V gm[P];
+  V gm[P], bt[P];
   float dg[P][W], db[P][W];
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    if (p * 32 + lane < packs) gm[p] = reinterpret_cast<const V*>(gamma)[p * 32 + lane];
+    if (p * 32 + lane < packs) {
+      gm[p] = reinterpret_cast<const V*>(gamma)[p * 32 + lane];
+      bt[p] = reinterpret_cast<const V*>(beta)[p * 32 + lane];
+    }
 #pragma unroll
     for (int j = 0; j < W; ++j) dg[p][j] = db[p][j] = 0.0f;
   }
@@ -195,24 +200,24 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
   const int64_t step = static_cast<int64_t>(gridDim.x) * kBwdWarps;
   int64_t row = static_cast<int64_t>(blockIdx.x) * kBwdWarps + warp;
   RowIn<T, P> cur;
-  if (kPrefetch && row < rows) load_row(cur, dy, sum, mean, rstd, row, h, lane);
+  if (kPrefetch && row < rows) load_row(cur, dy, y, rstd, row, h, lane);
   for (; row < rows; row += step) {
     RowIn<T, P> next;
     if constexpr (kPrefetch) {
-      if (row + step < rows) load_row(next, dy, sum, mean, rstd, row + step, h, lane);
+      if (row + step < rows) load_row(next, dy, y, rstd, row + step, h, lane);
     } else {
-      load_row(cur, dy, sum, mean, rstd, row, h, lane);
+      load_row(cur, dy, y, rstd, row, h, lane);
     }
-    const float mu = cur.mu, rs = cur.rs;
+    const float rs = cur.rs;
     float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       if (p * 32 + lane < packs) {
 #pragma unroll
         for (int j = 0; j < W; ++j) {
-          const float dyv = to_f32(cur.d[p].v[j]);
-          const float xhat = (to_f32(cur.x[p].v[j]) - mu) * rs;
-          const float g = dyv * to_f32(gm[p].v[j]);
+          const float dyv = to_f32(cur.d[p].v[j]), gv = to_f32(gm[p].v[j]);
+          const float xhat = (to_f32(cur.x[p].v[j]) - to_f32(bt[p].v[j])) * inv_gamma(gv);
+          const float g = dyv * gv;
           sg += g;
           sgx += g * xhat;
           dg[p][j] += dyv * xhat;
@@ -236,8 +241,9 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
         if (dbranch) drop.factors<W>(f, base + static_cast<size_t>(q) * W);
 #pragma unroll
         for (int j = 0; j < W; ++j) {
-          const float xhat = (to_f32(cur.x[p].v[j]) - mu) * rs;
-          const float g = to_f32(cur.d[p].v[j]) * to_f32(gm[p].v[j]);
+          const float gv = to_f32(gm[p].v[j]);
+          const float xhat = (to_f32(cur.x[p].v[j]) - to_f32(bt[p].v[j])) * inv_gamma(gv);
+          const float g = to_f32(cur.d[p].v[j]) * gv;
           const float d = rs * (g - mg - xhat * mgx);
           o.v[j] = from_f32<T>(d);
           if (dbranch) ob.v[j] = from_f32<T>(d * f[j]);
@@ -286,23 +292,27 @@ __global__ void __launch_bounds__(kBlockThreads) ln_forward_block(
   __shared__ float red[32];
   const int64_t row = blockIdx.x;
   const size_t base = static_cast<size_t>(row) * h;
-  float s = 0.0f;
-  for (int c = threadIdx.x; c < h; c += blockDim.x) {
+  // The rounded sum of column c: stored (and re-read by this same thread), or recomputed.
+  auto value = [&](int c) {
     float v = to_f32(branch[base + c]) * drop.factor(base + c);
     if (residual) v += to_f32(residual[base + c]);
-    const T o = from_f32<T>(v);
-    sum[base + c] = o;  // re-read below by this same thread only
-    s += to_f32(o);
+    return to_f32(from_f32<T>(v));
+  };
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < h; c += blockDim.x) {
+    const float v = value(c);
+    if (sum) sum[base + c] = from_f32<T>(v);
+    s += v;
   }
   const float mu = block_sum(s, red) / h;
   float ss = 0.0f;
   for (int c = threadIdx.x; c < h; c += blockDim.x) {
-    const float d = to_f32(sum[base + c]) - mu;
+    const float d = (sum ? to_f32(sum[base + c]) : value(c)) - mu;
     ss += d * d;
   }
   const float rs = 1.0f / sqrtf(block_sum(ss, red) / h + eps);
   for (int c = threadIdx.x; c < h; c += blockDim.x)
-    y[base + c] = from_f32<T>((to_f32(sum[base + c]) - mu) * rs * to_f32(gamma[c]) + to_f32(beta[c]));
+    y[base + c] = from_f32<T>(((sum ? to_f32(sum[base + c]) : value(c)) - mu) * rs * to_f32(gamma[c]) + to_f32(beta[c]));
   if (threadIdx.x == 0) {
     mean[row] = mu;
     rstd[row] = rs;
@@ -317,8 +327,8 @@ __global__ void __launch_bounds__(kBlockThreads) ln_forward_block(
 template <class T>
 __global__ void __launch_bounds__(kBlockThreads) ln_backward_block(
     T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
-    const T* __restrict__ sum, const float* __restrict__ mean, const float* __restrict__ rstd,
-    const T* __restrict__ gamma, int64_t rows, int h, Drop drop) {
+    const T* __restrict__ y, const float* __restrict__ rstd, const T* __restrict__ gamma,
+    const T* __restrict__ beta, int64_t rows, int h, Drop drop) {
   __shared__ float red[32];
   float* part = partials ? partials + static_cast<size_t>(blockIdx.x) * 2 * h : nullptr;
   if (part)
@@ -326,11 +336,12 @@ __global__ void __launch_bounds__(kBlockThreads) ln_backward_block(
   const float inv_h = 1.0f / h;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const size_t base = static_cast<size_t>(row) * h;
-    const float mu = mean[row], rs = rstd[row];
+    const float rs = rstd[row];
     float sg = 0.0f, sgx = 0.0f;
     for (int c = threadIdx.x; c < h; c += blockDim.x) {
-      const float dyv = to_f32(dy[base + c]), xhat = (to_f32(sum[base + c]) - mu) * rs;
-      const float g = dyv * to_f32(gamma[c]);
+      const float gv = to_f32(gamma[c]), dyv = to_f32(dy[base + c]);
+      const float xhat = (to_f32(y[base + c]) - to_f32(beta[c])) * inv_gamma(gv);
+      const float g = dyv * gv;
       sg += g;
       sgx += g * xhat;
       if (part) {
@@ -340,7 +351,8 @@ __global__ void __launch_bounds__(kBlockThreads) ln_backward_block(
     }
     const float mg = block_sum(sg, red) * inv_h, mgx = block_sum(sgx, red) * inv_h;
     for (int c = threadIdx.x; c < h; c += blockDim.x) {
-      const float xhat = (to_f32(sum[base + c]) - mu) * rs, g = to_f32(dy[base + c]) * to_f32(gamma[c]);
+      const float gv = to_f32(gamma[c]);
+      const float xhat = (to_f32(y[base + c]) - to_f32(beta[c])) * inv_gamma(gv), g = to_f32(dy[base + c]) * gv;
       const float d = rs * (g - mg - xhat * mgx);
       dsum[base + c] = from_f32<T>(d);
       if (dbranch) dbranch[base + c] = from_f32<T>(d * drop.factor(base + c));
@@ -385,7 +397,7 @@ void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, c
   dispatch_float(y.dtype, "layernorm_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* yp = y.ptr<T>();
-    T* sp = sum.ptr<T>();
+    T* sp = sum.defined() ? sum.ptr<T>() : nullptr;
     const T* bp = branch.ptr<const T>();
     const T* rp = residual.defined() ? residual.ptr<const T>() : nullptr;
     const T* gp = gamma.ptr<const T>();
@@ -406,8 +418,8 @@ void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, c
 }
 
 void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
-                        const Tensor& dy, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& gamma, const DropoutSpec& d, const ReduceScratch& scratch, cudaStream_t s) {
+                        const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma, const Tensor& beta,
+                        const DropoutSpec& d, const ReduceScratch& scratch, cudaStream_t s) {
   const int h = static_cast<int>(dy.dim(-1));
   const int64_t rows = h ? static_cast<int64_t>(dy.numel()) / h : 0;
   if (rows == 0) return;
@@ -422,9 +434,10 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
     T* dsp = dsum.ptr<T>();
     T* dbp = dbranch.defined() ? dbranch.ptr<T>() : nullptr;
     const T* dyp = dy.ptr<const T>();
-    const T* sp = sum.ptr<const T>();
+    const T* yp = y.ptr<const T>();
     const T* gp = gamma.ptr<const T>();
-    const int p = packs_per_lane<T>(h, {dsp, dbp, dyp, sp, gp});
+    const T* btp = beta.ptr<const T>();
+    const int p = packs_per_lane<T>(h, {dsp, dbp, dyp, yp, gp, btp});
     // The warp path is a persistent grid of one 8-warp block per SM (Note [layernorm backward
     // at bandwidth]); the block path a block per row, at most 4 per SM when it reduces.
     int64_t blocks = p ? std::min<int64_t>((rows + kBwdWarps - 1) / kBwdWarps, sm_count()) : rows;
@@ -433,7 +446,7 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
     float* partials = reduce ? scratch.data : nullptr;
     if (p == 0) {
       ln_backward_block<T><<<static_cast<unsigned>(blocks), kBlockThreads, 0, s>>>(
-          dsp, dbp, partials, dyp, sp, mean.ptr<const float>(), rstd.ptr<const float>(), gp, rows, h, drop);
+          dsp, dbp, partials, dyp, yp, rstd.ptr<const float>(), gp, btp, rows, h, drop);
     } else {
       const size_t smem = reduce ? 2 * static_cast<size_t>(h) * sizeof(float) : 0;  // <= 8 KiB
       // Prefetching the next row costs 2P more 16-byte packs per lane: affordable for the half
@@ -441,7 +454,7 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
       constexpr bool kPrefetch = sizeof(T) == 2;
       with_packs<T, 1>(p, [&](auto pc) {
         ln_backward_warp<T, decltype(pc)::value, kPrefetch><<<static_cast<unsigned>(blocks), kBwdThreads, smem, s>>>(
-            dsp, dbp, partials, dyp, sp, mean.ptr<const float>(), rstd.ptr<const float>(), gp, rows, h, drop);
+            dsp, dbp, partials, dyp, yp, rstd.ptr<const float>(), gp, btp, rows, h, drop);
       });
     }
     ANATOMY_CUDA_LAUNCH_CHECK();
