@@ -53,6 +53,7 @@ PEAK_FLOPS = 989e12
 CONFIG_TITLES = {
     "seed": "(a) seed fp32 bs4",
     "seed_selective": "(a) seed fp32 bs4, anatomy recomputing GELU (selective)",
+    "seed_own": "(a) seed fp32 bs4, anatomy with gradients in a buffer of their own",
     "tf32": "(a') tf32 bs4",
     "bf16_bs4": "(b) bf16 bs4",
     "bf16_bs32": "(c) bf16 bs32",
@@ -174,8 +175,9 @@ class Bench:
             self.emit(rec)
         return rec
 
-    def anatomy(self, precision, bs, n, ckpt="none"):
-        name = f"{precision}_bs{bs}_n{n}" + ("" if ckpt == "none" else f"_{ckpt}")
+    def anatomy(self, precision, bs, n, ckpt="none", placement="auto"):
+        name = (f"{precision}_bs{bs}_n{n}" + ("" if ckpt == "none" else f"_{ckpt}")
+                + ("" if placement == "auto" else f"_grads_{placement}"))
         key = f"anatomy:{name}:{self.a.anatomy_args}"
         if key in self.cache:
             return self.reuse(key)
@@ -195,7 +197,7 @@ class Bench:
                    "--num-samples", str(n), "--per-device-train-batch-size", str(bs),
                    "--precision", precision, "--num-train-epochs", "1", "--device", "cuda",
                    "--output-dir", run_dir, "--save-strategy", "no", "--logging-steps", "0",
-                   "--gradient-checkpointing", ckpt]
+                   "--gradient-checkpointing", ckpt, "--gradient-placement", placement]
             cmd += shlex.split(self.a.anatomy_args)
             rec["cmd"] = " ".join(shlex.quote(c) for c in cmd)
             rc, out, err, secs = run_proc(cmd, limit, os.path.join(self.out, "logs", f"anatomy_{name}"))
@@ -243,6 +245,8 @@ class Bench:
                 if do_an: self.add(config, self.anatomy("fp32", 4, n4))
             elif config == "seed_selective":  # anatomy only: the seed with the GELU output recomputed
                 if do_an: self.add(config, self.anatomy("fp32", 4, n4, ckpt="selective"))
+            elif config == "seed_own":  # anatomy only: the seed without gradients in freed activations
+                if do_an: self.add(config, self.anatomy("fp32", 4, n4, placement="own"))
             elif config == "layer_bs32":
                 if do_hf: self.add(config, self.hf("bf16_bs32_ckpt", 32, n=n32 if q else None))
                 if do_an: self.add(config, self.anatomy("bf16", 32, n32, ckpt="layer"))

@@ -15,7 +15,7 @@ case "${1:-}" in
   bench)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu_info.txt"
     python3 bench/side_by_side.py --out "$OUT" --anatomy-bin "$a" \
-      --configs seed,seed_selective,bf16_bs4,bf16_bs32,layer_bs32,best --batches 32,48,64 --timeout 200 --budget 560 2>&1 | tail -40 ;;
+      --configs seed,seed_own,bf16_bs4,bf16_bs32,layer_bs32,best --batches 32,48,64 --timeout 200 --budget 560 2>&1 | tail -40 ;;
   check)
     timeout 200 $b/anatomy_gpu_tests > "$OUT/gpu_tests.log" 2>&1
     grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/gpu_tests.log"

@@ -21,17 +21,19 @@ except Exception as e:
     print(f"| {name} | failed: {e} |"); sys.exit()
 mib = lambda b: b / 2**20
 p, a = r["planned_bytes"], r["allocator_peak_bytes"]
+ps, as_ = r.get("planned_shared_bytes", 0), r.get("allocator_shared_bytes", 0)
 n = r["num_parameters"]
-print(f"| {name} | {r['steady_samples_per_second']:.1f} | {mib(sum(p.values())):.0f} | {mib(sum(a.values())):.0f} | "
-      f"{r['gpu_memory_occupied_mb']} | {r['gpu_memory_occupied_mb'] - r['cuda_context_mb'] - r.get('nvml_baseline_mb', 0)} | "
-      f"{a['optimizer_state']/n:.2f} | {mib(a['activations']):.0f} | {r['last_step_loss']:.3g} |")
+print(f"| {name} | {r['steady_samples_per_second']:.1f} | {mib(sum(p.values()) - ps):.0f} | {mib(sum(a.values()) - as_):.0f} | "
+      f"{mib(as_):.0f} | {r['gpu_memory_occupied_mb']} | {r['gpu_memory_occupied_mb'] - r['cuda_context_mb'] - r.get('nvml_baseline_mb', 0)} | "
+      f"{a['optimizer_state']/n:.2f} | {a['gradients']/n:.2f} | {mib(a['activations']):.0f} | {r['last_step_loss']:.3g} |")
 PY
 }
 mkdir -p /tmp/levers
 {
-  echo "| run | samples/s (steady) | planned MiB | allocated MiB | NVML used MiB | NVML minus baseline and context MiB | optimizer B/param | activations MiB | last loss |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| run | samples/s (steady) | planned MiB | allocated MiB | gradients in activations MiB | NVML used MiB | NVML minus baseline and context MiB | optimizer B/param | gradient B/param | activations MiB | last loss |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
   row seed_fp32_bs4 --precision fp32 --per-device-train-batch-size 4 --num-samples 512
+  row seed_fp32_bs4_grads_own --precision fp32 --per-device-train-batch-size 4 --num-samples 512 --gradient-placement own
   row seed_fp32_bs4_selective --precision fp32 --per-device-train-batch-size 4 --num-samples 512 --gradient-checkpointing selective
   for o in adamw adamw-8bit sgd adafactor; do
     row "bf16_bs32_$o" --precision bf16 --per-device-train-batch-size 32 --num-samples 384 --optim $o
@@ -39,6 +41,7 @@ mkdir -p /tmp/levers
   for c in selective layer; do
     row "bf16_bs32_ckpt_$c" --precision bf16 --per-device-train-batch-size 32 --num-samples 384 --gradient-checkpointing $c
   done
+  row bf16_bs32_ckpt_layer_grads_own --precision bf16 --per-device-train-batch-size 32 --num-samples 384 --gradient-checkpointing layer --gradient-placement own
   row bf16_bs8_accum4 --precision bf16 --per-device-train-batch-size 8 --gradient-accumulation-steps 4 --num-samples 384
 } | tee "$OUT/levers.md"
 $a plan --preset bert-large --batch-size 4 --precision fp32 --gpu-memory 16GB 2>&1 | tee "$OUT/plan_v100.txt"

@@ -5,12 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 "$@" >/dev/null
-cmake --build build-gpu -j "$(nproc)"
+# BUILD_DIR=build reuses the test build (same flags: Release, CUDA on, sm_90) instead of a second tree.
+dir=${BUILD_DIR:-build-gpu}
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 "$@" >/dev/null
+cmake --build "$dir" -j "$(nproc)"
 rm -rf .carry && mkdir -p .carry/bin .carry/lib
-cp build-gpu/anatomy build-gpu/anatomy_tests build-gpu/anatomy_gpu_tests .carry/bin/
+cp "$dir/anatomy" "$dir/anatomy_tests" "$dir/anatomy_gpu_tests" .carry/bin/
 for tool in anatomy_bench_step anatomy_bench_attention anatomy_bench_ops; do
-  [ -x "build-gpu/$tool" ] && cp "build-gpu/$tool" .carry/bin/
+  [ -x "$dir/$tool" ] && cp "$dir/$tool" .carry/bin/
 done
 for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libutf8proc.so.3 libutf8proc.so.2; do
   path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')

@@ -123,9 +123,8 @@ std::string format_plan(const MemoryPlan& p) {
     s += line;
   }
   if (p.bytes.shared) {
-    std::snprintf(line, sizeof line, "  %-16s %12.1f MiB  %7.2f bytes/param  (gradients written into activation memory\n"
-                  "  %-16s %12s      %7s              backward has finished with: counted once)\n",
-                  "shared", -p.bytes.shared / 1048576.0, -p.bytes.shared / n, "", "", "");
+    std::snprintf(line, sizeof line, "  %-16s %12.1f MiB  %7.2f bytes/param  (gradients in activation memory backward is done with)\n",
+                  "counted twice", -p.bytes.shared / 1048576.0, -p.bytes.shared / n);
     s += line;
   }
   std::snprintf(line, sizeof line, "  %-16s %12.1f MiB  %7.2f bytes/param\n", "total", p.total() / 1048576.0, p.total() / n);

@@ -135,14 +135,15 @@ __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
 // warp w of block b takes rows b*8 + w, then + gridDim*8, ... Each lane holds its 16-byte packs
 // of a row (P of them) and, for half types, already the next row's packs and rstd (loads
 // issued before the current row's arithmetic and shuffles, so the memory is never idle behind
-// them); gamma and beta are loaded once into registers. dgamma/dbeta accumulate per lane in
+// them); gamma, beta and 1/gamma are staged once per block in shared memory as floats (the
+// first pass needs no division: g xhat = dy (y - beta)). dgamma/dbeta accumulate per lane in
 // registers; at the end the block adds its warps in warp order (16-byte shared accesses) and
 // writes its partial row [dgamma | dbeta] to partials[blockIdx.x] (disjoint rows per block),
 // which reduce_partials sums in a fixed order. Grid size depends only on the SM count, so the
 // result is bitwise the same run to run on a device.
-// The per-row math is unchanged (and in the CPU twin's order): xhat = (y - beta) / gamma,
-// g = dy gamma, dsum = rstd (g - mean(g) - xhat mean(g xhat)), recomputed in the second pass
-// from the packed inputs instead of being kept as floats (fewer registers).
+// The per-row math is the CPU twin's: xhat = (y - beta) / gamma, g = dy gamma,
+// dsum = rstd (g - mean(g) - xhat mean(g xhat)), recomputed in the second pass from the packed
+// inputs instead of being kept as floats (fewer registers).
 constexpr int kBwdThreads = 256;
 constexpr int kBwdWarps = kBwdThreads / 32;
 
@@ -173,6 +174,23 @@ __device__ __forceinline__ void load_row(RowIn<T, P>& in, const T* __restrict__ 
   in.rs = rstd[row];
 }
 
+// W consecutive floats of shared memory (16-byte aligned) into registers.
+template <int W>
+__device__ __forceinline__ void load_floats(float (&o)[W], const float* p) {
+#pragma unroll
+  for (int j = 0; j < W; j += 4) {
+    const float4 v = reinterpret_cast<const float4*>(p)[j / 4];
+    o[j] = v.x;
+    o[j + 1] = v.y;
+    o[j + 2] = v.z;
+    o[j + 3] = v.w;
+  }
+}
+
+// Per row, with t = y - beta (so g xhat = dy t, and no division in the first pass):
+//   mean(g) and mean(dy t); then dsum = rstd (dy gamma - mean(g) - t / gamma mean(dy t)).
+// dgamma accumulates dy t per column and is divided by gamma once, at the end. gamma, beta
+// and 1/gamma sit in shared memory as floats (registers hold the rows and the column sums).
 template <class T, int P, bool kPrefetch>
 __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
     T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
@@ -180,22 +198,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
     const T* __restrict__ beta, int64_t rows, int h, Drop drop) {
   constexpr int W = kVec<T>;
   using V = Pack<T, W>;
-  extern __shared__ float4 shared4[];  // [2H / 4] when partials: dgamma | dbeta
+  // [2H] when partials: dgamma | dbeta (the end of the kernel); then gamma | beta | 1/gamma.
+  extern __shared__ float4 shared4[];
   float* shared = reinterpret_cast<float*>(shared4);
+  float* s_gamma = shared + (partials ? 2 * h : 0);
+  float* s_beta = s_gamma + h;
+  float* s_inv = s_beta + h;
+  for (int c = threadIdx.x; c < h; c += blockDim.x) {
+    const float g = to_f32(gamma[c]);
+    s_gamma[c] = g;
+    s_beta[c] = to_f32(beta[c]);
+    s_inv[c] = inv_gamma(g);
+  }
+  __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int packs = h / W;
   const float inv_h = 1.0f / h;
-  V gm[P], bt[P];
   float dg[P][W], db[P][W];
 #pragma unroll
-  for (int p = 0; p < P; ++p) {
-    if (p * 32 + lane < packs) {
-      gm[p] = reinterpret_cast<const V*>(gamma)[p * 32 + lane];
-      bt[p] = reinterpret_cast<const V*>(beta)[p * 32 + lane];
-    }
+  for (int p = 0; p < P; ++p)
 #pragma unroll
     for (int j = 0; j < W; ++j) dg[p][j] = db[p][j] = 0.0f;
-  }
 
   const int64_t step = static_cast<int64_t>(gridDim.x) * kBwdWarps;
   int64_t row = static_cast<int64_t>(blockIdx.x) * kBwdWarps + warp;
@@ -212,15 +235,18 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
     float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-      if (p * 32 + lane < packs) {
+      const int q = p * 32 + lane;
+      if (q < packs) {
+        float gv[W], bv[W];
+        load_floats<W>(gv, s_gamma + q * W);
+        load_floats<W>(bv, s_beta + q * W);
 #pragma unroll
         for (int j = 0; j < W; ++j) {
-          const float dyv = to_f32(cur.d[p].v[j]), gv = to_f32(gm[p].v[j]);
-          const float xhat = (to_f32(cur.x[p].v[j]) - to_f32(bt[p].v[j])) * inv_gamma(gv);
-          const float g = dyv * gv;
-          sg += g;
-          sgx += g * xhat;
-          dg[p][j] += dyv * xhat;
+          const float dyv = to_f32(cur.d[p].v[j]);
+          const float t = to_f32(cur.x[p].v[j]) - bv[j];
+          sg += dyv * gv[j];
+          sgx += dyv * t;
+          dg[p][j] += dyv * t;
           db[p][j] += dyv;
         }
       }
@@ -237,14 +263,15 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
       const int q = p * 32 + lane;
       if (q < packs) {
         V o, ob;
-        float f[W];
+        float f[W], gv[W], bv[W], iv[W];
+        load_floats<W>(gv, s_gamma + q * W);
+        load_floats<W>(bv, s_beta + q * W);
+        load_floats<W>(iv, s_inv + q * W);
         if (dbranch) drop.factors<W>(f, base + static_cast<size_t>(q) * W);
 #pragma unroll
         for (int j = 0; j < W; ++j) {
-          const float gv = to_f32(gm[p].v[j]);
-          const float xhat = (to_f32(cur.x[p].v[j]) - to_f32(bt[p].v[j])) * inv_gamma(gv);
-          const float g = to_f32(cur.d[p].v[j]) * gv;
-          const float d = rs * (g - mg - xhat * mgx);
+          const float xhat = (to_f32(cur.x[p].v[j]) - bv[j]) * iv[j];
+          const float d = rs * (to_f32(cur.d[p].v[j]) * gv[j] - mg - xhat * mgx);
           o.v[j] = from_f32<T>(d);
           if (dbranch) ob.v[j] = from_f32<T>(d * f[j]);
         }
@@ -253,6 +280,17 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
       }
     }
     if constexpr (kPrefetch) cur = next;
+  }
+  // dgamma = sum dy t / gamma: divide each column once.
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int q = p * 32 + lane;
+    if (q < packs) {
+      float iv[W];
+      load_floats<W>(iv, s_inv + q * W);
+#pragma unroll
+      for (int j = 0; j < W; ++j) dg[p][j] *= iv[j];
+    }
   }
   if (!partials) return;  // uniform across the grid
   // Warp order, 16 bytes at a time (W is a multiple of 4); each warp's columns are its own.
@@ -337,27 +375,27 @@ __global__ void __launch_bounds__(kBlockThreads) ln_backward_block(
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const size_t base = static_cast<size_t>(row) * h;
     const float rs = rstd[row];
-    float sg = 0.0f, sgx = 0.0f;
+    float sg = 0.0f, sgx = 0.0f;  // as the warp path: t = y - beta, g xhat = dy t
     for (int c = threadIdx.x; c < h; c += blockDim.x) {
-      const float gv = to_f32(gamma[c]), dyv = to_f32(dy[base + c]);
-      const float xhat = (to_f32(y[base + c]) - to_f32(beta[c])) * inv_gamma(gv);
-      const float g = dyv * gv;
-      sg += g;
-      sgx += g * xhat;
+      const float dyv = to_f32(dy[base + c]), t = to_f32(y[base + c]) - to_f32(beta[c]);
+      sg += dyv * to_f32(gamma[c]);
+      sgx += dyv * t;
       if (part) {
-        part[c] += dyv * xhat;
+        part[c] += dyv * t;  // divided by gamma below
         part[h + c] += dyv;
       }
     }
     const float mg = block_sum(sg, red) * inv_h, mgx = block_sum(sgx, red) * inv_h;
     for (int c = threadIdx.x; c < h; c += blockDim.x) {
       const float gv = to_f32(gamma[c]);
-      const float xhat = (to_f32(y[base + c]) - to_f32(beta[c])) * inv_gamma(gv), g = to_f32(dy[base + c]) * gv;
-      const float d = rs * (g - mg - xhat * mgx);
+      const float xhat = (to_f32(y[base + c]) - to_f32(beta[c])) * inv_gamma(gv);
+      const float d = rs * (to_f32(dy[base + c]) * gv - mg - xhat * mgx);
       dsum[base + c] = from_f32<T>(d);
       if (dbranch) dbranch[base + c] = from_f32<T>(d * drop.factor(base + c));
     }
   }
+  if (part)  // each thread its own columns, as above
+    for (int c = threadIdx.x; c < h; c += blockDim.x) part[c] *= inv_gamma(to_f32(gamma[c]));
 }
 
 // ---- dispatch helpers ---------------------------------------------------------------------------
@@ -448,7 +486,8 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
       ln_backward_block<T><<<static_cast<unsigned>(blocks), kBlockThreads, 0, s>>>(
           dsp, dbp, partials, dyp, yp, rstd.ptr<const float>(), gp, btp, rows, h, drop);
     } else {
-      const size_t smem = reduce ? 2 * static_cast<size_t>(h) * sizeof(float) : 0;  // <= 8 KiB
+      // [dgamma | dbeta] partials when reducing, then gamma | beta | 1/gamma: <= 20 KiB.
+      const size_t smem = ((reduce ? 2 : 0) + 3) * static_cast<size_t>(h) * sizeof(float);
       // Prefetching the next row costs 2P more 16-byte packs per lane: affordable for the half
       // types (P <= 4 at H <= 1024), not for fp32 (P = 8 would spill).
       constexpr bool kPrefetch = sizeof(T) == 2;
