@@ -130,6 +130,27 @@ double category_bytes(const json& r, const char* group, const std::string& cat) 
   return r.contains(group) ? number_or_nan(r[group], cat.c_str()) : NAN;
 }
 
+// A group's category peaks added up, a category not recorded counting as 0.
+double category_sum(const json& r, const char* group) {
+  double sum = 0;
+  for (const std::string& cat : report::category_names()) {
+    const double b = category_bytes(r, group, cat);
+    sum += std::isfinite(b) ? b : 0;
+  }
+  return sum;
+}
+
+// Bytes counted in both gradients and activations: with gradient_placement "in-activations" the
+// fp32 gradients live in activation memory that backward has finished with, so the category sum
+// holds them twice. Results written before the placement existed lack the key and shared
+// nothing, hence 0.
+double shared_bytes(const json& r, const char* key) {
+  const double v = number_or_nan(r, key);
+  return std::isfinite(v) && v > 0 ? v : 0;
+}
+double planned_shared(const json& r) { return shared_bytes(r, "planned_shared_bytes"); }
+double allocated_shared(const json& r) { return shared_bytes(r, "allocator_shared_bytes"); }
+
 // The seed page's bytes per parameter for a category under this run's settings, or "" when
 // it does not name one (activations, temporary, ...).
 std::string seed_bytes_per_param(const json& r, const std::string& cat) {
@@ -284,9 +305,19 @@ void memory_section(std::string& h, const std::vector<RunData>& runs) {
                "planner computed before anything was allocated, <b>allocated</b> is the peak of each category in the "
                "tagged allocator during training, and <b>NVML</b> is what the whole device reports in use, which adds "
                "the CUDA context and memory the allocator holds but has not handed out.");
+  bool any_shared = false;
+  for (const RunData& r : runs) any_shared = any_shared || planned_shared(r.results) > 0 || allocated_shared(r.results) > 0;
+  // The script draws each category's own bytes and labels the bar with their sum; where gradients
+  // sit in freed activation memory that sum counts them twice, so the caption says where the
+  // true total is.
   chart(h, "memory", -1,
-        "GiB (2<sup>30</sup> bytes). Each category's bar is its own peak, so a bar can exceed the largest amount "
-        "live at one instant. Hover a segment for bytes and bytes per parameter.",
+        str_cat("GiB (2<sup>30</sup> bytes). Each category's bar is its own peak, so a bar can exceed the largest "
+                "amount live at one instant.",
+                any_shared ? " Where gradients sit in activation memory that backward has finished with, the "
+                             "gradients and activations segments hold the same bytes, so the bar counts them twice; "
+                             "the table's &ldquo;total held&rdquo; row subtracts them."
+                           : "",
+                " Hover a segment for bytes and bytes per parameter."),
         " wide");
   h += "<p class=\"explain\">Bytes per parameter divide a category by the parameter count; the seed page's rule of "
        "thumb (last column) is 4 for fp32 weights or 6 with mixed precision (fp32 master and a half copy), 8 for "
@@ -307,20 +338,29 @@ void memory_section(std::string& h, const std::vector<RunData>& runs) {
     }
     h += str_cat("<td class=\"num\">", html_escape(seed_bytes_per_param(runs[0].results, cat)), "</td></tr>\n");
   }
-  h += "<tr class=\"total\"><th>sum of category peaks</th>";
-  for (const RunData& r : runs) {
-    double pt = 0, at = 0;
-    for (const std::string& cat : report::category_names()) {
-      const double pb = category_bytes(r.results, "planned_bytes", cat);
-      const double ab = category_bytes(r.results, "allocator_peak_bytes", cat);
-      pt += std::isfinite(pb) ? pb : 0;
-      at += std::isfinite(ab) ? ab : 0;
+  // One row of per-run planned / allocated bytes, with allocated bytes per parameter.
+  auto bytes_row = [&](const char* cls, const char* title, auto planned, auto allocated) {
+    h += str_cat("<tr", cls, "><th>", title, "</th>");
+    for (const RunData& r : runs) {
+      const double pb = planned(r.results), ab = allocated(r.results);
+      const double n = number_or_nan(r.results, "num_parameters");
+      h += str_cat("<td class=\"num\">", fmt(mib(pb), 1), "</td><td class=\"num\">", fmt(mib(ab), 1),
+                   "</td><td class=\"num\">", fmt(n > 0 ? ab / n : NAN, 2), "</td>");
     }
-    const double n = number_or_nan(r.results, "num_parameters");
-    h += str_cat("<td class=\"num\">", fmt(mib(pt), 1), "</td><td class=\"num\">", fmt(mib(at), 1),
-                 "</td><td class=\"num\">", fmt(n > 0 ? at / n : NAN, 2), "</td>");
+    h += "<td></td></tr>\n";
+  };
+  bytes_row(" class=\"total\"", "sum of category peaks", [](const json& r) { return category_sum(r, "planned_bytes"); },
+            [](const json& r) { return category_sum(r, "allocator_peak_bytes"); });
+  // Only when some run shares bytes between categories, so pages of runs that do not read as before.
+  if (any_shared) {
+    // 0 - x rather than -x, so a run that shares nothing shows 0.0, not -0.0.
+    bytes_row("", "gradients in freed activation memory (counted twice)",
+              [](const json& r) { return 0 - planned_shared(r); }, [](const json& r) { return 0 - allocated_shared(r); });
+    bytes_row(" class=\"total\"", "total held",
+              [](const json& r) { return category_sum(r, "planned_bytes") - planned_shared(r); },
+              [](const json& r) { return category_sum(r, "allocator_peak_bytes") - allocated_shared(r); });
   }
-  h += "<td></td></tr>\n<tr><th>NVML: CUDA context / weights / device in use (MiB)</th>";
+  h += "<tr><th>NVML: CUDA context / weights / device in use (MiB)</th>";
   for (const RunData& r : runs) {
     const json& j = r.results;
     h += nvml_measured(j) ? str_cat("<td class=\"num\" colspan=\"3\">", fmt_int(number_or_nan(j, "cuda_context_mb")),

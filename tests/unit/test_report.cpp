@@ -145,6 +145,53 @@ TEST(Report, ComparisonHasOneColumnPerRun) {
   EXPECT_TRUE(has(h, "<title>anatomy report: run_bs4 vs run_bs32</title>"));
 }
 
+// Gradients placed in freed activation memory are counted in both categories; the memory table
+// says by how much and gives the total without the double count. Runs whose results lack the
+// keys (written before the placement existed) share nothing.
+TEST(Report, SharedGradientBytesAreSubtractedFromTheTotal) {
+  const std::string shared_row = "<th>gradients in freed activation memory (counted twice)</th>";
+  const std::string total_row = "<th>total held</th>";
+  auto cells = [](const std::string& table, const std::string& row) { return between(table, row, "</tr>"); };
+
+  // Without the keys: no extra rows, the sum as before.
+  const std::string plain = between(render_report({kBs32}), "<table class=\"memory\">", "</table>");
+  EXPECT_FALSE(has(plain, shared_row)) << plain;
+  EXPECT_FALSE(has(plain, total_row)) << plain;
+  EXPECT_TRUE(has(cells(plain, "<th>sum of category peaks</th>"), ">19219.4<"));
+
+  // run_bs32 with all of its planned gradients (1 340 575 752 bytes) and 1 MiB less of its
+  // allocated ones in activation memory.
+  const std::string d = tmp("shared") + "/run_shared";
+  fs::create_directories(d);
+  nlohmann::json r = nlohmann::json::parse(slurp(kBs32 + "/train_results.json"));
+  r["planned_shared_bytes"] = 1340575752;
+  r["allocator_shared_bytes"] = 1340575752 - 1048576;
+  r["gradient_placement"] = "in-activations";
+  spit(d + "/train_results.json", r.dump());
+  const std::string h = render_report({d, kBs4});
+  const std::string mem = between(h, "<table class=\"memory\">", "</table>");
+  // The sum of category peaks still counts them twice...
+  EXPECT_EQ(cells(mem, "<th>sum of category peaks</th>"),
+            "<th>sum of category peaks</th><td class=\"num\">19219.4</td><td class=\"num\">19211.4</td>"
+            "<td class=\"num\">60.11</td><td class=\"num\">7474.9</td><td class=\"num\">7466.9</td>"
+            "<td class=\"num\">23.36</td><td></td>");
+  // ...the next row takes them off (run_bs4, without the keys, shares nothing)...
+  EXPECT_EQ(cells(mem, shared_row),
+            shared_row + "<td class=\"num\">-1278.5</td><td class=\"num\">-1277.5</td><td class=\"num\">-4.00</td>"
+                         "<td class=\"num\">0.0</td><td class=\"num\">0.0</td><td class=\"num\">0.00</td><td></td>");
+  // ...and the total held is the difference; run_bs4's is its sum.
+  EXPECT_EQ(cells(mem, total_row),
+            total_row + "<td class=\"num\">17941.0</td><td class=\"num\">17934.0</td><td class=\"num\">56.11</td>"
+                        "<td class=\"num\">7474.9</td><td class=\"num\">7466.9</td><td class=\"num\">23.36</td>"
+                        "<td></td>");
+  // In that order, below the sum.
+  EXPECT_LT(mem.find("sum of category peaks"), mem.find(shared_row));
+  EXPECT_LT(mem.find(shared_row), mem.find(total_row));
+  // The chart's caption says its bars count the shared bytes twice.
+  EXPECT_TRUE(has(h, "the bar counts them twice"));
+  EXPECT_FALSE(has(render_report({kBs32}), "the bar counts them twice"));
+}
+
 TEST(Report, SameNamedRunsGetDistinctLabels) {
   const std::string a = tmp("same_a") + "/run", b = tmp("same_b") + "/run";
   fs::create_directories(a);
