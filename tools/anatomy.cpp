@@ -88,6 +88,13 @@ void add_train_flags(CLI::App& cmd, TrainFlags& f) {
                  "(in-activations without accumulation)")
       ->capture_default_str();
   cmd.add_option("--device", o.device, "auto (the GPU when present), cpu or cuda")->capture_default_str();
+  cmd.add_option("--nproc-per-node", o.nproc_per_node,
+                 "Data-parallel ranks, one per device (CUDA devices 0..N-1 over NCCL; on the CPU an in-process group)")
+      ->capture_default_str();
+  cmd.add_option("--zero-stage", o.zero_stage,
+                 "With --nproc-per-node > 1: 0 every rank keeps the whole optimizer state, 1 each keeps 1/N of it "
+                 "(ZeRO-1; adamw or sgd)")
+      ->capture_default_str();
   cmd.add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str();
   cmd.add_option("--output-dir", o.output_dir, "Where train_results.json, metrics.jsonl and the model go")
       ->capture_default_str();
@@ -316,7 +323,7 @@ int run_plan(const TrainOptions& o, const std::string& gpu_memory, bool has_gpu)
   PlanInput in{cfg,
                {o.per_device_train_batch_size, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true,
                 resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps)},
-               o.optim.kind, dev};
+               o.optim.kind, dev, std::max(1, o.nproc_per_node), o.nproc_per_node > 1 ? o.zero_stage : 0};
   MemoryPlan p = plan_memory(in);
   std::printf("Memory plan: %s, batch %lld x seq %lld, %s, %s, checkpointing %s, gradients %s (%lld parameters)\n%s",
               o.model_name_or_path.empty() ? o.preset.c_str() : o.model_name_or_path.c_str(),

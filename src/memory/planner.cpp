@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdio>
 
+#include "dist/zero.h"
 #include "model/params.h"
 #include "ops/backend_memory.h"
 
@@ -20,7 +21,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.bytes[Category::Weights] = 4 * n + (s.compute == DType::F32 ? 0 : n * static_cast<int64_t>(dtype_size(s.compute)));
   if (s.training) {
     p.bytes[Category::Gradients] = 4 * n;
-    p.bytes[Category::OptimizerState] = static_cast<int64_t>(optimizer_state_bytes(in.optimizer, lay));
+    p.bytes[Category::OptimizerState] =
+        static_cast<int64_t>(zero_optimizer_state_bytes(in.optimizer, lay, in.world_size, in.zero_stage));
   }
   const ArenaBytes a = model_arena_bytes(c, s);
   p.bytes[Category::Activations] = static_cast<int64_t>(a.activations);

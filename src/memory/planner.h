@@ -17,6 +17,7 @@ struct PlanInput {
   ModelShape shape;            // micro-batch, sequence, compute dtype, checkpointing, training
   OptimizerKind optimizer = OptimizerKind::AdamW;
   Device device = Device::CUDA;
+  int world_size = 1, zero_stage = 0;  // data parallelism: rank 0's share (Note [ZeRO over the flat buffers])
 };
 
 struct MemoryPlan {

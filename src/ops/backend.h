@@ -114,6 +114,12 @@ class Backend {
   virtual Allocator& allocator() = 0;
   virtual std::string name() const = 0;
   virtual void synchronize() = 0;
+  // The CUDA stream every op of this backend runs on (a cudaStream_t), for libraries that enqueue
+  // on it (NCCL); nullptr on the CPU.
+  virtual void* native_stream() { return nullptr; }
+  // Makes this backend's device the calling thread's current one (CUDA devices are per thread);
+  // a data-parallel rank calls it first on its own thread.
+  virtual void bind_to_thread() {}
   // Let F32 contractions use TF32 tensor cores (--precision tf32); the CPU ignores it.
   virtual void set_allow_tf32(bool) {}
   virtual void set_phase(Phase) {}

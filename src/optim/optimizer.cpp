@@ -114,6 +114,21 @@ std::unique_ptr<Optimizer> Optimizer::create(Backend& be, const OptimizerOptions
   return opt;
 }
 
+std::unique_ptr<Optimizer> Optimizer::create_for_range(Backend& be, const OptimizerOptions& o, size_t n) {
+  range_state_bytes(o.kind, n);  // refuses the shape-structured optimizers
+  std::unique_ptr<Optimizer> opt;
+  if (o.kind == OptimizerKind::AdamW) opt = std::make_unique<AdamW>(be, o, n);
+  else opt = std::make_unique<Sgd>(be, o, n);
+  opt->m_kind = o.kind;
+  return opt;
+}
+
+size_t Optimizer::range_state_bytes(OptimizerKind k, size_t n) {
+  ANATOMY_CHECK(k == OptimizerKind::AdamW || k == OptimizerKind::Sgd, "--optim ", optimizer_name(k),
+                ": --zero-stage 1 shards element-wise optimizer state only (adamw or sgd)");
+  return (k == OptimizerKind::AdamW ? 8 : 4) * n;
+}
+
 float scheduled_lr(const std::string& schedule, float lr, int64_t k, int64_t total, int64_t warmup) {
   if (k < warmup) return lr * static_cast<float>(k) / static_cast<float>(std::max<int64_t>(1, warmup));  // as transformers
   if (schedule == "constant") return lr;

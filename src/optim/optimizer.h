@@ -46,6 +46,10 @@ class Optimizer {
 
   // State for the flat buffers of `layout` (Adafactor factors each parameter's own shape).
   static std::unique_ptr<Optimizer> create(Backend& be, const OptimizerOptions& o, const ParamLayout& layout);
+  // State for `n` elements of any flat range (a ZeRO shard): the element-wise optimizers only
+  // (AdamW, SGD); throws naming --optim for the others, whose state follows parameter shapes.
+  static std::unique_ptr<Optimizer> create_for_range(Backend& be, const OptimizerOptions& o, size_t n);
+  static size_t range_state_bytes(OptimizerKind k, size_t n);
 
  protected:
   int64_t m_steps = 0;

@@ -58,6 +58,8 @@ class ProfilingBackend final : public Backend {
   Allocator& allocator() override { return m_in.allocator(); }
   std::string name() const override { return m_in.name(); }
   void synchronize() override { m_in.synchronize(); }
+  void* native_stream() override { return m_in.native_stream(); }
+  void bind_to_thread() override { m_in.bind_to_thread(); }
   void set_allow_tf32(bool on) override { m_in.set_allow_tf32(on); }
   void set_phase(Phase p) override { m_phase = p; }
   int timing_mark() override { return m_in.timing_mark(); }

@@ -48,6 +48,8 @@ struct TrainOptions {
   CheckpointPolicy gradient_checkpointing = CheckpointPolicy::None;
   std::string gradient_placement = "auto";  // auto | own | in-activations (resolve_gradient_placement)
   std::string device = "auto";  // auto | cpu | cuda
+  int nproc_per_node = 1;        // data-parallel ranks (dist/data_parallel.h)
+  int zero_stage = 1;            // with nproc_per_node > 1: 0 replicated optimizer, 1 sharded state
   int threads = 0;              // CPU threads (0: all)
   // Evaluation on the validation data: no | steps (every eval_steps) | epoch.
   std::string eval_strategy = "no";

@@ -62,6 +62,12 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
   out["allocator_shared_bytes"] = res.peak_bytes.shared;
   out["planned_shared_bytes"] = mem_plan.bytes.shared;
   out["gradient_placement"] = gradient_placement_name(shape.gradients);
+  if (res.world_size > 1) {
+    out["world_size"] = res.world_size;
+    out["zero_stage"] = res.zero_stage;
+    out["rank_optimizer_state_bytes"] = res.rank_optimizer_state_bytes;
+    out["gpu_memory_per_rank_mb"] = res.gpu_memory_per_rank_mb;
+  }
   // Memory over one step: the static categories as planned, saved activations as they live.
   nlohmann::json events = nlohmann::json::array();
   for (const LivenessPoint& lp : activation_liveness(cfg, shape)) {
@@ -113,6 +119,15 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
                 100.0 * res.data_wait_s / res.train_runtime);
   if (res.eval_loss >= 0)
     std::printf("Evaluation: loss %.4f, accuracy %.4f, macro-F1 %.4f\n", res.eval_loss, res.eval_accuracy, res.eval_macro_f1);
+  if (res.world_size > 1) {
+    std::printf("Data parallel: %d ranks, ZeRO stage %d; optimizer state per rank:", res.world_size, res.zero_stage);
+    for (int64_t b : res.rank_optimizer_state_bytes) std::printf(" %.1f MiB", mib(b));
+    if (!res.gpu_memory_per_rank_mb.empty()) {
+      std::printf("; NVML used per GPU:");
+      for (int64_t m : res.gpu_memory_per_rank_mb) std::printf(" %lld MB", static_cast<long long>(m));
+    }
+    std::printf("\n");
+  }
   // The seed page's three lines.
   std::printf("\nTime: %.2f\nSamples/second: %.2f\n", res.train_runtime, res.train_samples_per_second);
   if (res.gpu_memory_occupied_mb >= 0)

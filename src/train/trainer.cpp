@@ -22,6 +22,7 @@
 #include "telemetry/sampler.h"
 #include "train/checkpoints.h"
 #include "train/evaluate.h"
+#include "dist/data_parallel.h"
 #include "train/summary.h"
 #include "train/train_data.h"
 
@@ -178,6 +179,7 @@ void keep_metrics_up_to(const fs::path& path, int64_t step) {
 }  // namespace
 
 TrainResult train(const TrainOptions& opt) {
+  if (opt.nproc_per_node > 1) return train_data_parallel(opt);
   opt.validate();
   // Model configuration and data (text data decides the classes of the head).
   BertConfig cfg = opt.model_name_or_path.empty() ? BertConfig::preset(opt.preset)

@@ -37,6 +37,10 @@ struct TrainResult {
   int64_t nvml_after_first_step_mb = -1;  // ... and after the first step (kernels loaded)
   std::vector<std::pair<std::string, int64_t>> memory_growth;  // --trace-memory-growth: op -> bytes
   double eval_loss = -1, eval_accuracy = -1, eval_macro_f1 = -1;  // the last evaluation (-1: none)
+  // Data parallelism (--nproc-per-node > 1): peak_bytes and the plan are rank 0's.
+  int world_size = 1, zero_stage = 0;
+  std::vector<int64_t> rank_optimizer_state_bytes;  // each rank's allocator
+  std::vector<int64_t> gpu_memory_per_rank_mb;      // NVML used on each rank's device at the end
 };
 
 // Runs the loop of `opt`. Errors (bad flags, files, a plan that cannot fit) throw anatomy::Error

@@ -70,6 +70,8 @@ GradFactor grad_factor(const GradTransform& g, const char* op) {
 
 }  // namespace
 
+void CudaBackend::bind_to_thread() { ANATOMY_CUDA_CHECK(cudaSetDevice(m_device)); }
+
 CudaBackend::CudaBackend(int device_index) : m_device(device_index), m_alloc(device_index) {
   int count = 0;
   ANATOMY_CUDA_CHECK(cudaGetDeviceCount(&count));

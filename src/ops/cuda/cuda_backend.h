@@ -32,6 +32,8 @@ class CudaBackend final : public Backend {
   Allocator& allocator() override { return m_alloc; }
   std::string name() const override { return m_name; }
   void synchronize() override;
+  void* native_stream() override { return m_stream; }
+  void bind_to_thread() override;
   void set_allow_tf32(bool on) override;
 
   cudaStream_t stream() const { return m_stream; }

@@ -1,0 +1,52 @@
+// Collectives between the ranks of a data-parallel run (one rank per device), and how the flat
+// parameter buffers are split among them (ZeRO's shards: Note [ZeRO over the flat buffers] in
+// dist/zero.h).
+//
+// Every rank of a group calls the same collectives in the same order, each on its own buffers of
+// equal layout; the calls return once this rank's part is enqueued on its backend's stream (NCCL)
+// or done (the in-process CPU group). Buffers are F32 (gradients, master weights, a norm).
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace anatomy {
+
+class Backend;
+
+// Rank r owns elements [begin, end) of a flat buffer.
+struct ShardRange {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+};
+
+// `world` near-equal shards of `total` elements; every boundary a multiple of `align` elements
+// (the last shard takes the remainder), so shard starts stay 16-byte aligned in any dtype.
+std::vector<ShardRange> shard_ranges(size_t total, int world, size_t align = 64);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // buf = sum over ranks of buf (every element, every rank).
+  virtual void all_reduce_sum(const Tensor& buf) = 0;
+  // Rank r's shard of buf = sum over ranks of that shard; the rest of buf is left as it was.
+  virtual void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) = 0;
+  // Every rank's shard of buf, copied from its owner to every rank.
+  virtual void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) = 0;
+  virtual const char* kind() const = 0;  // "local" or "nccl"
+};
+
+// In-process group for the CPU backend (and tests): `world` communicators whose ranks run on
+// threads of one process, each on host buffers. Sums are taken in rank order 0, 1, ..., so a
+// reduction is bitwise the same whichever collective does it.
+std::vector<std::unique_ptr<Communicator>> make_local_group(int world);
+
+// One NCCL communicator per CUDA device 0 .. world-1 of this process (ncclCommInitAll); rank r
+// must run its collectives on backends[r]'s stream. Throws when NCCL or the devices are missing.
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Backend*>& backends);
+
+}  // namespace anatomy

@@ -1,0 +1,103 @@
+#include <algorithm>
+#include <barrier>
+#include <cstring>
+#include <mutex>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+
+namespace anatomy {
+
+std::vector<ShardRange> shard_ranges(size_t total, int world, size_t align) {
+  ANATOMY_CHECK(world >= 1 && align >= 1, "internal error: shard_ranges(", total, ", ", world, ")");
+  const size_t w = static_cast<size_t>(world);
+  const size_t per = std::max(align, (total / w + align - 1) / align * align);  // the last shard is the short one
+  std::vector<ShardRange> out(w);
+  for (size_t r = 0; r < w; ++r) {
+    out[r].begin = std::min(total, r * per);
+    out[r].end = r + 1 == w ? total : std::min(total, (r + 1) * per);
+  }
+  return out;
+}
+
+namespace {
+
+// What the ranks of a local group share: each rank's buffer for the collective in flight, and a
+// barrier that separates "every rank has posted" from "every rank has read".
+struct LocalShared {
+  explicit LocalShared(int world) : bufs(static_cast<size_t>(world), nullptr), sync(world) {}
+  std::vector<float*> bufs;
+  std::barrier<> sync;
+};
+
+class LocalCommunicator final : public Communicator {
+ public:
+  LocalCommunicator(std::shared_ptr<LocalShared> s, int rank, int world) : m_s(std::move(s)), m_rank(rank), m_world(world) {}
+  int rank() const override { return m_rank; }
+  int size() const override { return m_world; }
+  const char* kind() const override { return "local"; }
+
+  void all_reduce_sum(const Tensor& buf) override {
+    const std::vector<ShardRange> all(static_cast<size_t>(m_world), ShardRange{0, buf.numel()});
+    // Every rank sums the whole buffer in rank order into a private copy, then writes it back.
+    float* mine = post(buf);
+    std::vector<float> sum(buf.numel(), 0.0f);
+    for (int r = 0; r < m_world; ++r)
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += m_s->bufs[static_cast<size_t>(r)][i];
+    m_s->sync.arrive_and_wait();  // all ranks have read every buffer
+    std::memcpy(mine, sum.data(), sum.size() * sizeof(float));
+    m_s->sync.arrive_and_wait();
+  }
+
+  void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) override {
+    check(buf, shards);
+    float* mine = post(buf);
+    const ShardRange own = shards[static_cast<size_t>(m_rank)];
+    std::vector<float> sum(own.size(), 0.0f);
+    for (int r = 0; r < m_world; ++r)
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += m_s->bufs[static_cast<size_t>(r)][own.begin + i];
+    m_s->sync.arrive_and_wait();
+    std::memcpy(mine + own.begin, sum.data(), sum.size() * sizeof(float));
+    m_s->sync.arrive_and_wait();
+  }
+
+  void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) override {
+    check(buf, shards);
+    float* mine = post(buf);
+    // Shards are disjoint and each is read from its owner: copies cannot race with each other.
+    for (int r = 0; r < m_world; ++r)
+      if (r != m_rank) {
+        const ShardRange s = shards[static_cast<size_t>(r)];
+        std::memcpy(mine + s.begin, m_s->bufs[static_cast<size_t>(r)] + s.begin, s.size() * sizeof(float));
+      }
+    m_s->sync.arrive_and_wait();
+  }
+
+ private:
+  float* post(const Tensor& buf) {
+    ANATOMY_CHECK(buf.dtype == DType::F32 && buf.device == Device::CPU, "internal error: local collectives take F32 host buffers");
+    float* p = buf.ptr<float>();
+    m_s->bufs[static_cast<size_t>(m_rank)] = p;
+    m_s->sync.arrive_and_wait();  // every rank has posted
+    return p;
+  }
+  void check(const Tensor& buf, const std::vector<ShardRange>& shards) const {
+    ANATOMY_CHECK(shards.size() == static_cast<size_t>(m_world) && shards.back().end <= buf.numel(),
+                  "internal error: ", shards.size(), " shards for ", m_world, " ranks over ", buf.numel(), " elements");
+  }
+
+  std::shared_ptr<LocalShared> m_s;
+  int m_rank, m_world;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_local_group(int world) {
+  ANATOMY_CHECK(world >= 1, "internal error: a group of ", world, " ranks");
+  auto shared = std::make_shared<LocalShared>(world);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < world; ++r) out.push_back(std::make_unique<LocalCommunicator>(shared, r, world));
+  return out;
+}
+
+}  // namespace anatomy

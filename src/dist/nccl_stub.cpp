@@ -1,0 +1,11 @@
+// Builds without CUDA: no NCCL group, said plainly.
+#include "core/error.h"
+#include "dist/communicator.h"
+
+namespace anatomy {
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Backend*>&) {
+  fail("--nproc-per-node: this build has no CUDA, so no NCCL (use --device cpu for an in-process group)");
+}
+
+}  // namespace anatomy

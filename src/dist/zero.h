@@ -1,0 +1,54 @@
+// The optimizer step of a data-parallel rank: reduce the gradients over the ranks, clip by the
+// global norm, update, and leave every rank with the same weights.
+//
+// Note [ZeRO over the flat buffers]
+// Parameters, gradients and optimizer state are flat buffers in one layout (model/params.h), so
+// ZeRO's partitioning is a split of [0, n) into one contiguous range per rank (shard_ranges;
+// boundaries are element indices, not parameter boundaries, which the element-wise optimizers
+// do not care about; the weight-decay boundary is carried into each shard).
+//   stage 0: every rank all-reduces the whole gradient and runs the whole optimizer
+//            (plain data parallelism; 8 bytes/param of AdamW state on every rank);
+//   stage 1: the gradients are reduced to each shard's owner only (grouped ncclReduce), the
+//            owner clips with the norm summed over all shards, updates its shard of the fp32
+//            masters with its shard of the optimizer state (8/N bytes/param), and the updated
+//            shards are broadcast back to every rank (grouped ncclBroadcast = all-gather);
+//            every rank then casts the masters to its half-precision copy.
+// Gradients are not sharded separately: with one micro-batch per step they already live in
+// activation memory backward has finished with (Note [gradients in freed activations]), so a
+// gradient shard buffer would add memory rather than save it; with accumulation they have a
+// buffer of their own, as on one device.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "memory/allocator.h"
+#include "optim/optimizer.h"
+
+namespace anatomy {
+
+class BertForSequenceClassification;
+class ParamLayout;
+
+// Bytes of optimizer state rank `rank` holds.
+size_t zero_optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout, int world, int stage, int rank = 0);
+
+class DataParallelStep {
+ public:
+  DataParallelStep(Backend& be, Communicator& comm, const OptimizerOptions& o, const ParamLayout& layout, int stage);
+  // After every rank's backward (gradients scaled for the global batch): the update of `lr`.
+  void step(BertForSequenceClassification& model, float lr, float max_grad_norm);
+  const ShardRange& shard() const { return m_shard; }
+  Optimizer& optimizer() { return *m_opt; }
+
+ private:
+  Backend& m_be;
+  Communicator& m_comm;
+  int m_stage;
+  std::vector<ShardRange> m_shards;
+  ShardRange m_shard;
+  Buffer m_norm;  // F32 [1]: the squared gradient norm (the trainer's one, as planned)
+  std::unique_ptr<Optimizer> m_opt;
+};
+
+}  // namespace anatomy

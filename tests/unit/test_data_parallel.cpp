@@ -1,0 +1,174 @@
+// Data parallelism on the CPU (dist/): the in-process collectives, the shards, and training over
+// ranks against training on one: the same updates, the ZeRO stages bit for bit alike, and the
+// optimizer state split as planned.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "../common/cli.h"
+#include "dist/communicator.h"
+#include "dist/data_parallel.h"
+#include "io/atomic_file.h"
+#include "io/checkpoint.h"
+#include "memory/planner.h"
+#include "model/bert.h"
+#include "ops/backend.h"
+
+using namespace anatomy;
+namespace fs = std::filesystem;
+
+TEST(Shards, CoverTheBufferInAlignedNearEqualRanges) {
+  for (size_t total : {size_t{1}, size_t{63}, size_t{64}, size_t{1000}, size_t{4386178}})
+    for (int world : {1, 2, 3, 8}) {
+      const auto s = shard_ranges(total, world);
+      ASSERT_EQ(s.size(), static_cast<size_t>(world));
+      EXPECT_EQ(s.front().begin, 0u);
+      EXPECT_EQ(s.back().end, total);
+      for (size_t r = 0; r + 1 < s.size(); ++r) {
+        EXPECT_EQ(s[r].end, s[r + 1].begin);
+        EXPECT_EQ(s[r].end % 64 == 0 || s[r].end == total, true) << total << " " << world;
+        EXPECT_LE(s[r + 1].size(), s[r].size());  // the last shards are the short ones
+      }
+      if (total >= 64u * static_cast<size_t>(world)) {
+        EXPECT_LE(s.front().size() - s.back().size(), 64u * world);
+      }
+    }
+}
+
+TEST(LocalGroup, CollectivesSumInRankOrderAndGatherShards) {
+  const int world = 3;
+  const size_t n = 200;
+  auto comms = make_local_group(world);
+  const auto shards = shard_ranges(n, world, 8);
+  std::vector<std::vector<float>> all(world), red(world), gat(world);
+  std::vector<std::thread> pool;
+  for (int r = 0; r < world; ++r)
+    pool.emplace_back([&, r] {
+      auto init = [&](float base) {
+        std::vector<float> v(n);
+        for (size_t i = 0; i < n; ++i) v[i] = base + static_cast<float>(r) * 0.5f + static_cast<float>(i);
+        return v;
+      };
+      all[r] = init(1.0f);
+      comms[r]->all_reduce_sum(Tensor(all[r].data(), DType::F32, {static_cast<int64_t>(n)}, Device::CPU));
+      red[r] = init(2.0f);
+      comms[r]->reduce_scatter_sum(Tensor(red[r].data(), DType::F32, {static_cast<int64_t>(n)}, Device::CPU), shards);
+      gat[r] = std::vector<float>(n, -1.0f);
+      for (size_t i = shards[r].begin; i < shards[r].end; ++i) gat[r][i] = static_cast<float>(100 * r + i);
+      comms[r]->all_gather(Tensor(gat[r].data(), DType::F32, {static_cast<int64_t>(n)}, Device::CPU), shards);
+    });
+  for (auto& t : pool) t.join();
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      // sum over q of (1 + q/2 + i) = 3 + 1.5 + 3i
+      EXPECT_FLOAT_EQ(all[r][i], 4.5f + 3.0f * static_cast<float>(i)) << r << " " << i;
+      int owner = 0;
+      while (i >= shards[owner].end) ++owner;
+      EXPECT_EQ(gat[r][i], static_cast<float>(100 * owner + i));
+      if (owner == r) EXPECT_FLOAT_EQ(red[r][i], 7.5f + 3.0f * static_cast<float>(i));
+      else EXPECT_FLOAT_EQ(red[r][i], 2.0f + static_cast<float>(r) * 0.5f + static_cast<float>(i));  // untouched
+    }
+  }
+}
+
+namespace {
+
+// bert-tiny without dropout (so that a micro-batch split over ranks computes the same
+// gradient as one batch), as a model directory with only config.json.
+std::string dropout_free_model(const std::string& name) {
+  const std::string dir = testing_cli::fresh_dir(name);
+  BertConfig c = BertConfig::preset("bert-tiny");
+  c.hidden_dropout_prob = 0.0;
+  c.attention_probs_dropout_prob = 0.0;
+  write_file_atomic(dir + "/config.json", c.to_json().dump(2));
+  return dir;
+}
+
+TrainOptions dp_options(const std::string& model, const std::string& out, int world, int64_t batch, int zero) {
+  TrainOptions o;
+  o.model_name_or_path = model;
+  o.device = "cpu";
+  o.dataset = "learnable";
+  o.seq_len = 32;
+  o.num_samples = 64;
+  o.per_device_train_batch_size = batch;
+  o.nproc_per_node = world;
+  o.zero_stage = zero;
+  o.max_steps = 4;
+  o.logging_steps = 0;
+  o.learning_rate = 1e-3f;
+  o.disable_progress_bar = true;
+  o.output_dir = testing_cli::fresh_dir(out);
+  return o;
+}
+
+std::vector<float> saved_weights(const std::string& dir) {
+  auto be = make_cpu_backend(1);
+  const BertConfig cfg = BertConfig::from_json_file(dir + "/config.json");
+  BertForSequenceClassification m(*be, cfg, {1, 8, DType::F32, CheckpointPolicy::None, false});
+  load_pretrained_weights(dir, m);
+  return m.master_to_host();
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST(DataParallel, TwoRanksOfFourTrainLikeOneRankOfEight) {
+  const std::string model = dropout_free_model("dp_model");
+  const TrainResult one = train_data_parallel(dp_options(model, "dp_one", 1, 8, 0));
+  const TrainResult two = train_data_parallel(dp_options(model, "dp_two", 2, 4, 1));
+  EXPECT_EQ(two.samples, one.samples);
+  EXPECT_NEAR(two.first_loss, one.first_loss, 1e-5);
+  EXPECT_NEAR(two.last_loss, one.last_loss, 1e-4);
+  EXPECT_NE(one.first_loss, one.last_loss);  // the weights moved
+  const std::vector<float> w1 = saved_weights((fs::path(testing::TempDir()) / "dp_one").string());
+  const std::vector<float> w2 = saved_weights((fs::path(testing::TempDir()) / "dp_two").string());
+  ASSERT_EQ(w1.size(), w2.size());
+  double worst = 0;
+  for (size_t i = 0; i < w1.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(w1[i] - w2[i])));
+  EXPECT_LT(worst, 1e-5) << "largest weight difference after 4 steps";
+}
+
+TEST(DataParallel, ZeroStageOneUpdatesBitForBitLikeStageZeroWithHalfTheState) {
+  const std::string model = dropout_free_model("dp_model_z");
+  const TrainResult z0 = train_data_parallel(dp_options(model, "dp_z0", 2, 4, 0));
+  const TrainResult z1 = train_data_parallel(dp_options(model, "dp_z1", 2, 4, 1));
+  // The local group sums in rank order whichever collective runs, and AdamW is element-wise.
+  EXPECT_EQ(file_bytes((fs::path(testing::TempDir()) / "dp_z0" / "model.safetensors").string()),
+            file_bytes((fs::path(testing::TempDir()) / "dp_z1" / "model.safetensors").string()));
+  ASSERT_EQ(z1.rank_optimizer_state_bytes.size(), 2u);
+  const int64_t n = static_cast<int64_t>(ParamLayout::for_sequence_classification(BertConfig::preset("bert-tiny")).total());
+  EXPECT_EQ(z0.rank_optimizer_state_bytes[0], 8 * n);
+  EXPECT_EQ(z1.rank_optimizer_state_bytes[0] + z1.rank_optimizer_state_bytes[1], 8 * n);
+  EXPECT_LE(z1.rank_optimizer_state_bytes[0] - z1.rank_optimizer_state_bytes[1], 8 * 64 * 2);
+  // The plan of rank 0 is what its allocator held.
+  BertConfig cfg = BertConfig::from_json_file(model + "/config.json");
+  const ModelShape shape{4, 32, DType::F32, CheckpointPolicy::None, true, GradientPlacement::InActivations};
+  const MemoryPlan plan = plan_memory({cfg, shape, OptimizerKind::AdamW, Device::CPU, 2, 1});
+  for (int c = 0; c < kNumCategories; ++c)
+    EXPECT_EQ(z1.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c));
+  EXPECT_EQ(z1.peak_bytes.shared, plan.bytes.shared);
+}
+
+TEST(DataParallel, RefusesWhatItDoesNotSupportNamingTheFlag) {
+  using namespace testing_cli;
+  const std::string base = "train --preset bert-tiny --device cpu --seq-len 16 --per-device-train-batch-size 2 "
+                           "--nproc-per-node 2 --output-dir ";
+  std::string out = fresh_dir("dp_refuse1");
+  expect_clean_error(run_anatomy(base + out + " --num-samples 16 --optim adafactor"), "--zero-stage");
+  out = fresh_dir("dp_refuse2");
+  expect_clean_error(run_anatomy(base + out + " --num-samples 16 --precision fp16"), "fp16");
+  out = fresh_dir("dp_refuse3");
+  expect_clean_error(run_anatomy(base + out + " --num-samples 16 --zero-stage 3"), "--zero-stage");
+  out = fresh_dir("dp_refuse4");
+  expect_clean_error(run_anatomy(base + out + " --num-samples 2"), "--num-samples");
+  EXPECT_FALSE(fs::exists(fs::path(out) / "train_results.json"));
+}
