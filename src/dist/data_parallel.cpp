@@ -67,6 +67,8 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
   cfg.validate(opt.model_name_or_path.empty() ? opt.preset : config_path_of(opt.model_name_or_path));
 
   const bool want_cuda = opt.device == "cuda" || (opt.device == "auto" && cuda_available());
+  ANATOMY_CHECK(!want_cuda || cuda_device_count() >= N, "--nproc-per-node ", N, ": this machine has ", cuda_device_count(),
+                " CUDA device(s) (one rank per device; --device cpu runs ranks as threads)");
   const int64_t B = opt.per_device_train_batch_size, T = opt.seq_len, accum = opt.gradient_accumulation_steps;
   const ModelShape shape{B, T, compute_dtype(opt.precision), opt.gradient_checkpointing, true,
                          resolve_gradient_placement(opt.gradient_placement, accum)};

@@ -265,6 +265,7 @@ class Backend {
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 // True when this build has the CUDA backend and a CUDA device is present.
 bool cuda_available();
+int cuda_device_count();  // 0 without a CUDA backend or device
 // Throws anatomy::Error when the build has no CUDA backend or no device is present.
 std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
 

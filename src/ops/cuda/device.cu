@@ -6,6 +6,15 @@
 
 namespace anatomy {
 
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 bool cuda_available() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
