@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "../common/cli.h"
+#include "../common/data_parallel.h"
 #include "dist/communicator.h"
 #include "dist/data_parallel.h"
 #include "io/atomic_file.h"
@@ -77,41 +78,10 @@ TEST(LocalGroup, CollectivesSumInRankOrderAndGatherShards) {
 
 namespace {
 
-// bert-tiny without dropout (so that a micro-batch split over ranks computes the same
-// gradient as one batch), as a model directory with only config.json.
-std::string dropout_free_model(const std::string& name) {
-  const std::string dir = testing_cli::fresh_dir(name);
-  BertConfig c = BertConfig::preset("bert-tiny");
-  c.hidden_dropout_prob = 0.0;
-  c.attention_probs_dropout_prob = 0.0;
-  write_file_atomic(dir + "/config.json", c.to_json().dump(2));
-  return dir;
-}
+using namespace testing_dp;
 
 TrainOptions dp_options(const std::string& model, const std::string& out, int world, int64_t batch, int zero) {
-  TrainOptions o;
-  o.model_name_or_path = model;
-  o.device = "cpu";
-  o.dataset = "learnable";
-  o.seq_len = 32;
-  o.num_samples = 64;
-  o.per_device_train_batch_size = batch;
-  o.nproc_per_node = world;
-  o.zero_stage = zero;
-  o.max_steps = 4;
-  o.logging_steps = 0;
-  o.learning_rate = 1e-3f;
-  o.disable_progress_bar = true;
-  o.output_dir = testing_cli::fresh_dir(out);
-  return o;
-}
-
-std::vector<float> saved_weights(const std::string& dir) {
-  auto be = make_cpu_backend(1);
-  const BertConfig cfg = BertConfig::from_json_file(dir + "/config.json");
-  BertForSequenceClassification m(*be, cfg, {1, 8, DType::F32, CheckpointPolicy::None, false});
-  load_pretrained_weights(dir, m);
-  return m.master_to_host();
+  return options("cpu", model, out, world, batch, zero);
 }
 
 std::string file_bytes(const std::string& path) {
@@ -129,12 +99,10 @@ TEST(DataParallel, TwoRanksOfFourTrainLikeOneRankOfEight) {
   EXPECT_NEAR(two.first_loss, one.first_loss, 1e-5);
   EXPECT_NEAR(two.last_loss, one.last_loss, 1e-4);
   EXPECT_NE(one.first_loss, one.last_loss);  // the weights moved
-  const std::vector<float> w1 = saved_weights((fs::path(testing::TempDir()) / "dp_one").string());
-  const std::vector<float> w2 = saved_weights((fs::path(testing::TempDir()) / "dp_two").string());
-  ASSERT_EQ(w1.size(), w2.size());
-  double worst = 0;
-  for (size_t i = 0; i < w1.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(w1[i] - w2[i])));
-  EXPECT_LT(worst, 1e-5) << "largest weight difference after 4 steps";
+  EXPECT_LT(max_abs_diff(saved_weights((fs::path(testing::TempDir()) / "dp_one").string()),
+                         saved_weights((fs::path(testing::TempDir()) / "dp_two").string())),
+            1e-5)
+      << "largest weight difference after 4 steps";
 }
 
 TEST(DataParallel, ZeroStageOneUpdatesBitForBitLikeStageZeroWithHalfTheState) {
