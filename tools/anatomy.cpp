@@ -325,6 +325,9 @@ int run_plan(const TrainOptions& o, const std::string& gpu_memory, bool has_gpu)
                 resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps)},
                o.optim.kind, dev, std::max(1, o.nproc_per_node), o.nproc_per_node > 1 ? o.zero_stage : 0};
   MemoryPlan p = plan_memory(in);
+  if (in.world_size > 1)
+    std::printf("Data parallel: %d ranks, ZeRO stage %d; the table is what each rank holds (rank 0's shard)\n", in.world_size,
+                in.zero_stage);
   std::printf("Memory plan: %s, batch %lld x seq %lld, %s, %s, checkpointing %s, gradients %s (%lld parameters)\n%s",
               o.model_name_or_path.empty() ? o.preset.c_str() : o.model_name_or_path.c_str(),
               static_cast<long long>(o.per_device_train_batch_size), static_cast<long long>(o.seq_len),
