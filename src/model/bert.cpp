@@ -362,21 +362,31 @@ std::vector<LivenessPoint> activation_liveness(const BertConfig& cfg, const Mode
       if (keep(r.last_stage)) n += static_cast<int64_t>(r.end - r.begin);
     return n;
   };
+  const bool in_acts = s.gradients == GradientPlacement::InActivations && model_arena_bytes(cfg, s).block != 0;
+  const std::vector<GradRange> grads = gradient_ranges(cfg, ParamLayout::for_sequence_classification(cfg));
+  auto grad_bytes_by = [&](int stage) -> int64_t {  // ranges first written at or before `stage`
+    if (!in_acts) return -1;
+    int64_t n = 0;
+    for (const GradRange& g : grads)
+      if (g.stage <= stage) n += static_cast<int64_t>(4 * (g.end - g.begin));
+    return n;
+  };
   std::vector<LivenessPoint> out;
-  out.push_back({"step start", 0});
+  out.push_back({"step start", 0, grad_bytes_by(-1)});
   const int emb = stage_of_embeddings(L);
-  out.push_back({"embeddings forward", bytes_where([&](int st) { return st == emb; })});
+  out.push_back({"embeddings forward", bytes_where([&](int st) { return st == emb; }), grad_bytes_by(-1)});
   for (int64_t l = 0; l < L; ++l) {  // layers 0 .. l written: stages L - l .. L (and the embeddings)
     const int lo = stage_of_layer(l, L);
-    out.push_back({str_cat("layer ", l, " forward"), bytes_where([&](int st) { return st >= lo && st <= emb; })});
+    out.push_back({str_cat("layer ", l, " forward"), bytes_where([&](int st) { return st >= lo && st <= emb; }),
+                   grad_bytes_by(-1)});
   }
-  out.push_back({"pooler, classifier, loss", bytes_where([](int) { return true; })});
+  out.push_back({"pooler, classifier, loss", bytes_where([](int) { return true; }), grad_bytes_by(kStageHead)});
   for (int64_t l = L - 1; l >= 0; --l) {  // during layer l's backward: what it and earlier stages still read
     const int st = stage_of_layer(l, L);
-    out.push_back({str_cat("layer ", l, " backward"), bytes_where([&](int last) { return last >= st; })});
+    out.push_back({str_cat("layer ", l, " backward"), bytes_where([&](int last) { return last >= st; }), grad_bytes_by(st)});
   }
-  out.push_back({"embeddings backward", bytes_where([&](int last) { return last >= emb; })});
-  out.push_back({"optimizer step", bytes_where([](int last) { return last == kAfterBackward; })});
+  out.push_back({"embeddings backward", bytes_where([&](int last) { return last >= emb; }), grad_bytes_by(emb)});
+  out.push_back({"optimizer step", bytes_where([](int last) { return last == kAfterBackward; }), grad_bytes_by(emb)});
   return out;
 }
 

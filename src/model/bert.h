@@ -87,6 +87,9 @@ ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& shape);
 struct LivenessPoint {
   std::string label;
   int64_t activation_bytes = 0;
+  // Gradients in freed activations: the gradient bytes written so far in this step (the
+  // ranges backward has reached); -1 when the gradients have a buffer of their own (all live).
+  int64_t gradient_bytes = -1;
 };
 std::vector<LivenessPoint> activation_liveness(const BertConfig& cfg, const ModelShape& shape);
 

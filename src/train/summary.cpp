@@ -74,6 +74,7 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
     nlohmann::json bytes;
     for (int i = 0; i < kNumCategories; ++i) bytes[std::string(category_name(static_cast<Category>(i)))] = mem_plan.bytes.v[i];
     bytes["activations"] = lp.activation_bytes;
+    if (lp.gradient_bytes >= 0) bytes["gradients"] = lp.gradient_bytes;  // written so far (in activation memory)
     events.push_back({{"label", lp.label}, {"phase", lp.label.find("backward") != std::string::npos ? "backward"
                                                      : lp.label.find("optimizer") != std::string::npos ? "optimizer"
                                                                                                       : "forward"},

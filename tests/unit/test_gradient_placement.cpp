@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "memory/planner.h"
 #include "model/bert.h"
+#include "model/params.h"
 #include "ops/backend.h"
 
 using namespace anatomy;
@@ -156,4 +157,31 @@ TEST(GradientPlacement, CliRefusesInActivationsWithAccumulation) {
                             "--gradient-placement in-activations --output-dir " + out);
   expect_clean_error(r, "--gradient-placement");
   EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(out) / "train_results.json"));
+}
+
+// Memory over a step (memory_timeline.json): saved activations grow through forward and shrink
+// through backward while the gradients are written; live activations and the gradients written
+// so far always fit together in the one block (the reason the placement works).
+TEST(GradientPlacement, TimelineFitsLiveActivationsAndWrittenGradientsInTheBlock) {
+  const BertConfig cfg = BertConfig::preset("bert-large");
+  for (CheckpointPolicy pol : {CheckpointPolicy::None, CheckpointPolicy::Layer}) {
+    SCOPED_TRACE(checkpoint_policy_name(pol));
+    ModelShape s{4, 512, DType::F32, pol, true, GradientPlacement::InActivations};
+    const ArenaBytes a = model_arena_bytes(cfg, s);
+    ASSERT_GT(a.block, 0u);
+    const std::vector<LivenessPoint> t = activation_liveness(cfg, s);
+    const int64_t all_grads = 4 * static_cast<int64_t>(ParamLayout::for_sequence_classification(cfg).total());
+    int64_t prev_grads = 0, peak_acts = 0;
+    for (const LivenessPoint& p : t) {
+      ASSERT_GE(p.gradient_bytes, prev_grads) << p.label;  // written once, kept to the end
+      EXPECT_LE(p.activation_bytes + p.gradient_bytes, static_cast<int64_t>(a.block)) << p.label;
+      prev_grads = p.gradient_bytes;
+      peak_acts = std::max(peak_acts, p.activation_bytes);
+    }
+    EXPECT_EQ(t.front().gradient_bytes, 0);
+    EXPECT_EQ(t.back().gradient_bytes, all_grads);
+    EXPECT_LE(peak_acts, static_cast<int64_t>(a.activations));
+    s.gradients = GradientPlacement::Own;
+    for (const LivenessPoint& p : activation_liveness(cfg, s)) EXPECT_EQ(p.gradient_bytes, -1) << p.label;
+  }
 }
