@@ -123,6 +123,7 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
       synced_setup = true;
       Backend& be = *backends[static_cast<size_t>(r)];
       be.bind_to_thread();
+      if (opt.precision == Precision::Tf32) be.set_allow_tf32(true);
       Communicator& comm = *comms[static_cast<size_t>(r)];
       {
         BertForSequenceClassification model(be, cfg, shape);
