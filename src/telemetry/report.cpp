@@ -307,15 +307,14 @@ void memory_section(std::string& h, const std::vector<RunData>& runs) {
                "the CUDA context and memory the allocator holds but has not handed out.");
   bool any_shared = false;
   for (const RunData& r : runs) any_shared = any_shared || planned_shared(r.results) > 0 || allocated_shared(r.results) > 0;
-  // The script draws each category's own bytes and labels the bar with their sum; where gradients
-  // sit in freed activation memory that sum counts them twice, so the caption says where the
-  // true total is.
+  // Where gradients sit in freed activation memory, the script draws only the gradient bytes
+  // outside the activations (the tooltip gives both), so a bar's length is what was held.
   chart(h, "memory", -1,
         str_cat("GiB (2<sup>30</sup> bytes). Each category's bar is its own peak, so a bar can exceed the largest "
                 "amount live at one instant.",
                 any_shared ? " Where gradients sit in activation memory that backward has finished with, the "
-                             "gradients and activations segments hold the same bytes, so the bar counts them twice; "
-                             "the table's &ldquo;total held&rdquo; row subtracts them."
+                             "gradients segment shows only the bytes outside the activations (the table's "
+                             "&ldquo;counted twice&rdquo; row), so the bar's length is what was held."
                            : "",
                 " Hover a segment for bytes and bytes per parameter."),
         " wide");
@@ -375,7 +374,8 @@ void timeline_section(std::string& h, const std::vector<RunData>& runs) {
   section_open(h, "timeline", "Memory over one step",
                "Bytes live in the tagged allocator after each op of one training step, stacked by category: "
                "activations pile up through the forward pass and are released as the backward pass consumes them, "
-               "while weights, optimizer state and gradients stay for the whole run.");
+               "while weights, optimizer state and gradients stay for the whole run (gradients in freed activation "
+               "memory instead appear as backward writes them, into the space the activations leave).");
   h += "<div class=\"grid\">";
   for (size_t i = 0; i < runs.size(); ++i) {
     if (runs[i].timeline.is_null()) {
@@ -605,6 +605,8 @@ std::string chart_data(const std::vector<RunData>& runs) {
                          {"context_mb", num("cuda_context_mb")},
                          {"planned", planned},
                          {"allocated", allocated},
+                         {"planned_shared", planned_shared(r.results)},
+                         {"allocated_shared", allocated_shared(r.results)},
                          {"metrics", r.metrics},
                          {"nvml", r.nvml},
                          {"profile", r.profile},

@@ -118,14 +118,20 @@ inline constexpr const char* kScript = R"JS(
   function drawMemory(svg) {
     var rows = [], cats = DATA.categories, maxB = 0;
     DATA.runs.forEach(function (r, i) {
-      function segs(src) { return cats.filter(function (c) { return ok(src[c]); }).map(function (c) { return { key: c, bytes: src[c] }; }); }
+      // Gradients inside activation memory: draw only their bytes outside it; the tooltip keeps the full size.
+      function segs(src, shared) {
+        return cats.filter(function (c) { return ok(src[c]); }).map(function (c) {
+          var sh = c === 'gradients' && ok(shared) && shared > 0 ? Math.min(shared, src[c]) : 0;
+          return { key: c, bytes: src[c] - sh, full: src[c], shared: sh };
+        });
+      }
       var nv = null;
       if (ok(r.nvml_mb)) {
         var ctx = ok(r.context_mb) && r.context_mb > 0 ? Math.min(r.context_mb, r.nvml_mb) : 0;
         nv = [{ key: 'context', bytes: ctx * MIB }, { key: 'held', bytes: (r.nvml_mb - ctx) * MIB }];
       }
-      rows.push({ run: r, i: i, first: true, kind: 'planned (before the run)', segs: segs(r.planned) });
-      rows.push({ run: r, i: i, kind: 'allocated (peak per category)', segs: segs(r.allocated) });
+      rows.push({ run: r, i: i, first: true, kind: 'planned (before the run)', segs: segs(r.planned, r.planned_shared) });
+      rows.push({ run: r, i: i, kind: 'allocated (peak per category)', segs: segs(r.allocated, r.allocated_shared) });
       rows.push({ run: r, i: i, kind: 'NVML (device in use)', segs: nv });
     });
     rows.forEach(function (row) {
@@ -162,7 +168,9 @@ inline constexpr const char* kScript = R"JS(
         var bpp = ok(row.run.params) && row.run.params > 0 ? (s.bytes / row.run.params).toFixed(2) + ' bytes/param' : '';
         tip(mark(el(g, 'rect', { x: x0, y: row.y + 3, width: Math.max(0.5, x1 - x0), height: rowH - 6, fill: CAT_COLOR[s.key] || '#999' })),
             row.run.label + ', ' + row.kind + '\n' + (CAT_TITLE[s.key] || s.key) + ': ' + (s.bytes / GIB).toFixed(3) + ' GiB = ' +
-            (s.bytes / MIB).toFixed(1) + ' MiB' + (bpp ? ', ' + bpp : ''));
+            (s.bytes / MIB).toFixed(1) + ' MiB' + (bpp ? ', ' + bpp : '') +
+            (s.shared > 0 ? '\n(of ' + (s.full / MIB).toFixed(1) + ' MiB of gradients, ' + (s.shared / MIB).toFixed(1) +
+                            ' MiB are in activation memory backward had finished with)' : ''));
         acc += s.bytes;
       });
       el(g, 'text', { x: x(acc / GIB) + 6, y: cy + 4, 'class': 'muted' }, (acc / GIB).toFixed(2) + ' GiB');
