@@ -38,6 +38,10 @@ class Communicator {
   // Every rank's shard of buf, copied from its owner to every rank.
   virtual void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) = 0;
   virtual const char* kind() const = 0;  // "local" or "nccl"
+  // A rank that fails calls this on its own communicator (any number of times): it leaves the
+  // group, and collectives in flight or to come on the other ranks throw instead of waiting for
+  // it forever (each of them then aborts too).
+  virtual void abort() noexcept = 0;
 };
 
 // In-process group for the CPU backend (and tests): `world` communicators whose ranks run on

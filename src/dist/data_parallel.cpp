@@ -1,6 +1,7 @@
 #include "dist/data_parallel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cstdio>
@@ -76,6 +77,7 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
   const MemoryPlan mem_plan = plan_memory(plan_in);
   Nvml nvml;
   const int64_t used_before = want_cuda && nvml.memory(0) ? static_cast<int64_t>(nvml.memory(0)->used) : -1;
+  // NVML's device r is taken to be CUDA's device r (true without CUDA_VISIBLE_DEVICES reordering).
   if (want_cuda)
     for (int r = 0; r < N; ++r)
       if (auto m = nvml.memory(static_cast<unsigned>(r)))
@@ -100,27 +102,35 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
   std::string device_name;
   double runtime = 0;
   std::barrier<> sync(N);
+  // A rank that throws leaves the barrier and its group (Communicator::abort); the others stop at
+  // their next barrier or collective, and the first error is the one reported.
+  std::atomic<bool> failed{false}, comms_ready{false};
+  std::atomic<int> first_failed{-1};
   std::fprintf(stderr, "anatomy: data parallel over %d %s ranks, ZeRO stage %d, %s (%lld parameters), %s, batch %lld x %lld ranks x %lld accumulation, seq %lld, %lld steps\n",
-               N, want_cuda ? "CUDA" : "CPU", opt.zero_stage, opt.preset.c_str(),
+               N, want_cuda ? "CUDA" : "CPU", opt.zero_stage,
+               opt.model_name_or_path.empty() ? opt.preset.c_str() : opt.model_name_or_path.c_str(),
                static_cast<long long>(ParamLayout::for_sequence_classification(cfg).num_parameters()),
                precision_name(opt.precision), static_cast<long long>(B), static_cast<long long>(N), static_cast<long long>(accum),
                static_cast<long long>(T), static_cast<long long>(total_steps));
 
   auto rank_main = [&](int r) {
     RankOut& out = outs[static_cast<size_t>(r)];
-    bool synced_setup = false;
+    auto in_step = [&] {  // every rank reached this point and none has failed
+      sync.arrive_and_wait();
+      return !failed.load();
+    };
     try {
       const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
       backends[static_cast<size_t>(r)] = want_cuda ? make_cuda_backend(r) : make_cpu_backend(std::max(1, threads / N));
-      sync.arrive_and_wait();  // every backend exists
+      if (!in_step()) return;  // every backend exists
       if (r == 0) {
         std::vector<Backend*> raw;
         for (auto& b : backends) raw.push_back(b.get());
         comms = want_cuda ? make_nccl_group(raw) : make_local_group(N);
         device_name = backends[0]->name();
+        comms_ready.store(true, std::memory_order_release);
       }
-      sync.arrive_and_wait();  // the group exists
-      synced_setup = true;
+      if (!in_step()) return;  // the group exists
       Backend& be = *backends[static_cast<size_t>(r)];
       be.bind_to_thread();
       if (opt.precision == Precision::Tf32) be.set_allow_tf32(true);
@@ -143,10 +153,10 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
         std::vector<size_t> order;
         int64_t order_epoch = -1;
         be.synchronize();
-        sync.arrive_and_wait();
+        if (!in_step()) return;  // every replica is set up
         const auto t0 = Clock::now();
         for (int64_t step = 0; step < total_steps; ++step) {
-          if (shape.gradients == GradientPlacement::Own) model.zero_grads();
+          if (!model.gradients_in_activations()) model.zero_grads();
           be.fill(sums, 0.0f);
           for (int64_t m = 0; m < accum; ++m) {
             const int64_t micro = step * accum + m, epoch = micro / micro_per_epoch, within = micro % micro_per_epoch;
@@ -163,6 +173,8 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
             model.forward_backward(db, 1.0f / static_cast<float>(B * accum * N), static_cast<uint64_t>(micro * N + r) << 12);
             be.add(sums, sums, model.losses());
           }
+          ANATOMY_CHECK(!(r == N - 1 && step == opt.fail_last_rank_at_step), "rank ", r, " failed at step ", step,
+                        " (injected by the test)");
           const float lr = scheduled_lr(opt.lr_scheduler_type, opt.learning_rate, step, total_steps, opt.warmup_steps);
           dps.step(model, lr, opt.max_grad_norm);
           be.download(host_sums.data(), sums);  // also the step's end on this rank
@@ -181,7 +193,7 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
           }
         }
         be.synchronize();
-        sync.arrive_and_wait();  // every rank is done: the step time is the slowest rank's
+        if (!in_step()) return;  // every rank is done: the step time is the slowest rank's
         if (r == 0) {
           runtime = std::chrono::duration<double>(Clock::now() - t0).count();
           if (opt.save_model) save_pretrained(opt.output_dir, model);
@@ -190,15 +202,17 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
       out.peak = be.allocator().stats().peak();
     } catch (...) {
       out.error = std::current_exception();
-      // A rank that fails during setup leaves the others waiting at a barrier: let them pass.
-      if (!synced_setup) sync.arrive_and_drop();
+      int none = -1;
+      first_failed.compare_exchange_strong(none, r);
+      failed = true;
+      if (comms_ready.load(std::memory_order_acquire)) comms[static_cast<size_t>(r)]->abort();
+      sync.arrive_and_drop();
     }
   };
   std::vector<std::thread> pool;
   for (int r = 0; r < N; ++r) pool.emplace_back(rank_main, r);
   for (auto& t : pool) t.join();
-  for (const RankOut& o : outs)
-    if (o.error) std::rethrow_exception(o.error);
+  if (first_failed >= 0) std::rethrow_exception(outs[static_cast<size_t>(first_failed.load())].error);
 
   TrainResult res;
   res.device = str_cat(device_name, N > 1 ? str_cat(" and ", N - 1, " more") : std::string());

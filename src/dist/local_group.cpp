@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cstring>
 #include <mutex>
@@ -25,9 +26,11 @@ namespace {
 // What the ranks of a local group share: each rank's buffer for the collective in flight, and a
 // barrier that separates "every rank has posted" from "every rank has read".
 struct LocalShared {
-  explicit LocalShared(int world) : bufs(static_cast<size_t>(world), nullptr), sync(world) {}
+  explicit LocalShared(int world) : bufs(static_cast<size_t>(world), nullptr), sync(world), dropped(static_cast<size_t>(world)) {}
   std::vector<float*> bufs;
   std::barrier<> sync;
+  std::atomic<bool> aborted{false};
+  std::vector<std::atomic<bool>> dropped;  // a rank leaves the barrier once
 };
 
 class LocalCommunicator final : public Communicator {
@@ -44,9 +47,9 @@ class LocalCommunicator final : public Communicator {
     std::vector<float> sum(buf.numel(), 0.0f);
     for (int r = 0; r < m_world; ++r)
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += m_s->bufs[static_cast<size_t>(r)][i];
-    m_s->sync.arrive_and_wait();  // all ranks have read every buffer
+    wait();  // all ranks have read every buffer
     std::memcpy(mine, sum.data(), sum.size() * sizeof(float));
-    m_s->sync.arrive_and_wait();
+    wait();
   }
 
   void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) override {
@@ -56,9 +59,9 @@ class LocalCommunicator final : public Communicator {
     std::vector<float> sum(own.size(), 0.0f);
     for (int r = 0; r < m_world; ++r)
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += m_s->bufs[static_cast<size_t>(r)][own.begin + i];
-    m_s->sync.arrive_and_wait();
+    wait();
     std::memcpy(mine + own.begin, sum.data(), sum.size() * sizeof(float));
-    m_s->sync.arrive_and_wait();
+    wait();
   }
 
   void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) override {
@@ -70,15 +73,28 @@ class LocalCommunicator final : public Communicator {
         const ShardRange s = shards[static_cast<size_t>(r)];
         std::memcpy(mine + s.begin, m_s->bufs[static_cast<size_t>(r)] + s.begin, s.size() * sizeof(float));
       }
-    m_s->sync.arrive_and_wait();
+    wait();
   }
 
  private:
+  void abort() noexcept override {
+    m_s->aborted = true;
+    // Leave the barrier (counting as this phase's arrival): ranks waiting in it are released.
+    if (!m_s->dropped[static_cast<size_t>(m_rank)].exchange(true)) m_s->sync.arrive_and_drop();
+  }
+
+ private:
+  // The group's barrier, and the check that no rank failed while this one waited.
+  void wait() {
+    ANATOMY_CHECK(!m_s->aborted, "data parallel: another rank of the group failed");
+    m_s->sync.arrive_and_wait();
+    ANATOMY_CHECK(!m_s->aborted, "data parallel: another rank of the group failed");
+  }
   float* post(const Tensor& buf) {
     ANATOMY_CHECK(buf.dtype == DType::F32 && buf.device == Device::CPU, "internal error: local collectives take F32 host buffers");
     float* p = buf.ptr<float>();
     m_s->bufs[static_cast<size_t>(m_rank)] = p;
-    m_s->sync.arrive_and_wait();  // every rank has posted
+    wait();  // every rank has posted
     return p;
   }
   void check(const Tensor& buf, const std::vector<ShardRange>& shards) const {

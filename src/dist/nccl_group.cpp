@@ -3,6 +3,9 @@
 // in place inside ncclGroupStart/End), which need no padding of the flat buffers.
 #include <nccl.h>
 
+#include <atomic>
+#include <exception>
+
 #include "dist/communicator.h"
 #include "ops/backend.h"
 #include "ops/cuda/check.h"
@@ -11,11 +14,37 @@ namespace anatomy {
 
 namespace {
 
+// The communicators of one group: any rank that fails aborts them all (a peer blocked in a
+// collective with the failed rank returns only when its own communicator is aborted).
+struct NcclGroupState {
+  std::vector<ncclComm_t> comms;
+  std::vector<std::atomic<bool>> aborted;
+  explicit NcclGroupState(std::vector<ncclComm_t> c) : comms(std::move(c)), aborted(comms.size()) {}
+  void abort_all() noexcept {
+    for (size_t r = 0; r < comms.size(); ++r)
+      if (!aborted[r].exchange(true)) (void)ncclCommAbort(comms[r]);
+  }
+};
+
+// Closes a grouped launch whatever happens inside it (a throw between Start and End would
+// leave the group open).
+struct GroupScope {
+  GroupScope() { ANATOMY_CUDA_CHECK(ncclGroupStart()); }
+  ~GroupScope() noexcept(false) {
+    const ncclResult_t r = ncclGroupEnd();
+    if (std::uncaught_exceptions() == 0) ANATOMY_CUDA_CHECK(r);
+  }
+};
+
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int rank, int world)
-      : m_comm(comm), m_stream(stream), m_rank(rank), m_world(world) {}
-  ~NcclCommunicator() override { (void)ncclCommDestroy(m_comm); }
+  NcclCommunicator(std::shared_ptr<NcclGroupState> g, cudaStream_t stream, int rank, int world)
+      : m_group(std::move(g)), m_comm(m_group->comms[static_cast<size_t>(rank)]), m_stream(stream), m_rank(rank),
+        m_world(world) {}
+  ~NcclCommunicator() override {
+    if (!m_group->aborted[static_cast<size_t>(m_rank)].exchange(true)) (void)ncclCommDestroy(m_comm);
+  }
+  void abort() noexcept override { m_group->abort_all(); }
   int rank() const override { return m_rank; }
   int size() const override { return m_world; }
   const char* kind() const override { return "nccl"; }
@@ -26,21 +55,19 @@ class NcclCommunicator final : public Communicator {
   }
   void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) override {
     float* p = f32(buf);
-    ANATOMY_CUDA_CHECK(ncclGroupStart());
+    GroupScope group;
     for (int r = 0; r < m_world; ++r) {
       const ShardRange s = shards[static_cast<size_t>(r)];
       ANATOMY_CUDA_CHECK(ncclReduce(p + s.begin, p + s.begin, s.size(), ncclFloat, ncclSum, r, m_comm, m_stream));
     }
-    ANATOMY_CUDA_CHECK(ncclGroupEnd());
   }
   void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) override {
     float* p = f32(buf);
-    ANATOMY_CUDA_CHECK(ncclGroupStart());
+    GroupScope group;
     for (int r = 0; r < m_world; ++r) {
       const ShardRange s = shards[static_cast<size_t>(r)];
       ANATOMY_CUDA_CHECK(ncclBroadcast(p + s.begin, p + s.begin, s.size(), ncclFloat, r, m_comm, m_stream));
     }
-    ANATOMY_CUDA_CHECK(ncclGroupEnd());
   }
 
  private:
@@ -48,6 +75,7 @@ class NcclCommunicator final : public Communicator {
     ANATOMY_CHECK(t.dtype == DType::F32 && t.device == Device::CUDA, "internal error: NCCL collectives take F32 device buffers");
     return t.ptr<float>();
   }
+  std::shared_ptr<NcclGroupState> m_group;
   ncclComm_t m_comm;
   cudaStream_t m_stream;
   int m_rank, m_world;
@@ -60,11 +88,13 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Bac
   std::vector<ncclComm_t> comms(backends.size());
   std::vector<int> devs(backends.size());
   for (int r = 0; r < world; ++r) devs[static_cast<size_t>(r)] = r;
+  for (Backend* b : backends) ANATOMY_CHECK(b && b->native_stream(), "internal error: an NCCL rank without a CUDA backend");
   ANATOMY_CUDA_CHECK(ncclCommInitAll(comms.data(), world, devs.data()));
+  auto group = std::make_shared<NcclGroupState>(std::move(comms));
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < world; ++r)
     out.push_back(std::make_unique<NcclCommunicator>(
-        comms[static_cast<size_t>(r)], static_cast<cudaStream_t>(backends[static_cast<size_t>(r)]->native_stream()), r, world));
+        group, static_cast<cudaStream_t>(backends[static_cast<size_t>(r)]->native_stream()), r, world));
   return out;
 }
 

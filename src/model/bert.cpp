@@ -1,6 +1,7 @@
 #include "model/bert.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/rng.h"
 
@@ -490,6 +491,17 @@ void BertForSequenceClassification::sync_compute_copy() {
 }
 
 void BertForSequenceClassification::zero_grads() { m_be.fill(m_grads_view, 0.0f); }
+
+std::vector<std::string> BertForSequenceClassification::layernorm_weights_below(float limit) {
+  std::vector<std::string> out;
+  for (const ParamInfo& p : m_layout.params()) {
+    if (p.name.find("LayerNorm.weight") == std::string::npos) continue;
+    std::vector<float> v(p.numel());
+    m_be.download(v.data(), m_layout.view(m_master.tensor(), p));
+    if (std::any_of(v.begin(), v.end(), [&](float x) { return std::fabs(x) < limit; })) out.push_back(p.name);
+  }
+  return out;
+}
 
 void BertForSequenceClassification::zero_grad_range(size_t begin, size_t end) {
   if (end > begin) m_be.fill(ParamLayout::range(m_grads_view, begin, {static_cast<int64_t>(end - begin)}), 0.0f);

@@ -107,6 +107,9 @@ class BertForSequenceClassification {
   const Tensor& master() const { return m_master.tensor(); }  // F32 weights
   const Tensor& compute_params() const { return m_compute_view; }  // compute dtype (aliases master in F32)
   const Tensor& grads() const { return m_grads_view; }    // F32
+  // Whether the gradients live in the activations' block (what forward_backward then zeroes and
+  // overwrites): the shape asked for it and the plan found memory to share.
+  bool gradients_in_activations() const { return m_act_block.data() != nullptr; }
 
   // Hugging Face initialization: Linear and Embedding weights ~ N(0, initializer_range),
   // the padding row of the word embeddings zero, biases zero, LayerNorm weight 1 and bias 0.
@@ -118,6 +121,9 @@ class BertForSequenceClassification {
   // Refresh the compute-dtype copy from the master weights (no-op in F32).
   void sync_compute_copy();
   void zero_grads();
+  // Names of LayerNorm weights with an element below `limit` in magnitude: LayerNorm backward
+  // divides by them (Note [layernorm backward from its output], ops/cpu/layernorm.cpp).
+  std::vector<std::string> layernorm_weights_below(float limit);
   // Seed of the dropout masks (counter-based, so runs are reproducible and resumable).
   void set_dropout_seed(uint64_t seed) { m_seed = seed; }
 

@@ -50,6 +50,7 @@ struct TrainOptions {
   std::string device = "auto";  // auto | cpu | cuda
   int nproc_per_node = 1;        // data-parallel ranks (dist/data_parallel.h)
   int zero_stage = 1;            // with nproc_per_node > 1: 0 replicated optimizer, 1 sharded state
+  int64_t fail_last_rank_at_step = -1;  // tests only (no flag): the last rank throws before this step's update
   int threads = 0;              // CPU threads (0: all)
   // Evaluation on the validation data: no | steps (every eval_steps) | epoch.
   std::string eval_strategy = "no";

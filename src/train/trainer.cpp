@@ -249,6 +249,10 @@ TrainResult train(const TrainOptions& opt) {
     if (!rep.unused.empty())
       std::fprintf(stderr, "note: %zu tensors of %s are not used by BertForSequenceClassification (e.g. %s)\n",
                    rep.unused.size(), opt.model_name_or_path.c_str(), rep.unused[0].c_str());
+    if (const auto small = model.layernorm_weights_below(1e-3f); !small.empty())
+      std::fprintf(stderr, "note: %zu LayerNorm weights of %s have elements below 1e-3 in magnitude (e.g. %s); LayerNorm "
+                   "backward divides by them, so their gradients are less precise (exactly 0: not exact)\n",
+                   small.size(), opt.model_name_or_path.c_str(), small[0].c_str());
   }
   be->synchronize();
   const int64_t used_weights = want_cuda ? nvml_used() : -1;
@@ -339,7 +343,7 @@ TrainResult train(const TrainOptions& opt) {
   auto run_step = [&](Prefetcher& source, double& step_loss, int64_t& step_samples) -> float {
     be->set_phase(Phase::Optimizer);  // clearing the gradients is the update's bookkeeping, not data
     // In activation memory, backward clears each gradient range itself, just before writing it.
-    if (shape.gradients == GradientPlacement::Own) model.zero_grads();
+    if (!model.gradients_in_activations()) model.zero_grads();
     be->fill(d_loss_sums, 0.0f);
     step_samples = 0;
     int64_t widest = 0;

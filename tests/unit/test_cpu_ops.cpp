@@ -215,7 +215,7 @@ TEST_F(CpuOps, LayerNormBackwardWithAZeroGammaColumnStaysFinite) {
                         host(gamma, {Hd}), host(beta, {Hd}), 1e-5f, {});
   be->layernorm_backward(host(dsum, {R, Hd}), Tensor(), host(dgamma, {Hd}), host(dbeta, {Hd}), host(dy, {R, Hd}),
                          host(y, {R, Hd}), host(rstd, {R}), host(gamma, {Hd}), host(beta, {Hd}), {});
-  for (float v : dsum) EXPECT_TRUE(std::isfinite(v));
+  for (float v : dsum) EXPECT_TRUE(std::isfinite(v));  // finite, though not exact in these rows (see the note)
   EXPECT_EQ(dgamma[1], 0.0f);  // the column whose gamma is zero: xhat counted as 0
   EXPECT_FLOAT_EQ(dbeta[1], 0.0f);  // dy of column 1 sums to 1 - 1
   EXPECT_FLOAT_EQ(dbeta[0], 3.0f);

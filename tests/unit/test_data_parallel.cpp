@@ -140,3 +140,23 @@ TEST(DataParallel, RefusesWhatItDoesNotSupportNamingTheFlag) {
   expect_clean_error(run_anatomy(base + out + " --num-samples 2"), "--num-samples");
   EXPECT_FALSE(fs::exists(fs::path(out) / "train_results.json"));
 }
+
+// A rank that fails must not leave the others waiting in a collective: the run ends with the
+// failed rank's error, whichever stage and rank count.
+TEST(DataParallel, AFailingRankEndsTheRunWithItsError) {
+  const std::string model = testing_dp::dropout_free_model("dp_model_fail");
+  for (int world : {2, 3})
+    for (int zero : {0, 1}) {
+      SCOPED_TRACE(std::to_string(world) + " ranks, stage " + std::to_string(zero));
+      TrainOptions o = dp_options(model, "dp_fail", world, 2, zero);
+      o.fail_last_rank_at_step = 2;
+      try {
+        train_data_parallel(o);
+        ADD_FAILURE() << "the run did not fail";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(world - 1) + " failed at step 2"), std::string::npos)
+            << e.what();
+      }
+      EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / "train_results.json"));
+    }
+}

@@ -62,7 +62,8 @@ std::vector<StepGrads> run_twice(const BertConfig& cfg, const ModelShape& shape,
     be->upload(labels, hb.labels.data());
     const DeviceBatch db{ids, types, mask, labels};
     for (uint64_t call = 0; call < 2; ++call) {
-      if (shape.gradients == GradientPlacement::Own) model.zero_grads();
+      EXPECT_EQ(model.gradients_in_activations(), shape.gradients == GradientPlacement::InActivations);
+      if (!model.gradients_in_activations()) model.zero_grads();
       model.forward_backward(db, 1.0f / static_cast<float>(B), call << 12);
       StepGrads r;
       r.grads = model.grads_to_host();

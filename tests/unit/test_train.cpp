@@ -254,3 +254,17 @@ TEST(Train, LoadsBertModelNamesLegacyLayerNormNamesAndReportsTheHead) {
     EXPECT_TRUE(std::equal(got.begin() + p.offset, got.begin() + p.offset + p.numel(), host.begin() + p.offset)) << p.name;
   }
 }
+
+// LayerNorm backward divides by the LayerNorm weights (Note [layernorm backward from its output]):
+// the trainer names loaded weights that come near zero.
+TEST(Train, NamesLayerNormWeightsNearZero) {
+  auto be = make_cpu_backend(1);
+  BertForSequenceClassification m(*be, BertConfig::preset("bert-tiny"), {1, 8, DType::F32, CheckpointPolicy::None, false});
+  m.init_weights(3);
+  EXPECT_TRUE(m.layernorm_weights_below(1e-3f).empty());  // initialized to 1
+  std::vector<float> w = m.master_to_host();
+  const ParamInfo& p = m.layout().get("bert.encoder.layer.1.output.LayerNorm.weight");
+  w[p.offset + 5] = 2e-4f;
+  m.set_master_from_host(w);
+  EXPECT_EQ(m.layernorm_weights_below(1e-3f), std::vector<std::string>{"bert.encoder.layer.1.output.LayerNorm.weight"});
+}

@@ -6,9 +6,11 @@
 // (one [rows, h] tensor per LayerNorm: two per encoder layer, 2 * B*T*H elements), it is read
 // back from the output the model saves anyway (the next op's input): y = xhat * gamma + beta,
 // so xhat = (y - beta) / gamma. Only rstd (a float per row) is kept besides. The error this
-// adds is the storage rounding of y divided by |gamma| (LayerNorm weights stay near 1 in
-// BERT); a column with gamma exactly zero has y = beta whatever xhat was, so it is counted as
-// xhat = 0 there (its dsum contribution g = dy * gamma is zero anyway; only its dgamma is lost).
+// adds is the storage rounding of y divided by |gamma|: LayerNorm weights stay near 1 in BERT
+// (initialized to 1; the trainer notes any loaded weight below 1e-3 in magnitude). A column whose
+// gamma is zero (or, on the GPU, below FLT_MIN) has y = beta whatever xhat was: xhat is unknown
+// there and counted as 0, which zeroes that column's dgamma and leaves out its share
+// xhat_j * mean(g * xhat) of every other element's dsum -- the gradient is then not exact.
 // Forward may then skip storing sum: its statistics are taken from the rounded values in
 // registers, the same numbers it would have stored.
 #include <cmath>

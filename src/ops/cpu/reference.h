@@ -62,7 +62,8 @@ void layernorm_forward(T* y, T* sum, T* mean, T* rstd, const T* branch, const T*
 // g = dy * gamma:
 //   dsum = rstd * (g - mean(g) - xhat * mean(g * xhat));  dbranch = dropout_backward(dsum)
 //   (dbranch may be nullptr); dgamma += sum_rows dy * xhat; dbeta += sum_rows dy.
-// A column whose gamma is exactly zero carries no information about xhat: it counts as xhat = 0.
+// A column whose gamma is exactly zero carries no information about xhat: it counts as xhat = 0
+// (not exact there; see the note).
 template <class T>
 void layernorm_backward(T* dsum, T* dbranch, T* dgamma, T* dbeta, const T* dy, const T* y,
                         const T* rstd, const T* gamma, const T* beta, int64_t rows, int64_t h,

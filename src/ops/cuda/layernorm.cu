@@ -147,8 +147,9 @@ __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
 constexpr int kBwdThreads = 256;
 constexpr int kBwdWarps = kBwdThreads / 32;
 
-// 1/gamma, with 0 for gamma == 0 (that column's xhat is unknown; see the note).
-__device__ __forceinline__ float inv_gamma(float g) { return g == 0.0f ? 0.0f : 1.0f / g; }
+// 1/gamma, with 0 where |gamma| < FLT_MIN (that column's xhat is unknown; see the note). A
+// subnormal gamma would give an infinite reciprocal.
+__device__ __forceinline__ float inv_gamma(float g) { return fabsf(g) < 1.17549435e-38f ? 0.0f : 1.0f / g; }
 
 // One row as a lane holds it: packs q = p*32 + lane (< packs) of dy and y, and rstd.
 template <class T, int P>
