@@ -412,6 +412,7 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
                               static_cast<size_t>(n) * 4);
     m_act_arena = Arena::over(m_act_block.data(), bytes.activations, al.device(), Category::Activations);
     m_grads_view = Tensor(m_act_block.data() + bytes.gradient_offset, DType::F32, {n}, al.device());
+    for (const GradRange& g : gradient_ranges(cfg, m_layout)) m_grad_ranges.emplace_back(g.begin, g.end);
   } else {
     if (shape.training) {
       m_grads = Buffer(al, DType::F32, {n}, Category::Gradients);
@@ -640,8 +641,8 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   m_be.set_phase(Phase::Backward);
   // Gradients in freed activations: each stage's range is zeroed just before it is written.
   const bool overlaid = m_act_block.data() != nullptr;
-  const std::vector<GradRange> ranges = overlaid ? gradient_ranges(m_cfg, m_layout) : std::vector<GradRange>{};
-  if (overlaid) zero_grad_range(ranges.back().begin, ranges.back().end);
+  const auto& ranges = m_grad_ranges;  // [embeddings, layer 0 .. L-1, tail]
+  if (overlaid) zero_grad_range(ranges.back().first, ranges.back().second);
 
   // Classifier and pooler.
   m_be.matmul(G("classifier.weight"), a.dlogits, Trans::T, a.pooled_d, Trans::N, acc);
@@ -662,7 +663,7 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
     // Layer checkpointing: recompute this layer's forward from its saved input (X2 is free
     // scratch here). It rewrites xs[l+1] with the values it already holds.
     if (m_shape.checkpointing == CheckpointPolicy::Layer && l != L - 1) layer_forward(l, a.x_in(l), a.x_out(l), la, b, true, base, X2);
-    if (overlaid) zero_grad_range(ranges[1 + l].begin, ranges[1 + l].end);
+    if (overlaid) zero_grad_range(ranges[1 + l].first, ranges[1 + l].second);
     Tensor dx = layer_backward(l, X1, la, a.x_in(l), a.x_out(l), b, base, X1, X2, X3);
     // Rotate so that dx becomes the next layer's incoming gradient.
     Tensor others[2];
@@ -675,7 +676,7 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   }
   // Embeddings: dropout, LayerNorm (no residual), then the three tables.
   if (a.xs[0].data != a.emb_ln.data) m_be.dropout_backward(X1, X1, drop(hp, base, 0, true));
-  if (overlaid) zero_grad_range(ranges.front().begin, ranges.front().end);
+  if (overlaid) zero_grad_range(ranges.front().first, ranges.front().second);
   m_be.layernorm_backward(X2, Tensor(), G("bert.embeddings.LayerNorm.weight"), G("bert.embeddings.LayerNorm.bias"), X1,
                           a.emb_ln, a.emb_rstd, W("bert.embeddings.LayerNorm.weight"),
                           W("bert.embeddings.LayerNorm.bias"), {});

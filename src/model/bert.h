@@ -168,6 +168,9 @@ class BertForSequenceClassification {
   void zero_grad_range(size_t begin, size_t end);  // elements of the flat gradients
   Buffer m_master, m_compute, m_grads;
   SharedBlock m_act_block;  // activations with the gradients inside (GradientPlacement::InActivations)
+  // With m_act_block: the flat gradient ranges backward zeroes before writing them (elements):
+  // the embeddings, each layer, and the tail (pooler, classifier, every vector).
+  std::vector<std::pair<size_t, size_t>> m_grad_ranges;
   Tensor m_compute_view, m_grads_view;
   Arena m_act_arena, m_tmp_arena;
   std::unique_ptr<Acts> m_acts;
