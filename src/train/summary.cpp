@@ -62,9 +62,9 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
   out["allocator_shared_bytes"] = res.peak_bytes.shared;
   out["planned_shared_bytes"] = mem_plan.bytes.shared;
   out["gradient_placement"] = gradient_placement_name(shape.gradients);
+  out["world_size"] = res.world_size;
+  out["zero_stage"] = res.zero_stage;
   if (res.world_size > 1) {
-    out["world_size"] = res.world_size;
-    out["zero_stage"] = res.zero_stage;
     out["rank_optimizer_state_bytes"] = res.rank_optimizer_state_bytes;
     out["gpu_memory_per_rank_mb"] = res.gpu_memory_per_rank_mb;
   }

@@ -170,6 +170,9 @@ TEST(Report, SharedGradientBytesAreSubtractedFromTheTotal) {
   spit(d + "/train_results.json", r.dump());
   const std::string h = render_report({d, kBs4});
   const std::string mem = between(h, "<table class=\"memory\">", "</table>");
+  // The configuration names where the gradients live (run_bs4 predates the key).
+  EXPECT_TRUE(has(cells(between(h, "<table class=\"config\">", "</table>"), "<th>Gradients (own buffer, or in freed activation memory)</th>"),
+                  "<td>in-activations</td><td><span class=\"na\">not recorded</span></td>"));
   // The sum of category peaks still counts them twice...
   EXPECT_EQ(cells(mem, "<th>sum of category peaks</th>"),
             "<th>sum of category peaks</th><td class=\"num\">19219.4</td><td class=\"num\">19211.4</td>"
