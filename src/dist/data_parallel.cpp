@@ -17,6 +17,7 @@
 #include "model/bert.h"
 #include "model/params.h"
 #include "telemetry/nvml.h"
+#include "train/staging.h"
 #include "train/summary.h"
 
 namespace anatomy {
@@ -93,7 +94,10 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
   const int64_t steps_per_epoch = micro_per_epoch / accum;
   const int64_t total_steps = opt.max_steps > 0 ? opt.max_steps : opt.num_train_epochs * steps_per_epoch;
   const uint64_t seed = opt.seed;
-  fs::create_directories(opt.output_dir);
+  std::error_code ec;
+  fs::create_directories(opt.output_dir, ec);
+  ANATOMY_CHECK(!ec, opt.output_dir, ": cannot create the output directory: ", ec.message());
+  fs::remove(fs::path(opt.output_dir) / "train_results.json", ec);  // a run in progress does not look finished
 
   std::vector<std::unique_ptr<Backend>> backends(static_cast<size_t>(N));
   std::vector<std::unique_ptr<Communicator>> comms;
@@ -149,6 +153,7 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
         const DeviceBatch db{ids, types, mask, labels};
         HostBatch hb;
         hb.resize(B, T);
+        UploadStaging staging(be, B, T);
         std::vector<float> host_sums(static_cast<size_t>(B));
         std::vector<size_t> order;
         int64_t order_epoch = -1;
@@ -166,10 +171,7 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
             }
             // Micro-batch `within` of the epoch is N consecutive slices of B samples, one per rank.
             for (int64_t i = 0; i < B; ++i) data.get(order[static_cast<size_t>((within * N + r) * B + i)], hb, i);
-            be.upload(ids, hb.input_ids.data());
-            be.upload(types, hb.token_type_ids.data());
-            be.upload(mask, hb.attention_mask.data());
-            be.upload(labels, hb.labels.data());
+            staging.upload(hb, db, micro);  // no host wait between micro-batches
             model.forward_backward(db, 1.0f / static_cast<float>(B * accum * N), static_cast<uint64_t>(micro * N + r) << 12);
             be.add(sums, sums, model.losses());
           }

@@ -23,6 +23,7 @@
 #include "train/checkpoints.h"
 #include "train/evaluate.h"
 #include "dist/data_parallel.h"
+#include "train/staging.h"
 #include "train/summary.h"
 #include "train/train_data.h"
 
@@ -323,19 +324,7 @@ TrainResult train(const TrainOptions& opt) {
   int64_t micro = start_step * accum;
   HostBatch hb;
   std::vector<float> host_losses(B);
-  // Page-locked staging for the uploads, two blocks used in turn (Note [asynchronous uploads]
-  // in ops/backend.h): a micro-batch's copy waits only for the copy two micro-batches back.
-  struct Staging {
-    Backend& be;
-    int32_t* p[2];
-    int token[2] = {-1, -1};
-    Staging(Backend& b, size_t ints) : be(b) {
-      for (auto& q : p) q = static_cast<int32_t*>(be.host_alloc(ints * sizeof(int32_t)));
-    }
-    ~Staging() {
-      for (auto* q : p) be.host_free(q);
-    }
-  } staging(*be, static_cast<size_t>(3 * B * T + B));
+  UploadStaging staging(*be, B, T);
 
   // One optimizer step: accumulation over micro-batches, gradient norm, (fp16) overflow
   // check, update. The per-sample losses are summed on the device and read once, after the
@@ -355,20 +344,7 @@ TrainResult train(const TrainOptions& opt) {
       auto rows = [&](const Buffer& buf) { return buf.tensor().view({B * T}).slice(0, b * t).view({b, t}); };
       DeviceBatch db{rows(d_ids), rows(d_types), rows(d_mask), d_labels.tensor().slice(0, b)};
       be->set_phase(Phase::Data);
-      const int slot = static_cast<int>(micro % 2);
-      if (staging.token[slot] >= 0) be->wait_upload(staging.token[slot]);
-      int32_t* ids = staging.p[slot];
-      int32_t* types = ids + b * t;
-      int32_t* mask = types + b * t;
-      int32_t* labels = mask + b * t;
-      std::copy(hb.input_ids.begin(), hb.input_ids.end(), ids);
-      std::copy(hb.token_type_ids.begin(), hb.token_type_ids.end(), types);
-      std::copy(hb.attention_mask.begin(), hb.attention_mask.end(), mask);
-      std::copy(hb.labels.begin(), hb.labels.end(), labels);
-      be->upload_async(db.input_ids, ids);
-      be->upload_async(db.token_type_ids, types);
-      be->upload_async(db.attention_mask, mask);
-      staging.token[slot] = be->upload_async(db.labels, labels);
+      staging.upload(hb, db, micro);
       model.forward_backward(db, scaler.scale / static_cast<float>(b * accum), static_cast<uint64_t>(micro) << 12);
       be->set_phase(Phase::Data);
       const Tensor sums = d_loss_sums.tensor().slice(0, b);

@@ -1,0 +1,52 @@
+// Page-locked staging for a micro-batch's uploads, two blocks used in turn (Note [asynchronous
+// uploads] in ops/backend.h): a micro-batch's copy waits only for the copy two micro-batches
+// back, so the host never waits for the device between micro-batches.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "data/dataset.h"
+#include "model/bert.h"
+#include "ops/backend.h"
+
+namespace anatomy {
+
+class UploadStaging {
+ public:
+  // Room for a batch of `batch` x `seq` tokens: ids, token types, mask and labels (I32).
+  UploadStaging(Backend& be, int64_t batch, int64_t seq) : m_be(be) {
+    const size_t ints = static_cast<size_t>(3 * batch * seq + batch);
+    for (auto& q : m_p) q = static_cast<int32_t*>(be.host_alloc(ints * sizeof(int32_t)));
+  }
+  ~UploadStaging() {
+    for (auto* q : m_p) m_be.host_free(q);
+  }
+  UploadStaging(const UploadStaging&) = delete;
+  UploadStaging& operator=(const UploadStaging&) = delete;
+
+  // Copies hb into staging block micro % 2 and enqueues its uploads into db (shaped like hb).
+  void upload(const HostBatch& hb, const DeviceBatch& db, int64_t micro) {
+    const int slot = static_cast<int>(micro % 2);
+    if (m_token[slot] >= 0) m_be.wait_upload(m_token[slot]);
+    const int64_t n = hb.batch * hb.seq;
+    int32_t* ids = m_p[slot];
+    int32_t* types = ids + n;
+    int32_t* mask = types + n;
+    int32_t* labels = mask + n;
+    std::copy(hb.input_ids.begin(), hb.input_ids.end(), ids);
+    std::copy(hb.token_type_ids.begin(), hb.token_type_ids.end(), types);
+    std::copy(hb.attention_mask.begin(), hb.attention_mask.end(), mask);
+    std::copy(hb.labels.begin(), hb.labels.end(), labels);
+    m_be.upload_async(db.input_ids, ids);
+    m_be.upload_async(db.token_type_ids, types);
+    m_be.upload_async(db.attention_mask, mask);
+    m_token[slot] = m_be.upload_async(db.labels, labels);
+  }
+
+ private:
+  Backend& m_be;
+  int32_t* m_p[2];
+  int m_token[2] = {-1, -1};
+};
+
+}  // namespace anatomy
