@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "core/rng.h"
@@ -53,6 +54,9 @@ struct RankOut {
   double loss_sum = 0;
   std::vector<double> step_loss;  // per step, this rank's samples
   CategoryBytes peak;
+  int64_t nvml_used_mb = -1;  // this rank's device at the end, the model still allocated
+  int64_t context_mb = -1;    // NVML growth from creating this rank's backend
+  int64_t model_mb = -1;      // ... and from allocating its model and optimizer shard
   std::exception_ptr error;
 };
 
@@ -125,7 +129,14 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
     };
     try {
       const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      auto used = [&]() -> int64_t {  // NVML's device r is taken to be CUDA's device r
+        auto m = want_cuda ? nvml.memory(static_cast<unsigned>(r)) : std::nullopt;
+        return m ? static_cast<int64_t>(m->used >> 20) : -1;
+      };
+      const int64_t before = used();
       backends[static_cast<size_t>(r)] = want_cuda ? make_cuda_backend(r) : make_cpu_backend(std::max(1, threads / N));
+      const int64_t with_backend = used();
+      if (before >= 0) out.context_mb = with_backend - before;
       if (!in_step()) return;  // every backend exists
       if (r == 0) {
         std::vector<Backend*> raw;
@@ -146,6 +157,8 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
         if (!opt.model_name_or_path.empty() && fs::exists(fs::path(opt.model_name_or_path) / "model.safetensors"))
           load_pretrained_weights(opt.model_name_or_path, model);
         DataParallelStep dps(be, comm, opt.optim, model.layout(), opt.zero_stage);
+        be.synchronize();
+        if (with_backend >= 0) out.model_mb = used() - with_backend;
         Allocator& al = be.allocator();
         Buffer ids(al, DType::I32, {B, T}, Category::Other), types(al, DType::I32, {B, T}, Category::Other);
         Buffer mask(al, DType::I32, {B, T}, Category::Other), labels(al, DType::I32, {B}, Category::Other);
@@ -196,6 +209,7 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
         }
         be.synchronize();
         if (!in_step()) return;  // every rank is done: the step time is the slowest rank's
+        out.nvml_used_mb = used();
         if (r == 0) {
           runtime = std::chrono::duration<double>(Clock::now() - t0).count();
           if (opt.save_model) save_pretrained(opt.output_dir, model);
@@ -247,9 +261,10 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
   res.zero_stage = opt.zero_stage;
   for (const RankOut& o : outs) res.rank_optimizer_state_bytes.push_back(o.peak[Category::OptimizerState]);
   if (want_cuda) {
-    for (int r = 0; r < N; ++r)
-      if (auto m = nvml.memory(static_cast<unsigned>(r))) res.gpu_memory_per_rank_mb.push_back(static_cast<int64_t>(m->used >> 20));
-    if (!res.gpu_memory_per_rank_mb.empty()) res.gpu_memory_occupied_mb = res.gpu_memory_per_rank_mb[0];
+    for (const RankOut& o : outs) res.gpu_memory_per_rank_mb.push_back(o.nvml_used_mb);
+    res.gpu_memory_occupied_mb = res.gpu_memory_per_rank_mb[0];
+    res.cuda_context_mb = outs[0].context_mb;
+    res.model_nvml_mb = outs[0].model_mb;
   }
   write_run_summary(opt, res, mem_plan, cfg, shape, used_before);
   return res;
