@@ -14,20 +14,7 @@ run() {  # name, flags...
   local name=$1; shift
   timeout 150 $a train --device cuda --disable-tqdm --logging-steps 0 --save-strategy no --output-dir "/tmp/dist/$name" "$@" \
     > "$OUT/$name.log" 2>&1
-  python3 - "$name" "/tmp/dist/$name/train_results.json" <<'PY'
-import json, sys
-name, path = sys.argv[1], sys.argv[2]
-try:
-    r = json.load(open(path))
-except Exception as e:
-    print(f"| {name} | failed: {e} |"); sys.exit()
-mib = lambda b: b / 2**20
-per = r.get("gpu_memory_per_rank_mb") or [r["gpu_memory_occupied_mb"]]
-opt = r.get("rank_optimizer_state_bytes") or [r["allocator_peak_bytes"]["optimizer_state"]]
-print(f"| {name} | {r.get('world_size', 1)} | {r.get('zero_stage', 0)} | {r['steady_samples_per_second']:.1f} | "
-      f"{r['first_step_loss']:.6f} | {r['last_step_loss']:.6f} | {' / '.join(f'{mib(b):.0f}' for b in opt)} | "
-      f"{' / '.join(str(m) for m in per)} |")
-PY
+  python3 scripts/results_row.py dist "$name" "/tmp/dist/$name/train_results.json"
 }
 mkdir -p /tmp/dist
 {

@@ -12,21 +12,7 @@ row() {  # name, extra flags...
   local name=$1; shift
   timeout 120 $a train --preset bert-large --seq-len 512 --device cuda --disable-tqdm --logging-steps 0 \
     --save-strategy no --output-dir "/tmp/levers/$name" "$@" > "/tmp/levers/$name.log" 2>&1
-  python3 - "$name" "/tmp/levers/$name/train_results.json" <<'PY'
-import json, sys
-name, path = sys.argv[1], sys.argv[2]
-try:
-    r = json.load(open(path))
-except Exception as e:
-    print(f"| {name} | failed: {e} |"); sys.exit()
-mib = lambda b: b / 2**20
-p, a = r["planned_bytes"], r["allocator_peak_bytes"]
-ps, as_ = r.get("planned_shared_bytes", 0), r.get("allocator_shared_bytes", 0)
-n = r["num_parameters"]
-print(f"| {name} | {r['steady_samples_per_second']:.1f} | {mib(sum(p.values()) - ps):.0f} | {mib(sum(a.values()) - as_):.0f} | "
-      f"{mib(as_):.0f} | {r['gpu_memory_occupied_mb']} | {r['gpu_memory_occupied_mb'] - r['cuda_context_mb'] - r.get('nvml_baseline_mb', 0)} | "
-      f"{a['optimizer_state']/n:.2f} | {a['gradients']/n:.2f} | {mib(a['activations']):.0f} | {r['last_step_loss']:.3g} |")
-PY
+  python3 scripts/results_row.py levers "$name" "/tmp/levers/$name/train_results.json"
 }
 mkdir -p /tmp/levers
 {

@@ -316,9 +316,7 @@ int run_eval(const EvalFlags& f) {
 int run_plan(const TrainOptions& o, const std::string& gpu_memory, bool has_gpu) {
   ANATOMY_CHECK(o.per_device_train_batch_size >= 1,
                 "--per-device-train-batch-size: plan needs a number (it prints the largest batch that fits)");
-  BertConfig cfg = o.model_name_or_path.empty() ? BertConfig::preset(o.preset)
-                                                : BertConfig::from_json_file(config_path_of(o.model_name_or_path));
-  if (o.model_name_or_path.empty() && cfg.num_labels != o.num_labels) cfg.set_num_labels(o.num_labels);
+  const BertConfig cfg = model_config(o);
   const Device dev = (o.device == "cpu") ? Device::CPU : Device::CUDA;
   PlanInput in{cfg,
                {o.per_device_train_batch_size, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true,

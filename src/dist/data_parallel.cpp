@@ -10,7 +10,6 @@
 #include <optional>
 #include <thread>
 
-#include "core/rng.h"
 #include "data/dataset.h"
 #include "dist/zero.h"
 #include "io/checkpoint.h"
@@ -20,6 +19,7 @@
 #include "telemetry/nvml.h"
 #include "train/staging.h"
 #include "train/summary.h"
+#include "train/train_data.h"
 
 namespace anatomy {
 
@@ -41,15 +41,6 @@ void refuse_unsupported(const TrainOptions& o) {
   if (o.zero_stage == 1) Optimizer::range_state_bytes(o.optim.kind, 0);  // adamw or sgd
 }
 
-// The sample order of an epoch: a seeded permutation, the same on every rank.
-std::vector<size_t> epoch_order(size_t n, uint64_t seed, int64_t epoch) {
-  std::vector<size_t> p(n);
-  for (size_t i = 0; i < n; ++i) p[i] = i;
-  Rng rng(seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch) + 1);
-  for (size_t i = n; i > 1; --i) std::swap(p[i - 1], p[static_cast<size_t>(rng.randint(0, static_cast<int64_t>(i)))]);
-  return p;
-}
-
 struct RankOut {
   double loss_sum = 0;
   std::vector<double> step_loss;  // per step, this rank's samples
@@ -67,10 +58,7 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
   refuse_unsupported(opt);
   const int N = opt.nproc_per_node;
   ANATOMY_CHECK(N >= 1 && N <= 64, "--nproc-per-node: expected 1 to 64 (got ", N, ")");
-  BertConfig cfg = opt.model_name_or_path.empty() ? BertConfig::preset(opt.preset)
-                                                  : BertConfig::from_json_file(config_path_of(opt.model_name_or_path));
-  if (opt.model_name_or_path.empty() && cfg.num_labels != opt.num_labels) cfg.set_num_labels(opt.num_labels);
-  cfg.validate(opt.model_name_or_path.empty() ? opt.preset : config_path_of(opt.model_name_or_path));
+  BertConfig cfg = model_config(opt);
 
   const bool want_cuda = opt.device == "cuda" || (opt.device == "auto" && cuda_available());
   ANATOMY_CHECK(!want_cuda || cuda_device_count() >= N, "--nproc-per-node ", N, ": this machine has ", cuda_device_count(),
@@ -90,9 +78,9 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
                       B, ": the plan needs ", mem_plan.total() >> 20, " MiB per device but GPU ", r, " has ", m->free >> 20,
                       " MiB free");
 
-  const SyntheticDataset data(parse_synthetic_kind(opt.dataset), static_cast<size_t>(opt.num_samples), T, cfg.vocab_size,
-                              opt.seed);
-  const int64_t micro_per_epoch = opt.num_samples / (N * B);
+  const TrainData data = load_train_data(opt, cfg);  // the synthetic set, as the trainer builds it
+  const int64_t n = static_cast<int64_t>(data.train->size());
+  const int64_t micro_per_epoch = n / (N * B);  // whole global batches only
   ANATOMY_CHECK(micro_per_epoch >= accum, "--num-samples ", opt.num_samples, ": too few for one step of ", N, " ranks x ",
                 B, " samples x ", accum, " accumulation steps");
   const int64_t steps_per_epoch = micro_per_epoch / accum;
@@ -168,8 +156,9 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
         hb.resize(B, T);
         UploadStaging staging(be, B, T);
         std::vector<float> host_sums(static_cast<size_t>(B));
-        std::vector<size_t> order;
-        int64_t order_epoch = -1;
+        // Global batches of N x B samples in the one-device trainer's order for that batch size;
+        // rank r trains on slice r of each.
+        const BatchPlan plan = data.batch_plan(B * N, seed, false);
         be.synchronize();
         if (!in_step()) return;  // every replica is set up
         const auto t0 = Clock::now();
@@ -177,13 +166,9 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
           if (!model.gradients_in_activations()) model.zero_grads();
           be.fill(sums, 0.0f);
           for (int64_t m = 0; m < accum; ++m) {
-            const int64_t micro = step * accum + m, epoch = micro / micro_per_epoch, within = micro % micro_per_epoch;
-            if (epoch != order_epoch) {
-              order = epoch_order(data.size(), seed, epoch);
-              order_epoch = epoch;
-            }
-            // Micro-batch `within` of the epoch is N consecutive slices of B samples, one per rank.
-            for (int64_t i = 0; i < B; ++i) data.get(order[static_cast<size_t>((within * N + r) * B + i)], hb, i);
+            const int64_t micro = step * accum + m;
+            const std::vector<size_t> idx = plan.indices(micro / micro_per_epoch, micro % micro_per_epoch);
+            for (int64_t i = 0; i < B; ++i) data.train->get(idx[static_cast<size_t>(r * B + i)], hb, i);
             staging.upload(hb, db, micro);  // no host wait between micro-batches
             model.forward_backward(db, 1.0f / static_cast<float>(B * accum * N), static_cast<uint64_t>(micro * N + r) << 12);
             be.add(sums, sums, model.losses());

@@ -179,10 +179,7 @@ void keep_metrics_up_to(const fs::path& path, int64_t step) {
 
 }  // namespace
 
-TrainResult train(const TrainOptions& opt) {
-  if (opt.nproc_per_node > 1) return train_data_parallel(opt);
-  opt.validate();
-  // Model configuration and data (text data decides the classes of the head).
+BertConfig model_config(const TrainOptions& opt) {
   BertConfig cfg = opt.model_name_or_path.empty() ? BertConfig::preset(opt.preset)
                                                   : BertConfig::from_json_file(config_path_of(opt.model_name_or_path));
   if (opt.model_name_or_path.empty() && cfg.num_labels != opt.num_labels) cfg.set_num_labels(opt.num_labels);
@@ -190,6 +187,14 @@ TrainResult train(const TrainOptions& opt) {
   ANATOMY_CHECK(opt.seq_len <= cfg.max_position_embeddings, "--seq-len ", opt.seq_len,
                 " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings, ")");
   cfg.architectures = {"BertForSequenceClassification"};  // what we train and save, whatever head it was saved with
+  return cfg;
+}
+
+TrainResult train(const TrainOptions& opt) {
+  if (opt.nproc_per_node > 1) return train_data_parallel(opt);
+  opt.validate();
+  // Model configuration and data (text data decides the classes of the head).
+  BertConfig cfg = model_config(opt);
   const TrainData data = load_train_data(opt, cfg);
   ANATOMY_CHECK(opt.eval_strategy == "no" || data.validation, "--eval-strategy ", opt.eval_strategy,
                 " needs validation data: --validation-file or --validation-split");

@@ -43,6 +43,11 @@ struct TrainResult {
   std::vector<int64_t> gpu_memory_per_rank_mb;      // NVML used on each rank's device at the end
 };
 
+// The model configuration a run trains: --preset (with --num-labels) or the config.json of
+// --model-name-or-path, validated, its position table long enough for --seq-len. Text data may
+// still change the labels (the trainer's load_train_data).
+BertConfig model_config(const TrainOptions& opt);
+
 // Runs the loop of `opt`. Errors (bad flags, files, a plan that cannot fit) throw anatomy::Error
 // before anything is written to output_dir. On SIGINT or SIGTERM the current step finishes, a
 // checkpoint is saved and the result says interrupted (Note [stopping cleanly]).

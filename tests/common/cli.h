@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <string>
 
+#include "dirs.h"
+
 namespace anatomy::testing_cli {
 
 struct CmdResult {
@@ -27,13 +29,7 @@ inline CmdResult run_anatomy(const std::string& args) {
   return r;
 }
 
-// A fresh, empty directory under the test temp dir.
-inline std::string fresh_dir(const std::string& name) {
-  const std::filesystem::path p = std::filesystem::path(testing::TempDir()) / name;
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p);
-  return p.string();
-}
+using testing_dirs::fresh_dir;
 
 // One error line that names what is wrong; exit 2 (not a crash, not success).
 inline void expect_clean_error(const CmdResult& r, const std::string& needle) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dirs.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
 #include "model/bert.h"
@@ -18,17 +19,12 @@
 
 namespace anatomy::testing_dp {
 
-inline std::string fresh_run_dir(const std::string& name) {
-  const std::filesystem::path p = std::filesystem::path(testing::TempDir()) / name;
-  std::filesystem::remove_all(p);
-  std::filesystem::create_directories(p);
-  return p.string();
-}
+using testing_dirs::fresh_dir;
 
 // bert-tiny without dropout (so that a batch split over ranks computes the same gradient as
 // one batch), as a model directory with only config.json.
 inline std::string dropout_free_model(const std::string& name) {
-  const std::string dir = fresh_run_dir(name);
+  const std::string dir = fresh_dir(name);
   BertConfig c = BertConfig::preset("bert-tiny");
   c.hidden_dropout_prob = 0.0;
   c.attention_probs_dropout_prob = 0.0;
@@ -52,7 +48,7 @@ inline TrainOptions options(const std::string& device, const std::string& model,
   o.logging_steps = 0;
   o.learning_rate = 1e-3f;
   o.disable_progress_bar = true;
-  o.output_dir = fresh_run_dir(out);
+  o.output_dir = fresh_dir(out);
   return o;
 }
 
