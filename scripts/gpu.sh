@@ -7,7 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}"
-export ANATOMY_SOURCE_DIR="$PWD" OMP_WAIT_POLICY=PASSIVE
+# No address-space cap on the unit tests here: the CUDA driver reserves address space (Note [test memory cap]).
+export ANATOMY_SOURCE_DIR="$PWD" OMP_WAIT_POLICY=PASSIVE ANATOMY_TEST_MEMORY_CAP_MB=0
 OUT=${OUT:-bench/results/tmp}
 mkdir -p "$OUT"
 bin=.carry/bin

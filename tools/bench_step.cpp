@@ -3,7 +3,7 @@
 // For each configuration (preset, precision, micro-batch, sequence length) it builds the model and
 // AdamW on the GPU with a fixed random device batch, runs warm-up steps, then times with CUDA
 // events
-//   (a) eager: N steps of zero_grads + forward_backward + sum_squares + AdamW, op by op;
+//   (a) eager: N steps of zero_grads + forward_backward + gradient norm + AdamW, op by op;
 //   (b) graph: the same sequence recorded once (Backend::begin_capture / end_capture) and
 //       replayed N times. The replay repeats the recorded arguments: its dropout masks, learning
 //       rate and AdamW step count stay those of the captured step (fine for timing, not for
@@ -29,6 +29,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/bert.h"
+#include "optim/grad_norm.h"
 #include "model/config.h"
 #include "ops/backend.h"
 #include "ops/cuda/cuda_backend.h"
@@ -143,8 +144,8 @@ Result run(const Config& c, int steps, int warmup, const Nvml& nvml) {
   const int64_t B = c.batch, T = c.seq;
   Allocator& al = be.allocator();
   Buffer ids(al, DType::I32, {B, T}, Category::Other), types(al, DType::I32, {B, T}, Category::Other),
-      mask(al, DType::I32, {B, T}, Category::Other), labels(al, DType::I32, {B}, Category::Other),
-      norm(al, DType::F32, {1}, Category::Other);
+      mask(al, DType::I32, {B, T}, Category::Other), labels(al, DType::I32, {B}, Category::Other);
+  GradNorm norm(be, model.layout().total());
   {
     Rng rng(7);
     std::vector<int32_t> h_ids(static_cast<size_t>(B * T)), h_zero(h_ids.size(), 0), h_one(h_ids.size(), 1),
@@ -165,9 +166,8 @@ Result run(const Config& c, int steps, int warmup, const Nvml& nvml) {
   auto step = [&] {
     model.zero_grads();
     model.forward_backward(batch, loss_scale / static_cast<float>(B), static_cast<uint64_t>(k) << 12);
-    be.fill(norm, 0.0f);
-    be.sum_squares(norm, model.grads());
-    GradTransform gt{norm.tensor(), 1.0f / loss_scale, 1.0f};
+    norm.compute(model.grads());
+    GradTransform gt{norm.norm_sq(), 1.0f / loss_scale, 1.0f};
     gt.skip_nonfinite = prec == Precision::Fp16;
     opt->step(groups, gt, 1e-5f);
     ++k;
@@ -210,7 +210,7 @@ Result run(const Config& c, int steps, int warmup, const Nvml& nvml) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"anatomy_bench_step: a training step (forward_backward + sum_squares + AdamW) eager vs replayed "
+  CLI::App app{"anatomy_bench_step: a training step (forward_backward + gradient norm + AdamW) eager vs replayed "
                "from a CUDA graph"};
   std::vector<std::string> configs;
   int steps = 20, warmup = 3;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/backend.h"
 
 namespace anatomy {
 
@@ -23,8 +24,10 @@ struct ShardRange {
 };
 
 // `world` near-equal shards of `total` elements; every boundary a multiple of `align` elements
-// (the last shard takes the remainder), so shard starts stay 16-byte aligned in any dtype.
-std::vector<ShardRange> shard_ranges(size_t total, int world, size_t align = 64);
+// (the last shard takes the remainder; shards past the end are empty). The default is the
+// gradient norm's block (kNormBlock), so every block has one owner (Note [canonical gradient
+// norm] in optim/grad_norm.h) and shard starts stay 16-byte aligned in any dtype.
+std::vector<ShardRange> shard_ranges(size_t total, int world, size_t align = kNormBlock);
 
 class Communicator {
  public:

@@ -15,18 +15,17 @@ size_t zero_optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout, in
 DataParallelStep::DataParallelStep(Backend& be, Communicator& comm, const OptimizerOptions& o, const ParamLayout& layout,
                                    int stage)
     : m_be(be), m_comm(comm), m_stage(stage), m_shards(shard_ranges(layout.total(), comm.size())),
-      m_shard(m_shards[static_cast<size_t>(comm.rank())]), m_norm(be.allocator(), DType::F32, {1}, Category::Other) {
+      m_shard(m_shards[static_cast<size_t>(comm.rank())]), m_norm(be, layout.total()) {
   ANATOMY_CHECK(stage == 0 || stage == 1, "--zero-stage: expected 0 or 1 (got ", stage, ")");
   m_opt = stage == 0 ? Optimizer::create(be, o, layout) : Optimizer::create_for_range(be, o, m_shard.size());
 }
 
 void DataParallelStep::step(BertForSequenceClassification& model, float lr, float max_grad_norm) {
   const Tensor grads = model.grads();
-  const Tensor& norm = m_norm.tensor();
-  m_be.fill(norm, 0.0f);
+  const Tensor& norm = m_norm.norm_sq();
   if (m_stage == 0) {
     m_comm.all_reduce_sum(grads);
-    m_be.sum_squares(norm, grads);
+    m_norm.compute(grads);
     ParamGroups g{model.master(), model.shape().compute == DType::F32 ? Tensor() : model.compute_params(), grads,
                   model.layout().decay_end()};
     m_opt->step(g, GradTransform{norm, 1.0f, max_grad_norm, false}, lr);
@@ -35,8 +34,9 @@ void DataParallelStep::step(BertForSequenceClassification& model, float lr, floa
   m_comm.reduce_scatter_sum(grads, m_shards);
   const int64_t b = static_cast<int64_t>(m_shard.begin), e = static_cast<int64_t>(m_shard.end);
   auto own = [&](const Tensor& t) { return t.view({static_cast<int64_t>(t.numel())}).slice(b, e); };
-  m_be.sum_squares(norm, own(grads));
-  m_comm.all_reduce_sum(norm);  // the global norm: every shard's sum of squares
+  m_norm.compute_range(grads, m_shard.begin, m_shard.end);
+  m_comm.all_reduce_sum(m_norm.partials());  // each block's partial from its owner, zeros elsewhere
+  m_norm.finish();
   const size_t decay_end = model.layout().decay_end();
   const size_t local_decay = std::clamp<size_t>(decay_end, m_shard.begin, m_shard.end) - m_shard.begin;
   ParamGroups g{own(model.master()), Tensor(), own(grads), local_decay};

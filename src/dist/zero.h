@@ -9,7 +9,8 @@
 //   stage 0: every rank all-reduces the whole gradient and runs the whole optimizer
 //            (plain data parallelism; 8 bytes/param of AdamW state on every rank);
 //   stage 1: the gradients are reduced to each shard's owner only (grouped ncclReduce), the
-//            owner clips with the norm summed over all shards, updates its shard of the fp32
+//            owner clips with the global norm (its blocks' partials, all-reduced: Note
+//            [canonical gradient norm] in optim/grad_norm.h), updates its shard of the fp32
 //            masters with its shard of the optimizer state (8/N bytes/param), and the updated
 //            shards are broadcast back to every rank (grouped ncclBroadcast = all-gather);
 //            every rank then casts the masters to its half-precision copy.
@@ -23,6 +24,7 @@
 
 #include "dist/communicator.h"
 #include "memory/allocator.h"
+#include "optim/grad_norm.h"
 #include "optim/optimizer.h"
 
 namespace anatomy {
@@ -47,7 +49,7 @@ class DataParallelStep {
   int m_stage;
   std::vector<ShardRange> m_shards;
   ShardRange m_shard;
-  Buffer m_norm;  // F32 [1]: the squared gradient norm (the trainer's one, as planned)
+  GradNorm m_norm;  // the squared gradient norm and its block partials (the trainer's, as planned)
   std::unique_ptr<Optimizer> m_opt;
 };
 

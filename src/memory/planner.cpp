@@ -6,6 +6,7 @@
 
 #include "dist/zero.h"
 #include "model/params.h"
+#include "optim/grad_norm.h"
 #include "ops/backend_memory.h"
 
 namespace anatomy {
@@ -37,8 +38,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
           s.max_batch, s.max_seq, static_cast<int>(c.num_attention_heads), static_cast<int>(c.head_dim()), s.compute));
   }
   // The trainer's device batch: ids, token types, mask [B, T] and labels [B] in I32, the
-  // gradient norm (F32 [1]) and the step's per-sample loss sums (F32 [B]).
-  p.bytes[Category::Other] = 12 * s.max_batch * s.max_seq + 4 * s.max_batch + 4 + 4 * s.max_batch;
+  // gradient norm with its block partials (GradNorm) and the step's per-sample loss sums (F32 [B]).
+  p.bytes[Category::Other] = 12 * s.max_batch * s.max_seq + 4 * s.max_batch +
+                             static_cast<int64_t>(GradNorm::bytes(static_cast<size_t>(n))) + 4 * s.max_batch;
   return p;
 }
 

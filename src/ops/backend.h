@@ -100,6 +100,9 @@ struct AdafactorTable {
 // skip_nonfinite (fp16 overflow): the update reads norm_sq on the device and, when it is inf
 // or NaN, leaves params, optimizer state and the half copy untouched (norm_sq must then be
 // defined whatever max_norm says); the decision needs no host synchronization either.
+// Elements per partial sum of the gradient norm; ZeRO's shard boundaries are multiples of it.
+inline constexpr int64_t kNormBlock = 4096;
+
 struct GradTransform {
   Tensor norm_sq;
   float inv_loss_scale = 1.0f;
@@ -232,8 +235,13 @@ class Backend {
   virtual void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) = 0;
 
   // ---- optimizer -----------------------------------------------------------------------
-  // out F32 [1] += sum(x^2) over an F32 tensor.
-  virtual void sum_squares(const Tensor& out, const Tensor& x) = 0;
+  // The squared gradient norm in one canonical order (Note [canonical gradient norm] in
+  // optim/grad_norm.h), in two ops:
+  // partials F32 [ceil(n / kNormBlock)]: partials[k] = sum of x^2 over x[k*kNormBlock, (k+1)*kNormBlock),
+  // each block in one fixed order whatever the threads (double on the CPU), rounded to F32.
+  virtual void block_sum_squares(const Tensor& partials, const Tensor& x) = 0;
+  // out F32 [1] = sum of partials F32 [n], in one fixed order (double accumulation).
+  virtual void sum_blocks(const Tensor& out, const Tensor& partials) = 0;
   // In place on F32 params/grads/moments of equal size; half_copy (if defined) receives
   // the updated params in its dtype (the compute copy in mixed precision).
   virtual void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v,

@@ -185,8 +185,11 @@ void ProfilingBackend::gather_rows(const Tensor& out, const Tensor& in, const Te
 void ProfilingBackend::scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) {
   timed("scatter_rows", elementwise_cost(in, 0, 1, 1), [&] { m_in.scatter_rows(out, in, idx); });
 }
-void ProfilingBackend::sum_squares(const Tensor& out, const Tensor& x) {
-  timed("grad_norm", elementwise_cost(x, 2, 1, 0, OpClass::Optimizer), [&] { m_in.sum_squares(out, x); });
+void ProfilingBackend::block_sum_squares(const Tensor& partials, const Tensor& x) {
+  timed("grad_norm", elementwise_cost(x, 2, 1, 0, OpClass::Optimizer), [&] { m_in.block_sum_squares(partials, x); });
+}
+void ProfilingBackend::sum_blocks(const Tensor& out, const Tensor& partials) {
+  timed("grad_norm", elementwise_cost(partials, 1, 1, 0, OpClass::Optimizer), [&] { m_in.sum_blocks(out, partials); });
 }
 void ProfilingBackend::adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
                                     const Tensor& grads, const GradTransform& g, const AdamWArgs& a) {

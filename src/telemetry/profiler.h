@@ -104,7 +104,8 @@ class ProfilingBackend final : public Backend {
   void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) override;
   void gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override;
   void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override;
-  void sum_squares(const Tensor& out, const Tensor& x) override;
+  void block_sum_squares(const Tensor& partials, const Tensor& x) override;
+  void sum_blocks(const Tensor& out, const Tensor& partials) override;
   void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
                     const Tensor& grads, const GradTransform& g, const AdamWArgs& a) override;
   void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy, const Tensor& grads,

@@ -17,6 +17,7 @@
 #include "io/checkpoint.h"
 #include "memory/planner.h"
 #include "model/config.h"
+#include "optim/grad_norm.h"
 #include "telemetry/nvml.h"
 #include "telemetry/profiler.h"
 #include "telemetry/sampler.h"
@@ -274,7 +275,8 @@ TrainResult train(const TrainOptions& opt) {
   Allocator& al = be->allocator();
   Buffer d_ids(al, DType::I32, {B, T}, Category::Other), d_types(al, DType::I32, {B, T}, Category::Other),
       d_mask(al, DType::I32, {B, T}, Category::Other), d_labels(al, DType::I32, {B}, Category::Other),
-      d_norm(al, DType::F32, {1}, Category::Other), d_loss_sums(al, DType::F32, {B}, Category::Other);
+      d_loss_sums(al, DType::F32, {B}, Category::Other);
+  GradNorm grad_norm(*be, model.layout().total());
 
   // Resume: weights, optimizer state and step from the checkpoint; the data order and the
   // dropout masks are pure functions of (seed, position), so the position restores them.
@@ -358,20 +360,19 @@ TrainResult train(const TrainOptions& opt) {
       widest = std::max(widest, b);
     }
     be->set_phase(Phase::Optimizer);
-    be->fill(d_norm, 0.0f);
-    be->sum_squares(d_norm, model.grads());
+    grad_norm.compute(model.grads());
     // fp16: the update kernels skip themselves when the norm is not finite (an overflow), so the
     // step needs no host synchronization; the scaler learns of it after the step.
     const bool fp16 = opt.precision == Precision::Fp16;
     const float lr = scheduled_lr(opt.lr_scheduler_type, opt.learning_rate, optimizer->steps(), total_steps, opt.warmup_steps);
     ParamGroups groups{model.master(), model.shape().compute == DType::F32 ? Tensor() : model.compute_params(),
                        model.grads(), model.layout().decay_end()};
-    optimizer->step(groups, GradTransform{d_norm, 1.0f / scaler.scale, opt.max_grad_norm, fp16}, lr);
+    optimizer->step(groups, GradTransform{grad_norm.norm_sq(), 1.0f / scaler.scale, opt.max_grad_norm, fp16}, lr);
     be->set_phase(Phase::Data);
     be->download(host_losses.data(), d_loss_sums.tensor().slice(0, widest));
     if (fp16) {
       float norm_sq = 0;
-      be->download(&norm_sq, d_norm);
+      be->download(&norm_sq, grad_norm.norm_sq());
       if (!scaler.update(!std::isfinite(norm_sq))) {
         ++res.skipped_steps;
         optimizer->set_steps(optimizer->steps() - 1);  // the update did not happen

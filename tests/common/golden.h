@@ -13,6 +13,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/bert.h"
+#include "optim/grad_norm.h"
 #include "model/config.h"
 #include "optim/optimizer.h"
 
@@ -140,7 +141,7 @@ inline std::vector<float> train_losses(Backend& be, const Fixture& f, DType comp
   oo.weight_decay = kind == OptimizerKind::AdamW ? 0.01f : 0.0f;
   oo.momentum = 0.9f;
   auto opt = Optimizer::create(be, oo, model.layout());
-  Buffer norm(be.allocator(), DType::F32, {1}, Category::Other);
+  GradNorm norm(be, model.layout().total());
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
     model.zero_grads();
@@ -149,11 +150,10 @@ inline std::vector<float> train_losses(Backend& be, const Fixture& f, DType comp
     double mean = 0;
     for (float v : l) mean += v;
     losses.push_back(static_cast<float>(mean / f.B));
-    be.fill(norm, 0.0f);
-    be.sum_squares(norm, model.grads());
+    norm.compute(model.grads());
     ParamGroups g{model.master(), compute == DType::F32 ? Tensor() : model.compute_params(), model.grads(),
                   model.layout().decay_end()};
-    opt->step(g, GradTransform{norm, 1.0f, 1.0f}, kind == OptimizerKind::AdamW ? 1e-3f : 1e-2f);
+    opt->step(g, GradTransform{norm.norm_sq(), 1.0f, 1.0f}, kind == OptimizerKind::AdamW ? 1e-3f : 1e-2f);
   }
   return losses;
 }

@@ -16,6 +16,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "ops/backend.h"
+#include "optim/grad_norm.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launchers.h"
 
@@ -774,22 +775,38 @@ TEST(CudaOps, SelectToken) {
 
 // ---- optimizer ------------------------------------------------------------------------------------
 
-TEST(CudaOps, SumSquares) {
+// Both backends through GradNorm: partials within F32 tolerance of the CPU's double sums, the
+// GPU deterministic (the same bits twice) and independent of how the buffer is split into
+// block-aligned ranges (Note [canonical gradient norm]).
+TEST(CudaOps, GradientNormBlocks) {
   if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   SCOPED_TRACE(ctx.trace());
-  for (int64_t n : {int64_t{1}, int64_t{1000003}})
-    for (int64_t off : {0, 1}) {
-      Pair x = slice(ctx.input(DType::F32, Shape{n + 1}), off, n);
-      Pair out = ctx.input(DType::F32, Shape{1}, std::vector<float>{1.5f});  // accumulated into
-      ctx.gpu->sum_squares(out.g, x.g);
-      ctx.cpu->sum_squares(out.c, x.c);
-      expect_close(ctx, out, kTolF32, "sum_squares n " + std::to_string(n));
+  for (int64_t n : {int64_t{1}, int64_t{kNormBlock}, int64_t{1000003}}) {
+    Pair x = ctx.input(DType::F32, Shape{n});
+    GradNorm gpu(*ctx.gpu, static_cast<size_t>(n)), cpu(*ctx.cpu, static_cast<size_t>(n));
+    gpu.compute(x.g);
+    cpu.compute(x.c);
+    const std::string what = "gradient norm n " + std::to_string(n);
+    expect_close(ctx.get(gpu.partials()), Ctx::host_values(cpu.partials()), kTolF32, what + " partials");
+    const float first = ctx.get(gpu.norm_sq())[0];
+    EXPECT_NEAR(first, Ctx::host_values(cpu.norm_sq())[0], kTolF32 * first) << what;
+    gpu.compute(x.g);
+    EXPECT_EQ(ctx.get(gpu.norm_sq())[0], first) << what << ": run to run";
+    if (n > kNormBlock) {  // two ranges, partials added as an all-reduce would
+      const size_t cut = static_cast<size_t>(kNormBlock);
+      GradNorm lo(*ctx.gpu, static_cast<size_t>(n));
+      lo.compute_range(x.g, 0, cut);
+      gpu.compute_range(x.g, cut, static_cast<size_t>(n));
+      ctx.gpu->add(gpu.partials(), gpu.partials(), lo.partials());
+      gpu.finish();
+      EXPECT_EQ(ctx.get(gpu.norm_sq())[0], first) << what << ": split at one block";
     }
+  }
 }
 
 // The fp16 overflow check relies on inf/NaN gradients reaching the norm unfiltered.
-TEST(CudaOps, SumSquaresPropagatesInfAndNaN) {
+TEST(CudaOps, GradientNormPropagatesInfAndNaN) {
   if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   SCOPED_TRACE(ctx.trace());
@@ -797,11 +814,11 @@ TEST(CudaOps, SumSquaresPropagatesInfAndNaN) {
   for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), kNaN}) {
     std::vector<float> v = ctx.randn(n);
     v[static_cast<size_t>(ctx.randint(0, n))] = bad;
-    Tensor x = ctx.device(DType::F32, Shape{n}), out = ctx.device(DType::F32, Shape{1});
+    Tensor x = ctx.device(DType::F32, Shape{n});
     ctx.put(x, v);
-    ctx.gpu->fill(out, 0.0f);
-    ctx.gpu->sum_squares(out, x);
-    const float s = ctx.get(out)[0];
+    GradNorm norm(*ctx.gpu, static_cast<size_t>(n));
+    norm.compute(x);
+    const float s = ctx.get(norm.norm_sq())[0];
     if (std::isnan(bad))
       EXPECT_TRUE(std::isnan(s)) << s;
     else
@@ -810,7 +827,8 @@ TEST(CudaOps, SumSquaresPropagatesInfAndNaN) {
 }
 
 struct OptimState {
-  Pair params, grads, m, v, half, norm;
+  Pair params, grads, m, v, half;
+  std::unique_ptr<GradNorm> norm_gpu, norm_cpu;
 };
 
 OptimState make_optim_state(Ctx& ctx, int64_t n, float grad_scale) {
@@ -820,18 +838,18 @@ OptimState make_optim_state(Ctx& ctx, int64_t n, float grad_scale) {
   s.m = ctx.input(DType::F32, Shape{n}, 0.0f);
   s.v = ctx.input(DType::F32, Shape{n}, 0.0f);
   s.half = ctx.output(DType::BF16, Shape{n});
-  s.norm = ctx.input(DType::F32, Shape{1}, 0.0f);
   return s;
 }
 
 // norm_sq computed by each backend from its own grads, as the trainer does.
 GradTransform grad_transform(Ctx& ctx, OptimState& s, bool gpu, float inv_loss_scale, float max_norm) {
   Backend& be = gpu ? *ctx.gpu : *ctx.cpu;
-  const Tensor& norm = gpu ? s.norm.g : s.norm.c;
-  be.fill(norm, 0.0f);
-  be.sum_squares(norm, gpu ? s.grads.g : s.grads.c);
+  const Tensor& grads = gpu ? s.grads.g : s.grads.c;
+  auto& norm = gpu ? s.norm_gpu : s.norm_cpu;
+  norm = std::make_unique<GradNorm>(be, grads.numel());
+  norm->compute(grads);
   GradTransform g;
-  g.norm_sq = norm;
+  g.norm_sq = norm->norm_sq();
   g.inv_loss_scale = inv_loss_scale;
   g.max_norm = max_norm;
   return g;

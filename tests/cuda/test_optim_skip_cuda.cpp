@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "../common/optim_skip.h"
+#include "optim/grad_norm.h"
 
 using namespace anatomy;
 using namespace anatomy::test;
@@ -70,18 +71,17 @@ TEST(OptimizerSkipCuda, FiniteNormAppliesTheUsualUpdateLikeTheCpu) {
 TEST(OptimizerSkipCuda, DecisionIsMadeOnTheDevice) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   auto gpu = make_cuda_backend(0);
-  std::vector<float> p(1000, 1.0f), m(1000, 0.0f), v(1000, 0.0f), g(1000, 1e30f), zero(1, 0.0f);
+  std::vector<float> p(1000, 1.0f), m(1000, 0.0f), v(1000, 0.0f), g(1000, 1e30f);
   Allocator& al = gpu->allocator();
   Buffer bp(al, DType::F32, {1000}, Category::Other), bm(al, DType::F32, {1000}, Category::Other),
-      bv(al, DType::F32, {1000}, Category::Other), bg(al, DType::F32, {1000}, Category::Other),
-      bn(al, DType::F32, {1}, Category::Other);
+      bv(al, DType::F32, {1000}, Category::Other), bg(al, DType::F32, {1000}, Category::Other);
+  GradNorm bn(*gpu, 1000);
   gpu->upload(bp, p.data());
   gpu->upload(bm, m.data());
   gpu->upload(bv, v.data());
   gpu->upload(bg, g.data());
-  gpu->upload(bn, zero.data());
-  gpu->sum_squares(bn, bg);  // 1000 * 1e60 overflows F32: inf, on the device only
-  GradTransform gt{bn, 1.0f, 1.0f};
+  bn.compute(bg);  // 1000 * 1e60 overflows F32: inf, on the device only
+  GradTransform gt{bn.norm_sq(), 1.0f, 1.0f};
   gt.skip_nonfinite = true;
   gpu->adamw_update(bp, bm, bv, Tensor(), bg, gt, AdamWArgs{});
   std::vector<float> out(1000);

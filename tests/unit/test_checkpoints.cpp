@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "optim/grad_norm.h"
 #include "train/checkpoints.h"
 
 using namespace anatomy;
@@ -31,13 +32,14 @@ struct Trainee {
   Backend& be;
   BertForSequenceClassification model;
   std::unique_ptr<Optimizer> opt;
-  Buffer ids, types, mask, labels, norm;
+  Buffer ids, types, mask, labels;
+  GradNorm norm;
 
   Trainee(Backend& b, OptimizerKind kind, uint64_t init_seed)
       : be(b), model(b, small_config(), {B, T, DType::F32, CheckpointPolicy::None, true}),
         ids(b.allocator(), DType::I32, {B, T}, Category::Other), types(b.allocator(), DType::I32, {B, T}, Category::Other),
         mask(b.allocator(), DType::I32, {B, T}, Category::Other), labels(b.allocator(), DType::I32, {B}, Category::Other),
-        norm(b.allocator(), DType::F32, {1}, Category::Other) {
+        norm(b, model.layout().total()) {
     model.init_weights(init_seed);
     model.set_dropout_seed(7);
     OptimizerOptions o;
@@ -57,9 +59,8 @@ struct Trainee {
     be.upload(labels, l.data());
     model.zero_grads();
     model.forward_backward({ids, types, mask, labels}, 1.0f / B, static_cast<uint64_t>(k) << 12);
-    be.fill(norm, 0.0f);
-    be.sum_squares(norm, model.grads());
-    opt->step({model.master(), Tensor(), model.grads(), model.layout().decay_end()}, GradTransform{norm, 1.0f, 1.0f},
+    norm.compute(model.grads());
+    opt->step({model.master(), Tensor(), model.grads(), model.layout().decay_end()}, GradTransform{norm.norm_sq(), 1.0f, 1.0f},
               1e-3f);
   }
 

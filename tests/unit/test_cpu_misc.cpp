@@ -34,10 +34,17 @@ std::string error_of(F f) {
 
 }  // namespace
 
-TEST_F(CpuMisc, SumSquaresAccumulates) {
-  std::vector<float> x = {1, 2, 3}, out = {10};
-  be->sum_squares(host(out, {1}), host(x, {3}));
-  EXPECT_FLOAT_EQ(out[0], 24.0f);
+TEST_F(CpuMisc, GradientNormSumsBlocksThenPartials) {
+  // Two blocks and a short third: partials are the blocks' sums, their sum the norm.
+  std::vector<float> x(2 * kNormBlock + 3, 0.0f), out = {10};
+  x[0] = 1;
+  x[kNormBlock] = 2;
+  x[2 * kNormBlock + 2] = 3;
+  std::vector<float> partials(3, -1.0f);
+  be->block_sum_squares(host(partials, {3}), host(x, {static_cast<int64_t>(x.size())}));
+  EXPECT_EQ(partials, (std::vector<float>{1, 4, 9}));
+  be->sum_blocks(host(out, {1}), host(partials, {3}));
+  EXPECT_EQ(out[0], 14.0f);  // overwritten, not accumulated
 }
 
 TEST_F(CpuMisc, AdamWOneStepByHand) {
@@ -74,7 +81,7 @@ TEST_F(CpuMisc, AdamWMatchesDoubleReferenceAndWritesHalfCopy) {
   for (auto& x : v) x = static_cast<float>(rng.uniform() * 0.01);
   auto pd = to_double(p), md = to_double(m), vd = to_double(v);
   std::vector<float> norm_sq = {0};
-  be->sum_squares(host(norm_sq, {1}), host(g, {n}));
+  norm_sq_of(*be, norm_sq, g);
   std::vector<uint16_t> half(n, 0xffff);
   Tensor half_t(half.data(), DType::BF16, Shape{n}, Device::CPU);
   GradTransform t{host(norm_sq, {1}), 1.0f / 1024, 1.0f};
@@ -95,7 +102,7 @@ TEST_F(CpuMisc, ClippingScalesTheGradient) {
   // grads [3, 4] * 1024 with inv_loss_scale 1/1024: true norm 5, max_norm 1 -> g = [0.6, 0.8]
   // (times 5 / (5 + 1e-6)). SGD without momentum and lr 1 applies -g.
   std::vector<float> p = {0, 0}, g = {3 * 1024.0f, 4 * 1024.0f}, norm_sq = {0};
-  be->sum_squares(host(norm_sq, {1}), host(g, {2}));
+  norm_sq_of(*be, norm_sq, g);
   SgdArgs a;
   a.lr = 1;
   a.momentum = 0;

@@ -394,7 +394,7 @@ TEST_F(CpuOps, ParallelPathsMatchDoubleReference) {
   expect_close(ctx, ctx_d, 1e-5, "ctx");
   expect_close(dqkv, dqkv_d, 1e-4, "dqkv");
 
-  const int64_t Hd = 768;  // LayerNorm, bias_grad, dropout and sum_squares at 64 x 768
+  const int64_t Hd = 768;  // LayerNorm, bias_grad, dropout and the gradient norm at 64 x 768
   auto x = randn<float>(rng, R * Hd), gamma = randn<float>(rng, Hd), beta = randn<float>(rng, Hd);
   auto y = poisoned(R * Hd), sum = poisoned(R * Hd), mean = poisoned(R), rstd = poisoned(R);
   be->layernorm_forward(host(y, {R, Hd}), host(sum, {R, Hd}), host(mean, {R}), host(rstd, {R}),
@@ -410,7 +410,7 @@ TEST_F(CpuOps, ParallelPathsMatchDoubleReference) {
   be->bias_grad(host(db, {Hd}), host(y, {R, Hd}));
   ref::bias_grad(db_d.data(), to_double(y).data(), R, Hd);
   expect_close(db, db_d, 1e-6, "bias_grad");
-  be->sum_squares(host(ss, {1}), host(x, {R * Hd}));
+  norm_sq_of(*be, ss, x);
   double ss_d = 0;
   for (float v : x) ss_d += double(v) * v;
   EXPECT_NEAR(ss[0], ss_d, 1e-6 * ss_d);

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/backend.h"
+
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -93,6 +95,15 @@ inline void expect_grad(std::vector<double>& x, const std::vector<double>& analy
   }
   EXPECT_LE(err, tol * scale) << what << ": worst element " << worst << " numeric " << worst_num
                               << " analytic " << analytic[worst];
+}
+
+// norm_sq[0] = sum of x^2 through the backend's two gradient-norm ops (Note [canonical gradient
+// norm] in optim/grad_norm.h).
+inline void norm_sq_of(Backend& be, std::vector<float>& norm_sq, std::vector<float>& x) {
+  std::vector<float> partials((x.size() + kNormBlock - 1) / kNormBlock);
+  const int64_t blocks = static_cast<int64_t>(partials.size());
+  be.block_sum_squares(host(partials, {blocks}), host(x, {static_cast<int64_t>(x.size())}));
+  be.sum_blocks(host(norm_sq, {1}), host(partials, {blocks}));
 }
 
 }  // namespace anatomy::test

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "../common/compare.h"
 #include "../common/cli.h"
 #include "../common/data_parallel.h"
 #include "dist/communicator.h"
@@ -17,13 +18,16 @@
 #include "io/checkpoint.h"
 #include "memory/planner.h"
 #include "model/bert.h"
+#include "core/rng.h"
+#include "optim/grad_norm.h"
 #include "ops/backend.h"
 
 using namespace anatomy;
 namespace fs = std::filesystem;
 
 TEST(Shards, CoverTheBufferInAlignedNearEqualRanges) {
-  for (size_t total : {size_t{1}, size_t{63}, size_t{64}, size_t{1000}, size_t{4386178}})
+  const size_t a = kNormBlock;  // the default alignment: the gradient norm's block
+  for (size_t total : {size_t{1}, a - 1, a, 3 * a + 1000, size_t{4386178}})
     for (int world : {1, 2, 3, 8}) {
       const auto s = shard_ranges(total, world);
       ASSERT_EQ(s.size(), static_cast<size_t>(world));
@@ -31,11 +35,11 @@ TEST(Shards, CoverTheBufferInAlignedNearEqualRanges) {
       EXPECT_EQ(s.back().end, total);
       for (size_t r = 0; r + 1 < s.size(); ++r) {
         EXPECT_EQ(s[r].end, s[r + 1].begin);
-        EXPECT_EQ(s[r].end % 64 == 0 || s[r].end == total, true) << total << " " << world;
+        EXPECT_EQ(s[r].end % a == 0 || s[r].end == total, true) << total << " " << world;
         EXPECT_LE(s[r + 1].size(), s[r].size());  // the last shards are the short ones
       }
-      if (total >= 64u * static_cast<size_t>(world)) {
-        EXPECT_LE(s.front().size() - s.back().size(), 64u * world);
+      if (total >= a * static_cast<size_t>(world)) {
+        EXPECT_LE(s.front().size() - s.back().size(), a * world);
       }
     }
 }
@@ -76,17 +80,61 @@ TEST(LocalGroup, CollectivesSumInRankOrderAndGatherShards) {
   }
 }
 
+// Note [canonical gradient norm]: every shard layout (block-aligned, as ZeRO cuts them) and every
+// thread count gives the squared norm of one rank bit for bit. Values over many magnitudes make
+// the order matter: summing each shard and then the shards' sums (what stage 1 did before)
+// gives another last bit for some layout, so this test fails if the order ever depends on them.
+TEST(GradientNorm, IsBitForBitTheSameForEveryShardLayoutAndThreadCount) {
+  const size_t n = 37 * static_cast<size_t>(kNormBlock) + 1234;
+  std::vector<float> g(n);
+  Rng rng(2026);
+  for (float& v : g) v = static_cast<float>(rng.normal() * std::pow(10.0, 6 * rng.uniform() - 3));
+  const Tensor grads(g.data(), DType::F32, {static_cast<int64_t>(n)}, Device::CPU);
+  auto one = make_cpu_backend(1);
+  GradNorm whole(*one, n);
+  whole.compute(grads);
+  const float ref = whole.norm_sq().ptr<float>()[0];
+  auto two = make_cpu_backend(2);
+  GradNorm threads(*two, n);
+  threads.compute(grads);
+  EXPECT_EQ(threads.norm_sq().ptr<float>()[0], ref) << "2 threads vs 1";
+  bool naive_differs = false;
+  for (int world : {2, 3, 5, 8}) {
+    SCOPED_TRACE(std::to_string(world) + " shards");
+    const auto shards = shard_ranges(n, world);
+    auto comms = make_local_group(world);
+    std::vector<std::unique_ptr<Backend>> bes;
+    std::vector<std::unique_ptr<GradNorm>> norms;
+    for (int r = 0; r < world; ++r) {
+      bes.push_back(make_cpu_backend(1));
+      norms.push_back(std::make_unique<GradNorm>(*bes.back(), n));
+    }
+    std::vector<std::thread> pool;
+    for (int r = 0; r < world; ++r)
+      pool.emplace_back([&, r] {
+        norms[r]->compute_range(grads, shards[r].begin, shards[r].end);
+        comms[r]->all_reduce_sum(norms[r]->partials());
+        norms[r]->finish();
+      });
+    for (auto& t : pool) t.join();
+    float naive = 0;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(norms[r]->norm_sq().ptr<float>()[0], ref) << "rank " << r;
+      double s = 0;
+      for (size_t i = shards[r].begin; i < shards[r].end; ++i) s += static_cast<double>(g[i]) * g[i];
+      naive += static_cast<float>(s);
+    }
+    naive_differs |= naive != ref;
+  }
+  EXPECT_TRUE(naive_differs) << "the data does not exercise the summation order";
+}
+
 namespace {
 
 using namespace testing_dp;
 
 TrainOptions dp_options(const std::string& model, const std::string& out, int world, int64_t batch, int zero) {
   return options("cpu", model, out, world, batch, zero);
-}
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 }  // namespace
@@ -109,14 +157,15 @@ TEST(DataParallel, ZeroStageOneUpdatesBitForBitLikeStageZeroWithHalfTheState) {
   const std::string model = dropout_free_model("dp_model_z");
   const TrainResult z0 = train_data_parallel(dp_options(model, "dp_z0", 2, 4, 0));
   const TrainResult z1 = train_data_parallel(dp_options(model, "dp_z1", 2, 4, 1));
-  // The local group sums in rank order whichever collective runs, and AdamW is element-wise.
-  EXPECT_EQ(file_bytes((fs::path(testing::TempDir()) / "dp_z0" / "model.safetensors").string()),
-            file_bytes((fs::path(testing::TempDir()) / "dp_z1" / "model.safetensors").string()));
+  // The local group sums in rank order whichever collective runs, AdamW is element-wise, and the
+  // gradient norm is summed in one order for both stages (Note [canonical gradient norm]).
+  EXPECT_TRUE(testing_compare::same_file_bytes(fs::path(testing::TempDir()) / "dp_z0" / "model.safetensors",
+                                              fs::path(testing::TempDir()) / "dp_z1" / "model.safetensors"));
   ASSERT_EQ(z1.rank_optimizer_state_bytes.size(), 2u);
   const int64_t n = static_cast<int64_t>(ParamLayout::for_sequence_classification(BertConfig::preset("bert-tiny")).total());
   EXPECT_EQ(z0.rank_optimizer_state_bytes[0], 8 * n);
   EXPECT_EQ(z1.rank_optimizer_state_bytes[0] + z1.rank_optimizer_state_bytes[1], 8 * n);
-  EXPECT_LE(z1.rank_optimizer_state_bytes[0] - z1.rank_optimizer_state_bytes[1], 8 * 64 * 2);
+  EXPECT_LE(z1.rank_optimizer_state_bytes[0] - z1.rank_optimizer_state_bytes[1], 8 * kNormBlock * 2);
   // The plan of rank 0 is what its allocator held.
   BertConfig cfg = BertConfig::from_json_file(model + "/config.json");
   const ModelShape shape{4, 32, DType::F32, CheckpointPolicy::None, true, GradientPlacement::InActivations};

@@ -353,7 +353,9 @@ std::string find_chromium() {
 // Runs Chromium headless on `html` with one more flag; returns stdout (the DOM for --dump-dom).
 CmdResult chromium(const std::string& bin, const std::string& html, const std::string& flag, const std::string& tag) {
   const std::string profile = tmp("chromium_profile_" + tag);
-  const std::string cmd = "timeout 180 '" + bin +
+  // Chromium reserves tens of GB of address space up front (its JavaScript heap cage): it runs
+  // without the suite's soft address-space cap (Note [test memory cap]), bounded by its timeout.
+  const std::string cmd = "ulimit -S -v unlimited; timeout 180 '" + bin +
                           "' --headless --disable-gpu --no-sandbox --hide-scrollbars --force-device-scale-factor=1 "
                           "--no-first-run --disable-extensions --user-data-dir='" + profile +
                           "' --window-size=1400,4000 " + flag + " 'file://" + fs::absolute(html).string() + "' 2>'" +

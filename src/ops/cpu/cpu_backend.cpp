@@ -275,10 +275,15 @@ class CpuBackend final : public Backend {
   }
 
   // ---- optimizer ---------------------------------------------------------------------
-  void sum_squares(const Tensor& out, const Tensor& x) override {
-    expect(out, F32, 1, "sum_squares", "out");
-    expect(x, F32, "sum_squares", "x");
-    ref::sum_squares(f32(out), f32(x), x.numel());
+  void block_sum_squares(const Tensor& partials, const Tensor& x) override {
+    expect(x, F32, "block_sum_squares", "x");
+    expect(partials, F32, (x.numel() + kNormBlock - 1) / kNormBlock, "block_sum_squares", "partials");
+    ref::block_sum_squares(f32(partials), f32(x), x.numel(), kNormBlock);
+  }
+  void sum_blocks(const Tensor& out, const Tensor& partials) override {
+    expect(out, F32, 1, "sum_blocks", "out");
+    expect(partials, F32, "sum_blocks", "partials");
+    ref::sum_blocks(f32(out), f32(partials), partials.numel());
   }
   void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
                     const Tensor& grads, const GradTransform& g, const AdamWArgs& a) override {

@@ -9,13 +9,25 @@
 
 namespace anatomy::ref {
 
+// Note [canonical gradient norm]: threads split the blocks, never a block, so the result does
+// not depend on the thread count or the vector width.
 template <class T>
-void sum_squares(T* out, const T* x, size_t n) {
+void block_sum_squares(T* partials, const T* x, size_t n, size_t block) {
+  const int64_t blocks = static_cast<int64_t>((n + block - 1) / block);
+#pragma omp parallel for if (static_cast<int64_t>(n) > kParallelWork)
+  for (int64_t k = 0; k < blocks; ++k) {
+    const size_t b = static_cast<size_t>(k) * block, e = std::min(n, b + block);
+    double s = 0;
+    for (size_t i = b; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
+    partials[k] = static_cast<T>(s);
+  }
+}
+
+template <class T>
+void sum_blocks(T* out, const T* partials, size_t n) {
   double s = 0;
-  const int64_t count = static_cast<int64_t>(n);
-#pragma omp parallel for reduction(+ : s) if (count > kParallelWork)
-  for (int64_t i = 0; i < count; ++i) s += static_cast<double>(x[i]) * x[i];
-  out[0] = static_cast<T>(out[0] + s);
+  for (size_t k = 0; k < n; ++k) s += static_cast<double>(partials[k]);
+  out[0] = static_cast<T>(s);
 }
 
 double grad_factor(double norm_sq, double inv_loss_scale, double max_norm) {
@@ -180,7 +192,8 @@ void adafactor_update(T* params, T* state, const T* grads, const AdafactorSegmen
 }
 
 #define ANATOMY_INSTANTIATE(T)                                                                                \
-  template void sum_squares<T>(T*, const T*, size_t);                                                         \
+  template void block_sum_squares<T>(T*, const T*, size_t, size_t);                                            \
+  template void sum_blocks<T>(T*, const T*, size_t);                                                         \
   template void adamw_update<T>(T*, T*, T*, const T*, size_t, double, const AdamWArgs&);                      \
   template void sgd_update<T>(T*, T*, const T*, size_t, double, const SgdArgs&);                              \
   template void adamw8bit_update<T>(float*, uint8_t*, uint8_t*, float*, float*, const float*, const float*, \

@@ -117,9 +117,12 @@ void embedding_backward(T* dword, T* dpos, T* dtype, const T* de, const int32_t*
                         int64_t vocab, int64_t max_pos, int64_t type_vocab);
 
 // ---- optimizer (optimizer.cpp) ----------------------------------------------------------
-// out[0] += sum x^2.
+// partials[k] = sum of x^2 over block k of `block` elements (the last may be short), each
+// block in index order in double; out[0] = sum of partials[0..n) in index order in double.
 template <class T>
-void sum_squares(T* out, const T* x, size_t n);
+void block_sum_squares(T* partials, const T* x, size_t n, size_t block);
+template <class T>
+void sum_blocks(T* out, const T* partials, size_t n);
 // The factor applied to raw gradients (GradTransform in backend.h): inv_loss_scale * clip,
 // clip = max_norm > 0 ? min(1, max_norm / (sqrt(norm_sq) * inv_loss_scale + 1e-6)) : 1.
 double grad_factor(double norm_sq, double inv_loss_scale, double max_norm);

@@ -531,10 +531,16 @@ void CudaBackend::scatter_rows(const Tensor& out, const Tensor& in, const Tensor
 }
 
 // ---- optimizer -----------------------------------------------------------------------------------
-void CudaBackend::sum_squares(const Tensor& out, const Tensor& x) {
-  expect(out, F32, 1, "sum_squares", "out");
-  expect(x, F32, "sum_squares", "x");
-  cuda::sum_squares(out, x, m_stream);
+void CudaBackend::block_sum_squares(const Tensor& partials, const Tensor& x) {
+  expect(x, F32, "block_sum_squares", "x");
+  expect(partials, F32, (x.numel() + kNormBlock - 1) / kNormBlock, "block_sum_squares", "partials");
+  cuda::block_sum_squares(partials, x, m_stream);
+}
+
+void CudaBackend::sum_blocks(const Tensor& out, const Tensor& partials) {
+  expect(out, F32, 1, "sum_blocks", "out");
+  expect(partials, F32, "sum_blocks", "partials");
+  cuda::sum_blocks(out, partials, m_stream);
 }
 
 void CudaBackend::adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,

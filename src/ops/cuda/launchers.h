@@ -79,7 +79,8 @@ void embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& d
 
 // ---- optimizer.cu -------------------------------------------------------------------------------
 // out F32 [1] += sum x^2, x F32. inf/NaN in x propagate into out (the overflow check relies on it).
-void sum_squares(const Tensor& out, const Tensor& x, cudaStream_t s);
+void block_sum_squares(const Tensor& partials, const Tensor& x, cudaStream_t s);
+void sum_blocks(const Tensor& out, const Tensor& partials, cudaStream_t s);
 // g = grads * inv_loss_scale * clip with clip read from norm_sq on the device (nullptr or
 // max_norm <= 0: no clipping). See GradTransform in ops/backend.h.
 struct GradFactor {

@@ -30,23 +30,40 @@ __device__ __forceinline__ bool skip_step(const GradFactor& gf) {
 }
 
 // ---- kernels ------------------------------------------------------------------------------------
-// out[0] += sum x^2: grid-stride (W-wide packs, then the tail), block reduction, one atomic per
-// block. No filtering: an inf or NaN gradient makes the sum inf or NaN (the overflow check).
-template <int W>
-__global__ void sum_squares_kernel(float* __restrict__ out, const float* __restrict__ x, size_t n) {
+// Note [canonical gradient norm] (optim/grad_norm.h): one thread block per norm block of
+// kNormBlock elements, each thread a fixed stride, then a fixed tree; no atomics, so the partials
+// and their sum do not depend on the launch or on how the buffer is sharded. An inf or NaN
+// gradient makes the sum inf or NaN (the overflow check).
+__global__ void block_sum_squares_kernel(float* __restrict__ partials, const float* __restrict__ x, size_t n) {
   __shared__ float red[32];
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t packs = n / W;
+  const size_t b = static_cast<size_t>(blockIdx.x) * kNormBlock;
+  const size_t e = b + kNormBlock < n ? b + kNormBlock : n;
   float acc = 0.0f;
-  for (size_t p = tid; p < packs; p += stride) {
-    Pack<float, W> v = reinterpret_cast<const Pack<float, W>*>(x)[p];
-#pragma unroll
-    for (int j = 0; j < W; ++j) acc += v.v[j] * v.v[j];
-  }
-  for (size_t i = packs * W + tid; i < n; i += stride) acc += x[i] * x[i];
+  for (size_t i = b + threadIdx.x; i < e; i += blockDim.x) acc += x[i] * x[i];
   acc = block_sum(acc, red);
-  if (threadIdx.x == 0) atomicAdd(out, acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+__device__ __forceinline__ double warp_sum_double(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// out[0] = sum of partials: one block, each thread a fixed stride in double, then a fixed tree.
+__global__ void sum_blocks_kernel(float* __restrict__ out, const float* __restrict__ partials, size_t n) {
+  __shared__ double red[32];
+  double acc = 0.0;
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) acc += static_cast<double>(partials[i]);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  acc = warp_sum_double(acc);
+  if (lane == 0) red[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    acc = lane < nwarps ? red[lane] : 0.0;
+    acc = warp_sum_double(acc);
+    if (lane == 0) out[0] = static_cast<float>(acc);
+  }
 }
 
 struct AdamParams {
@@ -383,13 +400,16 @@ __global__ void __launch_bounds__(kAfThreads)
 }  // namespace
 
 // ---- launchers ----------------------------------------------------------------------------------
-void sum_squares(const Tensor& out, const Tensor& x, cudaStream_t s) {
+void block_sum_squares(const Tensor& partials, const Tensor& x, cudaStream_t s) {
   const size_t n = x.numel();
   if (n == 0) return;
-  if (aligned16(x.data))
-    sum_squares_kernel<4><<<grid_for(n / 4 + 1, kThreads, 4), kThreads, 0, s>>>(out.ptr<float>(), x.ptr<const float>(), n);
-  else
-    sum_squares_kernel<1><<<grid_for(n, kThreads, 4), kThreads, 0, s>>>(out.ptr<float>(), x.ptr<const float>(), n);
+  const unsigned blocks = static_cast<unsigned>((n + kNormBlock - 1) / kNormBlock);
+  block_sum_squares_kernel<<<blocks, kThreads, 0, s>>>(partials.ptr<float>(), x.ptr<const float>(), n);
+  ANATOMY_CUDA_LAUNCH_CHECK();
+}
+
+void sum_blocks(const Tensor& out, const Tensor& partials, cudaStream_t s) {
+  sum_blocks_kernel<<<1, 1024, 0, s>>>(out.ptr<float>(), partials.ptr<const float>(), partials.numel());
   ANATOMY_CUDA_LAUNCH_CHECK();
 }
 
