@@ -5,8 +5,8 @@
 
 levers: samples/s, planned / allocated MiB (shared bytes counted once), gradients in
 activations, NVML, NVML minus baseline and context, optimizer and gradient bytes/param,
-activations, last loss (scripts/device_levers.sh). dist: ranks, ZeRO stage, samples/s, first and
-last step loss, optimizer state per rank, NVML per GPU (scripts/device_dist.sh). A missing or
+activations, last loss (scripts/device.sh levers). dist: ranks, ZeRO stage, samples/s, first and
+last step loss, optimizer state per rank, NVML per GPU (scripts/device.sh dist). A missing or
 unreadable file gives a row that says so."""
 import json
 import sys

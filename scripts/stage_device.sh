@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the CUDA binaries here (sm_90) and stages them, with the few shared libraries the GPU
+# Builds the CUDA binaries here (sm_90) and stages them for scripts/device.sh, with the few shared libraries the GPU
 # machine lacks (OpenBLAS and its Fortran runtime, utf8proc), into .carry/ for the device tool:
 # that machine has the CUDA toolkit and driver but none of our Debian build dependencies.
 set -euo pipefail
@@ -21,4 +21,16 @@ done
 # The working tree that travels is limited to 64 MiB: strip and compress (OpenBLAS alone is 36 MB).
 strip .carry/bin/*
 tar -C .carry -cJf .carry/bundle.tar.xz bin lib && rm -rf .carry/bin .carry/lib
+# BEFORE=<rev>: also build that revision (a temporary worktree) and stage its binaries as
+# .carry/before.tar.xz, for same-call before/after timings (scripts/device.sh stepab).
+if [ -n "${BEFORE:-}" ]; then
+  wt=$(mktemp -d /tmp/anatomy-before.XXXX)
+  git worktree add -q --detach "$wt" "$BEFORE"
+  cmake -S "$wt" -B "$wt/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DANATOMY_TESTS=OFF "$@" >/dev/null
+  cmake --build "$wt/build" -j "$(nproc)" --target anatomy anatomy_bench_step
+  mkdir -p .carry/before && cp "$wt/build/anatomy" "$wt/build/anatomy_bench_step" .carry/before/ && strip .carry/before/*
+  tar -C .carry -cJf .carry/before.tar.xz before && rm -rf .carry/before
+  git worktree remove --force "$wt"
+fi
 du -sh .carry

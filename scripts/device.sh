@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Everything that runs on the GPU machine (through the device tool), over the binaries that
+# scripts/stage_device.sh staged into .carry/. One call runs several steps in order; each writes
+# under $OUT (default bench/results/tmp) and prints a short summary.
+#
+#   OUT=$OUT scripts/device.sh STEP...
+#
+#   info      GPU, driver, torch and transformers versions
+#   tests     every GPU test (CUDA ops vs the CPU twin, golden fixture on the GPU, training)
+#   unit      the CPU golden tests, on this machine's CPU
+#   golden    rewrite the transformers golden fixture (torch + transformers)
+#   hfload    a model written by anatomy, loaded by transformers
+#   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
+#   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops)
+#   profile   bert-large bf16 batch 32 with --profile-steps 3 (time by op class)
+#   verify    bf16 with accumulation (profiled), fp16 with loss scaling, the seed run
+#   levers    the memory levers: each optimizer and checkpointing policy, planned vs NVML
+#   eval      inference, sorted vs file order, skipping padding or not
+#   probe     attention vs PyTorch SDPA, one step eager vs CUDA graph, NVML growth by op
+#   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
+#   dist      data parallelism on a machine with two GPUs
+#   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export OUT=${OUT:-bench/results/tmp}
+mkdir -p "$OUT"
+[ -x .carry/bin/anatomy ] || tar -C .carry -xJf .carry/bundle.tar.xz
+[ -f .carry/before.tar.xz ] && [ ! -d .carry/before ] && tar -C .carry -xJf .carry/before.tar.xz
+# No address-space cap on the unit tests here: the CUDA driver reserves address space
+# (Note [test memory cap] in tests/common/memory_cap.cpp).
+export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}" OMP_WAIT_POLICY=PASSIVE ANATOMY_SOURCE_DIR="$PWD" \
+  ANATOMY_TEST_MEMORY_CAP_MB=0
+b=.carry/bin
+a=$b/anatomy
+quiet=(--device cuda --disable-tqdm --logging-steps 0 --save-strategy no)
+
+passed() { grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$1"; }
+
+train_row() {  # kind (levers|dist), name, flags...
+  local kind=$1 name=$2; shift 2
+  timeout 150 $a train --preset bert-large --seq-len 512 "${quiet[@]}" --output-dir "/tmp/$kind/$name" "$@" \
+    > "/tmp/$kind/$name.log" 2>&1
+  python3 scripts/results_row.py "$kind" "$name" "/tmp/$kind/$name/train_results.json"
+}
+
+step_info() {
+  nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv | tee "$OUT/gpu_info.txt"
+  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' \
+    | tee -a "$OUT/gpu_info.txt"
+}
+
+step_tests() {
+  timeout 300 $b/anatomy_gpu_tests > "$OUT/gpu_tests.log" 2>&1
+  passed "$OUT/gpu_tests.log"
+}
+
+step_unit() { $b/anatomy_tests --gtest_filter='Golden*' 2>&1 | tail -3; }
+
+step_golden() { python3 tests/golden/make_golden.py "$OUT/golden" 2>&1 | tail -5; }
+
+step_hfload() {
+  $a train "${quiet[@]}" --preset bert-tiny --seq-len 64 --num-samples 64 --max-steps 2 --save-strategy final \
+    --output-dir /tmp/anatomy_tiny >/dev/null 2>&1
+  python3 tests/golden/verify_hf_load.py /tmp/anatomy_tiny 2>&1 | tail -3 | tee "$OUT/hf_load.log"
+}
+
+step_sanitize() {
+  timeout 240 compute-sanitizer --tool memcheck $b/anatomy_gpu_tests --gtest_filter='-*Bench*:*Golden*' 2>&1 \
+    | grep -E "ERROR SUMMARY|PASSED|FAILED" | tee "$OUT/memcheck.txt"
+  timeout 150 compute-sanitizer --tool racecheck $b/anatomy_gpu_tests \
+    --gtest_filter='Attention.Bf16FastPath:Attention.Fp32*:CudaOps.LayerNorm*:CudaOps.BiasGrad*:DropoutBitsCuda.*Attention*' 2>&1 \
+    | grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" | tee "$OUT/racecheck.txt"
+}
+
+step_ops() {
+  [ -x $b/anatomy_bench_ops ] && timeout 120 $b/anatomy_bench_ops > "$OUT/bench_ops.md" 2>&1
+  cat "$OUT/bench_ops.md"
+}
+
+step_profile() {
+  timeout 150 $a train --preset bert-large --precision bf16 --per-device-train-batch-size 32 --num-samples 640 \
+    "${quiet[@]}" --output-dir /tmp/bf16 --profile-steps 3 > "$OUT/profile_bf16_bs32.log" 2>&1
+  grep -E "tensor_contraction|statistical|elementwise|optimizer|forward .* backward|add up|^Time|^Samples" \
+    "$OUT/profile_bf16_bs32.log"
+  mkdir -p "$OUT/runs" && cp /tmp/bf16/profile.json "$OUT/runs/profile_bf16_bs32.json" 2>/dev/null
+}
+
+step_verify() {
+  {
+    echo "== bf16 bs32, accumulation 2, profiled"
+    timeout 150 $a train --preset bert-large --precision bf16 --per-device-train-batch-size 32 \
+      --gradient-accumulation-steps 2 --num-samples 1024 --output-dir /tmp/bf16acc --disable-tqdm --logging-steps 4 \
+      --save-strategy no --profile-steps 3 2>&1 | tail -75
+    echo "== fp16 bs8, accumulation 2"
+    timeout 100 $a train --preset bert-large --precision fp16 --per-device-train-batch-size 8 \
+      --gradient-accumulation-steps 2 --num-samples 256 --output-dir /tmp/fp16 --disable-tqdm --logging-steps 4 \
+      --save-strategy no 2>&1 | tail -8
+    echo "== seed"
+    timeout 100 $a train --seed-experiment --output-dir /tmp/seed --disable-tqdm --logging-steps 0 --save-strategy no \
+      2>&1 | tail -4
+  } > "$OUT/verify.log" 2>&1
+  cat "$OUT/verify.log"
+}
+
+step_levers() {
+  mkdir -p /tmp/levers
+  {
+    echo "| run | samples/s (steady) | planned MiB | allocated MiB | gradients in activations MiB | NVML used MiB | NVML minus baseline and context MiB | optimizer B/param | gradient B/param | activations MiB | last loss |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    train_row levers seed_fp32_bs4 --precision fp32 --per-device-train-batch-size 4 --num-samples 512
+    train_row levers seed_fp32_bs4_grads_own --precision fp32 --per-device-train-batch-size 4 --num-samples 512 \
+      --gradient-placement own
+    train_row levers seed_fp32_bs4_selective --precision fp32 --per-device-train-batch-size 4 --num-samples 512 \
+      --gradient-checkpointing selective
+    for o in adamw adamw-8bit sgd adafactor; do
+      train_row levers "bf16_bs32_$o" --precision bf16 --per-device-train-batch-size 32 --num-samples 384 --optim $o
+    done
+    for c in selective layer; do
+      train_row levers "bf16_bs32_ckpt_$c" --precision bf16 --per-device-train-batch-size 32 --num-samples 384 \
+        --gradient-checkpointing $c
+    done
+    train_row levers bf16_bs8_accum4 --precision bf16 --per-device-train-batch-size 8 --gradient-accumulation-steps 4 \
+      --num-samples 384
+  } | tee "$OUT/levers.md"
+  $a plan --preset bert-large --batch-size 4 --precision fp32 --gpu-memory 16GB 2>&1 | tee "$OUT/plan_v100.txt"
+}
+
+step_eval() {
+  scripts/make_eval_fixture.sh $a /tmp/large /tmp/varied.jsonl
+  for order in --sort-by-length --no-sort-by-length; do
+    for sp in --skip-padding --no-skip-padding; do
+      timeout 100 $a eval --model-name-or-path /tmp/large --eval-file /tmp/varied.jsonl --max-seq-length 512 \
+        --per-device-eval-batch-size 64 --precision bf16 $order $sp > "$OUT/eval$order$sp.log" 2>&1
+      echo "$order $sp: $(grep -E '^Samples/second|^Tokens' "$OUT/eval$order$sp.log" | tr '\n' ' ')"
+    done
+  done | tee "$OUT/eval_summary.txt"
+}
+
+step_probe() {
+  { [ -x $b/anatomy_bench_attention ] && timeout 120 $b/anatomy_bench_attention
+    timeout 120 python3 bench/attention_sdpa.py; } > "$OUT/attention.md" 2>&1
+  cat "$OUT/attention.md"
+  [ -x $b/anatomy_bench_step ] && timeout 150 $b/anatomy_bench_step > "$OUT/cuda_graph.md" 2>&1
+  cat "$OUT/cuda_graph.md"
+  timeout 150 $a train --seed-experiment --trace-memory-growth --output-dir /tmp/seed --disable-tqdm --logging-steps 0 \
+    --save-strategy no > "$OUT/memtrace_seed.log" 2>&1
+  grep -A40 "Memory anatomy" "$OUT/memtrace_seed.log"
+}
+
+step_bench() {
+  python3 bench/side_by_side.py --out "$OUT" --anatomy-bin "$a" \
+    --configs seed,seed_own,bf16_bs4,bf16_bs32,layer_bs32,best --batches 32,48,64 --timeout 200 --budget 560 2>&1 | tail -40
+}
+
+step_dist() {
+  mkdir -p /tmp/dist
+  {
+    echo "| run | GPUs | ZeRO stage | samples/s (steady) | first step loss | last step loss | optimizer state MiB per rank | NVML used MB per GPU |"
+    echo "|---|---|---|---|---|---|---|---|"
+    train_row dist bf16_bs32_1gpu --precision bf16 --per-device-train-batch-size 32 --num-samples 1024
+    for z in 0 1; do
+      train_row dist "bf16_bs32_2gpu_z$z" --precision bf16 --per-device-train-batch-size 32 --num-samples 2048 \
+        --nproc-per-node 2 --zero-stage $z
+    done
+  } | tee "$OUT/dist.md"
+}
+
+step_stepab() {  # same shapes, the two builds alternated twice: A B A B
+  [ -x .carry/before/anatomy_bench_step ] || { echo "stepab: no .carry/before (scripts/stage_device.sh BEFORE=rev)"; return; }
+  for round in 1 2; do
+    for side in before bin; do
+      echo "== $side (round $round)"
+      timeout 150 .carry/$side/anatomy_bench_step 2>&1 | tail -6
+    done
+  done | tee "$OUT/stepab.md"
+}
+
+(($#)) || { sed -n '2,22p' "$0"; exit 2; }
+for s in "$@"; do
+  declare -F "step_$s" >/dev/null || { echo "device.sh: unknown step '$s'" >&2; exit 2; }
+done
+for s in "$@"; do
+  echo "== $s ($(date +%T))"
+  "step_$s"
+done
