@@ -24,8 +24,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-bench/results/tmp}
 mkdir -p "$OUT"
-[ -x .carry/bin/anatomy ] || tar -C .carry -xJf .carry/bundle.tar.xz
-[ -f .carry/before.tar.xz ] && [ ! -d .carry/before ] && tar -C .carry -xJf .carry/before.tar.xz
 # No address-space cap on the unit tests here: the CUDA driver reserves address space
 # (Note [test memory cap] in tests/common/memory_cap.cpp).
 export LD_LIBRARY_PATH="$PWD/.carry/lib:${LD_LIBRARY_PATH:-}" OMP_WAIT_POLICY=PASSIVE ANATOMY_SOURCE_DIR="$PWD" \
@@ -179,6 +177,8 @@ step_stepab() {  # same shapes, the two builds alternated twice: A B A B
 for s in "$@"; do
   declare -F "step_$s" >/dev/null || { echo "device.sh: unknown step '$s'" >&2; exit 2; }
 done
+[ -x .carry/bin/anatomy ] || tar -C .carry -xJf .carry/bundle.tar.xz
+[ -f .carry/before.tar.xz ] && [ ! -d .carry/before ] && tar -C .carry -xJf .carry/before.tar.xz
 for s in "$@"; do
   echo "== $s ($(date +%T))"
   "step_$s"
