@@ -34,12 +34,23 @@ __device__ __forceinline__ bool skip_step(const GradFactor& gf) {
 // kNormBlock elements, each thread a fixed stride, then a fixed tree; no atomics, so the partials
 // and their sum do not depend on the launch or on how the buffer is sharded. An inf or NaN
 // gradient makes the sum inf or NaN (the overflow check).
+// W = 4: 16-byte loads for whole blocks of an aligned buffer (the short last block takes W = 1).
+// The order within a block follows W, i.e. the buffer's alignment, which block-aligned shards of
+// one buffer share.
+template <int W>
 __global__ void block_sum_squares_kernel(float* __restrict__ partials, const float* __restrict__ x, size_t n) {
   __shared__ float red[32];
   const size_t b = static_cast<size_t>(blockIdx.x) * kNormBlock;
   const size_t e = b + kNormBlock < n ? b + kNormBlock : n;
   float acc = 0.0f;
-  for (size_t i = b + threadIdx.x; i < e; i += blockDim.x) acc += x[i] * x[i];
+  if (W > 1 && e - b == kNormBlock) {
+    const Pack<float, W>* v = reinterpret_cast<const Pack<float, W>*>(x + b);
+    for (size_t p = threadIdx.x; p < kNormBlock / W; p += blockDim.x)
+#pragma unroll
+      for (int j = 0; j < W; ++j) acc += v[p].v[j] * v[p].v[j];
+  } else {
+    for (size_t i = b + threadIdx.x; i < e; i += blockDim.x) acc += x[i] * x[i];
+  }
   acc = block_sum(acc, red);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
@@ -404,7 +415,10 @@ void block_sum_squares(const Tensor& partials, const Tensor& x, cudaStream_t s) 
   const size_t n = x.numel();
   if (n == 0) return;
   const unsigned blocks = static_cast<unsigned>((n + kNormBlock - 1) / kNormBlock);
-  block_sum_squares_kernel<<<blocks, kThreads, 0, s>>>(partials.ptr<float>(), x.ptr<const float>(), n);
+  if (aligned16(x.data))
+    block_sum_squares_kernel<4><<<blocks, kThreads, 0, s>>>(partials.ptr<float>(), x.ptr<const float>(), n);
+  else
+    block_sum_squares_kernel<1><<<blocks, kThreads, 0, s>>>(partials.ptr<float>(), x.ptr<const float>(), n);
   ANATOMY_CUDA_LAUNCH_CHECK();
 }
 
