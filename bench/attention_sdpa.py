@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's scaled_dot_product_attention at the shapes of tools/bench_attention.cpp.
 
-bert-large attention: B in (32, 4), T 512, 16 heads, head_dim 64, bf16, dropout 0.1 and 0,
+bert-large attention by default: B in (32, 4), T 512, 16 heads, head_dim 64, bf16, dropout 0.1 and 0,
 timed with torch.cuda.Event after a warm-up (median of --reps calls), the same markdown table
 as anatomy_bench_attention. FLOPs: forward 4*B*h*T^2*D, backward 2.5x forward.
 
@@ -13,7 +13,8 @@ The backend is forced with torch.nn.attention.sdpa_kernel (FLASH_ATTENTION by de
 to change), and the CUDA kernels that one call launched are listed from the profiler, so the
 table says which implementation ran.
 
-    python3 bench/attention_sdpa.py [--batch 32 --batch 4] [--reps 50] [--backend flash|efficient|cudnn|math]
+    python3 bench/attention_sdpa.py [--batch 32 --batch 4] [--seq 512 --seq 128] [--head-dim 64 --head-dim 32]
+                                    [--heads 16] [--reps 50] [--backend flash|efficient|cudnn|math]
 """
 import argparse
 import statistics
@@ -28,17 +29,16 @@ BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "math": SDPBackend.MATH,
 }
-T, HEADS, D = 512, 16, 64
 
 
-def make_inputs(batch, dtype, seed):
+def make_inputs(batch, seq, heads, head_dim, dtype, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    h = HEADS * D
-    qkv = (torch.rand(batch, T, 3 * h, device="cuda", generator=g, dtype=torch.float32) * 5.0 - 2.5).to(dtype)
-    dout = (torch.rand(batch, HEADS, T, D, device="cuda", generator=g, dtype=torch.float32) * 2.0 - 1.0).to(dtype)
+    h = heads * head_dim
+    qkv = (torch.rand(batch, seq, 3 * h, device="cuda", generator=g, dtype=torch.float32) * 5.0 - 2.5).to(dtype)
+    dout = (torch.rand(batch, heads, seq, head_dim, device="cuda", generator=g, dtype=torch.float32) * 2.0 - 1.0).to(dtype)
 
     def view(i):  # [B, T, H] slice -> [B, heads, T, D] strided view (no copy)
-        return qkv[:, :, i * h:(i + 1) * h].unflatten(-1, (HEADS, D)).transpose(1, 2)
+        return qkv[:, :, i * h:(i + 1) * h].unflatten(-1, (heads, head_dim)).transpose(1, 2)
 
     q, k, v = (view(i).detach().requires_grad_() for i in range(3))
     return q, k, v, dout
@@ -70,6 +70,9 @@ def kernels_of(fn):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, action="append", help="batch sizes (repeatable); default 32 and 4")
+    ap.add_argument("--seq", type=int, action="append", help="sequence lengths (repeatable); default 512")
+    ap.add_argument("--head-dim", type=int, action="append", help="head dims (repeatable); default 64")
+    ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
@@ -77,11 +80,13 @@ def main():
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     batches = args.batch or [32, 4]
+    shapes = [(b, t, d) for d in (args.head_dim or [64]) for t in (args.seq or [512]) for b in batches]
+    heads = args.heads
 
     rows, kernels = [], {}
-    for batch in batches:
+    for batch, seq, head_dim in shapes:
         for p in (0.1, 0.0):
-            sets = [make_inputs(batch, dtype, 1234 + s) for s in range(2)]  # alternate two input sets
+            sets = [make_inputs(batch, seq, heads, head_dim, dtype, 1234 + s) for s in range(2)]  # two input sets
             state = {"i": 0}
 
             def fwd():
@@ -99,23 +104,23 @@ def main():
                 with torch.no_grad():
                     fwd_ms = time_ms(fwd, args.reps, args.warmup)
                 both_ms = time_ms(fwd_bwd, args.reps, args.warmup)
-                kernels[(batch, p)] = kernels_of(fwd_bwd)
-            rows.append((batch, p, fwd_ms, both_ms))
+                kernels[(batch, seq, head_dim, p)] = kernels_of(fwd_bwd)
+            rows.append((batch, seq, head_dim, p, fwd_ms, both_ms))
 
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, T {T}, heads {HEADS}, D {D}, "
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, "
           f"no mask (= a key padding mask of all ones); median of {args.reps} calls. "
           "FLOPs: forward 4*B*h*T^2*D, backward 2.5x forward; bwd = (fwd+bwd) - fwd.")
     print(f"SDPA backend forced: {args.backend}; CUDA kernels of one forward+backward:")
-    for (batch, p), names in kernels.items():
-        print(f"  B={batch} p={p}: " + ", ".join(names))
+    for (batch, seq, head_dim, p), names in kernels.items():
+        print(f"  B={batch} T={seq} D={head_dim} p={p}: " + ", ".join(names))
     print()
     print("| impl | B | T | heads | D | dropout | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd+bwd ms | "
           "fwd+bwd TFLOP/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for batch, p, fwd_ms, both_ms in rows:
-        fl = 4.0 * batch * HEADS * T * T * D
+    for batch, seq, head_dim, p, fwd_ms, both_ms in rows:
+        fl = 4.0 * batch * heads * seq * seq * head_dim
         bwd_ms = both_ms - fwd_ms
-        print(f"| torch sdpa ({args.backend}) | {batch} | {T} | {HEADS} | {D} | {p:.1f} | {fwd_ms:.3f} | "
+        print(f"| torch sdpa ({args.backend}) | {batch} | {seq} | {heads} | {head_dim} | {p:.1f} | {fwd_ms:.3f} | "
               f"{fl / fwd_ms / 1e9:.1f} | {bwd_ms:.3f} | {2.5 * fl / bwd_ms / 1e9:.1f} | {both_ms:.3f} | "
               f"{3.5 * fl / both_ms / 1e9:.1f} |")
 

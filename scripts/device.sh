@@ -17,6 +17,7 @@
 #   levers    the memory levers: each optimizer and checkpointing policy, planned vs NVML
 #   eval      inference, sorted vs file order, skipping padding or not
 #   probe     attention vs PyTorch SDPA, one step eager vs CUDA graph, NVML growth by op
+#   attention the attention table: ours vs PyTorch SDPA (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
@@ -145,6 +146,14 @@ step_probe() {
   grep -A40 "Memory anatomy" "$OUT/memtrace_seed.log"
 }
 
+step_attention() {
+  local shape=(--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64)
+  { timeout 200 $b/anatomy_bench_attention "${shape[@]}"
+    for be in flash cudnn; do timeout 200 python3 bench/attention_sdpa.py "${shape[@]}" --backend $be; done
+  } > "$OUT/attention_table.md" 2>&1
+  grep -E "^\| (anatomy|torch)" "$OUT/attention_table.md"
+}
+
 step_bench() {
   python3 bench/side_by_side.py --out "$OUT" --anatomy-bin "$a" \
     --configs seed,seed_own,bf16_bs4,bf16_bs32,layer_bs32,best --batches 32,48,64 --timeout 200 --budget 560 2>&1 | tail -40
@@ -173,7 +182,7 @@ step_stepab() {  # same shapes, the two builds alternated twice: A B A B
   done | tee "$OUT/stepab.md"
 }
 
-(($#)) || { sed -n '2,22p' "$0"; exit 2; }
+(($#)) || { sed -n '2,23p' "$0"; exit 2; }
 for s in "$@"; do
   declare -F "step_$s" >/dev/null || { echo "device.sh: unknown step '$s'" >&2; exit 2; }
 done

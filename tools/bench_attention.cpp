@@ -1,5 +1,5 @@
-// anatomy_bench_attention: the attention ops alone at bert-large shapes (T = 512, 16 heads,
-// head_dim 64, BF16 by default), through the Backend interface as the model calls them: a key
+// anatomy_bench_attention: the attention ops alone (bert-large shapes by default: T = 512, 16
+// heads, head_dim 64, BF16), through the Backend interface as the model calls them: a key
 // padding mask of all ones, dropout 0.1 and 0. Each call is timed with CUDA events after a
 // warm-up; the median of --reps calls is reported, alternating between two input sets (fresh
 // random values, never zeros). FLOPs: forward 4*B*heads*T^2*D (the two products S = QK^T and
@@ -7,7 +7,8 @@
 // includes its small pre- and post-passes (Dsum = rowsum(dO*O), the dQ conversion).
 // bench/attention_sdpa.py prints the same table for PyTorch's scaled_dot_product_attention.
 //
-//   anatomy_bench_attention [--batch 32 --batch 4] [--dtype bf16] [--reps 50] [--warmup 10]
+//   anatomy_bench_attention [--batch 32 --batch 4] [--seq 512 --seq 128] [--head-dim 64 --head-dim 32]
+//                           [--heads 16] [--dtype bf16] [--reps 50] [--warmup 10]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -24,8 +25,12 @@ using namespace anatomy;
 
 namespace {
 
+struct Shape4 {
+  int64_t B = 0, T = 0, heads = 0, D = 0;
+};
+
 struct Row {
-  int64_t B = 0;
+  Shape4 sh;
   float p = 0;
   double fwd_ms = 0, bwd_ms = 0;
 };
@@ -45,8 +50,8 @@ std::vector<uint8_t> random_half(size_t n, DType dt, Rng& rng, double amp) {
   return out;
 }
 
-Row run(Backend& be, DType dt, int64_t B, float p, int reps, int warmup) {
-  constexpr int64_t T = 512, heads = 16, D = 64, H = heads * D;
+Row run(Backend& be, DType dt, const Shape4& sh, float p, int reps, int warmup) {
+  const int64_t B = sh.B, T = sh.T, heads = sh.heads, H = heads * sh.D;
   constexpr int kSets = 2;
   Allocator& al = be.allocator();
   Rng rng(1234 + static_cast<uint64_t>(B));
@@ -98,17 +103,21 @@ Row run(Backend& be, DType dt, int64_t B, float p, int reps, int warmup) {
   for (int i = 0; i < reps; ++i) tf.push_back(be.timing_elapsed_ms(marks[2 * i], marks[2 * i + 1]));
   for (int i = 0; i < reps; ++i) tb.push_back(be.timing_elapsed_ms(marks[2 * (reps + i)], marks[2 * (reps + i) + 1]));
   be.timing_reset();
-  return Row{B, p, median(tf), median(tb)};
+  return Row{sh, p, median(tf), median(tb)};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"anatomy_bench_attention: attention forward/backward at bert-large shapes (T 512, 16 heads, D 64)"};
-  std::vector<int64_t> batches;
+  CLI::App app{"anatomy_bench_attention: attention forward/backward (default: bert-large shapes, T 512, 16 heads, D 64)"};
+  std::vector<int64_t> batches, seqs, head_dims;
+  int64_t heads = 16;
   std::string dtype = "bf16";
   int reps = 50, warmup = 10;
   app.add_option("--batch", batches, "Batch sizes (repeatable); default 32 and 4");
+  app.add_option("--seq", seqs, "Sequence lengths (repeatable); default 512");
+  app.add_option("--head-dim", head_dims, "Head dims (repeatable); default 64");
+  app.add_option("--heads", heads, "Attention heads")->capture_default_str();
   app.add_option("--dtype", dtype, "bf16 or fp16")->capture_default_str();
   app.add_option("--reps", reps, "Timed calls per op (median reported)")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed forward+backward calls first")->capture_default_str();
@@ -117,22 +126,29 @@ int main(int argc, char** argv) {
     ANATOMY_CHECK(cuda_available(), "no CUDA device (or this build has no CUDA backend)");
     ANATOMY_CHECK(dtype == "bf16" || dtype == "fp16", "--dtype ", dtype, ": expected bf16 or fp16");
     ANATOMY_CHECK(reps > 0 && warmup >= 0, "--reps must be positive");
+    ANATOMY_CHECK(heads > 0, "--heads must be positive");
     const DType dt = dtype == "bf16" ? DType::BF16 : DType::F16;
     if (batches.empty()) batches = {32, 4};
+    if (seqs.empty()) seqs = {512};
+    if (head_dims.empty()) head_dims = {64};
     auto be = make_cuda_backend(0);
     std::vector<Row> rows;
-    for (int64_t B : batches)
-      for (float p : {0.1f, 0.0f}) rows.push_back(run(*be, dt, B, p, reps, warmup));
-    std::printf("\n%s, %s, T 512, heads 16, D 64, key padding mask of all ones; median of %d calls. "
+    for (int64_t D : head_dims)
+      for (int64_t T : seqs)
+        for (int64_t B : batches)
+          for (float p : {0.1f, 0.0f}) rows.push_back(run(*be, dt, Shape4{B, T, heads, D}, p, reps, warmup));
+    std::printf("\n%s, %s, key padding mask of all ones; median of %d calls. "
                 "FLOPs: forward 4*B*h*T^2*D, backward 2.5x forward.\n\n",
                 be->name().c_str(), dtype.c_str(), reps);
     std::printf("| impl | B | T | heads | D | dropout | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd+bwd ms | "
                 "fwd+bwd TFLOP/s |\n");
     std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (const Row& r : rows) {
-      const double fl = 4.0 * static_cast<double>(r.B) * 16 * 512.0 * 512.0 * 64;
-      std::printf("| anatomy flash | %lld | 512 | 16 | 64 | %.1f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f |\n",
-                  static_cast<long long>(r.B), r.p, r.fwd_ms, fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9,
+      const Shape4& q = r.sh;
+      const double fl = 4.0 * static_cast<double>(q.B) * q.heads * static_cast<double>(q.T) * q.T * q.D;
+      std::printf("| anatomy flash | %lld | %lld | %lld | %lld | %.1f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f |\n",
+                  static_cast<long long>(q.B), static_cast<long long>(q.T), static_cast<long long>(q.heads),
+                  static_cast<long long>(q.D), r.p, r.fwd_ms, fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9,
                   r.fwd_ms + r.bwd_ms, 3.5 * fl / (r.fwd_ms + r.bwd_ms) / 1e9);
     }
   } catch (const std::exception& e) {

@@ -386,6 +386,10 @@ TEST(Attention, Bf16FastPath) {
       check_case({3, 256, 2, 64, DType::BF16, p}, test_seed());
       check_case({1, 512, 2, 64, DType::BF16, p}, test_seed());
       check_case({2, 33, 3, 64, DType::BF16, p}, test_seed());
+      // Head dims 32 (MiniLM) and 128: their own swizzle (D = 32) and tiles (D = 128).
+      check_case({2, 100, 4, 32, DType::BF16, p}, test_seed());
+      check_case({2, 257, 2, 32, DType::BF16, p, MaskKind::AllMaskedBatch}, test_seed());
+      check_case({2, 130, 2, 128, DType::BF16, p}, test_seed());
     }
   }
 }
@@ -396,6 +400,8 @@ TEST(Attention, Fp16FastPath) {
   for (float p : {0.0f, 0.1f}) {
     check_case({2, 100, 2, 64, DType::F16, p}, test_seed());
     check_case({2, 384, 2, 64, DType::F16, p}, test_seed());
+    check_case({2, 200, 3, 32, DType::F16, p}, test_seed());
+    check_case({1, 130, 2, 128, DType::F16, p}, test_seed());
   }
 }
 
@@ -409,9 +415,9 @@ TEST(Attention, HalfReferenceKernels) {
       check_case({2, 100, 2, 64, DType::F16, p}, test_seed());
     }
   }
-  // Head dims the fast path does not take fall back to the reference kernels.
-  check_case({2, 90, 4, 32, DType::BF16, 0.1f}, test_seed());
-  check_case({1, 130, 2, 128, DType::F16, 0.0f}, test_seed());
+  // Head dims the fast path does not take (not 32, 64 or 128) fall back to the reference kernels.
+  check_case({2, 90, 4, 40, DType::BF16, 0.1f}, test_seed());
+  check_case({1, 130, 2, 96, DType::F16, 0.0f}, test_seed());
 }
 
 TEST(Attention, NoMask) {

@@ -1,7 +1,7 @@
 // Fused multi-head self-attention for the CUDA backend: entry points, the reference
 // kernels (every dtype, head_dim <= 128, fp32 math; the fallback, and every dtype under
 // ANATOMY_ATTENTION=reference), and the small passes around the backward (Dsum = rowsum(dO * O),
-// dQ conversion). F32 runs on cuBLAS (attention_gemm.cu), BF16/F16 D=64 on attention_flash.cu.
+// dQ conversion). F32 runs on cuBLAS (attention_gemm.cu), BF16/F16 with D 32, 64 or 128 on attention_flash.cu.
 // The math and the masking convention are in attention_common.cuh.
 #include "ops/backend_memory.h"
 #include "ops/cuda/attention.h"

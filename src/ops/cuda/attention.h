@@ -1,7 +1,7 @@
 // Fused multi-head self-attention on the GPU (attention.cu, attention_flash.cu,
 // attention_gemm.cu). The math and the masking convention are in attention_common.cuh.
 //
-// Paths: BF16/F16 with head_dim 64 take the flash kernels; F32 takes the cuBLAS path (strided
+// Paths: BF16/F16 with head_dim 32, 64 or 128 take the flash kernels; F32 takes the cuBLAS path (strided
 // batched GEMMs per sample with the [heads, T, T] score matrix in scratch); everything else,
 // and every dtype under ANATOMY_ATTENTION=reference, takes the scalar reference kernels.
 // `scratch` must hold attention_scratch_bytes(...) bytes (ops/backend_memory.h).

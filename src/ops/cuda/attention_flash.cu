@@ -1,4 +1,4 @@
-// Fast attention for BF16/F16 with head_dim 64 (FlashAttention-2 style; no T x T matrix
+// Fast attention for BF16/F16 with head_dim 32, 64 or 128 (FlashAttention-2 style; no T x T matrix
 // in memory). Tensor cores through mma.sync.m16n8k16 (16-bit inputs, fp32 accumulators),
 // operands fed from shared memory by ldmatrix, tiles streamed by cp.async with double
 // buffering. The math is in attention_common.cuh.
@@ -10,9 +10,11 @@
 // so the C fragments of two adjacent n-tiles, packed to 16 bits, are the A fragment of one
 // 16-wide k-step: the probabilities go from the S = QK^T accumulators straight into P V.
 //
-// Shared-memory tiles are [rows][D] of 16-bit elements, D = 64 -> 8 chunks of 16 bytes per
-// row; chunk c of row r is stored at chunk position c ^ (r & 7) (XOR swizzle), so the 8 rows
-// an ldmatrix phase reads, and the 8 rows a cp.async phase writes, hit 8 distinct bank groups.
+// Shared-memory tiles are [rows][D] of 16-bit elements, D / 8 chunks of 16 bytes per row.
+// With D >= 64 (8 or 16 chunks, a row covers all 8 bank groups), chunk c of row r is stored at
+// chunk position c ^ (r & 7) (XOR swizzle); with D = 32 (4 chunks: rows 2i and 2i+1 share one
+// 128-byte line, halves 0-3 and 4-7), at c ^ ((r >> 1) & 3). Either way the 8 rows an ldmatrix
+// phase reads at one chunk, and the 8 rows a cp.async phase writes, hit 8 distinct bank groups.
 //
 // Note [paired rows]
 // Dropout decides a 2x2 block (queries {q, q+1} x keys {k, k+1}, q and k even) with one hash
@@ -109,7 +111,9 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // Byte offset of 16-byte chunk c of row r in a swizzled [rows][D] 16-bit tile.
 template <int D>
 __device__ __forceinline__ uint32_t swz(int r, int c) {
-  return static_cast<uint32_t>(r * (D * 2) + ((c ^ (r & 7)) << 4));
+  static_assert(D == 32 || D == 64 || D == 128, "tiles are 4, 8 or 16 chunks wide");
+  const int x = D == 32 ? (r >> 1) & 3 : r & 7;
+  return static_cast<uint32_t>(r * (D * 2) + ((c ^ x) << 4));
 }
 
 // Fragment row r of a 16-row slice holds token perm16(r) of the slice (Note [paired rows]).
@@ -169,7 +173,7 @@ struct FwdCfg {
 };
 
 template <bool BF16, int D, int MT, bool DROP>
-__global__ void __launch_bounds__(128, MT == 1 ? 3 : 2) flash_fwd_kernel(Params p) {
+__global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_kernel(Params p) {
   using C = FwdCfg<BF16, D, MT>;
   constexpr int BR = C::BR, BC = C::BC, NTH = C::kThreads;
   constexpr int KS = D / 16;   // k-steps of Q K^T
@@ -640,12 +644,12 @@ int fwd_mt() {
   return (e != nullptr && e[0] == '1') ? 1 : 2;
 }
 
-template <bool BF16, int MT>
+template <bool BF16, int D, int MT>
 bool launch_fwd(const Params& p, int smem_limit, cudaStream_t s) {
-  using C = FwdCfg<BF16, 64, MT>;
+  using C = FwdCfg<BF16, D, MT>;
   const size_t bytes = C::smem_bytes(p.T);
   if (bytes > static_cast<size_t>(smem_limit)) return false;
-  auto kernel = p.drop ? flash_fwd_kernel<BF16, 64, MT, true> : flash_fwd_kernel<BF16, 64, MT, false>;
+  auto kernel = p.drop ? flash_fwd_kernel<BF16, D, MT, true> : flash_fwd_kernel<BF16, D, MT, false>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
     return false;
   dim3 grid(static_cast<unsigned>((p.T + C::BR - 1) / C::BR), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.B));
@@ -653,11 +657,11 @@ bool launch_fwd(const Params& p, int smem_limit, cudaStream_t s) {
   return true;
 }
 
-template <bool BF16>
+template <bool BF16, int D>
 bool launch_bwd(const Params& p, int smem_limit, cudaStream_t s) {
-  using C = BwdCfg<BF16, 64>;
+  using C = BwdCfg<BF16, D>;
   if (C::kBytes > smem_limit) return false;
-  auto kernel = p.drop ? flash_bwd_kernel<BF16, 64, true> : flash_bwd_kernel<BF16, 64, false>;
+  auto kernel = p.drop ? flash_bwd_kernel<BF16, D, true> : flash_bwd_kernel<BF16, D, false>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kBytes) != cudaSuccess) return false;
   dim3 grid(static_cast<unsigned>((p.T + C::BC - 1) / C::BC), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.B));
   kernel<<<grid, C::kThreads, C::kBytes, s>>>(p);
@@ -669,19 +673,41 @@ bool launch_bwd(const Params& p, int smem_limit, cudaStream_t s) {
 bool flash_supports(const Params& p) {
   // 16-byte cp.async / vector stores need 16-byte aligned rows and head slices.
   auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
-  return p.D == 64 && p.H % 8 == 0 && aligned(p.qkv) && aligned(p.ctx) &&
+  return (p.D == 32 || p.D == 64 || p.D == 128) && p.H % 8 == 0 && aligned(p.qkv) && aligned(p.ctx) &&
          (p.dctx == nullptr || aligned(p.dctx)) && (p.dqkv == nullptr || aligned(p.dqkv));
+}
+
+// Head dim 128 keeps 64-query forward tiles: 32 rows per warp would not fit its Q fragments
+// and O accumulators in registers.
+template <bool BF16>
+bool forward_for(const Params& p, int smem_limit, cudaStream_t s) {
+  const bool mt1 = fwd_mt() == 1;
+  switch (p.D) {
+    case 32: return mt1 ? launch_fwd<BF16, 32, 1>(p, smem_limit, s) : launch_fwd<BF16, 32, 2>(p, smem_limit, s);
+    case 64: return mt1 ? launch_fwd<BF16, 64, 1>(p, smem_limit, s) : launch_fwd<BF16, 64, 2>(p, smem_limit, s);
+    case 128: return launch_fwd<BF16, 128, 1>(p, smem_limit, s);
+    default: return false;
+  }
+}
+
+template <bool BF16>
+bool backward_for(const Params& p, int smem_limit, cudaStream_t s) {
+  switch (p.D) {
+    case 32: return launch_bwd<BF16, 32>(p, smem_limit, s);
+    case 64: return launch_bwd<BF16, 64>(p, smem_limit, s);
+    case 128: return launch_bwd<BF16, 128>(p, smem_limit, s);
+    default: return false;
+  }
 }
 
 bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s) {
   if (!flash_supports(p)) return false;
-  if (fwd_mt() == 1) return is_bf16 ? launch_fwd<true, 1>(p, smem_limit, s) : launch_fwd<false, 1>(p, smem_limit, s);
-  return is_bf16 ? launch_fwd<true, 2>(p, smem_limit, s) : launch_fwd<false, 2>(p, smem_limit, s);
+  return is_bf16 ? forward_for<true>(p, smem_limit, s) : forward_for<false>(p, smem_limit, s);
 }
 
 bool flash_backward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s) {
   if (!flash_supports(p)) return false;
-  return is_bf16 ? launch_bwd<true>(p, smem_limit, s) : launch_bwd<false>(p, smem_limit, s);
+  return is_bf16 ? backward_for<true>(p, smem_limit, s) : backward_for<false>(p, smem_limit, s);
 }
 
 }  // namespace anatomy::cuda::attn
