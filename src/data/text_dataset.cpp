@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <unordered_map>
@@ -151,7 +152,9 @@ struct Mapping {
   }
   // false (errno set) when the file cannot be opened or mapped.
   bool open(const std::string& path, bool& regular) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever; the
+    // fstat below then refuses it like any other file that is not regular.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return false;
     struct stat st {};
     bool ok = ::fstat(fd, &st) == 0;
@@ -171,7 +174,7 @@ struct Mapping {
   }
 };
 
-constexpr char kMagic[8] = {'A', 'N', 'A', 'T', 'T', 'X', 'T', '1'};
+constexpr char kMagic[8] = {'A', 'N', 'A', 'T', 'T', 'X', 'T', '2'};
 
 struct CacheHeader {
   char magic[8];
@@ -182,8 +185,19 @@ struct CacheHeader {
   int64_t max_length;
   uint32_t label_kind;  // LabelSet::Kind
   uint32_t num_labels;
+  uint64_t checksum;  // Hash64 of every byte after the header (Note [token cache checksum])
 };
-static_assert(sizeof(CacheHeader) == 64);
+static_assert(sizeof(CacheHeader) == 72);
+
+// Note [token cache checksum]: the cache's name carries the hash of the text and options it was
+// made from, but a file damaged after it was written (a bad disk, a copy cut short, an edit) would
+// otherwise be mapped and trusted: token ids out of the vocabulary fail deep in the embedding with
+// an error naming neither file, every later run the same way. So the header records a Hash64 of
+// every byte after it, the loader also checks ids, types, labels and offsets against their
+// ranges, and a cache that fails any check is reported in one line naming it and rebuilt from
+// the text (atomically, so a run killed meanwhile leaves the damaged one or a good one).
+constexpr uint64_t kChecksumSeed = 0x746f6b2d63616368ULL;
+constexpr const char* kMissing = "does not exist";
 
 constexpr uint64_t align8(uint64_t x) { return (x + 7) & ~uint64_t{7}; }
 
@@ -305,44 +319,58 @@ struct TextDataset::Storage {
   std::vector<int32_t> labels, ids;
   std::vector<uint8_t> types;
 
-  // Maps a cache file and checks it against the key and its own sizes; false (and nothing kept)
-  // for a missing, stale or damaged one, which is then rebuilt.
-  bool map_cache(const std::string& path, uint64_t key, int64_t max_length, LabelSet& label_set) {
+  // Maps a cache file and checks it against the key, its checksum and its own sizes. Returns
+  // empty on success; otherwise why it was not used ("" is never returned for a failure: a
+  // missing file says so), with nothing kept, and the cache is rebuilt.
+  std::string map_cache(const std::string& path, uint64_t key, int64_t max_length, LabelSet& label_set,
+                        const WordPieceTokenizer& tok) {
     bool regular = false;
-    if (!map.open(path, regular) || !regular || map.bytes < sizeof(CacheHeader)) return reject();
+    if (!map.open(path, regular)) return reject(errno == ENOENT ? kMissing : "cannot be read");
+    if (!regular) return reject("is not a regular file");
+    if (map.bytes < sizeof(CacheHeader)) return reject("is shorter than its header");
     const char* base = static_cast<const char*>(map.addr);
     CacheHeader h;
     std::memcpy(&h, base, sizeof h);
-    if (std::memcmp(h.magic, kMagic, 8) != 0 || h.key != key || h.max_length != max_length) return reject();
-    if (h.n == 0 || h.n > map.bytes || h.tokens > map.bytes || h.label_kind > 2) return reject();
+    if (std::memcmp(h.magic, kMagic, 8) != 0) return reject("is not a token cache of this version");
+    if (h.key != key || h.max_length != max_length) return reject("was made from other text or options");
+    if (hash64({base + sizeof h, map.bytes - sizeof h}, kChecksumSeed) != h.checksum)
+      return reject("fails its checksum (damaged)");
+    if (h.n == 0 || h.n > map.bytes || h.tokens > map.bytes || h.label_kind > 2) return reject("has impossible sizes");
     const Layout lay(h.n, h.tokens);
-    if (lay.names > map.bytes || h.names_offset != lay.names || h.names_bytes != map.bytes - lay.names) return reject();
+    if (lay.names > map.bytes || h.names_offset != lay.names || h.names_bytes != map.bytes - lay.names)
+      return reject("has impossible sizes");
     const uint64_t* off = reinterpret_cast<const uint64_t*>(base + lay.offsets);
-    if (off[0] != 0 || off[h.n] != h.tokens) return reject();
+    if (off[0] != 0 || off[h.n] != h.tokens) return reject("has impossible sample offsets");
     for (uint64_t i = 0; i < h.n; ++i)
-      if (off[i + 1] < off[i] || off[i + 1] - off[i] > static_cast<uint64_t>(max_length)) return reject();
+      if (off[i + 1] < off[i] || off[i + 1] - off[i] > static_cast<uint64_t>(max_length))
+        return reject("has impossible sample offsets");
     const int32_t* lab = reinterpret_cast<const int32_t*>(base + lay.labels);
     const int64_t hi = h.label_kind == 0 ? 1 : h.num_labels;
     for (uint64_t i = 0; i < h.n; ++i)
-      if (lab[i] < 0 || lab[i] >= hi) return reject();
+      if (lab[i] < 0 || lab[i] >= hi) return reject("holds a label out of range");
+    const int32_t* id = reinterpret_cast<const int32_t*>(base + lay.ids);
+    const uint8_t* type = reinterpret_cast<const uint8_t*>(base + lay.types);
+    const int64_t vocab = static_cast<int64_t>(tok.vocab_size());
+    for (uint64_t i = 0; i < h.tokens; ++i)
+      if (id[i] < 0 || id[i] >= vocab || type[i] > 1) return reject("holds a token id outside the vocabulary");
     LabelSet s;
     s.kind = static_cast<LabelSet::Kind>(h.label_kind);
     s.num_labels = h.num_labels;
     for (uint64_t p = lay.names; p < map.bytes;) {
       uint32_t len = 0;
-      if (map.bytes - p < 4) return reject();
+      if (map.bytes - p < 4) return reject("has a damaged label table");
       std::memcpy(&len, base + p, 4);
-      if (map.bytes - p - 4 < len) return reject();
+      if (map.bytes - p - 4 < len) return reject("has a damaged label table");
       s.names.emplace_back(base + p + 4, len);
       p += 4 + uint64_t{len};
     }
-    if (s.kind == LabelSet::Kind::Names && s.names.size() != h.num_labels) return reject();
+    if (s.kind == LabelSet::Kind::Names && s.names.size() != h.num_labels) return reject("has a damaged label table");
     label_set = std::move(s);
-    return true;
+    return "";
   }
-  bool reject() {
+  std::string reject(const char* why) {
     map.reset();
-    return false;
+    return why;
   }
 
   void write_cache(const std::string& path, uint64_t key, int64_t max_length, const LabelSet& ls) const {
@@ -354,6 +382,22 @@ struct TextDataset::Storage {
       names.append(reinterpret_cast<const char*>(&len), 4).append(s);
     }
     CacheHeader h{};
+    // Every byte after the header, in file order, first into the checksum and then into the file.
+    auto body = [&](auto&& put) {
+      put(offsets.data(), 8 * offsets.size(), lay.offsets);
+      put(labels.data(), 4 * n, lay.labels);
+      put(ids.data(), 4 * tokens, lay.ids);
+      put(types.data(), tokens, lay.types);
+      put(names.data(), names.size(), lay.names);
+    };
+    static const char zeros[8] = {};
+    Hash64 sum(kChecksumSeed);
+    uint64_t at = sizeof h;
+    body([&](const void* p, size_t bytes, uint64_t where) {
+      sum.update(zeros, where - at).update(p, bytes);
+      at = where + bytes;
+    });
+    h.checksum = sum.digest();
     std::memcpy(h.magic, kMagic, 8);
     h.key = key;
     h.n = n;
@@ -364,20 +408,14 @@ struct TextDataset::Storage {
     h.label_kind = static_cast<uint32_t>(ls.kind);
     h.num_labels = static_cast<uint32_t>(ls.num_labels);
     AtomicFile f(path);
-    uint64_t at = 0;
-    auto put = [&](const void* p, size_t bytes, uint64_t where) {
-      static const char zeros[8] = {};
+    f.write(&h, sizeof h);
+    at = sizeof h;
+    body([&](const void* p, size_t bytes, uint64_t where) {
       ANATOMY_ASSERT(where >= at && where - at < 8);
       f.write(zeros, where - at);
       f.write(p, bytes);
       at = where + bytes;
-    };
-    put(&h, sizeof h, 0);
-    put(offsets.data(), 8 * offsets.size(), lay.offsets);
-    put(labels.data(), 4 * n, lay.labels);
-    put(ids.data(), 4 * tokens, lay.ids);
-    put(types.data(), tokens, lay.types);
-    put(names.data(), names.size(), lay.names);
+    });
     f.commit();
   }
 };
@@ -417,7 +455,8 @@ TextDataset TextDataset::load(const std::string& path, const WordPieceTokenizer&
   Mapping data;
   bool regular = false;
   ANATOMY_CHECK(data.open(path, regular), path, ": cannot read: ", errno_text());
-  ANATOMY_CHECK(regular, path, ": not a regular file");
+  ANATOMY_CHECK(regular, opt.source_flag, opt.source_flag.empty() ? "" : " ", path,
+                ": not a regular file (a FIFO, directory or device cannot be read as a data set)");
   ANATOMY_CHECK(data.bytes > 0, path, ": the file is empty");
 
   TextDataset ds;
@@ -427,7 +466,7 @@ TextDataset TextDataset::load(const std::string& path, const WordPieceTokenizer&
   ds.m_storage = std::make_unique<Storage>();
 
   Hash64 key(0x616e61746f6d7931ULL);
-  key.field("anatomy text cache v1").field(data.view()).field(tokenizer_fingerprint(tok));
+  key.field("anatomy text cache v2").field(data.view()).field(tokenizer_fingerprint(tok));
   key.field(static_cast<uint64_t>(format)).field(static_cast<uint64_t>(static_cast<unsigned char>(opt.delimiter)));
   key.field(opt.text_column).field(opt.text_pair_column).field(opt.label_column);
   key.field(static_cast<uint64_t>(opt.max_length));
@@ -447,11 +486,13 @@ TextDataset TextDataset::load(const std::string& path, const WordPieceTokenizer&
       fs::create_directories(opt.cache_dir, ec);  // a failure shows up when writing
       ds.m_cache_path = (fs::path(opt.cache_dir) / name).string();
     }
-    if (ds.m_storage->map_cache(ds.m_cache_path, k, opt.max_length, ds.m_label_set)) {
+    const std::string problem = ds.m_storage->map_cache(ds.m_cache_path, k, opt.max_length, ds.m_label_set, tok);
+    if (problem.empty()) {
       ds.m_status = CacheStatus::Reused;
       ds.bind();
       return ds;
     }
+    if (problem != kMissing) ds.m_cache_problem = problem;
   }
 
   // Tokenize every record; labels are kept as codes of distinct texts until all are seen.
@@ -483,19 +524,23 @@ TextDataset TextDataset::load(const std::string& path, const WordPieceTokenizer&
   }
 
   ds.m_status = CacheStatus::InMemory;
+  const std::string cache_tried = ds.m_cache_path;
   if (opt.cache == CacheMode::ReadWrite) {
     // An unwritable place (a read-only data directory) only costs the cache, not the run.
     try {
       s.write_cache(ds.m_cache_path, k, opt.max_length, ds.m_label_set);
       auto mapped = std::make_unique<Storage>();
       LabelSet check;
-      if (mapped->map_cache(ds.m_cache_path, k, opt.max_length, check) && check == ds.m_label_set) {
+      if (mapped->map_cache(ds.m_cache_path, k, opt.max_length, check, tok).empty() && check == ds.m_label_set) {
         ds.m_storage = std::move(mapped);
         ds.m_status = CacheStatus::Created;
       }
     } catch (const Error&) {
     }
   }
+  if (!ds.m_cache_problem.empty())  // Note [token cache checksum]: said once, never silently
+    std::fprintf(stderr, "anatomy: token cache %s %s; %s from %s\n", cache_tried.c_str(), ds.m_cache_problem.c_str(),
+                 ds.m_status == CacheStatus::Created ? "rebuilt it" : "tokenized again in memory", path.c_str());
   if (ds.m_status == CacheStatus::InMemory) ds.m_cache_path.clear();
   ds.bind();
   return ds;

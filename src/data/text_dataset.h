@@ -71,6 +71,8 @@ struct TextDataOptions {
   // Given (a validation or evaluation file): labels are mapped through it, and one it does not
   // know is an error naming the file and line. Unset: derived from this file (see LabelSet).
   std::optional<LabelSet> labels;
+  // The flag that named the file ("--train-file"), for errors about the file itself.
+  std::string source_flag;
 };
 
 enum class CacheStatus : uint8_t { Created, Reused, InMemory };
@@ -128,13 +130,16 @@ class TextDataset final : public Dataset {
   const std::string& path() const { return m_path; }
   const std::string& cache_path() const { return m_cache_path; }  // empty when InMemory
   CacheStatus cache_status() const { return m_status; }
+  // Why an existing cache file was not used and was rebuilt (damaged, another version); empty
+  // when it was reused or there was none. The load also reports it on stderr, one line.
+  const std::string& cache_problem() const { return m_cache_problem; }
 
  private:
   struct Storage;
   TextDataset() = default;
   void bind();  // points the views at m_storage
 
-  std::string m_path, m_cache_path;
+  std::string m_path, m_cache_path, m_cache_problem;
   CacheStatus m_status = CacheStatus::InMemory;
   int64_t m_max_length = 0;
   int32_t m_pad_id = 0;

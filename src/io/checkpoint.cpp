@@ -1,5 +1,6 @@
 #include "io/checkpoint.h"
 
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -10,7 +11,29 @@ namespace anatomy {
 namespace fs = std::filesystem;
 
 std::string config_path_of(const std::string& path) {
-  return fs::is_directory(path) ? (fs::path(path) / "config.json").string() : path;
+  if (!fs::is_directory(path)) return path;
+  refuse_unreadable_weights(path);
+  return (fs::path(path) / "config.json").string();
+}
+
+void refuse_unreadable_weights(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / "model.safetensors", ec)) return;
+  // The names transformers' save_pretrained gives weights it can write but anatomy cannot read.
+  std::string found;
+  for (const char* name : {"pytorch_model.bin", "pytorch_model.bin.index.json", "model.safetensors.index.json",
+                           "tf_model.h5", "flax_model.msgpack", "model.ckpt.index"})
+    if (fs::exists(fs::path(dir) / name, ec)) found += (found.empty() ? "" : ", ") + std::string(name);
+  ANATOMY_CHECK(found.empty(), "--model-name-or-path ", dir, ": holds ", found,
+                " but no model.safetensors, the only weights anatomy reads; convert it with transformers: "
+                "AutoModelForSequenceClassification.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True) "
+                "(sharded files: save_pretrained(DIR, max_shard_size=\"100GB\"))");
+}
+
+void refuse_non_finite(const std::string& file, const std::string& tensor, const float* v, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    ANATOMY_CHECK(std::isfinite(v[i]), file, ": tensor '", tensor, "' holds ", v[i], " at element ", i,
+                  "; a model with NaN or Inf weights cannot train or predict (was it saved from a diverged run?)");
 }
 
 void save_pretrained(const std::string& dir, BertForSequenceClassification& model) {
@@ -65,6 +88,7 @@ LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClass
     }
     std::vector<int64_t> shape(p.shape.d.begin(), p.shape.d.begin() + p.shape.rank);
     r.read(*found, DType::F32, host.data() + p.offset, shape, "config.json");
+    refuse_non_finite(file, *found, host.data() + p.offset, static_cast<size_t>(p.shape.numel()));
     used.insert(*found);
   }
   for (const auto& t : r.tensors())

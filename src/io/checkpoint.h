@@ -16,7 +16,7 @@ struct LoadReport {
 };
 
 // Reads the weights of PATH (a directory holding model.safetensors, or the file itself) into
-// the model's master weights. Parameters missing from the file keep their current values and
+// the model's master weights; a tensor holding NaN or Inf is refused, named. Parameters missing from the file keep their current values and
 // are reported, as transformers reports newly initialized weights.
 LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClassification& model);
 
@@ -25,7 +25,16 @@ LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClass
 // LayerNorm.gamma / LayerNorm.beta spellings of either.
 std::vector<std::string> checkpoint_names_for(const std::string& name);
 
-// config.json of a directory (or the config path itself).
+// config.json of a directory (or the config path itself). A directory is first checked with
+// refuse_unreadable_weights.
 std::string config_path_of(const std::string& path);
+
+// A model directory without model.safetensors that holds weights in another format
+// (pytorch_model.bin, TF, Flax, sharded safetensors) is refused, naming what it holds and how to
+// convert it, rather than trained from random weights. One with no weights at all passes.
+void refuse_unreadable_weights(const std::string& dir);
+
+// Weights read from `file` must be finite: the error names the tensor and the first bad element.
+void refuse_non_finite(const std::string& file, const std::string& tensor, const float* v, size_t n);
 
 }  // namespace anatomy

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -85,6 +86,7 @@ nlohmann::json read_state(const fs::path& dir, bool verify_checksums) {
   ANATOMY_CHECK(st.contains("step") && st["step"].is_number_integer() && st.contains("trainer") &&
                     st.contains("files") && st["files"].is_object(),
                 file, ": lacks step, files or trainer");
+  ANATOMY_CHECK(st["step"].get<int64_t>() >= 0, file, ": step must be a non-negative integer, got ", st["step"].dump());
   for (const char* name : kFiles) {
     const std::string path = (dir / name).string();
     const nlohmann::json& f = st["files"].value(name, nlohmann::json());
@@ -102,6 +104,59 @@ nlohmann::json read_state(const fs::path& dir, bool verify_checksums) {
   }
   return st;
 }
+
+int64_t non_negative(const nlohmann::json& obj, const char* key, const std::string& file, const char* where = "") {
+  const nlohmann::json& v = obj.value(key, nlohmann::json());
+  ANATOMY_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, file, ": ", where, key,
+                " must be a non-negative integer, got ", v.dump());
+  return v.get<int64_t>();
+}
+
+double finite(const nlohmann::json& obj, const char* key, const std::string& file) {
+  const nlohmann::json& v = obj.value(key, nlohmann::json());
+  ANATOMY_CHECK(v.is_number() && std::isfinite(v.get<double>()), file, ": trainer.", key, " must be a finite number, got ",
+                v.dump());
+  return v.get<double>();
+}
+
+}  // namespace
+
+// Note [trainer state checks]: the trainer continues from these numbers, so a value no run can
+// have written (a negative or fractional step, 1e15 steps in a checkpoint whose optimizer took 3,
+// a NaN loss sum) is refused here rather than resumed into a run that silently does nothing or
+// divides by a negative count. The invariants are those of the trainer's own bookkeeping: every
+// step is either an optimizer update or a skipped (fp16 overflow) step, every step consumes at
+// least one sample, and the checkpoint's step names the step of its directory and of its trainer.
+void validate_trainer_state(const nlohmann::json& tr, const std::string& file, int64_t step, int64_t optimizer_steps) {
+  ANATOMY_CHECK(tr.is_object(), file, ": trainer must be an object, got ", tr.type_name());
+  const char* in = "trainer.";
+  const int64_t global = non_negative(tr, "global_step", file, in);
+  ANATOMY_CHECK(global == step, file, ": trainer.global_step ", global, " disagrees with step ", step);
+  const int64_t skipped = non_negative(tr, "skipped_steps", file, in);
+  ANATOMY_CHECK(optimizer_steps + skipped == global, file, ": global_step ", global, " is not optimizer_steps ",
+                optimizer_steps, " + skipped_steps ", skipped);
+  const int64_t samples = non_negative(tr, "samples", file, in);
+  ANATOMY_CHECK(samples >= global, file, ": trainer.samples ", samples, " is fewer than the ", global, " steps taken");
+  non_negative(tr, "window_samples", file, in);
+  non_negative(tr, "loss_scale_clean_steps", file, in);
+  finite(tr, "loss_sum", file);
+  finite(tr, "first_step_loss", file);
+  finite(tr, "window_loss", file);
+  ANATOMY_CHECK(finite(tr, "loss_scale", file) > 0, file, ": trainer.loss_scale must be positive, got ", tr["loss_scale"].dump());
+  const nlohmann::json& fp = tr.value("fingerprint", nlohmann::json());
+  ANATOMY_CHECK(fp.is_object(), file, ": trainer.fingerprint must be an object, got ", fp.dump());
+  if (tr.contains("micro_batches")) {
+    const int64_t micro = non_negative(tr, "micro_batches", file, in);
+    const nlohmann::json& accum = fp.value("--gradient-accumulation-steps", nlohmann::json());
+    ANATOMY_CHECK(accum.is_number_integer() && accum.get<int64_t>() >= 1, file,
+                  ": trainer.fingerprint --gradient-accumulation-steps must be a positive integer, got ", accum.dump());
+    ANATOMY_CHECK(micro / accum.get<int64_t>() == global && micro % accum.get<int64_t>() == 0, file,
+                  ": trainer.micro_batches ", micro, " is not global_step ", global, " x --gradient-accumulation-steps ",
+                  accum.get<int64_t>());
+  }
+}
+
+namespace {
 
 // Empty when `dir` is a complete checkpoint (of step `step`, when given), else why not.
 std::string checkpoint_problem(const fs::path& dir, std::optional<int64_t> step = std::nullopt) {
@@ -217,6 +272,14 @@ std::string resolve_resume_path(const std::string& arg, const std::string& outpu
 nlohmann::json load_training_checkpoint(const std::string& dir_str, BertForSequenceClassification& model, Optimizer& opt) {
   const fs::path dir(dir_str);
   nlohmann::json st = read_state(dir, /*verify_checksums=*/true);
+  const std::string state_file = (dir / kStateFile).string();
+  const int64_t step = st["step"].get<int64_t>();
+  std::string rest;
+  const std::optional<int64_t> named = parse_checkpoint_name(dir.filename().string(), &rest);
+  ANATOMY_CHECK(!named || !rest.empty() || *named == step, state_file, ": names step ", step, " but the directory is ",
+                dir.filename().string());
+  const int64_t optimizer_steps = non_negative(st, "optimizer_steps", state_file);
+  validate_trainer_state(st["trainer"], state_file, step, optimizer_steps);
   const std::string config = (dir / "config.json").string();
   ANATOMY_CHECK(BertConfig::from_json_file(config) == model.config(), config,
                 ": the checkpoint's model differs from the one being trained");
@@ -233,6 +296,8 @@ nlohmann::json load_training_checkpoint(const std::string& dir_str, BertForSeque
   auto [p, ec] = std::from_chars(steps_str.data(), steps_str.data() + steps_str.size(), steps);
   ANATOMY_CHECK(ec == std::errc() && p == steps_str.data() + steps_str.size() && steps >= 0, ofile,
                 ": metadata 'steps' must be a step count, got '", steps_str, "'");
+  ANATOMY_CHECK(steps == optimizer_steps, ofile, ": metadata 'steps' is ", steps, ", ", kStateFile, " says optimizer_steps ",
+                optimizer_steps);
   const auto state = opt.state();
   ANATOMY_CHECK(r.tensors().size() == state.size(), ofile, ": holds ", r.tensors().size(), " tensors, the ", kind,
                 " optimizer has ", state.size());
@@ -258,6 +323,7 @@ nlohmann::json load_training_checkpoint(const std::string& dir_str, BertForSeque
                   dtype_name(w.info(prm.name).dtype), ", master weights are F32");
     const std::vector<int64_t> shape(prm.shape.d.begin(), prm.shape.d.begin() + prm.shape.rank);
     w.read(prm.name, DType::F32, weights.data() + prm.offset, shape, "the model");
+    refuse_non_finite(wfile, prm.name, weights.data() + prm.offset, static_cast<size_t>(prm.shape.numel()));
   }
 
   // Everything checked: apply. set_master_from_host also refreshes the compute copy.

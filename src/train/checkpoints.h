@@ -52,8 +52,17 @@ std::string resolve_resume_path(const std::string& arg, const std::string& outpu
 // Loads a checkpoint into the model's master weights (and its compute copy) and the optimizer's
 // state and step count; returns the trainer's JSON. Everything is read and checked first (sizes,
 // checksums, config, optimizer kind, every tensor's dtype and shape), then applied: a failure is
-// a one-line error naming the file and leaves model and optimizer untouched.
+// a one-line error naming the file and leaves model and optimizer untouched. The trainer's JSON
+// is checked by validate_trainer_state, and the step against the directory's name.
 nlohmann::json load_training_checkpoint(const std::string& dir, BertForSequenceClassification& model, Optimizer& opt);
+
+// The trainer's part of trainer_state.json (`file`), field by field (Note [trainer state checks]):
+// global_step, skipped_steps, samples, window_samples, loss_scale_clean_steps non-negative
+// integers; loss_sum, first_step_loss, window_loss finite; loss_scale positive; fingerprint an
+// object; global_step equal to `step` and to optimizer_steps + skipped_steps; micro_batches, when
+// present, global_step x the fingerprint's --gradient-accumulation-steps. load_training_checkpoint
+// calls it; one-line errors name the file and the field.
+void validate_trainer_state(const nlohmann::json& trainer, const std::string& file, int64_t step, int64_t optimizer_steps);
 
 // The checksum trainer_state.json records for a file (Note [checkpoint checksum]), 16 hex digits.
 std::string checkpoint_file_checksum(const std::string& path);

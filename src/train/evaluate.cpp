@@ -212,6 +212,12 @@ EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, con
     model.forward_eval(db);
     be.set_phase(Phase::Data);
     download_logits(be, model.logits().slice(0, b), logits);
+    // An argmax over NaN is meaningless and the loss would be NaN: no accuracy is reported
+    // from logits that are not all finite (a model that overflowed or holds NaN).
+    for (size_t i = 0; i < static_cast<size_t>(b * C); ++i)
+      ANATOMY_CHECK(std::isfinite(logits[i]), "evaluate: sample ", order[begin + i / static_cast<size_t>(C)],
+                    " has a non-finite logit (", logits[i], "); refusing to report loss or accuracy from it (the model's "
+                    "weights or activations hold NaN or Inf)");
 
     r.padded_tokens += b * T;
     r.computed_tokens += computed;

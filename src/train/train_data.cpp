@@ -59,6 +59,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   to.label_column = opt.label_column;
   to.max_length = opt.seq_len;
   to.cache_dir = opt.dataset_cache_dir;
+  to.source_flag = "--train-file";
   const LabelSet from_config = LabelSet::from_id2label(cfg.id2label);
   if (from_config.kind == LabelSet::Kind::Names) to.labels = from_config;  // a trained head names its classes
   auto train = std::make_shared<TextDataset>(TextDataset::load(opt.train_file, tok, to));
@@ -76,6 +77,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   if (!opt.validation_file.empty()) {
     TextDataOptions vo = to;
     vo.labels = labels;
+    vo.source_flag = "--validation-file";
     auto val = std::make_shared<TextDataset>(TextDataset::load(opt.validation_file, tok, vo));
     d.validation_lengths = val->lengths();
     d.validation = val;

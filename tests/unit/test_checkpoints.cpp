@@ -99,6 +99,15 @@ std::string error_of(F&& f) {
   return "(no error)";
 }
 
+// The trainer's part of a checkpoint as the trainer writes it (validate_trainer_state checks it).
+nlohmann::json trainer_json(int64_t step, int64_t optimizer_steps, nlohmann::json extra = nlohmann::json::object()) {
+  nlohmann::json j = {{"global_step", step}, {"skipped_steps", step - optimizer_steps}, {"samples", 4 * step},
+                      {"window_samples", 0}, {"loss_scale_clean_steps", 0}, {"loss_sum", 0.0}, {"first_step_loss", 0.0},
+                      {"window_loss", 0.0}, {"loss_scale", 1.0}, {"fingerprint", nlohmann::json::object()}};
+  j.update(extra);
+  return j;
+}
+
 // After editing a checkpoint's file on purpose, record its new size and checksum so the
 // loader's own checks (not the manifest's) are what the test exercises.
 void reseal(const std::string& dir, const std::string& file) {
@@ -118,7 +127,7 @@ TEST(Checkpoints, EveryOptimizerResumesBitwise) {
     const std::string out = fresh_dir(std::string("anatomy_ckpt_") + optimizer_name(kind));
     Trainee a(*be, kind, 1);
     for (int64_t k = 0; k < 3; ++k) a.step(k);
-    const nlohmann::json trainer = {{"data_position", 12}, {"rng", {1, 2, 3}}, {"loss_scale", 65536.0}};
+    const nlohmann::json trainer = trainer_json(3, 3, {{"data_position", 12}, {"rng", {1, 2, 3}}, {"loss_scale", 65536.0}});
     const std::string path = save_training_checkpoint(out, 3, a.model, *a.opt, trainer);
     EXPECT_EQ(path, out + "/checkpoint-3");
 
@@ -175,7 +184,7 @@ TEST(Checkpoints, LatestAndRotationSeeOnlyCompleteCheckpoints) {
 
   // Saving a step again replaces that checkpoint whole.
   a.step(0);
-  save_training_checkpoint(out, 12, a.model, *a.opt, {{"again", true}});
+  save_training_checkpoint(out, 12, a.model, *a.opt, trainer_json(12, a.opt->steps(), {{"again", true}}));
   Trainee b(*be, OptimizerKind::Sgd, 2);
   EXPECT_EQ(load_training_checkpoint(out + "/checkpoint-12", b.model, *b.opt)["again"], true);
   EXPECT_TRUE(a.model.master_to_host() == b.model.master_to_host());
@@ -186,9 +195,9 @@ TEST(Checkpoints, DamagedCheckpointsFailNamingTheFileAndLoadNothing) {
   const std::string out = fresh_dir("anatomy_ckpt_damaged");
   Trainee a(*be, OptimizerKind::AdamW, 1);
   a.step(0);
-  const std::string good = save_training_checkpoint(out, 1, a.model, *a.opt, {});
+  const std::string good = save_training_checkpoint(out, 1, a.model, *a.opt, trainer_json(1, 1));
   Trainee sgd(*be, OptimizerKind::Sgd, 1);
-  const std::string other = save_training_checkpoint(out, 2, sgd.model, *sgd.opt, {});
+  const std::string other = save_training_checkpoint(out, 2, sgd.model, *sgd.opt, trainer_json(2, 0));
 
   Trainee fresh(*be, OptimizerKind::AdamW, 2);
   const std::vector<float> w0 = fresh.model.master_to_host();

@@ -1,0 +1,242 @@
+// The table of bad inputs (issue 13): every file, flag or value a user can get wrong, each one a
+// row: how the input is built, the command, the exit status and the words the one-line error must
+// hold, and which files must come out of the run byte for byte as they went in. A new case is one
+// row in kCases (and, when no builder fits, one small builder above it).
+//
+// Rows run `anatomy` on the CPU with bert-tiny through `timeout`, so a case that would block (a
+// FIFO read) fails the test instead of hanging it.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "../common/cli.h"
+#include "io/safetensors.h"
+#include "train/checkpoints.h"
+
+namespace fs = std::filesystem;
+using anatomy::testing_cli::CmdResult;
+
+namespace {
+
+const std::string kTok = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/tokenizer";
+const std::string kText = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
+// The common part of a small training run; rows append what they vary.
+const std::string kCpu = "train --device cpu --threads 2 --disable-tqdm --seq-len 32 ";
+const std::string kTrain = kCpu + "--preset bert-tiny ";
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+void spit(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+CmdResult run(const std::string& args) {
+  const std::string cmd = "timeout 120 " + std::string(ANATOMY_BINARY) + " " + args + " 2>&1";
+  CmdResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+// Every "{dir}" replaced by the row's directory.
+std::string expand(std::string s, const std::string& dir) {
+  for (size_t at; (at = s.find("{dir}")) != std::string::npos;) s.replace(at, 5, dir);
+  return s;
+}
+
+void copy_text(const std::string& dir) { fs::copy_file(kText, dir + "/s.jsonl"); }
+
+// ---- builders: shared inputs, made once per test process ------------------------------------
+
+// A finished small run with checkpoints at steps 1 and 2 (--save-steps 1), its model beside them.
+const std::string& trained_run() {
+  static const std::string dir = [] {
+    const std::string d = anatomy::testing_cli::fresh_dir("anatomy_bad_inputs_run");
+    fs::copy_file(kText, d + "/s.jsonl");
+    const CmdResult r = run(kTrain + "--train-file " + d + "/s.jsonl --tokenizer " + kTok +
+                            " --max-steps 2 --save-strategy steps --save-steps 1 --output-dir " + d + "/run");
+    EXPECT_EQ(r.status, 0) << r.output;
+    return d + "/run";
+  }();
+  return dir;
+}
+
+
+void copy_run(const std::string& dir) {
+  copy_text(dir);
+  fs::copy(trained_run(), dir + "/run", fs::copy_options::recursive);
+}
+
+// Edits checkpoint-2's trainer_state.json with `f` (a checkpoint's own manifest covers the other
+// files, not this one).
+std::function<void(const std::string&)> edit_state(std::function<void(nlohmann::json&)> f) {
+  return [f](const std::string& dir) {
+    copy_run(dir);
+    const std::string p = dir + "/run/checkpoint-2/trainer_state.json";
+    nlohmann::json st = nlohmann::json::parse(slurp(p));
+    f(st);
+    spit(p, st.dump(2));
+  };
+}
+
+std::function<void(const std::string&)> write_state(const std::string& text) {
+  return [text](const std::string& dir) {
+    copy_run(dir);
+    spit(dir + "/run/checkpoint-2/trainer_state.json", text);
+  };
+}
+
+// The run's model with one element of `tensor` set to `value` (header and layout unchanged).
+std::function<void(const std::string&)> poison_model(const std::string& tensor, float value) {
+  return [tensor, value](const std::string& dir) {
+    copy_run(dir);
+    const std::string p = dir + "/run/model.safetensors";
+    std::string bytes = slurp(p);
+    uint64_t header = 0;  // safetensors: an 8-byte header length, the JSON header, then the data
+    std::memcpy(&header, bytes.data(), 8);
+    const size_t at = 8 + header + anatomy::SafetensorsReader::open(p).info(tensor).begin;
+    std::memcpy(bytes.data() + at, &value, 4);
+    spit(p, bytes);
+  };
+}
+
+// ---- the table ----------------------------------------------------------------------------
+
+struct Case {
+  const char* name;
+  std::function<void(const std::string& dir)> build;
+  std::string args;                    // after the binary; {dir} is the row's directory
+  int status;                          // expected exit status
+  std::vector<std::string> says;       // substrings of the output
+  std::vector<std::string> unchanged;  // files under {dir} the run must leave byte for byte
+};
+
+const std::string kResume = kTrain + "--train-file {dir}/s.jsonl --tokenizer " + kTok +
+                            " --max-steps 3 --save-strategy steps --save-steps 1 --output-dir {dir}/run "
+                            "--resume-from-checkpoint {dir}/run/checkpoint-2";
+const std::vector<std::string> kCheckpointFiles = {"run/checkpoint-2/trainer_state.json",
+                                                   "run/checkpoint-2/model.safetensors", "run/model.safetensors"};
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+const std::vector<Case> kCases = {
+    // A data file that is not a regular file is refused at once, not read (a FIFO would block).
+    {"FifoTrainFile", [](const std::string& d) { ASSERT_EQ(mkfifo((d + "/t.jsonl").c_str(), 0600), 0); },
+     kTrain + "--train-file {dir}/t.jsonl --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out", 2,
+     {"--train-file {dir}/t.jsonl", "not a regular file"}, {}},
+    {"DirectoryTrainFile", [](const std::string& d) { fs::create_directory(d + "/t.jsonl"); },
+     kTrain + "--train-file {dir}/t.jsonl --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out", 2,
+     {"--train-file {dir}/t.jsonl", "not a regular file"}, {}},
+    {"FifoValidationFile",
+     [](const std::string& d) {
+       copy_text(d);
+       ASSERT_EQ(mkfifo((d + "/v.jsonl").c_str(), 0600), 0);
+     },
+     kTrain + "--train-file {dir}/s.jsonl --validation-file {dir}/v.jsonl --tokenizer " + kTok +
+         " --max-steps 1 --output-dir {dir}/out",
+     2, {"--validation-file {dir}/v.jsonl", "not a regular file"}, {"s.jsonl"}},
+
+    // trainer_state.json, field by field; the checkpoint and the run's model stay as they were.
+    {"StateGlobalStepHuge", edit_state([](nlohmann::json& s) { s["trainer"]["global_step"] = 1e15; }), kResume, 2,
+     {"trainer_state.json", "trainer.global_step must be a non-negative integer"}, kCheckpointFiles},
+    {"StateGlobalStepHugeInteger",
+     edit_state([](nlohmann::json& s) { s["trainer"]["global_step"] = int64_t{1000000000000000}; }), kResume, 2,
+     {"trainer_state.json", "global_step 1000000000000000 disagrees with step 2"}, kCheckpointFiles},
+    {"StateGlobalStepNegative", edit_state([](nlohmann::json& s) { s["trainer"]["global_step"] = -100; }), kResume, 2,
+     {"trainer_state.json", "trainer.global_step must be a non-negative integer, got -100"}, kCheckpointFiles},
+    {"StateStepNegative", edit_state([](nlohmann::json& s) { s["step"] = -100; }), kResume, 2,
+     {"trainer_state.json", "step must be a non-negative integer"}, kCheckpointFiles},
+    {"StateStepOfAnotherCheckpoint",
+     edit_state([](nlohmann::json& s) {
+       s["step"] = 1;
+       s["trainer"]["global_step"] = 1;
+     }),
+     kResume, 2, {"trainer_state.json", "names step 1 but the directory is checkpoint-2"}, kCheckpointFiles},
+    {"StateOptimizerStepsDisagree", edit_state([](nlohmann::json& s) { s["optimizer_steps"] = 7; }), kResume, 2,
+     {"trainer_state.json", "global_step 2 is not optimizer_steps 7 + skipped_steps 0"}, kCheckpointFiles},
+    {"StateLossSumString", edit_state([](nlohmann::json& s) { s["trainer"]["loss_sum"] = "big"; }), kResume, 2,
+     {"trainer_state.json", "trainer.loss_sum must be a finite number"}, kCheckpointFiles},
+    {"StateLossSumMissing", edit_state([](nlohmann::json& s) { s["trainer"].erase("loss_sum"); }), kResume, 2,
+     {"trainer_state.json", "trainer.loss_sum must be a finite number, got null"}, kCheckpointFiles},
+    {"StateLossScaleNegative", edit_state([](nlohmann::json& s) { s["trainer"]["loss_scale"] = -1; }), kResume, 2,
+     {"trainer_state.json", "trainer.loss_scale must be positive"}, kCheckpointFiles},
+    {"StateTrainerNotObject", edit_state([](nlohmann::json& s) { s["trainer"] = 3; }), kResume, 2,
+     {"trainer_state.json", "trainer must be an object"}, kCheckpointFiles},
+    {"StateMicroBatchesDisagree", edit_state([](nlohmann::json& s) { s["trainer"]["micro_batches"] = 5; }), kResume, 2,
+     {"trainer_state.json", "micro_batches 5 is not global_step 2"}, kCheckpointFiles},
+    {"StateMalformedJson", write_state("{\"format_version\": 1, \"step\": "), kResume, 2,
+     {"trainer_state.json", "not valid JSON"}, kCheckpointFiles},
+
+    // Model directories: weights in a format anatomy cannot read, weights that are not finite.
+    {"OnlyPytorchModelBin",
+     [](const std::string& d) {
+       copy_text(d);
+       fs::create_directory(d + "/m");
+       fs::copy_file(trained_run() + "/config.json", d + "/m/config.json");
+       spit(d + "/m/pytorch_model.bin", "not really a pickle");
+     },
+     kCpu + "--train-file {dir}/s.jsonl --tokenizer " + kTok + " --model-name-or-path {dir}/m --max-steps 1 --output-dir {dir}/out",
+     2, {"--model-name-or-path {dir}/m", "pytorch_model.bin", "no model.safetensors", "safe_serialization=True"},
+     {"m/config.json", "m/pytorch_model.bin"}},
+    {"ModelHoldsNaN", poison_model("bert.encoder.layer.1.output.dense.weight", kNaN),
+     kCpu + "--train-file {dir}/s.jsonl --tokenizer " + kTok + " --model-name-or-path {dir}/run --max-steps 1 --output-dir {dir}/out",
+     2, {"{dir}/run/model.safetensors", "tensor 'bert.encoder.layer.1.output.dense.weight' holds nan"},
+     {"run/model.safetensors"}},
+    {"EvalModelHoldsInf",
+     poison_model("classifier.weight", std::numeric_limits<float>::infinity()),
+     "eval --device cpu --model-name-or-path {dir}/run --eval-file {dir}/s.jsonl --tokenizer " + kTok, 2,
+     {"{dir}/run/model.safetensors", "tensor 'classifier.weight' holds inf"}, {"run/model.safetensors"}},
+    {"CheckpointHoldsNaN",
+     [](const std::string& d) {
+       poison_model("classifier.bias", kNaN)(d);  // the run's model, then the same into checkpoint-2
+       const std::string ck = d + "/run/checkpoint-2/";
+       fs::copy_file(d + "/run/model.safetensors", ck + "model.safetensors", fs::copy_options::overwrite_existing);
+       nlohmann::json st = nlohmann::json::parse(slurp(ck + "trainer_state.json"));  // reseal: only NaN is wrong
+       st["files"]["model.safetensors"] = {{"bytes", fs::file_size(ck + "model.safetensors")},
+                                           {"checksum", anatomy::checkpoint_file_checksum(ck + "model.safetensors")}};
+       spit(ck + "trainer_state.json", st.dump(2));
+     },
+     kResume, 2, {"checkpoint-2/model.safetensors", "tensor 'classifier.bias' holds nan"}, {}},
+};
+
+std::string file_hash(const std::string& path) { return std::to_string(std::hash<std::string>{}(slurp(path))); }
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class BadInputs : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BadInputs, RefusedCleanly) {
+  const Case& c = GetParam();
+  const std::string dir = anatomy::testing_cli::fresh_dir(std::string("anatomy_bad_") + c.name);
+  c.build(dir);
+  if (::testing::Test::HasFatalFailure()) return;
+  std::map<std::string, std::string> before;
+  for (const std::string& f : c.unchanged) {
+    ASSERT_TRUE(fs::is_regular_file(dir + "/" + f)) << f;
+    before[f] = file_hash(dir + "/" + f);
+  }
+  const CmdResult r = run(expand(c.args, dir));
+  EXPECT_EQ(r.status, c.status) << r.output;
+  for (const std::string& s : c.says) EXPECT_NE(r.output.find(expand(s, dir)), std::string::npos) << s << "\n" << r.output;
+  if (c.status != 0) {
+    EXPECT_NE(r.output.find("anatomy: error: "), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("json.exception"), std::string::npos) << r.output;
+  }
+  for (const std::string& f : c.unchanged) EXPECT_EQ(file_hash(dir + "/" + f), before[f]) << f << " changed";
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadInputs, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+}  // namespace
