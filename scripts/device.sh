@@ -17,6 +17,8 @@
 #   levers    the memory levers: each optimizer and checkpointing policy, planned vs NVML
 #   eval      inference, sorted vs file order, skipping padding or not
 #   probe     attention vs PyTorch SDPA, one step eager vs CUDA graph, NVML growth by op
+#   realtext  real text of varied length (.carry/fortunes from bench/fortunes_dataset.py): bert-base and the
+#             MiniLM shape, anatomy padded / grouped vs the Trainer random / grouped (~6 min)
 #   attention the attention table: ours vs PyTorch SDPA (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs
@@ -154,6 +156,14 @@ step_attention() {
   grep -E "^\| (anatomy|torch)" "$OUT/attention_table.md"
 }
 
+step_realtext() {
+  [ -f .carry/fortunes/train.jsonl ] || { echo "realtext: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
+  timeout 60 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
+    --out "$OUT/smoke" --models tiny --epochs 1 --limit 256 2>&1 | tail -8
+  timeout 520 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
+    --out "$OUT" 2>&1 | tail -16
+}
+
 step_bench() {
   python3 bench/side_by_side.py --out "$OUT" --anatomy-bin "$a" \
     --configs seed,seed_own,bf16_bs4,bf16_bs32,layer_bs32,best --batches 32,48,64 --timeout 200 --budget 560 2>&1 | tail -40
@@ -182,7 +192,7 @@ step_stepab() {  # same shapes, the two builds alternated twice: A B A B
   done | tee "$OUT/stepab.md"
 }
 
-(($#)) || { sed -n '2,23p' "$0"; exit 2; }
+(($#)) || { sed -n '2,25p' "$0"; exit 2; }
 for s in "$@"; do
   declare -F "step_$s" >/dev/null || { echo "device.sh: unknown step '$s'" >&2; exit 2; }
 done

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Training on real text of varied length: anatomy vs the Hugging Face Trainer, same GPU, same call.
+
+    python3 bench/real_text.py --data DIR --anatomy-bin BIN --vocab VOCAB [--out DIR]
+                               [--models bert-base,minilm] [--epochs 3] [--only all|hf|anatomy]
+
+DIR holds train.jsonl and validation.jsonl (bench/fortunes_dataset.py). Each model shape is
+initialised once by transformers (BertForSequenceClassification, torch seed 0, one label per
+topic) and saved with VOCAB as a model directory, so every run starts from the same weights:
+
+  bert-base  12 layers, hidden 768, 12 heads of 64, FFN 3072
+  minilm     6 layers, hidden 384, 12 heads of 32, FFN 1536 (the MiniLM shape)
+
+Runs (bf16, batch 32, max length 256, AdamW lr 1e-4, linear schedule, --epochs epochs, seed 0):
+  trainer random   Trainer, random order, dynamic padding (DataCollatorWithPadding)
+  trainer grouped  Trainer, group_by_length=True
+  anatomy padded   anatomy, random order, each batch padded to its longest sample
+  anatomy grouped  anatomy, --group-by-length
+Steady samples/s: samples of the second half of the optimizer steps over their wall time (the
+Trainer's through a callback that synchronizes the GPU at each step end; anatomy's
+steady_samples_per_second in train_results.json, the same definition). Accuracy: validation,
+after the last epoch. Writes OUT/real_text.md (the table) and OUT/real_text.jsonl (one line a run).
+"""
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+SHAPES = {
+    "bert-base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
+    "minilm": dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536),
+    "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),  # smoke test
+}
+BATCH, MAX_LEN, LR = 32, 256, 1e-4
+
+
+def read_jsonl(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def make_model(name, labels, vocab, root):
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+    out = os.path.join(root, name)
+    if os.path.exists(os.path.join(out, "model.safetensors")):
+        return out
+    cfg = BertConfig(vocab_size=sum(1 for _ in open(vocab, encoding="utf-8")), max_position_embeddings=512,
+                     num_labels=len(labels), id2label=dict(enumerate(labels)),
+                     label2id={l: i for i, l in enumerate(labels)}, **SHAPES[name])
+    torch.manual_seed(0)
+    BertForSequenceClassification(cfg).save_pretrained(out, safe_serialization=True)
+    shutil.copy(vocab, os.path.join(out, "vocab.txt"))
+    BertTokenizerFast(vocab_file=vocab, do_lower_case=True).save_pretrained(out)
+    return out
+
+
+def token_lengths(model_dir, texts):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return sorted(len(ids) for ids in tok(texts, truncation=True, max_length=MAX_LEN)["input_ids"])
+
+
+def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda):
+    import torch
+    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
+                              TrainerCallback, TrainingArguments)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    lid = {l: i for i, l in enumerate(labels)}
+
+    def encode(rows):
+        enc = tok([r["text"] for r in rows], truncation=True, max_length=MAX_LEN)
+        return [{"input_ids": ids, "token_type_ids": tt, "attention_mask": am, "labels": lid[r["label"]]}
+                for ids, tt, am, r in zip(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], rows)]
+
+    train, valid = encode(data["train"]), encode(data["validation"])
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.t = []
+
+        def on_step_end(self, args, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            self.t.append(time.perf_counter())
+
+    clock = Clock()
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    kw = dict(output_dir=workdir, per_device_train_batch_size=BATCH, per_device_eval_batch_size=64,
+              num_train_epochs=epochs, learning_rate=LR, bf16=cuda, use_cpu=not cuda, logging_steps=10**9,
+              save_strategy="no", eval_strategy="no", report_to=[], seed=0, disable_tqdm=True)
+    # Length grouping: `group_by_length` in transformers 4; its replacement is found by name.
+    if "group_by_length" in fields:
+        kw["group_by_length"] = grouped
+    elif "train_sampling_strategy" in fields:
+        kw["train_sampling_strategy"] = "group_by_length" if grouped else "random"
+    elif grouped:
+        raise RuntimeError("no length-grouping argument among TrainingArguments' fields: " +
+                           ", ".join(sorted(f for f in fields if "length" in f or "sampl" in f or "group" in f)))
+    args = TrainingArguments(**{k: v for k, v in kw.items() if k in fields or k == "group_by_length"})
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
+                      data_collator=DataCollatorWithPadding(tok), callbacks=[clock])
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    pred = trainer.predict(valid)
+    acc = float((pred.predictions.argmax(-1) == pred.label_ids).mean())
+    steps = len(clock.t)
+    half = steps // 2
+    # Samples per step: BATCH except a short last batch of each epoch; the second half's count
+    # is taken from the step sizes the sampler produced.
+    per_epoch = len(train)
+    steps_per_epoch = -(-per_epoch // BATCH)
+    sizes = [BATCH if (i % steps_per_epoch) < steps_per_epoch - 1 else per_epoch - BATCH * (steps_per_epoch - 1)
+             for i in range(steps)]
+    steady = sum(sizes[half + 1:]) / (clock.t[-1] - clock.t[half])
+    return dict(samples_per_second=len(train) * epochs / wall, steady_samples_per_second=steady, accuracy=acc,
+                steps=steps, wall_s=wall)
+
+
+def run_anatomy(binary, model_dir, data_dir, grouped, epochs, workdir, cuda):
+    out = os.path.join(workdir, "out")
+    cmd = [binary, "train", "--model-name-or-path", model_dir, "--train-file", os.path.join(data_dir, "train.jsonl"),
+           "--validation-file", os.path.join(data_dir, "validation.jsonl"), "--eval-strategy", "epoch",
+           "--max-seq-length", str(MAX_LEN), "--per-device-train-batch-size", str(BATCH),
+           "--per-device-eval-batch-size", "64", "--precision", "bf16" if cuda else "fp32", "--num-train-epochs", str(epochs),
+           "--learning-rate", str(LR), "--seed", "0", "--device", "cuda" if cuda else "cpu", "--save-strategy", "no",
+           "--logging-steps", "0", "--disable-tqdm", "--output-dir", out,
+           "--dataset-cache-dir", os.path.join(workdir, "cache")]
+    if grouped:
+        cmd.append("--group-by-length")
+    t0 = time.perf_counter()
+    with open(os.path.join(workdir, "anatomy.log"), "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=300).returncode
+    if rc != 0:
+        raise RuntimeError(f"anatomy exited {rc}; see {workdir}/anatomy.log")
+    r = json.load(open(os.path.join(out, "train_results.json")))
+    return dict(samples_per_second=r["train_samples_per_second"], steady_samples_per_second=r["steady_samples_per_second"],
+                accuracy=r.get("eval_accuracy"), steps=r.get("steps"), wall_s=time.perf_counter() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--anatomy-bin", required=True)
+    ap.add_argument("--vocab", required=True)
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
+    ap.add_argument("--models", default="bert-base,minilm")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--only", choices=("all", "hf", "anatomy"), default="all")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: fp32, a smoke test of this script")
+    ap.add_argument("--limit", type=int, default=0, help="use the first N train samples only (smoke test)")
+    args = ap.parse_args()
+    cuda = args.device == "cuda"
+    os.makedirs(args.out, exist_ok=True)
+    data = {s: read_jsonl(os.path.join(args.data, f"{s}.jsonl")) for s in ("train", "validation")}
+    labels = sorted({r["label"] for r in data["train"]})
+    if args.limit:
+        data["train"] = data["train"][:args.limit]
+    work = "/tmp/real_text"
+    data_dir = args.data
+    if args.limit:  # anatomy reads files: write the cut train set beside the work dir
+        data_dir = os.path.join(work, "data")
+        os.makedirs(data_dir, exist_ok=True)
+        for s in ("train", "validation"):
+            with open(os.path.join(data_dir, f"{s}.jsonl"), "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in data[s])
+    rows = []
+    jsonl = open(os.path.join(args.out, "real_text.jsonl"), "w")
+    for name in args.models.split(","):
+        model_dir = make_model(name, labels, args.vocab, os.path.join(work, "models"))
+        lens = token_lengths(model_dir, [r["text"] for r in data["train"]])
+        print(f"{name}: {len(data['train'])} train / {len(data['validation'])} validation samples, {len(labels)} labels; "
+              f"tokens per sample (with [CLS]/[SEP], cut at {MAX_LEN}): mean {sum(lens) / len(lens):.1f}, "
+              f"median {lens[len(lens) // 2]}, max {lens[-1]}", flush=True)
+        runs = []
+        if args.only in ("all", "hf"):
+            runs += [("trainer random", lambda w: run_trainer(model_dir, data, labels, False, args.epochs, w, cuda)),
+                     ("trainer grouped", lambda w: run_trainer(model_dir, data, labels, True, args.epochs, w, cuda))]
+        if args.only in ("all", "anatomy"):
+            runs += [("anatomy padded", lambda w: run_anatomy(args.anatomy_bin, model_dir, data_dir, False, args.epochs, w, cuda)),
+                     ("anatomy grouped", lambda w: run_anatomy(args.anatomy_bin, model_dir, data_dir, True, args.epochs, w, cuda))]
+        for run_name, fn in runs:
+            w = os.path.join(work, name, run_name.replace(" ", "_"))
+            shutil.rmtree(w, ignore_errors=True)
+            os.makedirs(w)
+            try:
+                r = fn(w)
+            except Exception as e:  # one failed run must not lose the others
+                r = dict(error=str(e))
+            r.update(model=name, run=run_name)
+            print(json.dumps(r), flush=True)
+            jsonl.write(json.dumps(r) + "\n")
+            jsonl.flush()
+            rows.append(r)
+    with open(os.path.join(args.out, "real_text.md"), "w") as f:
+        f.write(f"bf16, batch {BATCH}, max length {MAX_LEN}, {args.epochs} epochs, lr {LR}, same initial weights\n\n")
+        f.write("| model | run | steady samples/s | samples/s (whole run) | validation accuracy |\n|---|---|---:|---:|---:|\n")
+        for r in rows:
+            if "error" in r:
+                f.write(f"| {r['model']} | {r['run']} | failed: {r['error']} | | |\n")
+            else:
+                acc = "-" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
+                f.write(f"| {r['model']} | {r['run']} | {r['steady_samples_per_second']:.0f} | "
+                        f"{r['samples_per_second']:.0f} | {acc} |\n")
+    print(open(os.path.join(args.out, "real_text.md")).read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
