@@ -55,6 +55,9 @@ void add_train_flags(CLI::App& cmd, TrainFlags& f) {
                  "Directory with vocab.txt or tokenizer.json (default: --model-name-or-path)");
   cmd.add_option("--dataset-cache-dir", o.dataset_cache_dir,
                  "Where the tokenized cache of --train-file goes (default: beside the file)");
+  cmd.add_flag("--skip-padding,!--no-skip-padding", o.skip_padding,
+               "With --train-file, train on real tokens only (default; the same losses and gradients as padded "
+               "batches, no FLOPs on padding rows outside attention); --no-skip-padding computes padded batches");
   cmd.add_flag("--group-by-length", o.group_by_length, "Batch samples of similar length together (less padding)");
   cmd.add_option("--num-samples", o.num_samples, "Samples in the synthetic set")->capture_default_str();
   cmd.add_option("--seq-len,--max-seq-length", o.seq_len,

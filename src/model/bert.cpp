@@ -67,6 +67,10 @@ struct BertForSequenceClassification::Acts {
   // Packed inference (Note [packed inference]): xs and layers[0] hold N <= R token rows.
   bool packed = false;
   Tensor qkv_pad, ctx_pad;                     // (R, 3H), (R, H): attention's padded layout
+  // Packed training (Note [packed training]): the saved qkv and ctx keep the padded layout;
+  // pk (R, 3H) is the packed q|k|v in forward and the packed dq|dk|dv in backward.
+  bool packed_train = false;
+  Tensor pk;
   const Tensor& x_in(int l) const { return training ? xs[l] : xs[l % 2]; }
   const Tensor& x_out(int l) const { return training ? xs[l + 1] : xs[(l + 1) % 2]; }
 };
@@ -105,7 +109,7 @@ struct ActRegion {
 // The one place that lays out activations and temporaries; run dry it is the plan. `regions`
 // (training only) receives the arena's byte ranges with their last readers.
 static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
-                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
+                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training, bool packed_tokens,
                        std::vector<ActRegion>* regions = nullptr);
 
 static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
@@ -168,7 +172,8 @@ ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   BertForSequenceClassification::Acts a;
   std::vector<ActRegion> regions;
-  carve_acts(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training, &regions);
+  carve_acts(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training, s.packed_tokens,
+             &regions);
   // forward_eval may run on any model (the trainer evaluates its training model), padded or
   // packed: the arenas hold whichever layout is the largest.
   Arena pact = Arena::dry(), ptmp = Arena::dry();
@@ -178,7 +183,7 @@ ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   if (s.training) {
     Arena eact = Arena::dry(), etmp = Arena::dry();
     BertForSequenceClassification::Acts e;
-    carve_acts(e, eact, etmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, false);
+    carve_acts(e, eact, etmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, false, false);
     acts = std::max(acts, eact.used());
     temps = std::max(temps, etmp.used());
   }
@@ -195,13 +200,14 @@ ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
 }
 
 static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
-                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
+                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training, bool packed_tokens,
                        std::vector<ActRegion>* regions) {
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, L = cfg.num_hidden_layers;
   const int64_t nh = cfg.num_attention_heads, C = cfg.num_labels, R = B * T;
   a.B = B;
   a.T = T;
   a.training = training;
+  a.packed_train = training && packed_tokens;
   size_t mark = 0;
   auto open = [&] { mark = act.used(); };
   auto close = [&](int last_stage) {
@@ -225,7 +231,8 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
   a.emb_ln = act.take(dt, {R, H});
   const bool emb_dropout = training && cfg.hidden_dropout_prob > 0;
   a.xs.assign(training ? L + 1 : 2, Tensor());
-  a.xs[0] = emb_dropout ? act.take(dt, {R, H}) : a.emb_ln;
+  // Packed training gathers the token rows of the embeddings' output into a buffer of their own.
+  a.xs[0] = (emb_dropout || a.packed_train) ? act.take(dt, {R, H}) : a.emb_ln;
   close(stage_of_embeddings(L));
   // The layers, each with its output: the input of the next, read by both layers' backward.
   const bool keep_g = !(training && policy != CheckpointPolicy::None);
@@ -262,6 +269,7 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
     a.big = tmp.take(dt, {R, std::max(I, 3 * H)});
     a.hd1 = tmp.take(dt, {B, H});
     a.hd2 = tmp.take(dt, {B, H});
+    if (a.packed_train) a.pk = tmp.take(dt, {R, 3 * H});
     // Selective and layer checkpointing: the GELU output lives in backward's scratch, recomputed
     // there (under layer checkpointing the recomputed layer would otherwise hold it).
     if (policy != CheckpointPolicy::None)
@@ -356,7 +364,7 @@ std::vector<LivenessPoint> activation_liveness(const BertConfig& cfg, const Mode
   Arena act = Arena::dry(), tmp = Arena::dry();
   BertForSequenceClassification::Acts a;
   std::vector<ActRegion> regions;
-  carve_acts(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, &regions);
+  carve_acts(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, s.packed_tokens, &regions);
   auto bytes_where = [&](auto keep) {
     int64_t n = 0;
     for (const ActRegion& r : regions)
@@ -397,6 +405,8 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
   ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
   ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_position_embeddings, "--seq-len ", shape.max_seq,
                 " must be between 1 and max_position_embeddings (", cfg.max_position_embeddings, ")");
+  ANATOMY_CHECK(!(shape.packed_tokens && shape.checkpointing == CheckpointPolicy::Layer),
+                "training on real tokens does not combine with --gradient-checkpointing layer (use selective or none)");
   Allocator& al = be.allocator();
   const int64_t n = static_cast<int64_t>(m_layout.total());
   m_master = Buffer(al, DType::F32, {n}, Category::Weights);
@@ -441,7 +451,8 @@ void BertForSequenceClassification::carve(int64_t B, int64_t T, bool training, b
   if (packed)
     carve_packed(*m_acts, m_act_arena, m_tmp_arena, m_cfg, m_shape.compute, B, T);
   else
-    carve_acts(*m_acts, m_act_arena, m_tmp_arena, m_cfg, m_shape.compute, m_shape.checkpointing, B, T, training);
+    carve_acts(*m_acts, m_act_arena, m_tmp_arena, m_cfg, m_shape.compute, m_shape.checkpointing, B, T, training,
+               m_shape.packed_tokens);
 }
 
 DropoutSpec BertForSequenceClassification::drop(float p, uint64_t base, int site, bool training) const {
@@ -529,7 +540,12 @@ void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const 
   Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
   Tensor bqkv = ParamLayout::range(m_compute_view, bq.offset, {3 * H});
 
-  m_be.matmul(a.qkv, x, Trans::N, wqkv, Trans::T, {1, 0, Epilogue::Bias, bqkv, {}});
+  // Packed training (Note [packed training]): q|k|v of the token rows go to scratch, then into
+  // the saved padded layout, and the context rows come back through t2 (free in forward).
+  const bool pk = m_acts->packed_train;
+  const Tensor qkv_rows = pk ? m_acts->pk.slice(0, x.dim(0)) : a.qkv;
+  Tensor ctx_rows = a.ctx;
+  m_be.matmul(qkv_rows, x, Trans::N, wqkv, Trans::T, {1, 0, Epilogue::Bias, bqkv, {}});
   if (m_acts->packed) {  // Note [packed inference]: attention on the padded layout
     const Tensor& qkv_pad = m_acts->qkv_pad;
     m_be.scatter_rows(qkv_pad, a.qkv, b.token_rows);
@@ -537,10 +553,18 @@ void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const 
                            qkv_pad.view({m_acts->B, m_acts->T, 3 * H}), b.attention_mask, static_cast<int>(nh), {});
     m_be.gather_rows(a.ctx, m_acts->ctx_pad, b.token_rows);
   } else {
+    if (pk) {
+      m_be.fill(a.qkv, 0.0f);  // padding rows: masked keys, any finite value; zero is never NaN
+      m_be.scatter_rows(a.qkv, qkv_rows, b.token_rows);
+    }
     m_be.attention_forward(a.ctx.view({m_acts->B, m_acts->T, H}), a.lse, a.qkv.view({m_acts->B, m_acts->T, 3 * H}),
                            b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), training));
+    if (pk) {
+      ctx_rows = m_acts->t2.slice(0, x.dim(0));
+      m_be.gather_rows(ctx_rows, a.ctx, b.token_rows);
+    }
   }
-  m_be.matmul(branch, a.ctx, Trans::N, W(p + "attention.output.dense.weight"), Trans::T,
+  m_be.matmul(branch, ctx_rows, Trans::N, W(p + "attention.output.dense.weight"), Trans::T,
               {1, 0, Epilogue::Bias, W(p + "attention.output.dense.bias"), {}});
   const Tensor mean = m_acts->mean.slice(0, a.h1.dim(0));  // scratch: backward reads the outputs
   m_be.layernorm_forward(a.h1, Tensor(), mean, a.rstd1, branch, x, W(p + "attention.output.LayerNorm.weight"),
@@ -563,61 +587,124 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   const float hp = static_cast<float>(m_cfg.hidden_dropout_prob), ap = static_cast<float>(m_cfg.attention_probs_dropout_prob);
   const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};  // C += A B (gradients and residual sums)
   const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
+  // Packed training: the row-wise tensors have n = N token rows (x, out and a's row tensors come
+  // sliced); attention reads its saved padded qkv and ctx (Note [packed training]).
+  const bool pk = m_acts->packed_train;
+  const int64_t n = x.dim(0);
+  auto rows = [&](const Tensor& t) { return pk ? t.slice(0, n) : t; };
+  const Tensor x1 = rows(X1), x2 = rows(X2), x3 = rows(X3), dy = rows(dout);
   Tensor big = m_acts->big.view({static_cast<int64_t>(m_acts->big.numel())});
-  Tensor dI = big.slice(0, R * I).view({R, I});
+  Tensor dI = big.slice(0, n * I).view({n, I});
   Tensor dqkv = big.slice(0, R * 3 * H).view({R, 3 * H});
 
   if (m_shape.checkpointing != CheckpointPolicy::None) m_be.gelu_forward(a.g, a.pre);
   // LayerNorm 2: ds2 (X2) reaches h1 through the residual; df2 (X3) reaches the FFN output.
-  m_be.layernorm_backward(X2, X3, G(p + "output.LayerNorm.weight"), G(p + "output.LayerNorm.bias"), dout, out,
+  m_be.layernorm_backward(x2, x3, G(p + "output.LayerNorm.weight"), G(p + "output.LayerNorm.bias"), dy, out,
                           a.rstd2, W(p + "output.LayerNorm.weight"), W(p + "output.LayerNorm.bias"),
                           drop(hp, base, site_ffn_out(l), true));
   // FFN out: y = g W2^T + b2, W2 (H, I). dW2 first: under selective checkpointing g shares
   // its memory with dI.
-  m_be.matmul(G(p + "output.dense.weight"), X3, Trans::T, a.g, Trans::N, acc);
-  m_be.bias_grad(G(p + "output.dense.bias"), X3);
-  m_be.matmul(dI, X3, Trans::N, W(p + "output.dense.weight"), Trans::N, put);
+  m_be.matmul(G(p + "output.dense.weight"), x3, Trans::T, a.g, Trans::N, acc);
+  m_be.bias_grad(G(p + "output.dense.bias"), x3);
+  m_be.matmul(dI, x3, Trans::N, W(p + "output.dense.weight"), Trans::N, put);
   m_be.gelu_backward(dI, dI, a.pre);
   // FFN in: pre = h1 W1^T + b1, W1 (I, H); dh1 = dpre W1 + ds2.
-  m_be.matmul(X2, dI, Trans::N, W(p + "intermediate.dense.weight"), Trans::N, acc);
+  m_be.matmul(x2, dI, Trans::N, W(p + "intermediate.dense.weight"), Trans::N, acc);
   m_be.matmul(G(p + "intermediate.dense.weight"), dI, Trans::T, a.h1, Trans::N, acc);
   m_be.bias_grad(G(p + "intermediate.dense.bias"), dI);
   // LayerNorm 1: ds1 (X3) reaches x; dao (X1) reaches the attention output projection.
-  m_be.layernorm_backward(X3, X1, G(p + "attention.output.LayerNorm.weight"), G(p + "attention.output.LayerNorm.bias"),
-                          X2, a.h1, a.rstd1, W(p + "attention.output.LayerNorm.weight"),
+  m_be.layernorm_backward(x3, x1, G(p + "attention.output.LayerNorm.weight"), G(p + "attention.output.LayerNorm.bias"),
+                          x2, a.h1, a.rstd1, W(p + "attention.output.LayerNorm.weight"),
                           W(p + "attention.output.LayerNorm.bias"),
                           drop(hp, base, site_attn_out(l), true));
-  m_be.matmul(X2, X1, Trans::N, W(p + "attention.output.dense.weight"), Trans::N, put);  // dctx
-  m_be.matmul(G(p + "attention.output.dense.weight"), X1, Trans::T, a.ctx, Trans::N, acc);
-  m_be.bias_grad(G(p + "attention.output.dense.bias"), X1);
-  m_be.attention_backward(dqkv.view({m_acts->B, m_acts->T, 3 * H}), X2.view({m_acts->B, m_acts->T, H}),
+  m_be.matmul(x2, x1, Trans::N, W(p + "attention.output.dense.weight"), Trans::N, put);  // dctx
+  Tensor ctx_rows = a.ctx, dctx = x2;
+  if (pk) {  // the context's token rows, in dI's dead memory
+    ctx_rows = big.slice(0, n * H).view({n, H});
+    m_be.gather_rows(ctx_rows, a.ctx, b.token_rows);
+  }
+  m_be.matmul(G(p + "attention.output.dense.weight"), x1, Trans::T, ctx_rows, Trans::N, acc);
+  m_be.bias_grad(G(p + "attention.output.dense.bias"), x1);
+  if (pk) {  // dao is consumed: X1's whole buffer takes dctx in the padded layout, zero on padding
+    m_be.fill(X1, 0.0f);
+    m_be.scatter_rows(X1, x2, b.token_rows);
+    dctx = X1;
+  }
+  m_be.attention_backward(dqkv.view({m_acts->B, m_acts->T, 3 * H}), dctx.view({m_acts->B, m_acts->T, H}),
                           a.qkv.view({m_acts->B, m_acts->T, 3 * H}), a.ctx.view({m_acts->B, m_acts->T, H}), a.lse,
                           b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), true));
+  Tensor dqkv_rows = dqkv;
+  if (pk) {
+    dqkv_rows = m_acts->pk.slice(0, n);
+    m_be.gather_rows(dqkv_rows, dqkv, b.token_rows);
+  }
   // QKV: qkv = x Wqkv^T + bqkv; dx = dqkv Wqkv + ds1.
   const ParamInfo& wq = m_layout.get(p + "attention.self.query.weight");
   const ParamInfo& bq = m_layout.get(p + "attention.self.query.bias");
   Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
-  m_be.matmul(X3, dqkv, Trans::N, wqkv, Trans::N, acc);
-  m_be.matmul(ParamLayout::range(m_grads_view, wq.offset, {3 * H, H}), dqkv, Trans::T, x, Trans::N, acc);
-  m_be.bias_grad(ParamLayout::range(m_grads_view, bq.offset, {3 * H}), dqkv);
+  m_be.matmul(x3, dqkv_rows, Trans::N, wqkv, Trans::N, acc);
+  m_be.matmul(ParamLayout::range(m_grads_view, wq.offset, {3 * H, H}), dqkv_rows, Trans::T, x, Trans::N, acc);
+  m_be.bias_grad(ParamLayout::range(m_grads_view, bq.offset, {3 * H}), dqkv_rows);
   return X3;
+}
+
+// Note [packed training]: training on the batch's real tokens. As in packed inference (Note
+// [packed inference]), every row-wise op of the encoder (the GEMMs, bias, GELU, dropout,
+// LayerNorm with its residual) runs on the N token rows of DeviceBatch::token_rows instead of
+// B*T. The embeddings and their LayerNorm run padded (a lookup; their backward scatters the token
+// rows' gradient into a zeroed padded buffer), and attention keeps the padded layout: each layer
+// saves its q|k|v and context padded (the packed q|k|v is scattered into the zeroed layer buffer,
+// the context rows gathered back), and backward scatters dctx into a zeroed padded buffer, runs
+// the masked attention backward and gathers dq|dk|dv. Padding rows carry zeros there, and a zero
+// output gradient contributes nothing to dK and dV, so every token row sees the padded path's
+// arithmetic: losses and gradients agree with it (bitwise when nothing is padding and the GEMMs
+// see the same shapes; to rounding otherwise). Hidden-state dropout draws its mask by packed row,
+// so with dropout the masks differ from the padded run's (same distribution). The saved tensors
+// are carved for B*T rows as before and used for N, so the plan holds for any batch; the one
+// extra buffer is pk (B*T x 3H scratch). Layer checkpointing is not supported (its recompute
+// uses the scratch this path lends out).
+static BertForSequenceClassification::LayerActs token_rows_of(const BertForSequenceClassification::LayerActs& la,
+                                                            int64_t n) {
+  BertForSequenceClassification::LayerActs v = la;
+  for (Tensor* t : {&v.rstd1, &v.h1, &v.pre, &v.g, &v.rstd2})
+    if (t->defined()) *t = t->slice(0, n);
+  return v;
 }
 
 void BertForSequenceClassification::forward(const DeviceBatch& b, bool training, uint64_t base) {
   const int64_t B = b.batch(), T = b.seq(), L = m_cfg.num_hidden_layers, H = m_cfg.hidden_size;
+  const bool pk = training && b.packed();
+  ANATOMY_CHECK(!pk || m_shape.packed_tokens, "internal error: a packed training batch for a model shaped without packed_tokens");
   carve(B, T, training);
   m_be.set_phase(Phase::Forward);
   Acts& a = *m_acts;
+  const int64_t n = pk ? static_cast<int64_t>(b.token_rows.numel()) : B * T;
+  auto rows = [&](const Tensor& t) { return pk ? t.slice(0, n) : t; };
   const float eps = static_cast<float>(m_cfg.layer_norm_eps), hp = static_cast<float>(m_cfg.hidden_dropout_prob);
   m_be.embedding_forward(a.emb_sum, b.input_ids, b.token_type_ids, W("bert.embeddings.word_embeddings.weight"),
                          W("bert.embeddings.position_embeddings.weight"), W("bert.embeddings.token_type_embeddings.weight"));
   m_be.layernorm_forward(a.emb_ln, Tensor(), a.mean, a.emb_rstd, a.emb_sum, Tensor(),
                          W("bert.embeddings.LayerNorm.weight"), W("bert.embeddings.LayerNorm.bias"), eps, {});
-  if (a.xs[0].data != a.emb_ln.data) m_be.dropout_forward(a.xs[0], a.emb_ln, drop(hp, base, 0, training));
-  for (int l = 0; l < L; ++l)
-    layer_forward(l, a.x_in(l), a.x_out(l), a.layers[a.layers.size() == 1 ? 0 : l], b, training, base, a.t1);
+  if (pk) {
+    m_be.gather_rows(rows(a.xs[0]), a.emb_ln, b.token_rows);
+    if (training && hp > 0) m_be.dropout_forward(rows(a.xs[0]), rows(a.xs[0]), drop(hp, base, 0, training));
+  } else if (a.xs[0].data != a.emb_ln.data) {
+    m_be.dropout_forward(a.xs[0], a.emb_ln, drop(hp, base, 0, training));
+  }
+  for (int l = 0; l < L; ++l) {
+    LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : l];
+    if (pk) {
+      LayerActs v = token_rows_of(la, n);
+      layer_forward(l, rows(a.x_in(l)), rows(a.x_out(l)), v, b, training, base, rows(a.t1));
+    } else {
+      layer_forward(l, a.x_in(l), a.x_out(l), la, b, training, base, a.t1);
+    }
+  }
   // Pooler on the first token, then the classifier.
-  m_be.select_token(a.cls, a.x_in(static_cast<int>(L)).view({B, T, H}), 0);
+  if (pk)
+    m_be.gather_rows(a.cls, rows(a.x_in(static_cast<int>(L))), b.first_rows);
+  else
+    m_be.select_token(a.cls, a.x_in(static_cast<int>(L)).view({B, T, H}), 0);
   m_be.matmul(a.pooled, a.cls, Trans::N, W("bert.pooler.dense.weight"), Trans::T,
               {1, 0, Epilogue::Bias, W("bert.pooler.dense.bias"), {}});
   m_be.tanh_forward(a.pooled, a.pooled);
@@ -627,13 +714,16 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
               {1, 0, Epilogue::Bias, W("classifier.bias"), {}});
   m_losses = a.losses;
   m_logits = a.logits;
-  m_hidden = a.x_in(static_cast<int>(L)).view({B, T, H});
+  m_hidden = pk ? Tensor() : a.x_in(static_cast<int>(L)).view({B, T, H});
 }
 
 void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float grad_scale, uint64_t base) {
   forward(b, true, base);
   Acts& a = *m_acts;
   const int64_t B = a.B, T = a.T, L = m_cfg.num_hidden_layers, H = m_cfg.hidden_size;
+  const bool pk = a.packed_train && b.packed();
+  const int64_t n = pk ? static_cast<int64_t>(b.token_rows.numel()) : B * T;
+  auto rows = [&](const Tensor& t) { return pk ? t.slice(0, n) : t; };
   const float hp = static_cast<float>(m_cfg.hidden_dropout_prob);
   const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};
   const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
@@ -654,7 +744,12 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   m_be.matmul(G("bert.pooler.dense.weight"), a.hd1, Trans::T, a.cls, Trans::N, acc);
   m_be.bias_grad(G("bert.pooler.dense.bias"), a.hd1);
   m_be.matmul(a.hd2, a.hd1, Trans::N, W("bert.pooler.dense.weight"), Trans::N, put);
-  m_be.select_token_backward(a.t1.view({B, T, H}), a.hd2, 0);
+  if (pk) {
+    m_be.fill(rows(a.t1), 0.0f);
+    m_be.scatter_rows(rows(a.t1), a.hd2, b.first_rows);
+  } else {
+    m_be.select_token_backward(a.t1.view({B, T, H}), a.hd2, 0);
+  }
 
   // Encoder layers in reverse; the gradient rotates through t1, t2, t3.
   Tensor X1 = a.t1, X2 = a.t2, X3 = a.t3;
@@ -664,7 +759,8 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
     // scratch here). It rewrites xs[l+1] with the values it already holds.
     if (m_shape.checkpointing == CheckpointPolicy::Layer && l != L - 1) layer_forward(l, a.x_in(l), a.x_out(l), la, b, true, base, X2);
     if (overlaid) zero_grad_range(ranges[1 + l].first, ranges[1 + l].second);
-    Tensor dx = layer_backward(l, X1, la, a.x_in(l), a.x_out(l), b, base, X1, X2, X3);
+    LayerActs v = pk ? token_rows_of(la, n) : la;
+    Tensor dx = layer_backward(l, X1, v, rows(a.x_in(l)), rows(a.x_out(l)), b, base, X1, X2, X3);
     // Rotate so that dx becomes the next layer's incoming gradient.
     Tensor others[2];
     int k = 0;
@@ -675,7 +771,14 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
     X3 = others[1];
   }
   // Embeddings: dropout, LayerNorm (no residual), then the three tables.
-  if (a.xs[0].data != a.emb_ln.data) m_be.dropout_backward(X1, X1, drop(hp, base, 0, true));
+  if (pk) {  // the token rows' gradient into a zeroed padded buffer; the rest runs padded
+    if (hp > 0) m_be.dropout_backward(rows(X1), rows(X1), drop(hp, base, 0, true));
+    m_be.fill(X3, 0.0f);
+    m_be.scatter_rows(X3, rows(X1), b.token_rows);
+    std::swap(X1, X3);
+  } else if (a.xs[0].data != a.emb_ln.data) {
+    m_be.dropout_backward(X1, X1, drop(hp, base, 0, true));
+  }
   if (overlaid) zero_grad_range(ranges.front().first, ranges.front().second);
   m_be.layernorm_backward(X2, Tensor(), G("bert.embeddings.LayerNorm.weight"), G("bert.embeddings.LayerNorm.bias"), X1,
                           a.emb_ln, a.emb_rstd, W("bert.embeddings.LayerNorm.weight"),

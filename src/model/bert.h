@@ -67,6 +67,9 @@ struct ModelShape {
   CheckpointPolicy checkpointing = CheckpointPolicy::None;
   bool training = true;  // false: inference only, activations of one layer at a time
   GradientPlacement gradients = GradientPlacement::Own;
+  // Training on the batch's real tokens (Note [packed training] in bert.cpp): forward_backward
+  // takes packed batches; the arenas gain the packed q|k|v scratch. Not with layer checkpointing.
+  bool packed_tokens = false;
 };
 
 // Exact bytes of the model's arenas for a shape: the planner and the model share this.
@@ -131,7 +134,9 @@ class BertForSequenceClassification {
   // grad_scale (= loss_scale / samples in the optimizer step) and writes per-sample losses
   // F32 [B] into losses(). dropout_base makes the dropout masks of this micro-batch unique.
   // With GradientPlacement::InActivations it writes the gradients afresh instead (and
-  // hidden_states() is not kept: backward reuses its memory).
+  // hidden_states() is not kept: backward reuses its memory). With batch.packed() (the shape
+  // must have packed_tokens) every row-wise op runs on the batch's tokens alone (Note [packed
+  // training]); hidden_states() is then undefined.
   void forward_backward(const DeviceBatch& batch, float grad_scale, uint64_t dropout_base);
   // Forward only (no dropout, nothing saved beyond one layer): logits in the compute dtype.
   // With batch.packed(), the encoder runs on the batch's tokens alone (no padding rows;

@@ -29,6 +29,8 @@ struct TrainOptions {
   std::string text_column = "text", text_pair_column, label_column = "label";
   std::string tokenizer;         // a directory; default: model_name_or_path
   bool group_by_length = false;
+  // With a text file: train on the batches' real tokens (Note [packed training] in model/bert.cpp).
+  bool skip_padding = true;
   std::string dataset_cache_dir;  // where the token cache goes (default: beside the data file)
   // Loop.
   static constexpr int64_t kAutoBatch = -1;  // --per-device-train-batch-size auto

@@ -13,9 +13,10 @@ namespace anatomy {
 
 class UploadStaging {
  public:
-  // Room for a batch of `batch` x `seq` tokens: ids, token types, mask and labels (I32).
+  // Room for a batch of `batch` x `seq` tokens: ids, token types, mask and labels (I32), and a
+  // packing index (token rows and first rows, I32).
   UploadStaging(Backend& be, int64_t batch, int64_t seq) : m_be(be) {
-    const size_t ints = static_cast<size_t>(3 * batch * seq + batch);
+    const size_t ints = static_cast<size_t>(4 * batch * seq + 2 * batch);
     for (auto& q : m_p) q = static_cast<int32_t*>(be.host_alloc(ints * sizeof(int32_t)));
   }
   ~UploadStaging() {
@@ -24,8 +25,9 @@ class UploadStaging {
   UploadStaging(const UploadStaging&) = delete;
   UploadStaging& operator=(const UploadStaging&) = delete;
 
-  // Copies hb into staging block micro % 2 and enqueues its uploads into db (shaped like hb).
-  void upload(const HostBatch& hb, const DeviceBatch& db, int64_t micro) {
+  // Copies hb (and pr, when db is packed) into staging block micro % 2 and enqueues its uploads
+  // into db (shaped like hb; db.token_rows sized like pr's token rows).
+  void upload(const HostBatch& hb, const DeviceBatch& db, int64_t micro, const PackedRows* pr = nullptr) {
     const int slot = static_cast<int>(micro % 2);
     if (m_token[slot] >= 0) m_be.wait_upload(m_token[slot]);
     const int64_t n = hb.batch * hb.seq;
@@ -40,6 +42,14 @@ class UploadStaging {
     m_be.upload_async(db.input_ids, ids);
     m_be.upload_async(db.token_type_ids, types);
     m_be.upload_async(db.attention_mask, mask);
+    if (db.packed()) {
+      int32_t* rows = labels + hb.batch;
+      int32_t* first = rows + pr->token_rows.size();
+      std::copy(pr->token_rows.begin(), pr->token_rows.end(), rows);
+      std::copy(pr->first_rows.begin(), pr->first_rows.end(), first);
+      m_be.upload_async(db.token_rows, rows);
+      m_be.upload_async(db.first_rows, first);
+    }
     m_token[slot] = m_be.upload_async(db.labels, labels);
   }
 

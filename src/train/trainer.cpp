@@ -218,6 +218,8 @@ TrainResult train(const TrainOptions& opt) {
 
   ModelShape shape{opt.per_device_train_batch_size, opt.seq_len, compute_dtype(opt.precision), opt.gradient_checkpointing, true,
                    resolve_gradient_placement(opt.gradient_placement, opt.gradient_accumulation_steps)};
+  // Text data has padding: train on its real tokens (not under layer checkpointing).
+  shape.packed_tokens = opt.skip_padding && !opt.train_file.empty() && shape.checkpointing != CheckpointPolicy::Layer;
   if (shape.max_batch == TrainOptions::kAutoBatch) {  // the largest micro-batch the plan fits in free memory
     auto mem = want_cuda ? nvml.memory(0) : std::nullopt;
     ANATOMY_CHECK(mem.has_value(), "--per-device-train-batch-size auto needs a GPU whose free memory NVML reports");
@@ -276,6 +278,14 @@ TrainResult train(const TrainOptions& opt) {
   Buffer d_ids(al, DType::I32, {B, T}, Category::Other), d_types(al, DType::I32, {B, T}, Category::Other),
       d_mask(al, DType::I32, {B, T}, Category::Other), d_labels(al, DType::I32, {B}, Category::Other),
       d_loss_sums(al, DType::F32, {B}, Category::Other);
+  // Training on real tokens: the packing index of each micro-batch (Note [packed training]);
+  // on the GPU rounded up to a multiple of 128 rows, so that few GEMM shapes recur.
+  Buffer d_rows, d_first;
+  if (shape.packed_tokens) {
+    d_rows = Buffer(al, DType::I32, {B * T}, Category::Other);
+    d_first = Buffer(al, DType::I32, {B}, Category::Other);
+  }
+  const int64_t row_multiple = be->device() == Device::CUDA ? 128 : 1;
   GradNorm grad_norm(*be, model.layout().total());
 
   // Resume: weights, optimizer state and step from the checkpoint; the data order and the
@@ -350,8 +360,14 @@ TrainResult train(const TrainOptions& opt) {
       const int64_t b = hb.batch, t = hb.seq;
       auto rows = [&](const Buffer& buf) { return buf.tensor().view({B * T}).slice(0, b * t).view({b, t}); };
       DeviceBatch db{rows(d_ids), rows(d_types), rows(d_mask), d_labels.tensor().slice(0, b)};
+      PackedRows packing;
+      if (shape.packed_tokens) {
+        packing = pack_token_rows(hb.attention_mask.data(), b, t, row_multiple);
+        db.token_rows = d_rows.tensor().slice(0, static_cast<int64_t>(packing.token_rows.size()));
+        db.first_rows = d_first.tensor().slice(0, b);
+      }
       be->set_phase(Phase::Data);
-      staging.upload(hb, db, micro);
+      staging.upload(hb, db, micro, &packing);
       model.forward_backward(db, scaler.scale / static_cast<float>(b * accum), static_cast<uint64_t>(micro) << 12);
       be->set_phase(Phase::Data);
       const Tensor sums = d_loss_sums.tensor().slice(0, b);

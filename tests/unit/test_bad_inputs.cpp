@@ -6,6 +6,7 @@
 // Rows run `anatomy` on the CPU with bert-tiny through `timeout`, so a case that would block (a
 // FIFO read) fails the test instead of hanging it.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <cstring>
@@ -63,7 +64,7 @@ void copy_text(const std::string& dir) { fs::copy_file(kText, dir + "/s.jsonl");
 // A finished small run with checkpoints at steps 1 and 2 (--save-steps 1), its model beside them.
 const std::string& trained_run() {
   static const std::string dir = [] {
-    const std::string d = anatomy::testing_cli::fresh_dir("anatomy_bad_inputs_run");
+    const std::string d = anatomy::testing_cli::fresh_dir("anatomy_bad_inputs_run_" + std::to_string(::getpid()));
     fs::copy_file(kText, d + "/s.jsonl");
     const CmdResult r = run(kTrain + "--train-file " + d + "/s.jsonl --tokenizer " + kTok +
                             " --max-steps 2 --save-strategy steps --save-steps 1 --output-dir " + d + "/run");
@@ -218,7 +219,7 @@ class BadInputs : public ::testing::TestWithParam<Case> {};
 
 TEST_P(BadInputs, RefusedCleanly) {
   const Case& c = GetParam();
-  const std::string dir = anatomy::testing_cli::fresh_dir(std::string("anatomy_bad_") + c.name);
+  const std::string dir = anatomy::testing_cli::fresh_dir(std::string("anatomy_bad_") + c.name + "_" + std::to_string(::getpid()));
   c.build(dir);
   if (::testing::Test::HasFatalFailure()) return;
   std::map<std::string, std::string> before;
