@@ -14,8 +14,9 @@ topic) and saved with VOCAB as a model directory, so every run starts from the s
 Runs (bf16, batch 32, max length 256, AdamW lr 1e-4, linear schedule, --epochs epochs, seed 0):
   trainer random   Trainer, random order, dynamic padding (DataCollatorWithPadding)
   trainer grouped  Trainer, group_by_length=True
-  anatomy padded   anatomy, random order, each batch padded to its longest sample
-  anatomy grouped  anatomy, --group-by-length
+  anatomy tokens   anatomy, random order, on the batch's real tokens (its default with a text file)
+  anatomy padded   anatomy, random order, each batch padded to its longest sample (--no-skip-padding)
+  anatomy grouped  anatomy, --group-by-length --no-skip-padding
 Steady samples/s: samples of the second half of the optimizer steps over their wall time (the
 Trainer's through a callback that synchronizes the GPU at each step end; anatomy's
 steady_samples_per_second in train_results.json, the same definition). Accuracy: validation,
@@ -123,7 +124,7 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda):
                 steps=steps, wall_s=wall)
 
 
-def run_anatomy(binary, model_dir, data_dir, grouped, epochs, workdir, cuda):
+def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda):
     out = os.path.join(workdir, "out")
     cmd = [binary, "train", "--model-name-or-path", model_dir, "--train-file", os.path.join(data_dir, "train.jsonl"),
            "--validation-file", os.path.join(data_dir, "validation.jsonl"), "--eval-strategy", "epoch",
@@ -132,8 +133,7 @@ def run_anatomy(binary, model_dir, data_dir, grouped, epochs, workdir, cuda):
            "--learning-rate", str(LR), "--seed", "0", "--device", "cuda" if cuda else "cpu", "--save-strategy", "no",
            "--logging-steps", "0", "--disable-tqdm", "--output-dir", out,
            "--dataset-cache-dir", os.path.join(workdir, "cache")]
-    if grouped:
-        cmd.append("--group-by-length")
+    cmd += flags
     t0 = time.perf_counter()
     with open(os.path.join(workdir, "anatomy.log"), "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=300).returncode
@@ -183,8 +183,10 @@ def main():
             runs += [("trainer random", lambda w: run_trainer(model_dir, data, labels, False, args.epochs, w, cuda)),
                      ("trainer grouped", lambda w: run_trainer(model_dir, data, labels, True, args.epochs, w, cuda))]
         if args.only in ("all", "anatomy"):
-            runs += [("anatomy padded", lambda w: run_anatomy(args.anatomy_bin, model_dir, data_dir, False, args.epochs, w, cuda)),
-                     ("anatomy grouped", lambda w: run_anatomy(args.anatomy_bin, model_dir, data_dir, True, args.epochs, w, cuda))]
+            for run_name, flags in (("anatomy tokens", []), ("anatomy padded", ["--no-skip-padding"]),
+                                    ("anatomy grouped", ["--group-by-length", "--no-skip-padding"])):
+                runs.append((run_name, lambda w, f=flags: run_anatomy(args.anatomy_bin, model_dir, data_dir, f, args.epochs, w,
+                                                                     cuda)))
         for run_name, fn in runs:
             w = os.path.join(work, name, run_name.replace(" ", "_"))
             shutil.rmtree(w, ignore_errors=True)

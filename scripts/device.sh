@@ -161,7 +161,7 @@ step_realtext() {
   timeout 60 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
     --out "$OUT/smoke" --models tiny --epochs 1 --limit 256 2>&1 | tail -8
   timeout 520 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
-    --out "$OUT" 2>&1 | tail -16
+    --out "$OUT" 2>&1 | tail -20
 }
 
 step_bench() {

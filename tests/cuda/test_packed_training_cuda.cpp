@@ -1,0 +1,60 @@
+// Training on real tokens on the GPU (Note [packed training] in model/bert.cpp): the packed
+// step against the padded one on the same device and against the CPU twin, F32 (the cuBLAS
+// attention path) and BF16 (the flash kernels).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../common/compare.h"
+#include "../common/packed_step.h"
+#include "ops/backend.h"
+
+using namespace anatomy;
+using namespace anatomy::testing_packed;
+using anatomy::testing_compare::same_values;
+
+namespace {
+double largest(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
+  return m;
+}
+}  // namespace
+
+TEST(PackedTrainingCuda, MatchesThePaddedStepAndTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  auto cpu = make_cpu_backend(1);
+  const BertConfig cfg = config(false);
+  // Head dim 8: the F32 attention path.
+  const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
+  for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective}) {
+    SCOPED_TRACE(checkpoint_policy_name(policy));
+    const Step cpu_padded = step(*cpu, cfg, hb, false, policy, GradientPlacement::Own);
+    const Step gpu_padded = step(*gpu, cfg, hb, false, policy, GradientPlacement::Own);
+    const Step gpu_packed = step(*gpu, cfg, hb, true, policy, GradientPlacement::Own);
+    const double g = largest(cpu_padded.grads);
+    EXPECT_TRUE(same_values<float>(gpu_packed.losses, gpu_padded.losses, 1e-5));
+    EXPECT_TRUE(same_values<float>(gpu_packed.grads, gpu_padded.grads, 1e-4 * g));
+    EXPECT_TRUE(same_values<float>(gpu_packed.grads, cpu_padded.grads, 1e-4 * g));
+  }
+}
+
+TEST(PackedTrainingCuda, Bf16FlashPathMatchesThePaddedStep) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  BertConfig cfg = config(false);
+  cfg.hidden_size = 64;  // two heads of 32: the flash kernels
+  cfg.num_attention_heads = 2;
+  cfg.max_position_embeddings = 64;
+  const HostBatch hb = batch_of({5, 40, 3, 64, 33}, 64, 4);
+  const Step padded = step(*gpu, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16);
+  const Step packed = step(*gpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16);
+  const double g = largest(padded.grads);
+  ASSERT_GT(g, 1e-4);
+  // Same arithmetic per token row except the GEMMs' shapes (N vs B*T rows): bf16 rounding.
+  EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 2e-2));
+  EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 2e-2 * g));
+}
