@@ -133,6 +133,32 @@ __device__ __forceinline__ void load_tile(uint32_t tile, const uint16_t* base, s
   }
 }
 
+// One past the last valid key of batch b (T without a mask; 0 when no key is valid). Keys at or
+// past it are masked: their probabilities are exactly 0, so tiles of them contribute nothing to
+// O, dK, dV or dQ and are skipped (Note [masked key tiles]). Every thread of the CTA must call it.
+template <int NTH>
+__device__ int valid_key_end(const int32_t* mask, int b, int T) {
+  if (mask == nullptr) return T;
+  __shared__ int end;
+  if (threadIdx.x == 0) end = 0;
+  __syncthreads();
+  int last = 0;
+  for (int k = threadIdx.x; k < T; k += NTH)
+    if (mask[static_cast<size_t>(b) * T + k] != 0) last = k + 1;
+  if (last > 0) atomicMax(&end, last);
+  __syncthreads();
+  return end;
+}
+
+// Note [masked key tiles]
+// A padded batch of real text is mostly padding keys. The forward's loop over key tiles stops
+// at the tile holding the batch's last valid key, and a backward CTA whose 64 keys all lie past
+// it writes dK = dV = 0 (their exact value: P = 0 there) and leaves. The skipped terms are exact
+// zeros (exp2(-inf) = 0 in the running sums; no dQ contribution), so results are bit for bit
+// those of the full loops; attention costs B * T * (valid keys) rather than B * T^2. A batch
+// with no valid key attends uniformly to all T keys and skips nothing. Query rows are never
+// skipped: padding rows get their (unread) outputs as before.
+
 // Per-key additive bias (log2 domain) for keys [0, nk): 0 for a valid key, -inf for a
 // masked key or a key at or past T. When batch b has no valid key, every key below T gets 0
 // and the caller multiplies the scores by 0 (uniform row). Returns "b has a valid key".
@@ -192,13 +218,15 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
   const uint16_t* qg = static_cast<const uint16_t*>(p.qkv) + static_cast<size_t>(b) * T * rs + h * D;
   const uint16_t* kg = qg + p.H;
   const uint16_t* vg = qg + 2 * p.H;
-  const int nkv = (T + BC - 1) / BC;
+  const int nkv_all = (T + BC - 1) / BC;
+  const int kend = valid_key_end<NTH>(p.mask, b, T);
+  const int nkv = kend > 0 ? (kend + BC - 1) / BC : nkv_all;  // Note [masked key tiles]
 
   load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, T);
   load_tile<BC, D, NTH>(k_s, kg, rs, 0, T);
   load_tile<BC, D, NTH>(v_s, vg, rs, 0, T);
   cp_async_commit();
-  const bool any_valid = build_key_bias<NTH>(kb, p.mask, b, T, 0, nkv * BC);
+  const bool any_valid = build_key_bias<NTH>(kb, p.mask, b, T, 0, nkv_all * BC);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;  // s2 = s * scale_mul + kb
   cp_async_wait_all();
   __syncthreads();
@@ -430,6 +458,21 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   const float* lse_g = p.lse + bh * T;
   const float* dsum_g = p.dsum + bh * T;
   const int nq = (T + BR - 1) / BR;
+
+  // Note [masked key tiles]: 64 masked keys have dK = dV = 0 and no share in dQ.
+  const int kend = valid_key_end<NTH>(p.mask, b, T);
+  if (kend > 0 && k0 >= kend) {
+    uint16_t* dqkv = static_cast<uint16_t*>(p.dqkv);
+    constexpr int CPR = D / 8;
+    for (int i = threadIdx.x; i < BC * CPR; i += NTH) {
+      const int k = k0 + i / CPR, c = i % CPR;
+      if (k >= T) continue;
+      uint16_t* dst = dqkv + (static_cast<size_t>(b) * T + k) * rs + h * D + c * 8;
+      *reinterpret_cast<uint4*>(dst + p.H) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(dst + 2 * p.H) = make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
 
   auto load_q_tile = [&](int jt, int st) {
     load_tile<BR, D, NTH>(q_s + st * C::kQBytes, qg, rs, jt * BR, T);
