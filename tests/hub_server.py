@@ -5,7 +5,8 @@ Serves model repositories from local folders under the Hub's URL layout and with
 Hub sends:
   GET  /api/models/{repo}/revision/{rev}      {"id", "sha", "siblings": [{"rfilename"}]}
   HEAD|GET /{repo}/resolve/{rev}/{file}       regular file: 200, ETag = git blob sha1
-                                              LFS file: 302 to /cdn/{sha256}, X-Linked-Etag = sha256,
+                                              LFS file: 302 to /cdn/{sha256} on another host name
+                                              (localhost: a CDN), X-Linked-Etag = sha256,
                                               X-Linked-Size; both carry X-Repo-Commit
   HEAD|GET /cdn/{sha256}                      the LFS bytes, honouring "Range: bytes=N-" (206)
 Errors as the Hub words them: 401 + X-Error-Code RepoNotFound for an unknown repository,
@@ -122,7 +123,7 @@ class Hub(http.server.BaseHTTPRequestHandler):
         common = {"X-Repo-Commit": repo["commit"]}
         if name.endswith(LFS_SUFFIXES):
             sha = hashlib.sha256(data).hexdigest()
-            return self.answer(302, dict(common, **{"Location": "http://127.0.0.1:%d/cdn/%s" % (self.server.server_address[1], sha), "X-Linked-Etag": '"%s"' % sha,
+            return self.answer(302, dict(common, **{"Location": "http://localhost:%d/cdn/%s" % (self.server.server_address[1], sha), "X-Linked-Etag": '"%s"' % sha,
                                                     "X-Linked-Size": str(len(data)), "ETag": '"redirect"'}))
         git_sha = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
         self.answer(200, dict(common, **{"ETag": '"%s"' % git_sha}), data)

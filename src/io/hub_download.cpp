@@ -119,9 +119,17 @@ std::pair<std::string, std::set<std::string>> model_info(const Job& j) {
   return {info["sha"].get<std::string>(), files};
 }
 
+// "https://host:port" of a URL.
+std::string origin(const std::string& url) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return {};
+  return url.substr(0, url.find('/', scheme + 3));
+}
+
 // Where the file's bytes come from and what the cache calls them (huggingface_hub's metadata
-// request: a HEAD on the resolve URL, following only the Hub's own relative redirects, e.g. of a
-// renamed repository; an LFS file answers with a redirect to its CDN copy).
+// request: a HEAD on the resolve URL, following redirects that stay on the same host, e.g. of a
+// renamed repository; an LFS file answers with a redirect to a CDN host, and that answer carries
+// the file's sha256 and size).
 struct FileMeta {
   std::string download_url, etag;
   uint64_t size = 0;
@@ -131,11 +139,13 @@ struct FileMeta {
 FileMeta file_meta(const Job& j, const std::string& commit, const std::string& file) {
   std::string url = j.s.endpoint + "/" + url_quote(j.repo, true) + "/resolve/" + commit + "/" + url_quote(file, true);
   HttpResponse r;
+  std::string target;
   for (int hops = 0;; ++hops) {
     r = over_network(j, "asking for " + file, [&] { return j.http.head(url); });
     const std::string loc = r.header("location");
-    if (r.status >= 300 && r.status < 400 && loc.rfind("/", 0) == 0 && hops < 5) {
-      url = j.s.endpoint + loc;
+    target = loc.rfind("/", 0) == 0 ? origin(url) + loc : loc;
+    if (r.status >= 300 && r.status < 400 && !loc.empty() && origin(target) == origin(url) && hops < 10) {
+      url = target;
       continue;
     }
     break;
@@ -144,8 +154,8 @@ FileMeta file_meta(const Job& j, const std::string& commit, const std::string& f
   const std::string linked = bare_etag(r.header("x-linked-etag"));
   m.etag = linked.empty() ? bare_etag(r.header("etag")) : linked;
   const std::string size = r.header("x-linked-size").empty() ? r.header("content-length") : r.header("x-linked-size");
-  if (r.status >= 300 && r.status < 400 && !r.header("location").empty())
-    m.download_url = r.header("location");
+  if (r.status >= 300 && r.status < 400 && !target.empty())
+    m.download_url = target;
   else if (r.status == 200)
     m.download_url = url;
   else

@@ -1,0 +1,213 @@
+// Downloads into the Hugging Face cache from tests/hub_server.py, a stand-in for the Hub on
+// 127.0.0.1 serving a bert-tiny-like fixture model (tests/data/golden + tests/data/tokenizer).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/dirs.h"
+#include "core/error.h"
+#include "io/hub.h"
+#include "io/hub_sha256.h"
+
+using namespace anatomy;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kSource = ANATOMY_SOURCE_DIR;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The Hub stand-in as a child process, stopped (by its pid) when the object goes.
+class HubServer {
+ public:
+  HubServer(const std::string& dir, const std::vector<std::string>& extra) {
+    const std::string port_file = dir + "/port";
+    m_log = dir + "/requests.jsonl";
+    std::vector<std::string> args = {"python3", (kSource / "tests" / "hub_server.py").string(), "--port-file", port_file,
+                                     "--log", m_log, "--repo", "org/tiny=" + model_dir(dir)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    m_pid = ::fork();
+    if (m_pid == 0) {
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execvp("python3", argv.data());
+      ::_exit(127);
+    }
+    for (int i = 0; i < 400 && !fs::exists(port_file); ++i) {
+      int st;
+      if (::waitpid(m_pid, &st, WNOHANG) == m_pid) {
+        m_pid = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (fs::exists(port_file)) endpoint = "http://127.0.0.1:" + slurp(port_file);
+  }
+  ~HubServer() { stop(); }
+  void stop() {
+    if (m_pid <= 0) return;
+    ::kill(m_pid, SIGTERM);
+    ::waitpid(m_pid, nullptr, 0);
+    m_pid = -1;
+  }
+  std::string requests() const { return slurp(m_log); }
+
+  std::string endpoint;  // empty when the server did not start
+
+  // The fixture repository: config, weights (an LFS file) and a WordPiece tokenizer.
+  static std::string model_dir(const std::string& dir) {
+    const fs::path m = fs::path(dir) / "repo";
+    fs::create_directories(m);
+    for (const char* f : {"config.json", "model.safetensors"})
+      fs::copy_file(kSource / "tests/data/golden" / f, m / f, fs::copy_options::overwrite_existing);
+    fs::copy_file(kSource / "tests/data/tokenizer/vocab.txt", m / "vocab.txt", fs::copy_options::overwrite_existing);
+    std::ofstream(m / "tokenizer_config.json") << R"({"do_lower_case": true})";
+    std::ofstream(m / "README.md") << "not wanted by anatomy\n";
+    return m.string();
+  }
+
+ private:
+  pid_t m_pid = -1;
+  std::string m_log;
+};
+
+class HubDownload : public testing::Test {
+ protected:
+  void start(const std::vector<std::string>& extra = {}) {
+    if (!hub_downloads_available()) GTEST_SKIP() << "built without libcurl";
+    const std::string name = testing::UnitTest::GetInstance()->current_test_info()->name();
+    m_dir = testing_dirs::fresh_dir("hub_dl_" + name);
+    m_server = std::make_unique<HubServer>(m_dir, extra);
+    ASSERT_FALSE(m_server->endpoint.empty()) << "tests/hub_server.py did not start (python3 missing?)";
+    s.cache_dir = m_dir + "/cache";
+    s.endpoint = m_server->endpoint;
+  }
+  fs::path repo() const { return fs::path(s.cache_dir) / "models--org--tiny"; }
+  std::string fixture(const std::string& f) const { return slurp(fs::path(m_dir) / "repo" / f); }
+  std::string weights_sha() const { return sha256_hex(fixture("model.safetensors")); }
+  std::vector<std::string> blob_names() const {
+    std::vector<std::string> out;
+    if (fs::exists(repo() / "blobs"))
+      for (const auto& e : fs::directory_iterator(repo() / "blobs")) out.push_back(e.path().filename().string());
+    return out;
+  }
+
+  // `f` must throw one anatomy::Error line containing every needle.
+  template <class F>
+  static void expect_error(F&& f, std::initializer_list<std::string> needles) {
+    try {
+      f();
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      for (const std::string& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "'" << n << "' not in: " << m;
+    }
+  }
+
+  HubSettings s;
+  std::string m_dir;
+  std::unique_ptr<HubServer> m_server;
+};
+
+}  // namespace
+
+TEST_F(HubDownload, IntoCacheLayoutThenOffline) {
+  start();
+  const std::string snap = resolve_model("org/tiny", "", s);
+  const std::string commit = slurp(repo() / "refs" / "main");
+  EXPECT_EQ(fs::path(snap), repo() / "snapshots" / commit);
+  // Every wanted file is a relative link to its blob, byte for byte the fixture's; README is not wanted.
+  for (const char* f : {"config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"}) {
+    const fs::path link = fs::path(snap) / f;
+    ASSERT_TRUE(fs::is_symlink(link)) << f;
+    EXPECT_EQ(fs::read_symlink(link).parent_path(), fs::path("../../blobs")) << f;
+    EXPECT_TRUE(slurp(link) == fixture(f)) << f << " differs from the served file";
+  }
+  EXPECT_FALSE(fs::exists(fs::path(snap) / "README.md"));
+  // The LFS file is named by its sha256, the others by their git blob sha1 (the ETag).
+  EXPECT_EQ(fs::read_symlink(fs::path(snap) / "model.safetensors").filename(), weights_sha());
+  EXPECT_EQ(fs::read_symlink(fs::path(snap) / "config.json").filename().string().size(), 40u);
+  for (const std::string& b : blob_names()) EXPECT_EQ(b.find(".incomplete"), std::string::npos) << b;
+  // The Hub has no tokenizer.json: recorded, so that the next run needs no network.
+  EXPECT_TRUE(fs::exists(repo() / ".no_exist" / commit / "tokenizer.json"));
+
+  m_server->stop();
+  s.offline = true;
+  EXPECT_EQ(resolve_model("org/tiny", "main", s), snap);
+  s.offline = false;  // online with the server gone: the complete snapshot needs no network either
+  EXPECT_EQ(resolve_model("org/tiny", "", s), snap);
+}
+
+TEST_F(HubDownload, ResumesAnIncompleteFile) {
+  start();
+  const std::string bytes = fixture("model.safetensors");
+  const size_t have = 40000;
+  ASSERT_GT(bytes.size(), have);
+  fs::create_directories(repo() / "blobs");
+  std::ofstream(repo() / "blobs" / (weights_sha() + ".incomplete"), std::ios::binary) << bytes.substr(0, have);
+  const std::string snap = resolve_model("org/tiny", "", s);
+  EXPECT_TRUE(slurp(fs::path(snap) / "model.safetensors") == bytes);
+  EXPECT_NE(m_server->requests().find("\"range\": \"bytes=40000-\""), std::string::npos) << m_server->requests();
+}
+
+TEST_F(HubDownload, CutTransferKeptThenResumed) {
+  start({"--cut", "model.safetensors:30000"});
+  expect_error([&] { resolve_model("org/tiny", "", s); }, {"org/tiny", "model.safetensors", "run again to resume"});
+  const fs::path inc = repo() / "blobs" / (weights_sha() + ".incomplete");
+  ASSERT_TRUE(fs::exists(inc));
+  EXPECT_EQ(fs::file_size(inc), 30000u);
+  EXPECT_FALSE(fs::exists(repo() / "blobs" / weights_sha()));
+  const std::string snap = resolve_model("org/tiny", "", s);
+  EXPECT_TRUE(slurp(fs::path(snap) / "model.safetensors") == fixture("model.safetensors"));
+  EXPECT_FALSE(fs::exists(inc));
+  EXPECT_NE(m_server->requests().find("\"range\": \"bytes=30000-\""), std::string::npos) << m_server->requests();
+}
+
+TEST_F(HubDownload, Sha256MismatchRefusedAndNothingKept) {
+  start({"--corrupt", "model.safetensors"});
+  expect_error([&] { resolve_model("org/tiny", "", s); }, {"org/tiny", "model.safetensors", "sha256", weights_sha()});
+  for (const std::string& b : blob_names()) EXPECT_EQ(b.find(weights_sha()), std::string::npos) << b;
+  const std::string commit = slurp(repo() / "refs" / "main");
+  EXPECT_FALSE(fs::exists(repo() / "snapshots" / commit / "model.safetensors"));
+  m_server->stop();
+  s.offline = true;
+  expect_error([&] { resolve_model("org/tiny", "", s); }, {"lacks model.safetensors", "huggingface-cli download org/tiny"});
+}
+
+TEST_F(HubDownload, MissingRepoAndRevision) {
+  start();
+  expect_error([&] { resolve_model("org/absent", "", s); }, {"org/absent", "is not on", s.endpoint, "check the name"});
+  expect_error([&] { resolve_model("org/tiny", "v9", s); }, {"org/tiny", "no revision 'v9'"});
+  EXPECT_FALSE(fs::exists(fs::path(s.cache_dir) / "models--org--absent" / "snapshots"));
+}
+
+TEST_F(HubDownload, TokenSentAsAuthorization) {
+  start({"--token", "hf_secret"});
+  expect_error([&] { resolve_model("org/tiny", "", s); }, {"org/tiny", "HF_TOKEN", "401"});
+  s.token = "hf_wrong";
+  expect_error([&] { resolve_model("org/tiny", "", s); }, {"org/tiny", "refused the token"});
+  s.token = "hf_secret";
+  const std::string snap = resolve_model("org/tiny", "", s);
+  EXPECT_TRUE(fs::exists(fs::path(snap) / "model.safetensors"));
+  const std::string log = m_server->requests();
+  EXPECT_NE(log.find("\"authorization\": \"Bearer hf_secret\""), std::string::npos) << log;
+  // Never to the CDN, whose signed URLs are their own credential.
+  for (size_t at = log.find("/cdn/"); at != std::string::npos; at = log.find("/cdn/", at + 1)) {
+    const size_t eol = log.find('\n', at);
+    EXPECT_NE(log.substr(at, eol - at).find("\"authorization\": \"\""), std::string::npos) << log;
+  }
+}
