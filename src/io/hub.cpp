@@ -186,6 +186,9 @@ std::string resolve_model(const std::string& name, const std::string& revision, 
          missing == "config.json" ? std::string() : " (its snapshot lacks " + missing + ")",
          " and HF_HUB_OFFLINE is set: fetch it with ", fetch_command(name, rev), " or unset HF_HUB_OFFLINE");
   }
+  ANATOMY_CHECK(hub_downloads_available(), "model '", name, "' (revision ", rev, ") is not in the Hugging Face cache ",
+                s.cache_dir, " and this anatomy was built without libcurl, so it cannot download: fetch it with ",
+                fetch_command(name, rev));
   return download(s, name, rev);
 }
 

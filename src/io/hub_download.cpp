@@ -179,8 +179,8 @@ void fetch_blob(const Job& j, const std::string& file, const FileMeta& m, const 
     have = 0;
   }
   if (!j.s.progress)
-    std::fprintf(stderr, "hub: downloading %s %s (%.1f MB%s)\n", j.repo.c_str(), file.c_str(), double(m.size) * 1e-6,
-                 have ? ", resuming" : "");
+    std::fprintf(stderr, "hub: downloading %s %s (%s%s)\n", j.repo.c_str(), file.c_str(), human_size(m.size).c_str(),
+                 have ? str_cat(", resuming at byte ", have).c_str() : "");
   if (have < m.size || m.size == 0) {
     const HttpResponse r = over_network(j, "downloading " + file + " (run again to resume it)",
                                         [&] { return j.http.download(m.download_url, inc, have, file, m.size); });

@@ -1,5 +1,7 @@
 #include "io/hub_http.h"
 
+#include <cstdio>
+
 #include "core/error.h"
 
 #ifdef ANATOMY_WITH_CURL
@@ -14,6 +16,17 @@
 #endif
 
 namespace anatomy {
+
+std::string human_size(uint64_t n) {
+  if (n < 1000) return std::to_string(n) + " B";
+  const char* units[] = {"kB", "MB", "GB", "TB"};
+  double v = double(n) / 1000;
+  int u = 0;
+  for (; v >= 1000 && u < 3; ++u) v /= 1000;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
 
 #ifndef ANATOMY_WITH_CURL
 
@@ -105,12 +118,13 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
 
 void draw(Transfer& t, uint64_t now, bool last) {
   const double secs = std::chrono::duration<double>(Clock::now() - t.start).count();
-  const double mb = 1e-6, done = double(t.offset + now);
-  const double frac = t.total ? std::min(1.0, done / double(t.total)) : 0.0;
+  const uint64_t done = t.offset + now;
+  const double frac = t.total ? std::min(1.0, double(done) / double(t.total)) : 0.0;
   const int width = 24, filled = int(frac * width);
-  std::fprintf(stderr, "\r%-28.28s %3d%% [%s%s] %8.1f/%.1f MB %6.1f MB/s", t.label.c_str(), int(frac * 100),
-               std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done * mb,
-               double(t.total) * mb, secs > 0 ? double(now) * mb / secs : 0.0);
+  const std::string rate = human_size(secs > 0 ? uint64_t(double(now) / secs) : 0) + "/s";
+  std::fprintf(stderr, "\r%-28.28s %3d%% [%s%s] %10s / %-10s %12s", t.label.c_str(), int(frac * 100),
+               std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), human_size(done).c_str(),
+               human_size(t.total).c_str(), rate.c_str());
   if (last) std::fputc('\n', stderr);
   std::fflush(stderr);
 }

@@ -30,6 +30,9 @@ class HttpTransportError : public std::exception {
 
 bool hub_http_available();
 
+// "835 B", "96.2 kB", "438.0 MB": sizes as the download lines and the progress bar show them.
+std::string human_size(uint64_t bytes);
+
 class HubHttp {
  public:
   // `token` goes as "Authorization: Bearer" to URLs under `endpoint` only: LFS files come from a

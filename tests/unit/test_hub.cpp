@@ -159,3 +159,9 @@ TEST(HubResolve, UnreachableEndpointNamesTheFetchCommand) {
   const HubSettings s = settings(testing_dirs::fresh_dir("hub_cache_unreachable"));
   expect_error([&] { resolve_model("org/tiny", "", s); }, {"org/tiny", "http://127.0.0.1:1", "huggingface-cli download org/tiny"});
 }
+
+TEST(HubResolve, WithoutLibcurlNamesTheFetchCommand) {
+  if (hub_downloads_available()) GTEST_SKIP() << "built with libcurl";
+  const HubSettings s = settings(testing_dirs::fresh_dir("hub_cache_nocurl"));
+  expect_error([&] { resolve_model("org/tiny", "", s); }, {"org/tiny", "without libcurl", "huggingface-cli download org/tiny"});
+}

@@ -86,8 +86,10 @@ class HubServer {
 
 class HubDownload : public testing::Test {
  protected:
-  void start(const std::vector<std::string>& extra = {}) {
+  void SetUp() override {
     if (!hub_downloads_available()) GTEST_SKIP() << "built without libcurl";
+  }
+  void start(const std::vector<std::string>& extra = {}) {
     const std::string name = testing::UnitTest::GetInstance()->current_test_info()->name();
     m_dir = testing_dirs::fresh_dir("hub_dl_" + name);
     m_server = std::make_unique<HubServer>(m_dir, extra);
