@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -207,8 +208,9 @@ void fetch_blob(const Job& j, const std::string& file, const FileMeta& m, const 
 void link_snapshot(const fs::path& link, const fs::path& blob) {
   fs::create_directories(link.parent_path());
   const fs::path target = fs::relative(blob, link.parent_path());
-  const fs::path tmp = link.string() + ".tmp-link";
-  fs::remove(tmp);
+  // Unique per process and call: two runs resolving the same model at once each rename their own.
+  static std::atomic<unsigned> counter{0};
+  const fs::path tmp = str_cat(link.string(), ".tmp-", ::getpid(), "-", counter++);
   fs::create_symlink(target, tmp);
   fs::rename(tmp, link);
 }

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "../common/dirs.h"
 #include "core/error.h"
@@ -164,4 +167,58 @@ TEST(HubResolve, WithoutLibcurlNamesTheFetchCommand) {
   if (hub_downloads_available()) GTEST_SKIP() << "built with libcurl";
   const HubSettings s = settings(testing_dirs::fresh_dir("hub_cache_nocurl"));
   expect_error([&] { resolve_model("org/tiny", "", s); }, {"org/tiny", "without libcurl", "huggingface-cli download org/tiny"});
+}
+
+namespace {
+// Sets environment variables for one scope and puts the old values back.
+class EnvGuard {
+ public:
+  void set(const char* name, const char* value) {
+    const char* old = std::getenv(name);
+    m_saved.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+    if (value) ::setenv(name, value, 1);
+    else ::unsetenv(name);
+  }
+  ~EnvGuard() {
+    for (auto it = m_saved.rbegin(); it != m_saved.rend(); ++it) {
+      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
+      else ::unsetenv(it->first.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> m_saved;
+};
+}  // namespace
+
+TEST(HubSettings, ReadAsHuggingfaceHubReadsThem) {
+  const std::string home = testing_dirs::fresh_dir("hub_env_home");
+  spit(fs::path(home) / "token", "hf_stored\n");
+  EnvGuard env;
+  for (const char* v : {"HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH",
+                        "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "XDG_CACHE_HOME"})
+    env.set(v, nullptr);
+  env.set("HOME", "/home/someone");
+  HubSettings s = hub_settings_from_env();
+  EXPECT_EQ(s.cache_dir, "/home/someone/.cache/huggingface/hub");
+  EXPECT_EQ(s.endpoint, "https://huggingface.co");
+  EXPECT_FALSE(s.offline);
+
+  env.set("XDG_CACHE_HOME", "/xdg");
+  EXPECT_EQ(hub_settings_from_env().cache_dir, "/xdg/huggingface/hub");
+  env.set("HF_HOME", home.c_str());
+  s = hub_settings_from_env();
+  EXPECT_EQ(s.cache_dir, home + "/hub");
+  EXPECT_EQ(s.token, "hf_stored");  // $HF_HOME/token, whitespace trimmed
+  env.set("HF_TOKEN", "hf_env");
+  env.set("HF_HUB_CACHE", "~/hubcache");
+  env.set("HF_ENDPOINT", "http://mirror.example/");
+  env.set("HF_HUB_OFFLINE", "yes");
+  s = hub_settings_from_env();
+  EXPECT_EQ(s.token, "hf_env");
+  EXPECT_EQ(s.cache_dir, "/home/someone/hubcache");
+  EXPECT_EQ(s.endpoint, "http://mirror.example");
+  EXPECT_TRUE(s.offline);
+  env.set("HF_HUB_OFFLINE", "0");
+  EXPECT_FALSE(hub_settings_from_env().offline);
 }

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <atomic>
 #include <vector>
 
 #include "../common/dirs.h"
@@ -33,10 +34,19 @@ std::string slurp(const fs::path& p) {
 class HubServer {
  public:
   HubServer(const std::string& dir, const std::vector<std::string>& extra) {
+    // Two repositories anatomy cannot load: weights in shards, or only in PyTorch's format.
+    const fs::path sharded = fs::path(dir) / "sharded", bin = fs::path(dir) / "bin_only";
+    fs::create_directories(sharded);
+    fs::create_directories(bin);
+    for (const fs::path& d : {sharded, bin}) std::ofstream(d / "config.json") << "{}";
+    std::ofstream(sharded / "model.safetensors.index.json") << R"({"weight_map": {}})";
+    std::ofstream(sharded / "model-00001-of-00002.safetensors") << "x";
+    std::ofstream(bin / "pytorch_model.bin") << "x";
     const std::string port_file = dir + "/port";
     m_log = dir + "/requests.jsonl";
     std::vector<std::string> args = {"python3", (kSource / "tests" / "hub_server.py").string(), "--port-file", port_file,
-                                     "--log", m_log, "--repo", "org/tiny=" + model_dir(dir)};
+                                     "--log", m_log, "--repo", "org/tiny=" + model_dir(dir),
+                                     "--repo", "org/sharded=" + sharded.string(), "--repo", "bin_only=" + bin.string()};
     args.insert(args.end(), extra.begin(), extra.end());
     m_pid = ::fork();
     if (m_pid == 0) {
@@ -212,4 +222,33 @@ TEST_F(HubDownload, TokenSentAsAuthorization) {
     const size_t eol = log.find('\n', at);
     EXPECT_NE(log.substr(at, eol - at).find("\"authorization\": \"\""), std::string::npos) << log;
   }
+}
+
+TEST_F(HubDownload, UnloadableWeightsRefusedByName) {
+  start();
+  expect_error([&] { resolve_model("org/sharded", "", s); }, {"org/sharded", "model.safetensors.index.json", "does not load"});
+  expect_error([&] { resolve_model("bin_only", "", s); }, {"bin_only", "no model.safetensors", "pytorch_model.bin"});
+  // Refused before any file was fetched.
+  EXPECT_FALSE(fs::exists(fs::path(s.cache_dir) / "models--org--sharded" / "blobs"));
+}
+
+TEST_F(HubDownload, TwoAtOnceAgree) {
+  start();
+  std::string a, b;
+  std::atomic<int> errors{0};
+  auto run = [&](std::string& out) {
+    try {
+      out = resolve_model("org/tiny", "", s);
+    } catch (const std::exception& e) {
+      ++errors;
+      ADD_FAILURE() << e.what();
+    }
+  };
+  std::thread t1(run, std::ref(a)), t2(run, std::ref(b));
+  t1.join();
+  t2.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(a, b);
+  EXPECT_TRUE(slurp(fs::path(a) / "model.safetensors") == fixture("model.safetensors"));
+  for (const auto& e : fs::directory_iterator(a)) EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos);
 }
