@@ -60,6 +60,9 @@ struct Transfer {
   uint64_t offset = 0;   // bytes the file held before this request
   bool file_checked = false;
   bool to_file = false;  // this answer's body belongs in the file (200 or 206)
+  // Bodies kept in memory: the model-info JSON (a large repository lists thousands of files), or
+  // the error page a download got instead of the file.
+  size_t body_limit = 64u << 20;
   std::string error;     // why a callback stopped the transfer
   // progress bar
   bool progress = false;
@@ -113,7 +116,9 @@ size_t on_body(char* data, size_t size, size_t n, void* user) {
   }
   if (t->to_file) return std::fwrite(data, 1, size * n, t->file);
   t->resp->body.append(data, size * n);
-  return t->resp->body.size() > (1 << 20) ? 0 : size * n;  // an error page, never a model file
+  if (t->resp->body.size() <= t->body_limit) return size * n;
+  t->error = "an answer larger than " + human_size(t->body_limit);
+  return 0;
 }
 
 void draw(Transfer& t, uint64_t now, bool last) {
@@ -226,6 +231,7 @@ HttpResponse HubHttp::download(const std::string& url, const std::string& path, 
   HttpResponse resp;
   t.resp = &resp;
   t.file = f.get();
+  t.body_limit = 1u << 20;
   t.offset = offset;
   t.progress = m_impl->progress;
   t.label = label;

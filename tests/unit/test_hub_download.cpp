@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -251,4 +252,45 @@ TEST_F(HubDownload, TwoAtOnceAgree) {
   EXPECT_EQ(a, b);
   EXPECT_TRUE(slurp(fs::path(a) / "model.safetensors") == fixture("model.safetensors"));
   for (const auto& e : fs::directory_iterator(a)) EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos);
+}
+
+namespace {
+// The Python that has huggingface_hub ($ANATOMY_TEST_PYTHON, else python3), or "" when none has it.
+std::string python_with_hub() {
+  const char* p = std::getenv("ANATOMY_TEST_PYTHON");
+  const std::string py = p && *p ? p : "python3";
+  return std::system((py + " -c 'import huggingface_hub' >/dev/null 2>&1").c_str()) == 0 ? py : "";
+}
+}  // namespace
+
+// The point of the layout: Python finds what anatomy fetched, anatomy finds what Python fetched.
+TEST_F(HubDownload, SharedWithHuggingfaceHub) {
+  const std::string py = python_with_hub();
+  if (py.empty()) GTEST_SKIP() << "no huggingface_hub in python3 (or $ANATOMY_TEST_PYTHON)";
+  start();
+  const std::string snap = resolve_model("org/tiny", "", s);
+  const std::string script = m_dir + "/check.py";
+  std::ofstream(script) << "import sys\n"
+                           "from huggingface_hub import hf_hub_download, scan_cache_dir\n"
+                           "for f in ['config.json', 'model.safetensors', 'vocab.txt']:\n"
+                           "    print(hf_hub_download('org/tiny', f, local_files_only=True))\n"
+                           "assert not scan_cache_dir().warnings\n";
+  const std::string env = "HF_HUB_CACHE='" + s.cache_dir + "' HF_HUB_OFFLINE=1 ";
+  EXPECT_EQ(std::system((env + py + " " + script + " > " + m_dir + "/py.out").c_str()), 0);
+  EXPECT_NE(slurp(m_dir + "/py.out").find(snap + "/model.safetensors"), std::string::npos) << slurp(m_dir + "/py.out");
+
+  // huggingface_hub downloads from the same stand-in into another cache; anatomy reads it offline.
+  const std::string cache2 = m_dir + "/cache_py";
+  std::ofstream(script) << "from huggingface_hub import hf_hub_download\n"
+                           "for f in ['config.json', 'model.safetensors', 'vocab.txt']:\n"
+                           "    hf_hub_download('org/tiny', f)\n";
+  const std::string env2 = "HF_HUB_CACHE='" + cache2 + "' HF_ENDPOINT='" + s.endpoint + "' HF_HUB_DISABLE_XET=1 ";
+  ASSERT_EQ(std::system((env2 + py + " " + script).c_str()), 0);
+  m_server->stop();
+  HubSettings offline = s;
+  offline.cache_dir = cache2;
+  offline.offline = true;
+  const std::string snap2 = resolve_model("org/tiny", "", offline);
+  EXPECT_TRUE(slurp(fs::path(snap2) / "model.safetensors") == fixture("model.safetensors"));
+  EXPECT_EQ(fs::path(snap2).filename(), fs::path(snap).filename());  // the same commit
 }
