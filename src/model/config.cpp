@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/read_file.h"
 
 namespace anatomy {
 namespace {
@@ -118,14 +119,10 @@ void BertConfig::set_num_labels(int64_t n) {
 }
 
 BertConfig BertConfig::from_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  ANATOMY_CHECK(in, path, ": cannot open (", std::strerror(errno), ")");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  ANATOMY_CHECK(!in.bad(), path, ": cannot read (", std::strerror(errno), ")");
+  const std::string text = read_regular_file(path);
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(text);
   } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     std::string msg = e.what();
     if (auto p = msg.find("] "); p != std::string::npos) msg = msg.substr(p + 2);
