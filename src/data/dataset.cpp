@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/text_dataset.h"
+#include "memory/planner.h"
 
 namespace anatomy {
 
@@ -28,6 +29,11 @@ SyntheticKind parse_synthetic_kind(const std::string& s) {
 SyntheticDataset::SyntheticDataset(SyntheticKind kind, size_t n, int64_t seq_len, int64_t vocab, uint64_t seed)
     : m_kind(kind), m_n(n), m_seq(seq_len), m_vocab(vocab), m_seed(seed) {
   ANATOMY_CHECK(n > 0, "--num-samples must be at least 1");
+  // An epoch's shuffled order holds two 8-byte indices per sample (BatchPlan::indices).
+  const int64_t host = host_memory_bytes();
+  ANATOMY_CHECK(n <= static_cast<size_t>(host / 32), "--num-samples ", n, ": the shuffled order of one epoch alone needs ",
+                static_cast<int64_t>(std::min<size_t>(n, SIZE_MAX / 16) * 16 >> 20), " MiB, this machine has ", host >> 20,
+                " MiB of memory; lower --num-samples (or use --max-steps)");
   ANATOMY_CHECK(seq_len >= 2, "--seq-len must be at least 2");
   ANATOMY_CHECK(vocab > 300, "synthetic data needs a vocabulary of more than 300 ids (config has ", vocab, ")");
 }

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "data/unicode.h"
+#include "io/read_file.h"
 
 // Note [Two references]
 // Hugging Face has two BERT tokenizers and they disagree at the edges; each loader follows the one
@@ -91,12 +92,11 @@ void strip_accents(std::u32string& text, BertSemantics s) {
 }
 
 std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  ANATOMY_CHECK(in.good(), "cannot open ", what, " '", path, "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  ANATOMY_CHECK(!in.bad(), "cannot read ", what, " '", path, "'");
-  return ss.str();
+  try {
+    return read_regular_file(path);
+  } catch (const Error& e) {
+    fail(what, " ", e.what());
+  }
 }
 
 size_t count_code_points(std::string_view s) {

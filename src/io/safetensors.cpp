@@ -251,11 +251,12 @@ void convert_dtype(const void* src, DType from, void* dst, DType to, size_t n) {
 SafetensorsReader SafetensorsReader::open(const std::string& path) {
   SafetensorsReader r;
   r.m_path = path;
-  r.m_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO named as weights would block the open forever; fstat then refuses it.
+  r.m_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   ANATOMY_CHECK(r.m_fd >= 0, path, ": cannot open: ", std::strerror(errno));
   struct stat st {};
   ANATOMY_CHECK(::fstat(r.m_fd, &st) == 0, path, ": cannot stat: ", std::strerror(errno));
-  ANATOMY_CHECK(S_ISREG(st.st_mode), path, ": not a regular file");
+  ANATOMY_CHECK(S_ISREG(st.st_mode), path, ": not a regular file (a FIFO, directory or device cannot be read as one)");
   const auto file_size = static_cast<uint64_t>(st.st_size);
   ANATOMY_CHECK(file_size >= 8, path, ": file is ", file_size,
                 " bytes, too short for a safetensors header length (8 bytes)");

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <limits>
+
+#include <unistd.h>
 
 #include "dist/zero.h"
 #include "model/params.h"
@@ -11,7 +14,68 @@
 
 namespace anatomy {
 
-MemoryPlan plan_memory(const PlanInput& in) {
+namespace {
+
+// Note [plan overflow]: the plan multiplies batch, sequence, layers and widths in int64; a batch
+// of 1e11 or a sequence of 1e6 would wrap and print a negative (or small, "fitting") size. Before
+// any of that arithmetic, a generous upper bound of the activations is computed in long double
+// (BertConfig::validate() has already bounded the parameter count the same way) and anything
+// above kMaxPlanBytes (an exbibyte: no machine holds it) is refused naming the flags that size
+// it; the per-category figures are then checked non-negative and summed with overflow
+// detection, so a plan is either exact or an error, never a wrapped number.
+constexpr long double kMaxPlanBytes = 1152921504606846976.0L;  // 2^60
+
+// Whole MiB, never wrapped: figures beyond a terabyte of MiB in three significant digits.
+std::string mib(long double bytes) {
+  char s[64];
+  const long double m = bytes / 1048576.0L;
+  std::snprintf(s, sizeof s, m < 1e12L ? "%.0Lf MiB" : "%.3Lg MiB", m);
+  return s;
+}
+
+// The flags that size the batch: the trainer's, or `anatomy eval`'s for an inference plan.
+struct SizeFlags {
+  const char *batch, *seq;
+};
+SizeFlags size_flags(const PlanInput& in) {
+  if (in.shape.training) return {"--per-device-train-batch-size", "--seq-len"};
+  return {"--per-device-eval-batch-size", "--max-seq-length"};
+}
+
+// Generous upper bound of the activations (Note [plan overflow]): per layer and token at most a
+// few dozen H-wide and I-wide fp32 rows, and heads x T scores.
+long double activation_bound(const PlanInput& in) {
+  const BertConfig& c = in.config;
+  const long double B = static_cast<long double>(in.shape.max_batch), T = static_cast<long double>(in.shape.max_seq);
+  const long double L = static_cast<long double>(c.num_hidden_layers), H = static_cast<long double>(c.hidden_size),
+                    I = static_cast<long double>(c.intermediate_size), A = static_cast<long double>(c.num_attention_heads);
+  return (L + 2) * B * T * (64 * H + 16 * I + 16 * A * T);
+}
+
+void refuse_sizes_that_overflow(const PlanInput& in) {
+  const SizeFlags f = size_flags(in);
+  const ModelShape& s = in.shape;
+  ANATOMY_CHECK(s.max_batch >= 1, f.batch, " must be at least 1 (got ", s.max_batch, ")");
+  ANATOMY_CHECK(s.max_seq >= 1, f.seq, " must be at least 1 (got ", s.max_seq, ")");
+  const long double activations = activation_bound(in);
+  ANATOMY_CHECK(activations <= kMaxPlanBytes, f.batch, " ", s.max_batch, " with ", f.seq, " ", s.max_seq,
+                ": the activations alone would need about ", mib(activations), ", more than any machine holds; lower ",
+                f.batch, " (or ", f.seq, ")");
+}
+
+// The sum of the categories, refused (rather than wrapped) when it does not fit int64.
+void check_plan_arithmetic(const PlanInput& in, const MemoryPlan& p) {
+  const SizeFlags f = size_flags(in);
+  int64_t total = 0;
+  for (int i = 0; i < kNumCategories; ++i)
+    ANATOMY_CHECK(p.bytes.v[i] >= 0 && !__builtin_add_overflow(total, p.bytes.v[i], &total), f.batch, " ",
+                  in.shape.max_batch, " with ", f.seq, " ", in.shape.max_seq, ": the memory plan's ",
+                  category_name(static_cast<Category>(i)), " overflow 64-bit arithmetic; lower ", f.batch, " (or ", f.seq,
+                  ")");
+}
+
+// The categories, exactly, for sizes refuse_sizes_that_overflow() has accepted.
+MemoryPlan plan_categories(const PlanInput& in) {
   const BertConfig& c = in.config;
   const ModelShape& s = in.shape;
   MemoryPlan p;
@@ -43,6 +107,55 @@ MemoryPlan plan_memory(const PlanInput& in) {
                              static_cast<int64_t>(GradNorm::bytes(static_cast<size_t>(n))) + 4 * s.max_batch;
   // Training on real tokens: the packing index, token rows I32 [B*T] and first rows I32 [B].
   if (s.training && s.packed_tokens) p.bytes[Category::Other] += 4 * (s.max_batch * s.max_seq + s.max_batch);
+  check_plan_arithmetic(in, p);
+  return p;
+}
+
+// The planned total, or -1 for sizes whose plan would overflow: what the searches below compare
+// against a capacity, where such a size simply does not fit.
+int64_t total_or_minus_one(const PlanInput& in) {
+  if (in.shape.max_batch < 1 || in.shape.max_seq < 1 || activation_bound(in) > kMaxPlanBytes) return -1;
+  return plan_categories(in).total();
+}
+
+}  // namespace
+
+void refuse_model_beyond(const PlanInput& in, const MemoryPlan& p, int64_t capacity, const std::string& memory) {
+  const int64_t model = p.bytes[Category::Weights] + p.bytes[Category::Gradients] + p.bytes[Category::OptimizerState];
+  if (model > capacity)
+    fail("the model alone (", p.num_parameters, " parameters, most of them from ", in.config.largest_field(),
+         " in config.json) needs ", mib(static_cast<long double>(model)), " for weights",
+         in.shape.training ? ", gradients and optimizer state" : "", " but ", memory, "; lower that field or use a smaller model");
+}
+
+void refuse_plan_beyond(const PlanInput& in, const MemoryPlan& p, int64_t capacity, const std::string& memory) {
+  refuse_model_beyond(in, p, capacity, memory);
+  if (p.total() <= capacity) return;
+  const SizeFlags f = size_flags(in);
+  fail(f.batch, " ", in.shape.max_batch, " with ", f.seq, " ", in.shape.max_seq, ": the plan needs ",
+       mib(static_cast<long double>(p.total())), " but ", memory, "; lower ", f.batch, " (or ", f.seq, ")");
+}
+
+int64_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : std::numeric_limits<int64_t>::max();
+}
+
+MemoryPlan plan_memory(const PlanInput& in) {
+  refuse_sizes_that_overflow(in);
+  const MemoryPlan p = plan_categories(in);
+  // Note [host memory refusal]: on the CPU every planned byte is host memory, and the ranks of
+  // a CPU data-parallel run are threads of this one process; a plan larger than the machine's
+  // physical memory cannot run (it would die in bad_alloc or swap for hours), so it is refused
+  // before anything is allocated, naming what to lower.
+  if (in.device == Device::CPU) {
+    const int64_t host = host_memory_bytes(), ranks = std::max(1, in.world_size);
+    refuse_plan_beyond(in, p, host / ranks,
+                       str_cat("this machine has ", mib(static_cast<long double>(host)), " of memory",
+                               ranks > 1 ? str_cat(", ", mib(static_cast<long double>(host / ranks)), " for each of the ",
+                                                   ranks, " ranks")
+                                         : std::string()));
+  }
   return p;
 }
 
@@ -68,7 +181,8 @@ int64_t parse_bytes(const std::string& s, const std::string& flag) {
 int64_t largest_batch_that_fits(PlanInput in, int64_t capacity, int64_t reserved, int64_t limit) {
   auto fits = [&](int64_t b) {
     in.shape.max_batch = b;
-    return plan_memory(in).total() + reserved <= capacity;
+    const int64_t total = total_or_minus_one(in);
+    return total >= 0 && total <= capacity - reserved;
   };
   if (!fits(1)) return 0;
   int64_t lo = 1, hi = 1;
@@ -86,11 +200,11 @@ int64_t largest_batch_that_fits(PlanInput in, int64_t capacity, int64_t reserved
 std::vector<Lever> levers_that_fit(const PlanInput& in, int64_t capacity, int64_t reserved, int64_t accum) {
   std::vector<Lever> out;
   auto consider = [&](PlanInput t, const std::string& what) {
-    const int64_t total = plan_memory(t).total();
-    if (total + reserved <= capacity) out.push_back({what, total});
+    const int64_t total = total_or_minus_one(t);
+    if (total >= 0 && total <= capacity - reserved) out.push_back({what, total});
   };
   const int64_t B = in.shape.max_batch;
-  for (int64_t d = 2; d <= B && B / d >= 1; d *= 2) {
+  for (int64_t d = 2; d <= B && accum <= std::numeric_limits<int64_t>::max() / d; d = d > B / 2 ? B + 1 : 2 * d) {
     PlanInput t = in;
     t.shape.max_batch = B / d;
     t.shape.gradients = GradientPlacement::Own;  // accumulated gradients need a buffer of their own

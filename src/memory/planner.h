@@ -26,7 +26,20 @@ struct MemoryPlan {
   int64_t total() const { return bytes.total(); }
 };
 
+// Refuses, before any allocation, sizes whose plan would overflow int64 (Note [plan overflow])
+// and, on the CPU, plans larger than the machine's memory (Note [host memory refusal]); the
+// one-line error names the flag (or config.json field) to lower.
 MemoryPlan plan_memory(const PlanInput& in);
+
+// Physical memory of this machine in bytes (int64 max when unknown).
+int64_t host_memory_bytes();
+
+// Refuses a plan that does not fit `capacity` bytes, in one line ending "but <memory>; lower
+// ...": the config.json field that holds most parameters when the model's own state (weights,
+// gradients, optimizer state) does not fit (refuse_model_beyond checks only that), else the
+// batch and sequence flags.
+void refuse_model_beyond(const PlanInput& in, const MemoryPlan& p, int64_t capacity, const std::string& memory);
+void refuse_plan_beyond(const PlanInput& in, const MemoryPlan& p, int64_t capacity, const std::string& memory);
 
 // Parses sizes like "16GB", "16GiB", "80G", "1500MB" (decimal units are powers of 1000,
 // binary ones powers of 1024, a bare G means GiB as nvidia-smi prints it).

@@ -7,9 +7,11 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/read_file.h"
 
 namespace anatomy {
 namespace {
@@ -117,14 +119,10 @@ void BertConfig::set_num_labels(int64_t n) {
 }
 
 BertConfig BertConfig::from_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  ANATOMY_CHECK(in, path, ": cannot open (", std::strerror(errno), ")");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  ANATOMY_CHECK(!in.bad(), path, ": cannot read (", std::strerror(errno), ")");
+  const std::string text = read_regular_file(path);
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(text);
   } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     std::string msg = e.what();
     if (auto p = msg.find("] "); p != std::string::npos) msg = msg.substr(p + 2);
@@ -264,6 +262,13 @@ void BertConfig::validate(std::string_view src) const {
   positive("num_labels", num_labels);
   ANATOMY_CHECK(hidden_size % num_attention_heads == 0, src, ": hidden_size ", hidden_size,
                 " is not a multiple of num_attention_heads ", num_attention_heads);
+  // num_parameters() and every size derived from it are int64 products: a field such as
+  // max_position_embeddings 1e12 would wrap them. The count is bounded here in long double
+  // (2^40 parameters, 4 TiB of fp32 weights, beyond any one machine); the planner then refuses
+  // what does not fit the memory actually present.
+  const long double n = approximate_parameters();
+  ANATOMY_CHECK(n <= 1099511627776.0L, src, ": the model would have about ", static_cast<double>(n),
+                " parameters, more than 2^40 (most of them from ", largest_field(), "); lower it");
 
   auto probability = [&](const char* field, double p) {
     ANATOMY_CHECK(p >= 0.0 && p < 1.0, src, ": field '", field, "' must be a probability in [0, 1), got ", p);
@@ -297,6 +302,33 @@ void BertConfig::validate(std::string_view src) const {
                   " is missing");
     ++expect;
   }
+}
+
+long double BertConfig::approximate_parameters() const {
+  const long double H = static_cast<long double>(hidden_size), I = static_cast<long double>(intermediate_size);
+  const long double tables = (static_cast<long double>(vocab_size) + static_cast<long double>(max_position_embeddings) +
+                              static_cast<long double>(type_vocab_size)) * H;
+  return tables + static_cast<long double>(num_hidden_layers) * (4 * H * H + 2 * H * I + 16 * H) + H * H +
+         H * static_cast<long double>(num_labels + 2);
+}
+
+std::string BertConfig::largest_field() const {
+  // Each field's share of approximate_parameters(): the embedding tables grow with their row
+  // counts, the encoder with its layer count (times its widths), the head with its classes.
+  const long double H = static_cast<long double>(hidden_size), I = static_cast<long double>(intermediate_size);
+  const std::pair<long double, std::string> shares[] = {
+      {static_cast<long double>(vocab_size) * H, str_cat("vocab_size ", vocab_size)},
+      {static_cast<long double>(max_position_embeddings) * H, str_cat("max_position_embeddings ", max_position_embeddings)},
+      {static_cast<long double>(type_vocab_size) * H, str_cat("type_vocab_size ", type_vocab_size)},
+      {static_cast<long double>(num_hidden_layers) * (4 * H * H + 2 * H * I),
+       str_cat("num_hidden_layers ", num_hidden_layers, " x (hidden_size ", hidden_size, ", intermediate_size ",
+               intermediate_size, ")")},
+      {static_cast<long double>(num_labels) * H, str_cat("num_labels ", num_labels)},
+  };
+  const auto* best = &shares[0];
+  for (const auto& s : shares)
+    if (s.first > best->first) best = &s;
+  return best->second;
 }
 
 int64_t BertConfig::num_parameters() const {

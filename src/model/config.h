@@ -59,8 +59,14 @@ struct BertConfig {
   void validate(std::string_view source = "config") const;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
-  // Exact parameter count of BertForSequenceClassification with this config.
+  // Exact parameter count of BertForSequenceClassification with this config (validate() first:
+  // unvalidated sizes may overflow int64).
   int64_t num_parameters() const;
+  // The same count in long double, which no field can overflow (validate() bounds it).
+  long double approximate_parameters() const;
+  // The field whose size holds most of the parameters, with its value ("max_position_embeddings
+  // 1000000"): what an error about a model too large for memory asks the user to lower.
+  std::string largest_field() const;
 };
 
 }  // namespace anatomy

@@ -11,6 +11,7 @@
 
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
+#include "io/read_file.h"
 #include "io/safetensors.h"
 
 namespace anatomy {
@@ -77,9 +78,8 @@ std::vector<int64_t> dims(const Tensor& t) { return {t.shape.d.begin(), t.shape.
 // asked). Throws a one-line error naming the file at fault.
 nlohmann::json read_state(const fs::path& dir, bool verify_checksums) {
   const std::string file = (dir / kStateFile).string();
-  std::ifstream in(file);
-  ANATOMY_CHECK(in, file, ": cannot open (not a training checkpoint?)");
-  nlohmann::json st = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ANATOMY_CHECK(fs::exists(file), file, ": cannot open (not a training checkpoint?)");
+  nlohmann::json st = nlohmann::json::parse(read_regular_file(file), nullptr, /*allow_exceptions=*/false);
   ANATOMY_CHECK(st.is_object(), file, ": not valid JSON (truncated or corrupt)");
   ANATOMY_CHECK(st.value("format_version", nlohmann::json()) == kCheckpointFormatVersion, file,
                 ": format_version must be ", kCheckpointFormatVersion);

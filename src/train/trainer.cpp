@@ -239,6 +239,7 @@ TrainResult train(const TrainOptions& opt) {
   if (auto mem = want_cuda ? nvml.memory(0) : std::nullopt) {
     const int64_t free_bytes = static_cast<int64_t>(mem->free), slack = int64_t{256} << 20;
     if (mem_plan.total() + slack > free_bytes) {
+      refuse_model_beyond(plan_in, mem_plan, free_bytes - slack, str_cat("the GPU has ", free_bytes >> 20, " MiB free"));
       std::fprintf(stderr, "Memory plan (does not fit):\n%s", format_plan(mem_plan).c_str());
       std::string levers;
       for (const Lever& l : levers_that_fit(plan_in, free_bytes, slack, opt.gradient_accumulation_steps))

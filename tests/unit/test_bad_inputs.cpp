@@ -99,18 +99,56 @@ std::function<void(const std::string&)> write_state(const std::string& text) {
   };
 }
 
-// The run's model with one element of `tensor` set to `value` (header and layout unchanged).
-std::function<void(const std::string&)> poison_model(const std::string& tensor, float value) {
-  return [tensor, value](const std::string& dir) {
+// The run's model with one element of `tensor` (every element when `whole`) set to `value`
+// (header and layout unchanged).
+std::function<void(const std::string&)> poison_model(const std::string& tensor, float value, bool whole = false) {
+  return [tensor, value, whole](const std::string& dir) {
     copy_run(dir);
     const std::string p = dir + "/run/model.safetensors";
     std::string bytes = slurp(p);
     uint64_t header = 0;  // safetensors: an 8-byte header length, the JSON header, then the data
     std::memcpy(&header, bytes.data(), 8);
-    const size_t at = 8 + header + anatomy::SafetensorsReader::open(p).info(tensor).begin;
-    std::memcpy(bytes.data() + at, &value, 4);
+    const auto& info = anatomy::SafetensorsReader::open(p).info(tensor);
+    for (uint64_t at = info.begin; at < (whole ? info.end : info.begin + 4); at += 4)
+      std::memcpy(bytes.data() + 8 + header + at, &value, 4);
     spit(p, bytes);
   };
+}
+
+// A model directory {dir}/m: the run's config.json with `field` set to `value`, and its weights.
+std::function<void(const std::string&)> model_with(const std::string& field, int64_t value) {
+  return [field, value](const std::string& dir) {
+    copy_text(dir);
+    fs::create_directory(dir + "/m");
+    nlohmann::json c = nlohmann::json::parse(slurp(trained_run() + "/config.json"));
+    c[field] = value;
+    spit(dir + "/m/config.json", c.dump(2));
+    fs::copy_file(trained_run() + "/model.safetensors", dir + "/m/model.safetensors");
+  };
+}
+
+// {dir}/s.jsonl with the token cache the trained run made of the same text (the cache's name
+// and key follow the text's bytes and options, not its directory), `damage` applied to it.
+std::function<void(const std::string&)> damaged_cache(std::function<void(std::string&)> damage) {
+  return [damage](const std::string& dir) {
+    copy_text(dir);
+    for (const auto& e : fs::directory_iterator(fs::path(trained_run()).parent_path()))
+      if (e.path().extension() == ".anatomy-cache") {
+        std::string bytes = slurp(e.path().string());
+        damage(bytes);
+        spit(dir + "/" + e.path().filename().string(), bytes);
+        return;
+      }
+    FAIL() << "the trained run left no token cache beside its text";
+  };
+}
+
+// A run on {dir}/s.jsonl takes its token cache as it is: no word about the cache.
+void cache_is_sound(const std::string& dir) {
+  const CmdResult r = run(kTrain + "--train-file " + dir + "/s.jsonl --tokenizer " + kTok + " --max-steps 1 --output-dir " +
+                          dir + "/again");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("token cache"), std::string::npos) << r.output;
 }
 
 // ---- the table ----------------------------------------------------------------------------
@@ -122,6 +160,7 @@ struct Case {
   int status;                          // expected exit status
   std::vector<std::string> says;       // substrings of the output
   std::vector<std::string> unchanged;  // files under {dir} the run must leave byte for byte
+  std::function<void(const std::string& dir)> after = nullptr;  // checks once the run is over
 };
 
 const std::string kResume = kTrain + "--train-file {dir}/s.jsonl --tokenizer " + kTok +
@@ -130,6 +169,11 @@ const std::string kResume = kTrain + "--train-file {dir}/s.jsonl --tokenizer " +
 const std::vector<std::string> kCheckpointFiles = {"run/checkpoint-2/trainer_state.json",
                                                    "run/checkpoint-2/model.safetensors", "run/model.safetensors"};
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+const std::string kTrainText = kTrain + "--train-file {dir}/s.jsonl --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out";
+const std::string kTrainModel =
+    kCpu + "--train-file {dir}/s.jsonl --tokenizer " + kTok + " --model-name-or-path {dir}/m --max-steps 1 --output-dir {dir}/out";
+const std::string kEvalModel = "eval --device cpu --model-name-or-path {dir}/m --eval-file {dir}/s.jsonl --tokenizer " + kTok;
 
 const std::vector<Case> kCases = {
     // A data file that is not a regular file is refused at once, not read (a FIFO would block).
@@ -209,6 +253,74 @@ const std::vector<Case> kCases = {
        spit(ck + "trainer_state.json", st.dump(2));
      },
      kResume, 2, {"checkpoint-2/model.safetensors", "tensor 'classifier.bias' holds nan"}, {}},
+    // Files that are not regular files, wherever a model or checkpoint is read (a FIFO would block).
+    {"FifoModelWeights",
+     [](const std::string& d) {
+       model_with("hidden_size", 128)(d);
+       fs::remove(d + "/m/model.safetensors");
+       ASSERT_EQ(mkfifo((d + "/m/model.safetensors").c_str(), 0600), 0);
+     },
+     kTrainModel, 2, {"{dir}/m/model.safetensors", "not a regular file"}, {"m/config.json"}},
+    {"FifoConfigJson",
+     [](const std::string& d) {
+       model_with("hidden_size", 128)(d);
+       fs::remove(d + "/m/config.json");
+       ASSERT_EQ(mkfifo((d + "/m/config.json").c_str(), 0600), 0);
+     },
+     kTrainModel, 2, {"{dir}/m/config.json", "not a regular file"}, {"m/model.safetensors"}},
+    {"FifoTrainerState",
+     [](const std::string& d) {
+       copy_run(d);
+       fs::remove(d + "/run/checkpoint-2/trainer_state.json");
+       ASSERT_EQ(mkfifo((d + "/run/checkpoint-2/trainer_state.json").c_str(), 0600), 0);
+     },
+     kResume, 2, {"checkpoint-2/trainer_state.json", "not a regular file"}, {"run/checkpoint-2/model.safetensors"}},
+
+    // Token caches damaged after they were written: named, rebuilt from the text, sound after.
+    {"TokenCacheBitFlip", damaged_cache([](std::string& b) { b[b.size() / 2] ^= 0x10; }), kTrainText, 0,
+     {"token cache {dir}/s.jsonl.", "fails its checksum (damaged); rebuilt it from {dir}/s.jsonl"}, {"s.jsonl"},
+     cache_is_sound},
+    {"TokenCacheTruncated", damaged_cache([](std::string& b) { b.resize(40); }), kTrainText, 0,
+     {"token cache {dir}/s.jsonl.", "is shorter than its header; rebuilt it from {dir}/s.jsonl"}, {"s.jsonl"},
+     cache_is_sound},
+    {"TokenCacheCutShort", damaged_cache([](std::string& b) { b.resize(b.size() - 100); }), kTrainText, 0,
+     {"token cache {dir}/s.jsonl.", "; rebuilt it from {dir}/s.jsonl"}, {"s.jsonl"}, cache_is_sound},
+
+    // Eval on a model whose finite weights still overflow the logits: no accuracy from them.
+    {"EvalLogitsOverflow", poison_model("classifier.weight", 3e38f, /*whole=*/true),
+     "eval --device cpu --model-name-or-path {dir}/run --eval-file {dir}/s.jsonl --tokenizer " + kTok, 2,
+     {"non-finite logit", "refusing to report loss or accuracy"}, {"run/model.safetensors"}},
+
+    // Sizes: refused by the planner before anything is allocated, naming what to lower; never a
+    // wrapped (negative or "fitting") figure, never bad_alloc.
+    {"PlanBatchOverflows", [](const std::string&) {},
+     "plan --preset bert-tiny --per-device-train-batch-size 1000000000000000 --seq-len 128", 2,
+     {"--per-device-train-batch-size 1000000000000000 with --seq-len 128", "lower --per-device-train-batch-size"}, {}},
+    {"PlanBatchBeyondHostMemory", [](const std::string&) {},
+     "plan --device cpu --preset bert-tiny --per-device-train-batch-size 1000000000 --seq-len 128", 2,
+     {"--per-device-train-batch-size 1000000000 with --seq-len 128: the plan needs", "of memory; lower --per-device-train-batch-size"},
+     {}},
+    {"TrainBatchBeyondHostMemory", [](const std::string&) {},
+     kTrain + "--num-samples 64 --per-device-train-batch-size 1000000000 --max-steps 1 --output-dir {dir}/out", 2,
+     {"--per-device-train-batch-size 1000000000 with --seq-len 32: the plan needs", "of memory; lower --per-device-train-batch-size"},
+     {}},
+    {"TrainBatchOverflows", [](const std::string&) {},
+     kTrain + "--num-samples 64 --per-device-train-batch-size 9223372036854775807 --max-steps 1 --output-dir {dir}/out", 2,
+     {"--per-device-train-batch-size 9223372036854775807 with --seq-len 32", "more than any machine holds"}, {}},
+    {"NumSamplesBeyondHostMemory", [](const std::string&) {},
+     kTrain + "--num-samples 1000000000000 --max-steps 1 --output-dir {dir}/out", 2,
+     {"--num-samples 1000000000000", "lower --num-samples"}, {}},
+    {"ConfigMaxPositionsOverflow", model_with("max_position_embeddings", 10000000000000), kTrainModel, 2,
+     {"{dir}/m/config.json", "max_position_embeddings 10000000000000"}, {"m/config.json"}},
+    {"ConfigVocabOverflow", model_with("vocab_size", 4000000000000000000), kTrainModel, 2,
+     {"{dir}/m/config.json", "vocab_size 4000000000000000000"}, {"m/config.json"}},
+    {"ConfigMaxPositionsBeyondHostMemory", model_with("max_position_embeddings", 1000000000), kTrainModel, 2,
+     {"max_position_embeddings 1000000000 in config.json", "lower that field"}, {"m/config.json"}},
+    {"EvalMaxPositionsBeyondHostMemory", model_with("max_position_embeddings", 1000000000), kEvalModel, 2,
+     {"max_position_embeddings 1000000000 in config.json", "lower that field"}, {"m/config.json"}},
+    {"EvalBatchBeyondHostMemory", model_with("hidden_size", 128),
+     kEvalModel + " --max-seq-length 32 --per-device-eval-batch-size 1000000000", 2,
+     {"--per-device-eval-batch-size 1000000000 with --max-seq-length 32", "lower --per-device-eval-batch-size"}, {}},
 };
 
 std::string file_hash(const std::string& path) { return std::to_string(std::hash<std::string>{}(slurp(path))); }
@@ -235,6 +347,7 @@ TEST_P(BadInputs, RefusedCleanly) {
     EXPECT_EQ(r.output.find("json.exception"), std::string::npos) << r.output;
   }
   for (const std::string& f : c.unchanged) EXPECT_EQ(file_hash(dir + "/" + f), before[f]) << f << " changed";
+  if (c.after) c.after(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, BadInputs, ::testing::ValuesIn(kCases),
