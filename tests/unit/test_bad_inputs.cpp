@@ -287,6 +287,22 @@ const std::vector<Case> kCases = {
      },
      kResume, 2, {"checkpoint-2/trainer_state.json", "not a regular file"}, {"run/checkpoint-2/model.safetensors"}},
 
+    // Damaged model files (held before issue 13; kept here so they stay held).
+    {"ModelWeightsTruncated",
+     [](const std::string& d) {
+       model_with("hidden_size", 128)(d);
+       fs::resize_file(d + "/m/model.safetensors", 300000);
+     },
+     kTrainModel, 2, {"{dir}/m/model.safetensors", "file truncated?"}, {"m/config.json"}},
+    {"ConfigNotJson",
+     [](const std::string& d) {
+       model_with("hidden_size", 128)(d);
+       spit(d + "/m/config.json", "{\"hidden_size\": 128,");
+     },
+     kTrainModel, 2, {"{dir}/m/config.json: not valid JSON at byte"}, {"m/config.json"}},
+    {"ConfigFieldZero", model_with("hidden_size", 0), kTrainModel, 2,
+     {"{dir}/m/config.json: field 'hidden_size' must be a positive integer, got 0"}, {"m/config.json"}},
+
     // Token caches damaged after they were written: named, rebuilt from the text, sound after.
     {"TokenCacheBitFlip", damaged_cache([](std::string& b) { b[b.size() / 2] ^= 0x10; }), kTrainText, 0,
      {"token cache {dir}/s.jsonl.", "fails its checksum (damaged); rebuilt it from {dir}/s.jsonl"}, {"s.jsonl"},
