@@ -29,11 +29,12 @@ SyntheticKind parse_synthetic_kind(const std::string& s) {
 SyntheticDataset::SyntheticDataset(SyntheticKind kind, size_t n, int64_t seq_len, int64_t vocab, uint64_t seed)
     : m_kind(kind), m_n(n), m_seq(seq_len), m_vocab(vocab), m_seed(seed) {
   ANATOMY_CHECK(n > 0, "--num-samples must be at least 1");
-  // An epoch's shuffled order holds two 8-byte indices per sample (BatchPlan::indices).
+  // An epoch's shuffled order holds two 8-byte indices per sample (BatchPlan::indices); beyond
+  // half the machine's memory for that alone, the run cannot go on (it would die in bad_alloc).
   const int64_t host = host_memory_bytes();
   ANATOMY_CHECK(n <= static_cast<size_t>(host / 32), "--num-samples ", n, ": the shuffled order of one epoch alone needs ",
-                static_cast<int64_t>(std::min<size_t>(n, SIZE_MAX / 16) * 16 >> 20), " MiB, this machine has ", host >> 20,
-                " MiB of memory; lower --num-samples (or use --max-steps)");
+                static_cast<int64_t>(std::min<size_t>(n, SIZE_MAX / 16) * 16 >> 20), " MiB, more than half of this machine's ",
+                host >> 20, " MiB of memory; lower --num-samples");
   ANATOMY_CHECK(seq_len >= 2, "--seq-len must be at least 2");
   ANATOMY_CHECK(vocab > 300, "synthetic data needs a vocabulary of more than 300 ids (config has ", vocab, ")");
 }

@@ -31,7 +31,8 @@ struct MemoryPlan {
 // one-line error names the flag (or config.json field) to lower.
 MemoryPlan plan_memory(const PlanInput& in);
 
-// Physical memory of this machine in bytes (int64 max when unknown).
+// Memory this process may use in bytes: the machine's physical memory, or its container's
+// (cgroup) limit when lower; int64 max when unknown.
 int64_t host_memory_bytes();
 
 // Refuses a plan that does not fit `capacity` bytes, in one line ending "but <memory>; lower

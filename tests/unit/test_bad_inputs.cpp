@@ -6,9 +6,10 @@
 // Rows run `anatomy` on the CPU with bert-tiny through `timeout`, so a case that would block (a
 // FIFO read) fails the test instead of hanging it.
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +21,8 @@
 
 #include "../common/cli.h"
 #include "io/safetensors.h"
+#include "memory/planner.h"
+#include "model/config.h"
 #include "train/checkpoints.h"
 
 namespace fs = std::filesystem;
@@ -62,18 +65,26 @@ void copy_text(const std::string& dir) { fs::copy_file(kText, dir + "/s.jsonl");
 // ---- builders: shared inputs, made once per test process ------------------------------------
 
 // A finished small run with checkpoints at steps 1 and 2 (--save-steps 1), its model beside them.
+// Every test process (ctest runs each row in its own) shares one, made for this build of the
+// binary: made aside and renamed into place, so a process never sees another's half-made run.
 const std::string& trained_run() {
   static const std::string dir = [] {
-    const std::string d = anatomy::testing_cli::fresh_dir("anatomy_bad_inputs_run_" + std::to_string(::getpid()));
+    struct stat bin {};
+    EXPECT_EQ(stat(ANATOMY_BINARY, &bin), 0);
+    const std::string done = (fs::path(::testing::TempDir()) /
+                              ("anatomy_bad_inputs_run-" + std::to_string(bin.st_mtime) + "-" + std::to_string(bin.st_size)))
+                                 .string();
+    if (fs::exists(done + "/run/train_results.json")) return done + "/run";
+    const std::string d = anatomy::testing_cli::fresh_dir("anatomy_bad_inputs_run.tmp-" + std::to_string(getpid()));
     fs::copy_file(kText, d + "/s.jsonl");
     const CmdResult r = run(kTrain + "--train-file " + d + "/s.jsonl --tokenizer " + kTok +
                             " --max-steps 2 --save-strategy steps --save-steps 1 --output-dir " + d + "/run");
     EXPECT_EQ(r.status, 0) << r.output;
-    return d + "/run";
+    if (std::rename(d.c_str(), done.c_str()) != 0) fs::remove_all(d);  // another process was first
+    return done + "/run";
   }();
   return dir;
 }
-
 
 void copy_run(const std::string& dir) {
   copy_text(dir);
@@ -276,6 +287,22 @@ const std::vector<Case> kCases = {
      },
      kResume, 2, {"checkpoint-2/trainer_state.json", "not a regular file"}, {"run/checkpoint-2/model.safetensors"}},
 
+    // Damaged model files (held before issue 13; kept here so they stay held).
+    {"ModelWeightsTruncated",
+     [](const std::string& d) {
+       model_with("hidden_size", 128)(d);
+       fs::resize_file(d + "/m/model.safetensors", 300000);
+     },
+     kTrainModel, 2, {"{dir}/m/model.safetensors", "file truncated?"}, {"m/config.json"}},
+    {"ConfigNotJson",
+     [](const std::string& d) {
+       model_with("hidden_size", 128)(d);
+       spit(d + "/m/config.json", "{\"hidden_size\": 128,");
+     },
+     kTrainModel, 2, {"{dir}/m/config.json: not valid JSON at byte"}, {"m/config.json"}},
+    {"ConfigFieldZero", model_with("hidden_size", 0), kTrainModel, 2,
+     {"{dir}/m/config.json: field 'hidden_size' must be a positive integer, got 0"}, {"m/config.json"}},
+
     // Token caches damaged after they were written: named, rebuilt from the text, sound after.
     {"TokenCacheBitFlip", damaged_cache([](std::string& b) { b[b.size() / 2] ^= 0x10; }), kTrainText, 0,
      {"token cache {dir}/s.jsonl.", "fails its checksum (damaged); rebuilt it from {dir}/s.jsonl"}, {"s.jsonl"},
@@ -331,7 +358,7 @@ class BadInputs : public ::testing::TestWithParam<Case> {};
 
 TEST_P(BadInputs, RefusedCleanly) {
   const Case& c = GetParam();
-  const std::string dir = anatomy::testing_cli::fresh_dir(std::string("anatomy_bad_") + c.name + "_" + std::to_string(::getpid()));
+  const std::string dir = anatomy::testing_cli::fresh_dir(std::string("anatomy_bad_") + c.name);
   c.build(dir);
   if (::testing::Test::HasFatalFailure()) return;
   std::map<std::string, std::string> before;
@@ -354,3 +381,81 @@ INSTANTIATE_TEST_SUITE_P(Table, BadInputs, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
 
 }  // namespace
+
+// ---- the planner's arithmetic, below the command line ------------------------------------------
+
+namespace anatomy {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(PlannerSizes, RefusedBeforeTheyWrapAndTheSearchesNeverThrow) {
+  const BertConfig cfg = BertConfig::preset("bert-tiny");
+  PlanInput in{cfg, {int64_t{1} << 50, 128, DType::F32, CheckpointPolicy::None, true}, OptimizerKind::AdamW, Device::CUDA};
+  const std::string e = error_of([&] { plan_memory(in); });
+  EXPECT_NE(e.find("--per-device-train-batch-size 1125899906842624 with --seq-len 128"), std::string::npos) << e;
+  EXPECT_NE(e.find("more than any machine holds; lower --per-device-train-batch-size (or --seq-len)"), std::string::npos) << e;
+  in.shape.training = false;  // an inference plan names `anatomy eval`'s flags
+  const std::string ev = error_of([&] { plan_memory(in); });
+  EXPECT_NE(ev.find("lower --per-device-eval-batch-size (or --max-seq-length)"), std::string::npos) << ev;
+  in.shape.training = true;
+  // The searches treat such sizes as "does not fit", on either device, and list only what fits.
+  const int64_t gib = int64_t{1} << 30;
+  for (Device d : {Device::CUDA, Device::CPU}) {
+    in.device = d;
+    int64_t best = 0;
+    EXPECT_NO_THROW(best = largest_batch_that_fits(in, gib, 0, int64_t{1} << 40));
+    EXPECT_GT(best, 0);
+    in.shape.max_batch = best;
+    EXPECT_LE(plan_memory(in).total(), gib);
+    in.shape.max_batch = int64_t{1} << 50;
+    std::vector<Lever> levers;
+    EXPECT_NO_THROW(levers = levers_that_fit(in, gib, 0, int64_t{1} << 40));
+    for (const Lever& l : levers) EXPECT_LE(l.total, gib) << l.description;
+  }
+}
+
+TEST(PlannerSizes, PlansBeyondACapacityNameWhatToLower) {
+  PlanInput in{BertConfig::preset("bert-tiny"), {1024, 128, DType::F32, CheckpointPolicy::None, true}, OptimizerKind::AdamW,
+               Device::CUDA};
+  const MemoryPlan p = plan_memory(in);
+  const int64_t model = p.bytes[Category::Weights] + p.bytes[Category::Gradients] + p.bytes[Category::OptimizerState];
+  ASSERT_LT(model, p.total());
+  // Room for the model but not the batch: the batch flags; not even for the model: its field.
+  const std::string batch = error_of([&] { refuse_plan_beyond(in, p, model, "the test has less"); });
+  EXPECT_NE(batch.find("--per-device-train-batch-size 1024 with --seq-len 128: the plan needs"), std::string::npos) << batch;
+  EXPECT_NE(batch.find("but the test has less; lower --per-device-train-batch-size (or --seq-len)"), std::string::npos) << batch;
+  const std::string whole = error_of([&] { refuse_plan_beyond(in, p, model - 1, "the test has less"); });
+  EXPECT_NE(whole.find("the model alone (4386178 parameters, most of them from vocab_size 30522 in config.json)"),
+            std::string::npos) << whole;
+  EXPECT_EQ(error_of([&] { refuse_plan_beyond(in, p, p.total(), "enough"); }), "(no error)");
+  // On the CPU the capacity is the machine's memory.
+  in.device = Device::CPU;
+  in.shape.max_batch = int64_t{1} << 30;
+  ASSERT_GT(static_cast<double>(in.shape.max_batch) * 128 * 128 * 4, static_cast<double>(host_memory_bytes()));
+  const std::string host = error_of([&] { plan_memory(in); });
+  EXPECT_NE(host.find("of memory; lower --per-device-train-batch-size (or --seq-len)"), std::string::npos) << host;
+}
+
+TEST(ConfigSizes, ParameterCountBoundedNamingTheField) {
+  BertConfig c = BertConfig::preset("bert-tiny");
+  EXPECT_EQ(c.largest_field(), "vocab_size 30522");
+  c.max_position_embeddings = 10'000'000'000'000;
+  const std::string e = error_of([&] { c.validate("m/config.json"); });
+  EXPECT_NE(e.find("m/config.json: the model would have about"), std::string::npos) << e;
+  EXPECT_NE(e.find("(most of them from max_position_embeddings 10000000000000)"), std::string::npos) << e;
+  c = BertConfig::preset("bert-large");
+  EXPECT_EQ(c.largest_field(), "num_hidden_layers 24 x (hidden_size 1024, intermediate_size 4096)");
+  EXPECT_NEAR(static_cast<double>(c.approximate_parameters()), static_cast<double>(c.num_parameters()),
+              1e-3 * static_cast<double>(c.num_parameters()));
+}
+
+}  // namespace
+}  // namespace anatomy
