@@ -26,7 +26,9 @@ namespace {
 // What the ranks of a local group share: each rank's buffer for the collective in flight, and a
 // barrier that separates "every rank has posted" from "every rank has read".
 struct LocalShared {
-  explicit LocalShared(int world) : bufs(static_cast<size_t>(world), nullptr), hbufs(static_cast<size_t>(world), nullptr), sync(world), dropped(static_cast<size_t>(world)) {}
+  explicit LocalShared(int world)
+      : bufs(static_cast<size_t>(world), nullptr), hbufs(static_cast<size_t>(world), nullptr), sync(world),
+        dropped(static_cast<size_t>(world)) {}
   std::vector<float*> bufs;
   std::vector<double*> hbufs;  // the host collective in flight
   std::barrier<> sync;

@@ -28,7 +28,8 @@ EvalResult evaluate_over_ranks(BertForSequenceClassification& model, const Datas
   EvalOptions eo;
   eo.batch_size = batch_size;
   eo.keep_probabilities = false;
-  if (!lengths.empty()) eo.lengths.assign(lengths.begin() + static_cast<std::ptrdiff_t>(begin), lengths.begin() + static_cast<std::ptrdiff_t>(end));
+  if (!lengths.empty())
+    eo.lengths.assign(lengths.begin() + static_cast<std::ptrdiff_t>(begin), lengths.begin() + static_cast<std::ptrdiff_t>(end));
   EvalResult part;
   if (end > begin) {
     const RangeDataset slice(ds, begin, end);

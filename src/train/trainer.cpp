@@ -11,25 +11,20 @@
 
 #include <signal.h>
 
-#include <atomic>
-#include <barrier>
-#include <mutex>
-#include <optional>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <thread>
+#include <optional>
 
 #include "dist/communicator.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
-#include "model/params.h"
 #include "memory/planner.h"
+#include "model/params.h"
 #include "telemetry/nvml.h"
 #include "telemetry/profiler.h"
 #include "telemetry/sampler.h"
@@ -37,6 +32,7 @@
 #include "train/eval_ranks.h"
 #include "train/logging.h"
 #include "train/setup.h"
+#include "train/signals.h"
 #include "train/step.h"
 #include "train/summary.h"
 #include "train/train_data.h"
@@ -47,51 +43,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// Note [stopping cleanly]: SIGINT and SIGTERM only set a flag (the handler does nothing else, so
-// it is async-signal-safe) and restore the default action, so a second Ctrl-C kills at once.
-// Every rank reports its flag in the step's exchange (train/step.h), so all of them see a signal
-// that reached any of them after the same step: each saves its part of the checkpoint, rank 0
-// prints the command that resumes, and all return. A SIGKILL cannot be caught; checkpoints are
-// written to a staging directory and renamed into place (train/checkpoints.h), so the newest
-// complete one survives.
-std::atomic<int> g_stop_signal{0};
-
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
-
-// Installed while any run of this process is in its loop: ranks that are threads of one process
-// share the handler (the first installs it, the last restores the previous one).
-class StopSignals {
- public:
-  explicit StopSignals(bool install) : m_installed(install) {
-    if (!install) return;
-    std::lock_guard<std::mutex> lock(s_mu);
-    if (s_users++ > 0) return;
-    g_stop_signal.store(0);
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESETHAND;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &s_old_int);
-    sigaction(SIGTERM, &sa, &s_old_term);
-  }
-  ~StopSignals() {
-    if (!m_installed) return;
-    std::lock_guard<std::mutex> lock(s_mu);
-    if (--s_users > 0) return;
-    sigaction(SIGINT, &s_old_int, nullptr);
-    sigaction(SIGTERM, &s_old_term, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  int pending() const { return g_stop_signal.load(); }
-
- private:
-  bool m_installed;
-  static inline std::mutex s_mu;
-  static inline int s_users = 0;
-  static inline struct sigaction s_old_int {}, s_old_term {};
-};
 
 // What must match between a checkpoint and the run resuming it for the continuation to be the
 // same run: flag name -> value. The batch is the global one, so a run may resume on another
@@ -338,7 +289,7 @@ void RankRun::account(int64_t done, const StepOutcome& s) {
 }
 
 bool RankRun::loop() {
-  StopSignals stop(true);
+  StopSignals stop;
   Prefetcher loader(*m_data->train, *m_batches, m_start_step * m_accum, m_total_steps * m_accum, m_opt.prefetch,
                     m_comm.rank(), per_rank());
   Nvml nvml;
@@ -399,8 +350,9 @@ bool RankRun::loop() {
       if (m_lead)
         std::fprintf(stderr, "%sanatomy: stopped by %s after step %lld of %lld; checkpoint: %s\nresume with: %s "
                      "--resume-from-checkpoint latest\n",
-                     m_log->tty() ? "\n" : "", s.stop_signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(done), static_cast<long long>(m_total_steps),
-                     m_res.last_checkpoint.c_str(), m_opt.command_line.empty() ? "anatomy train ..." : m_opt.command_line.c_str());
+                     m_log->tty() ? "\n" : "", s.stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                     static_cast<long long>(done), static_cast<long long>(m_total_steps), m_res.last_checkpoint.c_str(),
+                     m_opt.command_line.empty() ? "anatomy train ..." : m_opt.command_line.c_str());
       m_res.interrupted = true;
       m_res.steps = done;
       m_res.skipped_steps = m_p.skipped;
@@ -498,63 +450,6 @@ TrainResult train(const TrainOptions& opt, Communicator& comm, TrainDevice& devi
     comm.abort();  // the other ranks throw at their next collective instead of waiting for this one
     throw;
   }
-}
-
-TrainResult train(const TrainOptions& opt) {
-  opt.validate();
-  const int N = opt.nproc_per_node;
-  StopSignals stop(true);  // one handler for every rank of this process
-  if (N == 1) {
-    TrainDevice dev = make_train_device(opt, 0, 1);
-    auto comms = make_local_group(1);
-    return train(opt, *comms[0], dev);
-  }
-  // Ranks as threads of this process: every device first, then the group over them.
-  std::vector<TrainDevice> devs(static_cast<size_t>(N));
-  std::vector<std::unique_ptr<Communicator>> comms;
-  std::vector<TrainResult> results(static_cast<size_t>(N));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(N));
-  std::barrier<> sync(N);
-  std::atomic<bool> failed{false};
-  auto rank_main = [&](int r) {
-    const size_t i = static_cast<size_t>(r);
-    try {
-      devs[i] = make_train_device(opt, r, N);
-      sync.arrive_and_wait();
-      if (failed) return;
-      if (r == 0) {
-        std::vector<Backend*> raw;
-        for (auto& d : devs) raw.push_back(d.backend.get());
-        comms = devs[0].cuda ? make_nccl_group(raw) : make_local_group(N);
-      }
-      sync.arrive_and_wait();
-      if (failed) return;
-      devs[i].backend->bind_to_thread();
-      results[i] = train(opt, *comms[i], devs[i]);
-    } catch (...) {
-      errors[i] = std::current_exception();
-      failed = true;
-      sync.arrive_and_drop();
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int r = 0; r < N; ++r) pool.emplace_back(rank_main, r);
-  for (auto& t : pool) t.join();
-  // The run's error is a rank's own, not the "another rank failed" of the ranks it took along.
-  std::exception_ptr first;
-  for (const std::exception_ptr& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const GroupAborted&) {
-      if (!first) first = e;
-      continue;
-    } catch (...) {
-    }
-    std::rethrow_exception(e);
-  }
-  if (first) std::rethrow_exception(first);
-  return results[0];
 }
 
 }  // namespace anatomy
