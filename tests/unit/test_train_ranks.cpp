@@ -14,6 +14,7 @@
 
 #include "../common/cli.h"
 #include "../common/data_parallel.h"
+#include "train/step.h"
 #include "train/trainer.h"
 
 using namespace anatomy;
@@ -194,4 +195,50 @@ TEST(TrainRanks, AnOutputDirectoryHoldingARunIsRefusedUntilTheUserSaysHow) {
                      "input model");
   EXPECT_EQ(run_anatomy(base + " --overwrite-output-dir --seed 7").status, 0);
   EXPECT_NE(slurp(fs::path(out) / "train_results.json"), results);
+}
+
+TEST(TrainRanks, ProfilingAtTwoRanksWritesRankZerosProfile) {
+  const std::string model = dropout_free_model("ranks_prof_model");
+  TrainOptions o = options("cpu", model, "ranks_prof", 2, 2, 1);
+  o.max_steps = 1;
+  o.profile_steps = 1;
+  const TrainResult r = train(o);
+  EXPECT_EQ(r.world_size, 2);
+  std::ifstream in(fs::path(o.output_dir) / "profile.json");
+  ASSERT_TRUE(in.good());
+  EXPECT_FALSE(json::parse(in).empty());
+}
+
+TEST(TrainRanks, AutoBatchWithoutAGpuIsRefusedNamingTheFlag) {
+  const std::string model = dropout_free_model("ranks_auto_model");
+  TrainOptions o = options("cpu", model, "ranks_auto", 2, 2, 1);
+  o.per_device_train_batch_size = TrainOptions::kAutoBatch;
+  try {
+    train(o);
+    ADD_FAILURE() << "auto ran without a GPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--per-device-train-batch-size auto"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / "metrics.jsonl"));
+}
+
+// fp16's scaler (train/step.h): an overflow halves the scale down to its floor, where overflows
+// become non-finite steps; clean steps double it after the interval. The overflow it is told of
+// is the global gradient norm's, the same on every rank, so every rank's scaler moves alike.
+TEST(TrainRanks, LossScalerHalvesToItsFloorAndGrowsAfterCleanSteps) {
+  LossScaler s;
+  s.scale = 4.0f;
+  s.interval = 3;
+  EXPECT_FALSE(s.update(true));
+  EXPECT_EQ(s.scale, 2.0f);
+  EXPECT_FALSE(s.at_floor());
+  EXPECT_FALSE(s.update(true));
+  EXPECT_TRUE(s.at_floor());
+  EXPECT_FALSE(s.update(true));
+  EXPECT_EQ(s.scale, 1.0f);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(s.update(false));
+  EXPECT_EQ(s.scale, 1.0f);
+  EXPECT_TRUE(s.update(false));
+  EXPECT_EQ(s.scale, 2.0f);
+  EXPECT_EQ(s.clean, 0);
 }
