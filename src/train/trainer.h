@@ -1,6 +1,12 @@
-// The training loop: data, micro-batches with gradient accumulation, loss scaling, clipping,
-// the optimizer step, logging with throughput and ETA, and the run's summary: the seed page's
-// Time / Samples/second / GPU memory occupied, plus the memory anatomy read off the allocator.
+// Training: one loop for every world size (Note [one loop] in train/trainer.cpp), in parts with
+// one job each: setup.h (device, output directory, plan, starting weights), step.h (micro-batches,
+// reduction and update through dist/zero.h, fp16 loss scaling), logging.h, eval_ranks.h,
+// checkpoints.h, signals.h, summary.h; local_ranks.cpp runs the ranks of one process.
+//
+// Entry points for a launcher that starts one process per rank (kept stable):
+//   TrainDevice dev = make_train_device(opt, local_rank, local_world);   // train/setup.h
+//   std::unique_ptr<Communicator> comm = ...;   // this rank's member of the group (dist/)
+//   TrainResult r = train(opt, *comm, dev);     // every rank, the same opt
 #pragma once
 #include <cstdint>
 #include <string>
@@ -53,13 +59,16 @@ class Communicator;
 struct TrainDevice;
 
 // The loop of one rank of `comm` (a world of one is single-device training) on `device`
-// (train/setup.h: make_train_device). Every rank of the group calls it with the same options;
-// rank 0 writes the output directory. Errors (bad flags, files, a plan that cannot fit) throw
+// (train/setup.h: make_train_device). Every rank of the group calls it with the same options
+// (opt.nproc_per_node is not read: the group's size is the world size); rank 0 writes the output
+// directory, each rank its optimizer shard of a checkpoint (the ranks share a file system). Errors (bad flags, files, a plan that cannot fit) throw
 // anatomy::Error before anything is written to output_dir. On SIGINT or SIGTERM at any rank,
 // every rank finishes the current step, the checkpoint is saved and the result says interrupted
 // (Note [stopping cleanly]). A non-finite loss or gradient norm stops the run with an error
 // naming the step (or, with skip_nonfinite_steps, skips the step and counts it). A rank that
-// throws aborts `comm`, so the others throw at their next collective instead of waiting.
+// throws aborts `comm`, so the others throw at their next collective instead of waiting (a local
+// group's throw GroupAborted, which a launcher reports after the failing rank's own error). The
+// result's run-wide figures (losses, samples, evaluation) are the same on every rank.
 TrainResult train(const TrainOptions& opt, Communicator& comm, TrainDevice& device);
 
 // One process: a world of one, or --nproc-per-node N ranks as threads of this process (an
