@@ -92,7 +92,8 @@ TEST(TrainRanks, WorldsTwoAndThreeTrainLikeOneProcessWithTheCombinedBatch) {
 }
 
 // Text data with evaluation: 2 ranks (ZeRO 1) save a checkpoint at step 2; it resumes on 3 ranks
-// and on 1, each ending where one process with the combined batch ends.
+// and on 1, and one process's checkpoint resumes on 2, each ending where one process with the
+// combined batch ends.
 TEST(TrainRanks, TextEvaluationCheckpointAndResumeOnAnotherWorldSize) {
   const std::string model = dropout_free_model("ranks_text_model");
   const std::string data_dir = fresh_dir("ranks_text_data");
@@ -110,7 +111,9 @@ TEST(TrainRanks, TextEvaluationCheckpointAndResumeOnAnotherWorldSize) {
     o.learning_rate = 1e-4f;  // as above
     return o;
   };
-  const TrainOptions ref_opt = text("ranks_text_ref", 1);
+  TrainOptions ref_opt = text("ranks_text_ref", 1);
+  ref_opt.checkpoint_strategy = "steps";
+  ref_opt.save_steps = 2;
   const TrainResult ref = train(ref_opt);
   ASSERT_GE(ref.eval_accuracy, 0.0);
 
@@ -125,10 +128,13 @@ TEST(TrainRanks, TextEvaluationCheckpointAndResumeOnAnotherWorldSize) {
   ASSERT_TRUE(fs::exists(ckpt / "optimizer-shard-1.safetensors"));
   EXPECT_FALSE(fs::exists(ckpt / "optimizer.safetensors"));
 
-  for (int world : {3, 1}) {
+  // The shards on 3 ranks and on 1; one process's whole state on 2 ranks.
+  const fs::path whole = fs::path(ref_opt.output_dir) / "checkpoint-2";
+  ASSERT_TRUE(fs::exists(whole / "optimizer.safetensors"));
+  for (int world : {3, 1, 2}) {
     SCOPED_TRACE("resumed on " + std::to_string(world) + " ranks");
     TrainOptions o = text("ranks_text_resume" + std::to_string(world), world);
-    o.resume_from_checkpoint = ckpt.string();
+    o.resume_from_checkpoint = (world == 2 ? whole : ckpt).string();
     const TrainResult r = train(o);
     EXPECT_EQ(r.start_step, 2);
     EXPECT_NEAR(r.eval_loss, ref.eval_loss, 1e-5);
