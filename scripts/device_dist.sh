@@ -12,7 +12,7 @@ a=.carry/bin/anatomy
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv | tee "$OUT/gpu_info.txt"
 run() {  # name, flags...
   local name=$1; shift
-  timeout 150 $a train --device cuda --disable-tqdm --logging-steps 0 --save-strategy no --output-dir "/tmp/dist/$name" "$@" \
+  timeout 150 $a train --device cuda --disable-tqdm --logging-steps 0 --save-strategy no --overwrite-output-dir --output-dir "/tmp/dist/$name" "$@" \
     > "$OUT/$name.log" 2>&1
   python3 scripts/results_row.py dist "$name" "/tmp/dist/$name/train_results.json"
 }

@@ -11,7 +11,7 @@ a=.carry/bin/anatomy
 row() {  # name, extra flags...
   local name=$1; shift
   timeout 120 $a train --preset bert-large --seq-len 512 --device cuda --disable-tqdm --logging-steps 0 \
-    --save-strategy no --output-dir "/tmp/levers/$name" "$@" > "/tmp/levers/$name.log" 2>&1
+    --save-strategy no --overwrite-output-dir --output-dir "/tmp/levers/$name" "$@" > "/tmp/levers/$name.log" 2>&1
   python3 scripts/results_row.py levers "$name" "/tmp/levers/$name/train_results.json"
 }
 mkdir -p /tmp/levers

@@ -14,12 +14,12 @@ a=.carry/bin/anatomy
   grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/gpu_tests.log"
   echo "== bf16 bs32, accumulation 2, profiled"
   timeout 150 $a train --preset bert-large --precision bf16 --per-device-train-batch-size 32 --gradient-accumulation-steps 2 \
-    --num-samples 1024 --output-dir /tmp/bf16 --disable-tqdm --logging-steps 4 --save-strategy no --profile-steps 3 2>&1 | tail -75
+    --num-samples 1024 --overwrite-output-dir --output-dir /tmp/bf16 --disable-tqdm --logging-steps 4 --save-strategy no --profile-steps 3 2>&1 | tail -75
   cp /tmp/bf16/profile.json /tmp/bf16/train_results.json "$OUT/"
   echo "== fp16 bs8, accumulation 2"
   timeout 100 $a train --preset bert-large --precision fp16 --per-device-train-batch-size 8 --gradient-accumulation-steps 2 \
-    --num-samples 256 --output-dir /tmp/fp16 --disable-tqdm --logging-steps 4 --save-strategy no 2>&1 | tail -8
+    --num-samples 256 --overwrite-output-dir --output-dir /tmp/fp16 --disable-tqdm --logging-steps 4 --save-strategy no 2>&1 | tail -8
   echo "== seed"
-  timeout 100 $a train --seed-experiment --output-dir /tmp/seed --disable-tqdm --logging-steps 0 --save-strategy no 2>&1 | tail -4
+  timeout 100 $a train --seed-experiment --overwrite-output-dir --output-dir /tmp/seed --disable-tqdm --logging-steps 0 --save-strategy no 2>&1 | tail -4
 } > "$OUT/verify.log" 2>&1
 cat "$OUT/verify.log"

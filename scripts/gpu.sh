@@ -26,7 +26,7 @@ for what in "$@"; do
       "$bin/anatomy_tests" --gtest_filter='Golden*' 2>&1 | tail -5 ;;
     hfload)  # a model written by anatomy, loaded by transformers
       "$bin/anatomy" train --device cuda --preset bert-tiny --seq-len 64 --num-samples 64 --max-steps 2 \
-        --output-dir /tmp/anatomy_tiny --disable-tqdm --logging-steps 0 >/dev/null 2>&1
+        --overwrite-output-dir --output-dir /tmp/anatomy_tiny --disable-tqdm --logging-steps 0 >/dev/null 2>&1
       python3 tests/golden/verify_hf_load.py /tmp/anatomy_tiny 2>&1 | tail -3 | tee "$OUT/hf_load.log" ;;
     sanitize)
       compute-sanitizer --tool memcheck "$bin/anatomy_gpu_tests" --gtest_filter='-*Bench*:*Golden*' 2>&1 | tail -4 | tee "$OUT/memcheck.log"
