@@ -181,7 +181,8 @@ TEST(TrainRanks, AnOutputDirectoryHoldingARunIsRefusedUntilTheUserSaysHow) {
   const std::string out = fresh_dir("ranks_outdir");
   const std::string base = "train --preset bert-tiny --device cpu --seq-len 16 --num-samples 8 --per-device-train-batch-size 4 "
                            "--max-steps 1 --disable-tqdm --output-dir " + out;
-  ASSERT_EQ(run_anatomy(base).status, 0);
+  ASSERT_EQ(run_anatomy(base + " --save-strategy steps --save-steps 1").status, 0);
+  ASSERT_TRUE(fs::exists(fs::path(out) / "checkpoint-1"));
   auto slurp = [](const fs::path& p) {
     std::ifstream in(p);
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -201,6 +202,7 @@ TEST(TrainRanks, AnOutputDirectoryHoldingARunIsRefusedUntilTheUserSaysHow) {
                      "input model");
   EXPECT_EQ(run_anatomy(base + " --overwrite-output-dir --seed 7").status, 0);
   EXPECT_NE(slurp(fs::path(out) / "train_results.json"), results);
+  EXPECT_FALSE(fs::exists(fs::path(out) / "checkpoint-1")) << "the old run's checkpoints would mix with the new run's";
 }
 
 TEST(TrainRanks, ProfilingAtTwoRanksWritesRankZerosProfile) {
