@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 a=$1 model=$2 data=$3
 mkdir -p "$model"
 "$a" train --preset bert-large --max-steps 1 --num-samples 8 --seq-len 128 --per-device-train-batch-size 8 \
-  --output-dir "$model" --disable-tqdm --logging-steps 0 > /dev/null 2>&1
+  --overwrite-output-dir --output-dir "$model" --disable-tqdm --logging-steps 0 > /dev/null 2>&1
 cp tests/data/tokenizer/vocab.txt "$model/"
 python3 - "$data" <<'PY'
 import json, random, sys

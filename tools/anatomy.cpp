@@ -118,6 +118,10 @@ void add_train_flags(CLI::App& cmd, TrainFlags& f) {
   cmd.add_option("--per-device-eval-batch-size", o.per_device_eval_batch_size,
                  "Evaluation batch (at most the training micro-batch)")->capture_default_str();
   cmd.add_flag("--disable-tqdm", o.disable_progress_bar, "No progress bar on a terminal");
+  cmd.add_flag("--overwrite-output-dir", o.overwrite_output_dir,
+               "Replace the run already in --output-dir (its files are removed once this run first writes)");
+  cmd.add_flag("--skip-nonfinite-steps", o.skip_nonfinite_steps,
+               "Skip and count steps whose loss or gradient norm is not finite, instead of stopping the run");
   cmd.add_flag("--trace-memory-growth", o.trace_memory_growth,
                "GPU: synchronize after every op of the first step and report which ops grew NVML's used memory "
                "(kernels loaded on first use, library buffers)");

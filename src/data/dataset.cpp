@@ -102,8 +102,10 @@ int64_t BatchPlan::padded_length(const std::vector<size_t>& idx, int64_t full) c
   return std::min(longest, full);
 }
 
-Prefetcher::Prefetcher(const Dataset& ds, BatchPlan plan, int64_t first, int64_t last, int prefetch)
-    : m_ds(ds), m_plan(plan), m_next(first), m_last(last), m_depth(std::max(1, prefetch)) {
+Prefetcher::Prefetcher(const Dataset& ds, BatchPlan plan, int64_t first, int64_t last, int prefetch, int rank,
+                       int64_t per_rank)
+    : m_ds(ds), m_plan(plan), m_next(first), m_last(last), m_depth(std::max(1, prefetch)), m_rank(rank),
+      m_per_rank(per_rank) {
   m_thread = std::thread([this] { run(); });
 }
 
@@ -121,6 +123,12 @@ void Prefetcher::run() {
   try {
     for (int64_t g = m_next; g < m_last; ++g) {
       std::vector<size_t> idx = m_plan.indices(g / per_epoch, g % per_epoch);
+      if (m_per_rank > 0) {
+        const size_t b = std::min(idx.size(), static_cast<size_t>(m_rank * m_per_rank));
+        const size_t e = std::min(idx.size(), b + static_cast<size_t>(m_per_rank));
+        idx = b < e ? std::vector<size_t>(idx.begin() + static_cast<std::ptrdiff_t>(b), idx.begin() + static_cast<std::ptrdiff_t>(e))
+                    : std::vector<size_t>{idx[0]};
+      }
       HostBatch hb;
       hb.resize(static_cast<int64_t>(idx.size()), m_plan.padded_length(idx, m_ds.seq_len()));
       for (size_t r = 0; r < idx.size(); ++r) m_ds.get(idx[r], hb, static_cast<int64_t>(r));

@@ -84,7 +84,11 @@ class BatchPlan {
 // producer is behind; the time it blocked is the trainer's data-wait time.
 class Prefetcher {
  public:
-  Prefetcher(const Dataset& ds, BatchPlan plan, int64_t first_batch, int64_t last_batch, int prefetch);
+  // per_rank > 0: only rows [rank * per_rank, (rank + 1) * per_rank) of each planned batch (a
+  // data-parallel rank's slice of the global batch); a slice past the batch's end holds its row 0
+  // (the trainer gives it no weight), so every rank always has a batch to run.
+  Prefetcher(const Dataset& ds, BatchPlan plan, int64_t first_batch, int64_t last_batch, int prefetch, int rank = 0,
+             int64_t per_rank = 0);
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
@@ -97,6 +101,8 @@ class Prefetcher {
   BatchPlan m_plan;
   int64_t m_next, m_last;
   size_t m_depth;
+  int m_rank;
+  int64_t m_per_rank;
   std::deque<HostBatch> m_queue;
   std::mutex m_mu;
   std::condition_variable m_cv;

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -40,11 +41,27 @@ class Communicator {
   virtual void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) = 0;
   // Every rank's shard of buf, copied from its owner to every rank.
   virtual void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) = 0;
+  // Small host-side collectives for the loop's metrics and its global decisions (loss sums,
+  // overflow, a stop signal, a failed check): every rank gets the same values, combined in rank
+  // order. They return when the result is on the host.
+  enum class Op : uint8_t { Sum, Max, Min };
+  virtual void all_reduce_host(std::span<double> v, Op op) = 0;
+  // v = root's v on every rank.
+  virtual void broadcast_host(std::span<double> v, int root) = 0;
+  // Returns once every rank has called it.
+  virtual void barrier() = 0;
   virtual const char* kind() const = 0;  // "local" or "nccl"
   // A rank that fails calls this on its own communicator (any number of times): it leaves the
   // group, and collectives in flight or to come on the other ranks throw instead of waiting for
   // it forever (each of them then aborts too).
   virtual void abort() noexcept = 0;
+};
+
+// What a collective throws on a rank whose group another rank has left by abort(): the run's
+// error is that other rank's, so a launcher reports it in preference to this one.
+class GroupAborted : public Error {
+ public:
+  GroupAborted() : Error("data parallel: another rank of the group failed") {}
 };
 
 // In-process group for the CPU backend (and tests): `world` communicators whose ranks run on

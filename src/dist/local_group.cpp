@@ -26,8 +26,11 @@ namespace {
 // What the ranks of a local group share: each rank's buffer for the collective in flight, and a
 // barrier that separates "every rank has posted" from "every rank has read".
 struct LocalShared {
-  explicit LocalShared(int world) : bufs(static_cast<size_t>(world), nullptr), sync(world), dropped(static_cast<size_t>(world)) {}
+  explicit LocalShared(int world)
+      : bufs(static_cast<size_t>(world), nullptr), hbufs(static_cast<size_t>(world), nullptr), sync(world),
+        dropped(static_cast<size_t>(world)) {}
   std::vector<float*> bufs;
+  std::vector<double*> hbufs;  // the host collective in flight
   std::barrier<> sync;
   std::atomic<bool> aborted{false};
   std::vector<std::atomic<bool>> dropped;  // a rank leaves the barrier once
@@ -40,7 +43,9 @@ class LocalCommunicator final : public Communicator {
   int size() const override { return m_world; }
   const char* kind() const override { return "local"; }
 
+  // A group of one has nothing to exchange (and may hold device buffers: the one-device run).
   void all_reduce_sum(const Tensor& buf) override {
+    if (m_world == 1) return;
     const std::vector<ShardRange> all(static_cast<size_t>(m_world), ShardRange{0, buf.numel()});
     // Every rank sums the whole buffer in rank order into a private copy, then writes it back.
     float* mine = post(buf);
@@ -53,6 +58,7 @@ class LocalCommunicator final : public Communicator {
   }
 
   void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) override {
+    if (m_world == 1) return;
     check(buf, shards);
     float* mine = post(buf);
     const ShardRange own = shards[static_cast<size_t>(m_rank)];
@@ -65,6 +71,7 @@ class LocalCommunicator final : public Communicator {
   }
 
   void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) override {
+    if (m_world == 1) return;
     check(buf, shards);
     float* mine = post(buf);
     // Shards are disjoint and each is read from its owner: copies cannot race with each other.
@@ -76,7 +83,37 @@ class LocalCommunicator final : public Communicator {
     wait();
   }
 
- private:
+  void all_reduce_host(std::span<double> v, Op op) override {
+    if (m_world == 1) return;
+    m_s->hbufs[static_cast<size_t>(m_rank)] = v.data();
+    wait();  // every rank has posted
+    std::vector<double> out(v.begin(), v.end());
+    for (int r = 0; r < m_world; ++r) {
+      const double* o = m_s->hbufs[static_cast<size_t>(r)];
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (r == 0) out[i] = o[i];
+        else if (op == Op::Sum) out[i] += o[i];
+        else if (op == Op::Max) out[i] = std::max(out[i], o[i]);
+        else out[i] = std::min(out[i], o[i]);
+      }
+    }
+    wait();  // every rank has read every buffer
+    std::copy(out.begin(), out.end(), v.begin());
+    wait();
+  }
+
+  void broadcast_host(std::span<double> v, int root) override {
+    if (m_world == 1) return;
+    m_s->hbufs[static_cast<size_t>(m_rank)] = v.data();
+    wait();
+    if (m_rank != root) std::copy(m_s->hbufs[static_cast<size_t>(root)], m_s->hbufs[static_cast<size_t>(root)] + v.size(), v.begin());
+    wait();
+  }
+
+  void barrier() override {
+    if (m_world > 1) wait();
+  }
+
   void abort() noexcept override {
     m_s->aborted = true;
     // Leave the barrier (counting as this phase's arrival): ranks waiting in it are released.
@@ -86,9 +123,9 @@ class LocalCommunicator final : public Communicator {
  private:
   // The group's barrier, and the check that no rank failed while this one waited.
   void wait() {
-    ANATOMY_CHECK(!m_s->aborted, "data parallel: another rank of the group failed");
+    if (m_s->aborted) throw GroupAborted();
     m_s->sync.arrive_and_wait();
-    ANATOMY_CHECK(!m_s->aborted, "data parallel: another rank of the group failed");
+    if (m_s->aborted) throw GroupAborted();
   }
   float* post(const Tensor& buf) {
     ANATOMY_CHECK(buf.dtype == DType::F32 && buf.device == Device::CPU, "internal error: local collectives take F32 host buffers");

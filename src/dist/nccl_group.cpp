@@ -42,6 +42,7 @@ class NcclCommunicator final : public Communicator {
       : m_group(std::move(g)), m_comm(m_group->comms[static_cast<size_t>(rank)]), m_stream(stream), m_rank(rank),
         m_world(world) {}
   ~NcclCommunicator() override {
+    if (m_scratch) (void)cudaFree(m_scratch);
     if (!m_group->aborted[static_cast<size_t>(m_rank)].exchange(true)) (void)ncclCommDestroy(m_comm);
   }
   void abort() noexcept override { m_group->abort_all(); }
@@ -70,7 +71,38 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // Host values go through a small device buffer on this rank's stream (NCCL reduces device
+  // memory only); the stream is synchronized so the result is on the host when this returns.
+  void all_reduce_host(std::span<double> v, Op op) override {
+    double* d = scratch(v.size());
+    ANATOMY_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), v.size_bytes(), cudaMemcpyHostToDevice, m_stream));
+    const ncclRedOp_t o = op == Op::Sum ? ncclSum : op == Op::Max ? ncclMax : ncclMin;
+    ANATOMY_CUDA_CHECK(ncclAllReduce(d, d, v.size(), ncclDouble, o, m_comm, m_stream));
+    ANATOMY_CUDA_CHECK(cudaMemcpyAsync(v.data(), d, v.size_bytes(), cudaMemcpyDeviceToHost, m_stream));
+    ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));
+  }
+  void broadcast_host(std::span<double> v, int root) override {
+    double* d = scratch(v.size());
+    ANATOMY_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), v.size_bytes(), cudaMemcpyHostToDevice, m_stream));
+    ANATOMY_CUDA_CHECK(ncclBroadcast(d, d, v.size(), ncclDouble, root, m_comm, m_stream));
+    ANATOMY_CUDA_CHECK(cudaMemcpyAsync(v.data(), d, v.size_bytes(), cudaMemcpyDeviceToHost, m_stream));
+    ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));
+  }
+  void barrier() override {
+    double one = 1;
+    all_reduce_host(std::span<double>(&one, 1), Op::Sum);
+  }
+
  private:
+  double* scratch(size_t n) {
+    if (n > m_scratch_n) {
+      if (m_scratch) ANATOMY_CUDA_CHECK(cudaFree(m_scratch));
+      m_scratch = nullptr;
+      ANATOMY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m_scratch), n * sizeof(double)));
+      m_scratch_n = n;
+    }
+    return m_scratch;
+  }
   static float* f32(const Tensor& t) {
     ANATOMY_CHECK(t.dtype == DType::F32 && t.device == Device::CUDA, "internal error: NCCL collectives take F32 device buffers");
     return t.ptr<float>();
@@ -79,6 +111,8 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t m_comm;
   cudaStream_t m_stream;
   int m_rank, m_world;
+  double* m_scratch = nullptr;  // for the host collectives (a few doubles, outside the plan)
+  size_t m_scratch_n = 0;
 };
 
 }  // namespace

@@ -14,21 +14,28 @@ size_t zero_optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout, in
 
 DataParallelStep::DataParallelStep(Backend& be, Communicator& comm, const OptimizerOptions& o, const ParamLayout& layout,
                                    int stage)
-    : m_be(be), m_comm(comm), m_stage(stage), m_shards(shard_ranges(layout.total(), comm.size())),
+    : m_be(be), m_comm(comm), m_stage(comm.size() == 1 ? 0 : stage), m_shards(shard_ranges(layout.total(), comm.size())),
       m_shard(m_shards[static_cast<size_t>(comm.rank())]), m_norm(be, layout.total()) {
   ANATOMY_CHECK(stage == 0 || stage == 1, "--zero-stage: expected 0 or 1 (got ", stage, ")");
-  m_opt = stage == 0 ? Optimizer::create(be, o, layout) : Optimizer::create_for_range(be, o, m_shard.size());
+  m_opt = m_stage == 0 ? Optimizer::create(be, o, layout) : Optimizer::create_for_range(be, o, m_shard.size());
 }
 
-void DataParallelStep::step(BertForSequenceClassification& model, float lr, float max_grad_norm) {
+void DataParallelStep::step(BertForSequenceClassification& model, float lr, float max_grad_norm, float loss_scale) {
   const Tensor grads = model.grads();
+  if (m_comm.size() == 1) {  // one device: the norm and the update in place, nothing to exchange
+    m_norm.compute(grads);
+    ParamGroups g{model.master(), model.shape().compute == DType::F32 ? Tensor() : model.compute_params(), grads,
+                  model.layout().decay_end()};
+    m_opt->step(g, GradTransform{m_norm.norm_sq(), 1.0f / loss_scale, max_grad_norm, true}, lr);
+    return;
+  }
   const Tensor& norm = m_norm.norm_sq();
   if (m_stage == 0) {
     m_comm.all_reduce_sum(grads);
     m_norm.compute(grads);
     ParamGroups g{model.master(), model.shape().compute == DType::F32 ? Tensor() : model.compute_params(), grads,
                   model.layout().decay_end()};
-    m_opt->step(g, GradTransform{norm, 1.0f, max_grad_norm, false}, lr);
+    m_opt->step(g, GradTransform{norm, 1.0f / loss_scale, max_grad_norm, true}, lr);
     return;
   }
   m_comm.reduce_scatter_sum(grads, m_shards);
@@ -40,7 +47,7 @@ void DataParallelStep::step(BertForSequenceClassification& model, float lr, floa
   const size_t decay_end = model.layout().decay_end();
   const size_t local_decay = std::clamp<size_t>(decay_end, m_shard.begin, m_shard.end) - m_shard.begin;
   ParamGroups g{own(model.master()), Tensor(), own(grads), local_decay};
-  m_opt->step(g, GradTransform{norm, 1.0f, max_grad_norm, false}, lr);
+  m_opt->step(g, GradTransform{norm, 1.0f / loss_scale, max_grad_norm, true}, lr);
   m_comm.all_gather(model.master(), m_shards);
   model.sync_compute_copy();
 }

@@ -1,5 +1,5 @@
-// The optimizer step of a data-parallel rank: reduce the gradients over the ranks, clip by the
-// global norm, update, and leave every rank with the same weights.
+// The optimizer step of a rank (one device is a world of one): reduce the gradients over the
+// ranks, clip by the global norm, update, and leave every rank with the same weights.
 //
 // Note [ZeRO over the flat buffers]
 // Parameters, gradients and optimizer state are flat buffers in one layout (model/params.h), so
@@ -38,9 +38,15 @@ size_t zero_optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout, in
 class DataParallelStep {
  public:
   DataParallelStep(Backend& be, Communicator& comm, const OptimizerOptions& o, const ParamLayout& layout, int stage);
-  // After every rank's backward (gradients scaled for the global batch): the update of `lr`.
-  void step(BertForSequenceClassification& model, float lr, float max_grad_norm);
+  // After every rank's backward (gradients scaled for the global batch, times `loss_scale`):
+  // the update of `lr`. The update kernels skip themselves when the global norm is not finite
+  // (every rank sees the same norm, so every rank skips), so nothing non-finite reaches the
+  // weights; the caller reads the norm after the step to decide what that means.
+  void step(BertForSequenceClassification& model, float lr, float max_grad_norm, float loss_scale = 1.0f);
+  // The squared global gradient norm of the last step (device F32 scalar, times loss_scale^2).
+  const Tensor& norm_sq() const { return m_norm.norm_sq(); }
   const ShardRange& shard() const { return m_shard; }
+  int stage() const { return m_stage; }  // 0 in a world of one
   Optimizer& optimizer() { return *m_opt; }
 
  private:

@@ -9,9 +9,9 @@
 #include <fstream>
 #include <vector>
 
+#include "io/read_file.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
-#include "io/read_file.h"
 #include "io/safetensors.h"
 
 namespace anatomy {
@@ -74,6 +74,61 @@ namespace {
 
 std::vector<int64_t> dims(const Tensor& t) { return {t.shape.d.begin(), t.shape.d.begin() + t.shape.rank}; }
 
+struct ShardFile {
+  std::string file;
+  size_t begin = 0, end = 0;
+};
+
+// The optimizer's files of a checkpoint (Note [optimizer shards]); empty for the whole form.
+std::vector<ShardFile> shard_files(const nlohmann::json& st, const std::string& file) {
+  std::vector<ShardFile> out;
+  if (!st.contains("optimizer_shards")) return out;
+  const nlohmann::json& a = st["optimizer_shards"];
+  ANATOMY_CHECK(a.is_array() && !a.empty(), file, ": optimizer_shards must be a non-empty list");
+  size_t next = 0;
+  for (const nlohmann::json& e : a) {
+    ANATOMY_CHECK(e.is_object() && e.value("file", nlohmann::json()).is_string() &&
+                      e.value("begin", nlohmann::json()).is_number_unsigned() &&
+                      e.value("end", nlohmann::json()).is_number_unsigned(),
+                  file, ": each of optimizer_shards needs file, begin and end");
+    ShardFile s{e["file"].get<std::string>(), e["begin"].get<size_t>(), e["end"].get<size_t>()};
+    ANATOMY_CHECK(s.begin == next && s.end >= s.begin && s.file.find('/') == std::string::npos, file,
+                  ": optimizer_shards do not tile the state in order (", s.file, ")");
+    next = s.end;
+    out.push_back(s);
+  }
+  return out;
+}
+
+// Every file trainer_state.json must list: config, model, and the optimizer's file(s).
+std::vector<std::string> listed_files(const nlohmann::json& st, const std::string& file) {
+  std::vector<std::string> names = {"config.json", "model.safetensors"};
+  const std::vector<ShardFile> shards = shard_files(st, file);
+  if (shards.empty()) names.push_back(kOptimizerFile);
+  for (const ShardFile& s : shards) names.push_back(s.file);
+  return names;
+}
+
+std::string shard_file_name(int rank) { return "optimizer-shard-" + std::to_string(rank) + ".safetensors"; }
+
+// Writes the optimizer's state tensors to `path` with the metadata of a checkpoint.
+void write_optimizer_file(const std::string& path, BertForSequenceClassification& model, Optimizer& opt,
+                          std::map<std::string, std::string> metadata) {
+  const auto state = opt.state();
+  std::vector<std::vector<uint8_t>> host(state.size());
+  std::vector<SafetensorsEntry> entries;
+  for (size_t i = 0; i < state.size(); ++i) {
+    const Tensor& t = state[i].second;
+    host[i].resize(t.bytes());
+    model.backend().download(host[i].data(), t);
+    entries.push_back({state[i].first, t.dtype, dims(t), host[i].data()});
+  }
+  metadata["format"] = "anatomy-optimizer";
+  metadata["optimizer"] = optimizer_name(opt.kind());
+  metadata["steps"] = std::to_string(opt.steps());
+  write_safetensors(path, entries, metadata);
+}
+
 // trainer_state.json of `dir`, checked against the files it lists (sizes; checksums too when
 // asked). Throws a one-line error naming the file at fault.
 nlohmann::json read_state(const fs::path& dir, bool verify_checksums) {
@@ -87,7 +142,7 @@ nlohmann::json read_state(const fs::path& dir, bool verify_checksums) {
                     st.contains("files") && st["files"].is_object(),
                 file, ": lacks step, files or trainer");
   ANATOMY_CHECK(st["step"].get<int64_t>() >= 0, file, ": step must be a non-negative integer, got ", st["step"].dump());
-  for (const char* name : kFiles) {
+  for (const std::string& name : listed_files(st, file)) {
     const std::string path = (dir / name).string();
     const nlohmann::json& f = st["files"].value(name, nlohmann::json());
     ANATOMY_CHECK(f.is_object() && f.value("bytes", nlohmann::json()).is_number_unsigned() &&
@@ -191,18 +246,7 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
   save_pretrained(dir.staging(), model);
 
   const std::string kind = optimizer_name(opt.kind());
-  const auto state = opt.state();
-  std::vector<std::vector<uint8_t>> host(state.size());
-  std::vector<SafetensorsEntry> entries;
-  for (size_t i = 0; i < state.size(); ++i) {
-    const Tensor& t = state[i].second;
-    host[i].resize(t.bytes());
-    model.backend().download(host[i].data(), t);
-    entries.push_back({state[i].first, t.dtype, dims(t), host[i].data()});
-  }
-  write_safetensors(dir.file(kOptimizerFile), entries,
-                    {{"format", "anatomy-optimizer"}, {"optimizer", kind}, {"steps", std::to_string(opt.steps())}});
-  host.clear();
+  write_optimizer_file(dir.file(kOptimizerFile), model, opt, {});
 
   nlohmann::json files = nlohmann::json::object();
   for (const char* name : kFiles)
@@ -213,6 +257,58 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
   write_file_atomic(dir.file(kStateFile), st.dump(2) + "\n");
   dir.commit();
   return path;
+}
+
+std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
+                                     Optimizer& opt, const nlohmann::json& trainer_state, Communicator& comm,
+                                     const OptimizerPart& part) {
+  const bool lead = comm.rank() == 0;
+  const fs::path path = fs::path(output_dir) / checkpoint_name(step);
+  if (!part.sharded) {  // the whole state is the same on every rank: rank 0 writes it
+    if (lead) save_training_checkpoint(output_dir, step, model, opt, trainer_state);
+    comm.barrier();
+    return path.string();
+  }
+  // Each rank writes its shard beside the checkpoint (a name rotate_checkpoints clears as a
+  // leftover); rank 0 then moves every shard into its staging directory and commits it.
+  const fs::path side = fs::path(output_dir) / (checkpoint_name(step) + ".tmp-shards");
+  std::error_code ec;
+  if (lead) {
+    fs::remove_all(side, ec);
+    fs::create_directories(side, ec);
+    ANATOMY_CHECK(!ec, side.string(), ": cannot create: ", ec.message());
+  }
+  comm.barrier();
+  write_optimizer_file((side / shard_file_name(comm.rank())).string(), model, opt,
+                       {{"begin", std::to_string(part.begin)}, {"end", std::to_string(part.end)}});
+  std::vector<double> ranges(2 * static_cast<size_t>(comm.size()), 0.0);
+  ranges[2 * static_cast<size_t>(comm.rank())] = static_cast<double>(part.begin);
+  ranges[2 * static_cast<size_t>(comm.rank()) + 1] = static_cast<double>(part.end);
+  comm.all_reduce_host(ranges, Communicator::Op::Sum);  // also: every shard is written
+  if (lead) {
+    AtomicDir dir(path.string());
+    save_pretrained(dir.staging(), model);
+    nlohmann::json shards = nlohmann::json::array(), files = nlohmann::json::object();
+    for (int r = 0; r < comm.size(); ++r) {
+      const std::string name = shard_file_name(r);
+      fs::rename(side / name, dir.file(name), ec);
+      ANATOMY_CHECK(!ec, (side / name).string(), ": cannot move into the checkpoint: ", ec.message());
+      shards.push_back({{"file", name},
+                        {"begin", static_cast<uint64_t>(ranges[2 * static_cast<size_t>(r)])},
+                        {"end", static_cast<uint64_t>(ranges[2 * static_cast<size_t>(r) + 1])}});
+    }
+    nlohmann::json st = {{"format_version", kCheckpointFormatVersion}, {"step", step}, {"optimizer", optimizer_name(opt.kind())},
+                         {"optimizer_steps", opt.steps()}, {"optimizer_shards", shards}, {"trainer", trainer_state}};
+    for (const std::string& name : listed_files(st, kStateFile))
+      files[name] = {{"bytes", static_cast<uint64_t>(fs::file_size(dir.file(name)))},
+                     {"checksum", checkpoint_file_checksum(dir.file(name))}};
+    st["files"] = files;
+    write_file_atomic(dir.file(kStateFile), st.dump(2) + "\n");
+    dir.commit();
+    fs::remove_all(side, ec);
+  }
+  comm.barrier();
+  return path.string();
 }
 
 void rotate_checkpoints(const std::string& output_dir, int64_t limit) {
@@ -269,7 +365,94 @@ std::string resolve_resume_path(const std::string& arg, const std::string& outpu
   return arg;
 }
 
+namespace {
+
+// Optimizer state as host bytes, in the order of opt.state(), and its step count.
+struct HostState {
+  std::vector<std::vector<uint8_t>> tensors;
+  int64_t steps = -1;
+};
+
+// The optimizer's kind and step count from a state file's metadata.
+int64_t read_optimizer_meta(const SafetensorsReader& r, const Optimizer& opt) {
+  const std::string& ofile = r.path();
+  const std::string kind = optimizer_name(opt.kind());
+  const auto md = r.metadata();
+  const std::string saved = md.count("optimizer") ? md.at("optimizer") : "?";
+  ANATOMY_CHECK(saved == kind, ofile, ": holds the state of the '", saved, "' optimizer, this run uses '", kind, "'");
+  int64_t steps = -1;
+  const std::string steps_str = md.count("steps") ? md.at("steps") : "";
+  auto [p, ec] = std::from_chars(steps_str.data(), steps_str.data() + steps_str.size(), steps);
+  ANATOMY_CHECK(ec == std::errc() && p == steps_str.data() + steps_str.size() && steps >= 0, ofile,
+                ": metadata 'steps' must be a step count, got '", steps_str, "'");
+  return steps;
+}
+
+// The whole form into a whole optimizer: every tensor present, same dtype and shape, nothing extra.
+HostState read_whole_state(const std::string& ofile, Optimizer& opt) {
+  SafetensorsReader r = SafetensorsReader::open(ofile);
+  HostState hs;
+  hs.steps = read_optimizer_meta(r, opt);
+  const auto state = opt.state();
+  ANATOMY_CHECK(r.tensors().size() == state.size(), ofile, ": holds ", r.tensors().size(), " tensors, the ",
+                optimizer_name(opt.kind()), " optimizer has ", state.size());
+  for (const auto& [name, t] : state) {
+    const SafetensorsTensorInfo& info = r.info(name);
+    ANATOMY_CHECK(info.dtype == t.dtype && info.shape == dims(t), ofile, ": tensor '", name, "' is ",
+                  dtype_name(info.dtype), " ", shape_str(info.shape), ", the optimizer's is ", dtype_name(t.dtype), " ",
+                  shape_str(dims(t)));
+    hs.tensors.push_back(r.read_bytes(name));
+    ANATOMY_CHECK(hs.tensors.back().size() == t.bytes(), ofile, ": tensor '", name, "' has ", hs.tensors.back().size(),
+                  " bytes, expected ", t.bytes());
+  }
+  return hs;
+}
+
+// Elements [begin, end) of every flat F32 state tensor, assembled from the saved parts (Note
+// [optimizer shards]).
+HostState read_state_range(const std::vector<ShardFile>& parts, Optimizer& opt, size_t begin, size_t end) {
+  const auto state = opt.state();
+  HostState hs;
+  hs.tensors.resize(state.size());
+  for (size_t i = 0; i < state.size(); ++i) {
+    const Tensor& t = state[i].second;
+    ANATOMY_CHECK(t.dtype == DType::F32 && t.shape.rank == 1 && static_cast<size_t>(t.numel()) == end - begin,
+                  "--optim ", optimizer_name(opt.kind()), ": its state cannot be resharded (AdamW and SGD only)");
+    hs.tensors[i].resize(t.bytes());
+  }
+  for (const ShardFile& part : parts) {
+    const size_t lo = std::max(begin, part.begin), hi = std::min(end, part.end);
+    SafetensorsReader r = SafetensorsReader::open(part.file);
+    const int64_t steps = read_optimizer_meta(r, opt);
+    ANATOMY_CHECK(hs.steps < 0 || steps == hs.steps, part.file, ": metadata 'steps' ", steps, " differs from the other shards' ",
+                  hs.steps);
+    hs.steps = steps;
+    ANATOMY_CHECK(r.tensors().size() == state.size(), part.file, ": holds ", r.tensors().size(), " tensors, the ",
+                  optimizer_name(opt.kind()), " optimizer has ", state.size());
+    if (lo >= hi) continue;
+    for (size_t i = 0; i < state.size(); ++i) {
+      const SafetensorsTensorInfo& info = r.info(state[i].first);
+      const std::vector<int64_t> want = {static_cast<int64_t>(part.end - part.begin)};
+      ANATOMY_CHECK(info.dtype == DType::F32 && info.shape == want, part.file, ": tensor '", state[i].first, "' is ",
+                    dtype_name(info.dtype), " ", shape_str(info.shape), ", expected F32 ", shape_str(want));
+      const std::vector<uint8_t> bytes = r.read_bytes(state[i].first);
+      ANATOMY_CHECK(bytes.size() == want[0] * sizeof(float), part.file, ": tensor '", state[i].first, "' is short");
+      std::memcpy(hs.tensors[i].data() + (lo - begin) * sizeof(float), bytes.data() + (lo - part.begin) * sizeof(float),
+                  (hi - lo) * sizeof(float));
+    }
+  }
+  ANATOMY_CHECK(hs.steps >= 0, "internal error: no optimizer shard read");
+  return hs;
+}
+
+}  // namespace
+
 nlohmann::json load_training_checkpoint(const std::string& dir_str, BertForSequenceClassification& model, Optimizer& opt) {
+  return load_training_checkpoint(dir_str, model, opt, OptimizerPart{});
+}
+
+nlohmann::json load_training_checkpoint(const std::string& dir_str, BertForSequenceClassification& model, Optimizer& opt,
+                                        const OptimizerPart& part) {
   const fs::path dir(dir_str);
   nlohmann::json st = read_state(dir, /*verify_checksums=*/true);
   const std::string state_file = (dir / kStateFile).string();
@@ -284,33 +467,22 @@ nlohmann::json load_training_checkpoint(const std::string& dir_str, BertForSeque
   ANATOMY_CHECK(BertConfig::from_json_file(config) == model.config(), config,
                 ": the checkpoint's model differs from the one being trained");
 
-  // Optimizer state: every tensor present, same dtype and shape, nothing extra; read to the host.
-  const std::string ofile = (dir / kOptimizerFile).string();
-  SafetensorsReader r = SafetensorsReader::open(ofile);
-  const std::string kind = optimizer_name(opt.kind());
-  const auto md = r.metadata();
-  const std::string saved = md.count("optimizer") ? md.at("optimizer") : "?";
-  ANATOMY_CHECK(saved == kind, ofile, ": holds the state of the '", saved, "' optimizer, this run uses '", kind, "'");
-  int64_t steps = -1;
-  const std::string steps_str = md.count("steps") ? md.at("steps") : "";
-  auto [p, ec] = std::from_chars(steps_str.data(), steps_str.data() + steps_str.size(), steps);
-  ANATOMY_CHECK(ec == std::errc() && p == steps_str.data() + steps_str.size() && steps >= 0, ofile,
-                ": metadata 'steps' must be a step count, got '", steps_str, "'");
-  ANATOMY_CHECK(steps == optimizer_steps, ofile, ": metadata 'steps' is ", steps, ", ", kStateFile, " says optimizer_steps ",
-                optimizer_steps);
-  const auto state = opt.state();
-  ANATOMY_CHECK(r.tensors().size() == state.size(), ofile, ": holds ", r.tensors().size(), " tensors, the ", kind,
-                " optimizer has ", state.size());
-  std::vector<std::vector<uint8_t>> host;
-  for (const auto& [name, t] : state) {
-    const SafetensorsTensorInfo& info = r.info(name);
-    ANATOMY_CHECK(info.dtype == t.dtype && info.shape == dims(t), ofile, ": tensor '", name, "' is ",
-                  dtype_name(info.dtype), " ", shape_str(info.shape), ", the optimizer's is ", dtype_name(t.dtype), " ",
-                  shape_str(dims(t)));
-    host.push_back(r.read_bytes(name));
-    ANATOMY_CHECK(host.back().size() == t.bytes(), ofile, ": tensor '", name, "' has ", host.back().size(),
-                  " bytes, expected ", t.bytes());
+  // Optimizer state, read to the host and checked.
+  const size_t total = model.layout().total();
+  std::vector<ShardFile> parts = shard_files(st, (dir / kStateFile).string());
+  for (ShardFile& p : parts) p.file = (dir / p.file).string();
+  if (!parts.empty())
+    ANATOMY_CHECK(parts.back().end == total, (dir / kStateFile).string(), ": optimizer_shards cover ", parts.back().end,
+                  " elements, the model has ", total);
+  HostState hs;
+  if (parts.empty() && !part.sharded) {
+    hs = read_whole_state((dir / kOptimizerFile).string(), opt);
+  } else {
+    if (parts.empty()) parts.push_back({(dir / kOptimizerFile).string(), 0, total});
+    hs = part.sharded ? read_state_range(parts, opt, part.begin, part.end) : read_state_range(parts, opt, 0, total);
   }
+  ANATOMY_CHECK(hs.steps == optimizer_steps, state_file, ": optimizer_steps ", optimizer_steps,
+                " disagrees with the optimizer state's metadata 'steps' ", hs.steps);
 
   // Weights: exactly the model's parameters, F32, by their own names (stricter than load_pretrained_weights).
   const std::string wfile = (dir / "model.safetensors").string();
@@ -328,8 +500,9 @@ nlohmann::json load_training_checkpoint(const std::string& dir_str, BertForSeque
 
   // Everything checked: apply. set_master_from_host also refreshes the compute copy.
   model.set_master_from_host(weights);
-  for (size_t i = 0; i < state.size(); ++i) model.backend().upload(state[i].second, host[i].data());
-  opt.set_steps(steps);
+  const auto state = opt.state();
+  for (size_t i = 0; i < state.size(); ++i) model.backend().upload(state[i].second, hs.tensors[i].data());
+  opt.set_steps(hs.steps);
   return st["trainer"];
 }
 

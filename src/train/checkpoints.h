@@ -10,6 +10,9 @@
 //   trainer_state.json              {"format_version", "step", "optimizer", "optimizer_steps",
 //                                    "files": {name: {"bytes", "checksum"}}, "trainer": <the
 //                                    trainer's JSON, verbatim>}.
+// Under ZeRO stage 1 (Note [optimizer shards]) optimizer.safetensors is replaced by one file per
+// rank, optimizer-shard-<r>.safetensors, each holding elements [begin, end) of every flat state
+// tensor, listed in trainer_state.json as "optimizer_shards": [{"file", "begin", "end"}].
 // The directory is written as "checkpoint-<step>.tmp-XXXXXX", every file fsynced, then renamed
 // into place (AtomicDir), so a checkpoint-<step> directory is complete or absent, whenever the
 // process dies. "files" records each file's size and a checksum: listing (latest_checkpoint)
@@ -21,6 +24,7 @@
 #include <optional>
 #include <string>
 
+#include "dist/communicator.h"
 #include "model/bert.h"
 #include "optim/optimizer.h"
 
@@ -32,6 +36,24 @@ inline constexpr int kCheckpointFormatVersion = 1;
 // step atomically. Returns the checkpoint's path.
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state);
+
+// Note [optimizer shards]: AdamW's and SGD's state is flat over the parameter layout, so a ZeRO
+// shard is a range of it. A rank's part of the state is the whole state (a world of one, ZeRO
+// stage 0: rank 0 writes it) or the range [begin, end) (stage 1: each rank writes its own file).
+// Loading assembles any range from any saved form, so a run resumes on another number of ranks
+// or another stage; the optimizers whose state follows parameter shapes (Adafactor, 8-bit AdamW)
+// only ever have the whole form.
+struct OptimizerPart {
+  bool sharded = false;
+  size_t begin = 0, end = 0;  // sharded only
+};
+
+// The same, collectively over `comm` (every rank calls it with the same step and state): rank 0
+// writes the model and trainer_state.json, each rank its part of the optimizer state; the
+// directory appears whole once every part is written. Returns the checkpoint's path.
+std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
+                                     Optimizer& opt, const nlohmann::json& trainer_state, Communicator& comm,
+                                     const OptimizerPart& part);
 
 // Keeps the newest `limit` complete checkpoint-<step> directories of output_dir by step (limit
 // <= 0: keeps all) and removes the older ones, each renamed to a hidden ".trash-..." name first
@@ -55,6 +77,9 @@ std::string resolve_resume_path(const std::string& arg, const std::string& outpu
 // a one-line error naming the file and leaves model and optimizer untouched. The trainer's JSON
 // is checked by validate_trainer_state, and the step against the directory's name.
 nlohmann::json load_training_checkpoint(const std::string& dir, BertForSequenceClassification& model, Optimizer& opt);
+// The same for a rank whose optimizer holds `part` of the state (Note [optimizer shards]).
+nlohmann::json load_training_checkpoint(const std::string& dir, BertForSequenceClassification& model, Optimizer& opt,
+                                        const OptimizerPart& part);
 
 // The trainer's part of trainer_state.json (`file`), field by field (Note [trainer state checks]):
 // global_step, skipped_steps, samples, window_samples, loss_scale_clean_steps non-negative

@@ -1,6 +1,12 @@
-// The training loop: data, micro-batches with gradient accumulation, loss scaling, clipping,
-// the optimizer step, logging with throughput and ETA, and the run's summary: the seed page's
-// Time / Samples/second / GPU memory occupied, plus the memory anatomy read off the allocator.
+// Training: one loop for every world size (Note [one loop] in train/trainer.cpp), in parts with
+// one job each: setup.h (device, output directory, plan, starting weights), step.h (micro-batches,
+// reduction and update through dist/zero.h, fp16 loss scaling), logging.h, eval_ranks.h,
+// checkpoints.h, signals.h, summary.h; local_ranks.cpp runs the ranks of one process.
+//
+// Entry points for a launcher that starts one process per rank (kept stable):
+//   TrainDevice dev = make_train_device(opt, local_rank, local_world);   // train/setup.h
+//   std::unique_ptr<Communicator> comm = ...;   // this rank's member of the group (dist/)
+//   TrainResult r = train(opt, *comm, dev);     // every rank, the same opt
 #pragma once
 #include <cstdint>
 #include <string>
@@ -19,7 +25,8 @@ struct TrainResult {
   double steady_samples_per_second = 0;  // second half of the steps (warm-up excluded)
   double train_loss = 0;                 // mean over all samples seen
   double first_loss = 0, last_loss = 0;  // mean of the first and last optimizer step
-  int64_t steps = 0, samples = 0, skipped_steps = 0;
+  int64_t steps = 0, samples = 0, skipped_steps = 0;  // skipped: fp16 overflows, and non-finite steps with skip_nonfinite_steps
+  int64_t nonfinite_steps = 0;           // of the skipped, those with a non-finite loss or norm
   float final_loss_scale = 1.0f;         // fp16 dynamic loss scale at the end
   std::string device;
   int64_t num_parameters = 0;
@@ -37,7 +44,7 @@ struct TrainResult {
   int64_t nvml_after_first_step_mb = -1;  // ... and after the first step (kernels loaded)
   std::vector<std::pair<std::string, int64_t>> memory_growth;  // --trace-memory-growth: op -> bytes
   double eval_loss = -1, eval_accuracy = -1, eval_macro_f1 = -1;  // the last evaluation (-1: none)
-  // Data parallelism (--nproc-per-node > 1): peak_bytes and the plan are rank 0's.
+  // Data parallelism (world size > 1): peak_bytes and the plan are rank 0's.
   int world_size = 1, zero_stage = 0;
   std::vector<int64_t> rank_optimizer_state_bytes;  // each rank's allocator
   std::vector<int64_t> gpu_memory_per_rank_mb;      // NVML used on each rank's device at the end
@@ -48,9 +55,25 @@ struct TrainResult {
 // still change the labels (the trainer's load_train_data).
 BertConfig model_config(const TrainOptions& opt);
 
-// Runs the loop of `opt`. Errors (bad flags, files, a plan that cannot fit) throw anatomy::Error
-// before anything is written to output_dir. On SIGINT or SIGTERM the current step finishes, a
-// checkpoint is saved and the result says interrupted (Note [stopping cleanly]).
+class Communicator;
+struct TrainDevice;
+
+// The loop of one rank of `comm` (a world of one is single-device training) on `device`
+// (train/setup.h: make_train_device). Every rank of the group calls it with the same options
+// (opt.nproc_per_node is not read: the group's size is the world size); rank 0 writes the output
+// directory, each rank its optimizer shard of a checkpoint (the ranks share a file system). Errors (bad flags, files, a plan that cannot fit) throw
+// anatomy::Error before anything is written to output_dir. On SIGINT or SIGTERM at any rank,
+// every rank finishes the current step, the checkpoint is saved and the result says interrupted
+// (Note [stopping cleanly]). A non-finite loss or gradient norm stops the run with an error
+// naming the step (or, with skip_nonfinite_steps, skips the step and counts it). A rank that
+// throws aborts `comm`, so the others throw at their next collective instead of waiting (a local
+// group's throw GroupAborted, which a launcher reports after the failing rank's own error). The
+// result's run-wide figures (losses, samples, evaluation) are the same on every rank.
+TrainResult train(const TrainOptions& opt, Communicator& comm, TrainDevice& device);
+
+// One process: a world of one, or --nproc-per-node N ranks as threads of this process (an
+// in-process group on the CPU, NCCL over CUDA devices 0 .. N-1). The result is rank 0's; the
+// first rank to fail ends the run with its error.
 TrainResult train(const TrainOptions& opt);
 
 }  // namespace anatomy

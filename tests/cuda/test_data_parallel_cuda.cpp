@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/data_parallel.h"
-#include "dist/data_parallel.h"
+#include "train/trainer.h"
 
 using namespace anatomy;
 namespace fs = std::filesystem;
@@ -19,8 +19,8 @@ using namespace anatomy::testing_dp;
 TEST(DataParallelCuda, OneRankOverNcclStageOneEqualsStageZero) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   const std::string model = dropout_free_model("dpc_model");
-  const TrainResult z0 = train_data_parallel(options("cuda", model, "dpc_z0", 1, 16, 0));
-  const TrainResult z1 = train_data_parallel(options("cuda", model, "dpc_z1", 1, 16, 1));
+  const TrainResult z0 = train(options("cuda", model, "dpc_z0", 1, 16, 0));
+  const TrainResult z1 = train(options("cuda", model, "dpc_z1", 1, 16, 1));
   EXPECT_NE(z0.first_loss, z0.last_loss);
   // One shard is the whole buffer: the same kernels on the same values, up to the GPU's
   // run-to-run order of atomic additions (word-embedding gradients, the gradient norm).
@@ -34,8 +34,8 @@ TEST(DataParallelCuda, OneRankOverNcclStageOneEqualsStageZero) {
 TEST(DataParallelCuda, TwoRanksTrainLikeOneWithTheCombinedBatch) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices (found " << cuda_device_count() << ")";
   const std::string model = dropout_free_model("dpc_model");
-  const TrainResult one = train_data_parallel(options("cuda", model, "dpc_one", 1, 16, 0));
-  const TrainResult two = train_data_parallel(options("cuda", model, "dpc_two", 2, 8, 1));
+  const TrainResult one = train(options("cuda", model, "dpc_one", 1, 16, 0));
+  const TrainResult two = train(options("cuda", model, "dpc_two", 2, 8, 1));
   EXPECT_NEAR(two.first_loss, one.first_loss, 1e-4);
   EXPECT_NEAR(two.last_loss, one.last_loss, 1e-3);
   ASSERT_EQ(two.rank_optimizer_state_bytes.size(), 2u);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "../common/dirs.h"
 #include "memory/planner.h"
 #include "model/params.h"
 #include "ops/backend.h"
@@ -280,7 +281,7 @@ TrainOptions tiny(const std::string& out, OptimizerKind k) {
   o.num_samples = 64;
   o.per_device_train_batch_size = 8;
   o.logging_steps = 0;
-  o.output_dir = (std::filesystem::path(testing::TempDir()) / out).string();
+  o.output_dir = anatomy::testing_dirs::fresh_dir(out);
   o.save_model = false;
   o.disable_progress_bar = true;
   o.optim.kind = k;

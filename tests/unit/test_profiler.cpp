@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../common/dirs.h"
 #include "telemetry/op_cost.h"
 #include "telemetry/profiler.h"
 #include "train/trainer.h"
@@ -67,7 +68,7 @@ TEST(Profiler, CpuRunWritesAProfileWhoseOpsAddUpToTheStep) {
   o.logging_steps = 0;
   o.save_model = false;
   o.disable_progress_bar = true;
-  o.output_dir = (std::filesystem::path(testing::TempDir()) / "anatomy_profile").string();
+  o.output_dir = anatomy::testing_dirs::fresh_dir("anatomy_profile");
   train(o);
   std::ifstream in(std::filesystem::path(o.output_dir) / "profile.json");
   ASSERT_TRUE(in.good());

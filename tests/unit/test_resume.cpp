@@ -28,8 +28,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Named per process: runs of this suite from other checkouts may share the temp directory.
 std::string tmp(const std::string& name) {
-  fs::path p = fs::path(testing::TempDir()) / name;
+  fs::path p = fs::path(testing::TempDir()) / (name + "-" + std::to_string(getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
@@ -219,4 +220,35 @@ TEST(Resume, ACheckpointOfAnotherConfigurationIsRefused) {
   const std::string log = slurp(out + "/log2.txt");
   EXPECT_NE(log.find("--per-device-train-batch-size"), std::string::npos) << log;
   EXPECT_NE(log.find("--resume-from-checkpoint"), std::string::npos) << log;
+}
+
+// Note [stopping cleanly] at two ranks: a SIGTERM reaches the process, every rank finishes the
+// step, saves its part of the checkpoint, and the run exits 0 without results; one process then
+// resumes it (the same global batch) to the end.
+TEST(Resume, SigtermStopsEveryRankWithACheckpointAndOneProcessResumes) {
+  const std::string run = tmp("sigterm_ranks");
+  std::vector<std::string> args = train_args(run);
+  set_flag(args, "--per-device-train-batch-size", "4");
+  set_flag(args, "--save-strategy", "final");
+  std::vector<std::string> ranks = args;
+  ranks.insert(ranks.end(), {"--nproc-per-node", "2", "--zero-stage", "1"});
+  const pid_t pid = spawn(ranks, run + "/log.txt");
+  for (int i = 0; i < 600 && loss_curve(run).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  kill(pid, SIGTERM);
+  EXPECT_EQ(wait_exit(pid), 0) << slurp(run + "/log.txt");
+  const std::string log = slurp(run + "/log.txt");
+  if (loss_curve(run).size() == 30) GTEST_SKIP() << "the run finished before SIGTERM arrived";
+  EXPECT_NE(log.find("stopped by SIGTERM"), std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(fs::path(run) / "train_results.json"));
+  ASSERT_TRUE(has_checkpoint(run)) << log;
+  bool shards = false;
+  for (const auto& e : fs::directory_iterator(run))
+    if (is_checkpoint_name(e.path().filename().string()))
+      shards |= fs::exists(e.path() / "optimizer-shard-1.safetensors");
+  EXPECT_TRUE(shards) << "each rank writes its optimizer shard";
+  set_flag(args, "--per-device-train-batch-size", "8");
+  args.insert(args.end(), {"--resume-from-checkpoint", "latest"});
+  ASSERT_EQ(wait_exit(spawn(args, run + "/log.txt")), 0) << slurp(run + "/log.txt");
+  EXPECT_EQ(loss_curve(run).size(), 30u);
+  EXPECT_TRUE(fs::exists(fs::path(run) / "train_results.json"));
 }

@@ -2,6 +2,7 @@
 // checkpointing policies.
 #include <gtest/gtest.h>
 
+#include "../common/dirs.h"
 #include "../common/compare.h"
 
 #include <filesystem>
@@ -29,7 +30,7 @@ TrainOptions tiny(const std::string& out) {
   o.num_samples = 64;
   o.per_device_train_batch_size = 8;
   o.logging_steps = 0;
-  o.output_dir = (std::filesystem::path(testing::TempDir()) / out).string();
+  o.output_dir = anatomy::testing_dirs::fresh_dir(out);
   o.save_model = false;
   o.disable_progress_bar = true;
   return o;

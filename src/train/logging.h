@@ -1,0 +1,46 @@
+// What a run says while it runs (rank 0 only): the start-up block, printed at once; one line
+// every --logging-steps with the Hugging Face Trainer's keys (loss, grad_norm, learning_rate,
+// epoch), the same keys in metrics.jsonl, and the same at any world size; a progress bar when
+// stderr is a terminal.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "memory/planner.h"
+#include "train/evaluate.h"
+#include "train/options.h"
+#include "train/setup.h"
+
+namespace anatomy {
+
+struct StartupInfo {
+  std::string model, model_source;  // name; "pretrained weights from DIR" or "randomly initialized (preset ...)"
+  std::string device, data;
+  int64_t num_parameters = 0, train_samples = 0, validation_samples = 0, total_steps = 0, start_step = 0;
+  int64_t micro_batch = 0, world_size = 1, zero_stage = 0;
+  int64_t planned_bytes = 0;
+};
+
+class TrainLog {
+ public:
+  TrainLog(const TrainOptions& opt, OutputDir& out, int64_t start_step, int64_t total_steps);
+  void startup(const StartupInfo& s);
+  // The figures of optimizer step `done` (1-based); prints and records a line when it is a
+  // logging step, and keeps the progress bar moving on a terminal.
+  void step(int64_t done, double loss_sum, int64_t samples, double grad_norm, float lr, double epoch, double elapsed,
+            int64_t samples_here, double data_wait, float loss_scale);
+  void eval(int64_t step, const EvalResult& ev);
+  void end_of_bar() const;  // the newline after the progress bar
+  bool tty() const { return m_tty; }
+  // The loss window of a checkpoint (what is logged at the next logging step).
+  double window_loss = 0;
+  int64_t window_samples = 0;
+
+ private:
+  const TrainOptions& m_opt;
+  OutputDir& m_out;
+  int64_t m_start, m_total;
+  bool m_tty;
+};
+
+}  // namespace anatomy

@@ -1,0 +1,61 @@
+#include <cmath>
+
+#include "train/options.h"
+
+namespace anatomy {
+
+Precision parse_precision(const std::string& s) {
+  if (s == "fp32") return Precision::Fp32;
+  if (s == "tf32") return Precision::Tf32;
+  if (s == "bf16") return Precision::Bf16;
+  if (s == "fp16") return Precision::Fp16;
+  fail("--precision: unknown precision '", s, "' (expected fp32, tf32, bf16 or fp16)");
+}
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::Fp32: return "fp32";
+    case Precision::Tf32: return "tf32";
+    case Precision::Bf16: return "bf16";
+    case Precision::Fp16: return "fp16";
+  }
+  return "?";
+}
+
+DType compute_dtype(Precision p) {
+  return p == Precision::Bf16 ? DType::BF16 : p == Precision::Fp16 ? DType::F16 : DType::F32;
+}
+
+void TrainOptions::validate() const {
+  ANATOMY_CHECK(per_device_train_batch_size >= 1 || per_device_train_batch_size == kAutoBatch,
+                "--per-device-train-batch-size must be at least 1 (got ",
+                per_device_train_batch_size, ")");
+  ANATOMY_CHECK(gradient_accumulation_steps >= 1, "--gradient-accumulation-steps must be at least 1 (got ",
+                gradient_accumulation_steps, ")");
+  ANATOMY_CHECK(num_samples >= 1, "--num-samples must be at least 1 (got ", num_samples, ")");
+  ANATOMY_CHECK(seq_len >= 2, "--seq-len must be at least 2 (got ", seq_len, ")");
+  ANATOMY_CHECK(num_train_epochs >= 1 || max_steps > 0, "--num-train-epochs must be at least 1 unless --max-steps is set");
+  ANATOMY_CHECK(learning_rate >= 0 && std::isfinite(learning_rate), "--learning-rate must be a finite non-negative number");
+  ANATOMY_CHECK(max_grad_norm >= 0, "--max-grad-norm must be non-negative (0 disables clipping)");
+  ANATOMY_CHECK(device == "auto" || device == "cpu" || device == "cuda", "--device: expected auto, cpu or cuda (got '",
+                device, "')");
+  ANATOMY_CHECK(logging_steps >= 0, "--logging-steps must be non-negative");
+  ANATOMY_CHECK(warmup_steps >= 0, "--warmup-steps must be non-negative");
+  ANATOMY_CHECK(prefetch >= 1, "--dataloader-prefetch must be at least 1");
+  ANATOMY_CHECK(eval_strategy == "no" || eval_strategy == "steps" || eval_strategy == "epoch",
+                "--eval-strategy: expected no, steps or epoch (got '", eval_strategy, "')");
+  ANATOMY_CHECK(checkpoint_strategy == "no" || checkpoint_strategy == "steps" || checkpoint_strategy == "epoch",
+                "--save-strategy: expected final, no, steps or epoch (got '", checkpoint_strategy, "')");
+  ANATOMY_CHECK(eval_steps >= 0, "--eval-steps must be non-negative (0: every --logging-steps)");
+  ANATOMY_CHECK(save_steps >= 1, "--save-steps must be at least 1");
+  ANATOMY_CHECK(save_total_limit >= 0, "--save-total-limit must be non-negative (0: keep all)");
+  ANATOMY_CHECK(per_device_eval_batch_size >= 1, "--per-device-eval-batch-size must be at least 1");
+  ANATOMY_CHECK(validation_split >= 0 && validation_split < 1, "--validation-split must be in [0, 1) (got ",
+                validation_split, ")");
+  ANATOMY_CHECK(validation_split == 0 || validation_file.empty(), "--validation-split and --validation-file exclude each other");
+  ANATOMY_CHECK(nproc_per_node >= 1 && nproc_per_node <= 64, "--nproc-per-node: expected 1 to 64 (got ", nproc_per_node, ")");
+  ANATOMY_CHECK(zero_stage == 0 || zero_stage == 1, "--zero-stage: expected 0 or 1 (got ", zero_stage, ")");
+  ANATOMY_CHECK(!group_by_length || !train_file.empty(), "--group-by-length needs --train-file (synthetic samples all have one length)");
+}
+
+}  // namespace anatomy

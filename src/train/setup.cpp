@@ -1,0 +1,164 @@
+#include "train/setup.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "dist/communicator.h"
+#include "io/atomic_file.h"
+#include "io/checkpoint.h"
+#include "train/checkpoints.h"
+
+namespace anatomy {
+
+namespace fs = std::filesystem;
+
+TrainDevice make_train_device(const TrainOptions& opt, int local_rank, int local_world) {
+  TrainDevice d;
+  d.cuda = opt.device == "cuda" || (opt.device == "auto" && cuda_available());
+  d.index = local_rank;
+  if (d.cuda) {
+    ANATOMY_CHECK(cuda_device_count() > local_rank, "--nproc-per-node ", local_world, ": this machine has ",
+                  cuda_device_count(), " CUDA device(s) (one rank per device; --device cpu runs ranks on the CPU)");
+    d.used_before = nvml_used_bytes(d);
+    d.backend = make_cuda_backend(local_rank);
+    d.used_context = nvml_used_bytes(d);
+  } else {
+    const int all = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    d.backend = make_cpu_backend(local_world > 1 ? std::max(1, all / local_world) : opt.threads);
+  }
+  if (opt.precision == Precision::Tf32) d.backend->set_allow_tf32(true);
+  return d;
+}
+
+int64_t nvml_used_bytes(const TrainDevice& dev) {
+  if (!dev.cuda) return -1;
+  static Nvml nvml;  // NVML's device r is taken to be CUDA's device r (no CUDA_VISIBLE_DEVICES reordering)
+  auto m = nvml.memory(static_cast<unsigned>(dev.index));
+  return m ? static_cast<int64_t>(m->used) : -1;
+}
+
+namespace {
+
+bool is_checkpoint_name(const std::string& name) {
+  if (name.rfind("checkpoint-", 0) != 0 || name.size() == 11) return false;
+  return std::all_of(name.begin() + 11, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// What marks a directory as holding a run, or "" when it holds none.
+std::string previous_run_in(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "";
+  for (const char* f : {"train_results.json", "model.safetensors"})
+    if (fs::exists(dir / f, ec)) return f;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory() && is_checkpoint_name(e.path().filename().string())) return e.path().filename().string();
+  return "";
+}
+
+}  // namespace
+
+void check_output_dir(const TrainOptions& opt) {
+  ANATOMY_CHECK(!opt.output_dir.empty(), "--output-dir: empty (name a directory for the run's files)");
+  std::error_code ec;
+  if (!opt.model_name_or_path.empty() && fs::exists(opt.output_dir, ec) &&
+      fs::equivalent(opt.output_dir, opt.model_name_or_path, ec))
+    fail("--output-dir ", opt.output_dir, " is the input model's directory (--model-name-or-path): the run would overwrite "
+         "its own starting point; name another directory");
+  if (!opt.resume_from_checkpoint.empty() || opt.overwrite_output_dir) return;
+  const std::string found = previous_run_in(opt.output_dir);
+  ANATOMY_CHECK(found.empty(), "--output-dir ", opt.output_dir, " already holds a run (", found,
+                "): use --overwrite-output-dir to replace it, or --resume-from-checkpoint latest to continue it");
+}
+
+void OutputDir::claim() {
+  if (m_claimed) return;
+  m_claimed = true;
+  const fs::path dir(m_opt.output_dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  ANATOMY_CHECK(!ec, m_opt.output_dir, ": cannot create the output directory: ", ec.message());
+  fs::remove(dir / "train_results.json", ec);  // a run in progress does not look finished
+  if (m_opt.overwrite_output_dir && m_opt.resume_from_checkpoint.empty()) {
+    for (const char* f : {"model.safetensors", "config.json", "all_results.json", "eval_results.json", "profile.json"})
+      fs::remove(dir / f, ec);
+    std::vector<fs::path> old;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.is_directory() && is_checkpoint_name(e.path().filename().string())) old.push_back(e.path());
+    for (const fs::path& p : old) fs::remove_all(p, ec);
+  }
+  rotate_checkpoints(m_opt.output_dir, 0);  // clears the staging leftovers of a killed run; keeps every checkpoint
+  const fs::path metrics = dir / "metrics.jsonl";
+  if (m_start_step > 0) {  // the lines up to the checkpoint's step, then the new ones
+    std::ifstream in(metrics);
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      try {
+        if (nlohmann::json::parse(line).value("step", int64_t{0}) <= m_start_step) kept += line + "\n";
+      } catch (const nlohmann::json::exception&) {
+        break;  // a line cut short by a kill: nothing after it was written
+      }
+    }
+    write_file_atomic(metrics.string(), kept);
+  }
+  m_metrics = std::make_unique<std::ofstream>(metrics, m_start_step > 0 ? std::ios::app : std::ios::trunc);
+}
+
+void OutputDir::append_metrics(const std::string& json_line) {
+  claim();
+  *m_metrics << json_line << "\n" << std::flush;
+}
+
+int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const TrainDevice& dev, Communicator& comm) {
+  if (opt.per_device_train_batch_size != TrainOptions::kAutoBatch) return opt.per_device_train_batch_size;
+  static Nvml nvml;
+  auto mem = dev.cuda ? nvml.memory(static_cast<unsigned>(dev.index)) : std::nullopt;
+  ANATOMY_CHECK(mem.has_value(), "--per-device-train-batch-size auto needs a GPU whose free memory NVML reports");
+  ModelShape shape{1, opt.seq_len, compute_dtype(opt.precision), opt.gradient_checkpointing, true,
+                   resolve_gradient_placement(opt.gradient_placement, opt.gradient_accumulation_steps)};
+  double b = static_cast<double>(largest_batch_that_fits(
+      {cfg, shape, opt.optim.kind, Device::CUDA, comm.size(), comm.size() > 1 ? opt.zero_stage : 0},
+      static_cast<int64_t>(mem->free), int64_t{256} << 20));
+  comm.all_reduce_host(std::span<double>(&b, 1), Communicator::Op::Min);  // every rank runs the same batch
+  ANATOMY_CHECK(b > 0, "--per-device-train-batch-size auto: not even a batch of 1 fits in ", mem->free >> 20, " MiB free");
+  if (comm.rank() == 0) std::fprintf(stderr, "anatomy: --per-device-train-batch-size auto chose %lld\n", static_cast<long long>(b));
+  return static_cast<int64_t>(b);
+}
+
+void check_plan_fits(const PlanInput& in, const MemoryPlan& plan, const TrainDevice& dev, int64_t accum) {
+  static Nvml nvml;
+  auto mem = dev.cuda ? nvml.memory(static_cast<unsigned>(dev.index)) : std::nullopt;
+  if (!mem) return;
+  const int64_t free_bytes = static_cast<int64_t>(mem->free), slack = int64_t{256} << 20;
+  if (plan.total() + slack <= free_bytes) return;
+  std::fprintf(stderr, "Memory plan (does not fit):\n%s", format_plan(plan).c_str());
+  refuse_model_beyond(in, plan, free_bytes - slack, str_cat("GPU ", dev.index, " has ", free_bytes >> 20, " MiB free"));
+  std::string levers;
+  for (const Lever& l : levers_that_fit(in, free_bytes, slack, accum))
+    levers += str_cat("; ", l.description, " (", l.total >> 20, " MiB)");
+  fail("--per-device-train-batch-size ", in.shape.max_batch, ": the plan needs ", plan.total() >> 20, " MiB but GPU ",
+       dev.index, " has ", free_bytes >> 20, " MiB free",
+       levers.empty() ? std::string("; no single lever makes it fit") : " -- would fit" + levers);
+}
+
+void load_starting_weights(const TrainOptions& opt, BertForSequenceClassification& model, bool announce) {
+  model.set_dropout_seed(opt.seed);
+  model.init_weights(opt.seed);
+  if (opt.model_name_or_path.empty() || !fs::exists(fs::path(opt.model_name_or_path) / "model.safetensors")) return;
+  LoadReport rep = load_pretrained_weights(opt.model_name_or_path, model);
+  if (!announce) return;
+  if (!rep.newly_initialized.empty())
+    std::fprintf(stderr, "note: %zu weights were not in %s and are newly initialized (e.g. %s)\n", rep.newly_initialized.size(),
+                 opt.model_name_or_path.c_str(), rep.newly_initialized[0].c_str());
+  if (!rep.unused.empty())
+    std::fprintf(stderr, "note: %zu tensors of %s are not used by BertForSequenceClassification (e.g. %s)\n", rep.unused.size(),
+                 opt.model_name_or_path.c_str(), rep.unused[0].c_str());
+  if (const auto small = model.layernorm_weights_below(1e-3f); !small.empty())
+    std::fprintf(stderr, "note: %zu LayerNorm weights of %s have elements below 1e-3 in magnitude (e.g. %s); LayerNorm "
+                 "backward divides by them, so their gradients are less precise (exactly 0: not exact)\n",
+                 small.size(), opt.model_name_or_path.c_str(), small[0].c_str());
+}
+
+}  // namespace anatomy

@@ -1,0 +1,68 @@
+// The set-up of a training rank: its device, the checks on the output directory, the memory
+// plan, and the model with its starting weights. Everything here runs before anything is
+// written, so a failing start-up leaves the previous run's files as they were.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "memory/planner.h"
+#include "model/bert.h"
+#include "telemetry/nvml.h"
+#include "train/options.h"
+
+namespace anatomy {
+
+class Communicator;
+
+// A rank's device and NVML's readings around its creation (-1 without a GPU).
+struct TrainDevice {
+  std::unique_ptr<Backend> backend;
+  bool cuda = false;
+  int index = 0;               // the CUDA device (the rank's local rank)
+  int64_t used_before = -1;    // NVML used bytes before the backend started
+  int64_t used_context = -1;   // ... after (the CUDA context)
+};
+
+// The device of local rank `local_rank` of `local_world` ranks on this machine: CUDA device
+// `local_rank` when there is one (--device auto|cuda), else the CPU with its share of the threads.
+TrainDevice make_train_device(const TrainOptions& opt, int local_rank, int local_world);
+int64_t nvml_used_bytes(const TrainDevice& dev);  // -1 without a GPU
+
+// Note [output directory]: a directory holding a run (train_results.json, a model or a
+// checkpoint) is refused unless the run resumes from it or --overwrite-output-dir says to replace
+// it; the old run's files are removed only when the new run first writes (OutputDir::claim), so
+// a run that fails to start loses nothing. The input model's directory is never an output.
+void check_output_dir(const TrainOptions& opt);
+
+// The files of the output directory that the loop writes (rank 0 only).
+class OutputDir {
+ public:
+  OutputDir(const TrainOptions& opt, int64_t start_step) : m_opt(opt), m_start_step(start_step) {}
+  // Before the first write: creates the directory, removes what a previous run left that the new
+  // one would mix with (its results, model, checkpoints with --overwrite-output-dir; a finished
+  // marker and metrics past the resumed step when resuming). Idempotent.
+  void claim();
+  void append_metrics(const std::string& json_line);  // metrics.jsonl, claimed first
+  const std::string& path() const { return m_opt.output_dir; }
+
+ private:
+  const TrainOptions& m_opt;
+  int64_t m_start_step;
+  bool m_claimed = false;
+  std::unique_ptr<std::ofstream> m_metrics;
+};
+
+// The micro-batch that the plan is made for: --per-device-train-batch-size, or with "auto" the
+// largest that fits every rank's free memory (agreed across ranks: the smallest).
+int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const TrainDevice& dev, Communicator& comm);
+
+// Refuses a plan that does not fit the device's free memory, with the levers that would make it.
+void check_plan_fits(const PlanInput& in, const MemoryPlan& plan, const TrainDevice& dev, int64_t accum);
+
+// init_weights, then the weights of --model-name-or-path when it has them (notes on stderr from
+// rank 0 about what was not loaded).
+void load_starting_weights(const TrainOptions& opt, BertForSequenceClassification& model, bool announce);
+
+}  // namespace anatomy

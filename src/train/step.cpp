@@ -1,0 +1,109 @@
+#include "train/step.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "dist/communicator.h"
+
+namespace anatomy {
+
+TrainStep::TrainStep(const TrainOptions& opt, BertForSequenceClassification& model, Backend& be, Communicator& comm,
+                     const BatchPlan& plan, int64_t total_steps)
+    : m_opt(opt), m_model(model), m_be(be), m_comm(comm), m_plan(plan), m_B(model.shape().max_batch),
+      m_T(model.shape().max_seq), m_total_steps(total_steps), m_micro_per_epoch(plan.batches_per_epoch()),
+      m_dps(be, comm, opt.optim, model.layout(), opt.zero_stage),
+      m_ids(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
+      m_types(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
+      m_mask(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
+      m_labels(be.allocator(), DType::I32, {m_B}, Category::Other),
+      m_loss_sums(be.allocator(), DType::F32, {m_B}, Category::Other), m_host_losses(static_cast<size_t>(m_B)),
+      m_staging(be, m_B, m_T) {
+  if (opt.precision == Precision::Fp16) m_scaler.scale = opt.fp16_initial_scale;
+  if (model.shape().packed_tokens) {
+    m_rows = Buffer(be.allocator(), DType::I32, {m_B * m_T}, Category::Other);
+    m_first = Buffer(be.allocator(), DType::I32, {m_B}, Category::Other);
+    m_row_multiple = be.device() == Device::CUDA ? 128 : 1;
+  }
+}
+
+StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait, int signal) {
+  const int64_t accum = m_opt.gradient_accumulation_steps, N = m_comm.size(), r = m_comm.rank();
+  StepOutcome out;
+  m_be.set_phase(Phase::Optimizer);  // clearing the gradients is the update's bookkeeping, not data
+  // In activation memory, backward clears each gradient range itself, just before writing it.
+  if (!m_model.gradients_in_activations()) m_model.zero_grads();
+  m_be.fill(m_loss_sums, 0.0f);
+  int64_t widest = 0, mine = 0;
+  for (int64_t m = 0; m < accum; ++m, ++micro) {
+    double waited = 0;
+    ANATOMY_CHECK(source.next(m_hb, waited), "internal error: the data loader ran dry");
+    data_wait += waited;
+    // The global micro-batch holds g samples; this rank's slice is rows [r B, r B + B) of it. A
+    // rank past its end runs one row with weight 0, so that every rank takes part in the step.
+    const int64_t g = static_cast<int64_t>(m_plan.indices(micro / m_micro_per_epoch, micro % m_micro_per_epoch).size());
+    const int64_t real = std::clamp<int64_t>(g - r * m_B, 0, m_B);
+    const int64_t b = m_hb.batch, t = m_hb.seq;
+    auto rows = [&](const Buffer& buf) { return buf.tensor().view({m_B * m_T}).slice(0, b * t).view({b, t}); };
+    DeviceBatch db{rows(m_ids), rows(m_types), rows(m_mask), m_labels.tensor().slice(0, b)};
+    PackedRows packing;
+    if (m_model.shape().packed_tokens) {
+      packing = pack_token_rows(m_hb.attention_mask.data(), b, t, m_row_multiple);
+      db.token_rows = m_rows.tensor().slice(0, static_cast<int64_t>(packing.token_rows.size()));
+      db.first_rows = m_first.tensor().slice(0, b);
+    }
+    m_be.set_phase(Phase::Data);
+    m_staging.upload(m_hb, db, micro, &packing);
+    const float weight = real > 0 ? m_scaler.scale / static_cast<float>(g * accum) : 0.0f;
+    m_model.forward_backward(db, weight, static_cast<uint64_t>(micro * N + r) << 12);
+    m_be.set_phase(Phase::Data);
+    if (real > 0) {
+      const Tensor sums = m_loss_sums.tensor().slice(0, real);
+      m_be.add(sums, sums, m_model.losses().slice(0, real));
+    }
+    mine += real;
+    widest = std::max(widest, real);
+  }
+  ANATOMY_CHECK(!(r == N - 1 && m_dps.optimizer().steps() == m_opt.fail_last_rank_at_step), "rank ", r, " failed at step ",
+                m_dps.optimizer().steps(), " (injected by the test)");
+  m_be.set_phase(Phase::Optimizer);
+  out.lr = scheduled_lr(m_opt.lr_scheduler_type, m_opt.learning_rate, m_dps.optimizer().steps(), m_total_steps,
+                        m_opt.warmup_steps);
+  m_dps.step(m_model, out.lr, m_opt.max_grad_norm, m_scaler.scale);
+  m_be.set_phase(Phase::Data);
+  float norm_sq = 0;
+  m_be.download(&norm_sq, m_dps.norm_sq());  // also the end of this rank's step
+  double local = 0;
+  if (widest > 0) {
+    m_be.download(m_host_losses.data(), m_loss_sums.tensor().slice(0, widest));
+    for (int64_t i = 0; i < widest; ++i) local += m_host_losses[static_cast<size_t>(i)];
+  }
+  // The step's global figures and decisions, in one exchange.
+  double v[4] = {local, static_cast<double>(mine), signal == SIGINT ? 1.0 : 0.0, signal == SIGTERM ? 1.0 : 0.0};
+  m_comm.all_reduce_host(v, Communicator::Op::Sum);
+  out.loss_sum = v[0];
+  out.samples = static_cast<int64_t>(v[1]);
+  out.stop_signal = v[2] > 0 ? SIGINT : v[3] > 0 ? SIGTERM : 0;
+  out.grad_norm = std::sqrt(static_cast<double>(norm_sq)) / m_scaler.scale;
+  // Note [non-finite steps]: a non-finite loss comes from non-finite logits, whose gradient is
+  // non-finite too, so the update kernels have skipped such a step on every rank (dist/zero.h)
+  // whichever quantity the check names first.
+  const bool finite = std::isfinite(norm_sq);
+  if (m_opt.precision == Precision::Fp16 && !m_scaler.at_floor() && !finite) {
+    // An overflow while the scale can still shrink is the scaler's business, not an error.
+    m_scaler.update(true);
+    out.applied = false;
+    out.overflow = true;
+    out.grad_norm = 0;
+  } else {
+    if (m_opt.precision == Precision::Fp16) m_scaler.update(!finite);
+    out.applied = finite;
+    if (!std::isfinite(out.loss_sum)) out.nonfinite = "loss";
+    else if (!finite) out.nonfinite = "grad_norm";
+  }
+  if (!out.applied) m_dps.optimizer().set_steps(m_dps.optimizer().steps() - 1);  // the update did not happen
+  return out;
+}
+
+}  // namespace anatomy

@@ -1,0 +1,80 @@
+// One optimizer step of a rank: its micro-batches (gradient accumulation), the reduction over
+// the ranks and the update (dist/zero.h), fp16 loss scaling, and the step's global figures:
+// the summed loss, the samples, the gradient norm, and whether the update was applied.
+#pragma once
+#include <cstdint>
+
+#include "data/dataset.h"
+#include "dist/zero.h"
+#include "memory/allocator.h"
+#include "model/bert.h"
+#include "train/options.h"
+#include "train/staging.h"
+
+namespace anatomy {
+
+// fp16 dynamic loss scaling: skip the step on overflow and halve the scale; double it after
+// `interval` clean steps (the defaults of torch.amp.GradScaler). The overflow is the global
+// gradient norm's, which every rank reads alike, so every rank's scaler makes the same decision.
+struct LossScaler {
+  float scale = 1.0f;
+  int64_t clean = 0, interval = 2000;
+  bool at_floor() const { return scale <= 1.0f; }
+  bool update(bool overflow) {
+    if (overflow) {
+      scale = std::max(scale * 0.5f, 1.0f);
+      clean = 0;
+      return false;
+    }
+    if (++clean >= interval) {
+      scale *= 2.0f;
+      clean = 0;
+    }
+    return true;
+  }
+};
+
+struct StepOutcome {
+  double loss_sum = 0;   // summed per-sample losses over every rank
+  int64_t samples = 0;   // over every rank
+  double grad_norm = 0;  // the global norm before clipping, unscaled (NaN/Inf when not finite)
+  float lr = 0;
+  bool applied = true;   // false: the update skipped itself (fp16 overflow, or a non-finite step)
+  bool overflow = false;  // fp16: skipped by the loss scaler, which has halved its scale
+  const char* nonfinite = nullptr;  // the first non-finite quantity ("loss", "grad_norm"), or null
+  int stop_signal = 0;   // SIGINT or SIGTERM when some rank received one (agreed: every rank stops)
+};
+
+class TrainStep {
+ public:
+  // plan: the global batches (per-device batch x ranks); this rank trains on its slice of each.
+  TrainStep(const TrainOptions& opt, BertForSequenceClassification& model, Backend& be, Communicator& comm,
+            const BatchPlan& plan, int64_t total_steps);
+  // One step from `source` (this rank's slices, from micro-batch `micro` on); `micro` advances by
+  // the accumulation steps. `signal` is this rank's pending SIGINT/SIGTERM (0: none).
+  StepOutcome run(Prefetcher& source, int64_t& micro, double& data_wait, int signal);
+  LossScaler& scaler() { return m_scaler; }
+  Optimizer& optimizer() { return m_dps.optimizer(); }
+  const ShardRange& shard() const { return m_dps.shard(); }
+  int zero_stage() const { return m_dps.stage(); }
+
+ private:
+  const TrainOptions& m_opt;
+  BertForSequenceClassification& m_model;
+  Backend& m_be;
+  Communicator& m_comm;
+  const BatchPlan& m_plan;
+  int64_t m_B, m_T, m_total_steps, m_micro_per_epoch;
+  LossScaler m_scaler;
+  DataParallelStep m_dps;
+  Buffer m_ids, m_types, m_mask, m_labels, m_loss_sums;
+  // Training on real tokens: each micro-batch's packing index (Note [packed training]); on the
+  // GPU rounded up to a multiple of 128 rows, so that few GEMM shapes recur.
+  Buffer m_rows, m_first;
+  int64_t m_row_multiple = 1;
+  HostBatch m_hb;
+  std::vector<float> m_host_losses;
+  UploadStaging m_staging;
+};
+
+}  // namespace anatomy

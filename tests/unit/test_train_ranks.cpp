@@ -1,0 +1,252 @@
+// Every feature at every world size (the in-process group on the CPU): ranks train like one
+// process whose micro-batch is theirs combined, with text data, evaluation, checkpoints (each rank
+// its optimizer shard) and resume on another number of ranks; the same log keys at every size;
+// non-finite steps stop the run or are skipped; an output directory holding a run is refused.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../common/cli.h"
+#include "../common/data_parallel.h"
+#include "train/step.h"
+#include "train/trainer.h"
+
+using namespace anatomy;
+using namespace anatomy::testing_dp;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::vector<json> read_jsonl(const fs::path& p) {
+  std::vector<json> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+// step -> the logged training loss (lines with "loss"; evaluation lines have "eval_loss").
+std::map<int64_t, double> loss_curve(const std::string& dir) {
+  std::map<int64_t, double> c;
+  for (const json& j : read_jsonl(fs::path(dir) / "metrics.jsonl"))
+    if (j.contains("loss")) c[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  return c;
+}
+
+std::set<std::string> training_keys(const std::string& dir) {
+  for (const json& j : read_jsonl(fs::path(dir) / "metrics.jsonl"))
+    if (j.contains("loss")) {
+      std::set<std::string> k;
+      for (auto it = j.begin(); it != j.end(); ++it) k.insert(it.key());
+      return k;
+    }
+  return {};
+}
+
+const std::string kData = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
+const std::string kTokenizer = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/tokenizer";
+
+}  // namespace
+
+// 22 samples in global batches of 6: the fourth is 4 long, so with 3 ranks of 2 the last rank
+// has nothing in it and with 2 ranks of 3 the second has one sample.
+TEST(TrainRanks, WorldsTwoAndThreeTrainLikeOneProcessWithTheCombinedBatch) {
+  const std::string model = dropout_free_model("ranks_model");
+  std::vector<std::string> dirs;
+  std::vector<TrainResult> res;
+  for (int world : {1, 2, 3}) {
+    TrainOptions o = options("cpu", model, "ranks_w" + std::to_string(world), world, 6 / world, 1);
+    o.num_samples = 22;
+    o.logging_steps = 1;
+    o.threads = world;  // one thread per rank, as for the single process
+    // AdamW moves a weight by about the learning rate whatever its gradient's size, so the
+    // rounding of a gradient near zero (summed in another order over ranks) can show at that
+    // scale: 1e-4 keeps it below the 1e-5 asked for.
+    o.learning_rate = 1e-4f;
+    res.push_back(train(o));
+    dirs.push_back(o.output_dir);
+  }
+  const auto ref = loss_curve(dirs[0]);
+  ASSERT_EQ(ref.size(), 4u);
+  EXPECT_NE(ref.at(1), ref.at(4));  // the weights moved
+  for (size_t w = 1; w < dirs.size(); ++w) {
+    SCOPED_TRACE(std::to_string(w + 1) + " ranks");
+    EXPECT_EQ(res[w].samples, res[0].samples);
+    EXPECT_EQ(res[w].samples, 22);
+    const auto got = loss_curve(dirs[w]);
+    ASSERT_EQ(got.size(), ref.size());
+    for (const auto& [step, loss] : ref) EXPECT_NEAR(got.at(step), loss, 1e-5) << "step " << step;
+    const double diff = max_abs_diff(saved_weights(dirs[0]), saved_weights(dirs[w]));
+    EXPECT_LT(diff, 1e-5) << "largest weight difference";
+    std::printf("[ranks] %zu ranks: largest weight difference %.3g after 4 steps\n", w + 1, diff);
+    EXPECT_EQ(training_keys(dirs[w]), training_keys(dirs[0]));
+  }
+  for (const char* k : {"loss", "grad_norm", "learning_rate", "epoch"}) EXPECT_TRUE(training_keys(dirs[2]).count(k)) << k;
+}
+
+// Text data with evaluation: 2 ranks (ZeRO 1) save a checkpoint at step 2; it resumes on 3 ranks
+// and on 1, and one process's checkpoint resumes on 2, each ending where one process with the
+// combined batch ends.
+TEST(TrainRanks, TextEvaluationCheckpointAndResumeOnAnotherWorldSize) {
+  const std::string model = dropout_free_model("ranks_text_model");
+  const std::string data_dir = fresh_dir("ranks_text_data");
+  fs::copy_file(kData, data_dir + "/data.jsonl");
+  auto text = [&](const std::string& out, int world) {
+    TrainOptions o = options("cpu", model, out, world, 6 / world, 1);
+    o.train_file = data_dir + "/data.jsonl";
+    o.tokenizer = kTokenizer;
+    o.validation_split = 0.25;
+    o.seq_len = 32;
+    o.eval_strategy = "steps";
+    o.eval_steps = 2;
+    o.logging_steps = 1;
+    o.threads = world;
+    o.learning_rate = 1e-4f;  // as above
+    return o;
+  };
+  TrainOptions ref_opt = text("ranks_text_ref", 1);
+  ref_opt.checkpoint_strategy = "steps";
+  ref_opt.save_steps = 2;
+  const TrainResult ref = train(ref_opt);
+  ASSERT_GE(ref.eval_accuracy, 0.0);
+
+  TrainOptions two = text("ranks_text_two", 2);
+  two.checkpoint_strategy = "steps";
+  two.save_steps = 2;
+  const TrainResult r2 = train(two);
+  EXPECT_NEAR(r2.eval_loss, ref.eval_loss, 1e-5);
+  EXPECT_EQ(r2.eval_accuracy, ref.eval_accuracy);
+  const fs::path ckpt = fs::path(two.output_dir) / "checkpoint-2";
+  ASSERT_TRUE(fs::exists(ckpt / "optimizer-shard-0.safetensors"));
+  ASSERT_TRUE(fs::exists(ckpt / "optimizer-shard-1.safetensors"));
+  EXPECT_FALSE(fs::exists(ckpt / "optimizer.safetensors"));
+
+  // The shards on 3 ranks and on 1; one process's whole state on 2 ranks.
+  const fs::path whole = fs::path(ref_opt.output_dir) / "checkpoint-2";
+  ASSERT_TRUE(fs::exists(whole / "optimizer.safetensors"));
+  for (int world : {3, 1, 2}) {
+    SCOPED_TRACE("resumed on " + std::to_string(world) + " ranks");
+    TrainOptions o = text("ranks_text_resume" + std::to_string(world), world);
+    o.resume_from_checkpoint = (world == 2 ? whole : ckpt).string();
+    const TrainResult r = train(o);
+    EXPECT_EQ(r.start_step, 2);
+    EXPECT_NEAR(r.eval_loss, ref.eval_loss, 1e-5);
+    EXPECT_NEAR(r.train_loss, ref.train_loss, 1e-5);
+    EXPECT_LT(max_abs_diff(saved_weights(ref_opt.output_dir), saved_weights(o.output_dir)), 1e-5);
+  }
+}
+
+// A learning rate of 1e38 sends the weights to ~1e38 in one AdamW step, and the next forward
+// overflows: the loss of step 2 is the first non-finite quantity.
+TEST(TrainRanks, NonFiniteStepStopsTheRunKeepingTheLastCheckpoint) {
+  const std::string model = dropout_free_model("ranks_nan_model");
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(std::to_string(world) + " ranks");
+    TrainOptions o = options("cpu", model, "ranks_nan" + std::to_string(world), world, 4 / world, 1);
+    o.learning_rate = 1e38f;
+    o.max_grad_norm = 0;
+    o.checkpoint_strategy = "steps";
+    o.save_steps = 1;
+    try {
+      train(o);
+      ADD_FAILURE() << "the run did not stop";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("step 2: the loss is not finite"), std::string::npos) << what;
+      EXPECT_NE(what.find("--skip-nonfinite-steps"), std::string::npos) << what;
+    }
+    EXPECT_TRUE(fs::exists(fs::path(o.output_dir) / "checkpoint-1"));
+    EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / "checkpoint-2"));
+    EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / "train_results.json"));
+    EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / "model.safetensors"));
+
+    o.output_dir = fresh_dir("ranks_nan_skip" + std::to_string(world));
+    o.skip_nonfinite_steps = true;
+    const TrainResult r = train(o);
+    EXPECT_EQ(r.nonfinite_steps, 3);
+    EXPECT_EQ(r.skipped_steps, 3);
+    EXPECT_TRUE(fs::exists(fs::path(o.output_dir) / "train_results.json"));
+  }
+}
+
+TEST(TrainRanks, AnOutputDirectoryHoldingARunIsRefusedUntilTheUserSaysHow) {
+  using namespace anatomy::testing_cli;
+  const std::string out = fresh_dir("ranks_outdir");
+  const std::string base = "train --preset bert-tiny --device cpu --seq-len 16 --num-samples 8 --per-device-train-batch-size 4 "
+                           "--max-steps 1 --disable-tqdm --output-dir " + out;
+  ASSERT_EQ(run_anatomy(base + " --save-strategy steps --save-steps 1").status, 0);
+  ASSERT_TRUE(fs::exists(fs::path(out) / "checkpoint-1"));
+  auto slurp = [](const fs::path& p) {
+    std::ifstream in(p);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string results = slurp(fs::path(out) / "train_results.json"), metrics = slurp(fs::path(out) / "metrics.jsonl");
+  const CmdResult again = run_anatomy(base);
+  expect_clean_error(again, out);
+  EXPECT_NE(again.output.find("--overwrite-output-dir"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("--resume-from-checkpoint latest"), std::string::npos) << again.output;
+  // A run that fails at start-up, even when told to overwrite, changes nothing.
+  expect_clean_error(run_anatomy(base + " --overwrite-output-dir --eval-strategy steps"), "--eval-strategy");
+  EXPECT_EQ(slurp(fs::path(out) / "train_results.json"), results);
+  EXPECT_EQ(slurp(fs::path(out) / "metrics.jsonl"), metrics);
+  // The input model's directory is never an output.
+  expect_clean_error(run_anatomy("train --device cpu --seq-len 16 --num-samples 8 --max-steps 1 --model-name-or-path " + out +
+                                 " --overwrite-output-dir --output-dir " + out),
+                     "input model");
+  EXPECT_EQ(run_anatomy(base + " --overwrite-output-dir --seed 7").status, 0);
+  EXPECT_NE(slurp(fs::path(out) / "train_results.json"), results);
+  EXPECT_FALSE(fs::exists(fs::path(out) / "checkpoint-1")) << "the old run's checkpoints would mix with the new run's";
+}
+
+TEST(TrainRanks, ProfilingAtTwoRanksWritesRankZerosProfile) {
+  const std::string model = dropout_free_model("ranks_prof_model");
+  TrainOptions o = options("cpu", model, "ranks_prof", 2, 2, 1);
+  o.max_steps = 1;
+  o.profile_steps = 1;
+  const TrainResult r = train(o);
+  EXPECT_EQ(r.world_size, 2);
+  std::ifstream in(fs::path(o.output_dir) / "profile.json");
+  ASSERT_TRUE(in.good());
+  EXPECT_FALSE(json::parse(in).empty());
+}
+
+TEST(TrainRanks, AutoBatchWithoutAGpuIsRefusedNamingTheFlag) {
+  const std::string model = dropout_free_model("ranks_auto_model");
+  TrainOptions o = options("cpu", model, "ranks_auto", 2, 2, 1);
+  o.per_device_train_batch_size = TrainOptions::kAutoBatch;
+  try {
+    train(o);
+    ADD_FAILURE() << "auto ran without a GPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--per-device-train-batch-size auto"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / "metrics.jsonl"));
+}
+
+// fp16's scaler (train/step.h): an overflow halves the scale down to its floor, where overflows
+// become non-finite steps; clean steps double it after the interval. The overflow it is told of
+// is the global gradient norm's, the same on every rank, so every rank's scaler moves alike.
+TEST(TrainRanks, LossScalerHalvesToItsFloorAndGrowsAfterCleanSteps) {
+  LossScaler s;
+  s.scale = 4.0f;
+  s.interval = 3;
+  EXPECT_FALSE(s.update(true));
+  EXPECT_EQ(s.scale, 2.0f);
+  EXPECT_FALSE(s.at_floor());
+  EXPECT_FALSE(s.update(true));
+  EXPECT_TRUE(s.at_floor());
+  EXPECT_FALSE(s.update(true));
+  EXPECT_EQ(s.scale, 1.0f);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(s.update(false));
+  EXPECT_EQ(s.scale, 1.0f);
+  EXPECT_TRUE(s.update(false));
+  EXPECT_EQ(s.scale, 2.0f);
+  EXPECT_EQ(s.clean, 0);
+}
