@@ -7,7 +7,9 @@
 // or done (the in-process CPU group). Buffers are F32 (gradients, master weights, a norm).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -40,12 +42,22 @@ class Communicator {
   virtual void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) = 0;
   // Every rank's shard of buf, copied from its owner to every rank.
   virtual void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) = 0;
-  virtual const char* kind() const = 0;  // "local" or "nccl"
+  // Small host values (metrics, loss scale decisions, counts): every rank ends with the same
+  // values, combined element by element in rank order 0, 1, ..., size-1 (Sum: ((v0 + v1) + v2)...).
+  enum class Op : uint8_t { Sum, Max, Min };
+  virtual void all_reduce_host(std::span<double> v, Op op) = 0;
+  virtual void broadcast_host(std::span<double> v, int root) = 0;
+  virtual void barrier() = 0;
+  virtual const char* kind() const = 0;  // "local", "nccl" or "gloo"
   // A rank that fails calls this on its own communicator (any number of times): it leaves the
   // group, and collectives in flight or to come on the other ranks throw instead of waiting for
   // it forever (each of them then aborts too).
   virtual void abort() noexcept = 0;
 };
+
+// out[i] = gathered[0][i] op gathered[1][i] op ... in rank order, where gathered holds `world`
+// rows of out.size() values (row r from rank r): how every group combines host values.
+void combine_in_rank_order(std::span<double> out, std::span<const double> gathered, int world, Communicator::Op op);
 
 // In-process group for the CPU backend (and tests): `world` communicators whose ranks run on
 // threads of one process, each on host buffers. Sums are taken in rank order 0, 1, ..., so a

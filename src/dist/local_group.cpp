@@ -21,13 +21,30 @@ std::vector<ShardRange> shard_ranges(size_t total, int world, size_t align) {
   return out;
 }
 
+void combine_in_rank_order(std::span<double> out, std::span<const double> gathered, int world, Communicator::Op op) {
+  const size_t n = out.size();
+  ANATOMY_CHECK(world >= 1 && gathered.size() == n * static_cast<size_t>(world), "internal error: ", gathered.size(),
+                " gathered host values for ", world, " ranks of ", n);
+  for (size_t i = 0; i < n; ++i) {
+    double acc = gathered[i];
+    for (size_t r = 1; r < static_cast<size_t>(world); ++r) {
+      const double x = gathered[r * n + i];
+      acc = op == Communicator::Op::Sum ? acc + x : op == Communicator::Op::Max ? std::max(acc, x) : std::min(acc, x);
+    }
+    out[i] = acc;
+  }
+}
+
 namespace {
 
 // What the ranks of a local group share: each rank's buffer for the collective in flight, and a
 // barrier that separates "every rank has posted" from "every rank has read".
 struct LocalShared {
-  explicit LocalShared(int world) : bufs(static_cast<size_t>(world), nullptr), sync(world), dropped(static_cast<size_t>(world)) {}
+  explicit LocalShared(int world)
+      : bufs(static_cast<size_t>(world), nullptr), hbufs(static_cast<size_t>(world), nullptr), sync(world),
+        dropped(static_cast<size_t>(world)) {}
   std::vector<float*> bufs;
+  std::vector<double*> hbufs;  // host collectives
   std::barrier<> sync;
   std::atomic<bool> aborted{false};
   std::vector<std::atomic<bool>> dropped;  // a rank leaves the barrier once
@@ -76,7 +93,22 @@ class LocalCommunicator final : public Communicator {
     wait();
   }
 
- private:
+  void all_reduce_host(std::span<double> v, Op op) override {
+    post_host(v);
+    std::vector<double> gathered(v.size() * static_cast<size_t>(m_world));
+    for (int r = 0; r < m_world; ++r)
+      std::copy_n(m_s->hbufs[static_cast<size_t>(r)], v.size(), gathered.begin() + static_cast<ptrdiff_t>(r * v.size()));
+    wait();
+    combine_in_rank_order(v, gathered, m_world, op);
+  }
+  void broadcast_host(std::span<double> v, int root) override {
+    ANATOMY_CHECK(root >= 0 && root < m_world, "internal error: broadcast from rank ", root, " of ", m_world);
+    post_host(v);
+    if (m_rank != root) std::copy_n(m_s->hbufs[static_cast<size_t>(root)], v.size(), v.data());
+    wait();
+  }
+  void barrier() override { wait(); }
+
   void abort() noexcept override {
     m_s->aborted = true;
     // Leave the barrier (counting as this phase's arrival): ranks waiting in it are released.
@@ -96,6 +128,10 @@ class LocalCommunicator final : public Communicator {
     m_s->bufs[static_cast<size_t>(m_rank)] = p;
     wait();  // every rank has posted
     return p;
+  }
+  void post_host(std::span<double> v) {
+    m_s->hbufs[static_cast<size_t>(m_rank)] = v.data();
+    wait();
   }
   void check(const Tensor& buf, const std::vector<ShardRange>& shards) const {
     ANATOMY_CHECK(shards.size() == static_cast<size_t>(m_world) && shards.back().end <= buf.numel(),
