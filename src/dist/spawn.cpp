@@ -38,6 +38,24 @@ std::string describe(int status) {
 
 }  // namespace
 
+int run_ranks(int nproc_per_node, char** argv, const std::function<int(const LaunchEnv&)>& rank_main, bool spawn) {
+  const LaunchEnv env = detect_launch();
+  if (env.launched()) {
+    ANATOMY_CHECK(nproc_per_node <= 1 || nproc_per_node == env.local_world_size, "--nproc-per-node ", nproc_per_node,
+                  " disagrees with ", env.launcher, "'s ", env.local_world_size,
+                  " processes on this node (leave the flag out under a launcher)");
+    return rank_main(env);
+  }
+  if (nproc_per_node <= 1 || !spawn) return rank_main(env);
+  SpawnOptions opt;
+  opt.nproc = nproc_per_node;
+  char self[4096] = {};
+  const ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  opt.argv.push_back(len > 0 ? std::string(self, static_cast<size_t>(len)) : std::string("/proc/self/exe"));
+  for (char** a = argv + 1; *a; ++a) opt.argv.emplace_back(*a);
+  return spawn_local(opt);
+}
+
 int free_local_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   ANATOMY_CHECK(fd >= 0, "--nproc-per-node: socket(): ", std::strerror(errno));

@@ -3,8 +3,11 @@
 // and when one fails ends the others.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "dist/launch.h"
 
 namespace anatomy {
 
@@ -22,6 +25,13 @@ struct SpawnOptions {
 // after `grace`). Their output is this
 // process's: each rank's error line appears as it prints it.
 int spawn_local(const SpawnOptions& opt);
+
+// What `anatomy train` does with its processes. Under a launcher (RANK, OMPI_COMM_WORLD_RANK or
+// SLURM_PROCID set): rank_main(its environment), after checking --nproc-per-node against the
+// launcher's processes per node. Without one, and with nproc_per_node > 1 and spawn: this
+// process spawns nproc_per_node copies of itself (same arguments) and returns their status.
+// Otherwise rank_main of a group of one.
+int run_ranks(int nproc_per_node, char** argv, const std::function<int(const LaunchEnv&)>& rank_main, bool spawn);
 
 // A TCP port on 127.0.0.1 that nothing listens on right now.
 int free_local_port();
