@@ -181,14 +181,14 @@ TEST_P(ProcessGroupTorchrunEnv, KillingOneProcessEndsTheOthersWithinSeconds) {
 INSTANTIATE_TEST_SUITE_P(Worlds, ProcessGroupTorchrunEnv, ::testing::Values(2, 3));
 
 // Open MPI's launcher (openmpi-bin from scripts/setup.sh) starts the ranks; they find rank 0's
-// store through the MASTER_ADDR/MASTER_PORT it forwards (-x).
+// store through the MASTER_ADDR/MASTER_PORT it forwards (-x). One node, so no ssh: plm=isolated.
 class ProcessGroupMpirun : public ::testing::TestWithParam<int> {};
 
 TEST_P(ProcessGroupMpirun, CollectivesMatchTheInProcessGroupBitwise) {
   if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "mpirun is not installed (openmpi-bin)";
   const int world = GetParam();
   const std::string dir = testing_dirs::fresh_dir("pg_mpi_" + std::to_string(world));
-  const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent= "
+  const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm=isolated "
                           "timeout 60 mpirun -np " + std::to_string(world) +
                           " --oversubscribe -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=" + std::to_string(free_local_port()) +
                           " " + ANATOMY_PG_WORKER + " script " + dir + " > " + dir + "/log.txt 2>&1";
