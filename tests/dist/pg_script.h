@@ -8,15 +8,19 @@
 #include <vector>
 
 #include "dist/communicator.h"
+#include "memory/category.h"
+#include "ops/backend.h"
 
 namespace anatomy::pg_test {
 
-// Values of mixed signs and magnitudes (so the order of a sum shows in its bits), -0.0 included.
-inline float value(int rank, size_t i) {
+// Values of mixed signs and magnitudes (so the order of a sum shows in its bits), -0.0 included;
+// or, `exact`, small whole numbers, whose sums are exact in any order (NCCL's order is its own).
+inline float value(int rank, size_t i, bool exact = false) {
   uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ static_cast<uint32_t>(rank + 1) * 40503u;
   h ^= h >> 13;
   h *= 0x5bd1e995u;
   h ^= h >> 15;
+  if (exact) return static_cast<float>(static_cast<int>(h % 201) - 100);
   if (h % 97 == 0) return -0.0f;
   const float mant = static_cast<float>(h & 0xffff) / 65536.0f - 0.5f;
   return std::ldexp(mant, static_cast<int>((h >> 16) % 24) - 12);
@@ -26,27 +30,36 @@ inline void append(std::vector<char>& out, const void* p, size_t bytes) {
   out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + bytes);
 }
 
-// Runs every collective once; returns what this rank holds after each.
-inline std::vector<char> run_script(Communicator& comm, size_t n = 10007) {
+// Runs every collective once on a buffer of `be`'s device (filled from and read back to the
+// host around each); returns what this rank holds after each.
+inline std::vector<char> run_script(Communicator& comm, Backend& be, bool exact = false, size_t n = 10007) {
   const int rank = comm.rank(), world = comm.size();
   std::vector<char> out;
   std::vector<float> buf(n);
-  const Tensor t(buf.data(), DType::F32, Shape{static_cast<int64_t>(n)}, Device::CPU);
+  void* mem = be.allocator().allocate(n * sizeof(float), Category::Temporary);
+  const Tensor t(mem, DType::F32, Shape{static_cast<int64_t>(n)}, be.device());
   auto fill = [&](int salt) {
-    for (size_t i = 0; i < n; ++i) buf[i] = value(rank * 7 + salt, i);
+    for (size_t i = 0; i < n; ++i) buf[i] = value(rank * 7 + salt, i, exact);
+    be.upload(t, buf.data());
+  };
+  auto keep = [&] {
+    be.download(buf.data(), t);
+    be.synchronize();
+    append(out, buf.data(), n * sizeof(float));
   };
   fill(0);
   comm.all_reduce_sum(t);
-  append(out, buf.data(), n * sizeof(float));
+  keep();
   for (size_t align : {size_t{16}, size_t{4096}}) {  // uneven shards; with 4096 and 3 ranks a short last one
     const std::vector<ShardRange> shards = shard_ranges(n, world, align);
     fill(1);
     comm.reduce_scatter_sum(t, shards);
-    append(out, buf.data(), n * sizeof(float));
+    keep();
     fill(2);
     comm.all_gather(t, shards);
-    append(out, buf.data(), n * sizeof(float));
+    keep();
   }
+  be.allocator().deallocate(mem, n * sizeof(float), Category::Temporary);
   for (Communicator::Op op : {Communicator::Op::Sum, Communicator::Op::Max, Communicator::Op::Min}) {
     std::vector<double> h = {0.1 * (rank + 1), -1e-17 * rank, 1e16 + rank, static_cast<double>(rank % 2)};
     comm.all_reduce_host(h, op);

@@ -32,7 +32,10 @@ std::vector<std::vector<char>> expected(int world) {
   std::vector<std::vector<char>> out(static_cast<size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] { out[static_cast<size_t>(r)] = pg_test::run_script(*group[static_cast<size_t>(r)]); });
+    threads.emplace_back([&, r] {
+      auto be = make_cpu_backend(1);
+      out[static_cast<size_t>(r)] = pg_test::run_script(*group[static_cast<size_t>(r)], *be);
+    });
   for (auto& t : threads) t.join();
   return out;
 }
