@@ -66,7 +66,7 @@ static int run(int argc, char** argv) {
     backend->fill(t, 1.0f);  // freed with the process
     if (mode == "fail" && argc == 3) {
       if (env.rank == std::atoi(argv[2])) fail("rank ", env.rank, " fails on purpose");
-      for (int i = 0; i < 1000; ++i) comm->all_reduce_sum(t);  // the failed rank never joins
+      for (int i = 0; i < 3; ++i) comm->all_reduce_sum(t);  // the failed rank never joins
       comm->barrier();  // NCCL's sums are asynchronous: a host collective waits for them
       return 0;
     }
