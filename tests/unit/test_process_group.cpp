@@ -231,3 +231,32 @@ TEST(Spawn, EndsRanksThatIgnoreSigtermAndReturnsTheFailedStatus) {
 
 }  // namespace
 }  // namespace anatomy
+
+namespace anatomy {
+namespace {
+
+// SIGINT to the spawner reaches every rank once; ranks that stop cleanly give status 0.
+TEST(Spawn, ForwardsSigintToEveryRank) {
+  const std::string dir = testing_dirs::fresh_dir("spawn_int");
+  SpawnOptions opt;
+  opt.nproc = 2;
+  opt.argv = {"/bin/sh", "-c",
+              "trap 'kill $! 2>/dev/null; echo \"rank $RANK stops\" >&2; exit 0' INT; sleep 20 & touch " + dir +
+                  "/ready$RANK; wait"};
+  std::thread interrupter([&] {
+    auto ready = [&] { return std::filesystem::exists(dir + "/ready0") && std::filesystem::exists(dir + "/ready1"); };
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (!ready() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (ready()) ::kill(::getpid(), SIGINT);  // spawn_local's handler is installed before the ranks start
+  });
+  const auto t0 = Clock::now();
+  const auto [rc, log] = spawn_capturing(opt, dir + "/stderr.txt");
+  interrupter.join();
+  EXPECT_EQ(rc, 0) << log;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+  EXPECT_NE(log.find("rank 0 stops"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 1 stops"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace anatomy
