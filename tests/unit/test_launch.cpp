@@ -1,8 +1,17 @@
 // Reading the launcher's environment: torchrun, mpirun, srun; one-line errors naming the variable.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+
+#include "../common/dirs.h"
 #include "core/error.h"
+#include "dist/bootstrap.h"
 #include "dist/launch.h"
+#include "dist/spawn.h"
 
 namespace anatomy {
 namespace {
@@ -87,6 +96,52 @@ TEST(Launch, InconsistentVariablesAreNamed) {
   EXPECT_NE(error_of(Env{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}}).find("mpirun -x MASTER_ADDR"),
             std::string::npos);
   for (const std::string& e : {with("RANK", "2"), with("MASTER_ADDR", "")}) EXPECT_EQ(e.find('\n'), std::string::npos);
+}
+
+// A rank whose rank 0 never comes up gives up after the timeout, naming the address.
+TEST(Launch, NoStoreAtTheAddressIsAOneLineErrorNamingIt) {
+  const int port = free_local_port();
+  const std::string where = "127.0.0.1:" + std::to_string(port);
+  try {
+    TcpStore store("127.0.0.1", port, false, std::chrono::milliseconds(300));
+    FAIL() << "connected to nothing";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("no store at " + where), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
+// The store itself: a key set by one rank is read by another; a key nobody sets times out.
+TEST(Launch, StoreSetGetWaitAndTimeout) {
+  const int port = free_local_port();
+  TcpStore server("127.0.0.1", port, true, std::chrono::seconds(5));
+  TcpStore client("127.0.0.1", port, false, std::chrono::seconds(5));
+  server.set("id", {'a', 'b', '\0', 'c'});
+  EXPECT_EQ(client.get("id"), (std::vector<char>{'a', 'b', '\0', 'c'}));
+  try {
+    client.wait({"never"}, std::chrono::milliseconds(200));
+    FAIL() << "waited for a key nobody set";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'never' never appeared in the store at 127.0.0.1:" + std::to_string(port)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Under a launcher, anatomy train checks --nproc-per-node against it (one line, exit 2).
+TEST(Launch, TrainChecksNprocPerNodeAgainstTheLauncher) {
+  const std::string dir = testing_dirs::fresh_dir("launch_cli");
+  const std::string cmd = "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 " +
+                          std::string(ANATOMY_BINARY) + " train --device cpu --nproc-per-node 3 --output-dir " + dir +
+                          "/out 2> " + dir + "/err.txt";
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  std::ifstream f(dir + "/err.txt");
+  const std::string err{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  EXPECT_EQ(err, "anatomy: error: --nproc-per-node 3 disagrees with torchrun's 2 processes on this node (leave the flag out "
+                 "under a launcher)\n");
 }
 
 }  // namespace
