@@ -79,12 +79,13 @@ LaunchEnv detect_launch(const Env& env) {
     e.local_rank = int_var_or(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, 0);
     e.local_world_size = int_var_or(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, e.world_size);
     check_rank(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK");
-  } else if (find(env, "SLURM_PROCID")) {
+  } else if (find(env, "SLURM_PROCID") && find(env, "SLURM_STEP_NUM_TASKS")) {
+    // srun sets SLURM_STEP_NUM_TASKS for the tasks of its step; a batch script run without srun
+    // has SLURM_PROCID=0 and the allocation's SLURM_NTASKS but no step: a group of one.
     e.launcher = "srun";
     e.rank = int_var(env, "SLURM_PROCID", 0);
-    // SLURM_STEP_NUM_TASKS: the tasks of this srun step (SLURM_NTASKS is the allocation's).
-    const char* size_var = find(env, "SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
-    e.world_size = int_var(env, size_var, 1, "srun sets it with SLURM_PROCID");
+    const char* size_var = "SLURM_STEP_NUM_TASKS";
+    e.world_size = int_var(env, size_var, 1);
     e.local_rank = int_var_or(env, "SLURM_LOCALID", 0, 0);
     e.local_world_size = e.world_size;
     if (const std::string* t = find(env, "SLURM_STEP_TASKS_PER_NODE"); t && !t->empty())

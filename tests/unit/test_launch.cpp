@@ -66,7 +66,7 @@ TEST(Launch, Mpirun) {
 }
 
 TEST(Launch, SrunTakesTheFirstHostOfTheNodeList) {
-  const LaunchEnv e = detect_launch(Env{{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
+  const LaunchEnv e = detect_launch(Env{{"SLURM_PROCID", "3"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "1"},
                                         {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
                                         {"SLURM_JOB_NODELIST", "gpu[07-08,12],cpu1"}, {"SLURM_JOB_ID", "123456"}});
   EXPECT_EQ(e.launcher, "srun");
@@ -75,8 +75,16 @@ TEST(Launch, SrunTakesTheFirstHostOfTheNodeList) {
   EXPECT_EQ(e.local_world_size, 2);
   EXPECT_EQ(e.master_addr, "gpu07");
   EXPECT_EQ(e.master_port, 20000 + 123456 % 10000);
-  EXPECT_EQ(detect_launch(Env{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_NODELIST", "solo"}}).master_addr,
+  EXPECT_EQ(detect_launch(Env{{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_JOB_NODELIST", "solo"}}).master_addr,
             "solo");
+}
+
+// A batch script's own shell (no srun): rank 0 of the allocation's tasks, but nobody else runs.
+TEST(Launch, SbatchWithoutSrunIsAGroupOfOne) {
+  const LaunchEnv e = detect_launch(Env{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"},
+                                        {"SLURM_JOB_NODELIST", "gnode[10,20]"}, {"SLURM_JOB_ID", "7"}});
+  EXPECT_FALSE(e.launched());
+  EXPECT_EQ(e.world_size, 1);
 }
 
 TEST(Launch, InconsistentVariablesAreNamed) {
