@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the CUDA binaries here (sm_90) and stages them for scripts/device.sh, with the few shared libraries the GPU
-# machine lacks (OpenBLAS and its Fortran runtime, utf8proc), into .carry/ for the device tool:
+# Builds the CUDA binaries here (sm_90) and stages them, with the few shared libraries the GPU
+# machine lacks (OpenBLAS and its Fortran runtime, utf8proc, Gloo), into .carry/ for the device tool:
 # that machine has the CUDA toolkit and driver but none of our Debian build dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,10 +11,12 @@ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMA
 cmake --build "$dir" -j "$(nproc)"
 rm -rf .carry && mkdir -p .carry/bin .carry/lib
 cp "$dir/anatomy" "$dir/anatomy_tests" "$dir/anatomy_gpu_tests" .carry/bin/
-for tool in anatomy_bench_step anatomy_bench_attention anatomy_bench_ops; do
+for tool in anatomy_bench_step anatomy_bench_attention anatomy_bench_ops anatomy_pg_worker; do
   [ -x "$dir/$tool" ] && cp "$dir/$tool" .carry/bin/
 done
-for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libutf8proc.so.3 libutf8proc.so.2; do
+# Gloo (CPU process groups; linked into every binary) and what it needs.
+for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libutf8proc.so.3 libutf8proc.so.2 \
+           libgloo.so.0 libhiredis.so.0.14 libibverbs.so.1 libnl-route-3.so.200 libnl-3.so.200; do
   path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
   [ -n "$path" ] && cp -L "$path" .carry/lib/
 done

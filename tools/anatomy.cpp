@@ -9,6 +9,8 @@
 #include "core/error.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
+#include "dist/spawn.h"
+#include "train/setup.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
@@ -432,7 +434,24 @@ int main(int argc, char** argv) {
     if (train_cmd->parsed()) {
       TrainOptions o = finish_train_flags(*train_cmd, tf);
       o.command_line = resume_command(argc, argv);
-      train(o);  // interrupted by SIGINT/SIGTERM: a checkpoint was saved; still exit 0
+      // One process per rank (dist/spawn.h): under a launcher (torchrun, mpirun, srun) this
+      // process is one rank of its group; --nproc-per-node N without one spawns N such processes.
+      const int rc = run_ranks(o.nproc_per_node, argv, [&](const LaunchEnv& env) {
+        if (!env.launched()) {
+          train(o);  // interrupted by SIGINT/SIGTERM: a checkpoint was saved; still exit 0
+          return 0;
+        }
+        TrainDevice device = make_train_device(o, env.local_rank, env.local_world_size);
+        std::unique_ptr<Communicator> comm = make_process_group(env, *device.backend);
+        try {
+          train(o, *comm, device);
+        } catch (...) {
+          comm->abort();  // the other ranks throw at their next collective instead of waiting
+          throw;
+        }
+        return 0;
+      }, /*spawn=*/true);
+      if (rc != 0) return rc;
     }
     if (eval_cmd->parsed()) return run_eval(ef);
     if (plan_cmd->parsed()) return run_plan(finish_train_flags(*plan_cmd, pf, false), gpu_memory, cuda_available());

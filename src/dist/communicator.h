@@ -7,6 +7,7 @@
 // or done (the in-process CPU group). Buffers are F32 (gradients, master weights, a norm).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
@@ -41,16 +42,13 @@ class Communicator {
   virtual void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) = 0;
   // Every rank's shard of buf, copied from its owner to every rank.
   virtual void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) = 0;
-  // Small host-side collectives for the loop's metrics and its global decisions (loss sums,
-  // overflow, a stop signal, a failed check): every rank gets the same values, combined in rank
-  // order. They return when the result is on the host.
+  // Small host values (metrics, loss scale decisions, counts): every rank ends with the same
+  // values, combined element by element in rank order 0, 1, ..., size-1 (Sum: ((v0 + v1) + v2)...).
   enum class Op : uint8_t { Sum, Max, Min };
   virtual void all_reduce_host(std::span<double> v, Op op) = 0;
-  // v = root's v on every rank.
   virtual void broadcast_host(std::span<double> v, int root) = 0;
-  // Returns once every rank has called it.
   virtual void barrier() = 0;
-  virtual const char* kind() const = 0;  // "local" or "nccl"
+  virtual const char* kind() const = 0;  // "local", "nccl" or "gloo"
   // A rank that fails calls this on its own communicator (any number of times): it leaves the
   // group, and collectives in flight or to come on the other ranks throw instead of waiting for
   // it forever (each of them then aborts too).
@@ -63,6 +61,10 @@ class GroupAborted : public Error {
  public:
   GroupAborted() : Error("data parallel: another rank of the group failed") {}
 };
+
+// out[i] = gathered[0][i] op gathered[1][i] op ... in rank order, where gathered holds `world`
+// rows of out.size() values (row r from rank r): how every group combines host values.
+void combine_in_rank_order(std::span<double> out, std::span<const double> gathered, int world, Communicator::Op op);
 
 // In-process group for the CPU backend (and tests): `world` communicators whose ranks run on
 // threads of one process, each on host buffers. Sums are taken in rank order 0, 1, ..., so a

@@ -21,6 +21,20 @@ std::vector<ShardRange> shard_ranges(size_t total, int world, size_t align) {
   return out;
 }
 
+void combine_in_rank_order(std::span<double> out, std::span<const double> gathered, int world, Communicator::Op op) {
+  const size_t n = out.size();
+  ANATOMY_CHECK(world >= 1 && gathered.size() == n * static_cast<size_t>(world), "internal error: ", gathered.size(),
+                " gathered host values for ", world, " ranks of ", n);
+  for (size_t i = 0; i < n; ++i) {
+    double acc = gathered[i];
+    for (size_t r = 1; r < static_cast<size_t>(world); ++r) {
+      const double x = gathered[r * n + i];
+      acc = op == Communicator::Op::Sum ? acc + x : op == Communicator::Op::Max ? std::max(acc, x) : std::min(acc, x);
+    }
+    out[i] = acc;
+  }
+}
+
 namespace {
 
 // What the ranks of a local group share: each rank's buffer for the collective in flight, and a
@@ -30,7 +44,7 @@ struct LocalShared {
       : bufs(static_cast<size_t>(world), nullptr), hbufs(static_cast<size_t>(world), nullptr), sync(world),
         dropped(static_cast<size_t>(world)) {}
   std::vector<float*> bufs;
-  std::vector<double*> hbufs;  // the host collective in flight
+  std::vector<double*> hbufs;  // host collectives
   std::barrier<> sync;
   std::atomic<bool> aborted{false};
   std::vector<std::atomic<bool>> dropped;  // a rank leaves the barrier once
@@ -84,35 +98,20 @@ class LocalCommunicator final : public Communicator {
   }
 
   void all_reduce_host(std::span<double> v, Op op) override {
-    if (m_world == 1) return;
-    m_s->hbufs[static_cast<size_t>(m_rank)] = v.data();
-    wait();  // every rank has posted
-    std::vector<double> out(v.begin(), v.end());
-    for (int r = 0; r < m_world; ++r) {
-      const double* o = m_s->hbufs[static_cast<size_t>(r)];
-      for (size_t i = 0; i < out.size(); ++i) {
-        if (r == 0) out[i] = o[i];
-        else if (op == Op::Sum) out[i] += o[i];
-        else if (op == Op::Max) out[i] = std::max(out[i], o[i]);
-        else out[i] = std::min(out[i], o[i]);
-      }
-    }
-    wait();  // every rank has read every buffer
-    std::copy(out.begin(), out.end(), v.begin());
+    post_host(v);
+    std::vector<double> gathered(v.size() * static_cast<size_t>(m_world));
+    for (int r = 0; r < m_world; ++r)
+      std::copy_n(m_s->hbufs[static_cast<size_t>(r)], v.size(), gathered.begin() + static_cast<ptrdiff_t>(r * v.size()));
     wait();
+    combine_in_rank_order(v, gathered, m_world, op);
   }
-
   void broadcast_host(std::span<double> v, int root) override {
-    if (m_world == 1) return;
-    m_s->hbufs[static_cast<size_t>(m_rank)] = v.data();
-    wait();
-    if (m_rank != root) std::copy(m_s->hbufs[static_cast<size_t>(root)], m_s->hbufs[static_cast<size_t>(root)] + v.size(), v.begin());
+    ANATOMY_CHECK(root >= 0 && root < m_world, "internal error: broadcast from rank ", root, " of ", m_world);
+    post_host(v);
+    if (m_rank != root) std::copy_n(m_s->hbufs[static_cast<size_t>(root)], v.size(), v.data());
     wait();
   }
-
-  void barrier() override {
-    if (m_world > 1) wait();
-  }
+  void barrier() override { wait(); }
 
   void abort() noexcept override {
     m_s->aborted = true;
@@ -133,6 +132,10 @@ class LocalCommunicator final : public Communicator {
     m_s->bufs[static_cast<size_t>(m_rank)] = p;
     wait();  // every rank has posted
     return p;
+  }
+  void post_host(std::span<double> v) {
+    m_s->hbufs[static_cast<size_t>(m_rank)] = v.data();
+    wait();
   }
   void check(const Tensor& buf, const std::vector<ShardRange>& shards) const {
     ANATOMY_CHECK(shards.size() == static_cast<size_t>(m_world) && shards.back().end <= buf.numel(),

@@ -4,9 +4,14 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstring>
 #include <exception>
+#include <mutex>
+#include <thread>
 
+#include "dist/bootstrap.h"
 #include "dist/communicator.h"
+#include "dist/launch.h"
 #include "ops/backend.h"
 #include "ops/cuda/check.h"
 
@@ -16,11 +21,21 @@ namespace {
 
 // The communicators of one group: any rank that fails aborts them all (a peer blocked in a
 // collective with the failed rank returns only when its own communicator is aborted).
+// A process group (make_nccl_process_group) holds one communicator here; its failure watch
+// (Note [failure watch] in dist/bootstrap.cpp) aborts it from another thread, so there (guarded)
+// enqueues hold `mu` and check `aborted` first (an aborted ncclComm_t is freed). Threads of one
+// process take no lock: a rank's enqueue may wait for its peers' (connection set-up), and a
+// lock held there would stop a failing peer from aborting it. Left as it is: a peer that dies
+// while this one sets up its first connections can still block that enqueue.
 struct NcclGroupState {
   std::vector<ncclComm_t> comms;
   std::vector<std::atomic<bool>> aborted;
-  explicit NcclGroupState(std::vector<ncclComm_t> c) : comms(std::move(c)), aborted(comms.size()) {}
+  std::mutex mu;
+  bool guarded = false;
+  explicit NcclGroupState(std::vector<ncclComm_t> c, bool g = false) : comms(std::move(c)), aborted(comms.size()), guarded(g) {}
+  std::unique_lock<std::mutex> lock() { return guarded ? std::unique_lock(mu) : std::unique_lock<std::mutex>(); }
   void abort_all() noexcept {
+    auto lk = lock();
     for (size_t r = 0; r < comms.size(); ++r)
       if (!aborted[r].exchange(true)) (void)ncclCommAbort(comms[r]);
   }
@@ -38,24 +53,33 @@ struct GroupScope {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::shared_ptr<NcclGroupState> g, cudaStream_t stream, int rank, int world)
-      : m_group(std::move(g)), m_comm(m_group->comms[static_cast<size_t>(rank)]), m_stream(stream), m_rank(rank),
-        m_world(world) {}
+  // `slot`: this rank's communicator in the group state (its rank for threads of one process;
+  // 0 for a process group, whose `store` watches the other processes).
+  NcclCommunicator(std::shared_ptr<NcclGroupState> g, size_t slot, cudaStream_t stream, int rank, int world,
+                   std::unique_ptr<TcpStore> store = nullptr)
+      : m_group(std::move(g)), m_slot(slot), m_comm(m_group->comms[slot]), m_stream(stream), m_rank(rank),
+        m_world(world), m_store(std::move(store)) {}
   ~NcclCommunicator() override {
+    if (m_store) (m_group->aborted[m_slot] || std::uncaught_exceptions() > 0 ? m_store->leave() : m_store->finish());
+    if (!m_group->aborted[m_slot].exchange(true)) (void)ncclCommDestroy(m_comm);
     if (m_scratch) (void)cudaFree(m_scratch);
-    if (!m_group->aborted[static_cast<size_t>(m_rank)].exchange(true)) (void)ncclCommDestroy(m_comm);
   }
-  void abort() noexcept override { m_group->abort_all(); }
+  void abort() noexcept override {
+    if (m_store) m_store->leave();
+    m_group->abort_all();
+  }
   int rank() const override { return m_rank; }
   int size() const override { return m_world; }
   const char* kind() const override { return "nccl"; }
 
   void all_reduce_sum(const Tensor& buf) override {
     float* p = f32(buf);
+    Enqueue q(*this);
     ANATOMY_CUDA_CHECK(ncclAllReduce(p, p, buf.numel(), ncclFloat, ncclSum, m_comm, m_stream));
   }
   void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) override {
     float* p = f32(buf);
+    Enqueue q(*this);
     GroupScope group;
     for (int r = 0; r < m_world; ++r) {
       const ShardRange s = shards[static_cast<size_t>(r)];
@@ -64,6 +88,7 @@ class NcclCommunicator final : public Communicator {
   }
   void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) override {
     float* p = f32(buf);
+    Enqueue q(*this);
     GroupScope group;
     for (int r = 0; r < m_world; ++r) {
       const ShardRange s = shards[static_cast<size_t>(r)];
@@ -71,34 +96,72 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  // Host values go through a small device buffer on this rank's stream (NCCL reduces device
-  // memory only); the stream is synchronized so the result is on the host when this returns.
+  // Host values go through a small device buffer: every rank's row is gathered, then combined on
+  // the host in rank order (NCCL's own sum order depends on its algorithm).
   void all_reduce_host(std::span<double> v, Op op) override {
-    double* d = scratch(v.size());
-    ANATOMY_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), v.size_bytes(), cudaMemcpyHostToDevice, m_stream));
-    const ncclRedOp_t o = op == Op::Sum ? ncclSum : op == Op::Max ? ncclMax : ncclMin;
-    ANATOMY_CUDA_CHECK(ncclAllReduce(d, d, v.size(), ncclDouble, o, m_comm, m_stream));
-    ANATOMY_CUDA_CHECK(cudaMemcpyAsync(v.data(), d, v.size_bytes(), cudaMemcpyDeviceToHost, m_stream));
-    ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));
+    if (v.empty()) return;
+    const size_t n = v.size(), w = static_cast<size_t>(m_world);
+    double* d = scratch((w + 1) * n);
+    std::vector<double> rows(w * n);
+    ANATOMY_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), n * sizeof(double), cudaMemcpyHostToDevice, m_stream));
+    {
+      Enqueue q(*this);
+      ANATOMY_CUDA_CHECK(ncclAllGather(d, d + n, n, ncclDouble, m_comm, m_stream));
+    }
+    ANATOMY_CUDA_CHECK(cudaMemcpyAsync(rows.data(), d + n, w * n * sizeof(double), cudaMemcpyDeviceToHost, m_stream));
+    wait_stream("all_reduce_host");
+    combine_in_rank_order(v, rows, m_world, op);
   }
   void broadcast_host(std::span<double> v, int root) override {
+    ANATOMY_CHECK(root >= 0 && root < m_world, "internal error: broadcast from rank ", root, " of ", m_world);
+    if (v.empty()) return;
     double* d = scratch(v.size());
     ANATOMY_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), v.size_bytes(), cudaMemcpyHostToDevice, m_stream));
-    ANATOMY_CUDA_CHECK(ncclBroadcast(d, d, v.size(), ncclDouble, root, m_comm, m_stream));
+    {
+      Enqueue q(*this);
+      ANATOMY_CUDA_CHECK(ncclBroadcast(d, d, v.size(), ncclDouble, root, m_comm, m_stream));
+    }
     ANATOMY_CUDA_CHECK(cudaMemcpyAsync(v.data(), d, v.size_bytes(), cudaMemcpyDeviceToHost, m_stream));
-    ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));
+    wait_stream("broadcast_host");
   }
   void barrier() override {
-    double one = 1;
+    double one = 1.0;
     all_reduce_host(std::span<double>(&one, 1), Op::Sum);
   }
 
  private:
+  // Holds the group's lock while a collective is enqueued, after checking nobody aborted it.
+  struct Enqueue {
+    std::unique_lock<std::mutex> lk;
+    explicit Enqueue(NcclCommunicator& c) : lk(c.m_group->lock()) {
+      ANATOMY_CHECK(!c.m_group->aborted[c.m_slot], "nccl: another rank of the group failed (rank ", c.m_rank, " of ",
+                    c.m_world, ")");
+    }
+  };
+  // The stream's work done, or a throw once the group is aborted or NCCL reports an error: a
+  // wait that a dead peer cannot turn into a hang.
+  void wait_stream(const char* what) {
+    while (true) {
+      const cudaError_t s = cudaStreamQuery(m_stream);
+      if (s == cudaSuccess) return;
+      if (s != cudaErrorNotReady) ANATOMY_CUDA_CHECK(s);
+      {
+        auto lk = m_group->lock();
+        ANATOMY_CHECK(!m_group->aborted[m_slot], "nccl ", what, ": another rank of the group failed (rank ", m_rank,
+                      " of ", m_world, ")");
+        ncclResult_t async = ncclSuccess;
+        ANATOMY_CUDA_CHECK(ncclCommGetAsyncError(m_comm, &async));
+        ANATOMY_CUDA_CHECK(async);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
   double* scratch(size_t n) {
     if (n > m_scratch_n) {
+      ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));  // the old buffer may be in use
       if (m_scratch) ANATOMY_CUDA_CHECK(cudaFree(m_scratch));
       m_scratch = nullptr;
-      ANATOMY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m_scratch), n * sizeof(double)));
+      ANATOMY_CUDA_CHECK(cudaMalloc(&m_scratch, n * sizeof(double)));
       m_scratch_n = n;
     }
     return m_scratch;
@@ -108,10 +171,12 @@ class NcclCommunicator final : public Communicator {
     return t.ptr<float>();
   }
   std::shared_ptr<NcclGroupState> m_group;
+  size_t m_slot;
   ncclComm_t m_comm;
   cudaStream_t m_stream;
   int m_rank, m_world;
-  double* m_scratch = nullptr;  // for the host collectives (a few doubles, outside the plan)
+  std::unique_ptr<TcpStore> m_store;
+  double* m_scratch = nullptr;  // host collectives; outside the memory plan, like NCCL's own buffers
   size_t m_scratch_n = 0;
 };
 
@@ -128,8 +193,40 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Bac
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < world; ++r)
     out.push_back(std::make_unique<NcclCommunicator>(
-        group, static_cast<cudaStream_t>(backends[static_cast<size_t>(r)]->native_stream()), r, world));
+        group, static_cast<size_t>(r), static_cast<cudaStream_t>(backends[static_cast<size_t>(r)]->native_stream()), r,
+        world));
   return out;
+}
+
+// One rank of a process group: NCCL's unique id comes from rank 0 through the bootstrap store
+// (Note [bootstrap port] in dist/launch.cpp); the store then watches the group.
+std::unique_ptr<Communicator> make_nccl_process_group(const LaunchEnv& env, Backend& backend) {
+  ANATOMY_CHECK(backend.native_stream(), "internal error: an NCCL rank without a CUDA backend");
+  backend.bind_to_thread();  // its device is current for NCCL's init
+  ncclUniqueId id;
+  std::unique_ptr<TcpStore> store;
+  if (env.world_size > 1) {
+    store = std::make_unique<TcpStore>(env.master_addr, env.bootstrap_port, env.rank == 0, env.timeout);
+    std::vector<char> bytes(sizeof id);
+    if (env.rank == 0) {
+      ANATOMY_CUDA_CHECK(ncclGetUniqueId(&id));
+      std::memcpy(bytes.data(), &id, sizeof id);
+      store->set("nccl_unique_id", bytes);
+    } else {
+      bytes = store->get("nccl_unique_id");
+      ANATOMY_CHECK(bytes.size() == sizeof id, "bootstrap: NCCL's unique id from ", store->address(), " has ",
+                    bytes.size(), " bytes, not ", sizeof id, " (ranks built against different NCCL versions?)");
+      std::memcpy(&id, bytes.data(), sizeof id);
+    }
+  } else {
+    ANATOMY_CUDA_CHECK(ncclGetUniqueId(&id));
+  }
+  ncclComm_t comm = nullptr;
+  ANATOMY_CUDA_CHECK(ncclCommInitRank(&comm, env.world_size, id, env.rank));
+  auto group = std::make_shared<NcclGroupState>(std::vector<ncclComm_t>{comm}, true);
+  if (store) store->watch([group] { group->abort_all(); });
+  return std::make_unique<NcclCommunicator>(group, 0, static_cast<cudaStream_t>(backend.native_stream()), env.rank,
+                                            env.world_size, std::move(store));
 }
 
 }  // namespace anatomy

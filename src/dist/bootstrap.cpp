@@ -1,0 +1,320 @@
+// Note [bootstrap protocol]: one request per frame, [op: 1 byte][key length: u32][key]
+// [value length: u32][value], little-endian lengths as the host writes them (every rank of a job
+// runs the same build). Requests: 'S' set (reply 'K'), 'G' get (reply 'F' with the value, or 'N'
+// when no rank has set the key yet: the client polls, so the server never blocks on a key),
+// 'W' watch, 'B' bye. A client waits for a reply only after its own request.
+//
+// Note [failure watch]: after the rendezvous every rank keeps a second connection to rank 0's
+// server on which it sends only 'W' (its rank) and, when it ends normally, 'B'. The server sees a
+// connection close without 'B' when a rank dies (the kernel closes its sockets) or gives up
+// (leave()); it then closes every watch connection, so every rank's watcher thread sees its own
+// close within milliseconds and aborts its communicator. Rank 0 dying closes them all too.
+#include "dist/bootstrap.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+
+namespace anatomy {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool send_all(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t k = ::send(fd, c, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    c += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool recv_all(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t k = ::recv(fd, c, n, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    c += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool send_frame(int fd, char op, const std::string& key, const std::vector<char>& value) {
+  const uint32_t kl = static_cast<uint32_t>(key.size()), vl = static_cast<uint32_t>(value.size());
+  std::vector<char> f(1 + 4 + kl + 4 + vl);
+  f[0] = op;
+  std::memcpy(&f[1], &kl, 4);
+  std::memcpy(&f[5], key.data(), kl);
+  std::memcpy(&f[5 + kl], &vl, 4);
+  if (vl) std::memcpy(&f[9 + kl], value.data(), vl);
+  return send_all(fd, f.data(), f.size());
+}
+
+bool recv_frame(int fd, char& op, std::string& key, std::vector<char>& value) {
+  uint32_t kl = 0, vl = 0;
+  if (!recv_all(fd, &op, 1) || !recv_all(fd, &kl, 4) || kl > (1u << 20)) return false;
+  key.resize(kl);
+  if (!recv_all(fd, key.data(), kl) || !recv_all(fd, &vl, 4) || vl > (1u << 26)) return false;
+  value.resize(vl);
+  return recv_all(fd, value.data(), vl);
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+}  // namespace
+
+// Rank 0's side: a thread accepting connections and one thread per connection.
+class StoreServer {
+ public:
+  StoreServer(int port) {
+    m_listen = ::socket(AF_INET, SOCK_STREAM, 0);
+    ANATOMY_CHECK(m_listen >= 0, "bootstrap: socket(): ", std::strerror(errno));
+    const int one = 1;
+    ::setsockopt(m_listen, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (::bind(m_listen, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(m_listen, 1024) != 0) {
+      const std::string why = std::strerror(errno);
+      close_fd(m_listen);
+      fail("bootstrap: rank 0 cannot listen on port ", port, " (", why,
+           "); set MASTER_PORT (or ANATOMY_BOOTSTRAP_PORT) to a free port");
+    }
+    m_accept = std::thread([this] { accept_loop(); });
+  }
+
+  // Waits (up to `grace`) for the watch connections of ranks still finishing, then stops.
+  void stop(std::chrono::milliseconds grace) {
+    {
+      std::unique_lock lk(m_mu);
+      m_cv.wait_for(lk, grace, [&] { return m_open_watches == 0; });
+      m_stop = true;
+      for (int fd : m_conns) ::shutdown(fd, SHUT_RDWR);
+    }
+    ::shutdown(m_listen, SHUT_RDWR);
+    if (m_accept.joinable()) m_accept.join();
+    for (auto& t : m_threads)
+      if (t.joinable()) t.join();
+    m_threads.clear();
+    close_fd(m_listen);
+  }
+  ~StoreServer() { stop(std::chrono::milliseconds(0)); }
+
+ private:
+  void accept_loop() {
+    while (true) {
+      pollfd p{m_listen, POLLIN, 0};
+      const int r = ::poll(&p, 1, 100);
+      std::lock_guard lk(m_mu);
+      if (m_stop) return;
+      if (r <= 0 || !(p.revents & POLLIN)) continue;
+      const int fd = ::accept(m_listen, nullptr, nullptr);
+      if (fd < 0) continue;
+      m_conns.push_back(fd);
+      m_threads.emplace_back([this, fd] { serve(fd); });
+    }
+  }
+
+  void serve(int fd) {
+    char op = 0;
+    std::string key;
+    std::vector<char> value;
+    bool watching = false, said_bye = false;
+    while (recv_frame(fd, op, key, value)) {
+      std::unique_lock lk(m_mu);
+      if (op == 'S') {
+        m_kv[key] = value;
+        lk.unlock();
+        if (!send_frame(fd, 'K', {}, {})) break;
+      } else if (op == 'G') {
+        auto it = m_kv.find(key);
+        const bool found = it != m_kv.end();
+        std::vector<char> v = found ? it->second : std::vector<char>{};
+        lk.unlock();
+        if (!send_frame(fd, found ? 'F' : 'N', {}, v)) break;
+      } else if (op == 'W') {
+        watching = true;
+        ++m_open_watches;
+        if (m_failed) ::shutdown(fd, SHUT_RDWR);
+      } else if (op == 'B') {
+        said_bye = true;
+      }
+    }
+    std::lock_guard lk(m_mu);
+    m_conns.erase(std::find(m_conns.begin(), m_conns.end(), fd));
+    ::close(fd);
+    if (watching) {
+      --m_open_watches;
+      m_cv.notify_all();
+      if (!said_bye && !m_stop && !m_failed) {
+        // A rank left without saying goodbye: Note [failure watch].
+        m_failed = true;
+        for (int c : m_conns) ::shutdown(c, SHUT_RDWR);
+      }
+    }
+  }
+
+  int m_listen = -1;
+  std::mutex m_mu;
+  std::condition_variable m_cv;
+  bool m_stop = false, m_failed = false;
+  int m_open_watches = 0;
+  std::map<std::string, std::vector<char>> m_kv;
+  std::vector<int> m_conns;  // open connections, each closed by its own thread
+  std::vector<std::thread> m_threads;
+  std::thread m_accept;
+};
+
+struct TcpStore::Watcher {
+  std::thread thread;
+  std::atomic<bool> quiet{false};
+};
+
+namespace {
+
+int connect_until(const std::string& host, int port, Clock::time_point deadline, const std::string& where,
+                  std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  std::string last = "no answer";
+  while (true) {
+    addrinfo* res = nullptr;
+    const int g = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+    ANATOMY_CHECK(g == 0, "bootstrap: cannot resolve ", where, " (", ::gai_strerror(g), "); check MASTER_ADDR");
+    for (addrinfo* a = res; a; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+      if (fd < 0) continue;
+      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        ::freeaddrinfo(res);
+        const int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        return fd;
+      }
+      last = std::strerror(errno);
+      ::close(fd);
+    }
+    ::freeaddrinfo(res);
+    ANATOMY_CHECK(Clock::now() < deadline, "bootstrap: no store at ", where, " after ", timeout.count() / 1000,
+                  " s (", last, "); is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same on every rank?");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+TcpStore::TcpStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout)
+    : m_host(host), m_port(port), m_timeout(timeout) {
+  if (serve) m_server = std::make_unique<StoreServer>(port);
+  const auto deadline = Clock::now() + timeout;
+  m_fd = connect_until(host, port, deadline, address(), timeout);
+  // Replies come at once (Note [bootstrap protocol]); a silent server is a dead one.
+  timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+  ::setsockopt(m_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+TcpStore::~TcpStore() {
+  if (m_watcher) (std::uncaught_exceptions() > 0 ? leave() : finish());
+  close_fd(m_fd);
+  if (m_server) m_server->stop(m_timeout);
+}
+
+void TcpStore::request(char op, const std::string& key, const std::vector<char>& value, char& reply,
+                       std::vector<char>& out) {
+  std::string k;
+  ANATOMY_CHECK(send_frame(m_fd, op, key, value) && recv_frame(m_fd, reply, k, out),
+                "bootstrap: lost rank 0's store at ", address(), " (rank 0 failed or timed out)");
+}
+
+void TcpStore::set(const std::string& key, const std::vector<char>& value) {
+  char reply = 0;
+  std::vector<char> out;
+  request('S', key, value, reply, out);
+  ANATOMY_CHECK(reply == 'K', "bootstrap: the store at ", address(), " answered '", reply, "' to a set");
+}
+
+std::vector<char> TcpStore::get(const std::string& key) {
+  wait({key});
+  char reply = 0;
+  std::vector<char> out;
+  request('G', key, {}, reply, out);
+  return out;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys) { wait(keys, m_timeout); }
+
+void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (const std::string& key : keys) {
+    auto pause = std::chrono::milliseconds(1);
+    while (true) {
+      char reply = 0;
+      std::vector<char> out;
+      request('G', key, {}, reply, out);
+      if (reply == 'F') break;
+      ANATOMY_CHECK(Clock::now() < deadline, "bootstrap: '", key, "' never appeared in the store at ", address(),
+                    " within ", timeout.count() / 1000, " s (a rank did not start, or WORLD_SIZE differs between ranks)");
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
+  }
+}
+
+void TcpStore::watch(std::function<void()> on_failure) {
+  ANATOMY_ASSERT(!m_watcher);
+  m_watch_fd = connect_until(m_host, m_port, Clock::now() + m_timeout, address(), m_timeout);
+  ANATOMY_CHECK(send_frame(m_watch_fd, 'W', {}, {}), "bootstrap: lost rank 0's store at ", address());
+  m_watcher = std::make_unique<Watcher>();
+  Watcher* w = m_watcher.get();
+  const int fd = m_watch_fd;
+  w->thread = std::thread([w, fd, on_failure = std::move(on_failure)] {
+    char c;
+    while (true) {
+      const ssize_t k = ::recv(fd, &c, 1, 0);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) break;
+    }
+    if (!w->quiet) on_failure();
+  });
+}
+
+void TcpStore::finish() noexcept {
+  if (!m_watcher || m_watcher->quiet.exchange(true)) return;
+  (void)send_frame(m_watch_fd, 'B', {}, {});
+  ::shutdown(m_watch_fd, SHUT_RDWR);
+  m_watcher->thread.join();
+  close_fd(m_watch_fd);
+}
+
+void TcpStore::leave() noexcept {
+  if (!m_watcher || m_watcher->quiet.exchange(true)) return;
+  ::shutdown(m_watch_fd, SHUT_RDWR);
+  m_watcher->thread.join();
+  close_fd(m_watch_fd);
+}
+
+}  // namespace anatomy

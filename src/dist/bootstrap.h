@@ -1,0 +1,53 @@
+// The start-up rendezvous of a multi-process group: a tiny key-value store over TCP, served by
+// rank 0 on MASTER_ADDR:port, through which the ranks swap what their engine needs to connect
+// (NCCL's unique id; Gloo's transport addresses). It also watches the group: Note [failure watch].
+#pragma once
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace anatomy {
+
+class StoreServer;
+
+class TcpStore {
+ public:
+  // Rank 0 (serve = true) listens on every interface at `port`, then every rank connects to
+  // host:port, retrying until `timeout` (the server may start after its clients).
+  TcpStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout);
+  ~TcpStore();
+  TcpStore(const TcpStore&) = delete;
+  TcpStore& operator=(const TcpStore&) = delete;
+
+  void set(const std::string& key, const std::vector<char>& value);
+  // The value of key, once some rank has set it; throws naming the address after the timeout.
+  std::vector<char> get(const std::string& key);
+  void wait(const std::vector<std::string>& keys);
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+
+  // Note [failure watch]: starts a thread that calls on_failure once when any rank of the group
+  // leaves without finish() (it died, or it called leave()), or rank 0's server goes away.
+  void watch(std::function<void()> on_failure);
+  // This rank ends normally: later departures of others are not failures for this rank.
+  void finish() noexcept;
+  // This rank fails: the others' watches fire.
+  void leave() noexcept;
+
+  std::string address() const { return m_host + ":" + std::to_string(m_port); }
+
+ private:
+  void request(char op, const std::string& key, const std::vector<char>& value, char& reply, std::vector<char>& out);
+
+  std::string m_host;
+  int m_port;
+  std::chrono::milliseconds m_timeout;
+  std::unique_ptr<StoreServer> m_server;  // rank 0 only
+  int m_fd = -1;                          // requests
+  int m_watch_fd = -1;                    // Note [failure watch]
+  struct Watcher;
+  std::unique_ptr<Watcher> m_watcher;
+};
+
+}  // namespace anatomy

@@ -1,0 +1,141 @@
+#include "dist/launch.h"
+
+#include <cstdlib>
+
+#include "core/error.h"
+#include "dist/gloo_group.h"
+#include "ops/backend.h"
+
+extern char** environ;
+
+namespace anatomy {
+
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+const std::string* find(const Env& env, const std::string& name) {
+  auto it = env.find(name);
+  return it == env.end() ? nullptr : &it->second;
+}
+
+int int_var(const Env& env, const std::string& name, int lo, const std::string& why = "") {
+  const std::string* v = find(env, name);
+  ANATOMY_CHECK(v, name, " is not set", why.empty() ? "" : " (", why, why.empty() ? "" : ")");
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v->c_str(), &end, 10);
+  ANATOMY_CHECK(!v->empty() && *end == '\0' && errno == 0 && x >= lo && x <= 1 << 30, name, "=", *v,
+                ": expected a whole number of at least ", lo);
+  return static_cast<int>(x);
+}
+
+int int_var_or(const Env& env, const std::string& name, int lo, int fallback) {
+  return find(env, name) ? int_var(env, name, lo) : fallback;
+}
+
+// The first host of a Slurm node list: "gpu[07-09,12],cpu1" -> "gpu07".
+std::string first_slurm_host(const std::string& list) {
+  std::string out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const char c = list[i];
+    if (c == ',') break;
+    if (c != '[') {
+      out += c;
+      continue;
+    }
+    const size_t close = list.find(']', i);
+    ANATOMY_CHECK(close != std::string::npos, "SLURM_JOB_NODELIST=", list, ": unbalanced '['");
+    out += list.substr(i + 1, list.find_first_of("-,]", i + 1) - i - 1);
+    i = close;
+  }
+  return out;
+}
+
+void check_rank(const LaunchEnv& e, const char* rank_var, const char* size_var, const char* local_var) {
+  ANATOMY_CHECK(e.rank < e.world_size, rank_var, "=", e.rank, " is not below ", size_var, "=", e.world_size);
+  ANATOMY_CHECK(e.local_rank < e.local_world_size, local_var, "=", e.local_rank, " is not below the ",
+                e.local_world_size, " processes of this node");
+  ANATOMY_CHECK(e.local_world_size <= e.world_size, "this node's ", e.local_world_size, " processes exceed ", size_var,
+                "=", e.world_size);
+}
+
+}  // namespace
+
+LaunchEnv detect_launch(const Env& env) {
+  LaunchEnv e;
+  const std::string addr_hint = "set it to rank 0's host name or address on every rank";
+  if (find(env, "RANK") || find(env, "WORLD_SIZE")) {
+    e.launcher = "torchrun";
+    e.rank = int_var(env, "RANK", 0, "torchrun sets it with WORLD_SIZE");
+    e.world_size = int_var(env, "WORLD_SIZE", 1, "torchrun sets it with RANK");
+    e.local_rank = int_var(env, "LOCAL_RANK", 0, "torchrun sets it with RANK");
+    e.local_world_size = int_var_or(env, "LOCAL_WORLD_SIZE", 1, e.world_size);
+    check_rank(e, "RANK", "WORLD_SIZE", "LOCAL_RANK");
+  } else if (find(env, "OMPI_COMM_WORLD_RANK")) {
+    e.launcher = "mpirun";
+    e.rank = int_var(env, "OMPI_COMM_WORLD_RANK", 0);
+    e.world_size = int_var(env, "OMPI_COMM_WORLD_SIZE", 1, "mpirun sets it with OMPI_COMM_WORLD_RANK");
+    e.local_rank = int_var_or(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, 0);
+    e.local_world_size = int_var_or(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, e.world_size);
+    check_rank(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK");
+  } else if (find(env, "SLURM_PROCID") && find(env, "SLURM_STEP_NUM_TASKS")) {
+    // srun sets SLURM_STEP_NUM_TASKS for the tasks of its step; a batch script run without srun
+    // has SLURM_PROCID=0 and the allocation's SLURM_NTASKS but no step: a group of one.
+    e.launcher = "srun";
+    e.rank = int_var(env, "SLURM_PROCID", 0);
+    const char* size_var = "SLURM_STEP_NUM_TASKS";
+    e.world_size = int_var(env, size_var, 1);
+    e.local_rank = int_var_or(env, "SLURM_LOCALID", 0, 0);
+    e.local_world_size = e.world_size;
+    if (const std::string* t = find(env, "SLURM_STEP_TASKS_PER_NODE"); t && !t->empty())
+      e.local_world_size = std::max(1, std::atoi(t->c_str()));  // "4(x2)": 4 per node, the first node's count
+    check_rank(e, "SLURM_PROCID", size_var, "SLURM_LOCALID");
+  } else {
+    return e;  // not launched: a group of one, no rendezvous
+  }
+
+  if (const std::string* a = find(env, "MASTER_ADDR"); a && !a->empty()) {
+    e.master_addr = *a;
+  } else if (e.launcher == "srun") {
+    const std::string* list = find(env, "SLURM_JOB_NODELIST") ? find(env, "SLURM_JOB_NODELIST") : find(env, "SLURM_NODELIST");
+    ANATOMY_CHECK(list && !list->empty(), "MASTER_ADDR is not set and neither is SLURM_JOB_NODELIST (", addr_hint, ")");
+    e.master_addr = first_slurm_host(*list);
+  } else {
+    fail("MASTER_ADDR is not set (", e.launcher, " rank ", e.rank, " needs rank 0's address: ", addr_hint,
+         e.launcher == "mpirun" ? ", e.g. mpirun -x MASTER_ADDR=host -x MASTER_PORT=29500)" : ")");
+  }
+  // srun without MASTER_PORT: a port every task of the job derives alike (Note [bootstrap port]).
+  if (e.launcher == "srun" && !find(env, "MASTER_PORT"))
+    e.master_port = 20000 + int_var_or(env, "SLURM_JOB_ID", 0, 0) % 10000;
+  else
+    e.master_port = int_var(env, "MASTER_PORT", 1, "rank 0's port, the same on every rank");
+  ANATOMY_CHECK(e.master_port <= 65535, "MASTER_PORT=", e.master_port, " is not a TCP port");
+
+  // Note [bootstrap port]: rank 0's store listens on MASTER_PORT, except under torchrun's own
+  // store (TORCHELASTIC_USE_AGENT_STORE=True: its agent already listens there), where it takes
+  // the next port; ANATOMY_BOOTSTRAP_PORT overrides both.
+  const std::string* agent = find(env, "TORCHELASTIC_USE_AGENT_STORE");
+  e.bootstrap_port = e.master_port + (agent && (*agent == "True" || *agent == "1") ? 1 : 0);
+  e.bootstrap_port = int_var_or(env, "ANATOMY_BOOTSTRAP_PORT", 1, e.bootstrap_port);
+  ANATOMY_CHECK(e.bootstrap_port <= 65535, "ANATOMY_BOOTSTRAP_PORT=", e.bootstrap_port, " is not a TCP port");
+  e.timeout = std::chrono::seconds(int_var_or(env, "ANATOMY_DIST_TIMEOUT", 1, 300));
+  return e;
+}
+
+LaunchEnv detect_launch() {
+  Env env;
+  for (char** p = environ; *p; ++p) {
+    const std::string kv = *p;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return detect_launch(env);
+}
+
+std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env, Backend& backend) {
+  if (backend.device() == Device::CUDA) return make_nccl_process_group(env, backend);
+  return make_gloo_group(env);
+}
+
+}  // namespace anatomy

@@ -1,0 +1,41 @@
+// Which rank this process is, read from the launcher that started it (torchrun, mpirun, srun,
+// or `anatomy train --nproc-per-node N`, which sets torchrun's variables), and the process group
+// built from it: Gloo on the CPU, NCCL on CUDA, both rendezvousing through dist/bootstrap.h.
+#pragma once
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "dist/communicator.h"
+
+namespace anatomy {
+
+class Backend;
+
+struct LaunchEnv {
+  std::string launcher = "none";  // none, torchrun, mpirun or srun
+  int rank = 0, world_size = 1;
+  int local_rank = 0, local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;     // MASTER_PORT as the launcher gave it
+  int bootstrap_port = 0;  // where rank 0's store listens: Note [bootstrap port]
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // ANATOMY_DIST_TIMEOUT (seconds)
+  bool launched() const { return launcher != "none"; }
+};
+
+// Reads the process environment. Throws a one-line Error naming the variable when a launcher's
+// variables are inconsistent (a rank outside the world, a missing MASTER_ADDR, ...).
+LaunchEnv detect_launch();
+// The same, from an explicit set of variables (tests).
+LaunchEnv detect_launch(const std::map<std::string, std::string>& env);
+
+// The group of this process: Gloo over TCP for a CPU backend, NCCL on the backend's stream for
+// CUDA (device LOCAL_RANK). Collective order and determinism: Note [process group sums] in
+// dist/gloo_group.cpp. A launch of world size 1 still gets a group (of one).
+std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env, Backend& backend);
+
+// The NCCL half (dist/nccl_group.cpp; nccl_stub.cpp without CUDA).
+std::unique_ptr<Communicator> make_nccl_process_group(const LaunchEnv& env, Backend& backend);
+
+}  // namespace anatomy

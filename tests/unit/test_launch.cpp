@@ -1,0 +1,156 @@
+// Reading the launcher's environment: torchrun, mpirun, srun; one-line errors naming the variable.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+
+#include "../common/dirs.h"
+#include "core/error.h"
+#include "dist/bootstrap.h"
+#include "dist/launch.h"
+#include "dist/spawn.h"
+
+namespace anatomy {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+std::string error_of(const Env& env) {
+  try {
+    detect_launch(env);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Launch, NoLauncherIsAGroupOfOne) {
+  const LaunchEnv e = detect_launch(Env{{"PATH", "/bin"}});
+  EXPECT_FALSE(e.launched());
+  EXPECT_EQ(e.world_size, 1);
+  EXPECT_EQ(e.rank, 0);
+}
+
+TEST(Launch, Torchrun) {
+  const LaunchEnv e = detect_launch(Env{{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
+                                        {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29500"}});
+  EXPECT_EQ(e.launcher, "torchrun");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.master_addr, "node0");
+  EXPECT_EQ(e.bootstrap_port, 29500);
+}
+
+TEST(Launch, UnderTorchrunsAgentStoreTheBootstrapTakesTheNextPort) {
+  Env env{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
+          {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  EXPECT_EQ(detect_launch(env).master_port, 29500);
+  EXPECT_EQ(detect_launch(env).bootstrap_port, 29501);
+  env["ANATOMY_BOOTSTRAP_PORT"] = "31000";
+  EXPECT_EQ(detect_launch(env).bootstrap_port, 31000);
+}
+
+TEST(Launch, Mpirun) {
+  const LaunchEnv e = detect_launch(Env{{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"},
+                                        {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"},
+                                        {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"}});
+  EXPECT_EQ(e.launcher, "mpirun");
+  EXPECT_EQ(e.rank, 2);
+  EXPECT_EQ(e.world_size, 3);
+  EXPECT_EQ(e.local_rank, 2);
+}
+
+TEST(Launch, SrunTakesTheFirstHostOfTheNodeList) {
+  const LaunchEnv e = detect_launch(Env{{"SLURM_PROCID", "3"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "1"},
+                                        {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+                                        {"SLURM_JOB_NODELIST", "gpu[07-08,12],cpu1"}, {"SLURM_JOB_ID", "123456"}});
+  EXPECT_EQ(e.launcher, "srun");
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world_size, 4);
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(e.master_addr, "gpu07");
+  EXPECT_EQ(e.master_port, 20000 + 123456 % 10000);
+  EXPECT_EQ(detect_launch(Env{{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_JOB_NODELIST", "solo"}}).master_addr,
+            "solo");
+}
+
+// A batch script's own shell (no srun): rank 0 of the allocation's tasks, but nobody else runs.
+TEST(Launch, SbatchWithoutSrunIsAGroupOfOne) {
+  const LaunchEnv e = detect_launch(Env{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"},
+                                        {"SLURM_JOB_NODELIST", "gnode[10,20]"}, {"SLURM_JOB_ID", "7"}});
+  EXPECT_FALSE(e.launched());
+  EXPECT_EQ(e.world_size, 1);
+}
+
+TEST(Launch, InconsistentVariablesAreNamed) {
+  const Env base{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}};
+  auto with = [&](const std::string& k, const std::string& v) {
+    Env e = base;
+    if (v.empty()) e.erase(k); else e[k] = v;
+    return error_of(e);
+  };
+  EXPECT_NE(with("RANK", "2").find("RANK=2 is not below WORLD_SIZE=2"), std::string::npos) << with("RANK", "2");
+  EXPECT_NE(with("WORLD_SIZE", "two").find("WORLD_SIZE=two"), std::string::npos);
+  EXPECT_NE(with("WORLD_SIZE", "").find("WORLD_SIZE is not set"), std::string::npos);
+  EXPECT_NE(with("LOCAL_RANK", "").find("LOCAL_RANK is not set"), std::string::npos);
+  EXPECT_NE(with("MASTER_ADDR", "").find("MASTER_ADDR is not set"), std::string::npos);
+  EXPECT_NE(with("MASTER_PORT", "70000").find("MASTER_PORT=70000"), std::string::npos);
+  EXPECT_NE(with("ANATOMY_DIST_TIMEOUT", "0").find("ANATOMY_DIST_TIMEOUT=0"), std::string::npos);
+  EXPECT_NE(error_of(Env{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}}).find("mpirun -x MASTER_ADDR"),
+            std::string::npos);
+  for (const std::string& e : {with("RANK", "2"), with("MASTER_ADDR", "")}) EXPECT_EQ(e.find('\n'), std::string::npos);
+}
+
+// A rank whose rank 0 never comes up gives up after the timeout, naming the address.
+TEST(Launch, NoStoreAtTheAddressIsAOneLineErrorNamingIt) {
+  const int port = free_local_port();
+  const std::string where = "127.0.0.1:" + std::to_string(port);
+  try {
+    TcpStore store("127.0.0.1", port, false, std::chrono::milliseconds(300));
+    FAIL() << "connected to nothing";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("no store at " + where), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
+// The store itself: a key set by one rank is read by another; a key nobody sets times out.
+TEST(Launch, StoreSetGetWaitAndTimeout) {
+  const int port = free_local_port();
+  TcpStore server("127.0.0.1", port, true, std::chrono::seconds(5));
+  TcpStore client("127.0.0.1", port, false, std::chrono::seconds(5));
+  server.set("id", {'a', 'b', '\0', 'c'});
+  EXPECT_EQ(client.get("id"), (std::vector<char>{'a', 'b', '\0', 'c'}));
+  try {
+    client.wait({"never"}, std::chrono::milliseconds(200));
+    FAIL() << "waited for a key nobody set";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'never' never appeared in the store at 127.0.0.1:" + std::to_string(port)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Under a launcher, anatomy train checks --nproc-per-node against it (one line, exit 2).
+TEST(Launch, TrainChecksNprocPerNodeAgainstTheLauncher) {
+  const std::string dir = testing_dirs::fresh_dir("launch_cli");
+  const std::string cmd = "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 " +
+                          std::string(ANATOMY_BINARY) + " train --device cpu --nproc-per-node 3 --output-dir " + dir +
+                          "/out 2> " + dir + "/err.txt";
+  const int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  std::ifstream f(dir + "/err.txt");
+  const std::string err{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  EXPECT_EQ(err, "anatomy: error: --nproc-per-node 3 disagrees with torchrun's 2 processes on this node (leave the flag out "
+                 "under a launcher)\n");
+}
+
+}  // namespace
+}  // namespace anatomy

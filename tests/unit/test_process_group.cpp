@@ -1,0 +1,262 @@
+// Real process groups on the CPU: 2 and 3 processes of tests/dist/pg_worker.cpp, started by the
+// spawner (dist/spawn.h) or by hand with torchrun's environment, run every collective over Gloo
+// and must hold bitwise what the in-process group holds; a rank that fails or is killed ends the
+// others within seconds.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "../common/dirs.h"
+#include "dist/spawn.h"
+#include "../dist/pg_script.h"
+
+extern char** environ;
+
+namespace anatomy {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What each thread of an in-process group of `world` holds after the script.
+std::vector<std::vector<char>> expected(int world) {
+  auto group = make_local_group(world);
+  std::vector<std::vector<char>> out(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      auto be = make_cpu_backend(1);
+      out[static_cast<size_t>(r)] = pg_test::run_script(*group[static_cast<size_t>(r)], *be);
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+std::vector<char> read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+void expect_script_results(const std::string& dir, int world) {
+  const auto want = expected(world);
+  for (int r = 0; r < world; ++r) {
+    const std::vector<char> got = read_all(dir + "/rank" + std::to_string(r) + ".bin");
+    const std::vector<char>& w = want[static_cast<size_t>(r)];
+    ASSERT_EQ(got.size(), w.size()) << "rank " << r;
+    const auto diff = std::mismatch(got.begin(), got.end(), w.begin());
+    EXPECT_TRUE(diff.first == got.end()) << "rank " << r << ": first differing byte at " << (diff.first - got.begin());
+  }
+}
+
+// Runs spawn_local with this process's stderr sent to a file; returns (status, that output).
+std::pair<int, std::string> spawn_capturing(const SpawnOptions& opt, const std::string& log) {
+  std::fflush(stderr);
+  const int saved = ::dup(2), fd = ::open(log.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  ::dup2(fd, 2);
+  ::close(fd);
+  const int rc = spawn_local(opt);
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  const std::vector<char> text = read_all(log);
+  return {rc, std::string(text.begin(), text.end())};
+}
+
+// One process with torchrun's variables for rank r of world, its stderr to `log`.
+pid_t start_rank(const std::vector<std::string>& args, int r, int world, int port, const std::string& log) {
+  std::vector<std::string> env;
+  for (char** p = environ; *p; ++p) env.emplace_back(*p);
+  for (const auto& [k, v] : std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                                                {"LOCAL_RANK", std::to_string(r)},
+                                                                {"WORLD_SIZE", std::to_string(world)},
+                                                                {"LOCAL_WORLD_SIZE", std::to_string(world)},
+                                                                {"MASTER_ADDR", "127.0.0.1"},
+                                                                {"MASTER_PORT", std::to_string(port)},
+                                                                {"ANATOMY_DIST_TIMEOUT", "60"}})
+    env.push_back(k + "=" + v);
+  std::vector<char*> argv, envp;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  argv.push_back(nullptr);
+  envp.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    ::dup2(fd, 2);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+std::string slurp(const std::string& path) {
+  const std::vector<char> t = read_all(path);
+  return std::string(t.begin(), t.end());
+}
+
+class ProcessGroupSpawn : public ::testing::TestWithParam<int> {};
+
+TEST_P(ProcessGroupSpawn, CollectivesMatchTheInProcessGroupBitwise) {
+  const int world = GetParam();
+  const std::string dir = testing_dirs::fresh_dir("pg_spawn_" + std::to_string(world));
+  SpawnOptions opt;
+  opt.nproc = world;
+  opt.argv = {ANATOMY_PG_WORKER, "script", dir};
+  const auto [rc, log] = spawn_capturing(opt, dir + "/stderr.txt");
+  ASSERT_EQ(rc, 0) << log;
+  expect_script_results(dir, world);
+}
+
+TEST_P(ProcessGroupSpawn, AFailingRankEndsTheOthersWithItsStatusAndError) {
+  const int world = GetParam();
+  const std::string dir = testing_dirs::fresh_dir("pg_fail_" + std::to_string(world));
+  SpawnOptions opt;
+  opt.nproc = world;
+  opt.argv = {ANATOMY_PG_WORKER, "fail", std::to_string(world - 1)};
+  const auto t0 = Clock::now();
+  const auto [rc, log] = spawn_capturing(opt, dir + "/stderr.txt");
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(rc, 2) << log;
+  EXPECT_LT(secs, 15.0) << log;
+  EXPECT_NE(log.find("pg_worker: error: rank " + std::to_string(world - 1) + " fails on purpose"), std::string::npos) << log;
+  // The first rank the spawner sees end (the failing one, or a peer that lost it) is named.
+  EXPECT_NE(log.find("exited with status 2; ending the other"), std::string::npos) << log;
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ProcessGroupSpawn, ::testing::Values(2, 3));
+
+class ProcessGroupTorchrunEnv : public ::testing::TestWithParam<int> {};
+
+TEST_P(ProcessGroupTorchrunEnv, CollectivesMatchTheInProcessGroupBitwise) {
+  const int world = GetParam();
+  const std::string dir = testing_dirs::fresh_dir("pg_env_" + std::to_string(world));
+  const int port = free_local_port();
+  std::vector<pid_t> pids;
+  for (int r = world - 1; r >= 0; --r)  // rank 0 last: the others wait for its store
+    pids.push_back(start_rank({ANATOMY_PG_WORKER, "script", dir}, r, world, port, dir + "/log" + std::to_string(r)));
+  for (size_t i = 0; i < pids.size(); ++i) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pids[i], &status, 0), pids[i]);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(dir + "/log" + std::to_string(world - 1 - i));
+  }
+  expect_script_results(dir, world);
+}
+
+// The last rank is killed (SIGKILL: no goodbye, no error of its own) while the others wait for
+// it inside a collective: they must fail within seconds, each saying so.
+TEST_P(ProcessGroupTorchrunEnv, KillingOneProcessEndsTheOthersWithinSeconds) {
+  const int world = GetParam();
+  const std::string dir = testing_dirs::fresh_dir("pg_kill_" + std::to_string(world));
+  const int port = free_local_port();
+  const std::string ready = dir + "/ready";
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r)
+    pids.push_back(start_rank({ANATOMY_PG_WORKER, "stall", ready}, r, world, port, dir + "/log" + std::to_string(r)));
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (!std::filesystem::exists(ready) && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(std::filesystem::exists(ready));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others are inside the collective
+  ::kill(pids.back(), SIGKILL);
+  const auto t0 = Clock::now();
+  for (int r = 0; r < world; ++r) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pids[static_cast<size_t>(r)], &status, 0), pids[static_cast<size_t>(r)]);
+    if (r == world - 1) {
+      EXPECT_TRUE(WIFSIGNALED(status));
+      continue;
+    }
+    const std::string log = slurp(dir + "/log" + std::to_string(r));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << log;
+    EXPECT_NE(log.find("pg_worker: error: gloo "), std::string::npos) << log;
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ProcessGroupTorchrunEnv, ::testing::Values(2, 3));
+
+// Open MPI's launcher (openmpi-bin from scripts/setup.sh) starts the ranks; they find rank 0's
+// store through the MASTER_ADDR/MASTER_PORT it forwards (-x). One node, so no ssh: plm=isolated.
+class ProcessGroupMpirun : public ::testing::TestWithParam<int> {};
+
+TEST_P(ProcessGroupMpirun, CollectivesMatchTheInProcessGroupBitwise) {
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "mpirun is not installed (openmpi-bin)";
+  const int world = GetParam();
+  const std::string dir = testing_dirs::fresh_dir("pg_mpi_" + std::to_string(world));
+  const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm=isolated "
+                          "timeout 60 mpirun -np " + std::to_string(world) +
+                          " --oversubscribe -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=" + std::to_string(free_local_port()) +
+                          " " + ANATOMY_PG_WORKER + " script " + dir + " > " + dir + "/log.txt 2>&1";
+  const int rc = std::system(cmd.c_str());
+  ASSERT_EQ(rc, 0) << slurp(dir + "/log.txt");
+  expect_script_results(dir, world);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, ProcessGroupMpirun, ::testing::Values(2, 3));
+
+}  // namespace
+}  // namespace anatomy
+
+namespace anatomy {
+namespace {
+
+// A rank that ignores SIGTERM is killed after the grace; the status is the failed rank's, and
+// each rank saw torchrun's variables.
+TEST(Spawn, EndsRanksThatIgnoreSigtermAndReturnsTheFailedStatus) {
+  const std::string dir = testing_dirs::fresh_dir("spawn_kill");
+  SpawnOptions opt;
+  opt.nproc = 2;
+  opt.settle = std::chrono::milliseconds(200);
+  opt.grace = std::chrono::milliseconds(500);
+  opt.argv = {"/bin/sh", "-c",
+              "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR\" > " + dir +
+                  "/env$RANK; if [ \"$RANK\" = 1 ]; then echo 'rank 1 gives up' >&2; exit 3; fi; trap '' TERM; exec sleep 30"};
+  const auto t0 = Clock::now();
+  const auto [rc, log] = spawn_capturing(opt, dir + "/stderr.txt");
+  EXPECT_EQ(rc, 3) << log;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
+  EXPECT_NE(log.find("rank 1 gives up"), std::string::npos) << log;
+  EXPECT_NE(log.find("anatomy: rank 1 (pid"), std::string::npos) << log;
+  EXPECT_EQ(slurp(dir + "/env0"), "0 0 2 2 127.0.0.1\n");
+  EXPECT_EQ(slurp(dir + "/env1"), "1 1 2 2 127.0.0.1\n");
+}
+
+}  // namespace
+}  // namespace anatomy
+
+namespace anatomy {
+namespace {
+
+// SIGINT to the spawner reaches every rank once; ranks that stop cleanly give status 0.
+TEST(Spawn, ForwardsSigintToEveryRank) {
+  const std::string dir = testing_dirs::fresh_dir("spawn_int");
+  SpawnOptions opt;
+  opt.nproc = 2;
+  opt.argv = {"/bin/sh", "-c",
+              "trap 'kill $! 2>/dev/null; echo \"rank $RANK stops\" >&2; exit 0' INT; sleep 20 & touch " + dir +
+                  "/ready$RANK; wait"};
+  std::thread interrupter([&] {
+    auto ready = [&] { return std::filesystem::exists(dir + "/ready0") && std::filesystem::exists(dir + "/ready1"); };
+    const auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (!ready() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (ready()) ::kill(::getpid(), SIGINT);  // spawn_local's handler is installed before the ranks start
+  });
+  const auto t0 = Clock::now();
+  const auto [rc, log] = spawn_capturing(opt, dir + "/stderr.txt");
+  interrupter.join();
+  EXPECT_EQ(rc, 0) << log;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+  EXPECT_NE(log.find("rank 0 stops"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank 1 stops"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace anatomy
