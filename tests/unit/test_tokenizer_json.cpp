@@ -1,0 +1,191 @@
+// BPE and Unigram tokenizer.json files against the tokenizers package: every line of the corpus
+// and every truncated pair that tests/fixtures/make_tokenizers.py recorded, then the directory
+// factory and the errors.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "../common/dirs.h"
+#include "core/error.h"
+#include "data/tokenizer.h"
+#include "data/tokenizer_json.h"
+
+using namespace anatomy;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kFixtures = fs::path(ANATOMY_SOURCE_DIR) / "tests/fixtures/tokenizers";
+
+std::string gunzip(const fs::path& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) throw std::runtime_error("cannot open " + path.string());
+  std::string out;
+  char buf[1 << 16];
+  int n;
+  while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  gzclose(f);
+  if (n < 0) throw std::runtime_error("cannot read " + path.string());
+  return out;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    if (i < s.size() && s[i] != sep) continue;
+    out.push_back(s.substr(start, i - start));
+    start = i + 1;
+  }
+  return out;
+}
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::istringstream in(s);
+  for (int32_t v; in >> v;) ids.push_back(v);
+  return ids;
+}
+
+std::string show(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t v : ids) s += std::to_string(v) + " ";
+  return s;
+}
+
+// The fixture's tokenizer.json, unzipped into the test's folder.
+std::string unpack(const std::string& name) {
+  const std::string dir = testing_dirs::fresh_dir("tokjson_" + name);
+  const std::string path = dir + "/tokenizer.json";
+  std::ofstream(path, std::ios::binary) << gunzip(kFixtures / (name + ".json.gz"));
+  return path;
+}
+
+const std::vector<std::string>& lines() {
+  static const std::vector<std::string> l = split(gunzip(kFixtures / "lines.txt.gz"), '\n');
+  return l;
+}
+
+class Parity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Parity, EveryLineAndPairAsTheTokenizersPackage) {
+  const Tokenizer tok = Tokenizer::from_tokenizer_json(unpack(GetParam()));
+  ASSERT_NE(tok.json(), nullptr);
+  const std::vector<std::string> expected = split(gunzip(kFixtures / (GetParam() + ".expected.gz")), '\n');
+  const auto& text = lines();
+  ASSERT_GE(text.size(), 10000u);
+  ASSERT_GT(expected.size(), text.size() + 1);
+  ASSERT_EQ(expected[text.size()], "pairs");
+
+  size_t bad = 0, tokens = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const std::vector<int32_t> want = parse_ids(expected[i]);
+    const Encoding e = tok.encode(text[i], std::nullopt, 0, Truncation::None, Padding::None);
+    tokens += want.size();
+    if (e.input_ids == want) continue;
+    if (bad++ == 0)
+      ADD_FAILURE() << GetParam() << ": first mismatch on line " << i + 1 << " \"" << text[i] << "\"\n  want "
+                    << show(want) << "\n  got  " << show(e.input_ids);
+  }
+  EXPECT_EQ(bad, 0u) << "of " << text.size() << " lines (" << tokens << " tokens)";
+
+  size_t bad_pairs = 0, pairs = 0;
+  for (size_t k = text.size() + 1; k < expected.size(); ++k) {
+    if (expected[k].empty()) continue;
+    const std::vector<std::string> f = split(expected[k], '\t');
+    ASSERT_EQ(f.size(), 3u) << expected[k];
+    const std::vector<int32_t> head = parse_ids(f[0]);
+    ASSERT_EQ(head.size(), 3u);
+    const std::string& a = text.at(static_cast<size_t>(head[0]));
+    const std::string& b = text.at(static_cast<size_t>(head[1]));
+    const Encoding e = tok.encode(a, b, static_cast<size_t>(head[2]), Truncation::LongestFirst, Padding::None);
+    ++pairs;
+    if (e.input_ids == parse_ids(f[1]) && e.token_type_ids == parse_ids(f[2])) continue;
+    if (bad_pairs++ == 0)
+      ADD_FAILURE() << GetParam() << ": first pair mismatch, lines " << head[0] + 1 << " and " << head[1] + 1
+                    << " max_length " << head[2] << "\n  want " << f[1] << " / " << f[2] << "\n  got  "
+                    << show(e.input_ids) << " / " << show(e.token_type_ids);
+  }
+  EXPECT_GE(pairs, 1000u);
+  EXPECT_EQ(bad_pairs, 0u) << "of " << pairs << " pairs";
+}
+
+INSTANTIATE_TEST_SUITE_P(TokenizerJson, Parity,
+                         ::testing::Values("roberta", "roberta_prefix", "modernbert", "xlmr", "unigram", "bpe_unk"));
+
+TEST(TokenizerJson, PadsToMaxLengthWithThePadToken) {
+  const Tokenizer tok = Tokenizer::from_tokenizer_json(unpack("roberta"));
+  const int32_t pad = tok.token_to_id("<pad>");
+  ASSERT_GE(pad, 0);
+  EXPECT_EQ(tok.pad_id(), pad);
+  EXPECT_EQ(tok.cls_id(), tok.token_to_id("<s>"));
+  EXPECT_EQ(tok.sep_id(), tok.token_to_id("</s>"));
+  const Encoding e = tok.encode("Hello world", std::nullopt, 16);
+  ASSERT_EQ(e.input_ids.size(), 16u);
+  const size_t n = tok.encode("Hello world", std::nullopt, 16, Truncation::LongestFirst, Padding::None).input_ids.size();
+  ASSERT_LT(n, 16u);
+  for (size_t i = 0; i < 16; ++i) {
+    EXPECT_EQ(e.attention_mask[i], i < n ? 1 : 0);
+    if (i >= n) { EXPECT_EQ(e.input_ids[i], pad); }
+  }
+  EXPECT_EQ(e.input_ids.front(), tok.cls_id());
+  EXPECT_EQ(e.input_ids[n - 1], tok.sep_id());
+}
+
+TEST(TokenizerJson, DirectoryPrefersTokenizerJsonThenVocabTxt) {
+  const std::string dir = testing_dirs::fresh_dir("tokjson_dir");
+  fs::copy_file(unpack("xlmr"), dir + "/tokenizer.json");
+  const Tokenizer t = Tokenizer::from_directory(dir);
+  ASSERT_NE(t.json(), nullptr);
+  EXPECT_EQ(t.vocab_size(), 3002u);
+  EXPECT_EQ(Tokenizer::files_in(dir).size(), 1u);
+
+  const std::string wp = testing_dirs::fresh_dir("tokjson_wp");
+  fs::copy_file(fs::path(ANATOMY_SOURCE_DIR) / "tests/data/tokenizer/vocab.txt", wp + "/vocab.txt");
+  const Tokenizer w = Tokenizer::from_directory(wp);
+  ASSERT_NE(w.wordpiece(), nullptr);
+  EXPECT_EQ(w.encode("hello", std::nullopt, 8).input_ids, w.wordpiece()->encode("hello", std::nullopt, 8).input_ids);
+  // A WordPiece tokenizer.json still goes to the WordPiece reader.
+  const Tokenizer wj = Tokenizer::from_tokenizer_json((fs::path(ANATOMY_SOURCE_DIR) / "tests/data/tokenizer/tokenizer.json").string());
+  EXPECT_NE(wj.wordpiece(), nullptr);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TokenizerJson, UnsupportedPartsAreOneLineErrorsNamingTheFile) {
+  const std::string dir = testing_dirs::fresh_dir("tokjson_err");
+  auto write = [&](const std::string& name, const std::string& body) {
+    const std::string p = dir + "/" + name;
+    std::ofstream(p) << body;
+    return p;
+  };
+  const std::string base = R"({"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]})";
+  const std::string ok = write("ok.json", base + "}");
+  EXPECT_EQ(Tokenizer::from_tokenizer_json(ok).encode_words("abba"), (std::vector<int32_t>{2, 1, 0}));
+  for (const auto& [name, body, needle] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"norm.json", base + R"(,"normalizer":{"type":"Nope"}})", "normalizer type \"Nope\""},
+           {"pre.json", base + R"(,"pre_tokenizer":{"type":"Digits"}})", "pre_tokenizer type \"Digits\""},
+           {"post.json", base + R"(,"post_processor":{"type":"Odd"}})", "post_processor type \"Odd\""},
+           {"regex.json", base + R"(,"normalizer":{"type":"Replace","pattern":{"Regex":"a|b"},"content":""}})", "a|b"},
+           {"merge.json", R"({"model":{"type":"BPE","vocab":{"a":0},"merges":["a c"]}})", "merge"},
+           {"unk.json", R"({"model":{"type":"Unigram","vocab":[["a",0.0]]}})", "unk_id"},
+           {"cut.json", R"({"model":{"type":"BPE","vocab":)", "not valid JSON"}}) {
+    const std::string p = write(name, body);
+    const std::string msg = error_of([&] { Tokenizer::from_tokenizer_json(p); });
+    EXPECT_NE(msg.find(p), std::string::npos) << msg;
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
