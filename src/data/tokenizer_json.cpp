@@ -159,8 +159,8 @@ JsonTokenizer JsonTokenizer::from_file(const std::string& path) {
       at.single_word = a.value("single_word", false);
       at.normalized = a.value("normalized", false);
       at.content = unicode::decode_utf8(content);
-      bool dropped = false;
-      if (at.normalized && t.m_normalizer) t.m_normalizer->apply(at.content, dropped);
+      tok::Front front;
+      if (at.normalized && t.m_normalizer) t.m_normalizer->apply(at.content, front);
       add(content, at.id);
       if (!at.content.empty()) t.m_added.push_back(std::move(at));
     }
@@ -250,9 +250,9 @@ void JsonTokenizer::encode_into(std::string_view text, std::vector<int32_t>& ids
       ids.push_back(raw.id);
       continue;
     }
-    bool dropped = false;
-    if (m_normalizer) m_normalizer->apply(raw.text, dropped);
-    for (Segment& seg : split_added(raw.text, true, raw.at_origin && !dropped)) {
+    tok::Front front;
+    if (m_normalizer) m_normalizer->apply(raw.text, front);
+    for (Segment& seg : split_added(raw.text, true, raw.at_origin && !front.dropped)) {
       if (seg.id >= 0) {
         ids.push_back(seg.id);
         continue;

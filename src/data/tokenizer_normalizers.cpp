@@ -1,5 +1,6 @@
 // The normalizers of tokenizer.json files: NFC/NFD/NFKC/NFKD, Lowercase, Strip, StripAccents,
 // Replace, Prepend, Sequence and SentencePiece's Precompiled character map.
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -16,43 +17,57 @@ using nlohmann::json;
 
 struct Sequence final : Normalizer {
   std::vector<std::unique_ptr<Normalizer>> parts;
-  void apply(std::u32string& t, bool& front_dropped) const override {
-    for (const auto& p : parts) p->apply(t, front_dropped);
+  void apply(std::u32string& t, Front& front) const override {
+    for (const auto& p : parts) p->apply(t, front);
   }
 };
 
 struct Unicode final : Normalizer {
   std::u32string (*fn)(std::u32string_view);
   explicit Unicode(std::u32string (*f)(std::u32string_view)) : fn(f) {}
-  void apply(std::u32string& t, bool& front_dropped) const override { t = fn(t); }
+  void apply(std::u32string& t, Front& front) const override {
+    if (!t.empty()) front.span = std::max<size_t>(1, fn(std::u32string_view(t).substr(0, front.span)).size());
+    t = fn(t);
+  }
 };
 
 struct Lowercase final : Normalizer {
-  void apply(std::u32string& t, bool& front_dropped) const override { unicode::char_lower(t); }
+  void apply(std::u32string& t, Front& front) const override {
+    std::u32string head = t.substr(0, front.span);
+    unicode::char_lower(head);
+    unicode::char_lower(t);
+    front.span = std::max<size_t>(1, head.size());
+  }
 };
 
 struct Strip final : Normalizer {
   bool left = true, right = true;
-  void apply(std::u32string& t, bool& front_dropped) const override {
+  void apply(std::u32string& t, Front& front) const override {
     size_t b = 0, e = t.size();
     if (left) while (b < e && is_space(t[b])) ++b;
-    front_dropped = front_dropped || b > 0;
+    if (b >= front.span) front.dropped = front.dropped || b > 0;
+    else front.span -= b;
     if (right) while (e > b && is_space(t[e - 1])) --e;
     t = t.substr(b, e - b);
   }
 };
 
 struct StripAccents final : Normalizer {
-  void apply(std::u32string& t, bool& front_dropped) const override { 
-    front_dropped = front_dropped || (!t.empty() && unicode::is_mark(t[0]));
+  void apply(std::u32string& t, Front& front) const override { 
+    size_t kept = 0;
+    for (size_t i = 0; i < std::min(front.span, t.size()); ++i) kept += !unicode::is_mark(t[i]);
+    if (kept == 0) front.dropped = front.dropped || !t.empty();
+    else front.span = kept;
     std::erase_if(t, [](char32_t c) { return unicode::is_mark(c); });
   }
 };
 
 struct Prepend final : Normalizer {
   std::u32string prefix;
-  void apply(std::u32string& t, bool& front_dropped) const override {
-    if (!t.empty()) t.insert(0, prefix);
+  void apply(std::u32string& t, Front& front) const override {
+    if (t.empty()) return;
+    t.insert(0, prefix);
+    front.span += prefix.size();
   }
 };
 
@@ -64,13 +79,19 @@ struct Replace final : Normalizer {
   bool repeat = false;
   size_t lo = 1, hi = SIZE_MAX;
   std::u32string content;
-  void apply(std::u32string& t, bool& front_dropped) const override {
+  // A match of n characters at the start: the library aligns its content with the match's last
+  // character, so the front survives only when the match ends within it (and leaves something).
+  void matched_front(size_t n, Front& front) const {
+    if (n > front.span || (content.empty() && n == front.span)) front.dropped = true;
+    else front.span = front.span - n + content.size();
+  }
+  void apply(std::u32string& t, Front& front) const override {
     std::u32string out;
     out.reserve(t.size());
     for (size_t i = 0; i < t.size();) {
       if (!repeat) {
         if (std::u32string_view(t).substr(i).starts_with(literal)) {
-          front_dropped = front_dropped || (i == 0 && content.empty());
+          if (i == 0) matched_front(literal.size(), front);
           out += content;
           i += literal.size();
           continue;
@@ -79,7 +100,7 @@ struct Replace final : Normalizer {
         size_t j = i;
         while (j < t.size() && t[j] == literal[0] && j - i < hi) ++j;
         if (j - i >= lo) {
-          front_dropped = front_dropped || (i == 0 && content.empty());
+          if (i == 0) matched_front(j, front);
           out += content;
           i = j;
           continue;
@@ -161,7 +182,7 @@ struct Precompiled final : Normalizer {
     out += unicode::decode_utf8(std::string_view(strings).substr(static_cast<size_t>(at), end - static_cast<size_t>(at)));
     return true;
   }
-  void apply(std::u32string& t, bool& front_dropped) const override {
+  void apply(std::u32string& t, Front& front) const override {
     if (units.empty()) return;
     std::u32string out;
     out.reserve(t.size());
@@ -170,13 +191,13 @@ struct Precompiled final : Normalizer {
       const std::u32string_view cluster = std::u32string_view(t).substr(b[g], b[g + 1] - b[g]);
       const size_t before = out.size();
       if (unicode::encode_utf8(cluster).size() < 6 && transform(cluster, out)) {
-        front_dropped = front_dropped || (g == 0 && out.size() == before);
-        continue;
+      } else {
+        for (size_t i = 0; i < cluster.size(); ++i)
+          if (!transform(cluster.substr(i, 1), out)) out += cluster[i];
       }
-      for (size_t i = 0; i < cluster.size(); ++i) {
-        const size_t at = out.size();
-        if (!transform(cluster.substr(i, 1), out)) out += cluster[i];
-        front_dropped = front_dropped || (g == 0 && i == 0 && out.size() == at);
+      if (g == 0) {  // the first cluster stands for the front (Note [Front])
+        if (out.size() == before) front.dropped = true;
+        else front.span = out.size();
       }
     }
     t = std::move(out);

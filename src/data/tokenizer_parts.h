@@ -12,11 +12,19 @@
 namespace anatomy::tok {
 
 // Everything here works on code points; `what` names the file in errors.
-// front_dropped: set when the text's first character is removed, so what is left no longer
-// starts at the original offset 0 (Metaspace's "first" scheme looks at that offset).
+// Note [Front]
+// Metaspace's "first" scheme prepends only to text that starts at original offset 0, which the
+// library knows from its alignments. Only the front matters here: span counts the leading
+// characters that came from the original first character (NFKC turns "¨" into " \u0308", both
+// from it), and dropped is set once all of those are removed (Strip of a leading space), after which
+// the text starts later in the original.
+struct Front {
+  bool dropped = false;
+  size_t span = 1;
+};
 struct Normalizer {
   virtual ~Normalizer() = default;
-  virtual void apply(std::u32string& text, bool& front_dropped) const = 0;
+  virtual void apply(std::u32string& text, Front& front) const = 0;
 };
 // Null JSON gives nullptr (no normalization).
 std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& j, const std::string& what);
