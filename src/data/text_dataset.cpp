@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_json.h"
 #include "io/atomic_file.h"
 
 namespace anatomy {
@@ -199,8 +200,10 @@ struct Layout {
   }
 };
 
-uint64_t tokenizer_fingerprint(const WordPieceTokenizer& tok) {
+uint64_t tokenizer_fingerprint(const Tokenizer& any) {
   Hash64 h(0x746f6b656e697a65ULL);
+  if (any.json()) return h.field("tokenizer.json").field(any.json()->file_bytes()).digest();
+  const WordPieceTokenizer& tok = *any.wordpiece();
   for (size_t i = 0; i < tok.vocab_size(); ++i) h.field(tok.id_to_token(static_cast<int32_t>(i)));
   const BertNormalizerConfig& n = tok.normalizer();
   h.field(uint64_t{n.clean_text}).field(uint64_t{n.handle_chinese_chars}).field(uint64_t{n.lowercase});
@@ -407,7 +410,7 @@ void TextDataset::bind() {
   }
 }
 
-TextDataset TextDataset::load(const std::string& path, const WordPieceTokenizer& tok, const TextDataOptions& opt) {
+TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, const TextDataOptions& opt) {
   const bool pair = !opt.text_pair_column.empty();
   const int64_t min_length = pair ? 3 : 2;  // room for [CLS] and the [SEP]s
   ANATOMY_CHECK(opt.max_length >= min_length && opt.max_length <= 65536, path, ": max_length ", opt.max_length,

@@ -10,6 +10,7 @@
 
 #include "../common/dirs.h"
 #include "core/error.h"
+#include "data/text_dataset.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_json.h"
 
@@ -151,6 +152,40 @@ TEST(TokenizerJson, DirectoryPrefersTokenizerJsonThenVocabTxt) {
   // A WordPiece tokenizer.json still goes to the WordPiece reader.
   const Tokenizer wj = Tokenizer::from_tokenizer_json((fs::path(ANATOMY_SOURCE_DIR) / "tests/data/tokenizer/tokenizer.json").string());
   EXPECT_NE(wj.wordpiece(), nullptr);
+}
+
+// The dataset takes any tokenizer: a RoBERTa-style pair file gives the ids encode() gives,
+// <s> a </s></s> b </s> padded with <pad>.
+TEST(TokenizerJson, TextDatasetEncodesPairsWithAJsonTokenizer) {
+  const std::string dir = testing_dirs::fresh_dir("tokjson_ds");
+  fs::copy_file(unpack("roberta"), dir + "/tokenizer.json");
+  const Tokenizer tok = Tokenizer::from_directory(dir);
+  const std::string csv = dir + "/pairs.csv";
+  std::ofstream(csv) << "text,text_pair,label\nHi,yo,1\n\"Héllo, мир! Καλημέρα κόσμε 😀\",\"a much longer second text, to be cut\",0\n";
+  TextDataOptions opt;
+  opt.text_pair_column = "text_pair";
+  opt.max_length = 12;
+  opt.cache = CacheMode::Off;
+  const TextDataset ds = TextDataset::load(csv, tok, opt);
+  ASSERT_EQ(ds.size(), 2u);
+  const std::pair<const char*, const char*> rows[] = {{"Hi", "yo"},
+                                                      {"Héllo, мир! Καλημέρα κόσμε 😀", "a much longer second text, to be cut"}};
+  for (size_t i = 0; i < 2; ++i) {
+    const Encoding e = tok.encode(rows[i].first, std::string_view(rows[i].second), 12, Truncation::LongestFirst, Padding::None);
+    const auto ids = ds.ids(i);
+    EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.end()), e.input_ids) << "row " << i;
+    EXPECT_EQ(e.input_ids[0], tok.token_to_id("<s>"));
+  }
+  EXPECT_EQ(ds.ids(1).size(), 12u);  // cut longest-first to max_length
+  const size_t n0 = ds.ids(0).size();
+  ASSERT_LT(n0, 12u);
+  HostBatch b;
+  b.resize(1, 12);
+  ds.get(0, b, 0);
+  for (size_t t = 0; t < 12; ++t) {
+    EXPECT_EQ(b.input_ids[t], t < n0 ? ds.ids(0)[t] : tok.pad_id()) << t;
+    EXPECT_EQ(b.attention_mask[t], t < n0 ? 1 : 0) << t;
+  }
 }
 
 std::string error_of(const std::function<void()>& f) {
