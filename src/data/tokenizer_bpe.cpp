@@ -1,7 +1,8 @@
-// The BPE model of tokenizer.json (no dropout): a word's characters merged pair by pair, always
-// the pair of lowest merge rank, the leftmost among equals, until no listed pair remains.
+// The BPE model of tokenizer.json (no dropout): a word's characters merged pair by pair, the pair
+// of lowest merge rank first, the leftmost among equals, until no listed pair remains.
 #include <limits>
 #include <map>
+#include <queue>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -23,6 +24,48 @@ struct Bpe final : Model {
   int32_t find(const std::string& s) const {
     const auto it = vocab.find(s);
     return it == vocab.end() ? -1 : it->second;
+  }
+
+  // Note [BPE merge order]
+  // The reference's queue, kept as it is: candidate merges ordered by (rank, position); a popped
+  // one is stale when its left symbol was merged away or has no right neighbour, or when the pair
+  // now there merges to a different token (a pair that merges to the same token is taken even if
+  // its own rank differs, as the reference does). Each merge queues the new pairs on either side.
+  void merge_all(std::vector<int32_t>& sym) const {
+    const size_t n = sym.size();
+    std::vector<ptrdiff_t> prev(n), next(n);
+    std::vector<bool> gone(n, false);
+    for (size_t i = 0; i < n; ++i) prev[i] = static_cast<ptrdiff_t>(i) - 1, next[i] = i + 1 < n ? static_cast<ptrdiff_t>(i) + 1 : -1;
+    struct Cand {
+      int32_t rank;
+      size_t pos;
+      int32_t id;
+      bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue;
+    auto consider = [&](size_t pos, size_t right) {
+      const auto it = merges.find({sym[pos], sym[right]});
+      if (it != merges.end()) queue.push({it->second.first, pos, it->second.second});
+    };
+    for (size_t i = 0; i + 1 < n; ++i) consider(i, i + 1);
+    while (!queue.empty()) {
+      const Cand top = queue.top();
+      queue.pop();
+      if (gone[top.pos] || next[top.pos] < 0) continue;
+      const auto right = static_cast<size_t>(next[top.pos]);
+      const auto it = merges.find({sym[top.pos], sym[right]});
+      if (it == merges.end() || it->second.second != top.id) continue;
+      sym[top.pos] = top.id;
+      gone[right] = true;
+      next[top.pos] = next[right];
+      if (next[right] >= 0) prev[static_cast<size_t>(next[right])] = static_cast<ptrdiff_t>(top.pos);
+      if (prev[top.pos] >= 0) consider(static_cast<size_t>(prev[top.pos]), top.pos);
+      if (next[top.pos] >= 0) consider(top.pos, static_cast<size_t>(next[top.pos]));
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (!gone[i]) sym[k++] = sym[i];
+    sym.resize(k);
   }
 
   void tokenize(std::u32string_view word, std::vector<int32_t>& ids) const override {
@@ -67,21 +110,7 @@ struct Bpe final : Model {
       }
     }
     if (pending_unk) sym.push_back(unk);
-    for (;;) {
-      int32_t best_rank = std::numeric_limits<int32_t>::max(), merged = -1;
-      size_t at = 0;
-      for (size_t k = 0; k + 1 < sym.size(); ++k) {
-        const auto it = merges.find({sym[k], sym[k + 1]});
-        if (it != merges.end() && it->second.first < best_rank) {
-          best_rank = it->second.first;
-          merged = it->second.second;
-          at = k;
-        }
-      }
-      if (merged < 0) break;
-      sym[at] = merged;
-      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
-    }
+    merge_all(sym);
     ids.insert(ids.end(), sym.begin(), sym.end());
   }
 

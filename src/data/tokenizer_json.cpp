@@ -137,7 +137,7 @@ JsonTokenizer JsonTokenizer::from_file(const std::string& path) {
     const json& model = j["model"];
     const std::string type = model.value("type", std::string());
     if (type == "BPE" || (type.empty() && model.contains("merges"))) t.m_model = tok::make_bpe(model, path);
-    else if (type == "Unigram") t.m_model = tok::make_unigram(model, path);
+    else if (type == "Unigram") t.m_model = tok::make_unigram(model, t.m_file, path);
     else bad("model type \"", type, "\" is not BPE or Unigram");
     t.m_normalizer = tok::make_normalizer(j.value("normalizer", json()), path);
     t.m_pre = tok::make_pre_tokenizer(j.value("pre_tokenizer", json()), path);

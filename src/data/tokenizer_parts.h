@@ -50,7 +50,8 @@ struct Model {
   virtual int32_t unk_id() const = 0;  // -1 when none
 };
 std::unique_ptr<Model> make_bpe(const nlohmann::json& model, const std::string& what);
-std::unique_ptr<Model> make_unigram(const nlohmann::json& model, const std::string& what);
+// file_text: the whole file, for the scores' digits (Note [Score parsing] in tokenizer_unigram.cpp).
+std::unique_ptr<Model> make_unigram(const nlohmann::json& model, const std::string& file_text, const std::string& what);
 
 // Rust's char::is_whitespace (the White_Space property).
 bool is_space(char32_t c);
