@@ -412,7 +412,10 @@ void TextDataset::bind() {
 
 TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, const TextDataOptions& opt) {
   const bool pair = !opt.text_pair_column.empty();
-  const int64_t min_length = pair ? 3 : 2;  // room for [CLS] and the [SEP]s
+  // Room for the tokenizer's special tokens ([CLS] a [SEP] b [SEP], <s> a </s></s> b </s>, ...).
+  const std::optional<std::string_view> empty_pair = pair ? std::optional<std::string_view>("") : std::nullopt;
+  const auto min_length = std::max<int64_t>(
+      1, static_cast<int64_t>(tok.encode("", empty_pair, 0, Truncation::None, Padding::None).input_ids.size()));
   ANATOMY_CHECK(opt.max_length >= min_length && opt.max_length <= 65536, path, ": max_length ", opt.max_length,
                 " out of range [", min_length, ", 65536]");
   const TextFormat format = opt.format == TextFormat::Auto ? format_from_path(path) : opt.format;

@@ -3,6 +3,14 @@
 // (0.23) gives: added tokens split out first (lstrip/rstrip, normalized or not), then the
 // normalizer, pre-tokenizer and model, then the post-processor's special tokens and longest-first
 // truncation. WordPiece files are read by WordPieceTokenizer (tokenizer.h).
+//
+// What these files use, and so what is implemented (anything else is a one-line error naming
+// the file): normalizers NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, Replace
+// (a string, or a repeated character such as " {2,}"), Precompiled (SentencePiece's map) and
+// Sequence; pre-tokenizers ByteLevel, Metaspace, WhitespaceSplit and Sequence; models BPE
+// (without dropout) and Unigram; post-processors RobertaProcessing, BertProcessing,
+// TemplateProcessing, ByteLevel and Sequence. The file's own truncation and padding sections are
+// not applied: encode() takes them as arguments, as for WordPiece.
 #pragma once
 #include <cstdint>
 #include <memory>

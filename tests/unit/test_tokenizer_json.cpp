@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "../common/dirs.h"
@@ -159,6 +160,28 @@ TEST(TokenizerJson, DirectoryPrefersTokenizerJsonThenVocabTxt) {
   EXPECT_NE(wj.wordpiece(), nullptr);
 }
 
+// Bytes that are not UTF-8, lone special-token fragments and long runs: every tokenizer gives ids
+// inside its vocabulary, deterministically, and cuts to max_length.
+TEST(TokenizerJson, ArbitraryBytesGiveIdsInsideTheVocabulary) {
+  std::mt19937 rng(15);
+  std::vector<std::string> texts = {std::string("\xff\xfe<s\xc3", 5), std::string(3000, '-'), "<mask><mask> <s></s>",
+                                    std::string(2000, ' ') + "x", "\xe4\xb8\xad\xe6\x96\x87" + std::string(600, 'a')};
+  for (int i = 0; i < 200; ++i) {
+    std::string t(rng() % 64, '\0');
+    for (char& c : t) c = static_cast<char>(rng() % 256);
+    texts.push_back(t);
+  }
+  for (const char* name : {"roberta", "modernbert", "xlmr", "unigram", "bpe_unk"}) {
+    const Tokenizer tok = Tokenizer::from_tokenizer_json(unpack(name));
+    for (const std::string& t : texts) {
+      const Encoding e = tok.encode(t, std::string_view("pair"), 32, Truncation::LongestFirst, Padding::MaxLength);
+      ASSERT_EQ(e.input_ids.size(), 32u) << name;
+      for (int32_t id : e.input_ids) ASSERT_TRUE(id >= 0 && static_cast<size_t>(id) < tok.vocab_size()) << name << " " << id;
+      EXPECT_EQ(tok.encode_words(t), tok.encode_words(t)) << name;
+    }
+  }
+}
+
 // The dataset takes any tokenizer: a RoBERTa-style pair file gives the ids encode() gives,
 // <s> a </s></s> b </s> padded with <pad>.
 TEST(TokenizerJson, TextDatasetEncodesPairsWithAJsonTokenizer) {
@@ -182,6 +205,15 @@ TEST(TokenizerJson, TextDatasetEncodesPairsWithAJsonTokenizer) {
     EXPECT_EQ(e.input_ids[0], tok.token_to_id("<s>"));
   }
   EXPECT_EQ(ds.ids(1).size(), 12u);  // cut longest-first to max_length
+  opt.max_length = 3;  // <s> </s></s> </s> needs 4
+  try {
+    TextDataset::load(csv, tok, opt);
+    ADD_FAILURE() << "max_length 3 accepted for a RoBERTa pair";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(csv), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[4, 65536]"), std::string::npos) << e.what();
+  }
+  opt.max_length = 12;
   const size_t n0 = ds.ids(0).size();
   ASSERT_LT(n0, 12u);
   HostBatch b;
