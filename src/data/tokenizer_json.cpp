@@ -26,10 +26,12 @@ std::string read_all(const std::string& path) {
   return ss.str();
 }
 
-// The regex crate's \w, as added tokens' single_word checks it.
+// The regex crate's \w (Alphabetic, marks, Nd, Pc, Join_Control), as added tokens' single_word
+// checks it; letters and Nl stand for Alphabetic.
 bool is_word_char(char32_t c) {
-  return c == '_' || unicode::is_letter(c) || unicode::is_mark(c) || unicode::category(c) == UTF8PROC_CATEGORY_ND ||
-         unicode::category(c) == UTF8PROC_CATEGORY_PC;
+  const int k = unicode::category(c);
+  return unicode::is_letter(c) || unicode::is_mark(c) || k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL ||
+         k == UTF8PROC_CATEGORY_PC || c == 0x200C || c == 0x200D;
 }
 
 // Post-processors as templates (Note [Templates]).
@@ -227,7 +229,7 @@ std::vector<JsonTokenizer::Segment> JsonTokenizer::split_added(std::u32string_vi
     }
     size_t start = i, stop = i + hit->content.size();
     if (hit->single_word && ((start > 0 && is_word_char(t[start - 1])) || (stop < t.size() && is_word_char(t[stop])))) {
-      ++i;
+      i = stop;  // the search goes on after the rejected match, as the reference's matcher does
       continue;
     }
     if (hit->lstrip) {
