@@ -1,7 +1,6 @@
 // The BPE model of tokenizer.json (no dropout): a word's characters merged pair by pair, the pair
 // of lowest merge rank first, the leftmost among equals, until no listed pair remains.
 #include <limits>
-#include <map>
 #include <queue>
 #include <unordered_map>
 
@@ -16,7 +15,8 @@ using nlohmann::json;
 
 struct Bpe final : Model {
   std::unordered_map<std::string, int32_t> vocab;
-  std::map<std::pair<int32_t, int32_t>, std::pair<int32_t, int32_t>> merges;  // pair -> (rank, merged id)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;  // key(a, b) -> (rank, merged id)
+  static uint64_t key(int32_t a, int32_t b) { return (uint64_t{static_cast<uint32_t>(a)} << 32) | static_cast<uint32_t>(b); }
   int32_t unk = -1;
   bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
   std::string prefix, suffix;  // continuing_subword_prefix, end_of_word_suffix
@@ -44,7 +44,7 @@ struct Bpe final : Model {
     };
     std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> queue;
     auto consider = [&](size_t pos, size_t right) {
-      const auto it = merges.find({sym[pos], sym[right]});
+      const auto it = merges.find(key(sym[pos], sym[right]));
       if (it != merges.end()) queue.push({it->second.first, pos, it->second.second});
     };
     for (size_t i = 0; i + 1 < n; ++i) consider(i, i + 1);
@@ -53,7 +53,7 @@ struct Bpe final : Model {
       queue.pop();
       if (gone[top.pos] || next[top.pos] < 0) continue;
       const auto right = static_cast<size_t>(next[top.pos]);
-      const auto it = merges.find({sym[top.pos], sym[right]});
+      const auto it = merges.find(key(sym[top.pos], sym[right]));
       if (it == merges.end() || it->second.second != top.id) continue;
       sym[top.pos] = top.id;
       gone[right] = true;
@@ -161,7 +161,7 @@ std::unique_ptr<Model> make_bpe(const json& m, const std::string& what) {
     const std::string joined = a + (b->prefix.empty() || !c.starts_with(b->prefix) ? c : c.substr(b->prefix.size()));
     const int32_t ij = b->find(joined);
     if (ia < 0 || ic < 0 || ij < 0) bad("merge \"", a, " ", c, "\" names a token not in the vocab");
-    b->merges.insert_or_assign(std::pair{ia, ic}, std::pair{rank++, ij});  // a repeated pair takes its last rank
+    b->merges.insert_or_assign(Bpe::key(ia, ic), std::pair{rank++, ij});  // a repeated pair takes its last rank
   }
   return b;
 }

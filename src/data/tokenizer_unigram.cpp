@@ -18,8 +18,13 @@ using nlohmann::json;
 // As the reference does: pieces starting at a position are tried shortest first and replace the
 // best path into their end only when strictly better, so among equal scores the path found first
 // stays; an unknown character costs min_score - 10 and consecutive unknowns fuse into one <unk>.
+struct ViewHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
 struct Unigram final : Model {
-  std::unordered_map<std::string, int32_t> ids;
+  std::unordered_map<std::string, int32_t, ViewHash, std::equal_to<>> ids;  // looked up by string_view
   std::vector<std::pair<std::string, double>> pieces;
   int32_t unk = -1;
   bool byte_fallback = false;
@@ -48,7 +53,7 @@ struct Unigram final : Model {
       bool single = false;
       for (size_t e = i + 1; e <= n && e - i <= max_bytes; ++e) {
         if (e < n && (static_cast<unsigned char>(s[e]) & 0xC0) == 0x80) continue;
-        const auto it = ids.find(s.substr(i, e - i));
+        const auto it = ids.find(std::string_view(s).substr(i, e - i));
         if (it == ids.end()) continue;
         const double cand = here + pieces[static_cast<size_t>(it->second)].second;
         if (best[e].from == SIZE_MAX || cand > best[e].score) best[e] = {cand, i, it->second};
