@@ -100,6 +100,12 @@ class WordPieceTokenizer {
 
 class JsonTokenizer;
 
+// A text given as words (Hugging Face's is_split_into_words), and which word each token is from.
+struct WordEncoding {
+  Encoding encoding;
+  std::vector<int32_t> word_ids;  // (n) the word's index, -1 for special tokens and padding
+};
+
 // Any tokenizer a model directory holds: WordPiece (vocab.txt, or a tokenizer.json with a
 // WordPiece model) or a BPE / Unigram tokenizer.json (tokenizer_json.h). Copies share the
 // tokenizer (it is immutable).
@@ -120,6 +126,12 @@ class Tokenizer {
   Encoding encode(std::string_view text_a, std::optional<std::string_view> text_b = std::nullopt,
                   size_t max_length = 512, Truncation truncation = Truncation::LongestFirst,
                   Padding padding = Padding::MaxLength) const;
+  // Each word tokenized on its own, as the tokenizers library does for pre-split input (so a
+  // byte-level BPE with add_prefix_space and a Metaspace start every word as a new word), then the
+  // single-sequence special tokens around them, cut to max_length and padded as encode() does.
+  WordEncoding encode_split_words(const std::vector<std::string>& words, size_t max_length = 512,
+                                  Truncation truncation = Truncation::LongestFirst,
+                                  Padding padding = Padding::MaxLength) const;
   int32_t token_to_id(std::string_view token) const;
   const std::string& id_to_token(int32_t id) const;
   size_t vocab_size() const;

@@ -64,4 +64,45 @@ int32_t Tokenizer::unk_id() const { return ANATOMY_DISPATCH(unk_id()); }
 
 #undef ANATOMY_DISPATCH
 
+WordEncoding Tokenizer::encode_split_words(const std::vector<std::string>& words, size_t max_length,
+                                           Truncation truncation, Padding padding) const {
+  std::vector<int32_t> ids, from;
+  for (size_t w = 0; w < words.size(); ++w) {
+    const std::vector<int32_t> piece = encode_words(words[w]);
+    ids.insert(ids.end(), piece.begin(), piece.end());
+    from.insert(from.end(), piece.size(), static_cast<int32_t>(w));
+  }
+  // The single-sequence template: [CLS] A [SEP] for WordPiece, the post-processor's otherwise.
+  using Item = JsonTokenizer::TemplateItem;
+  const std::vector<Item> tpl = m_json ? m_json->single_template()
+                                       : std::vector<Item>{{-1, {cls_id()}, 0}, {0, {}, 0}, {-1, {sep_id()}, 0}};
+  size_t specials = 0;
+  for (const Item& it : tpl) specials += it.ids.size();
+  if (truncation == Truncation::LongestFirst) {
+    ANATOMY_CHECK(max_length >= specials, "max_length ", max_length, " cannot hold the ", specials,
+                  " special tokens of a single encoding");
+    if (ids.size() > max_length - specials) ids.resize(max_length - specials), from.resize(max_length - specials);
+  }
+  WordEncoding out;
+  Encoding& e = out.encoding;
+  for (const Item& it : tpl) {
+    const bool text = it.sequence >= 0;
+    const std::vector<int32_t>& part = text ? ids : it.ids;
+    e.input_ids.insert(e.input_ids.end(), part.begin(), part.end());
+    e.token_type_ids.insert(e.token_type_ids.end(), part.size(), it.type_id);
+    if (text) out.word_ids.insert(out.word_ids.end(), from.begin(), from.end());
+    else out.word_ids.insert(out.word_ids.end(), part.size(), -1);
+  }
+  const size_t n = e.input_ids.size();
+  e.attention_mask.assign(n, 1);
+  if (padding == Padding::MaxLength && n < max_length) {
+    ANATOMY_CHECK(pad_id() >= 0, "padding needs a pad token and the tokenizer has none");
+    e.input_ids.resize(max_length, pad_id());
+    e.token_type_ids.resize(max_length, 0);
+    e.attention_mask.resize(max_length, 0);
+    out.word_ids.resize(max_length, -1);
+  }
+  return out;
+}
+
 }  // namespace anatomy

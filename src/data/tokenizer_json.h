@@ -60,6 +60,8 @@ class JsonTokenizer {
     std::vector<int32_t> ids;
     int32_t type_id = 0;
   };
+  const std::vector<TemplateItem>& single_template() const { return m_single; }
+
   struct AddedToken {
     std::u32string content;  // as matched: normalized content for normalized tokens
     int32_t id = 0;

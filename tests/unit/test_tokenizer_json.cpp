@@ -118,6 +118,32 @@ TEST_P(Parity, EveryLineAndPairAsTheTokenizersPackage) {
   EXPECT_EQ(bad_pairs, 0u) << "of " << pairs << " pairs";
 }
 
+// Pre-split words (Hugging Face's is_split_into_words): ids and each token's word index.
+TEST_P(Parity, SplitWordsAsTheTokenizersPackage) {
+  const std::string file = GetParam().substr(0, GetParam().find(':'));
+  const std::string want_file = GetParam().substr(GetParam().find(':') == std::string::npos ? 0 : GetParam().find(':') + 1);
+  const Tokenizer tok = Tokenizer::from_tokenizer_json(unpack(file));
+  const std::vector<std::string> cases = split(gunzip(kFixtures / (want_file + ".words.gz")), '\n');
+  size_t bad = 0, n = 0;
+  for (const std::string& c : cases) {
+    if (c.empty()) continue;
+    const std::vector<std::string> f = split(c, '\t');
+    ASSERT_EQ(f.size(), 3u) << c;
+    const std::vector<int32_t> head = parse_ids(f[0]);
+    std::vector<std::string> words;
+    for (const std::string& w : split(lines().at(static_cast<size_t>(head[0])), ' '))
+      if (!w.empty()) words.push_back(w);
+    const WordEncoding e = tok.encode_split_words(words, static_cast<size_t>(head[1]), Truncation::LongestFirst, Padding::None);
+    ++n;
+    if (e.encoding.input_ids == parse_ids(f[1]) && e.word_ids == parse_ids(f[2])) continue;
+    if (bad++ == 0)
+      ADD_FAILURE() << file << ": first mismatch, line " << head[0] + 1 << " max_length " << head[1] << "\n  want "
+                    << f[1] << " / " << f[2] << "\n  got  " << show(e.encoding.input_ids) << " / " << show(e.word_ids);
+  }
+  EXPECT_GE(n, 500u);
+  EXPECT_EQ(bad, 0u) << "of " << n << " word lists";
+}
+
 INSTANTIATE_TEST_SUITE_P(TokenizerJson, Parity,
                          ::testing::Values("roberta", "roberta_prefix", "modernbert", "xlmr", "unigram", "bpe_unk",
                                            "roberta_legacy:roberta", "xlmr_legacy:xlmr"),
