@@ -181,6 +181,23 @@ TEST(TokenizerJson, DirectoryPrefersTokenizerJsonThenVocabTxt) {
   const Tokenizer w = Tokenizer::from_directory(wp);
   ASSERT_NE(w.wordpiece(), nullptr);
   EXPECT_EQ(w.encode("hello", std::nullopt, 8).input_ids, w.wordpiece()->encode("hello", std::nullopt, 8).input_ids);
+  // Split words through WordPiece: the ids of the joined text, each piece tagged with its word.
+  const std::vector<std::string> words = {"Hello", "unaffable", "world!"};
+  const WordEncoding we = w.encode_split_words(words, 16, Truncation::LongestFirst, Padding::MaxLength);
+  EXPECT_EQ(we.encoding.input_ids, w.encode("Hello unaffable world!", std::nullopt, 16).input_ids);
+  ASSERT_EQ(we.word_ids.size(), 16u);
+  EXPECT_EQ(we.word_ids.front(), -1);
+  int32_t last = -1;
+  size_t tagged = 0;
+  for (size_t i = 0; i < 16; ++i) {
+    if (we.word_ids[i] < 0) continue;
+    EXPECT_GE(we.word_ids[i], last);
+    last = we.word_ids[i];
+    ++tagged;
+    EXPECT_NE(we.encoding.input_ids[i], w.sep_id());
+  }
+  EXPECT_EQ(last, 2);
+  EXPECT_GE(tagged, 4u);  // "world!" is at least two pieces
   // A WordPiece tokenizer.json still goes to the WordPiece reader.
   const Tokenizer wj = Tokenizer::from_tokenizer_json((fs::path(ANATOMY_SOURCE_DIR) / "tests/data/tokenizer/tokenizer.json").string());
   EXPECT_NE(wj.wordpiece(), nullptr);
