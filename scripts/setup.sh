@@ -3,8 +3,8 @@
 # what is missing, so a second run is quick.
 set -euo pipefail
 pkgs=(cmake g++ ninja-build pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev
-      libgtest-dev python3 python3-pip libutf8proc-dev libcurl4-openssl-dev clang libclang-rt-dev chromium libgloo-dev
-      openmpi-bin)
+      libgtest-dev python3 python3-pip libutf8proc-dev libcurl4-openssl-dev zlib1g-dev clang libclang-rt-dev chromium
+      libgloo-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_json.h"
 #include "io/atomic_file.h"
 
 namespace anatomy {
@@ -213,8 +214,10 @@ struct Layout {
   }
 };
 
-uint64_t tokenizer_fingerprint(const WordPieceTokenizer& tok) {
+uint64_t tokenizer_fingerprint(const Tokenizer& any) {
   Hash64 h(0x746f6b656e697a65ULL);
+  if (any.json()) return h.field("tokenizer.json").field(any.json()->file_bytes()).digest();
+  const WordPieceTokenizer& tok = *any.wordpiece();
   for (size_t i = 0; i < tok.vocab_size(); ++i) h.field(tok.id_to_token(static_cast<int32_t>(i)));
   const BertNormalizerConfig& n = tok.normalizer();
   h.field(uint64_t{n.clean_text}).field(uint64_t{n.handle_chinese_chars}).field(uint64_t{n.lowercase});
@@ -323,7 +326,7 @@ struct TextDataset::Storage {
   // empty on success; otherwise why it was not used ("" is never returned for a failure: a
   // missing file says so), with nothing kept, and the cache is rebuilt.
   std::string map_cache(const std::string& path, uint64_t key, int64_t max_length, LabelSet& label_set,
-                        const WordPieceTokenizer& tok) {
+                        const Tokenizer& tok) {
     bool regular = false;
     if (!map.open(path, regular)) return reject(errno == ENOENT ? kMissing : "cannot be read");
     if (!regular) return reject("is not a regular file");
@@ -445,9 +448,12 @@ void TextDataset::bind() {
   }
 }
 
-TextDataset TextDataset::load(const std::string& path, const WordPieceTokenizer& tok, const TextDataOptions& opt) {
+TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, const TextDataOptions& opt) {
   const bool pair = !opt.text_pair_column.empty();
-  const int64_t min_length = pair ? 3 : 2;  // room for [CLS] and the [SEP]s
+  // Room for the tokenizer's special tokens ([CLS] a [SEP] b [SEP], <s> a </s></s> b </s>, ...).
+  const std::optional<std::string_view> empty_pair = pair ? std::optional<std::string_view>("") : std::nullopt;
+  const auto min_length = std::max<int64_t>(
+      1, static_cast<int64_t>(tok.encode("", empty_pair, 0, Truncation::None, Padding::None).input_ids.size()));
   ANATOMY_CHECK(opt.max_length >= min_length && opt.max_length <= 65536, path, ": max_length ", opt.max_length,
                 " out of range [", min_length, ", 65536]");
   const TextFormat format = opt.format == TextFormat::Auto ? format_from_path(path) : opt.format;

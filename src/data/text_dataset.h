@@ -28,7 +28,7 @@
 
 namespace anatomy {
 
-class WordPieceTokenizer;
+class Tokenizer;
 
 // The classes of a labelled file, and how its labels become ids.
 //   Ids: every label in the file is an integer, used as the id; num_labels is the largest + 1.
@@ -102,7 +102,7 @@ class TextDataset final : public Dataset {
  public:
   // Reads, tokenizes (or maps the cache of) the file. Errors name the file and, for a bad record,
   // its line.
-  static TextDataset load(const std::string& path, const WordPieceTokenizer& tok, const TextDataOptions& options = {});
+  static TextDataset load(const std::string& path, const Tokenizer& tok, const TextDataOptions& options = {});
 
   ~TextDataset() override;
   TextDataset(TextDataset&&) noexcept;

@@ -5,6 +5,7 @@
 // (as Hugging Face does), so invalid bytes vanish and never raise.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -95,6 +96,56 @@ class WordPieceTokenizer {
   size_t m_max_input_chars_per_word = 100;
   size_t m_max_token_chars = 0;  // the longest vocabulary entry, in code points
   int32_t m_cls = -1, m_sep = -1, m_pad = -1, m_unk = -1;
+};
+
+class JsonTokenizer;
+
+// A text given as words (Hugging Face's is_split_into_words), and which word each token is from.
+struct WordEncoding {
+  Encoding encoding;
+  std::vector<int32_t> word_ids;  // (n) the word's index, -1 for special tokens and padding
+};
+
+// Any tokenizer a model directory holds: WordPiece (vocab.txt, or a tokenizer.json with a
+// WordPiece model) or a BPE / Unigram tokenizer.json (tokenizer_json.h). Copies share the
+// tokenizer (it is immutable).
+class Tokenizer {
+ public:
+  Tokenizer(WordPieceTokenizer wordpiece);  // NOLINT: implicit, so WordPiece callers need no change
+  Tokenizer(JsonTokenizer json);            // NOLINT
+
+  // A tokenizer.json of any supported model type.
+  static Tokenizer from_tokenizer_json(const std::string& path);
+  // A model directory: its tokenizer.json when present, else its vocab.txt (as
+  // WordPieceTokenizer::from_directory reads it).
+  static Tokenizer from_directory(const std::string& dir);
+  // The tokenizer files of a model directory that exist, to copy next to a saved model.
+  static std::vector<std::string> files_in(const std::string& dir);
+
+  std::vector<int32_t> encode_words(std::string_view text) const;
+  Encoding encode(std::string_view text_a, std::optional<std::string_view> text_b = std::nullopt,
+                  size_t max_length = 512, Truncation truncation = Truncation::LongestFirst,
+                  Padding padding = Padding::MaxLength) const;
+  // Each word tokenized on its own, as the tokenizers library does for pre-split input (so a
+  // byte-level BPE with add_prefix_space and a Metaspace start every word as a new word), then the
+  // single-sequence special tokens around them, cut to max_length and padded as encode() does.
+  WordEncoding encode_split_words(const std::vector<std::string>& words, size_t max_length = 512,
+                                  Truncation truncation = Truncation::LongestFirst,
+                                  Padding padding = Padding::MaxLength) const;
+  int32_t token_to_id(std::string_view token) const;
+  const std::string& id_to_token(int32_t id) const;
+  size_t vocab_size() const;
+  int32_t cls_id() const;
+  int32_t sep_id() const;
+  int32_t pad_id() const;
+  int32_t unk_id() const;
+
+  const WordPieceTokenizer* wordpiece() const { return m_wordpiece.get(); }  // null for the others
+  const JsonTokenizer* json() const { return m_json.get(); }                 // null for WordPiece
+
+ private:
+  std::shared_ptr<const WordPieceTokenizer> m_wordpiece;
+  std::shared_ptr<const JsonTokenizer> m_json;
 };
 
 }  // namespace anatomy

@@ -136,8 +136,10 @@ void lower_impl(std::u32string& text, bool python_final_sigma) {
 }
 
 std::u32string normalize(std::u32string_view text, utf8proc_option_t options) {
-  bool plain = true;  // below U+00C0 nothing decomposes or composes
-  for (char32_t c : text) plain = plain && c < 0xC0;
+  // Below U+00C0 nothing decomposes or composes canonically; compatibility mappings start at U+00A0.
+  const char32_t limit = (options & UTF8PROC_COMPAT) ? 0xA0 : 0xC0;
+  bool plain = true;
+  for (char32_t c : text) plain = plain && c < limit;
   if (plain) return std::u32string(text);
   const std::string utf8 = encode_utf8(text);
   std::vector<utf8proc_int32_t> buf(text.size() * 2 + 8);
@@ -325,5 +327,37 @@ void char_lower(std::u32string& text) { lower_impl(text, false); }
 
 std::u32string nfd(std::u32string_view text) { return normalize(text, UTF8PROC_DECOMPOSE); }
 std::u32string nfc(std::u32string_view text) { return normalize(text, UTF8PROC_COMPOSE); }
+
+}  // namespace anatomy::unicode
+
+namespace anatomy::unicode {
+
+std::u32string nfkd(std::u32string_view text) { return normalize(text, static_cast<utf8proc_option_t>(UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT)); }
+std::u32string nfkc(std::u32string_view text) { return normalize(text, static_cast<utf8proc_option_t>(UTF8PROC_COMPOSE | UTF8PROC_COMPAT)); }
+
+bool is_letter(char32_t c) {
+  const int k = category(c);
+  return k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
+}
+bool is_number(char32_t c) {
+  const int k = category(c);
+  return k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO;
+}
+bool is_mark(char32_t c) {
+  const int k = category(c);
+  return k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME;
+}
+
+std::vector<size_t> grapheme_bounds(std::u32string_view text) {
+  std::vector<size_t> b;
+  utf8proc_int32_t state = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (i == 0 || utf8proc_grapheme_break_stateful(static_cast<utf8proc_int32_t>(text[i - 1]),
+                                                   static_cast<utf8proc_int32_t>(text[i]), &state))
+      b.push_back(i);
+  }
+  b.push_back(text.size());
+  return b;
+}
 
 }  // namespace anatomy::unicode

@@ -3,6 +3,7 @@
 #pragma once
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace anatomy::unicode {
 
@@ -45,5 +46,16 @@ void char_lower(std::u32string& text);
 // Canonical decomposition (NFD) and composition (NFC).
 std::u32string nfd(std::u32string_view text);
 std::u32string nfc(std::u32string_view text);
+// Compatibility decomposition (NFKD) and composition (NFKC).
+std::u32string nfkd(std::u32string_view text);
+std::u32string nfkc(std::u32string_view text);
+
+bool is_letter(char32_t c);  // L*: Lu Ll Lt Lm Lo
+bool is_number(char32_t c);  // N*: Nd Nl No
+bool is_mark(char32_t c);    // M*: Mn Mc Me
+
+// Where each extended grapheme cluster of the text begins (UAX #29, as utf8proc implements it),
+// then text.size(): clusters are [b[i], b[i+1]).
+std::vector<size_t> grapheme_bounds(std::u32string_view text);
 
 }  // namespace anatomy::unicode

@@ -1,0 +1,108 @@
+// Tokenizer: WordPiece or a tokenizer.json pipeline behind one interface.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+#include "data/tokenizer_json.h"
+
+namespace anatomy {
+
+Tokenizer::Tokenizer(WordPieceTokenizer wordpiece)
+    : m_wordpiece(std::make_shared<const WordPieceTokenizer>(std::move(wordpiece))) {}
+Tokenizer::Tokenizer(JsonTokenizer json) : m_json(std::make_shared<const JsonTokenizer>(std::move(json))) {}
+
+Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  ANATOMY_CHECK(in.good(), "cannot open tokenizer file '", path, "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string type;
+  try {
+    const auto j = nlohmann::json::parse(ss.str());
+    if (j.is_object() && j.contains("model") && j["model"].is_object())
+      type = j["model"].value("type", std::string(j["model"].contains("merges") ? "BPE" : "WordPiece"));
+  } catch (const nlohmann::json::exception& e) {
+    fail("tokenizer file '", path, "' is not valid JSON: ", e.what());
+  }
+  if (type == "BPE" || type == "Unigram") return JsonTokenizer::from_file(path);
+  return WordPieceTokenizer::from_tokenizer_json(path);  // WordPiece, or its error for other types
+}
+
+Tokenizer Tokenizer::from_directory(const std::string& dir) {
+  const auto file = std::filesystem::path(dir) / "tokenizer.json";
+  if (std::filesystem::is_regular_file(file)) return from_tokenizer_json(file.string());
+  return WordPieceTokenizer::from_directory(dir);
+}
+
+std::vector<std::string> Tokenizer::files_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const char* name : {"tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "sentencepiece.bpe.model",
+                           "spm.model", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"}) {
+    const auto p = std::filesystem::path(dir) / name;
+    if (std::filesystem::is_regular_file(p)) out.push_back(p.string());
+  }
+  return out;
+}
+
+#define ANATOMY_DISPATCH(call) (m_wordpiece ? m_wordpiece->call : m_json->call)
+
+std::vector<int32_t> Tokenizer::encode_words(std::string_view text) const { return ANATOMY_DISPATCH(encode_words(text)); }
+Encoding Tokenizer::encode(std::string_view a, std::optional<std::string_view> b, size_t max_length, Truncation t,
+                           Padding p) const {
+  return ANATOMY_DISPATCH(encode(a, b, max_length, t, p));
+}
+int32_t Tokenizer::token_to_id(std::string_view token) const { return ANATOMY_DISPATCH(token_to_id(token)); }
+const std::string& Tokenizer::id_to_token(int32_t id) const { return ANATOMY_DISPATCH(id_to_token(id)); }
+size_t Tokenizer::vocab_size() const { return ANATOMY_DISPATCH(vocab_size()); }
+int32_t Tokenizer::cls_id() const { return ANATOMY_DISPATCH(cls_id()); }
+int32_t Tokenizer::sep_id() const { return ANATOMY_DISPATCH(sep_id()); }
+int32_t Tokenizer::pad_id() const { return ANATOMY_DISPATCH(pad_id()); }
+int32_t Tokenizer::unk_id() const { return ANATOMY_DISPATCH(unk_id()); }
+
+#undef ANATOMY_DISPATCH
+
+WordEncoding Tokenizer::encode_split_words(const std::vector<std::string>& words, size_t max_length,
+                                           Truncation truncation, Padding padding) const {
+  std::vector<int32_t> ids, from;
+  for (size_t w = 0; w < words.size(); ++w) {
+    const std::vector<int32_t> piece = encode_words(words[w]);
+    ids.insert(ids.end(), piece.begin(), piece.end());
+    from.insert(from.end(), piece.size(), static_cast<int32_t>(w));
+  }
+  // The single-sequence template: [CLS] A [SEP] for WordPiece, the post-processor's otherwise.
+  using Item = JsonTokenizer::TemplateItem;
+  const std::vector<Item> tpl = m_json ? m_json->single_template()
+                                       : std::vector<Item>{{-1, {cls_id()}, 0}, {0, {}, 0}, {-1, {sep_id()}, 0}};
+  size_t specials = 0;
+  for (const Item& it : tpl) specials += it.ids.size();
+  if (truncation == Truncation::LongestFirst) {
+    ANATOMY_CHECK(max_length >= specials, "max_length ", max_length, " cannot hold the ", specials,
+                  " special tokens of a single encoding");
+    if (ids.size() > max_length - specials) ids.resize(max_length - specials), from.resize(max_length - specials);
+  }
+  WordEncoding out;
+  Encoding& e = out.encoding;
+  for (const Item& it : tpl) {
+    const bool text = it.sequence >= 0;
+    const std::vector<int32_t>& part = text ? ids : it.ids;
+    e.input_ids.insert(e.input_ids.end(), part.begin(), part.end());
+    e.token_type_ids.insert(e.token_type_ids.end(), part.size(), it.type_id);
+    if (text) out.word_ids.insert(out.word_ids.end(), from.begin(), from.end());
+    else out.word_ids.insert(out.word_ids.end(), part.size(), -1);
+  }
+  const size_t n = e.input_ids.size();
+  e.attention_mask.assign(n, 1);
+  if (padding == Padding::MaxLength && n < max_length) {
+    ANATOMY_CHECK(pad_id() >= 0, "padding needs a pad token and the tokenizer has none");
+    e.input_ids.resize(max_length, pad_id());
+    e.token_type_ids.resize(max_length, 0);
+    e.attention_mask.resize(max_length, 0);
+    out.word_ids.resize(max_length, -1);
+  }
+  return out;
+}
+
+}  // namespace anatomy
