@@ -84,7 +84,7 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
   ANATOMY_CHECK(micro_per_epoch >= accum, "--num-samples ", opt.num_samples, ": too few for one step of ", N, " ranks x ",
                 B, " samples x ", accum, " accumulation steps");
   const int64_t steps_per_epoch = micro_per_epoch / accum;
-  const int64_t total_steps = opt.max_steps > 0 ? opt.max_steps : opt.num_train_epochs * steps_per_epoch;
+  const int64_t total_steps = opt.total_steps(steps_per_epoch);
   const uint64_t seed = opt.seed;
   std::error_code ec;
   fs::create_directories(opt.output_dir, ec);
@@ -175,7 +175,7 @@ TrainResult train_data_parallel(const TrainOptions& opt) {
           }
           ANATOMY_CHECK(!(r == N - 1 && step == opt.fail_last_rank_at_step), "rank ", r, " failed at step ", step,
                         " (injected by the test)");
-          const float lr = scheduled_lr(opt.lr_scheduler_type, opt.learning_rate, step, total_steps, opt.warmup_steps);
+          const float lr = scheduled_lr(opt.lr_scheduler_type, opt.learning_rate, step, total_steps, opt.warmup(total_steps));
           dps.step(model, lr, opt.max_grad_norm);
           be.download(host_sums.data(), sums);  // also the step's end on this rank
           double s = 0;

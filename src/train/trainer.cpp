@@ -271,7 +271,7 @@ TrainResult train(const TrainOptions& opt) {
   const BatchPlan plan = data.batch_plan(B, opt.seed, opt.group_by_length);
   const int64_t micro_per_epoch = plan.batches_per_epoch();
   const int64_t steps_per_epoch = std::max<int64_t>(1, micro_per_epoch / accum);
-  const int64_t total_steps = opt.max_steps > 0 ? opt.max_steps : steps_per_epoch * opt.num_train_epochs;
+  const int64_t total_steps = opt.total_steps(steps_per_epoch);
   Allocator& al = be->allocator();
   Buffer d_ids(al, DType::I32, {B, T}, Category::Other), d_types(al, DType::I32, {B, T}, Category::Other),
       d_mask(al, DType::I32, {B, T}, Category::Other), d_labels(al, DType::I32, {B}, Category::Other),
@@ -364,7 +364,7 @@ TrainResult train(const TrainOptions& opt) {
     // fp16: the update kernels skip themselves when the norm is not finite (an overflow), so the
     // step needs no host synchronization; the scaler learns of it after the step.
     const bool fp16 = opt.precision == Precision::Fp16;
-    const float lr = scheduled_lr(opt.lr_scheduler_type, opt.learning_rate, optimizer->steps(), total_steps, opt.warmup_steps);
+    const float lr = scheduled_lr(opt.lr_scheduler_type, opt.learning_rate, optimizer->steps(), total_steps, opt.warmup(total_steps));
     ParamGroups groups{model.master(), model.shape().compute == DType::F32 ? Tensor() : model.compute_params(),
                        model.grads(), model.layout().decay_end()};
     optimizer->step(groups, GradTransform{grad_norm.norm_sq(), 1.0f / scaler.scale, opt.max_grad_norm, fp16}, lr);
