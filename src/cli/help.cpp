@@ -77,7 +77,8 @@ std::string top_help() {
 std::string command_help(Command cmd) {
   std::string out = str_cat("Usage: anatomy ", command_name(cmd), " [ARGS.json] [--flag value ...]\n\n",
                             "A JSON file of arguments (keys as TrainingArguments spells them) may come first;\n",
-                            "flags after it override it. Flags:\n");
+                            "flags after it override it. Every flag is also accepted with underscores, as\n",
+                            "--flag=value, and booleans bare, as --flag true/false or as --no-flag. Flags:\n");
   for (const OptionSpec& s : options()) {
     if (!(s.commands & cmd)) continue;
     std::string head = "  " + flag(s);
@@ -131,13 +132,13 @@ std::string markdown_doc() {
     }
     out += str_cat("| `", field, "` | ", status, " |\n");
   }
-  out += "\n## run_glue.py / run_classification.py arguments\n\n| Argument | anatomy |\n|---|---|\n";
+  out += "\n## run_glue.py / run_classification.py arguments, and older spellings\n\n| Argument | anatomy |\n|---|---|\n";
   for (const char* arg : {"model_name_or_path", "train_file", "validation_file", "test_file", "text_column_names",
                           "label_column_name", "max_seq_length", "tokenizer_name", "task_name", "dataset_name",
                           "dataset_config_name", "max_train_samples", "max_eval_samples", "max_predict_samples",
                           "pad_to_max_length", "overwrite_cache", "cache_dir", "config_name", "model_revision",
                           "use_fast_tokenizer", "trust_remote_code", "token", "ignore_mismatched_sizes",
-                          "shuffle_train_dataset", "metric_name"}) {
+                          "shuffle_train_dataset", "metric_name", "evaluation_strategy"}) {
     std::string status;
     if (const OptionSpec* s = spec_of_field(arg)) {
       const std::string how = s->trainer;

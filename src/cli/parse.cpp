@@ -218,9 +218,10 @@ std::string nearest_flag(Command cmd, const std::string& name) {
 RunArgs parse_args(Command cmd, const std::vector<std::string>& args) {
   RunArgs out;
   // The defaults are the table's: every default that reads as a value of its option is applied
-  // first (the others, like "the model's", are resolved by finish_train_args).
+  // first. Text defaults describe (e.g. "the model's") and stay TrainOptions' own; the
+  // model-dependent ones are resolved by finish_train_args.
   for (const OptionSpec& s : options())
-    if ((s.commands & cmd) && *s.default_text) try {
+    if ((s.commands & cmd) && *s.default_text && s.type != OptType::Text) try {
         s.apply(out, convert(s, s.default_text));
       } catch (const UsageError&) {
       }
@@ -259,8 +260,9 @@ RunArgs parse_args(Command cmd, const std::vector<std::string>& args) {
     if (inline_value) {
       set.set(*s, inline_raw);
     } else if (s->type == OptType::Bool) {
-      // A bare boolean is true; a following true/false (HfArgumentParser's `--bf16 false`) is its value.
-      if (next_is_value && parse_bool(args[i + 1])) set.set(*s, args[++i]);
+      // A bare boolean is true; a following word (HfArgumentParser's `--bf16 false`) is its value:
+      // these commands take no positional arguments after the JSON file, so it can be nothing else.
+      if (next_is_value) set.set(*s, args[++i]);
       else set.set(*s, "true");
     } else if (s->type == OptType::Choice && !next_is_value &&
                std::any_of(s->choices.begin(), s->choices.end(), [](auto& c) { return std::string(c.first) == "true"; })) {
