@@ -26,9 +26,9 @@ mkdir -p /tmp/dist
   run base_2gpu_bs16_z0 $L --per-device-train-batch-size 16 --nproc-per-node 2 --zero-stage 0
   run base_2gpu_bs16_z1 $L --per-device-train-batch-size 16 --nproc-per-node 2 --zero-stage 1
   # bert-large at seq 512: the seed run and bf16 batch 32 per GPU.
-  run seed_fp32_bs4_1gpu --preset bert-large --precision fp32 --per-device-train-batch-size 4 --num-samples 256
-  run seed_fp32_bs4_2gpu_z1 --preset bert-large --precision fp32 --per-device-train-batch-size 4 --num-samples 512 --nproc-per-node 2 --zero-stage 1
-  run bf16_bs32_1gpu --preset bert-large --precision bf16 --per-device-train-batch-size 32 --num-samples 1024
-  run bf16_bs32_2gpu_z0 --preset bert-large --precision bf16 --per-device-train-batch-size 32 --num-samples 2048 --nproc-per-node 2 --zero-stage 0
-  run bf16_bs32_2gpu_z1 --preset bert-large --precision bf16 --per-device-train-batch-size 32 --num-samples 2048 --nproc-per-node 2 --zero-stage 1
+  run seed_fp32_bs4_1gpu --preset bert-large --max-seq-length 512 --precision fp32 --per-device-train-batch-size 4 --num-samples 256
+  run seed_fp32_bs4_2gpu_z1 --preset bert-large --max-seq-length 512 --precision fp32 --per-device-train-batch-size 4 --num-samples 512 --nproc-per-node 2 --zero-stage 1
+  run bf16_bs32_1gpu --preset bert-large --max-seq-length 512 --precision bf16 --per-device-train-batch-size 32 --num-samples 1024
+  run bf16_bs32_2gpu_z0 --preset bert-large --max-seq-length 512 --precision bf16 --per-device-train-batch-size 32 --num-samples 2048 --nproc-per-node 2 --zero-stage 0
+  run bf16_bs32_2gpu_z1 --preset bert-large --max-seq-length 512 --precision bf16 --per-device-train-batch-size 32 --num-samples 2048 --nproc-per-node 2 --zero-stage 1
 } | tee "$OUT/dist.md"

@@ -20,7 +20,7 @@ case "${1:-}" in
     timeout 200 $b/anatomy_gpu_tests > "$OUT/gpu_tests.log" 2>&1
     grep -E "^\[  (PASSED|FAILED) |FAILED  \]" "$OUT/gpu_tests.log"
     [ -x $b/anatomy_bench_ops ] && timeout 60 $b/anatomy_bench_ops > "$OUT/bench_ops.md" 2>&1 && cat "$OUT/bench_ops.md"
-    timeout 120 $a train --preset bert-large --precision bf16 --per-device-train-batch-size 32 --num-samples 640 \
+    timeout 120 $a train --preset bert-large --max-seq-length 512 --precision bf16 --per-device-train-batch-size 32 --num-samples 640 \
       --output-dir /tmp/bf16 --disable-tqdm --logging-steps 0 --save-strategy no --profile-steps 3 > "$OUT/profile_bf16_bs32.log" 2>&1
     grep -E "tensor_contraction|statistical|elementwise|optimizer|forward .* backward|add up|^Time|^Samples" "$OUT/profile_bf16_bs32.log"
     mkdir -p "$OUT/runs/bf16" && cp /tmp/bf16/*.json /tmp/bf16/*.jsonl "$OUT/runs/bf16/" 2>/dev/null

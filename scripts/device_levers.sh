@@ -30,7 +30,7 @@ mkdir -p /tmp/levers
   row bf16_bs32_ckpt_layer_grads_own --precision bf16 --per-device-train-batch-size 32 --num-samples 384 --gradient-checkpointing layer --gradient-placement own
   row bf16_bs8_accum4 --precision bf16 --per-device-train-batch-size 8 --gradient-accumulation-steps 4 --num-samples 384
 } | tee "$OUT/levers.md"
-$a plan --preset bert-large --batch-size 4 --precision fp32 --gpu-memory 16GB 2>&1 | tee "$OUT/plan_v100.txt"
+$a plan --preset bert-large --max-seq-length 512 --batch-size 4 --precision fp32 --gpu-memory 16GB 2>&1 | tee "$OUT/plan_v100.txt"
 [ "${1:-all}" = levers ] && exit 0
 timeout 240 compute-sanitizer --tool memcheck .carry/bin/anatomy_gpu_tests --gtest_filter='CudaOps.*:Attention.*:Optim*' 2>&1 \
   | grep -E "ERROR SUMMARY|PASSED|FAILED" | tee "$OUT/memcheck.txt"

@@ -33,7 +33,7 @@ cat "$OUT/cuda_graph.md"
 step memory growth
 timeout 150 $a train --seed-experiment --trace-memory-growth --output-dir /tmp/seed --disable-tqdm --logging-steps 0 \
   --save-strategy no > "$OUT/memtrace_seed.log" 2>&1
-timeout 120 $a train --preset bert-large --precision bf16 --per-device-train-batch-size 32 --num-samples 384 \
+timeout 120 $a train --preset bert-large --max-seq-length 512 --precision bf16 --per-device-train-batch-size 32 --num-samples 384 \
   --gradient-checkpointing layer --trace-memory-growth --output-dir /tmp/ckpt --disable-tqdm --logging-steps 0 \
   --save-strategy no > "$OUT/memtrace_bf16_layer.log" 2>&1
 grep -A40 "Memory anatomy" "$OUT/memtrace_seed.log" "$OUT/memtrace_bf16_layer.log"
