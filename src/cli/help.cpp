@@ -126,9 +126,8 @@ std::string markdown_doc() {
       status = how.empty() || how == "same" ? str_cat("supported, same meaning (`", flag(*s), "`)")
                                             : str_cat("supported, ", how, " (`", flag(*s), "`)");
     } else {
-      status = "refused: anatomy does not do it";
-      for (const Refusal& r : refused_arguments())
-        if (std::string(field) == r.name) status = std::string("refused: ") + r.why;
+      const std::string why = refusal_reason(field);
+      status = std::string("refused: ") + (why.empty() ? "anatomy does not do it" : why);
     }
     out += str_cat("| `", field, "` | ", status, " |\n");
   }
@@ -144,8 +143,7 @@ std::string markdown_doc() {
       const std::string how = s->trainer;
       status = how == "same" ? str_cat("supported (`", flag(*s), "`)") : str_cat("supported, ", how, " (`", flag(*s), "`)");
     } else {
-      for (const Refusal& r : refused_arguments())
-        if (std::string(arg) == r.name) status = std::string("refused: ") + r.why;
+      status = std::string("refused: ") + refusal_reason(arg);
     }
     out += str_cat("| `", underscored(arg), "` | ", status, " |\n");
   }

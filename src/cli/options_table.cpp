@@ -149,12 +149,14 @@ std::vector<OptionSpec> build() {
        [](R& r, const V& v) { r.train.optim.momentum = static_cast<float>(v.d); }});
   add({"lr-scheduler-type", {}, OptType::Choice, kTrainPlan, "linear", "Learning-rate schedule after the warm-up", 0, 0,
        false, false, false, false,
-       {{"linear", "linear"}, {"constant", "constant-no-warmup"}, {"constant_with_warmup", "constant"}},
+       {{"linear", "linear"}, {"cosine", "cosine"}, {"cosine_with_restarts", "cosine"}, {"polynomial", "polynomial"},
+        {"constant", "constant-no-warmup"}, {"constant_with_warmup", "constant"}},
        [](R& r, const V& v) {
          r.schedule_without_warmup = v.s == "constant-no-warmup";
          r.train.lr_scheduler_type = r.schedule_without_warmup ? "constant" : v.s;
        },
-       "differs: cosine, cosine_with_restarts, polynomial and the others are refused (not implemented)"});
+       "same for linear, cosine, cosine_with_restarts (one cycle), polynomial (power 1, lr_end 1e-7), constant and "
+       "constant_with_warmup; the others are refused"});
   add({"warmup-steps", {}, OptType::Int, kTrainPlan, "0", "Linear warm-up steps", 0, kBig, false, false, false, false,
        {}, [](R& r, const V& v) { r.train.warmup_steps = v.i; }, "differs: an integer (Trainer 5 also takes a ratio < 1)"});
   add({"warmup-ratio", {}, OptType::Float, kTrainPlan, "0", "Warm-up as a fraction of the total steps (when --warmup-steps is 0)",

@@ -77,6 +77,8 @@ struct Refusal {
   const char* why;
 };
 const std::vector<Refusal>& refused_arguments();
+// Why anatomy refuses a Trainer argument (underscores): its own reason or its family's ("" none).
+std::string refusal_reason(const std::string& field);
 // Every field of TrainingArguments (transformers 4.57 and 5.x), for the docs and for refusing
 // any that the table does not take.
 const std::vector<const char*>& training_arguments_fields();

@@ -146,10 +146,11 @@ Value convert(const OptionSpec& s, const std::string& raw) {
 // command, or a misspelling (with the nearest flag).
 [[noreturn]] void refuse_unknown(Command cmd, const std::string& name) {
   const std::string u = underscored(name);
-  for (const Refusal& r : refused_arguments())
-    if (u == r.name) usage("--", name, ": not supported by anatomy: ", r.why);
-  for (const char* field : training_arguments_fields())
-    if (u == field) usage("--", name, ": a TrainingArguments field that anatomy does not do (docs/trainer-arguments.md)");
+  const bool field = std::any_of(training_arguments_fields().begin(), training_arguments_fields().end(),
+                                 [&](const char* f) { return u == f; });
+  const std::string why = refusal_reason(u);
+  if (!why.empty()) usage("--", name, ": not supported by anatomy: ", why);
+  if (field) usage("--", name, ": a TrainingArguments field that anatomy does not do (docs/trainer-arguments.md)");
   for (const OptionSpec& s : options())
     if (names(s, name)) usage("--", name, ": not an option of `anatomy ", command_name(cmd), "`");
   const std::string near = nearest_flag(cmd, name);

@@ -86,4 +86,63 @@ const std::vector<Refusal>& refused_arguments() {
   return r;
 }
 
+std::string refusal_reason(const std::string& field) {
+  for (const Refusal& r : refused_arguments())
+    if (field == r.name) return r.why;
+  // By family: the prefix says what part of the Trainer a field configures.
+  static const std::vector<std::pair<const char*, const char*>> families = {
+      {"hub_", "anatomy does not upload to the Hub"},
+      {"push_to_hub", "anatomy does not upload to the Hub"},
+      {"fsdp", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
+      {"ddp_", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
+      {"parallelism_config", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
+      {"accelerator_config", "anatomy does not use Accelerate"},
+      {"average_tokens_across_devices", "the loss is the mean over each step's samples"},
+      {"torch", "a PyTorch setting; anatomy's kernels are its own"},
+      {"jit_mode_eval", "a PyTorch setting; anatomy's kernels are its own"},
+      {"use_liger_kernel", "a PyTorch setting; anatomy's kernels are its own"},
+      {"liger_kernel_config", "a PyTorch setting; anatomy's kernels are its own"},
+      {"use_mps_device", "anatomy runs on CUDA or the CPU"},
+      {"tpu_", "anatomy runs on CUDA or the CPU"},
+      {"fp16_opt_level", "fp16 is anatomy's own mixed precision (--fp16)"},
+      {"fp16_backend", "fp16 is anatomy's own mixed precision (--fp16)"},
+      {"half_precision_backend", "fp16 is anatomy's own mixed precision (--fp16)"},
+      {"bf16_full_eval", "evaluation computes in the training precision"},
+      {"fp16_full_eval", "evaluation computes in the training precision"},
+      {"trackio", "no tracking integrations (--report-to jsonl or none)"},
+      {"project", "no tracking integrations (--report-to jsonl or none)"},
+      {"ray_scope", "no hyperparameter search"},
+      {"log", "logs are one line every --logging-steps and metrics.jsonl"},
+      {"include_", "evaluation reports loss, accuracy and macro-F1 over the whole file"},
+      {"eval_", "evaluation runs over the whole validation set with --per-device-eval-batch-size"},
+      {"batch_eval_metrics", "evaluation reports loss, accuracy and macro-F1 over the whole file"},
+      {"prediction_loss_only", "evaluation reports loss, accuracy and macro-F1 over the whole file"},
+      {"past_index", "BERT encoders keep no past state"},
+      {"use_legacy_prediction_loop", "one evaluation loop"},
+      {"dataloader_", "one loader thread prepares --dataloader-prefetch batches ahead"},
+      {"remove_unused_columns", "the data files' columns are named by --text-column and --label-column"},
+      {"label_names", "the label column is --label-column"},
+      {"length_column_name", "--group-by-length measures the tokenized samples"},
+      {"train_sampling_strategy", "samples are shuffled every epoch with --seed (--group-by-length groups them)"},
+      {"save_", "checkpoints hold the model, optimizer, scheduler and RNG state, as safetensors"},
+      {"enable_jit_checkpoint", "checkpoints are written every --save-steps or epoch"},
+      {"restore_callback_states_from_checkpoint", "anatomy has no callbacks"},
+      {"ignore_data_skip", "resuming skips the batches already seen, exactly"},
+      {"full_determinism", "CPU runs are deterministic; GPU kernels are not all bit-reproducible"},
+      {"gradient_checkpointing_kwargs", "--gradient-checkpointing takes none, layer or selective"},
+      {"activation_checkpointing", "--gradient-checkpointing takes none, layer or selective"},
+      {"optim_", "--optim takes anatomy's optimizers with their Trainer names and defaults"},
+      {"lr_scheduler_kwargs", "the schedules take transformers' default arguments"},
+      {"adafactor", "use --optim adafactor"},
+      {"neftune_noise_alpha", "no embedding noise"},
+      {"use_cache", "BERT encoders keep no key/value cache"},
+      {"debug", "no PyTorch debug modes"},
+      {"skip_memory_metrics", "memory is always measured: that is anatomy's purpose"},
+      {"mp_parameters", "no SageMaker"},
+  };
+  for (const auto& [prefix, why] : families)
+    if (field.rfind(prefix, 0) == 0) return why;
+  return "";
+}
+
 }  // namespace anatomy::cli

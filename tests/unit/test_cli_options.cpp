@@ -34,7 +34,7 @@ TEST(CliOptions, BadCommandLinesExitTwoWithOneLine) {
       {"train --per-device-train-bach-size 4", "did you mean --per-device-train-batch-size?"},
       {"eval --per_device_eval_bath_size 4", "did you mean --per-device-eval-batch-size?"},
       {"train --deepspeed ds.json", "--deepspeed: not supported by anatomy"},
-      {"train --torch_empty_cache_steps 3", "--torch-empty-cache-steps: a TrainingArguments field that anatomy does not do"},
+      {"train --torch_empty_cache_steps 3", "--torch-empty-cache-steps: not supported by anatomy: a PyTorch setting"},
       {"plan --gpu-memory 16", "a size needs its unit"},
       {"frobnicate", "unknown command 'frobnicate'"},
   };

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "../common/dirs.h"
 #include "cli/parse.h"
+#include "optim/optimizer.h"
 
 using namespace anatomy;
 using namespace anatomy::cli;
@@ -124,7 +126,7 @@ TEST(Options, RangeErrorsNameTheFlagAndTheRange) {
       {kTrain, {"--output-dir", ""}, "--output-dir: must not be empty"},
       {kTrain, {"--bf16", "maybe"}, "--bf16: expected true or false"},
       {kTrain, {"--optim", "lion"}, "--optim lion: anatomy does not have this; expected one of adamw_torch"},
-      {kTrain, {"--lr-scheduler-type", "cosine"}, "--lr-scheduler-type cosine: anatomy does not have this"},
+      {kTrain, {"--lr-scheduler-type", "cosine_with_min_lr"}, "--lr-scheduler-type cosine_with_min_lr: anatomy does not have this"},
       {kTrain, {"--report-to", "wandb"}, "--report-to wandb: anatomy does not have this; expected one of jsonl, none"},
       {kPlan, {"--gpu-memory", "16"}, "--gpu-memory 16: a size needs its unit, e.g. 16GiB, 80GB or 16000MiB"},
       {kPlan, {"--gpu-memory", "16XB"}, "--gpu-memory: unknown unit 'XB'"},
@@ -243,5 +245,26 @@ TEST(Options, FlagsThatContradictEachOther) {
       msg = e.what();
     }
     EXPECT_NE(msg.find(expect), std::string::npos) << msg;
+  }
+}
+
+// The schedules the table offers, against transformers' formulas (lr 1, 10 steps, 2 of warm-up).
+TEST(Options, SchedulesAsTransformersDefinesThem) {
+  struct Case {
+    const char* flag_value;
+    int64_t step;
+    double expect;
+  };
+  const std::vector<Case> cases = {
+      {"linear", 1, 0.5},      {"linear", 6, 0.5},       {"cosine", 2, 1.0},
+      {"cosine", 6, 0.5},      {"cosine", 4, 0.5 * (1 + std::cos(M_PI * 0.25))},
+      {"cosine", 10, 0.0},     {"cosine_with_restarts", 6, 0.5},
+      {"polynomial", 6, (1 - 1e-7) * 0.5 + 1e-7},        {"polynomial", 11, 1e-7},
+      {"constant_with_warmup", 1, 0.5},                  {"constant_with_warmup", 9, 1.0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.flag_value) + " step " + std::to_string(c.step));
+    RunArgs r = parse_args(kTrain, {"--lr-scheduler-type", c.flag_value});
+    EXPECT_NEAR(scheduled_lr(r.train.lr_scheduler_type, 1.0f, c.step, 10, 2), c.expect, 1e-6);
   }
 }
