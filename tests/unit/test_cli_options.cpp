@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -115,4 +116,30 @@ TEST(CliOptions, TrainerArgumentsDocIsTheTable) {
   for (const char* needle : {"`--per-device-train-batch-size`", "`--gpu-memory`", "`deepspeed`", "`evaluation_strategy`",
                              "`warmup_ratio`", "`overwrite_output_dir`", "`local_rank`"})
     EXPECT_NE(doc.str().find(needle), std::string::npos) << needle;
+}
+
+// A run_glue.py-style command line, in the Trainer's spelling, runs as written: fractional
+// epochs, warm-up ratio, cosine schedule, do_eval with a validation file and no eval strategy.
+TEST(CliOptions, RunGlueCommandLineRunsAsWritten) {
+  namespace fs = std::filesystem;
+  const std::string dir = anatomy::testing_cli::fresh_dir("cli_options_run_glue");
+  const std::string src = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
+  fs::copy_file(src, dir + "/train.jsonl");  // token caches go beside the files, not into the source tree
+  fs::copy_file(src, dir + "/dev.jsonl");
+  const std::string out = dir + "/out";
+  const CmdResult r = run("train --preset bert-tiny --tokenizer_name " + std::string(ANATOMY_SOURCE_DIR) +
+                          "/tests/data/tokenizer --train_file " + dir + "/train.jsonl --validation_file " + dir +
+                          "/dev.jsonl --text_column_names text --label_column_name label --do_train --do_eval"
+                          " --max_seq_length 32 --per_device_train_batch_size 16 --per_device_eval_batch_size 16"
+                          " --num_train_epochs 0.5 --learning_rate 2e-5 --warmup_ratio 0.1 --lr_scheduler_type cosine"
+                          " --optim adamw_torch --logging_steps 2 --seed 42 --use_cpu --report_to none"
+                          " --disable_tqdm true --overwrite_output_dir --output_dir " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream in(out + "/train_results.json");
+  std::stringstream s;
+  s << in.rdbuf();
+  const std::string res = s.str();
+  // 197 samples in batches of 16: 12 or 13 steps an epoch, half of it rounded up.
+  EXPECT_TRUE(res.find("\"steps\": 6") != std::string::npos || res.find("\"steps\": 7") != std::string::npos) << res;
+  EXPECT_NE(res.find("\"eval_accuracy\""), std::string::npos) << res;  // --do_eval evaluated at the end
 }
