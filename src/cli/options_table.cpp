@@ -215,6 +215,9 @@ std::vector<OptionSpec> build() {
        false, false, {}, [](R& r, const V& v) { r.train.skip_nonfinite_steps = v.b; }});
   add({"logging-steps", {}, OptType::Int, kTrainPlan, "50", "Log every N steps (0: summary only)", 0, kBig, false, false,
        false, false, {}, [](R& r, const V& v) { r.train.logging_steps = v.i; }, "differs: default 50 (Trainer: 500)"});
+  add({"logging-strategy", {}, OptType::Choice, kTrain, "steps", "steps: a line every --logging-steps; no: the summary only",
+       0, 0, false, false, false, false, {{"steps", "steps"}, {"no", "no"}},
+       [](R& r, const V& v) { r.logging_strategy = v.s; }, "differs: epoch is refused"});
   add({"report-to", {}, OptType::Choice, kTrain, "jsonl", "Where logs go besides stdout: jsonl (metrics.jsonl) or none",
        0, 0, false, false, false, false, {{"jsonl", "jsonl"}, {"none", "none"}},
        [](R& r, const V& v) { r.report_to = v.s; },

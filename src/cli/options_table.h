@@ -41,7 +41,7 @@ struct RunArgs {
   bool seed_experiment = false;
   bool do_train = true, do_eval = false;
   bool schedule_without_warmup = false;  // Trainer's "constant": no warm-up at all
-  std::string report_to = "jsonl";
+  std::string report_to = "jsonl", logging_strategy = "steps";
   bool skip_padding = true, sort_by_length = true;  // eval
   int64_t gpu_memory = -1;                          // plan: bytes (-1: the GPU present)
   std::vector<std::string> given;                   // canonical names set by the user

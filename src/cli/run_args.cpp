@@ -31,7 +31,7 @@ std::string precision_of(const RunArgs& a) {
 }
 
 // Note [seed experiment]: the page's run, fixed; flags that would change it are refused.
-void apply_seed_experiment(const RunArgs& a, TrainOptions& o, bool gpu) {
+void apply_seed_experiment(const RunArgs& a, TrainOptions& o, bool gpu, Command cmd) {
   for (const char* f : {"preset", "model-name-or-path", "num-samples", "max-seq-length", "per-device-train-batch-size",
                         "precision", "bf16", "fp16", "tf32", "num-train-epochs", "max-steps"})
     if (a.was_given(f)) usage("--seed-experiment fixes the model, data and batch; drop --", f);
@@ -43,7 +43,7 @@ void apply_seed_experiment(const RunArgs& a, TrainOptions& o, bool gpu) {
   o.train_epochs = 1;
   o.precision = Precision::Fp32;
   o.dataset = "seed";
-  if (!gpu)
+  if (!gpu && cmd == kTrain)
     std::fprintf(stderr,
                  "anatomy: no GPU present: running the seed experiment on the CPU with the small bert-tiny preset "
                  "(the page uses bert-large on a V100)\n");
@@ -75,9 +75,10 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
       usage("--do-eval needs validation data: --validation-file or --validation-split");
     if (o.eval_strategy == "no") o.eval_strategy = "epoch";
   }
+  if (a.logging_strategy == "no") o.logging_steps = 0;
   const bool gpu = o.device == "cuda" || (o.device == "auto" && has_gpu);
   if (a.seed_experiment) {
-    apply_seed_experiment(a, o, gpu);
+    apply_seed_experiment(a, o, gpu, cmd);
   } else if (!a.was_given("max-seq-length")) {
     // Trainer's examples: max_seq_length 128, never beyond the model's position table.
     TrainOptions probe = o;

@@ -60,7 +60,6 @@ const std::vector<Refusal>& refused_arguments() {
       {"hub_token", "anatomy does not upload"},
       {"torch_compile", "anatomy is not PyTorch: its kernels are its own"},
       {"label_smoothing_factor", "the loss is plain cross-entropy"},
-      {"logging_strategy", "logging is every --logging-steps steps"},
       {"logging_dir", "logs go to metrics.jsonl in --output-dir"},
       {"run_name", "no tracking integrations (--report-to jsonl or none)"},
       {"per_gpu_train_batch_size", "use --per-device-train-batch-size"},

@@ -91,6 +91,8 @@ TEST(Options, TrainerSpellingsMeanWhatTheTrainerMeans) {
   EXPECT_TRUE(r.train.overwrite_output_dir);
   EXPECT_TRUE(r.train.skip_nonfinite_steps);
   EXPECT_EQ(r.report_to, "none");
+  RunArgs quiet = parse_args(kTrain, {"--logging_strategy", "no", "--preset", "bert-tiny"});
+  EXPECT_EQ(finish_train_args(quiet, kTrain, false).logging_steps, 0);
   // Fractional epochs: ceil(epochs x steps per epoch), as the Trainer rounds them.
   EXPECT_EQ(r.train.total_steps(10), 5);
   EXPECT_EQ(r.train.warmup(r.train.total_steps(10)), 1);  // ceil(0.1 x 5)
@@ -190,6 +192,8 @@ TEST(Options, JsonFileOfArguments) {
   EXPECT_EQ(r.train.per_device_train_batch_size, 5);
   EXPECT_EQ(r.bf16, 0);
   EXPECT_EQ(r.report_to, "none");
+  RunArgs quiet = parse_args(kTrain, {"--logging_strategy", "no", "--preset", "bert-tiny"});
+  EXPECT_EQ(finish_train_args(quiet, kTrain, false).logging_steps, 0);
   EXPECT_EQ(r.train.train_epochs, 0.5);
   EXPECT_EQ(r.train.eval_strategy, "steps");
   EXPECT_EQ(r.train.output_dir, "out");
