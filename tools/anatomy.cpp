@@ -220,7 +220,7 @@ int run_plan(const TrainOptions& o, int64_t gpu_memory, bool has_gpu) {
   for (const Lever& l : levers) std::printf("  would fit: %s (%.0f MiB)\n", l.description.c_str(), l.total / 1048576.0);
   std::fprintf(stderr, "anatomy: the plan does not fit (%.0f MiB needed, %.0f MiB available): %s\n",
                (p.total() + reserved) / 1048576.0, capacity / 1048576.0,
-               !levers.empty() ? str_cat("change ", levers[0].description).c_str()
+               !levers.empty() ? str_cat("change ", levers.back().description).c_str()  // the one that keeps the most
                : largest > 0   ? str_cat("lower --per-device-train-batch-size to ", largest).c_str()
                                : "lower --max-seq-length or choose a smaller model (--preset)");
   return 1;
