@@ -120,11 +120,7 @@ std::vector<OptionSpec> build() {
        false, false, false, false, {}, [](R& r, const V& v) { r.train.seed = static_cast<uint64_t>(v.i); }, "same"});
   add({"data-seed", {}, OptType::Int, kTrainPlan, "--seed", "Seed of the data order; anatomy has one seed, so it must equal --seed",
        0, 4294967295.0, false, false, false, false, {},
-       [](R& r, const V& v) {
-         ANATOMY_CHECK(static_cast<uint64_t>(v.i) == r.train.seed || !r.was_given("seed"), "--data-seed ", v.i,
-                       ": anatomy orders the data with --seed (", r.train.seed, "); a separate data seed is not supported");
-         r.train.seed = static_cast<uint64_t>(v.i);
-       },
+       [](R& r, const V& v) { r.data_seed = v.i; },
        "differs: one seed for initialization and data order; data_seed sets it when seed is not given"});
   // ---- optimizer and schedule ----
   add({"optim", {}, OptType::Choice, kTrainPlan, "adamw_torch", "Optimizer", 0, 0, false, false, false, false,

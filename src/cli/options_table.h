@@ -40,7 +40,8 @@ struct RunArgs {
   std::string optim = "adamw", checkpointing = "none", save_strategy = "final";
   bool seed_experiment = false;
   bool do_train = true, do_eval = false;
-  bool schedule_without_warmup = false;  // Trainer's "constant": no warm-up at all
+  bool schedule_without_warmup = false;
+  int64_t data_seed = -1;                // -1: not given  // Trainer's "constant": no warm-up at all
   std::string report_to = "jsonl", logging_strategy = "steps";
   bool skip_padding = true, sort_by_length = true;  // eval
   int64_t gpu_memory = -1;                          // plan: bytes (-1: the GPU present)

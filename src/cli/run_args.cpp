@@ -76,6 +76,12 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
     if (o.eval_strategy == "no") o.eval_strategy = "epoch";
   }
   if (a.logging_strategy == "no") o.logging_steps = 0;
+  if (a.data_seed >= 0) {  // one seed orders the data and initializes the model
+    if (a.was_given("seed") && static_cast<uint64_t>(a.data_seed) != o.seed)
+      usage("--data-seed ", a.data_seed, ": anatomy orders the data with --seed (", o.seed,
+            "); a separate data seed is not supported");
+    o.seed = static_cast<uint64_t>(a.data_seed);
+  }
   const bool gpu = o.device == "cuda" || (o.device == "auto" && has_gpu);
   if (a.seed_experiment) {
     apply_seed_experiment(a, o, gpu, cmd);

@@ -236,6 +236,7 @@ TEST(Options, FlagsThatContradictEachOther) {
       {{"--do-eval"}, "--do-eval needs validation data"},
       {{"--preset", "bert-tiny", "--model-name-or-path", "/tmp"}, "exclude each other"},
       {{"--device", "cpu", "--fp16"}, "--precision fp16 needs a GPU"},
+      {{"--data_seed", "3", "--seed", "4"}, "--data-seed 3: anatomy orders the data with --seed (4)"},
   };
   for (const auto& [args, expect] : cases) {
     std::vector<std::string> a = args;
