@@ -1,3 +1,4 @@
+#include <cmath>
 #include "optim/optimizer.h"
 
 #include <algorithm>
@@ -136,7 +137,17 @@ float scheduled_lr(const std::string& schedule, float lr, int64_t k, int64_t tot
     const double left = static_cast<double>(total - k) / static_cast<double>(std::max<int64_t>(1, total - warmup));
     return static_cast<float>(lr * std::max(0.0, left));
   }
-  fail("--lr-scheduler-type: unknown schedule '", schedule, "' (expected linear or constant)");
+  // transformers' cosine (half a cycle; cosine_with_restarts with one cycle is the same curve)
+  // and polynomial (power 1, down to lr_end = 1e-7, held there after the last step).
+  const double progress = static_cast<double>(k - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
+  if (schedule == "cosine") return static_cast<float>(lr * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress))));
+  if (schedule == "polynomial") {
+    constexpr double lr_end = 1e-7;
+    if (lr <= lr_end) return lr;
+    if (k > total) return static_cast<float>(lr_end);
+    return static_cast<float>((lr - lr_end) * (1.0 - progress) + lr_end);
+  }
+  fail("--lr-scheduler-type: unknown schedule '", schedule, "' (expected linear, constant, cosine or polynomial)");
 }
 
 }  // namespace anatomy

@@ -1,6 +1,8 @@
 // Everything a training run is configured by; the command line fills it (tools/anatomy.cpp),
 // with flag names taken from the Hugging Face Trainer's arguments where one exists.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -37,6 +39,7 @@ struct TrainOptions {
   int64_t per_device_train_batch_size = 4;
   int64_t gradient_accumulation_steps = 1;
   int64_t num_train_epochs = 1;
+  double train_epochs = 0;  // fractional --num-train-epochs (> 0: overrides num_train_epochs)
   int64_t max_steps = -1;  // > 0 overrides epochs
   uint64_t seed = 42;
   // Optimizer and schedule (the Trainer's defaults).
@@ -44,6 +47,7 @@ struct TrainOptions {
   float learning_rate = 5e-5f;
   std::string lr_scheduler_type = "linear";
   int64_t warmup_steps = 0;
+  double warmup_ratio = 0;  // of the total steps, when warmup_steps is 0 (the Trainer's rule)
   float max_grad_norm = 1.0f;
   // Precision, memory, device.
   Precision precision = Precision::Fp32;
@@ -73,6 +77,17 @@ struct TrainOptions {
   float fp16_initial_scale = 65536.0f;
   bool trace_memory_growth = false;  // GPU: which ops of the first step grew NVML's used memory
   int64_t profile_steps = 0;   // extra steps timed op by op after training (telemetry/profiler.h)
+
+  // Optimizer steps of the run: max_steps when > 0, else ceil(epochs x steps per epoch) as the
+  // Trainer rounds a fractional num_train_epochs; and the warm-up steps (warmup_ratio of them).
+  int64_t total_steps(int64_t steps_per_epoch) const {
+    if (max_steps > 0) return max_steps;
+    if (train_epochs > 0) return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(train_epochs * steps_per_epoch)));
+    return steps_per_epoch * num_train_epochs;
+  }
+  int64_t warmup(int64_t total) const {
+    return warmup_steps > 0 ? warmup_steps : static_cast<int64_t>(std::ceil(warmup_ratio * total));
+  }
 
   void validate() const;  // one-line errors naming the flag
 };

@@ -69,7 +69,7 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
                 m_dps.optimizer().steps(), " (injected by the test)");
   m_be.set_phase(Phase::Optimizer);
   out.lr = scheduled_lr(m_opt.lr_scheduler_type, m_opt.learning_rate, m_dps.optimizer().steps(), m_total_steps,
-                        m_opt.warmup_steps);
+                        m_opt.warmup(m_total_steps));
   m_dps.step(m_model, out.lr, m_opt.max_grad_norm, m_scaler.scale);
   m_be.set_phase(Phase::Data);
   float norm_sq = 0;

@@ -183,7 +183,7 @@ void RankRun::setup() {
   m_batches = std::make_unique<BatchPlan>(m_data->batch_plan(m_B * N, m_opt.seed, m_opt.group_by_length));
   m_micro_per_epoch = m_batches->batches_per_epoch();
   const int64_t steps_per_epoch = std::max<int64_t>(1, m_micro_per_epoch / m_accum);
-  m_total_steps = m_opt.max_steps > 0 ? m_opt.max_steps : steps_per_epoch * m_opt.num_train_epochs;
+  m_total_steps = m_opt.total_steps(steps_per_epoch);
   m_step = std::make_unique<TrainStep>(m_opt, *m_model, m_prof, m_comm, *m_batches, m_total_steps);
   m_fingerprint = run_fingerprint(m_opt, m_B * N);
   m_res.device = N > 1 ? str_cat(m_prof.name(), " x ", N, " ranks") : m_prof.name();

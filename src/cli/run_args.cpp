@@ -1,0 +1,100 @@
+// From what the command line said to the options a run uses: flags that combine (precision,
+// save strategy, do_eval), Trainer meanings that need more than one field, and the defaults
+// that depend on the model.
+#include <algorithm>
+#include <cstdio>
+
+#include "cli/parse.h"
+#include "model/bert.h"
+#include "train/trainer.h"
+
+namespace anatomy::cli {
+
+namespace {
+
+template <class... A>
+[[noreturn]] void usage(const A&... parts) {
+  throw UsageError(str_cat(parts...));
+}
+
+// --precision, or one of Trainer's booleans --bf16/--fp16/--tf32 (which may not disagree).
+std::string precision_of(const RunArgs& a) {
+  std::vector<std::string> on;
+  if (a.bf16 == 1) on.push_back("bf16");
+  if (a.fp16 == 1) on.push_back("fp16");
+  if (a.tf32 == 1) on.push_back("tf32");
+  if (on.size() > 1) usage("--", on[0], " and --", on[1], " exclude each other (one precision per run)");
+  if (on.empty()) return a.precision;
+  if (a.was_given("precision") && a.precision != on[0])
+    usage("--precision ", a.precision, " and --", on[0], " contradict each other");
+  return on[0];
+}
+
+// Note [seed experiment]: the page's run, fixed; flags that would change it are refused.
+void apply_seed_experiment(const RunArgs& a, TrainOptions& o, bool gpu, Command cmd) {
+  for (const char* f : {"preset", "model-name-or-path", "num-samples", "max-seq-length", "per-device-train-batch-size",
+                        "precision", "bf16", "fp16", "tf32", "num-train-epochs", "max-steps"})
+    if (a.was_given(f)) usage("--seed-experiment fixes the model, data and batch; drop --", f);
+  o.preset = gpu ? "bert-large" : "bert-tiny";
+  o.seq_len = 512;
+  o.num_samples = 512;
+  o.per_device_train_batch_size = 4;
+  o.num_train_epochs = 1;
+  o.train_epochs = 1;
+  o.precision = Precision::Fp32;
+  o.dataset = "seed";
+  if (!gpu && cmd == kTrain)
+    std::fprintf(stderr,
+                 "anatomy: no GPU present: running the seed experiment on the CPU with the small bert-tiny preset "
+                 "(the page uses bert-large on a V100)\n");
+}
+
+}  // namespace
+
+std::string finish_eval_precision(RunArgs& a) { return a.precision = precision_of(a); }
+
+TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
+  TrainOptions o = a.train;
+  if (a.was_given("preset") && a.was_given("model-name-or-path"))
+    usage("--preset and --model-name-or-path exclude each other (a built-in model or a directory)");
+  if (!a.do_train) usage("--do-train false: `anatomy train` always trains; `anatomy eval` evaluates a saved model");
+  o.skip_padding = a.skip_padding;
+  a.precision = precision_of(a);
+  o.precision = parse_precision(a.precision);
+  o.gradient_checkpointing = parse_checkpoint_policy(a.checkpointing);
+  o.optim.kind = parse_optimizer(a.optim);
+  resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps);  // a bad combination fails here
+  o.save_model = a.save_strategy != "no";
+  o.checkpoint_strategy = (a.save_strategy == "steps" || a.save_strategy == "epoch") ? a.save_strategy : "no";
+  if (a.schedule_without_warmup && (o.warmup_steps > 0 || o.warmup_ratio > 0))
+    usage("--lr-scheduler-type constant has no warm-up (Trainer's meaning); with --warmup-steps or --warmup-ratio use "
+          "constant_with_warmup");
+  if (a.was_given("warmup-steps") && a.was_given("warmup-ratio") && o.warmup_steps > 0 && o.warmup_ratio > 0)
+    usage("--warmup-steps and --warmup-ratio exclude each other");
+  if (a.do_eval) {
+    if (o.validation_file.empty() && o.validation_split == 0)
+      usage("--do-eval needs validation data: --validation-file or --validation-split");
+    if (o.eval_strategy == "no") o.eval_strategy = "epoch";
+  }
+  if (a.logging_strategy == "no") o.logging_steps = 0;
+  if (a.data_seed >= 0) {  // one seed orders the data and initializes the model
+    if (a.was_given("seed") && static_cast<uint64_t>(a.data_seed) != o.seed)
+      usage("--data-seed ", a.data_seed, ": anatomy orders the data with --seed (", o.seed,
+            "); a separate data seed is not supported");
+    o.seed = static_cast<uint64_t>(a.data_seed);
+  }
+  const bool gpu = o.device == "cuda" || (o.device == "auto" && has_gpu);
+  if (a.seed_experiment) {
+    apply_seed_experiment(a, o, gpu, cmd);
+  } else if (!a.was_given("max-seq-length")) {
+    // Trainer's examples: max_seq_length 128, never beyond the model's position table.
+    TrainOptions probe = o;
+    probe.seq_len = 2;
+    o.seq_len = std::min<int64_t>(128, model_config(probe).max_position_embeddings);
+  }
+  if (cmd == kTrain && !gpu && o.precision != Precision::Fp32)
+    usage("--precision ", a.precision, " needs a GPU (--device cuda); the CPU backend computes in fp32");
+  return o;
+}
+
+}  // namespace anatomy::cli

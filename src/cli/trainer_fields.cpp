@@ -1,0 +1,146 @@
+// What anatomy says about the Hugging Face Trainer's arguments it does not take: every field of
+// TrainingArguments (transformers 4.57 and 5.24, read from their training_args.py) and the
+// run_glue.py / run_classification.py arguments users pass, each refused by name with a reason.
+#include "cli/options_table.h"
+
+namespace anatomy::cli {
+
+const std::vector<const char*>& training_arguments_fields() {
+  static const std::vector<const char*> fields = {
+    "output_dir", "per_device_train_batch_size", "num_train_epochs", "max_steps", "learning_rate", "lr_scheduler_type",
+    "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args", "weight_decay", "adam_beta1", "adam_beta2",
+    "adam_epsilon", "optim_target_modules", "gradient_accumulation_steps", "average_tokens_across_devices",
+    "max_grad_norm", "label_smoothing_factor", "bf16", "fp16", "bf16_full_eval", "fp16_full_eval", "tf32",
+    "activation_checkpointing", "activation_checkpointing_kwargs", "gradient_checkpointing",
+    "gradient_checkpointing_kwargs", "torch_compile", "torch_compile_backend", "torch_compile_mode",
+    "use_liger_kernel", "liger_kernel_config", "use_cache", "neftune_noise_alpha", "torch_empty_cache_steps",
+    "auto_find_batch_size", "logging_strategy", "logging_steps", "logging_first_step", "log_on_each_node",
+    "logging_nan_inf_filter", "include_num_input_tokens_seen", "log_level", "log_level_replica", "disable_tqdm",
+    "report_to", "run_name", "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id",
+    "eval_strategy", "eval_steps", "eval_delay", "per_device_eval_batch_size", "prediction_loss_only", "eval_on_start",
+    "eval_do_concat_batches", "eval_use_gather_object", "eval_accumulation_steps", "include_for_metrics",
+    "batch_eval_metrics", "save_only_model", "save_strategy", "save_steps", "save_on_each_node", "save_total_limit",
+    "enable_jit_checkpoint", "push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_strategy",
+    "hub_always_push", "hub_revision", "load_best_model_at_end", "metric_for_best_model", "greater_is_better",
+    "ignore_data_skip", "restore_callback_states_from_checkpoint", "full_determinism", "seed", "data_seed", "use_cpu",
+    "accelerator_config", "parallelism_config", "dataloader_drop_last", "dataloader_num_workers",
+    "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
+    "dataloader_multiprocessing_context", "dataloader_in_order", "remove_unused_columns", "label_names",
+    "train_sampling_strategy", "length_column_name", "ddp_find_unused_parameters", "ddp_bucket_cap_mb",
+    "ddp_broadcast_buffers", "ddp_static_graph", "ddp_backend", "ddp_timeout", "fsdp", "fsdp_config", "deepspeed",
+    "debug", "skip_memory_metrics", "do_train", "do_eval", "do_predict", "resume_from_checkpoint", "local_rank",
+    "overwrite_output_dir", "per_gpu_train_batch_size", "per_gpu_eval_batch_size", "warmup_ratio", "logging_dir",
+    "save_safetensors", "no_cuda", "use_mps_device", "jit_mode_eval", "fp16_opt_level", "half_precision_backend",
+    "tpu_num_cores", "tpu_metrics_debug", "past_index", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap",
+    "adafactor", "group_by_length", "use_legacy_prediction_loop", "include_inputs_for_metrics", "fp16_backend",
+    "push_to_hub_model_id", "push_to_hub_organization", "push_to_hub_token", "mp_parameters", "torchdynamo",
+    "ray_scope", "include_tokens_per_second",
+  };
+  return fields;
+}
+
+// The reasons for the arguments users pass most; any other TrainingArguments field gets the
+// generic one (cli/parse.cpp).
+const std::vector<Refusal>& refused_arguments() {
+  static const std::vector<Refusal> r = {
+      {"do_predict", "anatomy train does not predict; run `anatomy eval --validation-file TEST --label-column ''` on the output"},
+      {"test_file", "anatomy train does not predict; run `anatomy eval --validation-file TEST_FILE` on the trained model"},
+      {"load_best_model_at_end", "anatomy keeps the last model; pick a checkpoint by its eval_results in metrics.jsonl"},
+      {"metric_for_best_model", "anatomy does not track a best model (load_best_model_at_end is not supported)"},
+      {"greater_is_better", "anatomy does not track a best model (load_best_model_at_end is not supported)"},
+      {"logging_first_step", "not supported yet: the first logged step is --logging-steps"},
+      {"ignore_mismatched_sizes", "not supported yet: a head of another size than the data's labels is refused"},
+      {"auto_find_batch_size", "use --per-device-train-batch-size auto (the largest batch the memory plan fits)"},
+      {"deepspeed", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
+      {"fsdp", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
+      {"fsdp_config", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
+      {"local_rank", "anatomy starts its own ranks (--nproc-per-node); do not launch it with torchrun"},
+      {"push_to_hub", "anatomy does not upload; the output directory loads with transformers as it is"},
+      {"hub_model_id", "anatomy does not upload"},
+      {"hub_token", "anatomy does not upload"},
+      {"torch_compile", "anatomy is not PyTorch: its kernels are its own"},
+      {"label_smoothing_factor", "the loss is plain cross-entropy"},
+      {"logging_dir", "logs go to metrics.jsonl in --output-dir"},
+      {"run_name", "no tracking integrations (--report-to jsonl or none)"},
+      {"per_gpu_train_batch_size", "use --per-device-train-batch-size"},
+      {"per_gpu_eval_batch_size", "use --per-device-eval-batch-size"},
+      {"dataloader_num_workers", "one loader thread prepares --dataloader-prefetch batches ahead"},
+      {"task_name", "GLUE datasets are not downloaded; pass --train-file and --validation-file"},
+      {"dataset_name", "datasets are not downloaded; pass --train-file and --validation-file"},
+      {"dataset_config_name", "datasets are not downloaded; pass --train-file and --validation-file"},
+      {"max_train_samples", "not supported: cut the training file instead"},
+      {"max_eval_samples", "not supported: cut the validation file instead"},
+      {"max_predict_samples", "anatomy train does not predict"},
+      {"pad_to_max_length", "batches are padded to their longest sample"},
+      {"overwrite_cache", "the token cache is checked against its text file and rebuilt when stale"},
+      {"cache_dir", "the Hugging Face cache is found as huggingface_hub finds it: set HF_HUB_CACHE or HF_HOME"},
+      {"config_name", "the config is --model-name-or-path's config.json"},
+      {"use_fast_tokenizer", "anatomy has one WordPiece tokenizer"},
+      {"trust_remote_code", "anatomy runs BERT-family encoders only"},
+      {"token", "set HF_TOKEN (or log in with huggingface-cli): anatomy reads the token as huggingface_hub does"},
+      {"shuffle_train_dataset", "the training data is shuffled every epoch with --seed"},
+      {"metric_name", "evaluation reports loss, accuracy and macro-F1"},
+  };
+  return r;
+}
+
+std::string refusal_reason(const std::string& field) {
+  for (const Refusal& r : refused_arguments())
+    if (field == r.name) return r.why;
+  // By family: the prefix says what part of the Trainer a field configures.
+  static const std::vector<std::pair<const char*, const char*>> families = {
+      {"hub_", "anatomy does not upload to the Hub"},
+      {"push_to_hub", "anatomy does not upload to the Hub"},
+      {"fsdp", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
+      {"ddp_", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
+      {"parallelism_config", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
+      {"accelerator_config", "anatomy does not use Accelerate"},
+      {"average_tokens_across_devices", "the loss is the mean over each step's samples"},
+      {"torch", "a PyTorch setting; anatomy's kernels are its own"},
+      {"jit_mode_eval", "a PyTorch setting; anatomy's kernels are its own"},
+      {"use_liger_kernel", "a PyTorch setting; anatomy's kernels are its own"},
+      {"liger_kernel_config", "a PyTorch setting; anatomy's kernels are its own"},
+      {"use_mps_device", "anatomy runs on CUDA or the CPU"},
+      {"tpu_", "anatomy runs on CUDA or the CPU"},
+      {"fp16_opt_level", "fp16 is anatomy's own mixed precision (--fp16)"},
+      {"fp16_backend", "fp16 is anatomy's own mixed precision (--fp16)"},
+      {"half_precision_backend", "fp16 is anatomy's own mixed precision (--fp16)"},
+      {"bf16_full_eval", "evaluation computes in the training precision"},
+      {"fp16_full_eval", "evaluation computes in the training precision"},
+      {"trackio", "no tracking integrations (--report-to jsonl or none)"},
+      {"project", "no tracking integrations (--report-to jsonl or none)"},
+      {"ray_scope", "no hyperparameter search"},
+      {"log", "logs are one line every --logging-steps and metrics.jsonl"},
+      {"include_", "evaluation reports loss, accuracy and macro-F1 over the whole file"},
+      {"eval_", "evaluation runs over the whole validation set with --per-device-eval-batch-size"},
+      {"batch_eval_metrics", "evaluation reports loss, accuracy and macro-F1 over the whole file"},
+      {"prediction_loss_only", "evaluation reports loss, accuracy and macro-F1 over the whole file"},
+      {"past_index", "BERT encoders keep no past state"},
+      {"use_legacy_prediction_loop", "one evaluation loop"},
+      {"dataloader_", "one loader thread prepares --dataloader-prefetch batches ahead"},
+      {"remove_unused_columns", "the data files' columns are named by --text-column and --label-column"},
+      {"label_names", "the label column is --label-column"},
+      {"length_column_name", "--group-by-length measures the tokenized samples"},
+      {"train_sampling_strategy", "samples are shuffled every epoch with --seed (--group-by-length groups them)"},
+      {"save_", "checkpoints hold the model, optimizer, scheduler and RNG state, as safetensors"},
+      {"enable_jit_checkpoint", "checkpoints are written every --save-steps or epoch"},
+      {"restore_callback_states_from_checkpoint", "anatomy has no callbacks"},
+      {"ignore_data_skip", "resuming skips the batches already seen, exactly"},
+      {"full_determinism", "CPU runs are deterministic; GPU kernels are not all bit-reproducible"},
+      {"gradient_checkpointing_kwargs", "--gradient-checkpointing takes none, layer or selective"},
+      {"activation_checkpointing", "--gradient-checkpointing takes none, layer or selective"},
+      {"optim_", "--optim takes anatomy's optimizers with their Trainer names and defaults"},
+      {"lr_scheduler_kwargs", "the schedules take transformers' default arguments"},
+      {"adafactor", "use --optim adafactor"},
+      {"neftune_noise_alpha", "no embedding noise"},
+      {"use_cache", "BERT encoders keep no key/value cache"},
+      {"debug", "no PyTorch debug modes"},
+      {"skip_memory_metrics", "memory is always measured: that is anatomy's purpose"},
+      {"mp_parameters", "no SageMaker"},
+  };
+  for (const auto& [prefix, why] : families)
+    if (field.rfind(prefix, 0) == 0) return why;
+  return "";
+}
+
+}  // namespace anatomy::cli

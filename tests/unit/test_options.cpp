@@ -1,0 +1,275 @@
+// The options table (src/cli): every flag in both spellings and both forms, values converted and
+// range-checked in one place, Trainer arguments refused by name, a JSON file of arguments, and
+// the defaults that train, eval and plan share. In-process: parse_args throws what the CLI prints.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../common/dirs.h"
+#include "cli/parse.h"
+#include "optim/optimizer.h"
+
+using namespace anatomy;
+using namespace anatomy::cli;
+
+namespace {
+
+std::string underscored(std::string s) {
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+}
+
+// A value each option accepts: the low end of its range (or inside an open one), a choice, a size.
+std::string sample(const OptionSpec& s) {
+  switch (s.type) {
+    case OptType::Bool: return "true";
+    case OptType::Int: return std::to_string(static_cast<long long>(s.lo_open ? s.lo + 1 : s.lo));
+    case OptType::Float: return s.lo_open ? std::to_string((s.lo + s.hi) / 2) : std::to_string(s.lo);
+    case OptType::Text: return "x";
+    case OptType::Choice: return s.choices.front().first;
+    case OptType::Size: return "16GiB";
+  }
+  return "";
+}
+
+Command first_command(unsigned mask) {
+  for (Command c : {kTrain, kEval, kPlan})
+    if (mask & c) return c;
+  return kTrain;
+}
+
+// The message of the UsageError that parsing `args` throws ("" when it parses).
+std::string error_of(Command cmd, const std::vector<std::string>& args) {
+  try {
+    parse_args(cmd, args);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Options, EveryFlagInBothSpellingsAndBothForms) {
+  for (const OptionSpec& s : options()) {
+    const Command cmd = first_command(s.commands);
+    std::vector<std::string> spellings = {s.name, underscored(s.name)};
+    for (const char* a : s.aliases) spellings.insert(spellings.end(), {a, underscored(a)});
+    for (const std::string& name : spellings)
+      for (bool inline_form : {false, true}) {
+        const std::vector<std::string> args =
+            inline_form ? std::vector<std::string>{"--" + name + "=" + sample(s)} : std::vector<std::string>{"--" + name, sample(s)};
+        SCOPED_TRACE(args[0]);
+        RunArgs r;
+        ASSERT_NO_THROW(r = parse_args(cmd, args));
+        EXPECT_TRUE(r.was_given(s.name));
+      }
+  }
+}
+
+TEST(Options, TrainerSpellingsMeanWhatTheTrainerMeans) {
+  RunArgs r = parse_args(kTrain, {"--per_device_train_batch_size", "3", "--num_train_epochs=0.5", "--warmup_ratio", "0.1",
+                                  "--lr_scheduler_type", "constant_with_warmup", "--optim", "adamw_torch_fused",
+                                  "--evaluation_strategy", "epoch", "--use_cpu", "--bf16", "false", "--gradient_checkpointing",
+                                  "--seed", "7", "--overwrite_output_dir", "--skip_nonfinite_steps", "--report_to", "none"});
+  EXPECT_EQ(r.train.per_device_train_batch_size, 3);
+  EXPECT_EQ(r.train.train_epochs, 0.5);
+  EXPECT_EQ(r.train.num_train_epochs, 1);
+  EXPECT_FLOAT_EQ(r.train.warmup_ratio, 0.1);
+  EXPECT_EQ(r.train.lr_scheduler_type, "constant");
+  EXPECT_EQ(r.optim, "adamw");
+  EXPECT_EQ(r.train.eval_strategy, "epoch");
+  EXPECT_EQ(r.train.device, "cpu");
+  EXPECT_EQ(r.bf16, 0);
+  EXPECT_EQ(r.checkpointing, "layer");
+  EXPECT_EQ(r.train.seed, 7u);
+  EXPECT_TRUE(r.train.overwrite_output_dir);
+  EXPECT_TRUE(r.train.skip_nonfinite_steps);
+  EXPECT_EQ(r.report_to, "none");
+  RunArgs quiet = parse_args(kTrain, {"--logging_strategy", "no", "--preset", "bert-tiny"});
+  EXPECT_EQ(finish_train_args(quiet, kTrain, false).logging_steps, 0);
+  // Fractional epochs: ceil(epochs x steps per epoch), as the Trainer rounds them.
+  EXPECT_EQ(r.train.total_steps(10), 5);
+  EXPECT_EQ(r.train.warmup(r.train.total_steps(10)), 1);  // ceil(0.1 x 5)
+  RunArgs e = parse_args(kEval, {"--no-skip-padding", "--eval_file", "f.jsonl", "--batch-size", "5"});
+  EXPECT_FALSE(e.skip_padding);
+  EXPECT_EQ(e.train.validation_file, "f.jsonl");
+  EXPECT_EQ(e.train.per_device_eval_batch_size, 5);
+}
+
+// Out of range, malformed or empty: one line naming the flag and what is allowed.
+TEST(Options, RangeErrorsNameTheFlagAndTheRange) {
+  struct Case {
+    Command cmd;
+    std::vector<std::string> args;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {kTrain, {"--adam-beta1", "1.5"}, "--adam-beta1 1.5 is out of range: allowed [0, 1)"},
+      {kTrain, {"--adam-epsilon", "-1"}, "--adam-epsilon -1 is out of range: allowed (0, 1]"},
+      {kTrain, {"--weight-decay", "-5"}, "--weight-decay -5 is out of range: allowed [0, 10]"},
+      {kTrain, {"--sgd-momentum", "5"}, "--sgd-momentum 5 is out of range: allowed [0, 1)"},
+      {kTrain, {"--threads", "-1"}, "--threads -1 is out of range: allowed [0, 4096]"},
+      {kEval, {"--threads", "70000"}, "--threads 70000 is out of range: allowed [0, 4096]"},
+      {kTrain, {"--nproc-per-node", "0"}, "--nproc-per-node 0 is out of range: allowed [1, 1024]"},
+      {kPlan, {"--nproc_per_node=-4"}, "--nproc-per-node -4 is out of range: allowed [1, 1024]"},
+      {kTrain, {"--per-device-train-batch-size", "-1"}, "allowed [1, 1048576] or auto"},
+      {kTrain, {"--per-device-train-batch-size", "eight"}, "--per-device-train-batch-size: expected an integer"},
+      {kTrain, {"--num-samples", "1e12"}, "--num-samples: expected an integer in [1, 100000000]"},
+      {kTrain, {"--num-train-epochs", "0"}, "--num-train-epochs 0 is out of range: allowed (0, 1000000]"},
+      {kTrain, {"--learning-rate", "nan"}, "--learning-rate: expected a number"},
+      {kTrain, {"--warmup-ratio", "1.5"}, "--warmup-ratio 1.5 is out of range: allowed [0, 1]"},
+      {kTrain, {"--validation-split", "1"}, "--validation-split 1 is out of range: allowed [0, 1)"},
+      {kTrain, {"--output-dir", ""}, "--output-dir: must not be empty"},
+      {kTrain, {"--bf16", "maybe"}, "--bf16: expected true or false"},
+      {kTrain, {"--optim", "lion"}, "--optim lion: anatomy does not have this; expected one of adamw_torch"},
+      {kTrain, {"--lr-scheduler-type", "cosine_with_min_lr"}, "--lr-scheduler-type cosine_with_min_lr: anatomy does not have this"},
+      {kTrain, {"--report-to", "wandb"}, "--report-to wandb: anatomy does not have this; expected one of jsonl, none"},
+      {kPlan, {"--gpu-memory", "16"}, "--gpu-memory 16: a size needs its unit, e.g. 16GiB, 80GB or 16000MiB"},
+      {kPlan, {"--gpu-memory", "16XB"}, "--gpu-memory: unknown unit 'XB'"},
+      {kTrain, {"--max-steps"}, "--max-steps needs a value"},
+      {kTrain, {"stray"}, "unexpected argument 'stray'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args[0]);
+    const std::string msg = error_of(c.cmd, c.args);
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+TEST(Options, MisspeltFlagsSuggestTheNearest) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--per_device_train_bach_size", "did you mean --per-device-train-batch-size?"},
+      {"--learning-rat", "did you mean --learning-rate?"},
+      {"--gradient-acumulation-steps", "did you mean --gradient-accumulation-steps?"},
+      {"--ouput-dir", "did you mean --output-dir?"},
+  };
+  for (const auto& [arg, expect] : cases) {
+    const std::string msg = error_of(kTrain, {arg, "1"});
+    EXPECT_NE(msg.find(expect), std::string::npos) << msg;
+  }
+  EXPECT_NE(error_of(kTrain, {"--zzzzqqqq", "1"}).find("unknown flag --zzzzqqqq"), std::string::npos);
+}
+
+// Every TrainingArguments field the table does not take is refused by name, never ignored.
+TEST(Options, EveryOtherTrainingArgumentIsRefusedByName) {
+  int refused = 0;
+  for (const char* field : training_arguments_fields()) {
+    std::string dashed = field;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    const bool taken = std::any_of(options().begin(), options().end(), [&](const OptionSpec& s) {
+      return (s.commands & kTrain) &&
+             (dashed == s.name || std::any_of(s.aliases.begin(), s.aliases.end(), [&](const char* a) { return dashed == a; }));
+    });
+    if (taken) continue;
+    SCOPED_TRACE(field);
+    const std::string msg = error_of(kTrain, {std::string("--") + field, "1"});
+    EXPECT_NE(msg.find("--" + dashed + ": "), std::string::npos) << msg;
+    EXPECT_TRUE(msg.find("not supported by anatomy") != std::string::npos ||
+                msg.find("a TrainingArguments field that anatomy does not do") != std::string::npos)
+        << msg;
+    ++refused;
+  }
+  EXPECT_GT(refused, 50);
+  EXPECT_NE(error_of(kTrain, {"--do_predict"}).find("--do-predict: not supported by anatomy: anatomy train does not predict"),
+            std::string::npos);
+  EXPECT_NE(error_of(kEval, {"--preset", "bert-tiny"}).find("not an option of `anatomy eval`"), std::string::npos);
+}
+
+TEST(Options, JsonFileOfArguments) {
+  const std::string dir = testing_dirs::fresh_dir("options_json");
+  const std::string file = dir + "/args.json";
+  std::ofstream(file) << R"({"per_device_train_batch_size": 3, "bf16": false, "report_to": ["none"],
+                           "num_train_epochs": 0.5, "evaluation_strategy": "steps", "output_dir": "out",
+                           "text_column_names": "premise,hypothesis", "logging_dir": null})";
+  RunArgs r = parse_args(kTrain, {file, "--per_device_train_batch_size", "5"});  // flags after the file override it
+  EXPECT_EQ(r.train.per_device_train_batch_size, 5);
+  EXPECT_EQ(r.bf16, 0);
+  EXPECT_EQ(r.report_to, "none");
+  RunArgs quiet = parse_args(kTrain, {"--logging_strategy", "no", "--preset", "bert-tiny"});
+  EXPECT_EQ(finish_train_args(quiet, kTrain, false).logging_steps, 0);
+  EXPECT_EQ(r.train.train_epochs, 0.5);
+  EXPECT_EQ(r.train.eval_strategy, "steps");
+  EXPECT_EQ(r.train.output_dir, "out");
+  EXPECT_EQ(r.train.text_column, "premise");
+  EXPECT_EQ(r.train.text_pair_column, "hypothesis");
+  std::ofstream(file) << R"({"fsdp": "full_shard"})";
+  EXPECT_NE(error_of(kTrain, {file}).find("--fsdp: not supported by anatomy"), std::string::npos);
+  std::ofstream(file) << R"({"adam_beta1": 1.5})";
+  EXPECT_NE(error_of(kTrain, {file}).find("--adam-beta1 1.5 is out of range"), std::string::npos);
+  std::ofstream(file) << R"({"seed": )";
+  EXPECT_NE(error_of(kTrain, {file}).find(file + ": not valid JSON"), std::string::npos);
+}
+
+// train, eval and plan share one set of defaults: Trainer's batches 8/8 and the examples'
+// max_seq_length 128, capped by the model's position table.
+TEST(Options, SharedDefaults) {
+  for (Command cmd : {kTrain, kPlan}) {
+    RunArgs r = parse_args(cmd, {"--preset", "bert-tiny", "--device", "cpu"});
+    const TrainOptions o = finish_train_args(r, cmd, false);
+    EXPECT_EQ(o.per_device_train_batch_size, 8);
+    EXPECT_EQ(o.per_device_eval_batch_size, 8);
+    EXPECT_EQ(o.seq_len, 128);
+    EXPECT_EQ(o.optim.kind, OptimizerKind::AdamW);
+    EXPECT_FLOAT_EQ(o.learning_rate, 5e-5f);
+  }
+  RunArgs e = parse_args(kEval, {});
+  EXPECT_EQ(e.train.per_device_eval_batch_size, 8);
+  RunArgs seed = parse_args(kTrain, {"--seed-experiment", "--device", "cpu"});
+  const TrainOptions s = finish_train_args(seed, kTrain, false);
+  EXPECT_EQ(s.seq_len, 512);
+  EXPECT_EQ(s.per_device_train_batch_size, 4);
+}
+
+TEST(Options, FlagsThatContradictEachOther) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--bf16", "--fp16"}, "--bf16 and --fp16 exclude each other"},
+      {{"--precision", "fp32", "--bf16"}, "--precision fp32 and --bf16 contradict each other"},
+      {{"--lr-scheduler-type", "constant", "--warmup-steps", "3"}, "use constant_with_warmup"},
+      {{"--do-train", "false"}, "--do-train false"},
+      {{"--do-eval"}, "--do-eval needs validation data"},
+      {{"--preset", "bert-tiny", "--model-name-or-path", "/tmp"}, "exclude each other"},
+      {{"--device", "cpu", "--fp16"}, "--precision fp16 needs a GPU"},
+      {{"--data_seed", "3", "--seed", "4"}, "--data-seed 3: anatomy orders the data with --seed (4)"},
+  };
+  for (const auto& [args, expect] : cases) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), {"--num-samples", "8"});
+    SCOPED_TRACE(args[0]);
+    std::string msg;
+    try {
+      RunArgs r = parse_args(kTrain, a);
+      finish_train_args(r, kTrain, false);
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find(expect), std::string::npos) << msg;
+  }
+}
+
+// The schedules the table offers, against transformers' formulas (lr 1, 10 steps, 2 of warm-up).
+TEST(Options, SchedulesAsTransformersDefinesThem) {
+  struct Case {
+    const char* flag_value;
+    int64_t step;
+    double expect;
+  };
+  const std::vector<Case> cases = {
+      {"linear", 1, 0.5},      {"linear", 6, 0.5},       {"cosine", 2, 1.0},
+      {"cosine", 6, 0.5},      {"cosine", 4, 0.5 * (1 + std::cos(M_PI * 0.25))},
+      {"cosine", 10, 0.0},     {"cosine_with_restarts", 6, 0.5},
+      {"polynomial", 6, (1 - 1e-7) * 0.5 + 1e-7},        {"polynomial", 11, 1e-7},
+      {"constant_with_warmup", 1, 0.5},                  {"constant_with_warmup", 9, 1.0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.flag_value) + " step " + std::to_string(c.step));
+    RunArgs r = parse_args(kTrain, {"--lr-scheduler-type", c.flag_value});
+    EXPECT_NEAR(scheduled_lr(r.train.lr_scheduler_type, 1.0f, c.step, 10, 2), c.expect, 1e-6);
+  }
+}
