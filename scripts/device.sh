@@ -23,6 +23,9 @@
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
+#   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
+#             with two GPUs, also as two "nodes" on sockets; Gloo on the CPU), a failing rank, and
+#             `anatomy train` launched by torchrun on the CPU (3 processes) and the GPU(s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-bench/results/tmp}
@@ -192,7 +195,46 @@ step_stepab() {  # same shapes, the two builds alternated twice: A B A B
   done | tee "$OUT/stepab.md"
 }
 
-(($#)) || { sed -n '2,25p' "$0"; exit 2; }
+step_launch() {
+  export ANATOMY_DIST_TIMEOUT=60
+  local w=$PWD/.carry/bin/anatomy_pg_worker gpus
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  run_check() {  # name, command...: status, seconds, ranks bitwise equal; output in $OUT/name.log
+    local name=$1; shift
+    local t0; t0=$(date +%s.%N)
+    timeout 150 "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "| $name | $rc | $(echo "$(date +%s.%N) - $t0" | bc) | $(grep -c 'bitwise equal' "$OUT/$name.log") | \`$*\` |"
+  }
+  local tiny=(train --device cpu --preset bert-tiny --num-samples 96 --max-steps 6 --per-device-train-batch-size 4
+              --disable-tqdm --overwrite-output-dir)
+  {
+    echo "| check | exit status | seconds | ranks bitwise equal | command |"
+    echo "|---|---|---|---|---|"
+    run_check gloo_torchrun_3 torchrun --no-python --nproc-per-node 3 $w check
+    run_check train_cpu_torchrun_3 torchrun --no-python --nproc-per-node 3 $a "${tiny[@]}" --output-dir /tmp/launch/cpu3
+    run_check train_gpu_torchrun_1 torchrun --no-python --nproc-per-node 1 $a train --device cuda --preset bert-base \
+      --max-seq-length 128 --num-samples 512 --max-steps 20 --per-device-train-batch-size 32 --precision bf16 \
+      --disable-tqdm --overwrite-output-dir --output-dir /tmp/launch/gpu1
+    if ((gpus >= 2)); then
+      run_check nccl_torchrun_2 env ANATOMY_PG_DEVICE=cuda torchrun --no-python --nproc-per-node 2 $w check
+      run_check nccl_sockets_2nodes bash -c "
+        export ANATOMY_PG_DEVICE=cuda NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo
+        CUDA_VISIBLE_DEVICES=0 torchrun --no-python --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29611 $w check &
+        CUDA_VISIBLE_DEVICES=1 torchrun --no-python --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29611 $w check
+        wait"
+      run_check nccl_rank_fails env ANATOMY_PG_DEVICE=cuda torchrun --no-python --nproc-per-node 2 $w fail 1
+      run_check train_gpu_torchrun_2 torchrun --no-python --nproc-per-node 2 $a train --device cuda --preset bert-base \
+        --max-seq-length 128 --num-samples 512 --max-steps 20 --per-device-train-batch-size 32 --precision bf16 \
+        --disable-tqdm --overwrite-output-dir --output-dir /tmp/launch/gpu2
+    else
+      echo "| nccl checks | - | - | - | need two GPUs (this machine has $gpus) |"
+    fi
+  } | tee "$OUT/launch.md"
+  grep -h "Samples/second\|error" "$OUT"/train_*.log | head -8
+}
+
+(($#)) || { sed -n '2,28p' "$0"; exit 2; }
 for s in "$@"; do
   declare -F "step_$s" >/dev/null || { echo "device.sh: unknown step '$s'" >&2; exit 2; }
 done
