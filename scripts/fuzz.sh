@@ -16,7 +16,12 @@ command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (scripts/setup.
 if [ ! -f build-fuzz/build.ninja ]; then
   CXX=clang++ cmake -S tests/fuzz -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 fi
-cmake --build build-fuzz -j "$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}") >/dev/null
+if ! cmake --build build-fuzz -j "$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}") \
+     >build-fuzz/build.log 2>&1; then
+  echo "fuzz: building the targets failed; the errors in build-fuzz/build.log:" >&2
+  grep -E "error|undefined reference" build-fuzz/build.log | head -n 20 >&2
+  exit 1
+fi
 
 # Largest input per target: a few header/record sizes, kept small so each second covers many.
 declare -A max_len=([safetensors]=4096 [config]=4096 [vocab]=8192 [tokenizer]=4096 [text_dataset]=8192)

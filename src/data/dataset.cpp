@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/text_dataset.h"
-#include "memory/planner.h"
+#include "core/host_memory.h"
 
 namespace anatomy {
 

@@ -3,10 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
-#include <fstream>
 #include <limits>
-
-#include <unistd.h>
 
 #include "dist/zero.h"
 #include "model/params.h"
@@ -135,23 +132,6 @@ void refuse_plan_beyond(const PlanInput& in, const MemoryPlan& p, int64_t capaci
   const SizeFlags f = size_flags(in);
   fail(f.batch, " ", in.shape.max_batch, " with ", f.seq, " ", in.shape.max_seq, ": the plan needs ",
        mib(static_cast<long double>(p.total())), " but ", memory, "; lower ", f.batch, " (or ", f.seq, ")");
-}
-
-int64_t host_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  int64_t bytes = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : std::numeric_limits<int64_t>::max();
-  // A container's memory limit (cgroup v2, else v1) is what the process may really use: beyond
-  // it the kernel kills the run rather than failing an allocation. "max" or a huge v1 figure
-  // means no limit.
-  for (const char* limit : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream in(limit);
-    long long v = 0;
-    if (in >> v && v > 0) {
-      bytes = std::min<int64_t>(bytes, v);
-      break;
-    }
-  }
-  return bytes;
 }
 
 MemoryPlan plan_memory(const PlanInput& in) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/host_memory.h"
 #include "memory/category.h"
 #include "model/bert.h"
 #include "optim/optimizer.h"
@@ -30,10 +31,6 @@ struct MemoryPlan {
 // and, on the CPU, plans larger than the machine's memory (Note [host memory refusal]); the
 // one-line error names the flag (or config.json field) to lower.
 MemoryPlan plan_memory(const PlanInput& in);
-
-// Memory this process may use in bytes: the machine's physical memory, or its container's
-// (cgroup) limit when lower; int64 max when unknown.
-int64_t host_memory_bytes();
 
 // Refuses a plan that does not fit `capacity` bytes, in one line ending "but <memory>; lower
 // ...": the config.json field that holds most parameters when the model's own state (weights,
