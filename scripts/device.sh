@@ -82,7 +82,7 @@ step_ops() {
 }
 
 step_profile() {
-  timeout 150 $a train --preset bert-large --precision bf16 --per-device-train-batch-size 32 --num-samples 640 \
+  timeout 150 $a train --preset bert-large --max-seq-length 512 --precision bf16 --per-device-train-batch-size 32 --num-samples 640 \
     "${quiet[@]}" --output-dir /tmp/bf16 --profile-steps 3 > "$OUT/profile_bf16_bs32.log" 2>&1
   grep -E "tensor_contraction|statistical|elementwise|optimizer|forward .* backward|add up|^Time|^Samples" \
     "$OUT/profile_bf16_bs32.log"
@@ -92,11 +92,11 @@ step_profile() {
 step_verify() {
   {
     echo "== bf16 bs32, accumulation 2, profiled"
-    timeout 150 $a train --preset bert-large --precision bf16 --per-device-train-batch-size 32 \
+    timeout 150 $a train --preset bert-large --max-seq-length 512 --precision bf16 --per-device-train-batch-size 32 \
       --gradient-accumulation-steps 2 --num-samples 1024 --output-dir /tmp/bf16acc --disable-tqdm --logging-steps 4 \
       --save-strategy no --profile-steps 3 2>&1 | tail -75
     echo "== fp16 bs8, accumulation 2"
-    timeout 100 $a train --preset bert-large --precision fp16 --per-device-train-batch-size 8 \
+    timeout 100 $a train --preset bert-large --max-seq-length 512 --precision fp16 --per-device-train-batch-size 8 \
       --gradient-accumulation-steps 2 --num-samples 256 --output-dir /tmp/fp16 --disable-tqdm --logging-steps 4 \
       --save-strategy no 2>&1 | tail -8
     echo "== seed"
@@ -126,7 +126,7 @@ step_levers() {
     train_row levers bf16_bs8_accum4 --precision bf16 --per-device-train-batch-size 8 --gradient-accumulation-steps 4 \
       --num-samples 384
   } | tee "$OUT/levers.md"
-  $a plan --preset bert-large --batch-size 4 --precision fp32 --gpu-memory 16GB 2>&1 | tee "$OUT/plan_v100.txt"
+  $a plan --preset bert-large --max-seq-length 512 --batch-size 4 --precision fp32 --gpu-memory 16GB 2>&1 | tee "$OUT/plan_v100.txt"
 }
 
 step_eval() {
@@ -201,10 +201,10 @@ step_launch() {
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   run_check() {  # name, command...: status, seconds, ranks bitwise equal; output in $OUT/name.log
     local name=$1; shift
-    local t0; t0=$(date +%s.%N)
+    local t0=$EPOCHREALTIME
     timeout 150 "$@" > "$OUT/$name.log" 2>&1
     local rc=$?
-    echo "| $name | $rc | $(echo "$(date +%s.%N) - $t0" | bc) | $(grep -c 'bitwise equal' "$OUT/$name.log") | \`$*\` |"
+    echo "| $name | $rc | $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') | $(grep -c 'bitwise equal' "$OUT/$name.log") | \`$*\` |"
   }
   local tiny=(train --device cpu --preset bert-tiny --num-samples 96 --max-steps 6 --per-device-train-batch-size 4
               --disable-tqdm --overwrite-output-dir)
