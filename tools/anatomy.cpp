@@ -35,6 +35,7 @@ namespace {
 struct EvalFlags {
   std::string model, eval_file, text_column = "text", text_pair_column, label_column = "label", tokenizer;
   std::string precision = "fp32", device = "auto", output_dir, cache_dir;
+  bool overwrite_output_dir = false;
   int64_t max_seq_length = -1, batch = 8;  // -1: min(128, the model's max_position_embeddings)
   int threads = 0;
   bool skip_padding = true, sort_by_length = true;
@@ -52,6 +53,7 @@ EvalFlags eval_flags(cli::RunArgs& a) {
   f.precision = cli::finish_eval_precision(a);
   f.device = o.device;
   f.output_dir = a.was_given("output-dir") ? o.output_dir : "";
+  f.overwrite_output_dir = o.overwrite_output_dir;
   f.cache_dir = o.dataset_cache_dir;
   f.batch = o.per_device_eval_batch_size;
   f.threads = o.threads;
@@ -60,6 +62,22 @@ EvalFlags eval_flags(cli::RunArgs& a) {
   // The shared default: Trainer's examples' 128, capped by the model's position table.
   f.max_seq_length = a.was_given("max-seq-length") ? o.seq_len : -1;
   return f;
+}
+
+// Before any work: results never land in the model's own directory (its training run's
+// eval_results.json lives there) nor silently replace an earlier evaluation.
+void check_eval_output_dir(const EvalFlags& f) {
+  namespace fs = std::filesystem;
+  if (f.output_dir.empty()) return;
+  std::error_code ec;
+  ANATOMY_CHECK(!(fs::exists(f.output_dir, ec) && fs::equivalent(f.output_dir, f.model, ec)), "--output-dir ",
+                f.output_dir, " is the model's directory (--model-name-or-path): its eval_results.json would be "
+                "replaced; name another directory");
+  if (f.overwrite_output_dir) return;
+  for (const char* name : {"eval_results.json", "predictions.jsonl"})
+    ANATOMY_CHECK(!fs::exists(fs::path(f.output_dir) / name, ec), "--output-dir ", f.output_dir,
+                  " already holds an evaluation (", name, "): use --overwrite-output-dir to replace it, or name another "
+                  "directory");
 }
 
 int run_eval(EvalFlags f) {
@@ -71,6 +89,7 @@ int run_eval(EvalFlags f) {
   ANATOMY_CHECK(fs::exists(config_file), "--model-name-or-path ", f.model, ": no config.json in it");
   ANATOMY_CHECK(fs::exists(weights), "--model-name-or-path ", f.model, ": no model.safetensors in it");
   ANATOMY_CHECK(fs::is_regular_file(f.eval_file), "--eval-file ", f.eval_file, ": no such file");
+  check_eval_output_dir(f);
   const Precision precision = parse_precision(f.precision);
   const bool want_cuda = f.device == "cuda" || (f.device == "auto" && cuda_available());
   ANATOMY_CHECK(want_cuda || precision == Precision::Fp32, "--precision ", f.precision,

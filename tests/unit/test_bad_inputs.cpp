@@ -318,6 +318,32 @@ const std::vector<Case> kCases = {
      "eval --device cpu --model-name-or-path {dir}/run --eval-file {dir}/s.jsonl --tokenizer " + kTok, 2,
      {"non-finite logit", "refusing to report loss or accuracy"}, {"run/model.safetensors"}},
 
+    // Eval results never replace the model's own or an earlier evaluation unasked.
+    {"EvalOutputIsModelDir", copy_run,
+     "eval --device cpu --model-name-or-path {dir}/run --eval-file {dir}/s.jsonl --tokenizer " + kTok +
+         " --output-dir {dir}/run",
+     2, {"--output-dir {dir}/run is the model's directory"}, {"run/model.safetensors", "run/train_results.json"}},
+    {"EvalOutputHoldsAnEvaluation",
+     [](const std::string& d) {
+       copy_run(d);
+       fs::create_directory(d + "/ev");
+       spit(d + "/ev/eval_results.json", "{\"eval_accuracy\": 0.5}");
+     },
+     "eval --device cpu --model-name-or-path {dir}/run --eval-file {dir}/s.jsonl --tokenizer " + kTok +
+         " --output-dir {dir}/ev",
+     2, {"--output-dir {dir}/ev already holds an evaluation (eval_results.json)", "--overwrite-output-dir"},
+     {"ev/eval_results.json"}},
+    {"EvalOverwriteOutputDir",
+     [](const std::string& d) {
+       copy_run(d);
+       fs::create_directory(d + "/ev");
+       spit(d + "/ev/eval_results.json", "{\"eval_accuracy\": 0.5}");
+     },
+     "eval --device cpu --model-name-or-path {dir}/run --eval-file {dir}/s.jsonl --tokenizer " + kTok +
+         " --output-dir {dir}/ev --overwrite-output-dir",
+     0, {"Results: {dir}/ev/eval_results.json"}, {"run/model.safetensors"},
+     [](const std::string& d) { EXPECT_NE(slurp(d + "/ev/eval_results.json").find("eval_loss"), std::string::npos); }},
+
     // Sizes: refused by the planner before anything is allocated, naming what to lower; never a
     // wrapped (negative or "fitting") figure, never bad_alloc.
     {"PlanBatchOverflows", [](const std::string&) {},
