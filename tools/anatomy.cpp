@@ -190,6 +190,29 @@ int run_eval(EvalFlags f) {
 // `anatomy plan`: the memory table of a run without running it, whether it fits on the GPU
 // present (or one named by --gpu-memory), and the largest micro-batch that would. The first
 // line names the device planned for; a plan that does not fit exits 1 naming the lever.
+// Each rank's exact bytes, which sharding makes differ (ranks with equal plans in one line).
+void print_rank_plans(PlanInput in) {
+  auto line = [](int first, int last, const MemoryPlan& p) {
+    std::printf("  %s: optimizer_state %lld B, gradients %lld B, total %lld B\n",
+                first == last ? str_cat("rank ", first).c_str() : str_cat("ranks ", first, "-", last).c_str(),
+                static_cast<long long>(p.bytes[Category::OptimizerState]),
+                static_cast<long long>(p.bytes[Category::Gradients]), static_cast<long long>(p.total()));
+  };
+  int first = 0;
+  MemoryPlan run = plan_memory(in);
+  for (int r = 1; r <= in.world_size; ++r) {
+    MemoryPlan next;
+    if (r < in.world_size) {
+      in.rank = r;
+      next = plan_memory(in);
+      if (next.bytes.v == run.bytes.v && next.bytes.shared == run.bytes.shared) continue;
+    }
+    line(first, r - 1, run);
+    first = r;
+    run = next;
+  }
+}
+
 int run_plan(const TrainOptions& o, int64_t gpu_memory, bool has_gpu) {
   ANATOMY_CHECK(o.per_device_train_batch_size >= 1,
                 "--per-device-train-batch-size: plan needs a number (it prints the largest batch that fits)");
@@ -219,19 +242,24 @@ int run_plan(const TrainOptions& o, int64_t gpu_memory, bool has_gpu) {
   std::printf("Planning for %s\n", where.c_str());
   PlanInput in{cfg,
                {o.per_device_train_batch_size, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true,
-                resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps)},
-               o.optim.kind, cpu ? Device::CPU : Device::CUDA, std::max(1, o.nproc_per_node),
-               o.nproc_per_node > 1 ? o.zero_stage : 0};
+                resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps,
+                                           o.nproc_per_node > 1 && o.zero_stage == 2)},
+               o.optim.kind,
+               cpu ? Device::CPU : Device::CUDA,
+               std::max(1, o.nproc_per_node),
+               o.nproc_per_node > 1 ? o.zero_stage : 0,
+               0,
+               o.gradient_accumulation_steps};
   MemoryPlan p = plan_memory(in);
   if (in.world_size > 1)
-    std::printf("Data parallel: %d ranks, ZeRO stage %d; the table is what each rank holds (rank 0's shard)\n", in.world_size,
-                in.zero_stage);
+    std::printf("Data parallel: %d ranks, ZeRO stage %d; the table is what rank 0 holds\n", in.world_size, in.zero_stage);
   std::printf("Memory plan: %s, batch %lld x seq %lld, %s, %s, checkpointing %s, gradients %s (%lld parameters)\n%s",
               o.model_name_or_path.empty() ? o.preset.c_str() : o.model_name_or_path.c_str(),
               static_cast<long long>(o.per_device_train_batch_size), static_cast<long long>(o.seq_len),
               precision_name(o.precision), optimizer_name(o.optim.kind), checkpoint_policy_name(o.gradient_checkpointing),
               gradient_placement_name(in.shape.gradients), static_cast<long long>(p.num_parameters),
               format_plan(p).c_str());
+  if (in.world_size > 1) print_rank_plans(in);
   if (capacity < 0) return 0;
   const bool fits = p.total() + reserved <= capacity;
   std::printf("Fits on %s: %s (%.0f MiB needed)\n", where.c_str(), fits ? "yes" : "no", (p.total() + reserved) / 1048576.0);

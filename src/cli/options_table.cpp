@@ -184,10 +184,10 @@ std::vector<OptionSpec> build() {
        false, {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}}, [](R& r, const V& v) { r.train.device = v.s; }});
   add({"use-cpu", {"no-cuda"}, OptType::Bool, kAll, "false", "Run on the CPU (same as --device cpu)", 0, 0, false, false,
        false, false, {}, [](R& r, const V& v) { if (v.b) r.train.device = "cpu"; }, "same"});
-  add({"nproc-per-node", {}, OptType::Int, kTrainPlan, "1", "Data-parallel ranks, one per device", 1, 1024, false, false,
+  add({"nproc-per-node", {"world-size"}, OptType::Int, kTrainPlan, "1", "Data-parallel ranks, one per device", 1, 1024, false, false,
        false, false, {}, [](R& r, const V& v) { r.train.nproc_per_node = static_cast<int>(v.i); }});
   add({"zero-stage", {}, OptType::Int, kTrainPlan, "1",
-       "With --nproc-per-node > 1: 0 replicated optimizer state, 1 sharded (ZeRO-1)", 0, 1, false, false, false, false,
+       "With several ranks: 0 replicated optimizer state, 1 sharded (ZeRO-1), 2 sharded state and gradients (ZeRO-2)", 0, 2, false, false, false, false,
        {}, [](R& r, const V& v) { r.train.zero_stage = static_cast<int>(v.i); }});
   add({"threads", {}, OptType::Int, kAll, "0", "CPU threads (0: all cores)", 0, 4096, false, false, false, false, {},
        [](R& r, const V& v) { r.train.threads = static_cast<int>(v.i); }});

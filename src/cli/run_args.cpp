@@ -63,7 +63,8 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   o.precision = parse_precision(a.precision);
   o.gradient_checkpointing = parse_checkpoint_policy(a.checkpointing);
   o.optim.kind = parse_optimizer(a.optim);
-  resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps);  // a bad combination fails here
+  resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps,
+                             o.zero_stage == 2);  // a bad combination fails here (the world size: at set-up)
   o.save_model = a.save_strategy != "no";
   o.checkpoint_strategy = (a.save_strategy == "steps" || a.save_strategy == "epoch") ? a.save_strategy : "no";
   if (a.schedule_without_warmup && (o.warmup_steps > 0 || o.warmup_ratio > 0))

@@ -12,12 +12,36 @@ size_t zero_optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout, in
   return Optimizer::range_state_bytes(k, shard_ranges(layout.total(), world)[static_cast<size_t>(rank)].size());
 }
 
+size_t zero_gradient_shard_bytes(const ParamLayout& layout, int world, int stage, int64_t accumulation, int rank) {
+  if (stage != 2 || world == 1 || accumulation == 1) return 0;
+  return 4 * shard_ranges(layout.total(), world)[static_cast<size_t>(rank)].size();
+}
+
 DataParallelStep::DataParallelStep(Backend& be, Communicator& comm, const OptimizerOptions& o, const ParamLayout& layout,
-                                   int stage)
-    : m_be(be), m_comm(comm), m_stage(comm.size() == 1 ? 0 : stage), m_shards(shard_ranges(layout.total(), comm.size())),
-      m_shard(m_shards[static_cast<size_t>(comm.rank())]), m_norm(be, layout.total()) {
-  ANATOMY_CHECK(stage == 0 || stage == 1, "--zero-stage: expected 0 or 1 (got ", stage, ")");
+                                   int stage, int64_t accumulation)
+    : m_be(be), m_comm(comm), m_stage(comm.size() == 1 ? 0 : stage), m_accum(accumulation),
+      m_shards(shard_ranges(layout.total(), comm.size())), m_shard(m_shards[static_cast<size_t>(comm.rank())]),
+      m_norm(be, layout.total()) {
+  ANATOMY_CHECK(stage >= 0 && stage <= 2, "--zero-stage: expected 0, 1 or 2 (got ", stage, ")");
   m_opt = m_stage == 0 ? Optimizer::create(be, o, layout) : Optimizer::create_for_range(be, o, m_shard.size());
+  const size_t shard_bytes = zero_gradient_shard_bytes(layout, comm.size(), m_stage, m_accum, comm.rank());
+  if (shard_bytes) m_grad_shard = Buffer(be.allocator(), DType::F32, {static_cast<int64_t>(shard_bytes / 4)}, Category::Gradients);
+}
+
+void DataParallelStep::reduce_micro_batch(BertForSequenceClassification& model, int64_t m) {
+  if (m_stage != 2) return;
+  const Tensor grads = model.grads();
+  m_comm.reduce_scatter_sum(grads, m_shards);
+  if (m_accum == 1 || m_shard.size() == 0) return;
+  const Tensor own = grads.view({static_cast<int64_t>(grads.numel())})
+                         .slice(static_cast<int64_t>(m_shard.begin), static_cast<int64_t>(m_shard.end));
+  const Tensor sum = m_grad_shard.tensor();
+  if (m == 0)
+    m_be.copy(sum, own);
+  else if (m < m_accum - 1)
+    m_be.add(sum, sum, own);
+  else
+    m_be.add(own, sum, own);  // the last micro-batch: the step reads the sum where stage 1 finds it
 }
 
 void DataParallelStep::step(BertForSequenceClassification& model, float lr, float max_grad_norm, float loss_scale) {
@@ -38,7 +62,7 @@ void DataParallelStep::step(BertForSequenceClassification& model, float lr, floa
     m_opt->step(g, GradTransform{norm, 1.0f / loss_scale, max_grad_norm, true}, lr);
     return;
   }
-  m_comm.reduce_scatter_sum(grads, m_shards);
+  if (m_stage == 1) m_comm.reduce_scatter_sum(grads, m_shards);  // stage 2: done by reduce_micro_batch
   const int64_t b = static_cast<int64_t>(m_shard.begin), e = static_cast<int64_t>(m_shard.end);
   auto own = [&](const Tensor& t) { return t.view({static_cast<int64_t>(t.numel())}).slice(b, e); };
   m_norm.compute_range(grads, m_shard.begin, m_shard.end);

@@ -83,14 +83,17 @@ MemoryPlan plan_categories(const PlanInput& in) {
   // Weights: fp32 masters, plus the half copy in mixed precision.
   p.bytes[Category::Weights] = 4 * n + (s.compute == DType::F32 ? 0 : n * static_cast<int64_t>(dtype_size(s.compute)));
   if (s.training) {
-    p.bytes[Category::Gradients] = 4 * n;
+    p.bytes[Category::Gradients] = 4 * n;  // the full gradients (one micro-batch's, under ZeRO-2)
     p.bytes[Category::OptimizerState] =
-        static_cast<int64_t>(zero_optimizer_state_bytes(in.optimizer, lay, in.world_size, in.zero_stage));
+        static_cast<int64_t>(zero_optimizer_state_bytes(in.optimizer, lay, in.world_size, in.zero_stage, in.rank));
   }
   const ArenaBytes a = model_arena_bytes(c, s);
   p.bytes[Category::Activations] = static_cast<int64_t>(a.activations);
   if (a.block)  // gradients inside the activations' block: counted in both, once in the total
     p.bytes.shared = static_cast<int64_t>(a.activations) + p.bytes[Category::Gradients] - static_cast<int64_t>(a.block);
+  if (s.training)  // ZeRO-2 with accumulation: this rank's gradient sum, a buffer of its own
+    p.bytes[Category::Gradients] += static_cast<int64_t>(
+        zero_gradient_shard_bytes(lay, in.world_size, in.zero_stage, in.accumulation, in.rank));
   p.bytes[Category::Temporary] = static_cast<int64_t>(a.temporary);
   if (in.device == Device::CUDA) {
     p.bytes[Category::Workspace] = static_cast<int64_t>(kCudaLtWorkspaceBytes);

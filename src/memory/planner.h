@@ -18,7 +18,9 @@ struct PlanInput {
   ModelShape shape;            // micro-batch, sequence, compute dtype, checkpointing, training
   OptimizerKind optimizer = OptimizerKind::AdamW;
   Device device = Device::CUDA;
-  int world_size = 1, zero_stage = 0;  // data parallelism: rank 0's share (Note [ZeRO over the flat buffers])
+  int world_size = 1, zero_stage = 0;  // data parallelism (Note [ZeRO over the flat buffers])
+  int rank = 0;                         // whose shard: the last rank's may be smaller
+  int64_t accumulation = 1;             // micro-batches per step (ZeRO-2's gradient shard buffer)
 };
 
 struct MemoryPlan {

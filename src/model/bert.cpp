@@ -23,12 +23,13 @@ CheckpointPolicy parse_checkpoint_policy(const std::string& s) {
   fail("--gradient-checkpointing: unknown policy '", s, "' (expected none, layer or selective)");
 }
 
-GradientPlacement resolve_gradient_placement(const std::string& s, int64_t accum) {
+GradientPlacement resolve_gradient_placement(const std::string& s, int64_t accum, bool reduced_each_micro_batch) {
+  const bool fresh = accum == 1 || reduced_each_micro_batch;
   if (s == "own") return GradientPlacement::Own;
-  if (s == "auto") return accum == 1 ? GradientPlacement::InActivations : GradientPlacement::Own;
+  if (s == "auto") return fresh ? GradientPlacement::InActivations : GradientPlacement::Own;
   if (s == "in-activations") {
-    ANATOMY_CHECK(accum == 1, "--gradient-placement in-activations: needs --gradient-accumulation-steps 1 (got ", accum,
-                  "; accumulated gradients must outlive the next micro-batch's forward)");
+    ANATOMY_CHECK(fresh, "--gradient-placement in-activations: needs --gradient-accumulation-steps 1 (got ", accum,
+                  "; accumulated gradients must outlive the next micro-batch's forward) or --zero-stage 2");
     return GradientPlacement::InActivations;
   }
   fail("--gradient-placement: unknown value '", s, "' (expected auto, own or in-activations)");

@@ -56,8 +56,11 @@ PackedRows pack_token_rows(const int32_t* mask, int64_t batch, int64_t seq, int6
 enum class GradientPlacement : uint8_t { Own, InActivations };
 
 // --gradient-placement auto|own|in-activations; auto is in-activations with one micro-batch per
-// step. Throws naming the flag (in-activations with accumulation cannot work).
-GradientPlacement resolve_gradient_placement(const std::string& flag, int64_t gradient_accumulation_steps);
+// step, or whenever each micro-batch's gradients are reduced away before the next forward
+// (`reduced_each_micro_batch`: ZeRO stage 2, dist/zero.h). Throws naming the flag
+// (in-activations with accumulation into the model's gradients cannot work).
+GradientPlacement resolve_gradient_placement(const std::string& flag, int64_t gradient_accumulation_steps,
+                                             bool reduced_each_micro_batch = false);
 const char* gradient_placement_name(GradientPlacement p);
 
 struct ModelShape {

@@ -54,7 +54,7 @@ void TrainOptions::validate() const {
                 validation_split, ")");
   ANATOMY_CHECK(validation_split == 0 || validation_file.empty(), "--validation-split and --validation-file exclude each other");
   ANATOMY_CHECK(nproc_per_node >= 1 && nproc_per_node <= 64, "--nproc-per-node: expected 1 to 64 (got ", nproc_per_node, ")");
-  ANATOMY_CHECK(zero_stage == 0 || zero_stage == 1, "--zero-stage: expected 0 or 1 (got ", zero_stage, ")");
+  ANATOMY_CHECK(zero_stage >= 0 && zero_stage <= 2, "--zero-stage: expected 0, 1 or 2 (got ", zero_stage, ")");
   ANATOMY_CHECK(!group_by_length || !train_file.empty(), "--group-by-length needs --train-file (synthetic samples all have one length)");
 }
 

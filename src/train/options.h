@@ -55,7 +55,7 @@ struct TrainOptions {
   std::string gradient_placement = "auto";  // auto | own | in-activations (resolve_gradient_placement)
   std::string device = "auto";  // auto | cpu | cuda
   int nproc_per_node = 1;        // data-parallel ranks (the ranks of train/trainer.h)
-  int zero_stage = 1;            // with nproc_per_node > 1: 0 replicated optimizer, 1 sharded state
+  int zero_stage = 1;            // with several ranks: 0 replicated, 1 sharded optimizer state, 2 and gradients
   bool skip_nonfinite_steps = false;  // a step with a non-finite loss or gradient norm: skipped and counted, not fatal
   bool overwrite_output_dir = false;  // an output directory holding a run may be replaced (once the new run writes)
   int64_t fail_last_rank_at_step = -1;  // tests only (no flag): the last rank throws before this step's update

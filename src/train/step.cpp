@@ -13,7 +13,7 @@ TrainStep::TrainStep(const TrainOptions& opt, BertForSequenceClassification& mod
                      const BatchPlan& plan, int64_t total_steps)
     : m_opt(opt), m_model(model), m_be(be), m_comm(comm), m_plan(plan), m_B(model.shape().max_batch),
       m_T(model.shape().max_seq), m_total_steps(total_steps), m_micro_per_epoch(plan.batches_per_epoch()),
-      m_dps(be, comm, opt.optim, model.layout(), opt.zero_stage),
+      m_dps(be, comm, opt.optim, model.layout(), opt.zero_stage, opt.gradient_accumulation_steps),
       m_ids(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
       m_types(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
       m_mask(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
@@ -32,8 +32,10 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
   const int64_t accum = m_opt.gradient_accumulation_steps, N = m_comm.size(), r = m_comm.rank();
   StepOutcome out;
   m_be.set_phase(Phase::Optimizer);  // clearing the gradients is the update's bookkeeping, not data
-  // In activation memory, backward clears each gradient range itself, just before writing it.
-  if (!m_model.gradients_in_activations()) m_model.zero_grads();
+  // In activation memory, backward clears each gradient range itself, just before writing it;
+  // a buffer of their own is cleared once per step, or per micro-batch when ZeRO-2 reduces each.
+  const bool clear_each = m_dps.reduces_each_micro_batch() && !m_model.gradients_in_activations();
+  if (!m_model.gradients_in_activations() && !clear_each) m_model.zero_grads();
   m_be.fill(m_loss_sums, 0.0f);
   int64_t widest = 0, mine = 0;
   for (int64_t m = 0; m < accum; ++m, ++micro) {
@@ -53,10 +55,16 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
       db.token_rows = m_rows.tensor().slice(0, static_cast<int64_t>(packing.token_rows.size()));
       db.first_rows = m_first.tensor().slice(0, b);
     }
+    if (clear_each) {
+      m_be.set_phase(Phase::Optimizer);
+      m_model.zero_grads();
+    }
     m_be.set_phase(Phase::Data);
     m_staging.upload(m_hb, db, micro, &packing);
     const float weight = real > 0 ? m_scaler.scale / static_cast<float>(g * accum) : 0.0f;
     m_model.forward_backward(db, weight, static_cast<uint64_t>(micro * N + r) << 12);
+    m_be.set_phase(Phase::Optimizer);
+    m_dps.reduce_micro_batch(m_model, m);
     m_be.set_phase(Phase::Data);
     if (real > 0) {
       const Tensor sums = m_loss_sums.tensor().slice(0, real);

@@ -66,6 +66,9 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
   out["zero_stage"] = res.zero_stage;
   if (res.world_size > 1) {
     out["rank_optimizer_state_bytes"] = res.rank_optimizer_state_bytes;
+    out["rank_gradient_bytes"] = res.rank_gradient_bytes;
+    out["rank_peak_bytes"] = res.rank_peak_bytes;
+    out["rank_planned_bytes"] = res.rank_planned_bytes;
     out["gpu_memory_per_rank_mb"] = res.gpu_memory_per_rank_mb;
   }
   // Memory over one step: the static categories as planned, saved activations as they live.
@@ -123,6 +126,8 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
   if (res.world_size > 1) {
     std::printf("Data parallel: %d ranks, ZeRO stage %d; optimizer state per rank:", res.world_size, res.zero_stage);
     for (int64_t b : res.rank_optimizer_state_bytes) std::printf(" %.1f MiB", mib(b));
+    std::printf("; gradients per rank:");
+    for (int64_t b : res.rank_gradient_bytes) std::printf(" %.1f MiB", mib(b));
     if (!res.gpu_memory_per_rank_mb.empty()) {
       std::printf("; NVML used per GPU:");
       for (int64_t m : res.gpu_memory_per_rank_mb) std::printf(" %lld MB", static_cast<long long>(m));

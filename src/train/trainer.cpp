@@ -157,17 +157,18 @@ void RankRun::setup() {
   if (!m_opt.resume_from_checkpoint.empty()) resume_dir = resolve_resume_path(m_opt.resume_from_checkpoint, m_opt.output_dir);
   const int N = m_comm.size();
   const int zero = N > 1 ? m_opt.zero_stage : 0;
-  if (zero == 1) Optimizer::range_state_bytes(m_opt.optim.kind, 0);  // refuses, naming --optim, what cannot be sharded
+  if (zero >= 1) Optimizer::range_state_bytes(m_opt.optim.kind, 0);  // refuses, naming --optim, what cannot be sharded
 
   // The plan before anything is allocated: a run that cannot fit is refused with its levers.
   m_B = choose_micro_batch(m_opt, m_cfg, m_dev, m_comm);
   m_accum = m_opt.gradient_accumulation_steps;
   m_shape = {m_B, m_opt.seq_len, compute_dtype(m_opt.precision), m_opt.gradient_checkpointing, true,
-             resolve_gradient_placement(m_opt.gradient_placement, m_accum)};
+             resolve_gradient_placement(m_opt.gradient_placement, m_accum, zero == 2)};
   // Text data has padding: train on its real tokens (Note [packed training]; not under layer checkpointing).
   m_shape.packed_tokens =
       m_opt.skip_padding && !m_opt.train_file.empty() && m_shape.checkpointing != CheckpointPolicy::Layer;
-  const PlanInput plan_in{m_cfg, m_shape, m_opt.optim.kind, m_dev.cuda ? Device::CUDA : Device::CPU, N, zero};
+  const PlanInput plan_in{m_cfg,      m_shape, m_opt.optim.kind, m_dev.cuda ? Device::CUDA : Device::CPU, N, zero,
+                          m_comm.rank(), m_accum};
   m_plan = plan_memory(plan_in);
   if (m_opt.eval_strategy != "no")  // evaluate() holds its batch while it runs
     m_plan.bytes[Category::Other] +=
@@ -200,7 +201,7 @@ void RankRun::setup() {
 // order and the dropout masks are pure functions of (seed, position), so the position restores them.
 void RankRun::resume(const std::string& dir) {
   OptimizerPart part;
-  if (m_step->zero_stage() == 1) part = {true, m_step->shard().begin, m_step->shard().end};
+  if (m_step->zero_stage() >= 1) part = {true, m_step->shard().begin, m_step->shard().end};
   const nlohmann::json st = load_training_checkpoint(dir, *m_model, m_step->optimizer(), part);
   const nlohmann::json& then = st.at("fingerprint");
   for (auto it = m_fingerprint.begin(); it != m_fingerprint.end(); ++it)
@@ -245,7 +246,7 @@ void RankRun::save_checkpoint(int64_t step) {
                              {"fingerprint", m_fingerprint}};
   if (m_lead) m_out->claim();
   OptimizerPart part;
-  if (m_step->zero_stage() == 1) part = {true, m_step->shard().begin, m_step->shard().end};
+  if (m_step->zero_stage() >= 1) part = {true, m_step->shard().begin, m_step->shard().end};
   m_res.last_checkpoint = save_training_checkpoint(m_opt.output_dir, step, *m_model, m_step->optimizer(), st, m_comm, part);
   if (m_lead) rotate_checkpoints(m_opt.output_dir, m_opt.save_total_limit);
   m_last_save = step;
@@ -399,6 +400,9 @@ void RankRun::finish() {
   res.world_size = N;
   res.zero_stage = m_step->zero_stage();
   res.rank_optimizer_state_bytes = gather_per_rank(m_comm, res.peak_bytes[Category::OptimizerState]);
+  res.rank_gradient_bytes = gather_per_rank(m_comm, res.peak_bytes[Category::Gradients]);
+  res.rank_peak_bytes = gather_per_rank(m_comm, res.peak_bytes.total());
+  res.rank_planned_bytes = gather_per_rank(m_comm, m_plan.total());
   if (m_dev.cuda && m_dev.used_before >= 0) {
     res.gpu_memory_occupied_mb = nvml_used_bytes(m_dev) >> 20;
     res.cuda_context_mb = (m_dev.used_context - m_dev.used_before) >> 20;

@@ -175,6 +175,44 @@ TEST(DataParallel, ZeroStageOneUpdatesBitForBitLikeStageZeroWithHalfTheState) {
   EXPECT_EQ(z1.peak_bytes.shared, plan.bytes.shared);
 }
 
+// ZeRO-2 (Note [ZeRO over the flat buffers]): with one micro-batch per step it is stage 1, bit
+// for bit stage 0; with accumulation each rank keeps only its shard of the summed gradients
+// (the full ones live in activation memory), which sums in another order, so it agrees with
+// stage 0 to rounding. Every rank's allocator holds exactly its plan, the last rank's shard
+// being the smaller.
+TEST(DataParallel, ZeroStageTwoShardsTheGradientsAndEachRankHoldsItsPlan) {
+  const std::string model = dropout_free_model("dp_model_z2");
+  const TrainResult z0 = train(dp_options(model, "dp2_z0", 3, 4, 0));
+  const TrainResult z2 = train(dp_options(model, "dp2_z2", 3, 4, 2));
+  EXPECT_TRUE(testing_compare::same_file_bytes(fs::path(testing::TempDir()) / "dp2_z0" / "model.safetensors",
+                                              fs::path(testing::TempDir()) / "dp2_z2" / "model.safetensors"));
+  TrainOptions a0 = dp_options(model, "dp2_z0_accum", 3, 2, 0), a2 = dp_options(model, "dp2_z2_accum", 3, 2, 2);
+  a0.gradient_accumulation_steps = a2.gradient_accumulation_steps = 3;
+  const TrainResult r0 = train(a0), r2 = train(a2);
+  EXPECT_NEAR(r2.last_loss, r0.last_loss, 1e-5);
+  EXPECT_LT(max_abs_diff(saved_weights(a0.output_dir), saved_weights(a2.output_dir)), 1e-5);
+  EXPECT_NE(r0.first_loss, r0.last_loss);  // the weights moved
+
+  const BertConfig cfg = BertConfig::from_json_file(model + "/config.json");
+  const int64_t n = static_cast<int64_t>(ParamLayout::for_sequence_classification(cfg).total());
+  const auto shards = shard_ranges(static_cast<size_t>(n), 3);
+  ASSERT_EQ(r2.rank_gradient_bytes.size(), 3u);
+  ASSERT_EQ(r0.rank_gradient_bytes.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(r0.rank_gradient_bytes[r], 4 * n);  // a full buffer of its own
+    // The full gradients (in activation memory, counted there too) and the rank's shard sum.
+    EXPECT_EQ(r2.rank_gradient_bytes[r], 4 * n + 4 * static_cast<int64_t>(shards[r].size()));
+    EXPECT_EQ(r2.rank_peak_bytes[r], r2.rank_planned_bytes[r]);
+    EXPECT_EQ(r0.rank_peak_bytes[r], r0.rank_planned_bytes[r]);
+    const ModelShape shape{2, 32, DType::F32, CheckpointPolicy::None, true, GradientPlacement::InActivations};
+    PlanInput in{cfg, shape, OptimizerKind::AdamW, Device::CPU, 3, 2, r, 3};
+    EXPECT_EQ(plan_memory(in).bytes[Category::Gradients], r2.rank_gradient_bytes[r]);
+  }
+  EXPECT_LT(r2.rank_peak_bytes[2], r2.rank_peak_bytes[0]);  // the last shard is the smaller
+  EXPECT_LT(r2.rank_peak_bytes[0], r0.rank_peak_bytes[0]);  // and stage 2 holds less than stage 0
+}
+
 TEST(DataParallel, RefusesWhatCannotBeShardedNamingTheFlag) {
   using namespace testing_cli;
   const std::string base = "train --preset bert-tiny --device cpu --seq-len 16 --per-device-train-batch-size 2 "
@@ -191,7 +229,7 @@ TEST(DataParallel, RefusesWhatCannotBeShardedNamingTheFlag) {
 TEST(DataParallel, AFailingRankEndsTheRunWithItsError) {
   const std::string model = testing_dp::dropout_free_model("dp_model_fail");
   for (int world : {2, 3})
-    for (int zero : {0, 1}) {
+    for (int zero : {0, 1, 2}) {
       SCOPED_TRACE(std::to_string(world) + " ranks, stage " + std::to_string(zero));
       TrainOptions o = dp_options(model, "dp_fail", world, 2, zero);
       o.fail_last_rank_at_step = 2;
