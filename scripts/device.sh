@@ -21,7 +21,7 @@
 #             MiniLM shape, anatomy padded / grouped vs the Trainer random / grouped (~6 min)
 #   attention the attention table: ours vs PyTorch SDPA (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
-#   dist      data parallelism on a machine with two GPUs
+#   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
 #   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
 #             with two GPUs, also as two "nodes" on sockets; Gloo on the CPU), a failing rank, and
@@ -178,9 +178,17 @@ step_dist() {
     echo "| run | GPUs | ZeRO stage | samples/s (steady) | first step loss | last step loss | optimizer state MiB per rank | NVML used MB per GPU |"
     echo "|---|---|---|---|---|---|---|---|"
     train_row dist bf16_bs32_1gpu --precision bf16 --per-device-train-batch-size 32 --num-samples 1024
-    for z in 0 1; do
+    for z in 0 1 2; do
       train_row dist "bf16_bs32_2gpu_z$z" --precision bf16 --per-device-train-batch-size 32 --num-samples 2048 \
         --nproc-per-node 2 --zero-stage $z
+    done
+    # The overlap (Note [bucketed reduction]): one bucket when backward ends hides nothing.
+    train_row dist bf16_bs32_2gpu_z1_one_bucket --precision bf16 --per-device-train-batch-size 32 --num-samples 2048 \
+      --nproc-per-node 2 --zero-stage 1 --ddp-bucket-cap-mb 65536
+    # ZeRO-2's memory: with accumulation only a shard of the summed gradients is kept.
+    for z in 1 2; do
+      train_row dist "bf16_bs16x2_2gpu_z$z" --precision bf16 --per-device-train-batch-size 16 \
+        --gradient-accumulation-steps 2 --num-samples 2048 --nproc-per-node 2 --zero-stage $z
     done
   } | tee "$OUT/dist.md"
 }

@@ -189,6 +189,10 @@ std::vector<OptionSpec> build() {
   add({"zero-stage", {}, OptType::Int, kTrainPlan, "1",
        "With several ranks: 0 replicated optimizer state, 1 sharded (ZeRO-1), 2 sharded state and gradients (ZeRO-2)", 0, 2, false, false, false, false,
        {}, [](R& r, const V& v) { r.train.zero_stage = static_cast<int>(v.i); }});
+  add({"ddp-bucket-cap-mb", {}, OptType::Int, kTrain, "25",
+       "With several ranks: gradients are reduced while backward runs, in buckets of this many MiB (0: each layer)",
+       0, 65536, false, false, false, false, {},
+       [](R& r, const V& v) { r.train.ddp_bucket_cap_mb = static_cast<int>(v.i); }, "same"});
   add({"threads", {}, OptType::Int, kAll, "0", "CPU threads (0: all cores)", 0, 4096, false, false, false, false, {},
        [](R& r, const V& v) { r.train.threads = static_cast<int>(v.i); }});
   // ---- evaluation ----

@@ -48,6 +48,12 @@ class Communicator {
   virtual void all_reduce_host(std::span<double> v, Op op) = 0;
   virtual void broadcast_host(std::span<double> v, int root) = 0;
   virtual void barrier() = 0;
+  // Between begin_async() and end_async(), all_reduce_sum and reduce_scatter_sum run on a side
+  // stream of their own, each after the work enqueued so far on the backend's stream, so that
+  // what the backend enqueues next overlaps them; end_async() makes the backend's stream wait
+  // for them. Groups whose collectives are done when they return (the CPU ones) ignore both.
+  virtual void begin_async() {}
+  virtual void end_async() {}
   virtual const char* kind() const = 0;  // "local", "nccl" or "gloo"
   // A rank that fails calls this on its own communicator (any number of times): it leaves the
   // group, and collectives in flight or to come on the other ranks throw instead of waiting for

@@ -63,6 +63,12 @@ class NcclCommunicator final : public Communicator {
     if (m_store) (m_group->aborted[m_slot] || std::uncaught_exceptions() > 0 ? m_store->leave() : m_store->finish());
     if (!m_group->aborted[m_slot].exchange(true)) (void)ncclCommDestroy(m_comm);
     if (m_scratch) (void)cudaFree(m_scratch);
+    if (m_side) {
+      (void)cudaStreamSynchronize(m_side);
+      (void)cudaEventDestroy(m_ready);
+      (void)cudaEventDestroy(m_done);
+      (void)cudaStreamDestroy(m_side);
+    }
   }
   void abort() noexcept override {
     if (m_store) m_store->leave();
@@ -75,15 +81,31 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_sum(const Tensor& buf) override {
     float* p = f32(buf);
     Enqueue q(*this);
-    ANATOMY_CUDA_CHECK(ncclAllReduce(p, p, buf.numel(), ncclFloat, ncclSum, m_comm, m_stream));
+    ANATOMY_CUDA_CHECK(ncclAllReduce(p, p, buf.numel(), ncclFloat, ncclSum, m_comm, op_stream()));
+  }
+  void begin_async() override {
+    if (!m_side) {
+      ANATOMY_CUDA_CHECK(cudaStreamCreateWithFlags(&m_side, cudaStreamNonBlocking));
+      ANATOMY_CUDA_CHECK(cudaEventCreateWithFlags(&m_ready, cudaEventDisableTiming));
+      ANATOMY_CUDA_CHECK(cudaEventCreateWithFlags(&m_done, cudaEventDisableTiming));
+    }
+    m_async = true;
+  }
+  void end_async() override {
+    if (!m_async) return;
+    m_async = false;
+    ANATOMY_CUDA_CHECK(cudaEventRecord(m_done, m_side));
+    ANATOMY_CUDA_CHECK(cudaStreamWaitEvent(m_stream, m_done, 0));
   }
   void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) override {
     float* p = f32(buf);
     Enqueue q(*this);
+    const cudaStream_t stream = op_stream();
     GroupScope group;
     for (int r = 0; r < m_world; ++r) {
       const ShardRange s = shards[static_cast<size_t>(r)];
-      ANATOMY_CUDA_CHECK(ncclReduce(p + s.begin, p + s.begin, s.size(), ncclFloat, ncclSum, r, m_comm, m_stream));
+      if (s.size() == 0) continue;  // every rank skips the same empty shards
+      ANATOMY_CUDA_CHECK(ncclReduce(p + s.begin, p + s.begin, s.size(), ncclFloat, ncclSum, r, m_comm, stream));
     }
   }
   void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) override {
@@ -166,6 +188,14 @@ class NcclCommunicator final : public Communicator {
     }
     return m_scratch;
   }
+  // The stream of the next collective: the backend's, or under begin_async() the side stream,
+  // once it has caught up with what the backend's stream holds now.
+  cudaStream_t op_stream() {
+    if (!m_async) return m_stream;
+    ANATOMY_CUDA_CHECK(cudaEventRecord(m_ready, m_stream));
+    ANATOMY_CUDA_CHECK(cudaStreamWaitEvent(m_side, m_ready, 0));
+    return m_side;
+  }
   static float* f32(const Tensor& t) {
     ANATOMY_CHECK(t.dtype == DType::F32 && t.device == Device::CUDA, "internal error: NCCL collectives take F32 device buffers");
     return t.ptr<float>();
@@ -178,6 +208,9 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<TcpStore> m_store;
   double* m_scratch = nullptr;  // host collectives; outside the memory plan, like NCCL's own buffers
   size_t m_scratch_n = 0;
+  cudaStream_t m_side = nullptr;  // begin_async's stream and its two events
+  cudaEvent_t m_ready = nullptr, m_done = nullptr;
+  bool m_async = false;
 };
 
 }  // namespace

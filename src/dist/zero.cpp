@@ -1,6 +1,7 @@
 #include "dist/zero.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "model/bert.h"
 #include "model/params.h"
@@ -18,21 +19,63 @@ size_t zero_gradient_shard_bytes(const ParamLayout& layout, int world, int stage
 }
 
 DataParallelStep::DataParallelStep(Backend& be, Communicator& comm, const OptimizerOptions& o, const ParamLayout& layout,
-                                   int stage, int64_t accumulation)
+                                   int stage, int64_t accumulation, size_t bucket_bytes)
     : m_be(be), m_comm(comm), m_stage(comm.size() == 1 ? 0 : stage), m_accum(accumulation),
-      m_shards(shard_ranges(layout.total(), comm.size())), m_shard(m_shards[static_cast<size_t>(comm.rank())]),
-      m_norm(be, layout.total()) {
+      m_bucket_elems(bucket_bytes / 4), m_shards(shard_ranges(layout.total(), comm.size())),
+      m_shard(m_shards[static_cast<size_t>(comm.rank())]), m_norm(be, layout.total()) {
   ANATOMY_CHECK(stage >= 0 && stage <= 2, "--zero-stage: expected 0, 1 or 2 (got ", stage, ")");
   m_opt = m_stage == 0 ? Optimizer::create(be, o, layout) : Optimizer::create_for_range(be, o, m_shard.size());
   const size_t shard_bytes = zero_gradient_shard_bytes(layout, comm.size(), m_stage, m_accum, comm.rank());
   if (shard_bytes) m_grad_shard = Buffer(be.allocator(), DType::F32, {static_cast<int64_t>(shard_bytes / 4)}, Category::Gradients);
 }
 
-void DataParallelStep::reduce_micro_batch(BertForSequenceClassification& model, int64_t m) {
-  if (m_stage != 2) return;
+void DataParallelStep::before_backward(BertForSequenceClassification& model, int64_t m) {
+  if (m == 0) m_reduced = false;
+  m_reducing = m_comm.size() > 1 && (m_stage == 2 || m == m_accum - 1);
+  if (!m_reducing) return;
+  const auto& stages = model.gradient_stages();
+  m_low = m_pending = stages.back().first;  // the tail is final only when backward ends
+  m_buckets = 0;
   const Tensor grads = model.grads();
-  m_comm.reduce_scatter_sum(grads, m_shards);
-  if (m_accum == 1 || m_shard.size() == 0) return;
+  model.on_layer_gradients([this, grads](size_t b, size_t e) { ready(grads, b, e); });
+  m_comm.begin_async();
+}
+
+void DataParallelStep::ready(const Tensor& grads, size_t begin, size_t end) {
+  ANATOMY_CHECK(end == m_low, "internal error: layer gradients [", begin, ", ", end, ") are not below ", m_low);
+  m_low = begin;
+  if (m_pending - m_low < std::max<size_t>(m_bucket_elems, 1)) return;
+  reduce(grads, m_low, m_pending);
+  m_pending = m_low;
+}
+
+// One bucket: stage 0 all-reduces it, stages 1 and 2 reduce each shard's part to its owner.
+void DataParallelStep::reduce(const Tensor& grads, size_t begin, size_t end) {
+  if (end <= begin) return;
+  const Tensor part = grads.view({static_cast<int64_t>(grads.numel())}).slice(static_cast<int64_t>(begin), static_cast<int64_t>(end));
+  ++m_buckets;
+  if (m_stage == 0) {
+    m_comm.all_reduce_sum(part);
+    return;
+  }
+  std::vector<ShardRange> within(m_shards.size());
+  for (size_t r = 0; r < m_shards.size(); ++r) {
+    const size_t b = std::clamp(m_shards[r].begin, begin, end), e = std::clamp(m_shards[r].end, begin, end);
+    within[r] = {b - begin, e - begin};
+  }
+  m_comm.reduce_scatter_sum(part, within);
+}
+
+void DataParallelStep::after_backward(BertForSequenceClassification& model, int64_t m) {
+  if (!m_reducing) return;
+  model.on_layer_gradients(nullptr);
+  const Tensor grads = model.grads();
+  reduce(grads, 0, m_pending);  // the last bucket with the embeddings
+  reduce(grads, model.gradient_stages().back().first, static_cast<size_t>(grads.numel()));  // the tail
+  m_comm.end_async();
+  m_reducing = false;
+  m_reduced = m == m_accum - 1;
+  if (m_stage != 2 || m_accum == 1 || m_shard.size() == 0) return;
   const Tensor own = grads.view({static_cast<int64_t>(grads.numel())})
                          .slice(static_cast<int64_t>(m_shard.begin), static_cast<int64_t>(m_shard.end));
   const Tensor sum = m_grad_shard.tensor();
@@ -41,11 +84,12 @@ void DataParallelStep::reduce_micro_batch(BertForSequenceClassification& model, 
   else if (m < m_accum - 1)
     m_be.add(sum, sum, own);
   else
-    m_be.add(own, sum, own);  // the last micro-batch: the step reads the sum where stage 1 finds it
+    m_be.add(own, sum, own);
 }
 
 void DataParallelStep::step(BertForSequenceClassification& model, float lr, float max_grad_norm, float loss_scale) {
   const Tensor grads = model.grads();
+  const bool reduced = std::exchange(m_reduced, false);  // by after_backward's buckets
   if (m_comm.size() == 1) {  // one device: the norm and the update in place, nothing to exchange
     m_norm.compute(grads);
     ParamGroups g{model.master(), model.shape().compute == DType::F32 ? Tensor() : model.compute_params(), grads,
@@ -55,14 +99,14 @@ void DataParallelStep::step(BertForSequenceClassification& model, float lr, floa
   }
   const Tensor& norm = m_norm.norm_sq();
   if (m_stage == 0) {
-    m_comm.all_reduce_sum(grads);
+    if (!reduced) m_comm.all_reduce_sum(grads);
     m_norm.compute(grads);
     ParamGroups g{model.master(), model.shape().compute == DType::F32 ? Tensor() : model.compute_params(), grads,
                   model.layout().decay_end()};
     m_opt->step(g, GradTransform{norm, 1.0f / loss_scale, max_grad_norm, true}, lr);
     return;
   }
-  if (m_stage == 1) m_comm.reduce_scatter_sum(grads, m_shards);  // stage 2: done by reduce_micro_batch
+  if (!reduced) m_comm.reduce_scatter_sum(grads, m_shards);
   const int64_t b = static_cast<int64_t>(m_shard.begin), e = static_cast<int64_t>(m_shard.end);
   auto own = [&](const Tensor& t) { return t.view({static_cast<int64_t>(t.numel())}).slice(b, e); };
   m_norm.compute_range(grads, m_shard.begin, m_shard.end);

@@ -23,6 +23,18 @@
 //            stage 1 (no shard buffer). The shard sums micro-batches in the order
 //            ((g0 + g1) + g2)..., each g already summed over ranks; stage 0 sums each rank's
 //            micro-batches first, so with accumulation the two agree to rounding, not bitwise.
+//
+// Note [bucketed reduction]
+// The reduction of a step's last backward (every backward under stage 2) overlaps it: as soon
+// as a layer's matrices are final (BertForSequenceClassification::on_layer_gradients), they join
+// a bucket of adjacent ranges, and a bucket of at least `bucket_bytes` is reduced (all-reduce
+// under stage 0, reduce-scatter of the shards it meets under stages 1 and 2) on the
+// communicator's side stream (Communicator::begin_async) while the backend's stream goes on
+// with the layers below. Backward walks the layout downwards, so buckets are adjacent ranges
+// below each other; what is left when backward ends (the last bucket, the embeddings and the
+// tail of vectors, pooler and classifier) is reduced then. Each element is still summed over
+// the ranks in one order, so buckets change no bit on the CPU groups. On the CPU the
+// collectives run when called (no overlap); on GPUs NCCL's side stream overlaps them.
 #pragma once
 #include <memory>
 #include <vector>
@@ -44,14 +56,19 @@ size_t zero_gradient_shard_bytes(const ParamLayout& layout, int world, int stage
 
 class DataParallelStep {
  public:
+  // bucket_bytes: the size from which a bucket is reduced during backward (0: every layer).
   DataParallelStep(Backend& be, Communicator& comm, const OptimizerOptions& o, const ParamLayout& layout, int stage,
-                   int64_t accumulation = 1);
+                   int64_t accumulation = 1, size_t bucket_bytes = size_t{25} << 20);
   // Whether the gradients are reduced after each micro-batch (stage 2): the caller then clears
   // them before each micro-batch rather than accumulating into them.
   bool reduces_each_micro_batch() const { return m_stage == 2; }
-  // Stage 2, after micro-batch m of `accumulation`'s backward: its gradients reduce-scattered and
-  // added into this rank's shard (on the last one the shard sum is left in grads' own range).
-  void reduce_micro_batch(BertForSequenceClassification& model, int64_t m);
+  // Around micro-batch m's forward_backward: on the step's last micro-batch (every one under
+  // stage 2) the gradients are reduced bucket by bucket as backward goes (Note [bucketed
+  // reduction]); under stage 2 each rank then adds its shard into its sum (on the last
+  // micro-batch the sum is left in the gradients' own range, where the update reads it).
+  void before_backward(BertForSequenceClassification& model, int64_t m);
+  void after_backward(BertForSequenceClassification& model, int64_t m);
+  int64_t buckets_last_step() const { return m_buckets; }  // reductions of the last micro-batch
   // After every rank's backward (gradients scaled for the global batch, times `loss_scale`):
   // the update of `lr`. The update kernels skip themselves when the global norm is not finite
   // (every rank sees the same norm, so every rank skips), so nothing non-finite reaches the
@@ -68,11 +85,18 @@ class DataParallelStep {
   Communicator& m_comm;
   int m_stage;
   int64_t m_accum;
+  size_t m_bucket_elems;
+  bool m_reducing = false, m_reduced = false;  // this micro-batch's buckets; the step's gradients
+  size_t m_low = 0, m_pending = 0;  // [m_low, m_pending): ready, not yet reduced; below m_low: not ready
+  int64_t m_buckets = 0;
   std::vector<ShardRange> m_shards;
   ShardRange m_shard;
   GradNorm m_norm;  // the squared gradient norm and its block partials (the trainer's, as planned)
   std::unique_ptr<Optimizer> m_opt;
   Buffer m_grad_shard;  // stage 2 with accumulation: this rank's summed gradients so far
+
+  void ready(const Tensor& grads, size_t begin, size_t end);
+  void reduce(const Tensor& grads, size_t begin, size_t end);
 };
 
 }  // namespace anatomy

@@ -423,7 +423,6 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
                               static_cast<size_t>(n) * 4);
     m_act_arena = Arena::over(m_act_block.data(), bytes.activations, al.device(), Category::Activations);
     m_grads_view = Tensor(m_act_block.data() + bytes.gradient_offset, DType::F32, {n}, al.device());
-    for (const GradRange& g : gradient_ranges(cfg, m_layout)) m_grad_ranges.emplace_back(g.begin, g.end);
   } else {
     if (shape.training) {
       m_grads = Buffer(al, DType::F32, {n}, Category::Gradients);
@@ -431,6 +430,8 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
     }
     m_act_arena = Arena(al, bytes.activations, Category::Activations);
   }
+  if (shape.training)
+    for (const GradRange& g : gradient_ranges(cfg, m_layout)) m_grad_ranges.emplace_back(g.begin, g.end);
   m_tmp_arena = Arena(al, bytes.temporary, Category::Temporary);
   m_acts = std::make_unique<Acts>();
 }
@@ -762,6 +763,7 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
     if (overlaid) zero_grad_range(ranges[1 + l].first, ranges[1 + l].second);
     LayerActs v = pk ? token_rows_of(la, n) : la;
     Tensor dx = layer_backward(l, X1, v, rows(a.x_in(l)), rows(a.x_out(l)), b, base, X1, X2, X3);
+    if (m_on_layer_grads) m_on_layer_grads(ranges[1 + l].first, ranges[1 + l].second);
     // Rotate so that dx becomes the next layer's incoming gradient.
     Tensor others[2];
     int k = 0;

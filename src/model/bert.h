@@ -3,6 +3,7 @@
 // (Category::Activations), backward scratch in another (Category::Temporary); both are sized
 // by the same carving code that the planner runs dry (Note [allocation policy]).
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -141,6 +142,14 @@ class BertForSequenceClassification {
   // must have packed_tokens) every row-wise op runs on the batch's tokens alone (Note [packed
   // training]); hidden_states() is then undefined.
   void forward_backward(const DeviceBatch& batch, float grad_scale, uint64_t dropout_base);
+  // The stages of the flat gradients (elements), in layout order: [0] the embedding matrices
+  // (written last), [1 + l] layer l's matrices, [L + 1] the tail (pooler, classifier and every
+  // vector, final only when backward ends). Adjacent and covering the buffer.
+  const std::vector<std::pair<size_t, size_t>>& gradient_stages() const { return m_grad_ranges; }
+  // Called by backward as soon as layer l's matrices are final, with gradient_stages()[1 + l]
+  // (after the ops that wrote them are enqueued): how data parallelism starts reducing them
+  // while backward goes on (Note [bucketed reduction] in dist/zero.h). Empty: no calls.
+  void on_layer_gradients(std::function<void(size_t begin, size_t end)> f) { m_on_layer_grads = std::move(f); }
   // Forward only (no dropout, nothing saved beyond one layer): logits in the compute dtype.
   // With batch.packed(), the encoder runs on the batch's tokens alone (no padding rows;
   // hidden_states() is then undefined).
@@ -176,9 +185,10 @@ class BertForSequenceClassification {
   void zero_grad_range(size_t begin, size_t end);  // elements of the flat gradients
   Buffer m_master, m_compute, m_grads;
   SharedBlock m_act_block;  // activations with the gradients inside (GradientPlacement::InActivations)
-  // With m_act_block: the flat gradient ranges backward zeroes before writing them (elements):
-  // the embeddings, each layer, and the tail (pooler, classifier, every vector).
+  // The flat gradient ranges backward writes stage by stage (elements): the embeddings, each
+  // layer, and the tail (pooler, classifier, every vector); with m_act_block each is zeroed first.
   std::vector<std::pair<size_t, size_t>> m_grad_ranges;
+  std::function<void(size_t, size_t)> m_on_layer_grads;
   Tensor m_compute_view, m_grads_view;
   Arena m_act_arena, m_tmp_arena;
   std::unique_ptr<Acts> m_acts;

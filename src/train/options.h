@@ -55,6 +55,7 @@ struct TrainOptions {
   std::string gradient_placement = "auto";  // auto | own | in-activations (resolve_gradient_placement)
   std::string device = "auto";  // auto | cpu | cuda
   int nproc_per_node = 1;        // data-parallel ranks (the ranks of train/trainer.h)
+  int ddp_bucket_cap_mb = 25;    // gradients reduced during backward in buckets of this size (0: each layer)
   int zero_stage = 1;            // with several ranks: 0 replicated, 1 sharded optimizer state, 2 and gradients
   bool skip_nonfinite_steps = false;  // a step with a non-finite loss or gradient norm: skipped and counted, not fatal
   bool overwrite_output_dir = false;  // an output directory holding a run may be replaced (once the new run writes)

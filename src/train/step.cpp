@@ -13,7 +13,8 @@ TrainStep::TrainStep(const TrainOptions& opt, BertForSequenceClassification& mod
                      const BatchPlan& plan, int64_t total_steps)
     : m_opt(opt), m_model(model), m_be(be), m_comm(comm), m_plan(plan), m_B(model.shape().max_batch),
       m_T(model.shape().max_seq), m_total_steps(total_steps), m_micro_per_epoch(plan.batches_per_epoch()),
-      m_dps(be, comm, opt.optim, model.layout(), opt.zero_stage, opt.gradient_accumulation_steps),
+      m_dps(be, comm, opt.optim, model.layout(), opt.zero_stage, opt.gradient_accumulation_steps,
+            static_cast<size_t>(opt.ddp_bucket_cap_mb) << 20),
       m_ids(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
       m_types(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
       m_mask(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
@@ -62,9 +63,10 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
     m_be.set_phase(Phase::Data);
     m_staging.upload(m_hb, db, micro, &packing);
     const float weight = real > 0 ? m_scaler.scale / static_cast<float>(g * accum) : 0.0f;
+    m_dps.before_backward(m_model, m);
     m_model.forward_backward(db, weight, static_cast<uint64_t>(micro * N + r) << 12);
     m_be.set_phase(Phase::Optimizer);
-    m_dps.reduce_micro_batch(m_model, m);
+    m_dps.after_backward(m_model, m);
     m_be.set_phase(Phase::Data);
     if (real > 0) {
       const Tensor sums = m_loss_sums.tensor().slice(0, real);

@@ -57,6 +57,7 @@ class TrainStep {
   Optimizer& optimizer() { return m_dps.optimizer(); }
   const ShardRange& shard() const { return m_dps.shard(); }
   int zero_stage() const { return m_dps.stage(); }
+  int64_t reduction_buckets() const { return m_dps.buckets_last_step(); }
 
  private:
   const TrainOptions& m_opt;

@@ -67,6 +67,7 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
   if (res.world_size > 1) {
     out["rank_optimizer_state_bytes"] = res.rank_optimizer_state_bytes;
     out["rank_gradient_bytes"] = res.rank_gradient_bytes;
+    out["reduction_buckets"] = res.reduction_buckets;
     out["rank_peak_bytes"] = res.rank_peak_bytes;
     out["rank_planned_bytes"] = res.rank_planned_bytes;
     out["gpu_memory_per_rank_mb"] = res.gpu_memory_per_rank_mb;

@@ -400,6 +400,7 @@ void RankRun::finish() {
   res.world_size = N;
   res.zero_stage = m_step->zero_stage();
   res.rank_optimizer_state_bytes = gather_per_rank(m_comm, res.peak_bytes[Category::OptimizerState]);
+  res.reduction_buckets = m_step->reduction_buckets();
   res.rank_gradient_bytes = gather_per_rank(m_comm, res.peak_bytes[Category::Gradients]);
   res.rank_peak_bytes = gather_per_rank(m_comm, res.peak_bytes.total());
   res.rank_planned_bytes = gather_per_rank(m_comm, m_plan.total());

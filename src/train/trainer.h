@@ -47,6 +47,7 @@ struct TrainResult {
   // Data parallelism (world size > 1): peak_bytes and the plan are rank 0's.
   int world_size = 1, zero_stage = 0;
   std::vector<int64_t> rank_optimizer_state_bytes;  // each rank's allocator
+  int64_t reduction_buckets = 0;  // gradient reductions of the last backward (Note [bucketed reduction])
   std::vector<int64_t> rank_gradient_bytes;         // each rank's allocator (ZeRO-2 shards them)
   std::vector<int64_t> rank_peak_bytes, rank_planned_bytes;  // each rank's total: allocated (per-category peaks), planned
   std::vector<int64_t> gpu_memory_per_rank_mb;      // NVML used on each rank's device at the end

@@ -213,6 +213,25 @@ TEST(DataParallel, ZeroStageTwoShardsTheGradientsAndEachRankHoldsItsPlan) {
   EXPECT_LT(r2.rank_peak_bytes[0], r0.rank_peak_bytes[0]);  // and stage 2 holds less than stage 0
 }
 
+// Note [bucketed reduction]: reducing layer by layer while backward runs changes no bit against
+// one reduction after it, for every stage (each element is summed over the ranks in one order).
+TEST(DataParallel, BucketsDuringBackwardChangeNoBit) {
+  const std::string model = dropout_free_model("dp_model_buckets");
+  for (int zero : {0, 1, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(zero));
+    TrainOptions each = dp_options(model, "dp_bk_each", 3, 2, zero), once = dp_options(model, "dp_bk_once", 3, 2, zero);
+    each.gradient_accumulation_steps = once.gradient_accumulation_steps = 2;
+    each.ddp_bucket_cap_mb = 0;      // a bucket per layer
+    once.ddp_bucket_cap_mb = 65536;  // one, when backward ends
+    const TrainResult a = train(each), b = train(once);
+    const int64_t layers = BertConfig::from_json_file(model + "/config.json").num_hidden_layers;
+    EXPECT_EQ(a.reduction_buckets, layers + 2);  // each layer as it ends, then the embeddings, then the tail
+    EXPECT_EQ(b.reduction_buckets, 2);
+    EXPECT_TRUE(testing_compare::same_file_bytes(fs::path(each.output_dir) / "model.safetensors",
+                                                fs::path(once.output_dir) / "model.safetensors"));
+  }
+}
+
 TEST(DataParallel, RefusesWhatCannotBeShardedNamingTheFlag) {
   using namespace testing_cli;
   const std::string base = "train --preset bert-tiny --device cpu --seq-len 16 --per-device-train-batch-size 2 "
