@@ -22,94 +22,17 @@
 
 #include "core/tensor.h"
 #include "memory/allocator.h"
+#include "ops/observer.h"
+#include "ops/op_args.h"
 
 namespace anatomy {
 
-enum class Trans : uint8_t { N, T };
-// Which part of a training step issues an op (set by the model and trainer; the profiler reads it).
-enum class Phase : uint8_t { Forward, Backward, Optimizer, Data };
-enum class Epilogue : uint8_t { None, Bias, BiasGelu };
-
-struct DropoutSpec {
-  float p = 0.0f;
-  uint64_t seed = 0;
-  uint64_t offset = 0;
-};
-
-struct MatmulArgs {
-  float alpha = 1.0f;
-  float beta = 0.0f;  // C = alpha * op(A) op(B) + beta * C
-  Epilogue epilogue = Epilogue::None;
-  Tensor bias;     // [N], compute dtype; with Bias / BiasGelu
-  Tensor gelu_in;  // [M, N], compute dtype; with BiasGelu: receives the pre-activation
-};
-
-struct AdamWArgs {
-  float lr = 5e-5f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
-  int64_t step = 1;  // 1-based, for bias correction
-};
-
-struct SgdArgs {
-  float lr = 1e-2f, momentum = 0.9f, weight_decay = 0.0f;
-  bool nesterov = false;
-};
-
-// Block-wise 8-bit AdamW (Note [8-bit AdamW] in optim/adamw8bit.h): the moments are U8 codes
-// into a 256-entry quantization map, with one F32 absmax per block of kQuantBlock values.
-inline constexpr int64_t kQuantBlock = 256;
-
-// Adafactor with an explicit learning rate (Hugging Face: scale_parameter=False,
-// relative_step=False, warmup_init=False, beta1=None).
-struct AdafactorArgs {
-  float lr = 1e-3f, weight_decay = 0.0f;
-  float decay_rate = -0.8f;      // beta2_t = 1 - step^decay_rate
-  float eps1 = 1e-30f;           // added to g^2 in the second-moment statistics
-  float clip_threshold = 1.0f;   // the update is divided by max(1, RMS(update) / clip_threshold)
-  int64_t step = 1;              // 1-based
-};
-
-// One parameter of the flat buffer as Adafactor sees it (all fields in elements; built by
-// adafactor_table in optim/adafactor.h). Factored (2-D [rows, cols]): running row means of
-// g^2 + eps1 at state[row_state, +rows) and column means at state[col_state, +cols).
-// Unfactored (1-D): rows == 1, cols == numel, the full second moment at state[row_state, +cols).
-// The last five fields are the CUDA kernels' work decomposition (the CPU reference ignores
-// them): F32 scratch at scratch[scratch, ...) (factored: per-row sums [rows] then 2 scalars;
-// unfactored: per-chunk partial sums [chunks] then 2 scalars); the segment covers `chunks`
-// chunks of `chunk` rows (factored) or `chunk` elements (unfactored) starting at chunk index
-// chunk_begin over all segments, and ceil(cols / 32) column strips from strip_begin (factored).
-struct AdafactorSegment {
-  int64_t offset = 0, rows = 0, cols = 0;
-  int64_t factored = 0, decay = 0;
-  int64_t row_state = 0, col_state = -1;
-  int64_t scratch = 0, chunk = 0, chunks = 0, chunk_begin = 0, strip_begin = 0;
-};
-inline constexpr int64_t kAdafactorSegmentFields = 12;
-static_assert(sizeof(AdafactorSegment) == kAdafactorSegmentFields * sizeof(int64_t));
-
-// The segment table on the backend's device (I64 [count, kAdafactorSegmentFields], the
-// AdafactorSegment array) with the totals the host needs to size the launches.
-struct AdafactorTable {
-  Tensor segments;
-  int64_t count = 0, chunks = 0, strips = 0;
-};
-
-// How the optimizer turns raw accumulated gradients into the gradient it applies:
-// g = grad * inv_loss_scale * clip, clip = min(1, max_norm / (||grad * inv_loss_scale|| + 1e-6)).
-// norm_sq is an F32 [1] tensor on the backend's device holding sum(grad^2) (unscaled),
-// so the update needs no host synchronization. max_norm <= 0 disables clipping.
-// skip_nonfinite (fp16 overflow): the update reads norm_sq on the device and, when it is inf
-// or NaN, leaves params, optimizer state and the half copy untouched (norm_sq must then be
-// defined whatever max_norm says); the decision needs no host synchronization either.
-// Elements per partial sum of the gradient norm; ZeRO's shard boundaries are multiples of it.
-inline constexpr int64_t kNormBlock = 4096;
-
-struct GradTransform {
-  Tensor norm_sq;
-  float inv_loss_scale = 1.0f;
-  float max_norm = 1.0f;
-  bool skip_nonfinite = false;
-};
-
+// Note [backend contract]: every op below is a non-virtual entry point defined in
+// ops/contract.cpp. It checks devices, dtypes and shapes once, against the one written contract
+// there (so the CPU and CUDA backends fail the same misuse with the same words), reports the op
+// to the observer if one is set, and calls the protected virtual *_impl, which a backend
+// implements assuming the contract holds. Adding an op: its entry point and contract in
+// ops/contract.cpp, one *_impl per backend, one registry entry in tests/common/op_registry.cpp.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -125,7 +48,16 @@ class Backend {
   virtual void bind_to_thread() {}
   // Let F32 contractions use TF32 tensor cores (--precision tf32); the CPU ignores it.
   virtual void set_allow_tf32(bool) {}
-  virtual void set_phase(Phase) {}
+  // The activation dtypes this backend computes in (the CPU: F32 only).
+  virtual bool computes_in(DType dt) const = 0;
+
+  // The phase the ops issued from now on belong to (the model and trainer set it).
+  void set_phase(Phase p) { m_phase = p; }
+  Phase phase() const { return m_phase; }
+  // Every op is reported to `o` (nullptr: none) until it is replaced; the observer must outlive
+  // its attachment.
+  void set_observer(OpObserver* o) { m_observer = o; }
+  OpObserver* observer() const { return m_observer; }
 
   // ---- timing marks (the op profiler) -------------------------------------------------
   // A mark records "now" in the backend's stream order: CUDA events on the GPU, the host
@@ -151,123 +83,184 @@ class Backend {
   virtual void replay() {}
 
   // ---- data movement -------------------------------------------------------------------
-  virtual void upload(const Tensor& dst, const void* host) = 0;    // host bytes -> dst
+  void upload(const Tensor& dst, const void* host);  // host bytes -> dst
   // Note [asynchronous uploads]: the trainer's batches go through page-locked staging memory
   // (host_alloc) and upload_async, which enqueues the copy in stream order and returns at once;
   // the staging block may be rewritten only after wait_upload(token) returns. So a step never
   // waits for the device between micro-batches. The CPU copies synchronously (token 0).
   virtual void* host_alloc(size_t bytes) { return ::operator new(bytes); }
   virtual void host_free(void* p) { ::operator delete(p); }
-  virtual int upload_async(const Tensor& dst, const void* host) {
-    upload(dst, host);
-    return 0;
-  }
+  int upload_async(const Tensor& dst, const void* host);
   virtual void wait_upload(int /*token*/) {}
-  virtual void download(void* host, const Tensor& src) = 0;        // src -> host bytes
-  virtual void copy(const Tensor& dst, const Tensor& src) = 0;     // same dtype and size
-  virtual void cast(const Tensor& dst, const Tensor& src) = 0;     // between float dtypes
-  virtual void fill(const Tensor& dst, float value) = 0;
+  void download(void* host, const Tensor& src);     // src -> host bytes
+  void copy(const Tensor& dst, const Tensor& src);  // same dtype and size
+  void cast(const Tensor& dst, const Tensor& src);  // between float dtypes
+  void fill(const Tensor& dst, float value);
 
   // ---- tensor contractions -------------------------------------------------------------
   // C[M,N] = alpha * op(A) op(B) + beta * C (+ bias, GELU per args.epilogue).
   // A, B in the compute dtype; C in the compute dtype or F32 (parameter gradients).
-  virtual void matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb,
-                      const MatmulArgs& args) = 0;
+  void matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, const MatmulArgs& args);
   // db[N] += sum over rows of dy[M, N].
-  virtual void bias_grad(const Tensor& db, const Tensor& dy) = 0;
+  void bias_grad(const Tensor& db, const Tensor& dy);
 
   // ---- attention -----------------------------------------------------------------------
   // qkv [B, T, 3H] with per token [q | k | v], head h at columns [h*D, (h+1)*D) of each.
   // ctx [B, T, H]; lse F32 [B, heads, T] = log-sum-exp of the scaled, masked scores.
   // scale = 1/sqrt(D). Dropout (on the probabilities) with element index
   // attention_dropout_index(b*heads + h, q, k, T) (Note [attention dropout index] in core/rng.h).
-  virtual void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv,
-                                 const Tensor& mask, int heads, const DropoutSpec& dropout) = 0;
-  virtual void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
-                                  const Tensor& ctx, const Tensor& lse, const Tensor& mask,
-                                  int heads, const DropoutSpec& dropout) = 0;
+  void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
+                         const DropoutSpec& dropout);
+  void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                          const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout);
 
   // ---- statistical normalizations ------------------------------------------------------
   // sum = dropout(branch) + residual (residual may be undefined: then sum = dropout(branch));
   // y = (sum - mean) * rstd * gamma + beta over the last dim. mean, rstd F32 [rows].
   // gamma, beta in the compute dtype. sum may be undefined (then it is not stored).
-  virtual void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean,
-                                 const Tensor& rstd, const Tensor& branch, const Tensor& residual,
-                                 const Tensor& gamma, const Tensor& beta, float eps,
-                                 const DropoutSpec& branch_dropout) = 0;
+  void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& branch, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
+                         float eps, const DropoutSpec& branch_dropout);
   // From forward's output y and rstd (Note [layernorm backward from its output] in
   // ops/cpu/layernorm.cpp): dsum = dL/dsum; dbranch (if defined) = dropout_backward(dsum);
   // dgamma, dbeta F32 (+=).
-  virtual void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
-                                  const Tensor& dbeta, const Tensor& dy, const Tensor& y,
-                                  const Tensor& rstd, const Tensor& gamma, const Tensor& beta,
-                                  const DropoutSpec& branch_dropout) = 0;
+  void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
+                          const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma,
+                          const Tensor& beta, const DropoutSpec& branch_dropout);
   // Cross-entropy over logits [B, C] with I32 labels [B]: losses F32 [B] (per sample);
   // dlogits = (softmax - onehot) * grad_scale (grad_scale = loss_scale / total batch).
-  virtual void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
-                             const Tensor& labels, float grad_scale) = 0;
+  void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                     float grad_scale);
 
   // ---- element-wise --------------------------------------------------------------------
-  virtual void gelu_forward(const Tensor& y, const Tensor& x) = 0;  // exact erf GELU
-  virtual void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
-  virtual void tanh_forward(const Tensor& y, const Tensor& x) = 0;
-  virtual void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) = 0;
-  virtual void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) = 0;
-  virtual void dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) = 0;
+  void gelu_forward(const Tensor& y, const Tensor& x);  // exact erf GELU
+  void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
+  void tanh_forward(const Tensor& y, const Tensor& x);
+  void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y);
+  void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d);
+  void dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d);
   // y = a + b (same shape and dtype).
-  virtual void add(const Tensor& y, const Tensor& a, const Tensor& b) = 0;
+  void add(const Tensor& y, const Tensor& a, const Tensor& b);
   // e[B*T, H] = word[ids] + pos[t] + type[type_ids]; ids, type_ids I32 [B, T].
-  virtual void embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_ids,
-                                 const Tensor& word, const Tensor& pos, const Tensor& type) = 0;
-  // F32 gradients (+=) from de [B*T, H].
-  virtual void embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& dtype,
-                                  const Tensor& de, const Tensor& ids, const Tensor& type_ids) = 0;
+  void embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_ids, const Tensor& word,
+                         const Tensor& pos, const Tensor& type);
+  // F32 gradients (+=) from de [B*T, H]; an undefined table gradient is skipped.
+  void embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& dtype, const Tensor& de,
+                          const Tensor& ids, const Tensor& type_ids);
   // out[B, H] = x[B, T, H][:, t, :]; backward writes dx[:, t, :] = dout and zeroes the rest.
-  virtual void select_token(const Tensor& out, const Tensor& x, int64_t t) = 0;
-  virtual void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) = 0;
+  void select_token(const Tensor& out, const Tensor& x, int64_t t);
+  void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t);
   // Row copies between a padded [R, C] layout and a packed [N, C] one (Note [packed inference]
   // in model/bert.cpp); any dtype, the same on both sides; idx I32 [N] with values in [0, R)
   // (the CPU checks; a CUDA kernel skips a row out of range).
   // gather: out[i, :] = in[idx[i], :].
-  virtual void gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) = 0;
+  void gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx);
   // scatter: out[idx[i], :] = in[i, :]; rows of out that idx does not name are left as they are
   // (the caller zero-fills them when it needs zeros). idx must not repeat a row.
-  virtual void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) = 0;
+  void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx);
 
   // ---- optimizer -----------------------------------------------------------------------
   // The squared gradient norm in one canonical order (Note [canonical gradient norm] in
   // optim/grad_norm.h), in two ops:
   // partials F32 [ceil(n / kNormBlock)]: partials[k] = sum of x^2 over x[k*kNormBlock, (k+1)*kNormBlock),
   // each block in one fixed order whatever the threads (double on the CPU), rounded to F32.
-  virtual void block_sum_squares(const Tensor& partials, const Tensor& x) = 0;
+  void block_sum_squares(const Tensor& partials, const Tensor& x);
   // out F32 [1] = sum of partials F32 [n], in one fixed order (double accumulation).
-  virtual void sum_blocks(const Tensor& out, const Tensor& partials) = 0;
+  void sum_blocks(const Tensor& out, const Tensor& partials);
   // In place on F32 params/grads/moments of equal size; half_copy (if defined) receives
   // the updated params in its dtype (the compute copy in mixed precision).
-  virtual void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v,
-                            const Tensor& half_copy, const Tensor& grads, const GradTransform& g,
-                            const AdamWArgs& a) = 0;
-  virtual void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy,
-                          const Tensor& grads, const GradTransform& g, const SgdArgs& a) = 0;
+  void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
+                    const Tensor& grads, const GradTransform& g, const AdamWArgs& a);
+  void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy, const Tensor& grads,
+                  const GradTransform& g, const SgdArgs& a);
   // Block-wise 8-bit AdamW (Note [8-bit AdamW] in optim/adamw8bit.h) over F32 params and
   // grads [n]: m_codes, v_codes U8 [n] and m_absmax, v_absmax F32 [ceil(n / kQuantBlock)] are
   // dequantized, updated in fp32 with the AdamW math of adamw_update, and re-quantized in
   // place. qmap F32 [512]: the signed map of m (entries 0..255) then the unsigned map of v,
   // each sorted ascending. half_copy as in adamw_update.
-  virtual void adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes,
-                                const Tensor& m_absmax, const Tensor& v_absmax, const Tensor& half_copy,
-                                const Tensor& grads, const Tensor& qmap, const GradTransform& g,
-                                const AdamWArgs& a) = 0;
+  void adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes, const Tensor& m_absmax,
+                        const Tensor& v_absmax, const Tensor& half_copy, const Tensor& grads, const Tensor& qmap,
+                        const GradTransform& g, const AdamWArgs& a);
   // Adafactor over whole flat F32 params and grads: every parameter of `table` is updated in
   // place (weight decay where its segment says so); state F32 holds the second-moment
   // statistics, scratch F32 the kernels' reductions (AdafactorSegment). half_copy as in
   // adamw_update (over the whole flat buffer).
-  virtual void adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch,
-                                const Tensor& half_copy, const Tensor& grads, const AdafactorTable& table,
-                                const GradTransform& g, const AdafactorArgs& a) = 0;
+  void adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch, const Tensor& half_copy,
+                        const Tensor& grads, const AdafactorTable& table, const GradTransform& g,
+                        const AdafactorArgs& a);
 
  protected:
+  // The implementations: called only after the contract holds (Note [backend contract]).
+  virtual void upload_impl(const Tensor& dst, const void* host) = 0;
+  virtual int upload_async_impl(const Tensor& dst, const void* host) {
+    upload_impl(dst, host);
+    return 0;
+  }
+  virtual void download_impl(void* host, const Tensor& src) = 0;
+  virtual void copy_impl(const Tensor& dst, const Tensor& src) = 0;
+  virtual void cast_impl(const Tensor& dst, const Tensor& src) = 0;
+  virtual void fill_impl(const Tensor& dst, float value) = 0;
+  virtual void matmul_impl(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb,
+                           const MatmulArgs& args) = 0;
+  virtual void bias_grad_impl(const Tensor& db, const Tensor& dy) = 0;
+  virtual void attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask,
+                                      int heads, const DropoutSpec& dropout) = 0;
+  virtual void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                                       const Tensor& lse, const Tensor& mask, int heads,
+                                       const DropoutSpec& dropout) = 0;
+  virtual void layernorm_forward_impl(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                                      const Tensor& branch, const Tensor& residual, const Tensor& gamma,
+                                      const Tensor& beta, float eps, const DropoutSpec& branch_dropout) = 0;
+  virtual void layernorm_backward_impl(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
+                                       const Tensor& dbeta, const Tensor& dy, const Tensor& y, const Tensor& rstd,
+                                       const Tensor& gamma, const Tensor& beta,
+                                       const DropoutSpec& branch_dropout) = 0;
+  virtual void cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                  const Tensor& labels, float grad_scale) = 0;
+  virtual void gelu_forward_impl(const Tensor& y, const Tensor& x) = 0;
+  virtual void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
+  virtual void tanh_forward_impl(const Tensor& y, const Tensor& x) = 0;
+  virtual void tanh_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) = 0;
+  virtual void dropout_forward_impl(const Tensor& y, const Tensor& x, const DropoutSpec& d) = 0;
+  virtual void dropout_backward_impl(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) = 0;
+  virtual void add_impl(const Tensor& y, const Tensor& a, const Tensor& b) = 0;
+  virtual void embedding_forward_impl(const Tensor& e, const Tensor& ids, const Tensor& type_ids, const Tensor& word,
+                                      const Tensor& pos, const Tensor& type) = 0;
+  virtual void embedding_backward_impl(const Tensor& dword, const Tensor& dpos, const Tensor& dtype, const Tensor& de,
+                                       const Tensor& ids, const Tensor& type_ids) = 0;
+  virtual void select_token_impl(const Tensor& out, const Tensor& x, int64_t t) = 0;
+  virtual void select_token_backward_impl(const Tensor& dx, const Tensor& dout, int64_t t) = 0;
+  virtual void gather_rows_impl(const Tensor& out, const Tensor& in, const Tensor& idx) = 0;
+  virtual void scatter_rows_impl(const Tensor& out, const Tensor& in, const Tensor& idx) = 0;
+  virtual void block_sum_squares_impl(const Tensor& partials, const Tensor& x) = 0;
+  virtual void sum_blocks_impl(const Tensor& out, const Tensor& partials) = 0;
+  virtual void adamw_update_impl(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
+                                 const Tensor& grads, const GradTransform& g, const AdamWArgs& a) = 0;
+  virtual void sgd_update_impl(const Tensor& params, const Tensor& momentum, const Tensor& half_copy,
+                               const Tensor& grads, const GradTransform& g, const SgdArgs& a) = 0;
+  virtual void adamw8bit_update_impl(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes,
+                                     const Tensor& m_absmax, const Tensor& v_absmax, const Tensor& half_copy,
+                                     const Tensor& grads, const Tensor& qmap, const GradTransform& g,
+                                     const AdamWArgs& a) = 0;
+  virtual void adafactor_update_impl(const Tensor& params, const Tensor& state, const Tensor& scratch,
+                                     const Tensor& half_copy, const Tensor& grads, const AdafactorTable& table,
+                                     const GradTransform& g, const AdafactorArgs& a) = 0;
+
   std::vector<std::chrono::steady_clock::time_point> m_host_marks;
+
+ private:
+  // Runs `run` bracketed by the observer's calls (the cost is computed only when one is set).
+  template <class Cost, class Run>
+  void observed(const char* name, Cost&& cost, Run&& run) {
+    if (!m_observer) return run();
+    const OpEvent e{name, m_phase, cost()};
+    m_observer->before(*this, e);
+    run();
+    m_observer->after(*this, e);
+  }
+
+  Phase m_phase = Phase::Forward;
+  OpObserver* m_observer = nullptr;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);

@@ -60,4 +60,16 @@ OpCost elementwise_cost(const Tensor& t, double flops_per, int reads, int writes
   return {flops_per * n, (reads + writes) * nbytes(t), cls};
 }
 
+OpCost adamw8bit_cost(const Tensor& params, const Tensor& half_copy) {
+  OpCost c = elementwise_cost(params, 24, 2, 1, OpClass::Optimizer);
+  c.bytes += 4.0 * static_cast<double>(params.numel()) + nbytes(half_copy);
+  return c;
+}
+
+OpCost adafactor_cost(const Tensor& params, const Tensor& state, const Tensor& half_copy) {
+  OpCost c = elementwise_cost(params, 12, 3, 1, OpClass::Optimizer);
+  c.bytes += 2 * nbytes(state) + nbytes(half_copy);
+  return c;
+}
+
 }  // namespace anatomy

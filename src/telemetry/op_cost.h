@@ -10,21 +10,8 @@
 
 namespace anatomy {
 
-enum class OpClass : uint8_t {
-  TensorContraction,         // GEMMs and the fused attention (its flops are all matrix products)
-  StatisticalNormalization,  // LayerNorm, softmax cross-entropy
-  Elementwise,               // bias gradients, dropout, GELU, tanh, residual adds, embeddings, casts
-  Optimizer,                 // gradient norm and the parameter update
-  Data,                      // host <-> device copies
-};
-constexpr int kNumOpClasses = 5;
+// OpClass and OpCost live in ops/observer.h (the backend reports them with each op).
 std::string_view op_class_name(OpClass c);
-
-struct OpCost {
-  double flops = 0;
-  double bytes = 0;
-  OpClass cls = OpClass::Elementwise;
-};
 
 // C[M,N] = op(A) op(B) (+ beta C) (+ bias) (+ GELU).
 OpCost matmul_cost(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, const MatmulArgs& args);
@@ -38,5 +25,9 @@ OpCost layernorm_cost(const Tensor& y, bool has_residual, bool backward, bool st
 OpCost cross_entropy_cost(const Tensor& logits);
 // n elements, `flops_per` each, reading `reads` tensors and writing `writes` of the same size.
 OpCost elementwise_cost(const Tensor& t, double flops_per, int reads, int writes, OpClass cls = OpClass::Elementwise);
+// 8-bit AdamW: params and grads F32 read, params written, both U8 code arrays read and written.
+OpCost adamw8bit_cost(const Tensor& params, const Tensor& half_copy);
+// Adafactor: grads read twice (statistics, update), the state read and written.
+OpCost adafactor_cost(const Tensor& params, const Tensor& state, const Tensor& half_copy);
 
 }  // namespace anatomy

@@ -18,58 +18,74 @@ double ProfileSummary::covered_ms() const {
   return s;
 }
 
-void ProfilingBackend::enable(bool on) {
+OpProfiler::~OpProfiler() {
+  if (m_attached) m_be.set_observer(m_previous);
+}
+
+// Observing only while enabled or probing: an unobserved op computes no cost and calls nothing.
+void OpProfiler::attach() {
+  const bool want = m_on || static_cast<bool>(m_probe);
+  if (want == m_attached) return;
+  if (want) {
+    m_previous = m_be.observer();
+    m_be.set_observer(this);
+  } else {
+    m_be.set_observer(m_previous);
+  }
+  m_attached = want;
+}
+
+void OpProfiler::enable(bool on) {
   m_on = on;
+  attach();
   if (on) {
     m_records.clear();
     m_steps.clear();
-    m_in.timing_reset();
+    m_be.timing_reset();
   }
 }
 
-void ProfilingBackend::step_begin() {
-  if (m_on) m_step_begin = m_in.timing_mark();
+void OpProfiler::step_begin() {
+  if (m_on) m_step_begin = m_be.timing_mark();
 }
-void ProfilingBackend::step_end() {
-  if (m_on) m_steps.emplace_back(m_step_begin, m_in.timing_mark());
+void OpProfiler::step_end() {
+  if (m_on) m_steps.emplace_back(m_step_begin, m_be.timing_mark());
 }
 
-void ProfilingBackend::probe_memory(std::function<int64_t()> used_bytes) {
+void OpProfiler::probe_memory(std::function<int64_t()> used_bytes) {
   m_probe = std::move(used_bytes);
+  attach();
   if (m_probe) {
-    m_in.synchronize();
+    m_be.synchronize();
     m_last_used = m_probe();
   }
 }
 
-template <class F>
-void ProfilingBackend::timed(const char* name, const OpCost& cost, F&& f) {
+// With a memory probe set, ops are not timed (each is followed by a synchronize).
+void OpProfiler::before(Backend& be, const OpEvent&) {
+  if (m_on && !m_probe) m_op_begin = be.timing_mark();
+}
+
+void OpProfiler::after(Backend& be, const OpEvent& e) {
   if (m_probe) {
-    f();
-    m_in.synchronize();
+    be.synchronize();
     const int64_t now = m_probe();
-    if (now > m_last_used) m_growth.push_back({name, m_phase, now - m_last_used});
+    if (now > m_last_used) m_growth.push_back({e.name, e.phase, now - m_last_used});
     m_last_used = now;
     return;
   }
-  if (!m_on) {
-    f();
-    return;
-  }
-  const int a = m_in.timing_mark();
-  f();
-  m_records.push_back({name, m_phase, cost, a, m_in.timing_mark()});
+  if (m_on) m_records.push_back({e.name, e.phase, e.cost, m_op_begin, be.timing_mark()});
 }
 
-ProfileSummary ProfilingBackend::summarize() {
-  m_in.synchronize();
+ProfileSummary OpProfiler::summarize() {
+  m_be.synchronize();
   ProfileSummary s;
   s.steps = static_cast<int>(m_steps.size());
   const double per = s.steps ? 1.0 / s.steps : 1.0;
-  for (auto [a, b] : m_steps) s.step_ms += m_in.timing_elapsed_ms(a, b) * per;
+  for (auto [a, b] : m_steps) s.step_ms += m_be.timing_elapsed_ms(a, b) * per;
   std::map<std::pair<std::string, int>, OpStat> agg;
   for (const Record& r : m_records) {
-    const double ms = m_in.timing_elapsed_ms(r.begin, r.end);
+    const double ms = m_be.timing_elapsed_ms(r.begin, r.end);
     OpStat& o = agg[{r.name, static_cast<int>(r.phase)}];
     o.name = r.name;
     o.phase = r.phase;
@@ -85,139 +101,6 @@ ProfileSummary ProfilingBackend::summarize() {
     s.ops.push_back(o);
   }
   return s;
-}
-
-void ProfilingBackend::upload(const Tensor& dst, const void* host) {
-  timed("upload", elementwise_cost(dst, 0, 0, 1, OpClass::Data), [&] { m_in.upload(dst, host); });
-}
-int ProfilingBackend::upload_async(const Tensor& dst, const void* host) {
-  int token = 0;
-  timed("upload", elementwise_cost(dst, 0, 0, 1, OpClass::Data), [&] { token = m_in.upload_async(dst, host); });
-  return token;
-}
-void ProfilingBackend::download(void* host, const Tensor& src) {
-  timed("download", elementwise_cost(src, 0, 1, 0, OpClass::Data), [&] { m_in.download(host, src); });
-}
-void ProfilingBackend::copy(const Tensor& dst, const Tensor& src) {
-  timed("copy", elementwise_cost(dst, 0, 1, 1), [&] { m_in.copy(dst, src); });
-}
-void ProfilingBackend::cast(const Tensor& dst, const Tensor& src) {
-  OpCost c{static_cast<double>(dst.numel()), static_cast<double>(dst.bytes() + src.bytes()), OpClass::Elementwise};
-  timed("cast", c, [&] { m_in.cast(dst, src); });
-}
-void ProfilingBackend::fill(const Tensor& dst, float value) {
-  timed("fill", elementwise_cost(dst, 0, 0, 1), [&] { m_in.fill(dst, value); });
-}
-void ProfilingBackend::matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, const MatmulArgs& args) {
-  const char* name = args.epilogue == Epilogue::BiasGelu ? "matmul+bias+gelu"
-                     : args.epilogue == Epilogue::Bias   ? "matmul+bias"
-                     : c.dtype == DType::F32 && a.dtype != DType::F32 ? "matmul (weight grad)"
-                                                                      : "matmul";
-  timed(name, matmul_cost(c, a, ta, b, args), [&] { m_in.matmul(c, a, ta, b, tb, args); });
-}
-void ProfilingBackend::bias_grad(const Tensor& db, const Tensor& dy) {
-  OpCost c{static_cast<double>(dy.numel()), static_cast<double>(dy.bytes() + 2 * db.bytes()), OpClass::Elementwise};
-  timed("bias_grad", c, [&] { m_in.bias_grad(db, dy); });
-}
-void ProfilingBackend::attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask,
-                                         int heads, const DropoutSpec& d) {
-  timed("attention", attention_cost(qkv, ctx, heads, false), [&] { m_in.attention_forward(ctx, lse, qkv, mask, heads, d); });
-}
-void ProfilingBackend::attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
-                                          const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d) {
-  timed("attention", attention_cost(qkv, ctx, heads, true),
-        [&] { m_in.attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, d); });
-}
-void ProfilingBackend::layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
-                                         const Tensor& branch, const Tensor& residual, const Tensor& gamma,
-                                         const Tensor& beta, float eps, const DropoutSpec& d) {
-  timed("layernorm", layernorm_cost(y, residual.defined(), false, sum.defined()),
-        [&] { m_in.layernorm_forward(y, sum, mean, rstd, branch, residual, gamma, beta, eps, d); });
-}
-void ProfilingBackend::layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
-                                          const Tensor& dbeta, const Tensor& dy, const Tensor& y, const Tensor& rstd,
-                                          const Tensor& gamma, const Tensor& beta, const DropoutSpec& d) {
-  timed("layernorm", layernorm_cost(dy, dbranch.defined(), true),
-        [&] { m_in.layernorm_backward(dsum, dbranch, dgamma, dbeta, dy, y, rstd, gamma, beta, d); });
-}
-void ProfilingBackend::cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
-                                     const Tensor& labels, float grad_scale) {
-  timed("cross_entropy", cross_entropy_cost(logits), [&] { m_in.cross_entropy(losses, dlogits, logits, labels, grad_scale); });
-}
-void ProfilingBackend::gelu_forward(const Tensor& y, const Tensor& x) {
-  timed("gelu", elementwise_cost(y, 8, 1, 1), [&] { m_in.gelu_forward(y, x); });
-}
-void ProfilingBackend::gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
-  timed("gelu", elementwise_cost(dx, 12, 2, 1), [&] { m_in.gelu_backward(dx, dy, x); });
-}
-void ProfilingBackend::tanh_forward(const Tensor& y, const Tensor& x) {
-  timed("tanh", elementwise_cost(y, 4, 1, 1), [&] { m_in.tanh_forward(y, x); });
-}
-void ProfilingBackend::tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
-  timed("tanh", elementwise_cost(dx, 3, 2, 1), [&] { m_in.tanh_backward(dx, dy, y); });
-}
-void ProfilingBackend::dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) {
-  timed("dropout", elementwise_cost(y, 2, 1, 1), [&] { m_in.dropout_forward(y, x, d); });
-}
-void ProfilingBackend::dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) {
-  timed("dropout", elementwise_cost(dx, 2, 1, 1), [&] { m_in.dropout_backward(dx, dy, d); });
-}
-void ProfilingBackend::add(const Tensor& y, const Tensor& a, const Tensor& b) {
-  timed("add", elementwise_cost(y, 1, 2, 1), [&] { m_in.add(y, a, b); });
-}
-void ProfilingBackend::embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_ids, const Tensor& word,
-                                         const Tensor& pos, const Tensor& type) {
-  timed("embedding", elementwise_cost(e, 2, 3, 1), [&] { m_in.embedding_forward(e, ids, type_ids, word, pos, type); });
-}
-void ProfilingBackend::embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& dtype, const Tensor& de,
-                                          const Tensor& ids, const Tensor& type_ids) {
-  timed("embedding", elementwise_cost(de, 3, 4, 3), [&] { m_in.embedding_backward(dword, dpos, dtype, de, ids, type_ids); });
-}
-void ProfilingBackend::select_token(const Tensor& out, const Tensor& x, int64_t t) {
-  timed("select_token", elementwise_cost(out, 0, 1, 1), [&] { m_in.select_token(out, x, t); });
-}
-void ProfilingBackend::select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) {
-  timed("select_token", elementwise_cost(dx, 0, 0, 1), [&] { m_in.select_token_backward(dx, dout, t); });
-}
-void ProfilingBackend::gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) {
-  timed("gather_rows", elementwise_cost(out, 0, 1, 1), [&] { m_in.gather_rows(out, in, idx); });
-}
-void ProfilingBackend::scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) {
-  timed("scatter_rows", elementwise_cost(in, 0, 1, 1), [&] { m_in.scatter_rows(out, in, idx); });
-}
-void ProfilingBackend::block_sum_squares(const Tensor& partials, const Tensor& x) {
-  timed("grad_norm", elementwise_cost(x, 2, 1, 0, OpClass::Optimizer), [&] { m_in.block_sum_squares(partials, x); });
-}
-void ProfilingBackend::sum_blocks(const Tensor& out, const Tensor& partials) {
-  timed("grad_norm", elementwise_cost(partials, 1, 1, 0, OpClass::Optimizer), [&] { m_in.sum_blocks(out, partials); });
-}
-void ProfilingBackend::adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
-                                    const Tensor& grads, const GradTransform& g, const AdamWArgs& a) {
-  OpCost c = elementwise_cost(params, 14, 4, 3, OpClass::Optimizer);
-  c.bytes += static_cast<double>(half_copy.bytes());
-  timed("adamw_update", c, [&] { m_in.adamw_update(params, m, v, half_copy, grads, g, a); });
-}
-void ProfilingBackend::sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy,
-                                  const Tensor& grads, const GradTransform& g, const SgdArgs& a) {
-  OpCost c = elementwise_cost(params, 6, 3, 2, OpClass::Optimizer);
-  c.bytes += static_cast<double>(half_copy.bytes());
-  timed("sgd_update", c, [&] { m_in.sgd_update(params, momentum, half_copy, grads, g, a); });
-}
-void ProfilingBackend::adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes,
-                                        const Tensor& m_absmax, const Tensor& v_absmax, const Tensor& half_copy,
-                                        const Tensor& grads, const Tensor& qmap, const GradTransform& g,
-                                        const AdamWArgs& a) {
-  OpCost c = elementwise_cost(params, 24, 2, 1, OpClass::Optimizer);  // params and grads F32, params written
-  c.bytes += 4.0 * static_cast<double>(m_codes.numel()) + static_cast<double>(half_copy.bytes());  // codes read + written
-  timed("adamw8bit_update", c,
-        [&] { m_in.adamw8bit_update(params, m_codes, v_codes, m_absmax, v_absmax, half_copy, grads, qmap, g, a); });
-}
-void ProfilingBackend::adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch,
-                                        const Tensor& half_copy, const Tensor& grads, const AdafactorTable& table,
-                                        const GradTransform& g, const AdafactorArgs& a) {
-  OpCost c = elementwise_cost(params, 12, 3, 1, OpClass::Optimizer);  // grads read twice (statistics, update)
-  c.bytes += static_cast<double>(state.bytes() * 2 + half_copy.bytes());
-  timed("adafactor_update", c, [&] { m_in.adafactor_update(params, state, scratch, half_copy, grads, table, g, a); });
 }
 
 Ceilings measure_ceilings(Backend& be) {

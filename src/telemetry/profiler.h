@@ -1,6 +1,5 @@
-// The op profiler: a Backend that forwards every call to the real one and, while enabled,
-// brackets each op with timing marks (CUDA events on the GPU) and records its declared flops
-// and bytes (telemetry/op_cost.h). The model always runs through it; disabled it only forwards.
+// The op profiler: an observer of the backend (ops/observer.h) that, while enabled, times each
+// op between marks and records its declared flops and bytes (telemetry/op_cost.h).
 #pragma once
 #include <functional>
 #include <string>
@@ -29,9 +28,15 @@ struct ProfileSummary {
   double covered_ms() const;          // sum of op times per step
 };
 
-class ProfilingBackend final : public Backend {
+// Note [op observer] in ops/contract.cpp: while enabled (or probing memory) the profiler is the
+// backend's observer. It brackets each op with timing marks (CUDA events on the GPU) and
+// records the op's declared cost; the phase is the backend's (set_phase).
+class OpProfiler final : public OpObserver {
  public:
-  explicit ProfilingBackend(Backend& inner) : m_in(inner) {}
+  explicit OpProfiler(Backend& be) : m_be(be) {}
+  ~OpProfiler() override;
+  OpProfiler(const OpProfiler&) = delete;
+  OpProfiler& operator=(const OpProfiler&) = delete;
 
   void enable(bool on);
   bool enabled() const { return m_on; }
@@ -53,69 +58,8 @@ class ProfilingBackend final : public Backend {
   void probe_memory(std::function<int64_t()> used_bytes);  // an empty function turns it off
   const std::vector<Growth>& memory_growth() const { return m_growth; }
 
-  Backend& inner() { return m_in; }
-  Device device() const override { return m_in.device(); }
-  Allocator& allocator() override { return m_in.allocator(); }
-  std::string name() const override { return m_in.name(); }
-  void synchronize() override { m_in.synchronize(); }
-  void* native_stream() override { return m_in.native_stream(); }
-  void bind_to_thread() override { m_in.bind_to_thread(); }
-  void set_allow_tf32(bool on) override { m_in.set_allow_tf32(on); }
-  void set_phase(Phase p) override { m_phase = p; }
-  int timing_mark() override { return m_in.timing_mark(); }
-  double timing_elapsed_ms(int a, int b) override { return m_in.timing_elapsed_ms(a, b); }
-  void timing_reset() override { m_in.timing_reset(); }
-
-  void upload(const Tensor& dst, const void* host) override;
-  void* host_alloc(size_t bytes) override { return m_in.host_alloc(bytes); }
-  void host_free(void* p) override { m_in.host_free(p); }
-  int upload_async(const Tensor& dst, const void* host) override;
-  void wait_upload(int token) override { m_in.wait_upload(token); }
-  void download(void* host, const Tensor& src) override;
-  void copy(const Tensor& dst, const Tensor& src) override;
-  void cast(const Tensor& dst, const Tensor& src) override;
-  void fill(const Tensor& dst, float value) override;
-  void matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, const MatmulArgs& args) override;
-  void bias_grad(const Tensor& db, const Tensor& dy) override;
-  void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                         const DropoutSpec& dropout) override;
-  void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
-                          const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout) override;
-  void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd, const Tensor& branch,
-                         const Tensor& residual, const Tensor& gamma, const Tensor& beta, float eps,
-                         const DropoutSpec& d) override;
-  void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
-                          const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma,
-                          const Tensor& beta, const DropoutSpec& d) override;
-  void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
-                     float grad_scale) override;
-  void gelu_forward(const Tensor& y, const Tensor& x) override;
-  void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) override;
-  void tanh_forward(const Tensor& y, const Tensor& x) override;
-  void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) override;
-  void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) override;
-  void dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) override;
-  void add(const Tensor& y, const Tensor& a, const Tensor& b) override;
-  void embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_ids, const Tensor& word,
-                         const Tensor& pos, const Tensor& type) override;
-  void embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& dtype, const Tensor& de,
-                          const Tensor& ids, const Tensor& type_ids) override;
-  void select_token(const Tensor& out, const Tensor& x, int64_t t) override;
-  void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) override;
-  void gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override;
-  void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override;
-  void block_sum_squares(const Tensor& partials, const Tensor& x) override;
-  void sum_blocks(const Tensor& out, const Tensor& partials) override;
-  void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
-                    const Tensor& grads, const GradTransform& g, const AdamWArgs& a) override;
-  void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy, const Tensor& grads,
-                  const GradTransform& g, const SgdArgs& a) override;
-  void adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes, const Tensor& m_absmax,
-                        const Tensor& v_absmax, const Tensor& half_copy, const Tensor& grads, const Tensor& qmap,
-                        const GradTransform& g, const AdamWArgs& a) override;
-  void adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch, const Tensor& half_copy,
-                        const Tensor& grads, const AdafactorTable& table, const GradTransform& g,
-                        const AdafactorArgs& a) override;
+  void before(Backend& be, const OpEvent& e) override;
+  void after(Backend& be, const OpEvent& e) override;
 
  private:
   struct Record {
@@ -124,13 +68,14 @@ class ProfilingBackend final : public Backend {
     OpCost cost;
     int begin, end;
   };
-  // Runs f between two marks when enabled.
-  template <class F>
-  void timed(const char* name, const OpCost& cost, F&& f);
 
-  Backend& m_in;
+  void attach();  // observes the backend exactly while enabled or probing
+
+  Backend& m_be;
+  OpObserver* m_previous = nullptr;
+  bool m_attached = false;
   bool m_on = false;
-  Phase m_phase = Phase::Forward;
+  int m_op_begin = -1;
   std::vector<Record> m_records;
   std::vector<std::pair<int, int>> m_steps;
   int m_step_begin = -1;

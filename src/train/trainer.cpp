@@ -123,7 +123,7 @@ class RankRun {
   Communicator& m_comm;
   TrainDevice& m_dev;
   const bool m_lead;
-  ProfilingBackend m_prof;  // the model runs through it; it only forwards until enabled
+  OpProfiler m_prof;  // observes the backend while profiling or probing memory (Note [op observer])
   BertConfig m_cfg;
   std::optional<TrainData> m_data;
   ModelShape m_shape{};
@@ -175,9 +175,9 @@ void RankRun::setup() {
         evaluation_buffer_bytes(std::min(m_opt.per_device_eval_batch_size, m_B), m_shape.max_seq, true);
   check_plan_fits(plan_in, m_plan, m_dev, m_accum);
 
-  m_model = std::make_unique<BertForSequenceClassification>(m_prof, m_cfg, m_shape);
+  m_model = std::make_unique<BertForSequenceClassification>(*m_dev.backend, m_cfg, m_shape);
   load_starting_weights(m_opt, *m_model, m_lead);
-  m_prof.synchronize();
+  m_dev.backend->synchronize();
   m_used_weights = nvml_used_bytes(m_dev);
 
   // Global batches of B x N samples in the order one process with that micro-batch takes them.
@@ -185,9 +185,9 @@ void RankRun::setup() {
   m_micro_per_epoch = m_batches->batches_per_epoch();
   const int64_t steps_per_epoch = std::max<int64_t>(1, m_micro_per_epoch / m_accum);
   m_total_steps = m_opt.total_steps(steps_per_epoch);
-  m_step = std::make_unique<TrainStep>(m_opt, *m_model, m_prof, m_comm, *m_batches, m_total_steps);
+  m_step = std::make_unique<TrainStep>(m_opt, *m_model, *m_dev.backend, m_comm, *m_batches, m_total_steps);
   m_fingerprint = run_fingerprint(m_opt, m_B * N);
-  m_res.device = N > 1 ? str_cat(m_prof.name(), " x ", N, " ranks") : m_prof.name();
+  m_res.device = N > 1 ? str_cat(m_dev.backend->name(), " x ", N, " ranks") : m_dev.backend->name();
   if (!resume_dir.empty()) resume(resume_dir);
   m_res.start_step = m_last_save = m_start_step;
   m_samples_before = m_p.samples;
@@ -305,7 +305,7 @@ bool RankRun::loop() {
     si.model_source = !m_opt.model_name_or_path.empty() && fs::exists(fs::path(m_opt.model_name_or_path) / "model.safetensors")
                           ? "pretrained weights from " + m_opt.model_name_or_path
                           : "randomly initialized";
-    si.device = m_prof.name();
+    si.device = m_dev.backend->name();
     si.data = m_data->description;
     si.num_parameters = static_cast<int64_t>(m_model->layout().num_parameters());
     si.train_samples = static_cast<int64_t>(m_data->train->size());
@@ -323,7 +323,7 @@ bool RankRun::loop() {
     }
   }
   if (m_dev.cuda) {
-    m_prof.synchronize();
+    m_dev.backend->synchronize();
     m_res.nvml_after_setup_mb = used() >> 20;
     if (m_opt.trace_memory_growth) m_prof.probe_memory(used);
   }
@@ -365,7 +365,7 @@ bool RankRun::loop() {
     }
   }
   if (m_lead) m_log->end_of_bar();
-  m_prof.synchronize();
+  m_dev.backend->synchronize();
   m_runtime = std::chrono::duration<double>(Clock::now() - t0).count();
   if (m_opt.eval_strategy != "no" && last_eval != m_total_steps && m_total_steps > m_start_step) evaluate_now(m_total_steps);
   sampler.stop();
@@ -394,7 +394,7 @@ void RankRun::finish() {
                                                       : res.train_samples_per_second;
   res.data_wait_s = m_data_wait;
   res.num_parameters = static_cast<int64_t>(m_model->layout().num_parameters());
-  res.peak_bytes = m_prof.allocator().stats().peak();
+  res.peak_bytes = m_dev.backend->allocator().stats().peak();
   res.weights_mb = res.peak_bytes[Category::Weights] >> 20;
   res.process_peak_rss_mb = static_cast<int64_t>(process_peak_rss_bytes() >> 20);
   res.world_size = N;
@@ -444,7 +444,7 @@ void RankRun::profile() {
   ProfileSummary ps = m_prof.summarize();
   m_prof.enable(false);
   if (!m_lead) return;
-  const Ceilings ceil = measure_ceilings(m_prof.inner());
+  const Ceilings ceil = measure_ceilings(*m_dev.backend);
   write_profile((fs::path(m_opt.output_dir) / "profile.json").string(), ps, ceil);
   print_profile(ps, ceil);
 }

@@ -7,11 +7,10 @@
 namespace anatomy::ref {
 
 namespace {
-// Ids come from user data: a bad one is reported with its position, not as a crash.
+// Ids come from user data: a bad one is reported with its position, not as a crash. (The
+// sequence length against max_pos is the contract's, ops/contract.cpp.)
 void check_ids(const int32_t* ids, const int32_t* type_ids, int64_t batch, int64_t seq,
-               int64_t vocab, int64_t max_pos, int64_t type_vocab) {
-  ANATOMY_CHECK(seq <= max_pos, "sequence length ", seq, " exceeds max_position_embeddings ",
-                max_pos);
+               int64_t vocab, int64_t, int64_t type_vocab) {
   for (int64_t i = 0; i < batch * seq; ++i) {
     ANATOMY_CHECK(ids[i] >= 0 && ids[i] < vocab, "token id ", ids[i], " at [", i / seq, ", ",
                   i % seq, "] is out of range for vocab_size ", vocab);

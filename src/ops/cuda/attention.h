@@ -11,7 +11,7 @@
 #include <cstddef>
 
 #include "core/tensor.h"
-#include "ops/backend.h"
+#include "ops/op_args.h"
 
 namespace anatomy::cuda {
 

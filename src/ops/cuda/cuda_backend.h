@@ -35,6 +35,9 @@ class CudaBackend final : public Backend {
   void* native_stream() override { return m_stream; }
   void bind_to_thread() override;
   void set_allow_tf32(bool on) override;
+  bool computes_in(DType dt) const override {
+    return dt == DType::F32 || dt == DType::BF16 || dt == DType::F16;
+  }
 
   cudaStream_t stream() const { return m_stream; }
   // Timing marks are CUDA events recorded on the stream; the pool grows while profiling and
@@ -55,67 +58,71 @@ class CudaBackend final : public Backend {
   // Matmul calls cuBLASLt declined (run by the tiled fallback kernel instead).
   int64_t matmul_fallback_calls() const;
 
-  // ---- data movement (upload/download return when the host buffer may be reused/read) ---------
-  void upload(const Tensor& dst, const void* host) override;
+  // Page-locked staging for upload_async (Note [asynchronous uploads] in ops/backend.h).
   void* host_alloc(size_t bytes) override;
   void host_free(void* p) override;
-  int upload_async(const Tensor& dst, const void* host) override;
   void wait_upload(int token) override;
-  void download(void* host, const Tensor& src) override;
-  void copy(const Tensor& dst, const Tensor& src) override;
-  void cast(const Tensor& dst, const Tensor& src) override;
-  void fill(const Tensor& dst, float value) override;
+
+ protected:
+  // The ops (Note [backend contract] in ops/backend.h): the contract has checked their arguments.
+  // ---- data movement (upload/download return when the host buffer may be reused/read) ---------
+  void upload_impl(const Tensor& dst, const void* host) override;
+  int upload_async_impl(const Tensor& dst, const void* host) override;
+  void download_impl(void* host, const Tensor& src) override;
+  void copy_impl(const Tensor& dst, const Tensor& src) override;
+  void cast_impl(const Tensor& dst, const Tensor& src) override;
+  void fill_impl(const Tensor& dst, float value) override;
 
   // ---- tensor contractions ---------------------------------------------------------------------
-  void matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, const MatmulArgs& args) override;
-  void bias_grad(const Tensor& db, const Tensor& dy) override;
+  void matmul_impl(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, const MatmulArgs& args) override;
+  void bias_grad_impl(const Tensor& db, const Tensor& dy) override;
 
   // ---- attention -------------------------------------------------------------------------------
-  void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                         const DropoutSpec& dropout) override;
-  void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
-                          const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout) override;
+  void attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
+                              const DropoutSpec& dropout) override;
+  void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                               const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout) override;
 
   // ---- statistical normalizations --------------------------------------------------------------
-  void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
-                         const Tensor& branch, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
-                         float eps, const DropoutSpec& branch_dropout) override;
-  void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
-                          const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma,
-                          const Tensor& beta, const DropoutSpec& branch_dropout) override;
-  void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
-                     float grad_scale) override;
+  void layernorm_forward_impl(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                              const Tensor& branch, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
+                              float eps, const DropoutSpec& branch_dropout) override;
+  void layernorm_backward_impl(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
+                               const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma,
+                               const Tensor& beta, const DropoutSpec& branch_dropout) override;
+  void cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                          float grad_scale) override;
 
   // ---- element-wise ----------------------------------------------------------------------------
-  void gelu_forward(const Tensor& y, const Tensor& x) override;
-  void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) override;
-  void tanh_forward(const Tensor& y, const Tensor& x) override;
-  void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) override;
-  void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) override;
-  void dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) override;
-  void add(const Tensor& y, const Tensor& a, const Tensor& b) override;
-  void embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_ids, const Tensor& word,
-                         const Tensor& pos, const Tensor& type) override;
-  void embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& dtype, const Tensor& de,
-                          const Tensor& ids, const Tensor& type_ids) override;
-  void select_token(const Tensor& out, const Tensor& x, int64_t t) override;
-  void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) override;
-  void gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override;
-  void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) override;
+  void gelu_forward_impl(const Tensor& y, const Tensor& x) override;
+  void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) override;
+  void tanh_forward_impl(const Tensor& y, const Tensor& x) override;
+  void tanh_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) override;
+  void dropout_forward_impl(const Tensor& y, const Tensor& x, const DropoutSpec& d) override;
+  void dropout_backward_impl(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) override;
+  void add_impl(const Tensor& y, const Tensor& a, const Tensor& b) override;
+  void embedding_forward_impl(const Tensor& e, const Tensor& ids, const Tensor& type_ids, const Tensor& word,
+                              const Tensor& pos, const Tensor& type) override;
+  void embedding_backward_impl(const Tensor& dword, const Tensor& dpos, const Tensor& dtype, const Tensor& de,
+                               const Tensor& ids, const Tensor& type_ids) override;
+  void select_token_impl(const Tensor& out, const Tensor& x, int64_t t) override;
+  void select_token_backward_impl(const Tensor& dx, const Tensor& dout, int64_t t) override;
+  void gather_rows_impl(const Tensor& out, const Tensor& in, const Tensor& idx) override;
+  void scatter_rows_impl(const Tensor& out, const Tensor& in, const Tensor& idx) override;
 
   // ---- optimizer -------------------------------------------------------------------------------
-  void block_sum_squares(const Tensor& partials, const Tensor& x) override;
-  void sum_blocks(const Tensor& out, const Tensor& partials) override;
-  void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
-                    const Tensor& grads, const GradTransform& g, const AdamWArgs& a) override;
-  void sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy, const Tensor& grads,
-                  const GradTransform& g, const SgdArgs& a) override;
-  void adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes, const Tensor& m_absmax,
-                        const Tensor& v_absmax, const Tensor& half_copy, const Tensor& grads, const Tensor& qmap,
-                        const GradTransform& g, const AdamWArgs& a) override;
-  void adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch, const Tensor& half_copy,
-                        const Tensor& grads, const AdafactorTable& table, const GradTransform& g,
-                        const AdafactorArgs& a) override;
+  void block_sum_squares_impl(const Tensor& partials, const Tensor& x) override;
+  void sum_blocks_impl(const Tensor& out, const Tensor& partials) override;
+  void adamw_update_impl(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
+                         const Tensor& grads, const GradTransform& g, const AdamWArgs& a) override;
+  void sgd_update_impl(const Tensor& params, const Tensor& momentum, const Tensor& half_copy, const Tensor& grads,
+                       const GradTransform& g, const SgdArgs& a) override;
+  void adamw8bit_update_impl(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes, const Tensor& m_absmax,
+                             const Tensor& v_absmax, const Tensor& half_copy, const Tensor& grads, const Tensor& qmap,
+                             const GradTransform& g, const AdamWArgs& a) override;
+  void adafactor_update_impl(const Tensor& params, const Tensor& state, const Tensor& scratch, const Tensor& half_copy,
+                             const Tensor& grads, const AdafactorTable& table, const GradTransform& g,
+                             const AdafactorArgs& a) override;
 
  private:
   ReduceScratch reduce_scratch() const;

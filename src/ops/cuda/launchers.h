@@ -1,14 +1,14 @@
 // Host-callable launchers of the CUDA kernels, one section per kernel file. Each takes outputs
-// first, then inputs, then options, then the stream, checks its launch, and assumes the caller
-// (CudaBackend) has validated devices, dtypes and shapes. Float tensors may be F32, BF16 or F16
-// (the compute dtype) unless a comment says F32; ids, labels and masks are I32.
+// first, then inputs, then options, then the stream, checks its launch, and assumes the backend
+// contract (ops/contract.cpp) has validated devices, dtypes and shapes. Float tensors may be F32,
+// BF16 or F16 (the compute dtype) unless a comment says F32; ids, labels and masks are I32.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstddef>
 
 #include "core/tensor.h"
-#include "ops/backend.h"
+#include "ops/op_args.h"
 
 namespace anatomy::cuda {
 
@@ -82,7 +82,7 @@ void embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& d
 void block_sum_squares(const Tensor& partials, const Tensor& x, cudaStream_t s);
 void sum_blocks(const Tensor& out, const Tensor& partials, cudaStream_t s);
 // g = grads * inv_loss_scale * clip with clip read from norm_sq on the device (nullptr or
-// max_norm <= 0: no clipping). See GradTransform in ops/backend.h.
+// max_norm <= 0: no clipping). See GradTransform in ops/op_args.h.
 struct GradFactor {
   const float* norm_sq = nullptr;
   float inv_loss_scale = 1.0f;

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <unordered_map>
 
-#include "ops/backend.h"
+#include "ops/op_args.h"
 
 namespace anatomy::cuda {
 

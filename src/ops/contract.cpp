@@ -1,0 +1,445 @@
+// The backend contract (Note [backend contract] in ops/backend.h): each op's entry point checks
+// devices, dtypes and shapes here, once for every backend, then runs the backend's *_impl under
+// the observer. A backend's capability enters through computes_in(): the CPU computes in F32
+// only, CUDA in F32, BF16 and F16; the words of every error are the same on both.
+//
+// Note [op observer]: the profiler (telemetry/profiler.h) attaches itself as the backend's
+// observer instead of wrapping it; each op reports its profile name, the backend's current
+// phase and its declared cost (telemetry/op_cost.h). Without an observer an op costs one
+// branch more than its implementation.
+#include <cmath>
+
+#include "ops/backend.h"
+#include "telemetry/op_cost.h"
+
+namespace anatomy {
+
+namespace {
+
+constexpr DType F32 = DType::F32;
+constexpr DType I32 = DType::I32;
+
+bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
+// Rows x cols of a tensor seen as a matrix over its last dimension.
+struct Mat {
+  int64_t rows, cols;
+};
+Mat as_matrix(const Tensor& t) {
+  const int64_t cols = t.shape.rank ? t.dim(-1) : 1;
+  return {cols ? static_cast<int64_t>(t.numel()) / cols : 0, cols};
+}
+
+// The checks of one op call: `op` names it in every message.
+class Check {
+ public:
+  Check(const Backend& be, const char* op) : m_be(be), m_op(op) {}
+
+  void on_device(const Tensor& t, const char* what) const {
+    ANATOMY_CHECK(t.defined(), m_op, ": ", what, " is undefined");
+    ANATOMY_CHECK(t.device == m_be.device(), m_op, ": ", what, " is on ", device_name(t.device), "; the ",
+                  device_name(m_be.device()), " backend needs ", device_name(m_be.device()), " tensors");
+  }
+  void dtype(const Tensor& t, DType dt, const char* what) const {
+    on_device(t, what);
+    ANATOMY_CHECK(t.dtype == dt, m_op, ": ", what, " is ", dtype_name(t.dtype), ", expected ", dtype_name(dt));
+  }
+  void sized(const Tensor& t, DType dt, size_t numel, const char* what) const {
+    dtype(t, dt, what);
+    ANATOMY_CHECK(t.numel() == numel, m_op, ": ", what, " ", t.shape.str(), " has ", t.numel(),
+                  " elements, expected ", numel);
+  }
+  void optional(const Tensor& t, DType dt, size_t numel, const char* what) const {
+    if (t.defined()) sized(t, dt, numel, what);
+  }
+  // An activation: a float dtype this backend computes in; returns it for the op's other tensors.
+  DType compute(const Tensor& t, const char* what) const {
+    on_device(t, what);
+    ANATOMY_CHECK(is_float(t.dtype) && m_be.computes_in(t.dtype), m_op, ": ", what, " is ", dtype_name(t.dtype),
+                  "; the ", device_name(m_be.device()), " backend computes in ", computes_list());
+    return t.dtype;
+  }
+  // Any float dtype (casts and the optimizers' half copies convert on every backend).
+  void floating(const Tensor& t, const char* what) const {
+    on_device(t, what);
+    ANATOMY_CHECK(is_float(t.dtype), m_op, ": ", what, " is ", dtype_name(t.dtype), "; expected F32, BF16 or F16");
+  }
+  void holds(bool ok, const std::string& message) const { ANATOMY_CHECK(ok, m_op, ": ", message); }
+  void dropout(const DropoutSpec& d) const {
+    ANATOMY_CHECK(d.p >= 0.0f && d.p < 1.0f, m_op, ": dropout probability ", d.p, " is not in [0, 1)");
+  }
+  const char* op() const { return m_op; }
+
+ private:
+  std::string computes_list() const {
+    std::string s;
+    for (DType dt : {DType::F32, DType::BF16, DType::F16})
+      if (m_be.computes_in(dt)) s += (s.empty() ? "" : ", ") + std::string(dtype_name(dt));
+    return s;
+  }
+  const Backend& m_be;
+  const char* m_op;
+};
+
+// y and x of one float dtype and size; a second input b the same (when given).
+void elementwise(const Check& c, const Tensor& y, const Tensor& x, const Tensor* b = nullptr) {
+  const DType dt = c.compute(x, "input");
+  c.sized(y, dt, x.numel(), "output");
+  if (b) c.sized(*b, dt, x.numel(), "second input");
+}
+
+// qkv [B, T, 3H] with H divisible by heads; ctx [B, T, H]; lse F32 [B, heads, T]; mask I32 [B, T].
+DType attention(const Check& c, const Tensor& qkv, const Tensor& ctx, const Tensor& lse, const Tensor& mask,
+                int heads, const DropoutSpec& d) {
+  const DType dt = c.compute(qkv, "qkv");
+  c.holds(qkv.shape.rank == 3 && qkv.dim(2) % 3 == 0, str_cat("qkv ", qkv.shape.str(), " is not [B, T, 3H]"));
+  const int64_t b = qkv.dim(0), t = qkv.dim(1), h = qkv.dim(2) / 3;
+  c.holds(heads > 0 && h % heads == 0, str_cat("hidden ", h, " is not divisible by heads ", heads));
+  c.sized(ctx, dt, static_cast<size_t>(b * t * h), "ctx");
+  c.sized(lse, F32, static_cast<size_t>(b * heads * t), "lse");
+  c.optional(mask, I32, static_cast<size_t>(b * t), "mask");
+  c.dropout(d);
+  return dt;
+}
+
+// ids I32 [B, T] (type_ids the same when given); tables [rows, H] of `table_dtype` with H the
+// width of e; the sequence fits the position table.
+void embedding(const Check& c, const Tensor& e, const Tensor& ids, const Tensor& type_ids,
+               std::initializer_list<std::pair<const Tensor*, const char*>> tables, DType table_dtype,
+               bool tables_required) {
+  c.dtype(ids, I32, "ids");
+  c.holds(ids.shape.rank == 2, str_cat("ids ", ids.shape.str(), " is not [B, T]"));
+  c.optional(type_ids, I32, ids.numel(), "type_ids");
+  const int64_t h = e.dim(-1);
+  c.holds(e.numel() == ids.numel() * static_cast<size_t>(h),
+          str_cat("embeddings ", e.shape.str(), " do not match ids ", ids.shape.str()));
+  for (const auto& [t, what] : tables) {
+    if (!tables_required && !t->defined()) continue;
+    c.dtype(*t, table_dtype, what);
+    c.holds(t->shape.rank == 2 && t->dim(1) == h,
+            str_cat("table ", what, " ", t->shape.str(), " does not have width ", h));
+  }
+  const Tensor& pos = *tables.begin()[1].first;
+  c.holds(!pos.defined() || ids.dim(1) <= pos.dim(0),
+          str_cat("sequence length ", ids.dim(1), " exceeds max_position_embeddings ", pos.dim(0)));
+}
+
+// x [B, T, H] with t < T; out [B, H] of x's dtype.
+void select(const Check& c, const Tensor& x, const Tensor& out, int64_t t) {
+  const DType dt = c.compute(x, "x");
+  c.holds(x.shape.rank == 3 && t >= 0 && t < x.dim(1),
+          str_cat("x ", x.shape.str(), " is not [B, T, H] with token ", t, " < T"));
+  c.sized(out, dt, static_cast<size_t>(x.dim(0) * x.dim(2)), "out");
+}
+
+// packed [N, C] and padded [R, C] of one dtype; idx I32 [N].
+void row_copy(const Check& c, const Tensor& out, const Tensor& in, const Tensor& idx, bool gather) {
+  c.on_device(out, "out");
+  c.on_device(in, "in");
+  const Mat p = as_matrix(gather ? out : in), q = as_matrix(gather ? in : out);
+  c.holds(out.dtype == in.dtype && p.cols == q.cols, str_cat("out ", dtype_name(out.dtype), out.shape.str(), " and in ",
+                                                             dtype_name(in.dtype), in.shape.str(),
+                                                             " differ in dtype or row width"));
+  c.sized(idx, I32, static_cast<size_t>(p.rows), "idx");
+  c.holds(idx.shape.rank == 1, str_cat("idx ", idx.shape.str(), " is not [N]"));
+}
+
+// The optimizers' shared part: F32 params [n] and grads [n], the half copy, the norm.
+size_t update(const Check& c, const Tensor& params, const Tensor& grads, const Tensor& half_copy,
+              const GradTransform& g) {
+  c.dtype(params, F32, "params");
+  const size_t n = params.numel();
+  c.sized(grads, F32, n, "grads");
+  if (half_copy.defined()) {
+    c.floating(half_copy, "half_copy");
+    c.holds(half_copy.numel() == n,
+            str_cat("half_copy ", half_copy.shape.str(), " does not match params ", params.shape.str()));
+  }
+  if (g.max_norm > 0) c.sized(g.norm_sq, F32, 1, "norm_sq (clipping is on)");
+  if (g.skip_nonfinite) c.sized(g.norm_sq, F32, 1, "norm_sq (skip_nonfinite is on)");
+  return n;
+}
+
+}  // namespace
+
+// ---- data movement -------------------------------------------------------------------------------
+void Backend::upload(const Tensor& dst, const void* host) {
+  Check(*this, "upload").on_device(dst, "dst");
+  observed("upload", [&] { return elementwise_cost(dst, 0, 0, 1, OpClass::Data); }, [&] { upload_impl(dst, host); });
+}
+int Backend::upload_async(const Tensor& dst, const void* host) {
+  Check(*this, "upload_async").on_device(dst, "dst");
+  int token = 0;
+  observed("upload", [&] { return elementwise_cost(dst, 0, 0, 1, OpClass::Data); },
+           [&] { token = upload_async_impl(dst, host); });
+  return token;
+}
+void Backend::download(void* host, const Tensor& src) {
+  Check(*this, "download").on_device(src, "src");
+  observed("download", [&] { return elementwise_cost(src, 0, 1, 0, OpClass::Data); },
+           [&] { download_impl(host, src); });
+}
+void Backend::copy(const Tensor& dst, const Tensor& src) {
+  const Check c(*this, "copy");
+  c.on_device(dst, "dst");
+  c.on_device(src, "src");
+  c.holds(dst.dtype == src.dtype && dst.numel() == src.numel(),
+          str_cat("dst ", dtype_name(dst.dtype), dst.shape.str(), " and src ", dtype_name(src.dtype), src.shape.str(),
+                  " differ in dtype or size"));
+  observed("copy", [&] { return elementwise_cost(dst, 0, 1, 1); }, [&] { copy_impl(dst, src); });
+}
+void Backend::cast(const Tensor& dst, const Tensor& src) {
+  const Check c(*this, "cast");
+  c.floating(dst, "dst");
+  c.floating(src, "src");
+  c.holds(dst.numel() == src.numel(), str_cat("dst ", dst.shape.str(), " and src ", src.shape.str(), " differ in size"));
+  observed("cast",
+           [&] {
+             return OpCost{static_cast<double>(dst.numel()), static_cast<double>(dst.bytes() + src.bytes()),
+                           OpClass::Elementwise};
+           },
+           [&] { cast_impl(dst, src); });
+}
+void Backend::fill(const Tensor& dst, float value) {
+  Check(*this, "fill").on_device(dst, "dst");
+  observed("fill", [&] { return elementwise_cost(dst, 0, 0, 1); }, [&] { fill_impl(dst, value); });
+}
+
+// ---- tensor contractions -------------------------------------------------------------------------
+void Backend::matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, const MatmulArgs& args) {
+  const Check k(*this, "matmul");
+  const DType dt = k.compute(a, "A");
+  k.dtype(b, dt, "B");
+  k.on_device(c, "C");
+  k.holds(c.dtype == dt || c.dtype == F32, str_cat("C is ", dtype_name(c.dtype), "; expected ", dtype_name(dt), " or F32"));
+  const Mat mc = as_matrix(c), ma = as_matrix(a), mb = as_matrix(b);
+  const int64_t m = mc.rows, n = mc.cols, kk = ta == Trans::N ? ma.cols : ma.rows;
+  const bool ok = (ta == Trans::N ? ma.rows : ma.cols) == m && (tb == Trans::N ? mb.cols : mb.rows) == n &&
+                  (tb == Trans::N ? mb.rows : mb.cols) == kk;
+  k.holds(ok, str_cat("shapes do not agree: C ", c.shape.str(), ", A ", a.shape.str(), ta == Trans::T ? "^T" : "",
+                      ", B ", b.shape.str(), tb == Trans::T ? "^T" : ""));
+  if (args.epilogue != Epilogue::None) k.sized(args.bias, dt, static_cast<size_t>(n), "bias");
+  if (args.epilogue == Epilogue::BiasGelu) {
+    k.holds(c.dtype == dt, str_cat("the BiasGelu epilogue writes C in the compute dtype, not ", dtype_name(c.dtype)));
+    k.sized(args.gelu_in, dt, c.numel(), "gelu_in");
+  }
+  const char* name = args.epilogue == Epilogue::BiasGelu               ? "matmul+bias+gelu"
+                     : args.epilogue == Epilogue::Bias                 ? "matmul+bias"
+                     : c.dtype == F32 && a.dtype != F32 ? "matmul (weight grad)"
+                                                                       : "matmul";
+  observed(name, [&] { return matmul_cost(c, a, ta, b, args); }, [&] { matmul_impl(c, a, ta, b, tb, args); });
+}
+void Backend::bias_grad(const Tensor& db, const Tensor& dy) {
+  const Check c(*this, "bias_grad");
+  c.compute(dy, "dy");
+  c.sized(db, F32, static_cast<size_t>(as_matrix(dy).cols), "db");
+  observed("bias_grad",
+           [&] {
+             return OpCost{static_cast<double>(dy.numel()), static_cast<double>(dy.bytes() + 2 * db.bytes()),
+                           OpClass::Elementwise};
+           },
+           [&] { bias_grad_impl(db, dy); });
+}
+
+// ---- attention -----------------------------------------------------------------------------------
+void Backend::attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
+                                const DropoutSpec& dropout) {
+  attention(Check(*this, "attention_forward"), qkv, ctx, lse, mask, heads, dropout);
+  observed("attention", [&] { return attention_cost(qkv, ctx, heads, false); },
+           [&] { attention_forward_impl(ctx, lse, qkv, mask, heads, dropout); });
+}
+void Backend::attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                                 const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout) {
+  const Check c(*this, "attention_backward");
+  const DType dt = attention(c, qkv, ctx, lse, mask, heads, dropout);
+  c.sized(dqkv, dt, qkv.numel(), "dqkv");
+  c.sized(dctx, dt, ctx.numel(), "dctx");
+  observed("attention", [&] { return attention_cost(qkv, ctx, heads, true); },
+           [&] { attention_backward_impl(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout); });
+}
+
+// ---- statistical normalizations -------------------------------------------------------------------
+void Backend::layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& branch, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
+                                float eps, const DropoutSpec& branch_dropout) {
+  const Check c(*this, "layernorm_forward");
+  const DType dt = c.compute(y, "y");
+  const Mat m = as_matrix(y);
+  const size_t n = y.numel(), rows = static_cast<size_t>(m.rows), h = static_cast<size_t>(m.cols);
+  c.optional(sum, dt, n, "sum");
+  c.sized(branch, dt, n, "branch");
+  c.optional(residual, dt, n, "residual");
+  c.sized(mean, F32, rows, "mean");
+  c.sized(rstd, F32, rows, "rstd");
+  c.sized(gamma, dt, h, "gamma");
+  c.sized(beta, dt, h, "beta");
+  c.dropout(branch_dropout);
+  observed("layernorm", [&] { return layernorm_cost(y, residual.defined(), false, sum.defined()); },
+           [&] { layernorm_forward_impl(y, sum, mean, rstd, branch, residual, gamma, beta, eps, branch_dropout); });
+}
+void Backend::layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
+                                 const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma,
+                                 const Tensor& beta, const DropoutSpec& branch_dropout) {
+  const Check c(*this, "layernorm_backward");
+  const DType dt = c.compute(dy, "dy");
+  const Mat m = as_matrix(dy);
+  const size_t n = dy.numel(), rows = static_cast<size_t>(m.rows), h = static_cast<size_t>(m.cols);
+  c.sized(dsum, dt, n, "dsum");
+  c.optional(dbranch, dt, n, "dbranch");
+  c.optional(dgamma, F32, h, "dgamma");
+  c.optional(dbeta, F32, h, "dbeta");
+  c.sized(y, dt, n, "y");
+  c.sized(rstd, F32, rows, "rstd");
+  c.sized(gamma, dt, h, "gamma");
+  c.sized(beta, dt, h, "beta");
+  c.dropout(branch_dropout);
+  observed("layernorm", [&] { return layernorm_cost(dy, dbranch.defined(), true); },
+           [&] { layernorm_backward_impl(dsum, dbranch, dgamma, dbeta, dy, y, rstd, gamma, beta, branch_dropout); });
+}
+void Backend::cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                            float grad_scale) {
+  const Check c(*this, "cross_entropy");
+  const DType dt = c.compute(logits, "logits");
+  const Mat m = as_matrix(logits);
+  c.sized(losses, F32, static_cast<size_t>(m.rows), "losses");
+  c.sized(labels, I32, static_cast<size_t>(m.rows), "labels");
+  c.optional(dlogits, dt, logits.numel(), "dlogits");
+  observed("cross_entropy", [&] { return cross_entropy_cost(logits); },
+           [&] { cross_entropy_impl(losses, dlogits, logits, labels, grad_scale); });
+}
+
+// ---- element-wise --------------------------------------------------------------------------------
+void Backend::gelu_forward(const Tensor& y, const Tensor& x) {
+  elementwise(Check(*this, "gelu_forward"), y, x);
+  observed("gelu", [&] { return elementwise_cost(y, 8, 1, 1); }, [&] { gelu_forward_impl(y, x); });
+}
+void Backend::gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
+  elementwise(Check(*this, "gelu_backward"), dx, dy, &x);
+  observed("gelu", [&] { return elementwise_cost(dx, 12, 2, 1); }, [&] { gelu_backward_impl(dx, dy, x); });
+}
+void Backend::tanh_forward(const Tensor& y, const Tensor& x) {
+  elementwise(Check(*this, "tanh_forward"), y, x);
+  observed("tanh", [&] { return elementwise_cost(y, 4, 1, 1); }, [&] { tanh_forward_impl(y, x); });
+}
+void Backend::tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
+  elementwise(Check(*this, "tanh_backward"), dx, dy, &y);
+  observed("tanh", [&] { return elementwise_cost(dx, 3, 2, 1); }, [&] { tanh_backward_impl(dx, dy, y); });
+}
+void Backend::dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) {
+  const Check c(*this, "dropout_forward");
+  elementwise(c, y, x);
+  c.dropout(d);
+  observed("dropout", [&] { return elementwise_cost(y, 2, 1, 1); }, [&] { dropout_forward_impl(y, x, d); });
+}
+void Backend::dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) {
+  const Check c(*this, "dropout_backward");
+  elementwise(c, dx, dy);
+  c.dropout(d);
+  observed("dropout", [&] { return elementwise_cost(dx, 2, 1, 1); }, [&] { dropout_backward_impl(dx, dy, d); });
+}
+void Backend::add(const Tensor& y, const Tensor& a, const Tensor& b) {
+  elementwise(Check(*this, "add"), y, a, &b);
+  observed("add", [&] { return elementwise_cost(y, 1, 2, 1); }, [&] { add_impl(y, a, b); });
+}
+void Backend::embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_ids, const Tensor& word,
+                                const Tensor& pos, const Tensor& type) {
+  const Check c(*this, "embedding_forward");
+  const DType dt = c.compute(e, "e");
+  embedding(c, e, ids, type_ids, {{&word, "word"}, {&pos, "pos"}, {&type, "type"}}, dt, true);
+  observed("embedding", [&] { return elementwise_cost(e, 2, 3, 1); },
+           [&] { embedding_forward_impl(e, ids, type_ids, word, pos, type); });
+}
+void Backend::embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& dtype, const Tensor& de,
+                                 const Tensor& ids, const Tensor& type_ids) {
+  const Check c(*this, "embedding_backward");
+  c.compute(de, "de");
+  embedding(c, de, ids, type_ids, {{&dword, "dword"}, {&dpos, "dpos"}, {&dtype, "dtype"}}, F32, false);
+  observed("embedding", [&] { return elementwise_cost(de, 3, 4, 3); },
+           [&] { embedding_backward_impl(dword, dpos, dtype, de, ids, type_ids); });
+}
+void Backend::select_token(const Tensor& out, const Tensor& x, int64_t t) {
+  select(Check(*this, "select_token"), x, out, t);
+  observed("select_token", [&] { return elementwise_cost(out, 0, 1, 1); }, [&] { select_token_impl(out, x, t); });
+}
+void Backend::select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t) {
+  select(Check(*this, "select_token_backward"), dx, dout, t);
+  observed("select_token", [&] { return elementwise_cost(dx, 0, 0, 1); },
+           [&] { select_token_backward_impl(dx, dout, t); });
+}
+void Backend::gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) {
+  row_copy(Check(*this, "gather_rows"), out, in, idx, true);
+  observed("gather_rows", [&] { return elementwise_cost(out, 0, 1, 1); }, [&] { gather_rows_impl(out, in, idx); });
+}
+void Backend::scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx) {
+  row_copy(Check(*this, "scatter_rows"), out, in, idx, false);
+  observed("scatter_rows", [&] { return elementwise_cost(in, 0, 1, 1); }, [&] { scatter_rows_impl(out, in, idx); });
+}
+
+// ---- optimizer -----------------------------------------------------------------------------------
+void Backend::block_sum_squares(const Tensor& partials, const Tensor& x) {
+  const Check c(*this, "block_sum_squares");
+  c.dtype(x, F32, "x");
+  c.sized(partials, F32, (x.numel() + kNormBlock - 1) / kNormBlock, "partials");
+  observed("grad_norm", [&] { return elementwise_cost(x, 2, 1, 0, OpClass::Optimizer); },
+           [&] { block_sum_squares_impl(partials, x); });
+}
+void Backend::sum_blocks(const Tensor& out, const Tensor& partials) {
+  const Check c(*this, "sum_blocks");
+  c.sized(out, F32, 1, "out");
+  c.dtype(partials, F32, "partials");
+  observed("grad_norm", [&] { return elementwise_cost(partials, 1, 1, 0, OpClass::Optimizer); },
+           [&] { sum_blocks_impl(out, partials); });
+}
+void Backend::adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& half_copy,
+                           const Tensor& grads, const GradTransform& g, const AdamWArgs& a) {
+  const Check c(*this, "adamw_update");
+  const size_t n = update(c, params, grads, half_copy, g);
+  c.sized(m, F32, n, "m");
+  c.sized(v, F32, n, "v");
+  observed("adamw_update",
+           [&] {
+             OpCost k = elementwise_cost(params, 14, 4, 3, OpClass::Optimizer);
+             k.bytes += static_cast<double>(half_copy.bytes());
+             return k;
+           },
+           [&] { adamw_update_impl(params, m, v, half_copy, grads, g, a); });
+}
+void Backend::sgd_update(const Tensor& params, const Tensor& momentum, const Tensor& half_copy, const Tensor& grads,
+                         const GradTransform& g, const SgdArgs& a) {
+  const Check c(*this, "sgd_update");
+  const size_t n = update(c, params, grads, half_copy, g);
+  if (a.momentum != 0.0f) c.sized(momentum, F32, n, "momentum");
+  observed("sgd_update",
+           [&] {
+             OpCost k = elementwise_cost(params, 6, 3, 2, OpClass::Optimizer);
+             k.bytes += static_cast<double>(half_copy.bytes());
+             return k;
+           },
+           [&] { sgd_update_impl(params, momentum, half_copy, grads, g, a); });
+}
+void Backend::adamw8bit_update(const Tensor& params, const Tensor& m_codes, const Tensor& v_codes,
+                               const Tensor& m_absmax, const Tensor& v_absmax, const Tensor& half_copy,
+                               const Tensor& grads, const Tensor& qmap, const GradTransform& g, const AdamWArgs& a) {
+  const Check c(*this, "adamw8bit_update");
+  const size_t n = update(c, params, grads, half_copy, g), blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  c.sized(m_codes, DType::U8, n, "m_codes");
+  c.sized(v_codes, DType::U8, n, "v_codes");
+  c.sized(m_absmax, F32, blocks, "m_absmax");
+  c.sized(v_absmax, F32, blocks, "v_absmax");
+  c.sized(qmap, F32, 512, "qmap");
+  observed("adamw8bit_update", [&] { return adamw8bit_cost(params, half_copy); },
+           [&] { adamw8bit_update_impl(params, m_codes, v_codes, m_absmax, v_absmax, half_copy, grads, qmap, g, a); });
+}
+void Backend::adafactor_update(const Tensor& params, const Tensor& state, const Tensor& scratch,
+                               const Tensor& half_copy, const Tensor& grads, const AdafactorTable& table,
+                               const GradTransform& g, const AdafactorArgs& a) {
+  const Check c(*this, "adafactor_update");
+  update(c, params, grads, half_copy, g);
+  c.dtype(state, F32, "state");
+  c.dtype(scratch, F32, "scratch");
+  c.sized(table.segments, DType::I64, static_cast<size_t>(table.count * kAdafactorSegmentFields), "segments");
+  observed("adafactor_update", [&] { return adafactor_cost(params, state, half_copy); },
+           [&] { adafactor_update_impl(params, state, scratch, half_copy, grads, table, g, a); });
+}
+
+}  // namespace anatomy

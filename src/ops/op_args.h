@@ -1,0 +1,94 @@
+// The arguments of the backend's ops (ops/backend.h): transposes, epilogues, dropout specs and
+// the optimizers' settings. Kept apart from the Backend class so the CUDA kernels (which read
+// these structs, not the class) do not recompile when the class changes.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace anatomy {
+
+enum class Trans : uint8_t { N, T };
+enum class Epilogue : uint8_t { None, Bias, BiasGelu };
+
+struct DropoutSpec {
+  float p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+struct MatmulArgs {
+  float alpha = 1.0f;
+  float beta = 0.0f;  // C = alpha * op(A) op(B) + beta * C
+  Epilogue epilogue = Epilogue::None;
+  Tensor bias;     // [N], compute dtype; with Bias / BiasGelu
+  Tensor gelu_in;  // [M, N], compute dtype; with BiasGelu: receives the pre-activation
+};
+
+struct AdamWArgs {
+  float lr = 5e-5f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  int64_t step = 1;  // 1-based, for bias correction
+};
+
+struct SgdArgs {
+  float lr = 1e-2f, momentum = 0.9f, weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+// Block-wise 8-bit AdamW (Note [8-bit AdamW] in optim/adamw8bit.h): the moments are U8 codes
+// into a 256-entry quantization map, with one F32 absmax per block of kQuantBlock values.
+inline constexpr int64_t kQuantBlock = 256;
+
+// Adafactor with an explicit learning rate (Hugging Face: scale_parameter=False,
+// relative_step=False, warmup_init=False, beta1=None).
+struct AdafactorArgs {
+  float lr = 1e-3f, weight_decay = 0.0f;
+  float decay_rate = -0.8f;      // beta2_t = 1 - step^decay_rate
+  float eps1 = 1e-30f;           // added to g^2 in the second-moment statistics
+  float clip_threshold = 1.0f;   // the update is divided by max(1, RMS(update) / clip_threshold)
+  int64_t step = 1;              // 1-based
+};
+
+// One parameter of the flat buffer as Adafactor sees it (all fields in elements; built by
+// adafactor_table in optim/adafactor.h). Factored (2-D [rows, cols]): running row means of
+// g^2 + eps1 at state[row_state, +rows) and column means at state[col_state, +cols).
+// Unfactored (1-D): rows == 1, cols == numel, the full second moment at state[row_state, +cols).
+// The last five fields are the CUDA kernels' work decomposition (the CPU reference ignores
+// them): F32 scratch at scratch[scratch, ...) (factored: per-row sums [rows] then 2 scalars;
+// unfactored: per-chunk partial sums [chunks] then 2 scalars); the segment covers `chunks`
+// chunks of `chunk` rows (factored) or `chunk` elements (unfactored) starting at chunk index
+// chunk_begin over all segments, and ceil(cols / 32) column strips from strip_begin (factored).
+struct AdafactorSegment {
+  int64_t offset = 0, rows = 0, cols = 0;
+  int64_t factored = 0, decay = 0;
+  int64_t row_state = 0, col_state = -1;
+  int64_t scratch = 0, chunk = 0, chunks = 0, chunk_begin = 0, strip_begin = 0;
+};
+inline constexpr int64_t kAdafactorSegmentFields = 12;
+static_assert(sizeof(AdafactorSegment) == kAdafactorSegmentFields * sizeof(int64_t));
+
+// The segment table on the backend's device (I64 [count, kAdafactorSegmentFields], the
+// AdafactorSegment array) with the totals the host needs to size the launches.
+struct AdafactorTable {
+  Tensor segments;
+  int64_t count = 0, chunks = 0, strips = 0;
+};
+
+// How the optimizer turns raw accumulated gradients into the gradient it applies:
+// g = grad * inv_loss_scale * clip, clip = min(1, max_norm / (||grad * inv_loss_scale|| + 1e-6)).
+// norm_sq is an F32 [1] tensor on the backend's device holding sum(grad^2) (unscaled),
+// so the update needs no host synchronization. max_norm <= 0 disables clipping.
+// skip_nonfinite (fp16 overflow): the update reads norm_sq on the device and, when it is inf
+// or NaN, leaves params, optimizer state and the half copy untouched (norm_sq must then be
+// defined whatever max_norm says); the decision needs no host synchronization either.
+// Elements per partial sum of the gradient norm; ZeRO's shard boundaries are multiples of it.
+inline constexpr int64_t kNormBlock = 4096;
+
+struct GradTransform {
+  Tensor norm_sq;
+  float inv_loss_scale = 1.0f;
+  float max_norm = 1.0f;
+  bool skip_nonfinite = false;
+};
+
+}  // namespace anatomy

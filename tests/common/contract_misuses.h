@@ -1,0 +1,112 @@
+// Misuses of the backend ops that break the one written contract (ops/contract.cpp) the same way
+// on every device: each allocates its tensors from the backend's own allocator, so only the
+// shapes, dtypes or options are wrong. Run on the CPU backend, on a contract-only backend that
+// claims to be CUDA (tests/unit/test_backend_contract.cpp) and on the real CUDA backend
+// (tests/cuda/test_op_registry_cuda.cpp), each must throw the same message.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "ops/backend.h"
+
+namespace anatomy::test {
+
+struct Misuse {
+  const char* name;
+  std::function<void(Backend&)> call;
+};
+
+// The message `call` throws on `be` ("" when it does not throw).
+inline std::string misuse_message(Backend& be, const Misuse& m) {
+  try {
+    m.call(be);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline std::vector<Misuse> contract_misuses() {
+  using B = Buffer;
+  constexpr DType F32 = DType::F32, I32 = DType::I32;
+  auto buf = [](Backend& be, DType dt, Shape s) { return B(be.allocator(), dt, s, Category::Temporary); };
+  return {
+      {"matmul inner dimensions differ",
+       [=](Backend& be) {
+         B c = buf(be, F32, {4, 3}), a = buf(be, F32, {4, 5}), b = buf(be, F32, {3, 6});
+         be.matmul(c, a, Trans::N, b, Trans::T, {});
+       }},
+      {"layernorm gamma of the wrong width",
+       [=](Backend& be) {
+         B y = buf(be, F32, {4, 8}), x = buf(be, F32, {4, 8}), mean = buf(be, F32, {4}), rstd = buf(be, F32, {4});
+         B gamma = buf(be, F32, {7}), beta = buf(be, F32, {8});
+         be.layernorm_forward(y, Tensor{}, mean, rstd, x, Tensor{}, gamma, beta, 1e-12f, {});
+       }},
+      {"attention hidden not divisible by heads",
+       [=](Backend& be) {
+         B qkv = buf(be, F32, {2, 4, 3 * 6}), ctx = buf(be, F32, {2, 4, 6}), lse = buf(be, F32, {2, 4, 4});
+         be.attention_forward(ctx, lse, qkv, Tensor{}, 4, {});
+       }},
+      {"cross_entropy labels in F32",
+       [=](Backend& be) {
+         B losses = buf(be, F32, {3}), logits = buf(be, F32, {3, 2}), labels = buf(be, F32, {3});
+         be.cross_entropy(losses, Tensor{}, logits, labels, 1.0f);
+       }},
+      {"select_token past the sequence",
+       [=](Backend& be) {
+         B out = buf(be, F32, {2, 4}), x = buf(be, F32, {2, 3, 4});
+         be.select_token(out, x, 3);
+       }},
+      {"gather_rows across dtypes",
+       [=](Backend& be) {
+         B out = buf(be, F32, {2, 4}), in = buf(be, I32, {5, 4}), idx = buf(be, I32, {2});
+         be.gather_rows(out, in, idx);
+       }},
+      {"embedding sequence beyond the position table",
+       [=](Backend& be) {
+         B e = buf(be, F32, {2 * 6, 4}), ids = buf(be, I32, {2, 6}), word = buf(be, F32, {10, 4}),
+           pos = buf(be, F32, {5, 4}), type = buf(be, F32, {2, 4});
+         be.embedding_forward(e, ids, Tensor{}, word, pos, type);
+       }},
+      {"dropout probability of one",
+       [=](Backend& be) {
+         B y = buf(be, F32, {8}), x = buf(be, F32, {8});
+         be.dropout_forward(y, x, DropoutSpec{1.0f, 1, 0});
+       }},
+      {"add of different sizes",
+       [=](Backend& be) {
+         B y = buf(be, F32, {8}), a = buf(be, F32, {8}), b = buf(be, F32, {9});
+         be.add(y, a, b);
+       }},
+      {"adamw second moment too short",
+       [=](Backend& be) {
+         B p = buf(be, F32, {10}), m = buf(be, F32, {10}), v = buf(be, F32, {9}), g = buf(be, F32, {10}),
+           norm = buf(be, F32, {1});
+         be.adamw_update(p, m, v, Tensor{}, g, GradTransform{norm, 1.0f, 1.0f, false}, {});
+       }},
+      {"clipping without a norm",
+       [=](Backend& be) {
+         B p = buf(be, F32, {10}), mom = buf(be, F32, {10}), g = buf(be, F32, {10});
+         be.sgd_update(p, mom, Tensor{}, g, GradTransform{Tensor{}, 1.0f, 1.0f, false}, {});
+       }},
+      {"grad norm partials of the wrong count",
+       [=](Backend& be) {
+         B partials = buf(be, F32, {2}), x = buf(be, F32, {kNormBlock + 1 + kNormBlock});
+         be.block_sum_squares(partials, x);
+       }},
+      {"undefined output",
+       [=](Backend& be) {
+         B x = buf(be, F32, {8});
+         be.gelu_forward(Tensor{}, x);
+       }},
+      {"cast from ids",
+       [=](Backend& be) {
+         B dst = buf(be, F32, {8}), src = buf(be, I32, {8});
+         be.cast(dst, src);
+       }},
+  };
+}
+
+}  // namespace anatomy::test
