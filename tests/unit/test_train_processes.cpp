@@ -55,7 +55,9 @@ struct Start {
 const Start& start() {
   static const Start s = [] {
     Start st;
-    st.dir = anatomy::testing_cli::fresh_dir("train_processes");
+    // One directory per test: ctest runs the tests of this file as concurrent processes.
+    st.dir = anatomy::testing_cli::fresh_dir(std::string("train_processes_") +
+                                             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     st.data = st.dir + "/data.jsonl";
     fs::copy_file(kData, st.data);
     st.model = st.dir + "/start";
