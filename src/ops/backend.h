@@ -212,6 +212,9 @@ class Backend {
   virtual void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
   virtual void tanh_forward(const Tensor& y, const Tensor& x) = 0;
   virtual void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) = 0;
+  // y = max(x, 0); dx = dy where y > 0, else 0 (from the output, as tanh; in place allowed).
+  virtual void relu_forward(const Tensor& y, const Tensor& x) = 0;
+  virtual void relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) = 0;
   virtual void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) = 0;
   virtual void dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) = 0;
   // y = a + b (same shape and dtype).

@@ -156,6 +156,12 @@ void ProfilingBackend::tanh_forward(const Tensor& y, const Tensor& x) {
 void ProfilingBackend::tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
   timed("tanh", elementwise_cost(dx, 3, 2, 1), [&] { m_in.tanh_backward(dx, dy, y); });
 }
+void ProfilingBackend::relu_forward(const Tensor& y, const Tensor& x) {
+  timed("relu", elementwise_cost(y, 1, 1, 1), [&] { m_in.relu_forward(y, x); });
+}
+void ProfilingBackend::relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
+  timed("relu", elementwise_cost(dx, 1, 2, 1), [&] { m_in.relu_backward(dx, dy, y); });
+}
 void ProfilingBackend::dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) {
   timed("dropout", elementwise_cost(y, 2, 1, 1), [&] { m_in.dropout_forward(y, x, d); });
 }

@@ -93,6 +93,8 @@ class ProfilingBackend final : public Backend {
   void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) override;
   void tanh_forward(const Tensor& y, const Tensor& x) override;
   void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) override;
+  void relu_forward(const Tensor& y, const Tensor& x) override;
+  void relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) override;
   void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) override;
   void dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) override;
   void add(const Tensor& y, const Tensor& a, const Tensor& b) override;

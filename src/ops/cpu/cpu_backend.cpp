@@ -226,6 +226,14 @@ class CpuBackend final : public Backend {
     binary("tanh_backward", dx, dy, y);
     ref::tanh_backward(f32(dx), f32(dy), f32(y), y.numel());
   }
+  void relu_forward(const Tensor& y, const Tensor& x) override {
+    unary("relu_forward", y, x);
+    ref::relu_forward(f32(y), f32(x), x.numel());
+  }
+  void relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) override {
+    binary("relu_backward", dx, dy, y);
+    ref::relu_backward(f32(dx), f32(dy), f32(y), y.numel());
+  }
   void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) override {
     unary("dropout_forward", y, x);
     ref::dropout_forward(f32(y), f32(x), x.numel(), d);

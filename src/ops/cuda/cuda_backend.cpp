@@ -435,6 +435,14 @@ void CudaBackend::tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor
   binary("tanh_backward", dx, dy, y);
   cuda::tanh_backward(dx, dy, y, m_stream);
 }
+void CudaBackend::relu_forward(const Tensor& y, const Tensor& x) {
+  unary("relu_forward", y, x);
+  cuda::relu_forward(y, x, m_stream);
+}
+void CudaBackend::relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
+  binary("relu_backward", dx, dy, y);
+  cuda::relu_backward(dx, dy, y, m_stream);
+}
 void CudaBackend::dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) {
   unary("dropout_forward", y, x);
   cuda::dropout_forward(y, x, d, m_stream);
