@@ -227,6 +227,17 @@ TEST_P(GoldenFamily, TrainingPathsAgree) {
   EXPECT_TRUE(same_values<float>(selective.grads, base.grads));
   const auto layer = step(*be, cfg, hb, false, CheckpointPolicy::Layer, GradientPlacement::Own);
   EXPECT_TRUE(same_values<float>(layer.grads, base.grads));
+  // Inference on the token rows equals the padded forward (Note [packed inference]).
+  {
+    BertForSequenceClassification m(*be, cfg, {3, T, DType::F32, CheckpointPolicy::None, false});
+    m.init_weights(7);
+    testing_packed::Uploaded padded_batch(*be, hb, false), packed_batch(*be, hb, true);
+    m.forward_eval(padded_batch.db);
+    const std::vector<float> a = to_f32(*be, m.logits());
+    m.forward_eval(packed_batch.db);
+    const std::vector<float> b = to_f32(*be, m.logits());
+    EXPECT_TRUE(same_values<float>(b, a, 1e-5 * largest(a)));
+  }
   // Packed: the same arithmetic on the token rows, dropout masks drawn by packed row: compare
   // without dropout.
   cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = 0.0;
