@@ -44,7 +44,9 @@ void check_forward_backward(const std::string& arch, DType dt, double tol, doubl
       EXPECT_LE(abs_err(grads.data() + p.offset, ref.data(), ref.size()), (grad_rel > 0 ? 1e-4 : 2e-2) * total) << p.name;
       continue;
     }
-    if (grad_rel > 0) EXPECT_LE(rel_err(grads.data() + p.offset, ref.data(), ref.size()), grad_rel) << p.name;
+    if (grad_rel > 0) {
+      EXPECT_LE(rel_err(grads.data() + p.offset, ref.data(), ref.size()), grad_rel) << p.name;
+    }
     EXPECT_GE(cosine(grads.data() + p.offset, ref.data(), ref.size()), min_cos) << p.name;
   }
 }
