@@ -85,8 +85,14 @@ std::string truncated(std::string s) {
 
 }  // namespace
 
-std::vector<std::string> BertConfig::preset_names() { return {"bert-tiny", "bert-mini", "bert-base", "bert-large"}; }
+std::vector<std::string> BertConfig::preset_names() {
+  return {"bert-tiny",    "bert-mini",        "bert-base",       "bert-large",   "roberta-base",
+          "xlm-roberta-base", "distilbert-base", "electra-small", "electra-base"};
+}
 
+// The bert presets are BertConfig's defaults at other sizes; the others are the config.json of
+// the Hub checkpoint of that name (roberta-base, xlm-roberta-base, distilbert-base-uncased,
+// google/electra-{small,base}-discriminator) for sequence classification.
 BertConfig BertConfig::preset(std::string_view name) {
   BertConfig c;  // HF defaults are bert-base
   auto shape = [&](int64_t layers, int64_t hidden, int64_t heads, int64_t inter) {
@@ -95,15 +101,36 @@ BertConfig BertConfig::preset(std::string_view name) {
     c.num_attention_heads = heads;
     c.intermediate_size = inter;
   };
+  auto roberta = [&](Architecture a, int64_t vocab) {
+    c.architecture = a;
+    c.vocab_size = vocab;
+    c.max_position_embeddings = 514;
+    c.type_vocab_size = 1;
+    c.pad_token_id = 1;
+    c.bos_token_id = 0;
+    c.eos_token_id = 2;
+    c.layer_norm_eps = 1e-5;
+  };
   if (name == "bert-tiny") shape(2, 128, 2, 512);
   else if (name == "bert-mini") shape(4, 256, 4, 1024);
   else if (name == "bert-base") shape(12, 768, 12, 3072);
   else if (name == "bert-large") shape(24, 1024, 16, 4096);
-  else {
+  else if (name == "roberta-base") roberta(Architecture::Roberta, 50265);
+  else if (name == "xlm-roberta-base") roberta(Architecture::XlmRoberta, 250002);
+  else if (name == "distilbert-base") {
+    c.architecture = Architecture::DistilBert;
+    shape(6, 768, 12, 3072);
+    c.classifier_dropout = 0.2;  // seq_classif_dropout
+  } else if (name == "electra-small" || name == "electra-base") {
+    c.architecture = Architecture::Electra;
+    if (name == "electra-small") shape(12, 256, 4, 1024);
+    c.embedding_size = name == "electra-small" ? 128 : 768;
+  } else {
     std::string valid;
     for (const auto& n : preset_names()) valid += (valid.empty() ? "" : ", ") + n;
     fail("unknown model preset '", name, "' (valid: ", valid, ")");
   }
+  c.architectures = {c.sequence_classification_class()};
   return c;
 }
 

@@ -232,7 +232,7 @@ TEST_F(ConfigTest, BadConfigsAreOneLineErrors) {
   expect_bad(R"({"position_embedding_type": "relative_key"})", "position_embedding_type");
   expect_bad(R"({"model_type": "modernbert"})", "model_type 'modernbert'");
   expect_bad(R"({"model_type": "distilbert", "sinusoidal_pos_embds": true})", "sinusoidal_pos_embds");
-  expect_bad(R"({"model_type": "electra", "embedding_size": 300, "hidden_size": 256})", "embedding_size 300");
+  expect_bad(R"({"model_type": "electra", "embedding_size": 300, "hidden_size": 256, "num_attention_heads": 4})", "embedding_size 300");
   expect_bad(R"({"model_type": "roberta", "max_position_embeddings": 2})", "leaves no position");
   expect_bad(R"({"layer_norm_eps": 0})", "field 'layer_norm_eps'");
   expect_bad(R"({"pad_token_id": 30522})", "field 'pad_token_id'");

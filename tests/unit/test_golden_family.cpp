@@ -279,3 +279,17 @@ TEST_P(GoldenFamily, AnatomyTrainRunsEndToEnd) {
   EXPECT_EQ(res.at("steps"), 4);
   EXPECT_TRUE(std::isfinite(res.at("train_loss").get<double>())) << res.dump();
 }
+
+// The variant presets have the parameter counts transformers gives their
+// *ForSequenceClassification (2 labels), in the config's arithmetic and in the flat layout.
+TEST(FamilyPresets, ParameterCountsAreTransformers) {
+  const std::pair<const char*, int64_t> expected[] = {{"roberta-base", 124647170},   {"xlm-roberta-base", 278045186},
+                                                      {"distilbert-base", 66955010}, {"electra-small", 13549314},
+                                                      {"electra-base", 109483778}};
+  for (const auto& [name, n] : expected) {
+    const BertConfig c = BertConfig::preset(name);
+    EXPECT_EQ(c.num_parameters(), n) << name;
+    EXPECT_EQ(static_cast<int64_t>(ParamLayout::for_sequence_classification(c).num_parameters()), n) << name;
+    EXPECT_EQ(BertConfig::from_json(c.to_json(), name), c) << name;  // config.json round trip
+  }
+}
