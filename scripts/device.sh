@@ -10,6 +10,9 @@
 #   unit      the CPU golden tests, on this machine's CPU
 #   golden    rewrite the transformers golden fixture (torch + transformers)
 #   hfload    a model written by anatomy, loaded by transformers
+#   family    the encoder variants (RoBERTa, XLM-R, DistilBERT, ELECTRA): their golden fixtures on the
+#             GPU (fp32, bf16, AdamW, real tokens), then `anatomy train` bf16 on each tiny model directory
+#             of tests/fixtures/models with its tokenizer, loaded back by transformers
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops)
 #   profile   bert-large bf16 batch 32 with --profile-steps 3 (time by op class)
@@ -66,6 +69,20 @@ step_hfload() {
   $a train "${quiet[@]}" --preset bert-tiny --seq-len 64 --num-samples 64 --max-steps 2 --save-strategy final \
     --output-dir /tmp/anatomy_tiny >/dev/null 2>&1
   python3 tests/golden/verify_hf_load.py /tmp/anatomy_tiny 2>&1 | tail -3 | tee "$OUT/hf_load.log"
+}
+
+step_family() {
+  timeout 300 $b/anatomy_gpu_tests --gtest_filter='Arch/GoldenFamilyCuda.*' > "$OUT/family_gpu_tests.log" 2>&1
+  passed "$OUT/family_gpu_tests.log"
+  mkdir -p /tmp/family
+  for arch in roberta xlm-roberta distilbert electra; do
+    head -64 tests/data/text/sentiment.jsonl > "/tmp/family/$arch.jsonl"
+    timeout 120 $a train "${quiet[@]}" --save-strategy final --precision bf16 --model-name-or-path "tests/fixtures/models/$arch" \
+      --train-file "/tmp/family/$arch.jsonl" --max-seq-length 32 --per-device-train-batch-size 8 --max-steps 8 \
+      --overwrite-output-dir --output-dir "/tmp/family/$arch" > "$OUT/family_train_$arch.log" 2>&1
+    echo "$arch: exit $? $(python3 tests/golden/verify_hf_load.py "/tmp/family/$arch" 2>/dev/null | cut -c1-160)" \
+      | tee -a "$OUT/family.log"
+  done
 }
 
 step_sanitize() {
@@ -242,7 +259,7 @@ step_launch() {
   grep -h "Samples/second\|error" "$OUT"/train_*.log | head -8
 }
 
-(($#)) || { sed -n '2,28p' "$0"; exit 2; }
+(($#)) || { sed -n '2,31p' "$0"; exit 2; }
 for s in "$@"; do
   declare -F "step_$s" >/dev/null || { echo "device.sh: unknown step '$s'" >&2; exit 2; }
 done

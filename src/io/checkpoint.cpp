@@ -54,7 +54,8 @@ std::vector<std::string> checkpoint_names_for(const std::string& name) {
   // As saved by BertForSequenceClassification, then by BertModel (no "bert." prefix), each also
   // with the legacy LayerNorm names (gamma for weight, beta for bias) of old TF-converted files.
   std::vector<std::string> bases{name};
-  if (name.rfind("bert.", 0) == 0) bases.push_back(name.substr(5));
+  for (const char* base : {"bert.", "roberta.", "distilbert.", "electra."})
+    if (name.rfind(base, 0) == 0) bases.push_back(name.substr(std::char_traits<char>::length(base)));
   std::vector<std::string> out;
   for (const std::string& b : bases) {
     out.push_back(b);
@@ -93,7 +94,8 @@ LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClass
   }
   for (const auto& t : r.tensors())
     if (!used.count(t.name)) rep.unused.push_back(t.name);
-  ANATOMY_CHECK(!used.empty(), file, ": none of its tensors is a BERT parameter with Hugging Face names");
+  ANATOMY_CHECK(!used.empty(), file, ": none of its tensors is a ", model.config().sequence_classification_class(),
+                " parameter with Hugging Face names");
   model.set_master_from_host(host);
   return rep;
 }

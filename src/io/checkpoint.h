@@ -21,7 +21,8 @@ struct LoadReport {
 LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClassification& model);
 
 // The names a parameter may carry in a checkpoint, most specific first: the
-// BertForSequenceClassification name, the BertModel name (no "bert." prefix), and the legacy
+// *ForSequenceClassification name, the base model's name (no "bert.", "roberta.", "distilbert."
+// or "electra." prefix), and the legacy
 // LayerNorm.gamma / LayerNorm.beta spellings of either.
 std::vector<std::string> checkpoint_names_for(const std::string& name);
 

@@ -54,11 +54,16 @@ struct BertForSequenceClassification::LayerActs {
 struct BertForSequenceClassification::Acts {
   int64_t B = 0, T = 0;
   bool training = true;
-  Tensor emb_sum, emb_rstd, emb_ln;            // (R, H) (scratch in training), (R), (R, H)
+  // E = embedding width (hidden size but for ELECTRA's embedding_size).
+  Tensor emb_sum, emb_rstd, emb_ln;            // (R, E) (scratch in training), (R), (R, E)
+  Tensor emb_d;                                // (R, E) ELECTRA's projection input (may alias emb_ln)
+  Tensor zero_type, type_sink;                 // (1, E) DistilBERT: no token types (Note [encoder variants])
   Tensor mean;                                 // (R) F32 scratch: LayerNorm means (backward reads outputs)
   std::vector<Tensor> xs;                      // layer inputs/outputs (R, H): L+1 when training, 2 in eval
   std::vector<LayerActs> layers;               // L, or 1 reused (layer checkpointing, eval)
   Tensor cls, pooled, pooled_d;                // (B, H) each; pooled_d aliases pooled without dropout
+  Tensor cls_d, head_pre;                      // (B, H): the head's input after its first dropout
+                                               // (aliases cls without one), ELECTRA's GELU input
   Tensor logits, dlogits;                      // (B, C) compute dtype
   Tensor losses;                               // (B) F32
   // Temporary arena: forward's branch output and backward's gradients.
@@ -75,6 +80,37 @@ struct BertForSequenceClassification::Acts {
   const Tensor& x_in(int l) const { return training ? xs[l] : xs[l % 2]; }
   const Tensor& x_out(int l) const { return training ? xs[l + 1] : xs[(l + 1) % 2]; }
 };
+
+// Note [encoder variants]
+// BERT, RoBERTa (and XLM-R, the same module), DistilBERT and ELECTRA's discriminator share the
+// post-LayerNorm encoder layer exactly (the attention, output projection, residual LayerNorm,
+// GELU feed-forward, residual LayerNorm); they differ at three points, each an explicit switch
+// on BertConfig::architecture here and nowhere else, and in the tensor names (model/params.cpp):
+//   embeddings: word + position (+ token type) -> LayerNorm -> dropout. RoBERTa reads the
+//     position table from row pad_token_id + 1 (Note [roberta positions]); DistilBERT has no
+//     token-type table (the op adds a zeroed row, whose gradient goes to a sink); ELECTRA's
+//     tables have width embedding_size E and, when E differs from the hidden size, a Linear
+//     embeddings_project maps the dropped-out embeddings to H.
+//   layer: DistilBERT has no dropout on the attention output (its sa_layer_norm adds the raw
+//     projection), the others drop it with hidden_dropout_prob.
+//   head on the first token: BERT pooler (dense, tanh) -> dropout -> classifier; RoBERTa
+//     dropout -> dense -> tanh -> dropout -> out_proj; ELECTRA the same with GELU; DistilBERT
+//     pre_classifier -> ReLU -> dropout -> classifier. Head dropout is classifier_dropout or
+//     hidden_dropout_prob (DistilBERT's seq_classif_dropout is read into classifier_dropout).
+//
+// Note [roberta positions]
+// transformers gives a RoBERTa token the position pad_token_id + (number of non-padding tokens up
+// to and including it), and padding tokens the position pad_token_id. anatomy's batches are padded
+// on the right with attention mask 0, so every token before the padding sits at position
+// pad_token_id + 1 + t: the model reads the position table from row pad_token_id + 1 on, as a
+// view, with the ordinary embedding op. The padding rows read other rows than in transformers,
+// but their keys are masked and nothing reads their outputs, so logits, losses and every
+// gradient are the same. The one difference: a token equal to pad_token_id inside the text
+// (attention mask 1) takes position pad_token_id + 1 + t where transformers would give it
+// pad_token_id and not count it.
+static bool head_drops_input(const BertConfig& c) {
+  return c.is_roberta() || c.architecture == Architecture::Electra;
+}
 
 namespace {
 
@@ -144,7 +180,7 @@ static std::vector<GradRange> gradient_ranges(const BertConfig& cfg, const Param
   const int64_t L = cfg.num_hidden_layers;
   std::vector<GradRange> out;
   auto first = [&](int64_t l) {
-    return lay.get(l < L ? layer_prefix(static_cast<int>(l)) + "attention.self.query.weight" : "bert.pooler.dense.weight").offset;
+    return lay.get(l < L ? layer_names(cfg, static_cast<int>(l)).q_w : param_names(cfg).head_dense_w).offset;
   };
   out.push_back({0, first(0), stage_of_embeddings(L)});
   for (int64_t l = 0; l < L; ++l) out.push_back({first(l), first(l + 1), stage_of_layer(l, L)});
@@ -222,18 +258,28 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
   close(kAfterBackward);
   open();
   a.cls = act.take(dt, {B, H});
-  a.pooled = act.take(dt, {B, H});
   const double head_p = cfg.classifier_dropout.value_or(cfg.hidden_dropout_prob);
-  a.pooled_d = (training && head_p > 0) ? act.take(dt, {B, H}) : a.pooled;
+  const bool head_drop = training && head_p > 0;
+  a.cls_d = (head_drop && head_drops_input(cfg)) ? act.take(dt, {B, H}) : a.cls;
+  if (cfg.architecture == Architecture::Electra) a.head_pre = act.take(dt, {B, H});
+  a.pooled = act.take(dt, {B, H});
+  a.pooled_d = head_drop ? act.take(dt, {B, H}) : a.pooled;
   close(kStageHead);
   // The embeddings (their sum is scratch: the LayerNorm's backward reads its output).
+  const int64_t E = cfg.embedding_width();
   open();
   a.emb_rstd = act.take(DType::F32, {R});
-  a.emb_ln = act.take(dt, {R, H});
+  a.emb_ln = act.take(dt, {R, E});
   const bool emb_dropout = training && cfg.hidden_dropout_prob > 0;
   a.xs.assign(training ? L + 1 : 2, Tensor());
   // Packed training gathers the token rows of the embeddings' output into a buffer of their own.
-  a.xs[0] = (emb_dropout || a.packed_train) ? act.take(dt, {R, H}) : a.emb_ln;
+  const bool own = emb_dropout || a.packed_train;
+  if (cfg.projects_embeddings()) {  // the projection reads the dropped-out embeddings in backward
+    a.emb_d = own ? act.take(dt, {R, E}) : a.emb_ln;
+    a.xs[0] = act.take(dt, {R, H});
+  } else {
+    a.xs[0] = own ? act.take(dt, {R, H}) : a.emb_ln;
+  }
   close(stage_of_embeddings(L));
   // The layers, each with its output: the input of the next, read by both layers' backward.
   const bool keep_g = !(training && policy != CheckpointPolicy::None);
@@ -263,7 +309,11 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
 
   a.t1 = tmp.take(dt, {R, H});
   a.mean = tmp.take(DType::F32, {R});
-  a.emb_sum = a.t1;  // dead before the first layer uses t1 for its branch
+  a.emb_sum = Tensor(a.t1.data, dt, {R, E}, a.t1.device);  // dead before the first layer uses t1 for its branch
+  if (!cfg.has_token_types()) {
+    a.zero_type = tmp.take(dt, {1, E});
+    if (training) a.type_sink = tmp.take(DType::F32, {1, E});
+  }
   if (training) {
     a.t2 = tmp.take(dt, {R, H});
     a.t3 = tmp.take(dt, {R, H});
@@ -303,11 +353,13 @@ static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Are
   a.T = T;
   a.training = false;
   a.packed = true;
+  const int64_t E = cfg.embedding_width();
   a.emb_sum = act.take(dt, {R, H});
   a.emb_rstd = act.take(DType::F32, {R});
-  a.emb_ln = act.take(dt, {R, H});
-  a.xs = {a.emb_ln, act.take(dt, {R, H})};  // the packed hidden state ping-pongs between them
+  a.xs = {act.take(dt, {R, H}), act.take(dt, {R, H})};  // the packed hidden state ping-pongs between them
+  a.emb_ln = Tensor(a.xs[0].data, dt, {R, E}, a.xs[0].device);  // until the gather (E <= H)
   a.ctx_pad = a.emb_sum;                    // the embeddings' sum is dead after their LayerNorm
+  a.emb_sum = Tensor(a.emb_sum.data, dt, {R, E}, a.emb_sum.device);
   a.qkv_pad = act.take(dt, {R, 3 * H});
   a.layers.assign(1, {});
   BertForSequenceClassification::LayerActs& la = a.layers[0];
@@ -326,13 +378,16 @@ static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Are
   la.rstd1 = act.take(DType::F32, {R});
   la.rstd2 = act.take(DType::F32, {R});
   a.cls = act.take(dt, {B, H});
+  a.cls_d = a.cls;
+  if (cfg.architecture == Architecture::Electra) a.head_pre = act.take(dt, {B, H});
   a.pooled = act.take(dt, {B, H});
   a.pooled_d = a.pooled;
   a.logits = act.take(dt, {B, C});
   a.dlogits = act.take(dt, {B, C});
   a.losses = act.take(DType::F32, {B});
-  a.t1 = tmp.take(dt, {R, H});
+  a.t1 = tmp.take(dt, {R, H});  // also the gathered embedding rows that ELECTRA projects
   a.mean = tmp.take(DType::F32, {R});
+  if (!cfg.has_token_types()) a.zero_type = tmp.take(dt, {1, E});
 }
 
 PackedRows pack_token_rows(const int32_t* mask, int64_t B, int64_t T, int64_t multiple) {
@@ -402,10 +457,13 @@ std::vector<LivenessPoint> activation_liveness(const BertConfig& cfg, const Mode
 
 BertForSequenceClassification::BertForSequenceClassification(Backend& be, const BertConfig& cfg,
                                                              const ModelShape& shape)
-    : m_be(be), m_cfg(cfg), m_layout(ParamLayout::for_sequence_classification(cfg)), m_shape(shape) {
+    : m_be(be), m_cfg(cfg), m_layout(ParamLayout::for_sequence_classification(cfg)), m_names(param_names(cfg)),
+      m_shape(shape) {
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) m_layer_names.push_back(layer_names(cfg, l));
   ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
-  ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_position_embeddings, "--seq-len ", shape.max_seq,
-                " must be between 1 and max_position_embeddings (", cfg.max_position_embeddings, ")");
+  ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
+                " must be between 1 and ", cfg.max_sequence_length(), " (the positions of max_position_embeddings ",
+                cfg.max_position_embeddings, cfg.position_offset() ? " after pad_token_id + 1" : "", ")");
   ANATOMY_CHECK(!(shape.packed_tokens && shape.checkpointing == CheckpointPolicy::Layer),
                 "training on real tokens does not combine with --gradient-checkpointing layer (use selective or none)");
   Allocator& al = be.allocator();
@@ -468,17 +526,21 @@ void BertForSequenceClassification::init_weights(uint64_t seed) {
   const double std = m_cfg.initializer_range;
   for (const auto& p : m_layout.params()) {
     float* w = flat.data() + p.offset;
-    const bool is_ln = p.name.find("LayerNorm.weight") != std::string::npos;
+    const bool is_ln = is_layernorm_weight(p.name);
     if (is_ln) {
       std::fill(w, w + p.numel(), 1.0f);
     } else if (p.decay) {  // every matrix: Linear and Embedding weights
       for (size_t i = 0; i < p.numel(); ++i) w[i] = static_cast<float>(rng.normal() * std);
     }
   }
-  // nn.Embedding(padding_idx=pad_token_id) keeps that row at zero.
-  const auto& word = m_layout.get("bert.embeddings.word_embeddings.weight");
+  // nn.Embedding(padding_idx=pad_token_id) keeps that row at zero: the word table's, and
+  // RoBERTa's position table's too.
+  const int64_t E = m_cfg.embedding_width();
+  const auto& word = m_layout.get(m_names.word);
   if (m_cfg.pad_token_id >= 0 && m_cfg.pad_token_id < m_cfg.vocab_size)
-    std::fill_n(flat.data() + word.offset + m_cfg.pad_token_id * m_cfg.hidden_size, m_cfg.hidden_size, 0.0f);
+    std::fill_n(flat.data() + word.offset + m_cfg.pad_token_id * E, E, 0.0f);
+  if (m_cfg.is_roberta())
+    std::fill_n(flat.data() + m_layout.get(m_names.position).offset + m_cfg.pad_token_id * E, E, 0.0f);
   set_master_from_host(flat);
 }
 
@@ -509,7 +571,7 @@ void BertForSequenceClassification::zero_grads() { m_be.fill(m_grads_view, 0.0f)
 std::vector<std::string> BertForSequenceClassification::layernorm_weights_below(float limit) {
   std::vector<std::string> out;
   for (const ParamInfo& p : m_layout.params()) {
-    if (p.name.find("LayerNorm.weight") == std::string::npos) continue;
+    if (!is_layernorm_weight(p.name)) continue;
     std::vector<float> v(p.numel());
     m_be.download(v.data(), m_layout.view(m_master.tensor(), p));
     if (std::any_of(v.begin(), v.end(), [&](float x) { return std::fabs(x) < limit; })) out.push_back(p.name);
@@ -522,23 +584,28 @@ void BertForSequenceClassification::zero_grad_range(size_t begin, size_t end) {
 }
 
 // Dropout sites per micro-batch: 0 embeddings, 1 + 3l + {0: attention probs, 1: attention
-// output, 2: feed-forward output}, 1 + 3L pooler. Backward and recompute use the same sites.
+// output, 2: feed-forward output}, 1 + 3L the head's dropout before its output layer, 2 + 3L
+// the one on its input (RoBERTa, ELECTRA). Backward and recompute use the same sites.
 static float head_dropout(const BertConfig& c) {
   return static_cast<float>(c.classifier_dropout.value_or(c.hidden_dropout_prob));
 }
 static int site_attn(int l) { return 1 + 3 * l; }
 static int site_attn_out(int l) { return 2 + 3 * l; }
 static int site_ffn_out(int l) { return 3 + 3 * l; }
+// The attention output's dropout probability (none in DistilBERT, Note [encoder variants]).
+static float attn_out_dropout(const BertConfig& c) {
+  return c.architecture == Architecture::DistilBert ? 0.0f : static_cast<float>(c.hidden_dropout_prob);
+}
 
 void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const Tensor& out, LayerActs& a,
                                                   const DeviceBatch& b, bool training, uint64_t base,
                                                   const Tensor& branch) {
-  const std::string p = layer_prefix(l);
+  const LayerNames& p = m_layer_names[static_cast<size_t>(l)];
   const int64_t H = m_cfg.hidden_size, nh = m_cfg.num_attention_heads;
   const float eps = static_cast<float>(m_cfg.layer_norm_eps);
   const float hp = static_cast<float>(m_cfg.hidden_dropout_prob), ap = static_cast<float>(m_cfg.attention_probs_dropout_prob);
-  const ParamInfo& wq = m_layout.get(p + "attention.self.query.weight");
-  const ParamInfo& bq = m_layout.get(p + "attention.self.query.bias");
+  const ParamInfo& wq = m_layout.get(p.q_w);
+  const ParamInfo& bq = m_layout.get(p.q_b);
   Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
   Tensor bqkv = ParamLayout::range(m_compute_view, bq.offset, {3 * H});
 
@@ -566,24 +633,24 @@ void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const 
       m_be.gather_rows(ctx_rows, a.ctx, b.token_rows);
     }
   }
-  m_be.matmul(branch, ctx_rows, Trans::N, W(p + "attention.output.dense.weight"), Trans::T,
-              {1, 0, Epilogue::Bias, W(p + "attention.output.dense.bias"), {}});
+  m_be.matmul(branch, ctx_rows, Trans::N, W(p.ao_w), Trans::T,
+              {1, 0, Epilogue::Bias, W(p.ao_b), {}});
   const Tensor mean = m_acts->mean.slice(0, a.h1.dim(0));  // scratch: backward reads the outputs
-  m_be.layernorm_forward(a.h1, Tensor(), mean, a.rstd1, branch, x, W(p + "attention.output.LayerNorm.weight"),
-                         W(p + "attention.output.LayerNorm.bias"), eps, drop(hp, base, site_attn_out(l), training));
-  m_be.matmul(a.g, a.h1, Trans::N, W(p + "intermediate.dense.weight"), Trans::T,
-              {1, 0, Epilogue::BiasGelu, W(p + "intermediate.dense.bias"), a.pre});
-  m_be.matmul(branch, a.g, Trans::N, W(p + "output.dense.weight"), Trans::T,
-              {1, 0, Epilogue::Bias, W(p + "output.dense.bias"), {}});
-  m_be.layernorm_forward(out, Tensor(), mean, a.rstd2, branch, a.h1, W(p + "output.LayerNorm.weight"),
-                         W(p + "output.LayerNorm.bias"), eps, drop(hp, base, site_ffn_out(l), training));
+  m_be.layernorm_forward(a.h1, Tensor(), mean, a.rstd1, branch, x, W(p.ln1_w),
+                         W(p.ln1_b), eps, drop(attn_out_dropout(m_cfg), base, site_attn_out(l), training));
+  m_be.matmul(a.g, a.h1, Trans::N, W(p.ff1_w), Trans::T,
+              {1, 0, Epilogue::BiasGelu, W(p.ff1_b), a.pre});
+  m_be.matmul(branch, a.g, Trans::N, W(p.ff2_w), Trans::T,
+              {1, 0, Epilogue::Bias, W(p.ff2_b), {}});
+  m_be.layernorm_forward(out, Tensor(), mean, a.rstd2, branch, a.h1, W(p.ln2_w),
+                         W(p.ln2_b), eps, drop(hp, base, site_ffn_out(l), training));
 }
 
 // dout arrives in t1; returns the tensor holding dx (one of t1, t2, t3).
 Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, LayerActs& a, const Tensor& x,
                                                      const Tensor& out, const DeviceBatch& b, uint64_t base, const Tensor& X1,
                                                      const Tensor& X2, const Tensor& X3) {
-  const std::string p = layer_prefix(l);
+  const LayerNames& p = m_layer_names[static_cast<size_t>(l)];
   const int64_t H = m_cfg.hidden_size, I = m_cfg.intermediate_size, nh = m_cfg.num_attention_heads;
   const int64_t R = m_acts->B * m_acts->T;
   const float hp = static_cast<float>(m_cfg.hidden_dropout_prob), ap = static_cast<float>(m_cfg.attention_probs_dropout_prob);
@@ -601,32 +668,32 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
 
   if (m_shape.checkpointing != CheckpointPolicy::None) m_be.gelu_forward(a.g, a.pre);
   // LayerNorm 2: ds2 (X2) reaches h1 through the residual; df2 (X3) reaches the FFN output.
-  m_be.layernorm_backward(x2, x3, G(p + "output.LayerNorm.weight"), G(p + "output.LayerNorm.bias"), dy, out,
-                          a.rstd2, W(p + "output.LayerNorm.weight"), W(p + "output.LayerNorm.bias"),
+  m_be.layernorm_backward(x2, x3, G(p.ln2_w), G(p.ln2_b), dy, out,
+                          a.rstd2, W(p.ln2_w), W(p.ln2_b),
                           drop(hp, base, site_ffn_out(l), true));
   // FFN out: y = g W2^T + b2, W2 (H, I). dW2 first: under selective checkpointing g shares
   // its memory with dI.
-  m_be.matmul(G(p + "output.dense.weight"), x3, Trans::T, a.g, Trans::N, acc);
-  m_be.bias_grad(G(p + "output.dense.bias"), x3);
-  m_be.matmul(dI, x3, Trans::N, W(p + "output.dense.weight"), Trans::N, put);
+  m_be.matmul(G(p.ff2_w), x3, Trans::T, a.g, Trans::N, acc);
+  m_be.bias_grad(G(p.ff2_b), x3);
+  m_be.matmul(dI, x3, Trans::N, W(p.ff2_w), Trans::N, put);
   m_be.gelu_backward(dI, dI, a.pre);
   // FFN in: pre = h1 W1^T + b1, W1 (I, H); dh1 = dpre W1 + ds2.
-  m_be.matmul(x2, dI, Trans::N, W(p + "intermediate.dense.weight"), Trans::N, acc);
-  m_be.matmul(G(p + "intermediate.dense.weight"), dI, Trans::T, a.h1, Trans::N, acc);
-  m_be.bias_grad(G(p + "intermediate.dense.bias"), dI);
+  m_be.matmul(x2, dI, Trans::N, W(p.ff1_w), Trans::N, acc);
+  m_be.matmul(G(p.ff1_w), dI, Trans::T, a.h1, Trans::N, acc);
+  m_be.bias_grad(G(p.ff1_b), dI);
   // LayerNorm 1: ds1 (X3) reaches x; dao (X1) reaches the attention output projection.
-  m_be.layernorm_backward(x3, x1, G(p + "attention.output.LayerNorm.weight"), G(p + "attention.output.LayerNorm.bias"),
-                          x2, a.h1, a.rstd1, W(p + "attention.output.LayerNorm.weight"),
-                          W(p + "attention.output.LayerNorm.bias"),
-                          drop(hp, base, site_attn_out(l), true));
-  m_be.matmul(x2, x1, Trans::N, W(p + "attention.output.dense.weight"), Trans::N, put);  // dctx
+  m_be.layernorm_backward(x3, x1, G(p.ln1_w), G(p.ln1_b),
+                          x2, a.h1, a.rstd1, W(p.ln1_w),
+                          W(p.ln1_b),
+                          drop(attn_out_dropout(m_cfg), base, site_attn_out(l), true));
+  m_be.matmul(x2, x1, Trans::N, W(p.ao_w), Trans::N, put);  // dctx
   Tensor ctx_rows = a.ctx, dctx = x2;
   if (pk) {  // the context's token rows, in dI's dead memory
     ctx_rows = big.slice(0, n * H).view({n, H});
     m_be.gather_rows(ctx_rows, a.ctx, b.token_rows);
   }
-  m_be.matmul(G(p + "attention.output.dense.weight"), x1, Trans::T, ctx_rows, Trans::N, acc);
-  m_be.bias_grad(G(p + "attention.output.dense.bias"), x1);
+  m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc);
+  m_be.bias_grad(G(p.ao_b), x1);
   if (pk) {  // dao is consumed: X1's whole buffer takes dctx in the padded layout, zero on padding
     m_be.fill(X1, 0.0f);
     m_be.scatter_rows(X1, x2, b.token_rows);
@@ -641,8 +708,8 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
     m_be.gather_rows(dqkv_rows, dqkv, b.token_rows);
   }
   // QKV: qkv = x Wqkv^T + bqkv; dx = dqkv Wqkv + ds1.
-  const ParamInfo& wq = m_layout.get(p + "attention.self.query.weight");
-  const ParamInfo& bq = m_layout.get(p + "attention.self.query.bias");
+  const ParamInfo& wq = m_layout.get(p.q_w);
+  const ParamInfo& bq = m_layout.get(p.q_b);
   Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
   m_be.matmul(x3, dqkv_rows, Trans::N, wqkv, Trans::N, acc);
   m_be.matmul(ParamLayout::range(m_grads_view, wq.offset, {3 * H, H}), dqkv_rows, Trans::T, x, Trans::N, acc);
@@ -682,17 +749,7 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
   Acts& a = *m_acts;
   const int64_t n = pk ? static_cast<int64_t>(b.token_rows.numel()) : B * T;
   auto rows = [&](const Tensor& t) { return pk ? t.slice(0, n) : t; };
-  const float eps = static_cast<float>(m_cfg.layer_norm_eps), hp = static_cast<float>(m_cfg.hidden_dropout_prob);
-  m_be.embedding_forward(a.emb_sum, b.input_ids, b.token_type_ids, W("bert.embeddings.word_embeddings.weight"),
-                         W("bert.embeddings.position_embeddings.weight"), W("bert.embeddings.token_type_embeddings.weight"));
-  m_be.layernorm_forward(a.emb_ln, Tensor(), a.mean, a.emb_rstd, a.emb_sum, Tensor(),
-                         W("bert.embeddings.LayerNorm.weight"), W("bert.embeddings.LayerNorm.bias"), eps, {});
-  if (pk) {
-    m_be.gather_rows(rows(a.xs[0]), a.emb_ln, b.token_rows);
-    if (training && hp > 0) m_be.dropout_forward(rows(a.xs[0]), rows(a.xs[0]), drop(hp, base, 0, training));
-  } else if (a.xs[0].data != a.emb_ln.data) {
-    m_be.dropout_forward(a.xs[0], a.emb_ln, drop(hp, base, 0, training));
-  }
+  embeddings_forward(b, training, base, pk ? n : -1);
   for (int l = 0; l < L; ++l) {
     LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : l];
     if (pk) {
@@ -702,18 +759,12 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
       layer_forward(l, a.x_in(l), a.x_out(l), la, b, training, base, a.t1);
     }
   }
-  // Pooler on the first token, then the classifier.
+  // The head on the first token.
   if (pk)
     m_be.gather_rows(a.cls, rows(a.x_in(static_cast<int>(L))), b.first_rows);
   else
     m_be.select_token(a.cls, a.x_in(static_cast<int>(L)).view({B, T, H}), 0);
-  m_be.matmul(a.pooled, a.cls, Trans::N, W("bert.pooler.dense.weight"), Trans::T,
-              {1, 0, Epilogue::Bias, W("bert.pooler.dense.bias"), {}});
-  m_be.tanh_forward(a.pooled, a.pooled);
-  if (a.pooled_d.data != a.pooled.data)
-    m_be.dropout_forward(a.pooled_d, a.pooled, drop(head_dropout(m_cfg), base, site_attn(static_cast<int>(L)), training));
-  m_be.matmul(a.logits, a.pooled_d, Trans::N, W("classifier.weight"), Trans::T,
-              {1, 0, Epilogue::Bias, W("classifier.bias"), {}});
+  head_forward(training, base);
   m_losses = a.losses;
   m_logits = a.logits;
   m_hidden = pk ? Tensor() : a.x_in(static_cast<int>(L)).view({B, T, H});
@@ -726,9 +777,6 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   const bool pk = a.packed_train && b.packed();
   const int64_t n = pk ? static_cast<int64_t>(b.token_rows.numel()) : B * T;
   auto rows = [&](const Tensor& t) { return pk ? t.slice(0, n) : t; };
-  const float hp = static_cast<float>(m_cfg.hidden_dropout_prob);
-  const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};
-  const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
   m_be.cross_entropy(a.losses, a.dlogits, a.logits, b.labels, grad_scale);
   m_be.set_phase(Phase::Backward);
   // Gradients in freed activations: each stage's range is zeroed just before it is written.
@@ -736,16 +784,7 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   const auto& ranges = m_grad_ranges;  // [embeddings, layer 0 .. L-1, tail]
   if (overlaid) zero_grad_range(ranges.back().first, ranges.back().second);
 
-  // Classifier and pooler.
-  m_be.matmul(G("classifier.weight"), a.dlogits, Trans::T, a.pooled_d, Trans::N, acc);
-  m_be.bias_grad(G("classifier.bias"), a.dlogits);
-  m_be.matmul(a.hd1, a.dlogits, Trans::N, W("classifier.weight"), Trans::N, put);
-  if (a.pooled_d.data != a.pooled.data)
-    m_be.dropout_backward(a.hd1, a.hd1, drop(head_dropout(m_cfg), base, site_attn(static_cast<int>(L)), true));
-  m_be.tanh_backward(a.hd1, a.hd1, a.pooled);
-  m_be.matmul(G("bert.pooler.dense.weight"), a.hd1, Trans::T, a.cls, Trans::N, acc);
-  m_be.bias_grad(G("bert.pooler.dense.bias"), a.hd1);
-  m_be.matmul(a.hd2, a.hd1, Trans::N, W("bert.pooler.dense.weight"), Trans::N, put);
+  head_backward(base);
   if (pk) {
     m_be.fill(rows(a.t1), 0.0f);
     m_be.scatter_rows(rows(a.t1), a.hd2, b.first_rows);
@@ -773,21 +812,8 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
     X2 = others[0];
     X3 = others[1];
   }
-  // Embeddings: dropout, LayerNorm (no residual), then the three tables.
-  if (pk) {  // the token rows' gradient into a zeroed padded buffer; the rest runs padded
-    if (hp > 0) m_be.dropout_backward(rows(X1), rows(X1), drop(hp, base, 0, true));
-    m_be.fill(X3, 0.0f);
-    m_be.scatter_rows(X3, rows(X1), b.token_rows);
-    std::swap(X1, X3);
-  } else if (a.xs[0].data != a.emb_ln.data) {
-    m_be.dropout_backward(X1, X1, drop(hp, base, 0, true));
-  }
   if (overlaid) zero_grad_range(ranges.front().first, ranges.front().second);
-  m_be.layernorm_backward(X2, Tensor(), G("bert.embeddings.LayerNorm.weight"), G("bert.embeddings.LayerNorm.bias"), X1,
-                          a.emb_ln, a.emb_rstd, W("bert.embeddings.LayerNorm.weight"),
-                          W("bert.embeddings.LayerNorm.bias"), {});
-  m_be.embedding_backward(G("bert.embeddings.word_embeddings.weight"), G("bert.embeddings.position_embeddings.weight"),
-                          G("bert.embeddings.token_type_embeddings.weight"), X2, b.input_ids, b.token_type_ids);
+  embeddings_backward(b, base, pk ? n : -1, X1, X2, X3);
   if (overlaid) m_hidden = Tensor();  // its memory now holds gradients
 }
 
@@ -808,32 +834,144 @@ void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
   carve(B, T, false, true);
   m_be.set_phase(Phase::Forward);
   Acts& a = *m_acts;
-  const float eps = static_cast<float>(m_cfg.layer_norm_eps);
-  m_be.embedding_forward(a.emb_sum, b.input_ids, b.token_type_ids, W("bert.embeddings.word_embeddings.weight"),
-                         W("bert.embeddings.position_embeddings.weight"), W("bert.embeddings.token_type_embeddings.weight"));
-  m_be.layernorm_forward(a.emb_ln, Tensor(), a.mean, a.emb_rstd, a.emb_sum, Tensor(),
-                         W("bert.embeddings.LayerNorm.weight"), W("bert.embeddings.LayerNorm.bias"), eps, {});
+  embeddings_forward(b, false, 0, N);
   m_be.fill(a.qkv_pad, 0.0f);  // padding rows stay zero: the scatters write token rows only
   // N-row views of the carved tensors (lse stays [B, heads, T]).
   LayerActs la = a.layers[0];
   for (Tensor* t : {&la.qkv, &la.ctx, &la.rstd1, &la.h1, &la.pre, &la.g, &la.rstd2})
     *t = t->slice(0, N);
-  Tensor x = a.xs[1].slice(0, N), y = a.xs[0].slice(0, N);  // xs[0] is the embeddings' output until the gather
-  m_be.gather_rows(x, a.emb_ln, b.token_rows);
+  Tensor x = a.xs[1].slice(0, N), y = a.xs[0].slice(0, N);  // embeddings_forward wrote x
   for (int l = 0; l < L; ++l) {
     layer_forward(l, x, y, la, b, false, 0, a.t1.slice(0, N));
     std::swap(x, y);
   }
-  // Pooler on each sequence's first token, then the classifier (no dropout in eval).
+  // The head on each sequence's first token (no dropout in eval).
   m_be.gather_rows(a.cls, x, b.first_rows);
-  m_be.matmul(a.pooled, a.cls, Trans::N, W("bert.pooler.dense.weight"), Trans::T,
-              {1, 0, Epilogue::Bias, W("bert.pooler.dense.bias"), {}});
-  m_be.tanh_forward(a.pooled, a.pooled);
-  m_be.matmul(a.logits, a.pooled, Trans::N, W("classifier.weight"), Trans::T,
-              {1, 0, Epilogue::Bias, W("classifier.bias"), {}});
+  head_forward(false, 0);
   m_losses = a.losses;
   m_logits = a.logits;
   m_hidden = Tensor();  // no [B, T, H] encoder output on this path: the hidden state is packed
+}
+
+}  // namespace anatomy
+
+namespace anatomy {
+
+Tensor BertForSequenceClassification::position_table(const Tensor& flat) const {
+  const ParamInfo& p = m_layout.get(m_names.position);
+  const int64_t off = m_cfg.position_offset(), E = m_cfg.embedding_width();
+  return ParamLayout::range(flat, p.offset + static_cast<size_t>(off * E), {m_cfg.max_position_embeddings - off, E});
+}
+
+// Writes the encoder's input: xs[0] (R rows), or with n >= 0 its first n rows, the token rows
+// of DeviceBatch::token_rows (packed training and packed inference; packed inference puts them
+// in xs[1], the layers' first input there).
+void BertForSequenceClassification::embeddings_forward(const DeviceBatch& b, bool training, uint64_t base, int64_t n) {
+  Acts& a = *m_acts;
+  const float eps = static_cast<float>(m_cfg.layer_norm_eps), hp = static_cast<float>(m_cfg.hidden_dropout_prob);
+  Tensor type = m_names.token_type.empty() ? a.zero_type : W(m_names.token_type);
+  if (m_names.token_type.empty()) m_be.fill(a.zero_type, 0.0f);
+  m_be.embedding_forward(a.emb_sum, b.input_ids, m_cfg.has_token_types() ? b.token_type_ids : Tensor(), W(m_names.word),
+                         position_table(m_compute_view), type);
+  m_be.layernorm_forward(a.emb_ln, Tensor(), a.mean, a.emb_rstd, a.emb_sum, Tensor(), W(m_names.emb_ln_w),
+                         W(m_names.emb_ln_b), eps, {});
+  const bool proj = m_cfg.projects_embeddings();
+  if (a.packed) {  // packed inference: gather (into t1 when a projection follows), project
+    Tensor x = a.xs[1].slice(0, n);
+    Tensor g = proj ? Tensor(a.t1.data, a.t1.dtype, {n, m_cfg.embedding_width()}, a.t1.device) : x;
+    m_be.gather_rows(g, a.emb_ln, b.token_rows);
+    if (proj)
+      m_be.matmul(x, g, Trans::N, W(m_names.project_w), Trans::T, {1, 0, Epilogue::Bias, W(m_names.project_b), {}});
+    return;
+  }
+  // The dropped-out embeddings: the projection's input, or the encoder's input itself.
+  const Tensor d = proj ? a.emb_d : a.xs[0];
+  auto rows = [&](const Tensor& t) { return n >= 0 ? t.slice(0, n) : t; };
+  if (n >= 0) {
+    m_be.gather_rows(rows(d), a.emb_ln, b.token_rows);
+    if (training && hp > 0) m_be.dropout_forward(rows(d), rows(d), drop(hp, base, 0, training));
+  } else if (d.data != a.emb_ln.data) {
+    m_be.dropout_forward(d, a.emb_ln, drop(hp, base, 0, training));
+  }
+  if (proj)
+    m_be.matmul(rows(a.xs[0]), rows(d), Trans::N, W(m_names.project_w), Trans::T,
+                {1, 0, Epilogue::Bias, W(m_names.project_b), {}});
+}
+
+// From the gradient of the encoder's input in X1 (its first n rows when n >= 0), through the
+// projection, dropout and LayerNorm into the tables. X1..X3 are [R, H] scratch (E <= H).
+void BertForSequenceClassification::embeddings_backward(const DeviceBatch& b, uint64_t base, int64_t n, Tensor& X1,
+                                                        Tensor& X2, Tensor& X3) {
+  Acts& a = *m_acts;
+  const int64_t R = a.B * a.T, E = m_cfg.embedding_width();
+  const float hp = static_cast<float>(m_cfg.hidden_dropout_prob);
+  auto rows = [&](const Tensor& t) { return n >= 0 ? t.slice(0, n) : t; };
+  auto wide = [&](const Tensor& t) { return Tensor(t.data, t.dtype, {R, E}, t.device); };  // the first R*E elements
+  const bool proj = m_cfg.projects_embeddings();
+  if (proj) {  // x0 = d P^T + p: dP += dx0^T d, dp += sum dx0, dd = dx0 P
+    m_be.matmul(G(m_names.project_w), rows(X1), Trans::T, rows(a.emb_d), Trans::N, {1, 1, Epilogue::None, {}, {}});
+    m_be.bias_grad(G(m_names.project_b), rows(X1));
+    m_be.matmul(rows(wide(X2)), rows(X1), Trans::N, W(m_names.project_w), Trans::N, {1, 0, Epilogue::None, {}, {}});
+    std::swap(X1, X2);
+  }
+  const Tensor d = proj ? a.emb_d : a.xs[0];
+  if (n >= 0) {  // the token rows' gradient into a zeroed padded buffer; the rest runs padded
+    if (hp > 0) m_be.dropout_backward(rows(wide(X1)), rows(wide(X1)), drop(hp, base, 0, true));
+    m_be.fill(wide(X3), 0.0f);
+    m_be.scatter_rows(wide(X3), rows(wide(X1)), b.token_rows);
+    std::swap(X1, X3);
+  } else if (d.data != a.emb_ln.data) {
+    m_be.dropout_backward(wide(X1), wide(X1), drop(hp, base, 0, true));
+  }
+  m_be.layernorm_backward(wide(X2), Tensor(), G(m_names.emb_ln_w), G(m_names.emb_ln_b), wide(X1), a.emb_ln, a.emb_rstd,
+                          W(m_names.emb_ln_w), W(m_names.emb_ln_b), {});
+  Tensor dtype = a.type_sink;
+  if (!m_names.token_type.empty()) dtype = G(m_names.token_type);
+  m_be.embedding_backward(G(m_names.word), position_table(m_grads_view), dtype, wide(X2), b.input_ids,
+                          m_cfg.has_token_types() ? b.token_type_ids : Tensor());
+}
+
+// From a.cls (the first token's final hidden state) to the logits (Note [encoder variants]).
+void BertForSequenceClassification::head_forward(bool training, uint64_t base) {
+  Acts& a = *m_acts;
+  const int L = static_cast<int>(m_cfg.num_hidden_layers);
+  const float p = head_dropout(m_cfg);
+  if (a.cls_d.data != a.cls.data) m_be.dropout_forward(a.cls_d, a.cls, drop(p, base, site_attn_out(L), training));
+  const Tensor wd = W(m_names.head_dense_w), bd = W(m_names.head_dense_b);
+  if (m_cfg.architecture == Architecture::Electra) {
+    m_be.matmul(a.pooled, a.cls_d, Trans::N, wd, Trans::T, {1, 0, Epilogue::BiasGelu, bd, a.head_pre});
+  } else {
+    m_be.matmul(a.pooled, a.cls_d, Trans::N, wd, Trans::T, {1, 0, Epilogue::Bias, bd, {}});
+    if (m_cfg.architecture == Architecture::DistilBert)
+      m_be.relu_forward(a.pooled, a.pooled);
+    else
+      m_be.tanh_forward(a.pooled, a.pooled);
+  }
+  if (a.pooled_d.data != a.pooled.data) m_be.dropout_forward(a.pooled_d, a.pooled, drop(p, base, site_attn(L), training));
+  m_be.matmul(a.logits, a.pooled_d, Trans::N, W(m_names.head_out_w), Trans::T,
+              {1, 0, Epilogue::Bias, W(m_names.head_out_b), {}});
+}
+
+// From a.dlogits to the first token's gradient in a.hd2.
+void BertForSequenceClassification::head_backward(uint64_t base) {
+  Acts& a = *m_acts;
+  const int L = static_cast<int>(m_cfg.num_hidden_layers);
+  const float p = head_dropout(m_cfg);
+  const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};
+  const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
+  m_be.matmul(G(m_names.head_out_w), a.dlogits, Trans::T, a.pooled_d, Trans::N, acc);
+  m_be.bias_grad(G(m_names.head_out_b), a.dlogits);
+  m_be.matmul(a.hd1, a.dlogits, Trans::N, W(m_names.head_out_w), Trans::N, put);
+  if (a.pooled_d.data != a.pooled.data) m_be.dropout_backward(a.hd1, a.hd1, drop(p, base, site_attn(L), true));
+  switch (m_cfg.architecture) {
+    case Architecture::Electra: m_be.gelu_backward(a.hd1, a.hd1, a.head_pre); break;
+    case Architecture::DistilBert: m_be.relu_backward(a.hd1, a.hd1, a.pooled); break;
+    default: m_be.tanh_backward(a.hd1, a.hd1, a.pooled); break;
+  }
+  m_be.matmul(G(m_names.head_dense_w), a.hd1, Trans::T, a.cls_d, Trans::N, acc);
+  m_be.bias_grad(G(m_names.head_dense_b), a.hd1);
+  m_be.matmul(a.hd2, a.hd1, Trans::N, W(m_names.head_dense_w), Trans::N, put);
+  if (a.cls_d.data != a.cls.data) m_be.dropout_backward(a.hd2, a.hd2, drop(p, base, site_attn_out(L), true));
 }
 
 }  // namespace anatomy

@@ -1,5 +1,6 @@
-// BertForSequenceClassification with an explicit forward and backward per layer, written once
-// against the Backend interface (ops/backend.h). Saved activations live in one arena
+// The encoder for sequence classification (BERT, RoBERTa, XLM-R, DistilBERT, ELECTRA: the
+// variants of Note [encoder variants] in bert.cpp) with an explicit forward and backward per
+// layer, written once against the Backend interface (ops/backend.h). Saved activations live in one arena
 // (Category::Activations), backward scratch in another (Category::Temporary); both are sized
 // by the same carving code that the planner runs dry (Note [allocation policy]).
 #pragma once
@@ -169,6 +170,12 @@ class BertForSequenceClassification {
   void carve(int64_t B, int64_t T, bool training, bool packed = false);
   void forward(const DeviceBatch& batch, bool training, uint64_t dropout_base);
   void forward_packed(const DeviceBatch& batch);
+  void embeddings_forward(const DeviceBatch& b, bool training, uint64_t dropout_base, int64_t n);
+  void embeddings_backward(const DeviceBatch& b, uint64_t dropout_base, int64_t n, Tensor& X1, Tensor& X2, Tensor& X3);
+  void head_forward(bool training, uint64_t dropout_base);
+  void head_backward(uint64_t dropout_base);
+  // The position table from the row the first token reads (Note [roberta positions]).
+  Tensor position_table(const Tensor& flat) const;
   void layer_forward(int l, const Tensor& x, const Tensor& out, LayerActs& a, const DeviceBatch& b,
                      bool training, uint64_t dropout_base, const Tensor& scratch);
   Tensor layer_backward(int l, const Tensor& dout, LayerActs& a, const Tensor& x, const Tensor& out, const DeviceBatch& b,
@@ -180,6 +187,8 @@ class BertForSequenceClassification {
   Backend& m_be;
   BertConfig m_cfg;
   ParamLayout m_layout;
+  ParamNames m_names;
+  std::vector<LayerNames> m_layer_names;
   ModelShape m_shape;
   uint64_t m_seed = 0;
   void zero_grad_range(size_t begin, size_t end);  // elements of the flat gradients

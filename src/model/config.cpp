@@ -85,8 +85,14 @@ std::string truncated(std::string s) {
 
 }  // namespace
 
-std::vector<std::string> BertConfig::preset_names() { return {"bert-tiny", "bert-mini", "bert-base", "bert-large"}; }
+std::vector<std::string> BertConfig::preset_names() {
+  return {"bert-tiny",    "bert-mini",        "bert-base",       "bert-large",   "roberta-base",
+          "xlm-roberta-base", "distilbert-base", "electra-small", "electra-base"};
+}
 
+// The bert presets are BertConfig's defaults at other sizes; the others are the config.json of
+// the Hub checkpoint of that name (roberta-base, xlm-roberta-base, distilbert-base-uncased,
+// google/electra-{small,base}-discriminator) for sequence classification.
 BertConfig BertConfig::preset(std::string_view name) {
   BertConfig c;  // HF defaults are bert-base
   auto shape = [&](int64_t layers, int64_t hidden, int64_t heads, int64_t inter) {
@@ -95,15 +101,36 @@ BertConfig BertConfig::preset(std::string_view name) {
     c.num_attention_heads = heads;
     c.intermediate_size = inter;
   };
+  auto roberta = [&](Architecture a, int64_t vocab) {
+    c.architecture = a;
+    c.vocab_size = vocab;
+    c.max_position_embeddings = 514;
+    c.type_vocab_size = 1;
+    c.pad_token_id = 1;
+    c.bos_token_id = 0;
+    c.eos_token_id = 2;
+    c.layer_norm_eps = 1e-5;
+  };
   if (name == "bert-tiny") shape(2, 128, 2, 512);
   else if (name == "bert-mini") shape(4, 256, 4, 1024);
   else if (name == "bert-base") shape(12, 768, 12, 3072);
   else if (name == "bert-large") shape(24, 1024, 16, 4096);
-  else {
+  else if (name == "roberta-base") roberta(Architecture::Roberta, 50265);
+  else if (name == "xlm-roberta-base") roberta(Architecture::XlmRoberta, 250002);
+  else if (name == "distilbert-base") {
+    c.architecture = Architecture::DistilBert;
+    shape(6, 768, 12, 3072);
+    c.classifier_dropout = 0.2;  // seq_classif_dropout
+  } else if (name == "electra-small" || name == "electra-base") {
+    c.architecture = Architecture::Electra;
+    if (name == "electra-small") shape(12, 256, 4, 1024);
+    c.embedding_size = name == "electra-small" ? 128 : 768;
+  } else {
     std::string valid;
     for (const auto& n : preset_names()) valid += (valid.empty() ? "" : ", ") + n;
     fail("unknown model preset '", name, "' (valid: ", valid, ")");
   }
+  c.architectures = {c.sequence_classification_class()};
   return c;
 }
 
@@ -141,24 +168,52 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
 
   std::string model_type = "bert";
   f.string("model_type", model_type);
-  ANATOMY_CHECK(model_type == "bert", source, ": model_type '", model_type, "' is not supported (expected 'bert')");
+  if (model_type == "bert") c.architecture = Architecture::Bert;
+  else if (model_type == "roberta") c.architecture = Architecture::Roberta;
+  else if (model_type == "xlm-roberta") c.architecture = Architecture::XlmRoberta;
+  else if (model_type == "distilbert") c.architecture = Architecture::DistilBert;
+  else if (model_type == "electra") c.architecture = Architecture::Electra;
+  else
+    fail(source, ": model_type '", truncated(model_type),
+         "' is not supported (expected bert, roberta, xlm-roberta, distilbert or electra)");
+  c.architectures = {c.sequence_classification_class()};
+  if (c.is_roberta()) c.pad_token_id = 1;  // RobertaConfig's default
 
   const char* positive = "a positive integer";
+  const bool distil = c.architecture == Architecture::DistilBert;
   f.integer("vocab_size", c.vocab_size, 1, positive);
-  f.integer("hidden_size", c.hidden_size, 1, positive);
-  f.integer("num_hidden_layers", c.num_hidden_layers, 1, positive);
-  f.integer("num_attention_heads", c.num_attention_heads, 1, positive);
-  f.integer("intermediate_size", c.intermediate_size, 1, positive);
+  f.integer(distil ? "dim" : "hidden_size", c.hidden_size, 1, positive);
+  f.integer(distil ? "n_layers" : "num_hidden_layers", c.num_hidden_layers, 1, positive);
+  f.integer(distil ? "n_heads" : "num_attention_heads", c.num_attention_heads, 1, positive);
+  f.integer(distil ? "hidden_dim" : "intermediate_size", c.intermediate_size, 1, positive);
   f.integer("max_position_embeddings", c.max_position_embeddings, 1, positive);
-  f.integer("type_vocab_size", c.type_vocab_size, 1, positive);
+  if (!distil) f.integer("type_vocab_size", c.type_vocab_size, 1, positive);
+  if (c.architecture == Architecture::Electra) f.integer("embedding_size", c.embedding_size, 1, positive);
   f.integer("pad_token_id", c.pad_token_id, 0, "a non-negative integer");
-  f.string("hidden_act", c.hidden_act);
-  f.string("position_embedding_type", c.position_embedding_type);
-  f.number("hidden_dropout_prob", c.hidden_dropout_prob);
-  f.number("attention_probs_dropout_prob", c.attention_probs_dropout_prob);
+  for (auto [key, field] : {std::pair<const char*, std::optional<int64_t>*>{"bos_token_id", &c.bos_token_id},
+                            std::pair<const char*, std::optional<int64_t>*>{"eos_token_id", &c.eos_token_id}})
+    if (f.get_non_null(key)) {
+      int64_t v = 0;
+      f.integer(key, v, 0, "a non-negative integer");
+      *field = v;
+    }
+  f.string(distil ? "activation" : "hidden_act", c.hidden_act);
+  f.number(distil ? "dropout" : "hidden_dropout_prob", c.hidden_dropout_prob);
+  f.number(distil ? "attention_dropout" : "attention_probs_dropout_prob", c.attention_probs_dropout_prob);
   f.number("initializer_range", c.initializer_range);
-  f.number("layer_norm_eps", c.layer_norm_eps);
-  if (f.get_non_null("classifier_dropout")) {
+  if (distil) {
+    // DistilBertConfig: LayerNorm eps fixed at 1e-12, the head's dropout seq_classif_dropout (0.2).
+    const json* sin = f.get("sinusoidal_pos_embds");
+    ANATOMY_CHECK(!sin || sin->is_null() || (sin->is_boolean() && !sin->get<bool>()), source,
+                  ": sinusoidal_pos_embds ", sin ? truncated(sin->dump()) : "", " is not supported (only learned positions, false)");
+    double d = 0.2;
+    f.number("seq_classif_dropout", d);
+    c.classifier_dropout = d;
+  } else {
+    f.string("position_embedding_type", c.position_embedding_type);
+    f.number("layer_norm_eps", c.layer_norm_eps);
+  }
+  if (!distil && f.get_non_null("classifier_dropout")) {
     double d = 0;
     f.number("classifier_dropout", d);
     c.classifier_dropout = d;
@@ -216,31 +271,91 @@ json BertConfig::to_json() const {
   json id2 = json::object(), l2i = json::object();
   for (const auto& [id, name] : id2label) id2[std::to_string(id)] = name;
   for (const auto& [name, id] : label2id) l2i[name] = id;
-  json j = {
-      {"architectures", architectures},
-      {"attention_probs_dropout_prob", attention_probs_dropout_prob},
-      {"classifier_dropout", classifier_dropout ? json(*classifier_dropout) : json(nullptr)},
-      {"hidden_act", hidden_act},
-      {"hidden_dropout_prob", hidden_dropout_prob},
-      {"hidden_size", hidden_size},
-      {"id2label", id2},
-      {"initializer_range", initializer_range},
-      {"intermediate_size", intermediate_size},
-      {"label2id", l2i},
-      {"layer_norm_eps", layer_norm_eps},
-      {"max_position_embeddings", max_position_embeddings},
-      {"model_type", "bert"},
-      {"num_attention_heads", num_attention_heads},
-      {"num_hidden_layers", num_hidden_layers},
-      {"pad_token_id", pad_token_id},
-      {"position_embedding_type", position_embedding_type},
-      {"torch_dtype", "float32"},
-      {"type_vocab_size", type_vocab_size},
-      {"use_cache", true},
-      {"vocab_size", vocab_size},
-  };
+  json j;
+  if (architecture == Architecture::DistilBert) {  // DistilBertConfig's own field names
+    j = {
+        {"activation", hidden_act},
+        {"architectures", architectures},
+        {"attention_dropout", attention_probs_dropout_prob},
+        {"dim", hidden_size},
+        {"dropout", hidden_dropout_prob},
+        {"hidden_dim", intermediate_size},
+        {"id2label", id2},
+        {"initializer_range", initializer_range},
+        {"label2id", l2i},
+        {"max_position_embeddings", max_position_embeddings},
+        {"model_type", model_type()},
+        {"n_heads", num_attention_heads},
+        {"n_layers", num_hidden_layers},
+        {"pad_token_id", pad_token_id},
+        {"seq_classif_dropout", classifier_dropout.value_or(0.2)},
+        {"sinusoidal_pos_embds", false},
+        {"torch_dtype", "float32"},
+        {"vocab_size", vocab_size},
+    };
+  } else {
+    j = {
+        {"architectures", architectures},
+        {"attention_probs_dropout_prob", attention_probs_dropout_prob},
+        {"classifier_dropout", classifier_dropout ? json(*classifier_dropout) : json(nullptr)},
+        {"hidden_act", hidden_act},
+        {"hidden_dropout_prob", hidden_dropout_prob},
+        {"hidden_size", hidden_size},
+        {"id2label", id2},
+        {"initializer_range", initializer_range},
+        {"intermediate_size", intermediate_size},
+        {"label2id", l2i},
+        {"layer_norm_eps", layer_norm_eps},
+        {"max_position_embeddings", max_position_embeddings},
+        {"model_type", model_type()},
+        {"num_attention_heads", num_attention_heads},
+        {"num_hidden_layers", num_hidden_layers},
+        {"pad_token_id", pad_token_id},
+        {"position_embedding_type", position_embedding_type},
+        {"torch_dtype", "float32"},
+        {"type_vocab_size", type_vocab_size},
+        {"use_cache", true},
+        {"vocab_size", vocab_size},
+    };
+    if (architecture == Architecture::Electra) j["embedding_size"] = embedding_size;
+  }
+  if (bos_token_id) j["bos_token_id"] = *bos_token_id;
+  if (eos_token_id) j["eos_token_id"] = *eos_token_id;
   if (problem_type) j["problem_type"] = *problem_type;
   return j;
+}
+
+const char* BertConfig::model_type() const {
+  switch (architecture) {
+    case Architecture::Bert: return "bert";
+    case Architecture::Roberta: return "roberta";
+    case Architecture::XlmRoberta: return "xlm-roberta";
+    case Architecture::DistilBert: return "distilbert";
+    case Architecture::Electra: return "electra";
+  }
+  return "?";
+}
+
+const char* BertConfig::base_name() const {
+  switch (architecture) {
+    case Architecture::Bert: return "bert";
+    case Architecture::Roberta:
+    case Architecture::XlmRoberta: return "roberta";
+    case Architecture::DistilBert: return "distilbert";
+    case Architecture::Electra: return "electra";
+  }
+  return "?";
+}
+
+std::string BertConfig::sequence_classification_class() const {
+  switch (architecture) {
+    case Architecture::Bert: return "BertForSequenceClassification";
+    case Architecture::Roberta: return "RobertaForSequenceClassification";
+    case Architecture::XlmRoberta: return "XLMRobertaForSequenceClassification";
+    case Architecture::DistilBert: return "DistilBertForSequenceClassification";
+    case Architecture::Electra: return "ElectraForSequenceClassification";
+  }
+  return "?";
 }
 
 void BertConfig::save(const std::string& path) const {
@@ -283,6 +398,12 @@ void BertConfig::validate(std::string_view src) const {
   ANATOMY_CHECK(pad_token_id >= 0 && pad_token_id < vocab_size, src, ": field 'pad_token_id' ", pad_token_id,
                 " is outside the vocabulary [0, ", vocab_size, ")");
 
+  if (architecture == Architecture::Electra)
+    ANATOMY_CHECK(embedding_size > 0 && embedding_size <= hidden_size, src, ": embedding_size ", embedding_size,
+                  " is not supported (anatomy needs 1 <= embedding_size <= hidden_size ", hidden_size, ")");
+  ANATOMY_CHECK(max_position_embeddings > position_offset(), src, ": max_position_embeddings ",
+                max_position_embeddings, " leaves no position after pad_token_id ", pad_token_id,
+                " (RoBERTa counts positions from pad_token_id + 1)");
   ANATOMY_CHECK(hidden_act == "gelu", src, ": hidden_act '", hidden_act,
                 "' is not supported (anatomy implements only \"gelu\", the exact erf form)");
   ANATOMY_CHECK(position_embedding_type == "absolute", src, ": position_embedding_type '", position_embedding_type,
@@ -306,8 +427,10 @@ void BertConfig::validate(std::string_view src) const {
 
 long double BertConfig::approximate_parameters() const {
   const long double H = static_cast<long double>(hidden_size), I = static_cast<long double>(intermediate_size);
+  const long double E = static_cast<long double>(embedding_width());
   const long double tables = (static_cast<long double>(vocab_size) + static_cast<long double>(max_position_embeddings) +
-                              static_cast<long double>(type_vocab_size)) * H;
+                              static_cast<long double>(has_token_types() ? type_vocab_size : 0)) * E +
+                             (projects_embeddings() ? E * H : 0);
   return tables + static_cast<long double>(num_hidden_layers) * (4 * H * H + 2 * H * I + 16 * H) + H * H +
          H * static_cast<long double>(num_labels + 2);
 }
@@ -333,10 +456,12 @@ std::string BertConfig::largest_field() const {
 
 int64_t BertConfig::num_parameters() const {
   const int64_t H = hidden_size, I = intermediate_size, L = num_labels;
-  const int64_t embeddings = (vocab_size + max_position_embeddings + type_vocab_size) * H + 2 * H;  // + LayerNorm
+  const int64_t E = embedding_width();
+  int64_t embeddings = (vocab_size + max_position_embeddings + (has_token_types() ? type_vocab_size : 0)) * E + 2 * E;
+  if (projects_embeddings()) embeddings += E * H + H;  // ELECTRA's embeddings_project
   const int64_t attention = 4 * (H * H + H) + 2 * H;        // q, k, v, output dense + LayerNorm
   const int64_t ffn = (H * I + I) + (I * H + H) + 2 * H;    // intermediate, output + LayerNorm
-  const int64_t pooler = H * H + H;
+  const int64_t pooler = H * H + H;  // or the head's dense / pre_classifier layer: the same size
   const int64_t classifier = H * L + L;
   return embeddings + num_hidden_layers * (attention + ffn) + pooler + classifier;
 }

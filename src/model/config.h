@@ -1,6 +1,8 @@
-// BERT hyper-parameters with Hugging Face names and defaults (transformers BertConfig), read from
-// and written to config.json so a checkpoint directory loads in transformers as
-// BertForSequenceClassification.
+// Encoder hyper-parameters with Hugging Face names and defaults (transformers BertConfig), read from
+// and written to config.json so a checkpoint directory loads in transformers as the
+// *ForSequenceClassification class of its model_type. One encoder with explicit variants
+// (Architecture): the fields below are BERT's; DistilBERT's own spellings (dim, n_layers, ...)
+// are mapped onto them when read and written back under their own names.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -12,7 +14,18 @@
 
 namespace anatomy {
 
+// config.json's model_type. The variants differ only at the embeddings, the classification head
+// and the tensor names (Note [encoder variants] in model/bert.cpp).
+//   Bert:       word + position + token type embeddings; pooler (dense + tanh) then classifier.
+//   Roberta:    positions start after pad_token_id; head dense + tanh + out_proj, no pooler.
+//   XlmRoberta: RoBERTa under model_type "xlm-roberta" (the same tensors, prefix "roberta.").
+//   DistilBert: no token types; pre_classifier + ReLU + classifier; no dropout after attention.
+//   Electra:    embedding tables of width embedding_size, projected to hidden_size when they
+//               differ; head dense + GELU + out_proj.
+enum class Architecture : uint8_t { Bert, Roberta, XlmRoberta, DistilBert, Electra };
+
 struct BertConfig {
+  Architecture architecture = Architecture::Bert;
   int64_t vocab_size = 30522;
   int64_t hidden_size = 768;
   int64_t num_hidden_layers = 12;
@@ -27,6 +40,8 @@ struct BertConfig {
   double initializer_range = 0.02;
   double layer_norm_eps = 1e-12;
   int64_t pad_token_id = 0;
+  std::optional<int64_t> bos_token_id, eos_token_id;  // carried through when the file has them
+  int64_t embedding_size = 128;  // ELECTRA only (its default); the others embed at hidden_size
   std::string position_embedding_type = "absolute";  // the only one implemented
 
   // Classification head. As in transformers, id2label decides num_labels when present; use
@@ -59,6 +74,23 @@ struct BertConfig {
   void validate(std::string_view source = "config") const;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
+
+  // "bert", "roberta", "xlm-roberta", "distilbert", "electra".
+  const char* model_type() const;
+  // The base model's attribute in *ForSequenceClassification: "bert", "roberta", "distilbert", "electra".
+  const char* base_name() const;
+  std::string sequence_classification_class() const;  // e.g. "RobertaForSequenceClassification"
+  // Width of the embedding tables and their LayerNorm (ELECTRA's embedding_size).
+  int64_t embedding_width() const { return architecture == Architecture::Electra ? embedding_size : hidden_size; }
+  bool projects_embeddings() const { return embedding_width() != hidden_size; }
+  bool has_token_types() const { return architecture != Architecture::DistilBert; }
+  bool has_pooler() const { return architecture == Architecture::Bert; }
+  // Row of the position table that the first token reads: RoBERTa counts positions from
+  // pad_token_id + 1 (Note [roberta positions] in model/bert.cpp).
+  int64_t position_offset() const { return is_roberta() ? pad_token_id + 1 : 0; }
+  // The longest sequence the position table holds.
+  int64_t max_sequence_length() const { return max_position_embeddings - position_offset(); }
+  bool is_roberta() const { return architecture == Architecture::Roberta || architecture == Architecture::XlmRoberta; }
   // Exact parameter count of BertForSequenceClassification with this config (validate() first:
   // unvalidated sizes may overflow int64).
   int64_t num_parameters() const;

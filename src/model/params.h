@@ -1,8 +1,9 @@
-// Parameters of BertForSequenceClassification with Hugging Face names, laid out in one flat
-// buffer per category (fp32 master weights, the compute-dtype copy, fp32 gradients).
+// Parameters of the *ForSequenceClassification model of each encoder variant with Hugging Face
+// names, laid out in one flat buffer per category (fp32 master weights, the compute-dtype copy,
+// fp32 gradients).
 //
 // Note [flat parameter layout]: parameters that take weight decay come first (all matrices:
-// embeddings, attention, feed-forward, pooler, classifier), then those that do not (biases and
+// embeddings, ELECTRA's embedding projection, attention, feed-forward, the head's two), then those that do not (biases and
 // LayerNorm parameters, the Trainer's no-decay rule). Within a layer the query, key and value
 // weights are adjacent, so they form one [3H, H] matrix and one [3H] bias: a single GEMM makes
 // q, k and v. Every offset is a multiple of 8 elements (16-byte aligned in bf16); with
@@ -49,7 +50,26 @@ class ParamLayout {
   size_t m_total = 0, m_decay_end = 0;
 };
 
-// The per-layer parameter names, in one place.
-std::string layer_prefix(int l);
+// Every parameter name the model reads, for the config's variant: the one place that knows the
+// spellings (BERT's, RoBERTa's and ELECTRA's modules differ only in the prefix and the head;
+// DistilBERT's differ throughout).
+struct ParamNames {
+  std::string word, position, token_type;  // token_type empty without token types (DistilBERT)
+  std::string emb_ln_w, emb_ln_b;
+  std::string project_w, project_b;        // ELECTRA's embeddings_project; empty when not projecting
+  std::string head_dense_w, head_dense_b;  // bert.pooler.dense, classifier.dense or pre_classifier
+  std::string head_out_w, head_out_b;      // classifier or classifier.out_proj
+};
+struct LayerNames {
+  std::string q_w, q_b, k_w, k_b, v_w, v_b;  // query, key, value
+  std::string ao_w, ao_b;                    // attention output projection
+  std::string ln1_w, ln1_b;                  // LayerNorm after attention
+  std::string ff1_w, ff1_b, ff2_w, ff2_b;    // feed-forward in and out
+  std::string ln2_w, ln2_b;                  // LayerNorm after the feed-forward
+};
+ParamNames param_names(const BertConfig& cfg);
+LayerNames layer_names(const BertConfig& cfg, int l);
+// LayerNorm gammas under every variant's spelling (LayerNorm.weight, sa_layer_norm.weight, ...).
+bool is_layernorm_weight(const std::string& name);
 
 }  // namespace anatomy

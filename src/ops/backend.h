@@ -137,6 +137,9 @@ class Backend {
   void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
   void tanh_forward(const Tensor& y, const Tensor& x);
   void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y);
+  // y = max(x, 0); dx = dy where y > 0, else 0 (from the output, as tanh; in place allowed).
+  void relu_forward(const Tensor& y, const Tensor& x);
+  void relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& y);
   void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d);
   void dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d);
   // y = a + b (same shape and dtype).
@@ -221,6 +224,8 @@ class Backend {
   virtual void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
   virtual void tanh_forward_impl(const Tensor& y, const Tensor& x) = 0;
   virtual void tanh_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) = 0;
+  virtual void relu_forward_impl(const Tensor& y, const Tensor& x) = 0;
+  virtual void relu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) = 0;
   virtual void dropout_forward_impl(const Tensor& y, const Tensor& x, const DropoutSpec& d) = 0;
   virtual void dropout_backward_impl(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) = 0;
   virtual void add_impl(const Tensor& y, const Tensor& a, const Tensor& b) = 0;

@@ -325,6 +325,14 @@ void Backend::tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y)
   elementwise(Check(*this, "tanh_backward"), dx, dy, &y);
   observed("tanh", [&] { return elementwise_cost(dx, 3, 2, 1); }, [&] { tanh_backward_impl(dx, dy, y); });
 }
+void Backend::relu_forward(const Tensor& y, const Tensor& x) {
+  elementwise(Check(*this, "relu_forward"), y, x);
+  observed("relu", [&] { return elementwise_cost(y, 1, 1, 1); }, [&] { relu_forward_impl(y, x); });
+}
+void Backend::relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& y) {
+  elementwise(Check(*this, "relu_backward"), dx, dy, &y);
+  observed("relu", [&] { return elementwise_cost(dx, 1, 2, 1); }, [&] { relu_backward_impl(dx, dy, y); });
+}
 void Backend::dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d) {
   const Check c(*this, "dropout_forward");
   elementwise(c, y, x);

@@ -76,9 +76,10 @@ BertConfig model_config(const TrainOptions& opt) {
                                                   : BertConfig::from_json_file(config_path_of(opt.model_name_or_path));
   if (opt.model_name_or_path.empty() && cfg.num_labels != opt.num_labels) cfg.set_num_labels(opt.num_labels);
   cfg.validate(opt.model_name_or_path.empty() ? opt.preset : config_path_of(opt.model_name_or_path));
-  ANATOMY_CHECK(opt.seq_len <= cfg.max_position_embeddings, "--seq-len ", opt.seq_len,
-                " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings, ")");
-  cfg.architectures = {"BertForSequenceClassification"};  // what we train and save, whatever head it was saved with
+  ANATOMY_CHECK(opt.seq_len <= cfg.max_sequence_length(), "--seq-len ", opt.seq_len,
+                " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings,
+                cfg.position_offset() ? str_cat(", of which ", cfg.max_sequence_length(), " follow pad_token_id") : "", ")");
+  cfg.architectures = {cfg.sequence_classification_class()};  // what we train and save, whatever head it was saved with
   return cfg;
 }
 

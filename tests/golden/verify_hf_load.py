@@ -4,7 +4,8 @@
     python3 tests/golden/verify_hf_load.py DIR [--golden FILE] [--atol A] [--rtol R]
 
 DIR holds config.json + model.safetensors (HF names). The script loads it with
-BertForSequenceClassification.from_pretrained(DIR, attn_implementation="eager", dtype=float32),
+AutoModelForSequenceClassification.from_pretrained(DIR, attn_implementation="eager", dtype=float32)
+(the class of its config.json's model_type: BERT, RoBERTa, XLM-R, DistilBERT, ELECTRA),
 fails on any missing / unexpected / mismatched key, and runs one batch in eval mode on the CPU:
   1. the inputs in DIR/logits_anatomy.json, if that file carries "input_ids"
      (optional "token_type_ids", "attention_mask"), else
@@ -36,10 +37,10 @@ def main():
     failures = []
     try:
         import torch
-        from transformers import BertForSequenceClassification, logging as hf_logging
+        from transformers import AutoModelForSequenceClassification, logging as hf_logging
         hf_logging.set_verbosity_error()
 
-        model, info = BertForSequenceClassification.from_pretrained(
+        model, info = AutoModelForSequenceClassification.from_pretrained(
             args.dir, attn_implementation="eager", dtype=torch.float32, output_loading_info=True)
         missing = sorted(info.get("missing_keys", []))
         unexpected = sorted(info.get("unexpected_keys", []))
@@ -74,7 +75,7 @@ def main():
             g = load_file(args.golden)
             ids, tt = g["input_ids"], g["token_type_ids"]
             if (int(ids.max()) < cfg.vocab_size and ids.shape[1] <= cfg.max_position_embeddings
-                    and int(tt.max()) < cfg.type_vocab_size):
+                    and int(tt.max()) < getattr(cfg, "type_vocab_size", 0)):
                 batch = {k: g[k].long() for k in ("input_ids", "token_type_ids", "attention_mask")}
                 source = "golden"
         if batch is None:
@@ -85,6 +86,8 @@ def main():
             source = "random"
         result["inputs"] = source
 
+        if cfg.model_type == "distilbert":  # it has no token types
+            batch.pop("token_type_ids", None)
         model.eval()
         with torch.no_grad():
             logits = model(**batch).logits.float()

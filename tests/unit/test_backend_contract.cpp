@@ -63,6 +63,8 @@ class ContractOnlyCuda final : public Backend {
   void gelu_backward_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
   void tanh_forward_impl(const Tensor&, const Tensor&) override { ++impl_calls; }
   void tanh_backward_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
+  void relu_forward_impl(const Tensor&, const Tensor&) override { ++impl_calls; }
+  void relu_backward_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
   void dropout_forward_impl(const Tensor&, const Tensor&, const DropoutSpec&) override { ++impl_calls; }
   void dropout_backward_impl(const Tensor&, const Tensor&, const DropoutSpec&) override { ++impl_calls; }
   void add_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }

@@ -230,7 +230,10 @@ TEST_F(ConfigTest, BadConfigsAreOneLineErrors) {
   expect_bad(R"({"hidden_act": "gelu_new"})", "hidden_act 'gelu_new' is not supported");
   expect_bad(R"({"hidden_act": "relu"})", "only \"gelu\"");
   expect_bad(R"({"position_embedding_type": "relative_key"})", "position_embedding_type");
-  expect_bad(R"({"model_type": "roberta"})", "model_type 'roberta'");
+  expect_bad(R"({"model_type": "modernbert"})", "model_type 'modernbert'");
+  expect_bad(R"({"model_type": "distilbert", "sinusoidal_pos_embds": true})", "sinusoidal_pos_embds");
+  expect_bad(R"({"model_type": "electra", "embedding_size": 300, "hidden_size": 256, "num_attention_heads": 4})", "embedding_size 300");
+  expect_bad(R"({"model_type": "roberta", "max_position_embeddings": 2})", "leaves no position");
   expect_bad(R"({"layer_norm_eps": 0})", "field 'layer_norm_eps'");
   expect_bad(R"({"pad_token_id": 30522})", "field 'pad_token_id'");
   expect_bad(R"({"num_labels": 0})", "field 'num_labels' must be a positive integer");

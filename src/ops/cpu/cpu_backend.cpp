@@ -110,6 +110,10 @@ class CpuBackend final : public Backend {
   void tanh_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) override {
     ref::tanh_backward(f32(dx), f32(dy), f32(y), y.numel());
   }
+  void relu_forward_impl(const Tensor& y, const Tensor& x) override { ref::relu_forward(f32(y), f32(x), x.numel()); }
+  void relu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) override {
+    ref::relu_backward(f32(dx), f32(dy), f32(y), y.numel());
+  }
   void dropout_forward_impl(const Tensor& y, const Tensor& x, const DropoutSpec& d) override {
     ref::dropout_forward(f32(y), f32(x), x.numel(), d);
   }

@@ -38,6 +38,16 @@ void tanh_backward(T* dx, const T* dy, const T* y, size_t n) {
 }
 
 template <class T>
+void relu_forward(T* y, const T* x, size_t n) {
+  for_each_index(n, [=](int64_t i) { y[i] = x[i] > T(0) ? x[i] : T(0); });
+}
+
+template <class T>
+void relu_backward(T* dx, const T* dy, const T* y, size_t n) {
+  for_each_index(n, [=](int64_t i) { dx[i] = y[i] > T(0) ? dy[i] : T(0); });
+}
+
+template <class T>
 void dropout_forward(T* y, const T* x, size_t n, const DropoutSpec& d) {
   const DropoutMask drop(d);
   for_each_index(
@@ -73,6 +83,8 @@ void select_token_backward(T* dx, const T* dout, int64_t batch, int64_t seq, int
   template void gelu_backward<T>(T*, const T*, const T*, size_t);                  \
   template void tanh_forward<T>(T*, const T*, size_t);                             \
   template void tanh_backward<T>(T*, const T*, const T*, size_t);                  \
+  template void relu_forward<T>(T*, const T*, size_t);                             \
+  template void relu_backward<T>(T*, const T*, const T*, size_t);                  \
   template void dropout_forward<T>(T*, const T*, size_t, const DropoutSpec&);      \
   template void dropout_backward<T>(T*, const T*, size_t, const DropoutSpec&);     \
   template void add<T>(T*, const T*, const T*, size_t);                            \

@@ -86,6 +86,11 @@ template <class T>
 void tanh_forward(T* y, const T* x, size_t n);
 template <class T>
 void tanh_backward(T* dx, const T* dy, const T* y, size_t n);
+// y = max(x, 0); dx = y > 0 ? dy : 0.
+template <class T>
+void relu_forward(T* y, const T* x, size_t n);
+template <class T>
+void relu_backward(T* dx, const T* dy, const T* y, size_t n);
 // y[i] = keep(i) ? x[i] / (1 - p) : 0 (p == 0: y = x). Backward is the same map on dy.
 template <class T>
 void dropout_forward(T* y, const T* x, size_t n, const DropoutSpec& d);

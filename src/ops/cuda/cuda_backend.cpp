@@ -299,6 +299,10 @@ void CudaBackend::tanh_forward_impl(const Tensor& y, const Tensor& x) { cuda::ta
 void CudaBackend::tanh_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) {
   cuda::tanh_backward(dx, dy, y, m_stream);
 }
+void CudaBackend::relu_forward_impl(const Tensor& y, const Tensor& x) { cuda::relu_forward(y, x, m_stream); }
+void CudaBackend::relu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) {
+  cuda::relu_backward(dx, dy, y, m_stream);
+}
 void CudaBackend::dropout_forward_impl(const Tensor& y, const Tensor& x, const DropoutSpec& d) {
   cuda::dropout_forward(y, x, d, m_stream);
 }

@@ -98,6 +98,8 @@ class CudaBackend final : public Backend {
   void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) override;
   void tanh_forward_impl(const Tensor& y, const Tensor& x) override;
   void tanh_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) override;
+  void relu_forward_impl(const Tensor& y, const Tensor& x) override;
+  void relu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) override;
   void dropout_forward_impl(const Tensor& y, const Tensor& x, const DropoutSpec& d) override;
   void dropout_backward_impl(const Tensor& dx, const Tensor& dy, const DropoutSpec& d) override;
   void add_impl(const Tensor& y, const Tensor& a, const Tensor& b) override;

@@ -28,6 +28,12 @@ struct TanhF {
 struct TanhBackF {  // dy * (1 - y^2)
   __device__ float operator()(float dy, float y, size_t) const { return dy * (1.0f - y * y); }
 };
+struct ReluF {
+  __device__ float operator()(float x, size_t) const { return x > 0.0f ? x : 0.0f; }
+};
+struct ReluBackF {  // from the output: dy where y > 0
+  __device__ float operator()(float dy, float y, size_t) const { return y > 0.0f ? dy : 0.0f; }
+};
 struct AddF {
   __device__ float operator()(float a, float b, size_t) const { return a + b; }
 };
@@ -182,6 +188,12 @@ void tanh_forward(const Tensor& y, const Tensor& x, cudaStream_t s) { unary("tan
 
 void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y, cudaStream_t s) {
   binary("tanh_backward", dx, dy, y, TanhBackF{}, s);
+}
+
+void relu_forward(const Tensor& y, const Tensor& x, cudaStream_t s) { unary("relu_forward", y, x, ReluF{}, s); }
+
+void relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& y, cudaStream_t s) {
+  binary("relu_backward", dx, dy, y, ReluBackF{}, s);
 }
 
 void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d, cudaStream_t s) {

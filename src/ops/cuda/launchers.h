@@ -24,6 +24,8 @@ void gelu_forward(const Tensor& y, const Tensor& x, cudaStream_t s);
 void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, cudaStream_t s);
 void tanh_forward(const Tensor& y, const Tensor& x, cudaStream_t s);
 void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y, cudaStream_t s);
+void relu_forward(const Tensor& y, const Tensor& x, cudaStream_t s);
+void relu_backward(const Tensor& dx, const Tensor& dy, const Tensor& y, cudaStream_t s);
 void dropout_forward(const Tensor& y, const Tensor& x, const DropoutSpec& d, cudaStream_t s);
 void add(const Tensor& y, const Tensor& a, const Tensor& b, cudaStream_t s);
 void cast(const Tensor& dst, const Tensor& src, cudaStream_t s);  // any pair of F32/BF16/F16
