@@ -26,7 +26,8 @@ tar -C .carry -cJf .carry/bundle.tar.xz bin lib && rm -rf .carry/bin .carry/lib
 # BEFORE=<rev>: also build that revision (a temporary worktree) and stage its binaries as
 # .carry/before.tar.xz, for same-call before/after timings (scripts/device.sh stepab).
 if [ -n "${BEFORE:-}" ]; then
-  wt=$(mktemp -d /tmp/anatomy-before.XXXX)
+  # Beside the checkout, so that ccache (CCACHE_BASEDIR above both) reuses the objects of the same sources.
+  wt=$(mktemp -d "$(dirname "$PWD")/anatomy-before.XXXX")
   git worktree add -q --detach "$wt" "$BEFORE"
   cmake -S "$wt" -B "$wt/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DANATOMY_TESTS=OFF "$@" >/dev/null
