@@ -1,0 +1,72 @@
+// The registry's twin mode (tests/common/op_registry.h): every backend op on CUDA against the
+// CPU on fresh random inputs (the seed is in the trace; ANATOMY_TEST_SEED reproduces it), in F32
+// and, for ops with activations, BF16 and F16 (inputs rounded to the half type before either
+// backend sees them). Outputs start as NaN on both sides, updated inputs from the same random
+// values; each compared output must satisfy ||cuda - cpu|| / ||cpu|| <= the case's tolerance
+// (0 for data movement: exact), NaN never passes. Also: the real CUDA backend fails the
+// contract's misuses with the CPU's words.
+#include <gtest/gtest.h>
+
+#include "../common/contract_misuses.h"
+#include "../common/op_registry.h"
+#include "../unit/test_cpu_util.h"
+
+using namespace anatomy;
+using namespace anatomy::test;
+
+namespace {
+
+std::vector<std::string> entry_names() {
+  std::vector<std::string> v;
+  for (const OpEntry& e : op_registry()) v.push_back(e.op);
+  return v;
+}
+
+void run_twin(const OpEntry& e, DType dt) {
+  SCOPED_TRACE(std::string(e.op) + " in " + std::string(dtype_name(dt)));
+  ANATOMY_FRESH_RNG(rng);
+  auto cpu = make_cpu_backend();
+  auto gpu = make_cuda_backend(0);
+  const OpCase c = e.build(OpDims{}, rng);
+  std::vector<std::vector<double>> values;
+  for (const OpArg& a : c.args) values.push_back(arg_values(a, dt));
+  CaseTensors on_cpu = make_tensors(*cpu, c, dt, values), on_gpu = make_tensors(*gpu, c, dt, values);
+  c.run(*cpu, on_cpu.tensors);
+  c.run(*gpu, on_gpu.tensors);
+  gpu->synchronize();
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    const OpArg& a = c.args[i];
+    if (!a.compared) continue;
+    const double tol = a.tol > 0 ? a.tol : dt == DType::F32 ? c.tol_f32 : c.tol_half;
+    const double err = normalized_error(read_values(*gpu, on_gpu.tensors[i]), read_values(*cpu, on_cpu.tensors[i]));
+    EXPECT_LE(err, tol) << a.name << ": normalized error " << err;
+  }
+}
+
+}  // namespace
+
+class OpTwin : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OpTwin, CudaMatchesTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const OpEntry& e = *find_op(GetParam());
+  run_twin(e, DType::F32);
+  if (e.half) {
+    run_twin(e, DType::BF16);
+    run_twin(e, DType::F16);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, OpTwin, ::testing::ValuesIn(entry_names()), [](const auto& info) { return info.param; });
+
+TEST(CudaContract, MisusesFailAsOnTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto cpu = make_cpu_backend(1);
+  auto gpu = make_cuda_backend(0);
+  for (const Misuse& m : contract_misuses()) {
+    SCOPED_TRACE(m.name);
+    const std::string on_cpu = misuse_message(*cpu, m);
+    EXPECT_FALSE(on_cpu.empty());
+    EXPECT_EQ(misuse_message(*gpu, m), on_cpu);
+  }
+}
