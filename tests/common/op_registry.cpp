@@ -561,6 +561,13 @@ OpDims bench_dims() {
   return d;
 }
 
+OpDims odd_dims() {
+  OpDims d;
+  d.batch = 3, d.seq = 7, d.hidden = 30, d.heads = 2, d.vocab = 23, d.classes = 5, d.ffn = 101;
+  d.params = 3 * kNormBlock + 77;
+  return d;
+}
+
 const std::vector<OpEntry>& op_registry() {
   static const std::vector<OpEntry> r = build_registry();
   return r;

@@ -26,6 +26,9 @@ struct OpDims {
   int64_t rows() const { return batch * seq; }
 };
 OpDims bench_dims();  // bert-base-like: batch 32, seq 128, hidden 768, 12 heads, 2^24 parameters
+// Odd sizes everywhere (head dim 15, widths that are no multiple of a vector pack, short tails):
+// the kernels' scalar and tail paths.
+OpDims odd_dims();
 
 // How an argument's values are made.
 enum class Fill : uint8_t {

@@ -1,10 +1,10 @@
 // The registry's twin mode (tests/common/op_registry.h): every backend op on CUDA against the
-// CPU on fresh random inputs (the seed is in the trace; ANATOMY_TEST_SEED reproduces it), in F32
-// and, for ops with activations, BF16 and F16 (inputs rounded to the half type before either
-// backend sees them). Outputs start as NaN on both sides, updated inputs from the same random
-// values; each compared output must satisfy ||cuda - cpu|| / ||cpu|| <= the case's tolerance
-// (0 for data movement: exact), NaN never passes. Also: the real CUDA backend fails the
-// contract's misuses with the CPU's words.
+// CPU on fresh random inputs (the seed is in the trace; ANATOMY_TEST_SEED reproduces it), at two
+// sizes (OpDims{} and odd_dims()), in F32 and, for ops with activations, BF16 and F16 (inputs
+// rounded to the half type before either backend sees them). Outputs start as NaN on both sides,
+// updated inputs from the same random values; each compared output must satisfy
+// ||cuda - cpu|| / ||cpu|| <= the case's tolerance (0 for data movement: exact), and NaN never
+// passes. Also: the real CUDA backend fails the contract's misuses with the CPU's words.
 #include <gtest/gtest.h>
 
 #include "../common/contract_misuses.h"
@@ -22,12 +22,12 @@ std::vector<std::string> entry_names() {
   return v;
 }
 
-void run_twin(const OpEntry& e, DType dt) {
-  SCOPED_TRACE(std::string(e.op) + " in " + std::string(dtype_name(dt)));
+void run_twin(const OpEntry& e, DType dt, const OpDims& dims, const char* dims_name) {
+  SCOPED_TRACE(std::string(e.op) + " in " + std::string(dtype_name(dt)) + " at " + dims_name + " sizes");
   ANATOMY_FRESH_RNG(rng);
   auto cpu = make_cpu_backend();
   auto gpu = make_cuda_backend(0);
-  const OpCase c = e.build(OpDims{}, rng);
+  const OpCase c = e.build(dims, rng);
   std::vector<std::vector<double>> values;
   for (const OpArg& a : c.args) values.push_back(arg_values(a, dt));
   CaseTensors on_cpu = make_tensors(*cpu, c, dt, values), on_gpu = make_tensors(*gpu, c, dt, values);
@@ -50,10 +50,12 @@ class OpTwin : public ::testing::TestWithParam<std::string> {};
 TEST_P(OpTwin, CudaMatchesTheCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const OpEntry& e = *find_op(GetParam());
-  run_twin(e, DType::F32);
-  if (e.half) {
-    run_twin(e, DType::BF16);
-    run_twin(e, DType::F16);
+  for (const auto& [dims, name] : {std::pair{OpDims{}, "small"}, std::pair{odd_dims(), "odd"}}) {
+    run_twin(e, DType::F32, dims, name);
+    if (e.half) {
+      run_twin(e, DType::BF16, dims, name);
+      run_twin(e, DType::F16, dims, name);
+    }
   }
 }
 
