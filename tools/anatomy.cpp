@@ -198,11 +198,8 @@ int run_plan(const TrainOptions& o, int64_t gpu_memory, bool has_gpu) {
     where = "a CUDA GPU (--device cuda; none present: --gpu-memory 16GiB asks whether it fits one)";
   }
   std::printf("Planning for %s\n", where.c_str());
-  PlanInput in{cfg,
-               {o.per_device_train_batch_size, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true,
-                resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps)},
-               o.optim.kind, cpu ? Device::CPU : Device::CUDA, std::max(1, o.nproc_per_node),
-               o.nproc_per_node > 1 ? o.zero_stage : 0};
+  const PlanInput in =
+      plan_input(o, cfg, o.per_device_train_batch_size, cpu ? Device::CPU : Device::CUDA, std::max(1, o.nproc_per_node));
   MemoryPlan p = plan_memory(in);
   if (in.world_size > 1)
     std::printf("Data parallel: %d ranks, ZeRO stage %d; the table is what each rank holds (rank 0's shard)\n", in.world_size,

@@ -26,6 +26,13 @@ DType compute_dtype(Precision p) {
   return p == Precision::Bf16 ? DType::BF16 : p == Precision::Fp16 ? DType::F16 : DType::F32;
 }
 
+PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch, Device device, int world) {
+  ModelShape shape{batch, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true,
+                   resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps)};
+  shape.packed_tokens = o.skip_padding && !o.train_file.empty() && shape.checkpointing != CheckpointPolicy::Layer;
+  return PlanInput{cfg, shape, o.optim.kind, device, world, world > 1 ? o.zero_stage : 0};
+}
+
 void TrainOptions::validate() const {
   ANATOMY_CHECK(per_device_train_batch_size >= 1 || per_device_train_batch_size == kAutoBatch,
                 "--per-device-train-batch-size must be at least 1 (got ",

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "memory/planner.h"
 #include "model/bert.h"
 #include "optim/optimizer.h"
 
@@ -91,5 +92,12 @@ struct TrainOptions {
 
   void validate() const;  // one-line errors naming the flag
 };
+
+// The model's shape and the memory planner's input of a run of `o` with micro-batch `batch` on
+// `device` over `world` ranks: the one derivation the trainer, the automatic batch size and
+// `anatomy plan` share. Text data trains on its real tokens (packed_tokens; Note [packed
+// training] in model/bert.cpp) except under layer checkpointing. Throws naming
+// --gradient-placement for a placement the accumulation cannot use.
+PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch, Device device, int world);
 
 }  // namespace anatomy

@@ -162,12 +162,8 @@ void RankRun::setup() {
   // The plan before anything is allocated: a run that cannot fit is refused with its levers.
   m_B = choose_micro_batch(m_opt, m_cfg, m_dev, m_comm);
   m_accum = m_opt.gradient_accumulation_steps;
-  m_shape = {m_B, m_opt.seq_len, compute_dtype(m_opt.precision), m_opt.gradient_checkpointing, true,
-             resolve_gradient_placement(m_opt.gradient_placement, m_accum)};
-  // Text data has padding: train on its real tokens (Note [packed training]; not under layer checkpointing).
-  m_shape.packed_tokens =
-      m_opt.skip_padding && !m_opt.train_file.empty() && m_shape.checkpointing != CheckpointPolicy::Layer;
-  const PlanInput plan_in{m_cfg, m_shape, m_opt.optim.kind, m_dev.cuda ? Device::CUDA : Device::CPU, N, zero};
+  const PlanInput plan_in = plan_input(m_opt, m_cfg, m_B, m_dev.cuda ? Device::CUDA : Device::CPU, N);
+  m_shape = plan_in.shape;
   m_plan = plan_memory(plan_in);
   if (m_opt.eval_strategy != "no")  // evaluate() holds its batch while it runs
     m_plan.bytes[Category::Other] +=
