@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 TrainDevice make_train_device(const TrainOptions& opt, int local_rank, int local_world) {
   TrainDevice d;
-  d.cuda = opt.device == "cuda" || (opt.device == "auto" && cuda_available());
+  d.cuda = opt.device == DeviceChoice::Cuda || (opt.device == DeviceChoice::Auto && cuda_available());
   d.index = local_rank;
   if (d.cuda) {
     ANATOMY_CHECK(cuda_device_count() > local_rank, "--nproc-per-node ", local_world, ": this machine has ",
