@@ -22,23 +22,21 @@ std::vector<std::string> entry_names() {
   return v;
 }
 
-void run_twin(const OpEntry& e, DType dt, const OpDims& dims, const char* dims_name) {
+void run_twin(Backend& cpu, Backend& gpu, const OpEntry& e, DType dt, const OpDims& dims, const char* dims_name) {
   SCOPED_TRACE(std::string(e.op) + " in " + std::string(dtype_name(dt)) + " at " + dims_name + " sizes");
   ANATOMY_FRESH_RNG(rng);
-  auto cpu = make_cpu_backend();
-  auto gpu = make_cuda_backend(0);
   const OpCase c = e.build(dims, rng);
   std::vector<std::vector<double>> values;
   for (const OpArg& a : c.args) values.push_back(arg_values(a, dt));
-  CaseTensors on_cpu = make_tensors(*cpu, c, dt, values), on_gpu = make_tensors(*gpu, c, dt, values);
-  c.run(*cpu, on_cpu.tensors);
-  c.run(*gpu, on_gpu.tensors);
-  gpu->synchronize();
+  CaseTensors on_cpu = make_tensors(cpu, c, dt, values), on_gpu = make_tensors(gpu, c, dt, values);
+  c.run(cpu, on_cpu.tensors);
+  c.run(gpu, on_gpu.tensors);
+  gpu.synchronize();
   for (size_t i = 0; i < c.args.size(); ++i) {
     const OpArg& a = c.args[i];
     if (!a.compared) continue;
     const double tol = a.tol > 0 ? a.tol : dt == DType::F32 ? c.tol_f32 : c.tol_half;
-    const double err = normalized_error(read_values(*gpu, on_gpu.tensors[i]), read_values(*cpu, on_cpu.tensors[i]));
+    const double err = normalized_error(read_values(gpu, on_gpu.tensors[i]), read_values(cpu, on_cpu.tensors[i]));
     EXPECT_LE(err, tol) << a.name << ": normalized error " << err;
   }
 }
@@ -50,11 +48,13 @@ class OpTwin : public ::testing::TestWithParam<std::string> {};
 TEST_P(OpTwin, CudaMatchesTheCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const OpEntry& e = *find_op(GetParam());
+  auto cpu = make_cpu_backend();
+  auto gpu = make_cuda_backend(0);
   for (const auto& [dims, name] : {std::pair{OpDims{}, "small"}, std::pair{odd_dims(), "odd"}}) {
-    run_twin(e, DType::F32, dims, name);
+    run_twin(*cpu, *gpu, e, DType::F32, dims, name);
     if (e.half) {
-      run_twin(e, DType::BF16, dims, name);
-      run_twin(e, DType::F16, dims, name);
+      run_twin(*cpu, *gpu, e, DType::BF16, dims, name);
+      run_twin(*cpu, *gpu, e, DType::F16, dims, name);
     }
   }
 }
