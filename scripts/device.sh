@@ -14,7 +14,7 @@
 #             GPU (fp32, bf16, AdamW, real tokens), then `anatomy train` bf16 on each tiny model directory
 #             of tests/fixtures/models with its tokenizer, loaded back by transformers
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
-#   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops)
+#   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
 #   profile   bert-large bf16 batch 32 with --profile-steps 3 (time by op class)
 #   verify    bf16 with accumulation (profiled), fp16 with loss scaling, the seed run
 #   levers    the memory levers: each optimizer and checkpointing policy, planned vs NVML
@@ -96,6 +96,10 @@ step_sanitize() {
 step_ops() {
   [ -x $b/anatomy_bench_ops ] && timeout 120 $b/anatomy_bench_ops > "$OUT/bench_ops.md" 2>&1
   cat "$OUT/bench_ops.md"
+  # Every op of the per-op registry at bert-base sizes (tests/common/op_registry.h).
+  [ -x $b/anatomy_bench_ops ] && timeout 240 $b/anatomy_bench_ops --registry --reps 20 --warmup 3 \
+    > "$OUT/bench_ops_registry.md" 2>&1
+  cat "$OUT/bench_ops_registry.md"
 }
 
 step_profile() {

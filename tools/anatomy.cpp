@@ -34,7 +34,8 @@ namespace {
 // plus the compute copy, activations of one layer) with the padding-skipping forward by default.
 struct EvalFlags {
   std::string model, eval_file, text_column = "text", text_pair_column, label_column = "label", tokenizer;
-  std::string precision = "fp32", device = "auto", output_dir, cache_dir;
+  std::string precision = "fp32", output_dir, cache_dir;
+  DeviceChoice device = DeviceChoice::Auto;
   bool overwrite_output_dir = false;
   int64_t max_seq_length = -1, batch = 8;  // -1: min(128, the model's max_position_embeddings)
   int threads = 0;
@@ -91,7 +92,7 @@ int run_eval(EvalFlags f) {
   ANATOMY_CHECK(fs::is_regular_file(f.eval_file), "--eval-file ", f.eval_file, ": no such file");
   check_eval_output_dir(f);
   const Precision precision = parse_precision(f.precision);
-  const bool want_cuda = f.device == "cuda" || (f.device == "auto" && cuda_available());
+  const bool want_cuda = f.device == DeviceChoice::Cuda || (f.device == DeviceChoice::Auto && cuda_available());
   ANATOMY_CHECK(want_cuda || precision == Precision::Fp32, "--precision ", f.precision,
                 " needs a GPU (--device cuda); the CPU backend computes in fp32");
   BertConfig cfg = BertConfig::from_json_file(config_file);
@@ -217,11 +218,11 @@ int run_plan(const TrainOptions& o, int64_t gpu_memory, bool has_gpu) {
   ANATOMY_CHECK(o.per_device_train_batch_size >= 1,
                 "--per-device-train-batch-size: plan needs a number (it prints the largest batch that fits)");
   const BertConfig cfg = model_config(o);
-  const bool cpu = o.device == "cpu" || (o.device == "auto" && !has_gpu && gpu_memory < 0);
+  const bool cpu = o.device == DeviceChoice::Cpu || (o.device == DeviceChoice::Auto && !has_gpu && gpu_memory < 0);
   int64_t capacity = -1, reserved = 0;
   std::string where;
   if (cpu) {
-    where = o.device == "cpu" ? "the CPU (--device cpu)" : "the CPU (no GPU present; --gpu-memory 16GiB plans for a GPU)";
+    where = o.device == DeviceChoice::Cpu ? "the CPU (--device cpu)" : "the CPU (no GPU present; --gpu-memory 16GiB plans for a GPU)";
   } else if (gpu_memory >= 0) {
     capacity = gpu_memory;
     // The CUDA context and kernels (the seed page's ~1.3 GB on a V100) come on top of the plan.
@@ -240,16 +241,8 @@ int run_plan(const TrainOptions& o, int64_t gpu_memory, bool has_gpu) {
     where = "a CUDA GPU (--device cuda; none present: --gpu-memory 16GiB asks whether it fits one)";
   }
   std::printf("Planning for %s\n", where.c_str());
-  PlanInput in{cfg,
-               {o.per_device_train_batch_size, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true,
-                resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps,
-                                           o.nproc_per_node > 1 && o.zero_stage == 2)},
-               o.optim.kind,
-               cpu ? Device::CPU : Device::CUDA,
-               std::max(1, o.nproc_per_node),
-               o.nproc_per_node > 1 ? o.zero_stage : 0,
-               0,
-               o.gradient_accumulation_steps};
+  const PlanInput in =
+      plan_input(o, cfg, o.per_device_train_batch_size, cpu ? Device::CPU : Device::CUDA, std::max(1, o.nproc_per_node));
   MemoryPlan p = plan_memory(in);
   if (in.world_size > 1)
     std::printf("Data parallel: %d ranks, ZeRO stage %d; the table is what rank 0 holds\n", in.world_size, in.zero_stage);

@@ -13,6 +13,12 @@
 // and the partial rows are not counted).
 //
 //   anatomy_bench_ops [--rows 16384] [--dtype bf16] [--reps 50] [--warmup 10]
+//
+// --registry (built with the tests): every op of the per-op registry (tests/common/op_registry.h)
+// at bert-base sizes instead, or only --op NAME; the flops and bytes are the op's declared cost
+// (telemetry/op_cost.h) as the backend reports it to an observer, so TFLOP/s and GB/s are the
+// profiler's. An entry whose call runs a forward first (attention_backward, layernorm_backward)
+// times and counts both ops.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -25,6 +31,9 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "ops/backend.h"
+#if defined(ANATOMY_BENCH_REGISTRY)
+#include "../tests/common/op_registry.h"
+#endif
 
 using namespace anatomy;
 
@@ -135,6 +144,45 @@ Row bench_copy(Backend& be, int reps, int warmup) {
   return Row{"copy (ceiling)", "256 MiB", 2.0 * static_cast<double>(n), ms};
 }
 
+#if defined(ANATOMY_BENCH_REGISTRY)
+// Sums the declared cost of every op one call of an entry issues.
+struct CostSum final : OpObserver {
+  double flops = 0, bytes = 0;
+  void before(Backend&, const OpEvent&) override {}
+  void after(Backend&, const OpEvent& e) override {
+    flops += e.cost.flops;
+    bytes += e.cost.bytes;
+  }
+};
+
+void bench_registry(Backend& be, DType dt, const std::string& only, int reps, int warmup) {
+  std::printf("\n%s, %s; median of %d calls; cost declared by telemetry/op_cost.h.\n\n", be.name().c_str(),
+              std::string(dtype_name(dt)).c_str(), reps);
+  std::printf("| op | ms | GFLOP | MB | TFLOP/s | GB/s |\n|---|---:|---:|---:|---:|---:|\n");
+  const test::OpDims dims = test::bench_dims();
+  bool found = false;
+  for (const test::OpEntry& e : test::op_registry()) {
+    if (!only.empty() && only != e.op) continue;
+    found = true;
+    Rng rng(99);
+    const test::OpCase c = e.build(dims, rng);
+    std::vector<std::vector<double>> values;
+    for (const test::OpArg& a : c.args) values.push_back(test::arg_values(a, e.half ? dt : DType::F32));
+    test::CaseTensors t = test::make_tensors(be, c, e.half ? dt : DType::F32, values);
+    CostSum cost;
+    be.set_observer(&cost);
+    c.run(be, t.tensors);
+    be.set_observer(nullptr);
+    // Ops that update in place (optimizers, accumulating gradients) keep running on their own
+    // output: the timing, not the values, is what is read here.
+    const double ms = time_op(be, reps, warmup, [&](int, int) { c.run(be, t.tensors); });
+    std::printf("| %s | %.4f | %.3f | %.1f | %.2f | %.0f |\n", e.op, ms, cost.flops / 1e9, cost.bytes / 1e6,
+                cost.flops / (ms * 1e-3) / 1e12, cost.bytes / ms / 1e6);
+  }
+  ANATOMY_CHECK(found, "--op ", only, ": no such op in the registry");
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -146,14 +194,30 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", dtype, "bf16, fp16 or fp32")->capture_default_str();
   app.add_option("--reps", reps, "Timed calls per op (median reported)")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed calls first")->capture_default_str();
+  bool registry = false;
+  std::string only;
+  app.add_flag("--registry", registry, "Every op of the per-op registry at bert-base sizes");
+  app.add_option("--op", only, "With --registry: only this op (a Backend method name)");
+  std::string device = "cuda";
+  app.add_option("--device", device, "With --registry: cuda, or cpu (F32)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    ANATOMY_CHECK(cuda_available(), "no CUDA device (or this build has no CUDA backend)");
+    ANATOMY_CHECK(device == "cuda" || (registry && device == "cpu"), "--device ", device,
+                  ": expected cuda (or cpu with --registry)");
+    ANATOMY_CHECK(device == "cpu" || cuda_available(), "no CUDA device (or this build has no CUDA backend)");
     ANATOMY_CHECK(dtype == "bf16" || dtype == "fp16" || dtype == "fp32", "--dtype ", dtype,
                   ": expected bf16, fp16 or fp32");
     ANATOMY_CHECK(reps > 0 && warmup >= 0 && rows > 0, "--reps and --rows must be positive");
     const DType dt = dtype == "bf16" ? DType::BF16 : dtype == "fp16" ? DType::F16 : DType::F32;
-    auto be = make_cuda_backend(0);
+    auto be = device == "cpu" ? make_cpu_backend() : make_cuda_backend(0);
+    if (registry) {
+#if defined(ANATOMY_BENCH_REGISTRY)
+      bench_registry(*be, dt, only, reps, warmup);
+      return 0;
+#else
+      fail("--registry: this build has no tests (ANATOMY_TESTS=OFF), so no op registry");
+#endif
+    }
     Rng rng(1234);
     std::vector<Row> out;
     out.push_back(bench_copy(*be, reps, warmup));

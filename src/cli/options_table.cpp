@@ -154,7 +154,7 @@ std::vector<OptionSpec> build() {
         {"constant", "constant-no-warmup"}, {"constant_with_warmup", "constant"}},
        [](R& r, const V& v) {
          r.schedule_without_warmup = v.s == "constant-no-warmup";
-         r.train.lr_scheduler_type = r.schedule_without_warmup ? "constant" : v.s;
+         r.train.lr_scheduler_type = parse_schedule(r.schedule_without_warmup ? "constant" : v.s);
        },
        "same for linear, cosine, cosine_with_restarts (one cycle), polynomial (power 1, lr_end 1e-7), constant and "
        "constant_with_warmup; the others are refused"});
@@ -183,9 +183,11 @@ std::vector<OptionSpec> build() {
        false, false, {{"auto", "auto"}, {"own", "own"}, {"in-activations", "in-activations"}},
        [](R& r, const V& v) { r.train.gradient_placement = v.s; }});
   add({"device", {}, OptType::Choice, kAll, "auto", "auto (the GPU when present), cpu or cuda", 0, 0, false, false, false,
-       false, {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}}, [](R& r, const V& v) { r.train.device = v.s; }});
+       false, {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}}, [](R& r, const V& v) {
+         r.train.device = v.s == "cpu" ? DeviceChoice::Cpu : v.s == "cuda" ? DeviceChoice::Cuda : DeviceChoice::Auto;
+       }});
   add({"use-cpu", {"no-cuda"}, OptType::Bool, kAll, "false", "Run on the CPU (same as --device cpu)", 0, 0, false, false,
-       false, false, {}, [](R& r, const V& v) { if (v.b) r.train.device = "cpu"; }, "same"});
+       false, false, {}, [](R& r, const V& v) { if (v.b) r.train.device = DeviceChoice::Cpu; }, "same"});
   add({"nproc-per-node", {"world-size"}, OptType::Int, kTrainPlan, "1", "Data-parallel ranks, one per device", 1, 1024, false, false,
        false, false, {}, [](R& r, const V& v) { r.train.nproc_per_node = static_cast<int>(v.i); }});
   add({"zero-stage", {}, OptType::Int, kTrainPlan, "1",
@@ -201,7 +203,9 @@ std::vector<OptionSpec> build() {
   add({"eval-strategy", {"evaluation-strategy"}, OptType::Choice, kTrainPlan, "no",
        "Evaluate on the validation data: no, steps (every --eval-steps) or epoch; and once at the end", 0, 0, false, false,
        false, false, {{"no", "no"}, {"steps", "steps"}, {"epoch", "epoch"}},
-       [](R& r, const V& v) { r.train.eval_strategy = v.s; }, "same"});
+       [](R& r, const V& v) {
+         r.train.eval_strategy = v.s == "steps" ? Cadence::Steps : v.s == "epoch" ? Cadence::Epoch : Cadence::No;
+       }, "same"});
   add({"eval-steps", {}, OptType::Int, kTrainPlan, "0", "Steps between evaluations (0: --logging-steps)", 0, kBig, false,
        false, false, false, {}, [](R& r, const V& v) { r.train.eval_steps = v.i; }, "same"});
   add({"skip-padding", {}, OptType::Bool, kAll, "true",

@@ -66,7 +66,9 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps,
                              o.zero_stage == 2);  // a bad combination fails here (the world size: at set-up)
   o.save_model = a.save_strategy != "no";
-  o.checkpoint_strategy = (a.save_strategy == "steps" || a.save_strategy == "epoch") ? a.save_strategy : "no";
+  o.checkpoint_strategy = a.save_strategy == "steps"   ? Cadence::Steps
+                          : a.save_strategy == "epoch" ? Cadence::Epoch
+                                                       : Cadence::No;
   if (a.schedule_without_warmup && (o.warmup_steps > 0 || o.warmup_ratio > 0))
     usage("--lr-scheduler-type constant has no warm-up (Trainer's meaning); with --warmup-steps or --warmup-ratio use "
           "constant_with_warmup");
@@ -75,7 +77,7 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   if (a.do_eval) {
     if (o.validation_file.empty() && o.validation_split == 0)
       usage("--do-eval needs validation data: --validation-file or --validation-split");
-    if (o.eval_strategy == "no") o.eval_strategy = "epoch";
+    if (o.eval_strategy == Cadence::No) o.eval_strategy = Cadence::Epoch;
   }
   if (a.logging_strategy == "no") o.logging_steps = 0;
   if (a.data_seed >= 0) {  // one seed orders the data and initializes the model
@@ -84,7 +86,7 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
             "); a separate data seed is not supported");
     o.seed = static_cast<uint64_t>(a.data_seed);
   }
-  const bool gpu = o.device == "cuda" || (o.device == "auto" && has_gpu);
+  const bool gpu = wants_cuda(o.device, has_gpu);
   if (a.seed_experiment) {
     apply_seed_experiment(a, o, gpu, cmd);
   } else if (!a.was_given("max-seq-length")) {

@@ -1,5 +1,5 @@
 // A non-owning, contiguous, row-major view of device or host memory.
-// Ownership lives in memory/buffer.h; every owning buffer carries a memory Category.
+// Ownership lives in memory/allocator.h (Buffer); every owning buffer carries a memory Category.
 #pragma once
 #include <array>
 #include <cstdint>

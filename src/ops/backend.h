@@ -31,8 +31,9 @@ namespace anatomy {
 // ops/contract.cpp. It checks devices, dtypes and shapes once, against the one written contract
 // there (so the CPU and CUDA backends fail the same misuse with the same words), reports the op
 // to the observer if one is set, and calls the protected virtual *_impl, which a backend
-// implements assuming the contract holds. Adding an op: its entry point and contract in
-// ops/contract.cpp, one *_impl per backend, one registry entry in tests/common/op_registry.cpp.
+// implements assuming the contract holds. Adding an op: its declaration and *_impl here, its
+// entry point (contract, profile name, cost) in ops/contract.cpp, one *_impl per backend over its
+// kernels, and one entry in tests/common/op_registry.cpp, which tests and times it.
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -130,24 +130,39 @@ size_t Optimizer::range_state_bytes(OptimizerKind k, size_t n) {
   return (k == OptimizerKind::AdamW ? 8 : 4) * n;
 }
 
-float scheduled_lr(const std::string& schedule, float lr, int64_t k, int64_t total, int64_t warmup) {
+Schedule parse_schedule(const std::string& s) {
+  if (s == "linear") return Schedule::Linear;
+  if (s == "constant") return Schedule::Constant;
+  if (s == "cosine") return Schedule::Cosine;
+  if (s == "polynomial") return Schedule::Polynomial;
+  fail("unknown learning-rate schedule '", s, "' (expected linear, constant, cosine or polynomial)");
+}
+
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::Linear: return "linear";
+    case Schedule::Constant: return "constant";
+    case Schedule::Cosine: return "cosine";
+    case Schedule::Polynomial: return "polynomial";
+  }
+  return "?";
+}
+
+float scheduled_lr(Schedule schedule, float lr, int64_t k, int64_t total, int64_t warmup) {
   if (k < warmup) return lr * static_cast<float>(k) / static_cast<float>(std::max<int64_t>(1, warmup));  // as transformers
-  if (schedule == "constant") return lr;
-  if (schedule == "linear") {
+  if (schedule == Schedule::Constant) return lr;
+  if (schedule == Schedule::Linear) {
     const double left = static_cast<double>(total - k) / static_cast<double>(std::max<int64_t>(1, total - warmup));
     return static_cast<float>(lr * std::max(0.0, left));
   }
   // transformers' cosine (half a cycle; cosine_with_restarts with one cycle is the same curve)
   // and polynomial (power 1, down to lr_end = 1e-7, held there after the last step).
   const double progress = static_cast<double>(k - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
-  if (schedule == "cosine") return static_cast<float>(lr * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress))));
-  if (schedule == "polynomial") {
-    constexpr double lr_end = 1e-7;
-    if (lr <= lr_end) return lr;
-    if (k > total) return static_cast<float>(lr_end);
-    return static_cast<float>((lr - lr_end) * (1.0 - progress) + lr_end);
-  }
-  fail("--lr-scheduler-type: unknown schedule '", schedule, "' (expected linear, constant, cosine or polynomial)");
+  if (schedule == Schedule::Cosine) return static_cast<float>(lr * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress))));
+  constexpr double lr_end = 1e-7;
+  if (lr <= lr_end) return lr;
+  if (k > total) return static_cast<float>(lr_end);
+  return static_cast<float>((lr - lr_end) * (1.0 - progress) + lr_end);
 }
 
 }  // namespace anatomy

@@ -59,6 +59,11 @@ class Optimizer {
 // Learning rate for optimizer step k (0-based): "linear" decays from lr to 0 over total steps
 // after warmup (the Trainer's default), "constant" keeps lr (after warmup), "cosine" follows half
 // a cosine from lr to 0 and "polynomial" decays linearly to 1e-7 (transformers' schedules).
-float scheduled_lr(const std::string& schedule, float lr, int64_t k, int64_t total, int64_t warmup);
+// The learning-rate schedules after the linear warm-up (transformers' names: linear, constant,
+// cosine, polynomial).
+enum class Schedule : uint8_t { Linear, Constant, Cosine, Polynomial };
+Schedule parse_schedule(const std::string& s);  // throws naming the learning-rate schedule
+const char* schedule_name(Schedule s);
+float scheduled_lr(Schedule schedule, float lr, int64_t k, int64_t total, int64_t warmup);
 
 }  // namespace anatomy

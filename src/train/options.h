@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "memory/planner.h"
 #include "model/bert.h"
 #include "optim/optimizer.h"
 
@@ -15,6 +16,15 @@ enum class Precision : uint8_t { Fp32, Tf32, Bf16, Fp16 };
 Precision parse_precision(const std::string& s);  // throws naming --precision
 const char* precision_name(Precision p);
 DType compute_dtype(Precision p);
+
+// Run options the command line parses once into enums (cli/options_table.cpp); the library never
+// compares their spellings.
+enum class DeviceChoice : uint8_t { Auto, Cpu, Cuda };  // auto: the GPU when one is present
+enum class Cadence : uint8_t { No, Steps, Epoch };      // when to evaluate or save a checkpoint
+const char* cadence_name(Cadence c);                    // "no", "steps", "epoch"
+inline bool wants_cuda(DeviceChoice d, bool gpu_present) {
+  return d == DeviceChoice::Cuda || (d == DeviceChoice::Auto && gpu_present);
+}
 
 struct TrainOptions {
   // Model: a preset, or a Hugging Face directory (config.json, optionally model.safetensors).
@@ -45,7 +55,7 @@ struct TrainOptions {
   // Optimizer and schedule (the Trainer's defaults).
   OptimizerOptions optim;
   float learning_rate = 5e-5f;
-  std::string lr_scheduler_type = "linear";
+  Schedule lr_scheduler_type = Schedule::Linear;
   int64_t warmup_steps = 0;
   double warmup_ratio = 0;  // of the total steps, when warmup_steps is 0 (the Trainer's rule)
   float max_grad_norm = 1.0f;
@@ -53,7 +63,7 @@ struct TrainOptions {
   Precision precision = Precision::Fp32;
   CheckpointPolicy gradient_checkpointing = CheckpointPolicy::None;
   std::string gradient_placement = "auto";  // auto | own | in-activations (resolve_gradient_placement)
-  std::string device = "auto";  // auto | cpu | cuda
+  DeviceChoice device = DeviceChoice::Auto;
   int nproc_per_node = 1;        // data-parallel ranks (the ranks of train/trainer.h)
   int ddp_bucket_cap_mb = 25;    // gradients reduced during backward in buckets of this size (0: each layer)
   int zero_stage = 1;            // with several ranks: 0 replicated, 1 sharded optimizer state, 2 and gradients
@@ -61,15 +71,15 @@ struct TrainOptions {
   bool overwrite_output_dir = false;  // an output directory holding a run may be replaced (once the new run writes)
   int64_t fail_last_rank_at_step = -1;  // tests only (no flag): the last rank throws before this step's update
   int threads = 0;              // CPU threads (0: all)
-  // Evaluation on the validation data: no | steps (every eval_steps) | epoch.
-  std::string eval_strategy = "no";
+  // Evaluation on the validation data: no, steps (every eval_steps) or epoch.
+  Cadence eval_strategy = Cadence::No;
   int64_t eval_steps = 0;      // 0: logging_steps
   int64_t per_device_eval_batch_size = 8;
-  // Output and checkpoints (checkpoint_strategy: no | steps, every save_steps | epoch).
+  // Output and checkpoints (checkpoint_strategy: no, steps (every save_steps) or epoch).
   std::string output_dir = "runs/train";
   int64_t logging_steps = 50;  // 0: only the summary
   bool save_model = true;      // the model at the end (config.json, model.safetensors, tokenizer)
-  std::string checkpoint_strategy = "no";
+  Cadence checkpoint_strategy = Cadence::No;
   int64_t save_steps = 500;
   int64_t save_total_limit = 0;  // keep the newest N checkpoints (0: all)
   std::string resume_from_checkpoint;  // a checkpoint directory or "latest"
@@ -92,5 +102,12 @@ struct TrainOptions {
 
   void validate() const;  // one-line errors naming the flag
 };
+
+// The model's shape and the memory planner's input of a run of `o` with micro-batch `batch` on
+// `device` over `world` ranks: the one derivation the trainer, the automatic batch size and
+// `anatomy plan` share. Text data trains on its real tokens (packed_tokens; Note [packed
+// training] in model/bert.cpp) except under layer checkpointing. Throws naming
+// --gradient-placement for a placement the accumulation cannot use.
+PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch, Device device, int world, int rank = 0);
 
 }  // namespace anatomy

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 TrainDevice make_train_device(const TrainOptions& opt, int local_rank, int local_world) {
   TrainDevice d;
-  d.cuda = opt.device == "cuda" || (opt.device == "auto" && cuda_available());
+  d.cuda = opt.device == DeviceChoice::Cuda || (opt.device == DeviceChoice::Auto && cuda_available());
   d.index = local_rank;
   if (d.cuda) {
     ANATOMY_CHECK(cuda_device_count() > local_rank, "--nproc-per-node ", local_world, ": this machine has ",
@@ -116,13 +116,8 @@ int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const
   static Nvml nvml;
   auto mem = dev.cuda ? nvml.memory(static_cast<unsigned>(dev.index)) : std::nullopt;
   ANATOMY_CHECK(mem.has_value(), "--per-device-train-batch-size auto needs a GPU whose free memory NVML reports");
-  ModelShape shape{1, opt.seq_len, compute_dtype(opt.precision), opt.gradient_checkpointing, true,
-                   resolve_gradient_placement(opt.gradient_placement, opt.gradient_accumulation_steps,
-                                              comm.size() > 1 && opt.zero_stage == 2)};
-  double b = static_cast<double>(largest_batch_that_fits(
-      {cfg, shape, opt.optim.kind, Device::CUDA, comm.size(), comm.size() > 1 ? opt.zero_stage : 0, comm.rank(),
-       opt.gradient_accumulation_steps},
-      static_cast<int64_t>(mem->free), int64_t{256} << 20));
+  double b = static_cast<double>(largest_batch_that_fits(plan_input(opt, cfg, 1, Device::CUDA, comm.size(), comm.rank()),
+                                                         static_cast<int64_t>(mem->free), int64_t{256} << 20));
   comm.all_reduce_host(std::span<double>(&b, 1), Communicator::Op::Min);  // every rank runs the same batch
   ANATOMY_CHECK(b > 0, "--per-device-train-batch-size auto: not even a batch of 1 fits in ", mem->free >> 20, " MiB free");
   if (comm.rank() == 0) std::fprintf(stderr, "anatomy: --per-device-train-batch-size auto chose %lld\n", static_cast<long long>(b));

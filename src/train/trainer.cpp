@@ -152,7 +152,7 @@ void RankRun::setup() {
   if (!m_lead) m_comm.barrier();
   m_data.emplace(load_train_data(m_opt, m_cfg));
   if (m_lead) m_comm.barrier();
-  ANATOMY_CHECK(m_opt.eval_strategy == "no" || m_data->validation, "--eval-strategy ", m_opt.eval_strategy,
+  ANATOMY_CHECK(m_opt.eval_strategy == Cadence::No || m_data->validation, "--eval-strategy ", cadence_name(m_opt.eval_strategy),
                 " needs validation data: --validation-file or --validation-split");
   std::string resume_dir;
   if (!m_opt.resume_from_checkpoint.empty()) resume_dir = resolve_resume_path(m_opt.resume_from_checkpoint, m_opt.output_dir);
@@ -163,15 +163,10 @@ void RankRun::setup() {
   // The plan before anything is allocated: a run that cannot fit is refused with its levers.
   m_B = choose_micro_batch(m_opt, m_cfg, m_dev, m_comm);
   m_accum = m_opt.gradient_accumulation_steps;
-  m_shape = {m_B, m_opt.seq_len, compute_dtype(m_opt.precision), m_opt.gradient_checkpointing, true,
-             resolve_gradient_placement(m_opt.gradient_placement, m_accum, zero == 2)};
-  // Text data has padding: train on its real tokens (Note [packed training]; not under layer checkpointing).
-  m_shape.packed_tokens =
-      m_opt.skip_padding && !m_opt.train_file.empty() && m_shape.checkpointing != CheckpointPolicy::Layer;
-  const PlanInput plan_in{m_cfg,      m_shape, m_opt.optim.kind, m_dev.cuda ? Device::CUDA : Device::CPU, N, zero,
-                          m_comm.rank(), m_accum};
+  const PlanInput plan_in = plan_input(m_opt, m_cfg, m_B, m_dev.cuda ? Device::CUDA : Device::CPU, N, m_comm.rank());
+  m_shape = plan_in.shape;
   m_plan = plan_memory(plan_in);
-  if (m_opt.eval_strategy != "no")  // evaluate() holds its batch while it runs
+  if (m_opt.eval_strategy != Cadence::No)  // evaluate() holds its batch while it runs
     m_plan.bytes[Category::Other] +=
         evaluation_buffer_bytes(std::min(m_opt.per_device_eval_batch_size, m_B), m_shape.max_seq, true);
   check_plan_fits(plan_in, m_plan, m_dev, m_accum);
@@ -342,13 +337,13 @@ bool RankRun::loop() {
     }
     const int64_t done = step + 1;
     account(done, s);
-    if ((m_opt.eval_strategy == "steps" && done % eval_every == 0) ||
-        (m_opt.eval_strategy == "epoch" && epoch_ends_at(done))) {
+    if ((m_opt.eval_strategy == Cadence::Steps && done % eval_every == 0) ||
+        (m_opt.eval_strategy == Cadence::Epoch && epoch_ends_at(done))) {
       evaluate_now(done);
       last_eval = done;
     }
-    if ((m_opt.checkpoint_strategy == "steps" && done % m_opt.save_steps == 0) ||
-        (m_opt.checkpoint_strategy == "epoch" && epoch_ends_at(done)))
+    if ((m_opt.checkpoint_strategy == Cadence::Steps && done % m_opt.save_steps == 0) ||
+        (m_opt.checkpoint_strategy == Cadence::Epoch && epoch_ends_at(done)))
       save_checkpoint(done);
     if (s.stop_signal != 0 && done < m_total_steps) {
       if (m_last_save != done) save_checkpoint(done);
@@ -368,7 +363,7 @@ bool RankRun::loop() {
   if (m_lead) m_log->end_of_bar();
   m_dev.backend->synchronize();
   m_runtime = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (m_opt.eval_strategy != "no" && last_eval != m_total_steps && m_total_steps > m_start_step) evaluate_now(m_total_steps);
+  if (m_opt.eval_strategy != Cadence::No && last_eval != m_total_steps && m_total_steps > m_start_step) evaluate_now(m_total_steps);
   sampler.stop();
   return true;
 }

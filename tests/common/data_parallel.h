@@ -37,7 +37,7 @@ inline TrainOptions options(const std::string& device, const std::string& model,
                             int64_t batch, int zero) {
   TrainOptions o;
   o.model_name_or_path = model;
-  o.device = device;
+  o.device = device == "cpu" ? DeviceChoice::Cpu : DeviceChoice::Cuda;
   o.dataset = "learnable";
   o.seq_len = device == "cpu" ? 32 : 64;
   o.num_samples = device == "cpu" ? 64 : 256;

@@ -15,7 +15,7 @@ namespace {
 TrainOptions tiny_gpu(const std::string& out) {
   TrainOptions o;
   o.preset = "bert-tiny";
-  o.device = "cuda";
+  o.device = DeviceChoice::Cuda;
   o.seq_len = 128;
   o.num_samples = 64;
   o.per_device_train_batch_size = 8;

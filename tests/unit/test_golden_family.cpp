@@ -181,7 +181,7 @@ TEST_P(GoldenFamily, PlanEqualsAllocated) {
         o.model_name_or_path = model;
         o.train_file = data;
         o.text_pair_column = "hypothesis";
-        o.device = "cpu";
+        o.device = DeviceChoice::Cpu;
         o.seq_len = 24;
         o.per_device_train_batch_size = 8;
         o.max_steps = 2;

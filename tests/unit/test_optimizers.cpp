@@ -276,7 +276,7 @@ namespace {
 TrainOptions tiny(const std::string& out, OptimizerKind k) {
   TrainOptions o;
   o.preset = "bert-tiny";
-  o.device = "cpu";
+  o.device = DeviceChoice::Cpu;
   o.seq_len = 32;
   o.num_samples = 64;
   o.per_device_train_batch_size = 8;

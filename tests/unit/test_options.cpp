@@ -81,10 +81,10 @@ TEST(Options, TrainerSpellingsMeanWhatTheTrainerMeans) {
   EXPECT_EQ(r.train.train_epochs, 0.5);
   EXPECT_EQ(r.train.num_train_epochs, 1);
   EXPECT_FLOAT_EQ(r.train.warmup_ratio, 0.1);
-  EXPECT_EQ(r.train.lr_scheduler_type, "constant");
+  EXPECT_EQ(r.train.lr_scheduler_type, Schedule::Constant);
   EXPECT_EQ(r.optim, "adamw");
-  EXPECT_EQ(r.train.eval_strategy, "epoch");
-  EXPECT_EQ(r.train.device, "cpu");
+  EXPECT_EQ(r.train.eval_strategy, Cadence::Epoch);
+  EXPECT_EQ(r.train.device, DeviceChoice::Cpu);
   EXPECT_EQ(r.bf16, 0);
   EXPECT_EQ(r.checkpointing, "layer");
   EXPECT_EQ(r.train.seed, 7u);
@@ -195,7 +195,7 @@ TEST(Options, JsonFileOfArguments) {
   RunArgs quiet = parse_args(kTrain, {"--logging_strategy", "no", "--preset", "bert-tiny"});
   EXPECT_EQ(finish_train_args(quiet, kTrain, false).logging_steps, 0);
   EXPECT_EQ(r.train.train_epochs, 0.5);
-  EXPECT_EQ(r.train.eval_strategy, "steps");
+  EXPECT_EQ(r.train.eval_strategy, Cadence::Steps);
   EXPECT_EQ(r.train.output_dir, "out");
   EXPECT_EQ(r.train.text_column, "premise");
   EXPECT_EQ(r.train.text_pair_column, "hypothesis");

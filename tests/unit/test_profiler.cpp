@@ -59,7 +59,7 @@ TEST(OpCost, AttentionAndNormalizationByHand) {
 TEST(Profiler, CpuRunWritesAProfileWhoseOpsAddUpToTheStep) {
   TrainOptions o;
   o.preset = "bert-tiny";
-  o.device = "cpu";
+  o.device = DeviceChoice::Cpu;
   o.seq_len = 64;
   o.num_samples = 32;
   o.per_device_train_batch_size = 8;

@@ -104,7 +104,7 @@ TEST(TrainRanks, TextEvaluationCheckpointAndResumeOnAnotherWorldSize) {
     o.tokenizer = kTokenizer;
     o.validation_split = 0.25;
     o.seq_len = 32;
-    o.eval_strategy = "steps";
+    o.eval_strategy = Cadence::Steps;
     o.eval_steps = 2;
     o.logging_steps = 1;
     o.threads = world;
@@ -112,13 +112,13 @@ TEST(TrainRanks, TextEvaluationCheckpointAndResumeOnAnotherWorldSize) {
     return o;
   };
   TrainOptions ref_opt = text("ranks_text_ref", 1);
-  ref_opt.checkpoint_strategy = "steps";
+  ref_opt.checkpoint_strategy = Cadence::Steps;
   ref_opt.save_steps = 2;
   const TrainResult ref = train(ref_opt);
   ASSERT_GE(ref.eval_accuracy, 0.0);
 
   TrainOptions two = text("ranks_text_two", 2);
-  two.checkpoint_strategy = "steps";
+  two.checkpoint_strategy = Cadence::Steps;
   two.save_steps = 2;
   const TrainResult r2 = train(two);
   EXPECT_NEAR(r2.eval_loss, ref.eval_loss, 1e-5);
@@ -152,7 +152,7 @@ TEST(TrainRanks, NonFiniteStepStopsTheRunKeepingTheLastCheckpoint) {
     TrainOptions o = options("cpu", model, "ranks_nan" + std::to_string(world), world, 4 / world, 1);
     o.learning_rate = 1e38f;
     o.max_grad_norm = 0;
-    o.checkpoint_strategy = "steps";
+    o.checkpoint_strategy = Cadence::Steps;
     o.save_steps = 1;
     try {
       train(o);

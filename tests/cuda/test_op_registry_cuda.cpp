@@ -1,0 +1,74 @@
+// The registry's twin mode (tests/common/op_registry.h): every backend op on CUDA against the
+// CPU on fresh random inputs (the seed is in the trace; ANATOMY_TEST_SEED reproduces it), at two
+// sizes (OpDims{} and odd_dims()), in F32 and, for ops with activations, BF16 and F16 (inputs
+// rounded to the half type before either backend sees them). Outputs start as NaN on both sides,
+// updated inputs from the same random values; each compared output must satisfy
+// ||cuda - cpu|| / ||cpu|| <= the case's tolerance (0 for data movement: exact), and NaN never
+// passes. Also: the real CUDA backend fails the contract's misuses with the CPU's words.
+#include <gtest/gtest.h>
+
+#include "../common/contract_misuses.h"
+#include "../common/op_registry.h"
+#include "../unit/test_cpu_util.h"
+
+using namespace anatomy;
+using namespace anatomy::test;
+
+namespace {
+
+std::vector<std::string> entry_names() {
+  std::vector<std::string> v;
+  for (const OpEntry& e : op_registry()) v.push_back(e.op);
+  return v;
+}
+
+void run_twin(Backend& cpu, Backend& gpu, const OpEntry& e, DType dt, const OpDims& dims, const char* dims_name) {
+  SCOPED_TRACE(std::string(e.op) + " in " + std::string(dtype_name(dt)) + " at " + dims_name + " sizes");
+  ANATOMY_FRESH_RNG(rng);
+  const OpCase c = e.build(dims, rng);
+  std::vector<std::vector<double>> values;
+  for (const OpArg& a : c.args) values.push_back(arg_values(a, dt));
+  CaseTensors on_cpu = make_tensors(cpu, c, dt, values), on_gpu = make_tensors(gpu, c, dt, values);
+  c.run(cpu, on_cpu.tensors);
+  c.run(gpu, on_gpu.tensors);
+  gpu.synchronize();
+  for (size_t i = 0; i < c.args.size(); ++i) {
+    const OpArg& a = c.args[i];
+    if (!a.compared) continue;
+    const double tol = a.tol > 0 ? a.tol : dt == DType::F32 ? c.tol_f32 : c.tol_half;
+    const double err = normalized_error(read_values(gpu, on_gpu.tensors[i]), read_values(cpu, on_cpu.tensors[i]));
+    EXPECT_LE(err, tol) << a.name << ": normalized error " << err;
+  }
+}
+
+}  // namespace
+
+class OpTwin : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OpTwin, CudaMatchesTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const OpEntry& e = *find_op(GetParam());
+  auto cpu = make_cpu_backend();
+  auto gpu = make_cuda_backend(0);
+  for (const auto& [dims, name] : {std::pair{OpDims{}, "small"}, std::pair{odd_dims(), "odd"}}) {
+    run_twin(*cpu, *gpu, e, DType::F32, dims, name);
+    if (e.half) {
+      run_twin(*cpu, *gpu, e, DType::BF16, dims, name);
+      run_twin(*cpu, *gpu, e, DType::F16, dims, name);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, OpTwin, ::testing::ValuesIn(entry_names()), [](const auto& info) { return info.param; });
+
+TEST(CudaContract, MisusesFailAsOnTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto cpu = make_cpu_backend(1);
+  auto gpu = make_cuda_backend(0);
+  for (const Misuse& m : contract_misuses()) {
+    SCOPED_TRACE(m.name);
+    const std::string on_cpu = misuse_message(*cpu, m);
+    EXPECT_FALSE(on_cpu.empty());
+    EXPECT_EQ(misuse_message(*gpu, m), on_cpu);
+  }
+}
