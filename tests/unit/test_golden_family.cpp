@@ -278,6 +278,15 @@ TEST_P(GoldenFamily, AnatomyTrainRunsEndToEnd) {
   const nlohmann::json res = nlohmann::json::parse(read_regular_file(out + "/train_results.json"));
   EXPECT_EQ(res.at("steps"), 4);
   EXPECT_TRUE(std::isfinite(res.at("train_loss").get<double>())) << res.dump();
+  // `anatomy eval` reads the saved directory with its tokenizer: a prediction per pair.
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --validation-file " + data +
+                                          " --text-pair-column hypothesis --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  std::ifstream preds(dir + "/eval/predictions.jsonl");
+  std::string line;
+  int n = 0;
+  while (std::getline(preds, line)) n += !line.empty();
+  EXPECT_EQ(n, 48);
 }
 
 // The variant presets have the parameter counts transformers gives their
