@@ -302,3 +302,28 @@ TEST(FamilyPresets, ParameterCountsAreTransformers) {
     EXPECT_EQ(BertConfig::from_json(c.to_json(), name), c) << name;  // config.json round trip
   }
 }
+
+// A run stopped after its step-2 checkpoint and resumed from it ends with the weights of the
+// uninterrupted run, bit for bit, and two data-parallel ranks train each variant too.
+TEST_P(GoldenFamily, ResumesBitForBitAndTrainsOnTwoRanks) {
+  const std::string arch = GetParam();
+  const std::string dir = testing_dirs::fresh_dir("family_resume_" + arch);
+  const std::string data = pair_data(dir);
+  const std::string common = "train --device cpu --model-name-or-path " + fixture_model(arch) + " --train-file " + data +
+                             " --text-pair-column hypothesis --max-seq-length 32 --per-device-train-batch-size 8"
+                             " --max-steps 4 --learning-rate 1e-3 --logging-steps 1 --disable-tqdm --seed 3";
+  auto r = testing_cli::run_anatomy(common + " --output-dir " + dir + "/whole");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = testing_cli::run_anatomy(common + " --save-strategy steps --save-steps 2 --output-dir " + dir + "/cut");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::filesystem::remove(dir + "/cut/model.safetensors");
+  r = testing_cli::run_anatomy(common + " --save-strategy steps --save-steps 2 --overwrite-output-dir --output-dir " + dir +
+                               "/cut --resume-from-checkpoint " + dir + "/cut/checkpoint-2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(testing_compare::same_safetensors(dir + "/whole/model.safetensors", dir + "/cut/model.safetensors"));
+  const auto resumed = nlohmann::json::parse(read_regular_file(dir + "/cut/train_results.json"));
+  EXPECT_EQ(resumed.at("resumed_from_step"), 2);  // not a fresh run that would end the same
+  r = testing_cli::run_anatomy(common + " --nproc-per-node 2 --per-device-train-batch-size 4 --output-dir " + dir + "/ranks");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(tensor_names(dir + "/ranks/model.safetensors"), tensor_names(fixture_model(arch) + "/model.safetensors"));
+}
