@@ -13,6 +13,7 @@
 #   family    the encoder variants (RoBERTa, XLM-R, DistilBERT, ELECTRA): their golden fixtures on the
 #             GPU (fp32, bf16, AdamW, real tokens), then `anatomy train` bf16 on each tiny model directory
 #             of tests/fixtures/models with its tokenizer, loaded back by transformers
+#   familybench each variant at base size, bf16 batch 32 seq 512: anatomy vs the Trainer (~8 min; alone in a call)
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
 #   profile   bert-large bf16 batch 32 with --profile-steps 3 (time by op class)
@@ -83,6 +84,10 @@ step_family() {
     echo "$arch: exit $? $(python3 tests/golden/verify_hf_load.py "/tmp/family/$arch" 2>/dev/null | cut -c1-160)" \
       | tee -a "$OUT/family.log"
   done
+}
+
+step_familybench() {
+  python3 bench/family_bench.py --anatomy-bin "$a" --out "$OUT" 2>&1 | tail -16
 }
 
 step_sanitize() {
@@ -263,7 +268,7 @@ step_launch() {
   grep -h "Samples/second\|error" "$OUT"/train_*.log | head -8
 }
 
-(($#)) || { sed -n '2,31p' "$0"; exit 2; }
+(($#)) || { sed -n '2,32p' "$0"; exit 2; }
 for s in "$@"; do
   declare -F "step_$s" >/dev/null || { echo "device.sh: unknown step '$s'" >&2; exit 2; }
 done

@@ -97,11 +97,12 @@ int run_eval(EvalFlags f) {
                 " needs a GPU (--device cuda); the CPU backend computes in fp32");
   BertConfig cfg = BertConfig::from_json_file(config_file);
   cfg.validate(config_file);
-  if (f.max_seq_length < 0) f.max_seq_length = std::min<int64_t>(128, cfg.max_position_embeddings);
-  ANATOMY_CHECK(f.max_seq_length <= cfg.max_position_embeddings, "--max-seq-length ", f.max_seq_length,
-                " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings, ")");
+  if (f.max_seq_length < 0) f.max_seq_length = std::min<int64_t>(128, cfg.max_sequence_length());
+  ANATOMY_CHECK(f.max_seq_length <= cfg.max_sequence_length(), "--max-seq-length ", f.max_seq_length,
+                " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings,
+                cfg.position_offset() ? str_cat(", of which ", cfg.max_sequence_length(), " follow pad_token_id") : "", ")");
   const std::string tok_dir = f.tokenizer.empty() ? f.model : f.tokenizer;
-  const WordPieceTokenizer tok = WordPieceTokenizer::from_directory(tok_dir);
+  const Tokenizer tok = Tokenizer::from_directory(tok_dir);
   ANATOMY_CHECK(static_cast<int64_t>(tok.vocab_size()) <= cfg.vocab_size, "--tokenizer ", tok_dir, ": ", tok.vocab_size(),
                 " tokens, more than the model's vocab_size of ", cfg.vocab_size);
   TextDataOptions topt;

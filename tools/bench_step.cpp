@@ -129,8 +129,8 @@ Result run(const Config& c, int steps, int warmup, const Nvml& nvml) {
   const Precision prec = parse_precision(c.precision);
   if (prec == Precision::Tf32) be.set_allow_tf32(true);
   const BertConfig cfg = BertConfig::preset(c.preset);
-  ANATOMY_CHECK(c.seq <= cfg.max_position_embeddings, "--config ", c.str(), ": seq exceeds max_position_embeddings ",
-                cfg.max_position_embeddings);
+  ANATOMY_CHECK(c.seq <= cfg.max_sequence_length(), "--config ", c.str(), ": seq exceeds max_position_embeddings ",
+                cfg.max_sequence_length());
   const ModelShape shape{c.batch, c.seq, compute_dtype(prec), CheckpointPolicy::None, true};
   BertForSequenceClassification model(be, cfg, shape);
   model.init_weights(1);

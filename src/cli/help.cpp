@@ -65,7 +65,7 @@ std::string top_help() {
          "Reproduces Hugging Face's 'Model training anatomy' experiment (see README.md).\n\n"
          "Usage: anatomy COMMAND [ARGS.json] [--flag value ...]\n\n"
          "Commands:\n"
-         "  train    Train BertForSequenceClassification and report time and memory\n"
+         "  train    Train a BERT-family classifier (BERT, RoBERTa, XLM-R, DistilBERT, ELECTRA) and report time and memory\n"
          "  eval     Evaluate a saved model on a text file: loss, accuracy, macro-F1, predictions\n"
          "  plan     Print the memory plan of a training run without running it\n"
          "  report   Write one self-contained HTML page on where the memory and time of runs went\n"

@@ -93,7 +93,7 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
     // Trainer's examples: max_seq_length 128, never beyond the model's position table.
     TrainOptions probe = o;
     probe.seq_len = 2;
-    o.seq_len = std::min<int64_t>(128, model_config(probe).max_position_embeddings);
+    o.seq_len = std::min<int64_t>(128, model_config(probe).max_sequence_length());
   }
   if (cmd == kTrain && !gpu && o.precision != Precision::Fp32)
     usage("--precision ", a.precision, " needs a GPU (--device cuda); the CPU backend computes in fp32");

@@ -51,7 +51,7 @@ void save_pretrained(const std::string& dir, BertForSequenceClassification& mode
 }
 
 std::vector<std::string> checkpoint_names_for(const std::string& name) {
-  // As saved by BertForSequenceClassification, then by BertModel (no "bert." prefix), each also
+  // As saved by *ForSequenceClassification, then by the base model (no "bert.", "roberta.", ... prefix), each also
   // with the legacy LayerNorm names (gamma for weight, beta for bias) of old TF-converted files.
   std::vector<std::string> bases{name};
   for (const char* base : {"bert.", "roberta.", "distilbert.", "electra."})

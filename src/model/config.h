@@ -91,7 +91,7 @@ struct BertConfig {
   // The longest sequence the position table holds.
   int64_t max_sequence_length() const { return max_position_embeddings - position_offset(); }
   bool is_roberta() const { return architecture == Architecture::Roberta || architecture == Architecture::XlmRoberta; }
-  // Exact parameter count of BertForSequenceClassification with this config (validate() first:
+  // Exact parameter count of the variant's *ForSequenceClassification (validate() first:
   // unvalidated sizes may overflow int64).
   int64_t num_parameters() const;
   // The same count in long double, which no field can overflow (validate() bounds it).

@@ -632,6 +632,16 @@ TEST(CudaOps, ElementwiseOps) {
         ctx.cpu->tanh_backward(dx.c, dy.c, yy.c);
         expect_close(ctx, dx, tol, "tanh_backward");
       }
+      {
+        Pair x = in(), y = out();
+        ctx.gpu->relu_forward(y.g, x.g);
+        ctx.cpu->relu_forward(y.c, x.c);
+        expect_close(ctx, y, tol, "relu");
+        Pair dy = in(), dx = out();
+        ctx.gpu->relu_backward(dx.g, dy.g, x.g);  // x as the output: its negatives are relu's zeros
+        ctx.cpu->relu_backward(dx.c, dy.c, x.c);
+        expect_close(ctx, dx, tol, "relu_backward");
+      }
       for (float p : {0.0f, 0.1f, 0.5f}) {
         SCOPED_TRACE("dropout p " + std::to_string(p));
         const DropoutSpec d{p, 0x1234abcdULL, 42};

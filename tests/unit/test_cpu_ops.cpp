@@ -284,6 +284,15 @@ TEST_F(CpuOps, ElementwiseMatchDoubleReference) {
   be->tanh_backward(host(out, s), host(dy, s), host(y, s));
   ref::tanh_backward(want.data(), dyd.data(), to_double(y).data(), n);
   expect_close(out, want, 1e-6, "tanh_backward");
+  // ReLU, against max(x, 0) and its mask written out here (inputs of both signs).
+  auto r = poisoned(n);
+  be->relu_forward(host(r, s), host(x, s));
+  for (int64_t i = 0; i < n; ++i) want[i] = std::max(xd[i], 0.0);
+  expect_close(r, want, 0, "relu");
+  out = poisoned(n);
+  be->relu_backward(host(out, s), host(dy, s), host(r, s));
+  for (int64_t i = 0; i < n; ++i) want[i] = xd[i] > 0 ? dyd[i] : 0.0;
+  expect_close(out, want, 0, "relu_backward");
   out = poisoned(n);
   be->dropout_forward(host(out, s), host(x, s), drop);
   ref::dropout_forward(want.data(), xd.data(), n, drop);

@@ -278,6 +278,15 @@ TEST_P(GoldenFamily, AnatomyTrainRunsEndToEnd) {
   const nlohmann::json res = nlohmann::json::parse(read_regular_file(out + "/train_results.json"));
   EXPECT_EQ(res.at("steps"), 4);
   EXPECT_TRUE(std::isfinite(res.at("train_loss").get<double>())) << res.dump();
+  // `anatomy eval` reads the saved directory with its tokenizer: a prediction per pair.
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --validation-file " + data +
+                                          " --text-pair-column hypothesis --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  std::ifstream preds(dir + "/eval/predictions.jsonl");
+  std::string line;
+  int n = 0;
+  while (std::getline(preds, line)) n += !line.empty();
+  EXPECT_EQ(n, 48);
 }
 
 // The variant presets have the parameter counts transformers gives their
@@ -291,5 +300,73 @@ TEST(FamilyPresets, ParameterCountsAreTransformers) {
     EXPECT_EQ(c.num_parameters(), n) << name;
     EXPECT_EQ(static_cast<int64_t>(ParamLayout::for_sequence_classification(c).num_parameters()), n) << name;
     EXPECT_EQ(BertConfig::from_json(c.to_json(), name), c) << name;  // config.json round trip
+  }
+}
+
+// A run stopped after its step-2 checkpoint and resumed from it ends with the weights of the
+// uninterrupted run, bit for bit, and two data-parallel ranks train each variant too.
+TEST_P(GoldenFamily, ResumesBitForBitAndTrainsOnTwoRanks) {
+  const std::string arch = GetParam();
+  const std::string dir = testing_dirs::fresh_dir("family_resume_" + arch);
+  const std::string data = pair_data(dir);
+  const std::string common = "train --device cpu --model-name-or-path " + fixture_model(arch) + " --train-file " + data +
+                             " --text-pair-column hypothesis --max-seq-length 32 --per-device-train-batch-size 8"
+                             " --max-steps 4 --learning-rate 1e-3 --logging-steps 1 --disable-tqdm --seed 3";
+  auto r = testing_cli::run_anatomy(common + " --output-dir " + dir + "/whole");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = testing_cli::run_anatomy(common + " --save-strategy steps --save-steps 2 --output-dir " + dir + "/cut");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::filesystem::remove(dir + "/cut/model.safetensors");
+  r = testing_cli::run_anatomy(common + " --save-strategy steps --save-steps 2 --overwrite-output-dir --output-dir " + dir +
+                               "/cut --resume-from-checkpoint " + dir + "/cut/checkpoint-2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(testing_compare::same_safetensors(dir + "/whole/model.safetensors", dir + "/cut/model.safetensors"));
+  const auto resumed = nlohmann::json::parse(read_regular_file(dir + "/cut/train_results.json"));
+  EXPECT_EQ(resumed.at("resumed_from_step"), 2);  // not a fresh run that would end the same
+  r = testing_cli::run_anatomy(common + " --nproc-per-node 2 --per-device-train-batch-size 4 --output-dir " + dir + "/ranks");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(tensor_names(dir + "/ranks/model.safetensors"), tensor_names(fixture_model(arch) + "/model.safetensors"));
+}
+
+// config.json files as the Hub serves them for the checkpoints the presets copy: each reads as
+// its variant with the preset's sizes (fields anatomy does not use, such as ELECTRA's summary_*,
+// are ignored as transformers' classifiers ignore them).
+TEST(FamilyPresets, HubConfigsReadAsTheirPresets) {
+  const std::pair<const char*, const char*> hub[] = {
+      {"roberta-base", R"({"architectures": ["RobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+        "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
+        "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 514,
+        "model_type": "roberta", "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 1,
+        "type_vocab_size": 1, "vocab_size": 50265})"},
+      {"xlm-roberta-base", R"({"architectures": ["XLMRobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+        "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
+        "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 514,
+        "model_type": "xlm-roberta", "num_attention_heads": 12, "num_hidden_layers": 12, "output_past": true,
+        "pad_token_id": 1, "position_embedding_type": "absolute", "type_vocab_size": 1, "use_cache": true,
+        "vocab_size": 250002})"},
+      {"distilbert-base", R"({"activation": "gelu", "architectures": ["DistilBertForMaskedLM"], "attention_dropout": 0.1,
+        "dim": 768, "dropout": 0.1, "hidden_dim": 3072, "initializer_range": 0.02, "max_position_embeddings": 512,
+        "model_type": "distilbert", "n_heads": 12, "n_layers": 6, "pad_token_id": 0, "qa_dropout": 0.1,
+        "seq_classif_dropout": 0.2, "sinusoidal_pos_embds": false, "tie_weights_": true, "vocab_size": 30522})"},
+      {"electra-base", R"({"architectures": ["ElectraForPreTraining"], "attention_probs_dropout_prob": 0.1,
+        "embedding_size": 768, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
+        "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
+        "model_type": "electra", "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0,
+        "position_embedding_type": "absolute", "summary_activation": "gelu", "summary_last_dropout": 0.1,
+        "summary_type": "first", "summary_use_proj": true, "type_vocab_size": 2, "vocab_size": 30522})"},
+      {"electra-small", R"({"architectures": ["ElectraForPreTraining"], "attention_probs_dropout_prob": 0.1,
+        "embedding_size": 128, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 256,
+        "initializer_range": 0.02, "intermediate_size": 1024, "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
+        "model_type": "electra", "num_attention_heads": 4, "num_hidden_layers": 12, "pad_token_id": 0,
+        "type_vocab_size": 2, "vocab_size": 30522})"},
+  };
+  for (const auto& [preset, text] : hub) {
+    BertConfig c = BertConfig::from_json(nlohmann::json::parse(text), preset);
+    BertConfig p = BertConfig::preset(preset);
+    EXPECT_EQ(c.num_parameters(), p.num_parameters()) << preset;
+    EXPECT_EQ(c.architecture, p.architecture) << preset;
+    EXPECT_EQ(c.max_sequence_length(), 512) << preset;
+    c.architectures = p.architectures;  // the Hub's pretraining class; training saves the classifier's
+    EXPECT_EQ(c, p) << preset;
   }
 }
