@@ -21,6 +21,10 @@ struct TrainOptions {
   std::string preset = "bert-large";
   std::string model_name_or_path;
   int64_t num_labels = 2;
+  bool num_labels_given = false;  // --num-labels given: the data's label count must agree with it
+  // A head (or any tensor) of --model-name-or-path whose shape differs from the model's is newly
+  // initialized instead of refused (Trainer's ignore_mismatched_sizes).
+  bool ignore_mismatched_sizes = false;
   // Data: synthetic, or a labelled text file (--train-file) tokenized with the model's tokenizer.
   std::string dataset = "seed";  // seed | learnable (synthetic; ignored with train_file)
   int64_t num_samples = 512;
@@ -64,9 +68,13 @@ struct TrainOptions {
   std::string eval_strategy = "no";
   int64_t eval_steps = 0;      // 0: logging_steps
   int64_t per_device_eval_batch_size = 8;
+  bool eval_at_end = true;     // with validation data and eval_strategy no: evaluate once at the end (do_eval)
+  std::string test_file;       // with do_predict: predictions for it in predict_results.txt
   // Output and checkpoints (checkpoint_strategy: no | steps, every save_steps | epoch).
   std::string output_dir = "runs/train";
   int64_t logging_steps = 50;  // 0: only the summary
+  bool logging_first_step = false;
+  bool report_jsonl = true;    // metrics.jsonl (--report-to jsonl)
   bool save_model = true;      // the model at the end (config.json, model.safetensors, tokenizer)
   std::string checkpoint_strategy = "no";
   int64_t save_steps = 500;

@@ -169,7 +169,7 @@ void RankRun::setup() {
       m_opt.skip_padding && !m_opt.train_file.empty() && m_shape.checkpointing != CheckpointPolicy::Layer;
   const PlanInput plan_in{m_cfg, m_shape, m_opt.optim.kind, m_dev.cuda ? Device::CUDA : Device::CPU, N, zero};
   m_plan = plan_memory(plan_in);
-  if (m_opt.eval_strategy != "no")  // evaluate() holds its batch while it runs
+  if ((m_data->validation && (m_opt.eval_strategy != "no" || m_opt.eval_at_end)) || m_data->test)  // evaluate() holds its batch while it runs
     m_plan.bytes[Category::Other] +=
         evaluation_buffer_bytes(std::min(m_opt.per_device_eval_batch_size, m_B), m_shape.max_seq, true);
   check_plan_fits(plan_in, m_plan, m_dev, m_accum);
@@ -246,7 +246,8 @@ void RankRun::save_checkpoint(int64_t step) {
   if (m_lead) m_out->claim();
   OptimizerPart part;
   if (m_step->zero_stage() == 1) part = {true, m_step->shard().begin, m_step->shard().end};
-  m_res.last_checkpoint = save_training_checkpoint(m_opt.output_dir, step, *m_model, m_step->optimizer(), st, m_comm, part);
+  m_res.last_checkpoint =
+      save_training_checkpoint(m_opt.output_dir, step, *m_model, m_step->optimizer(), st, m_comm, part, m_data->tokenizer_files);
   if (m_lead) rotate_checkpoints(m_opt.output_dir, m_opt.save_total_limit);
   m_last_save = step;
 }
@@ -257,6 +258,9 @@ void RankRun::evaluate_now(int64_t step) {
   m_res.eval_loss = ev.loss;
   m_res.eval_accuracy = ev.accuracy;
   m_res.eval_macro_f1 = ev.macro_f1;
+  m_res.eval_runtime = ev.runtime;
+  m_res.eval_samples = ev.samples;
+  m_res.eval_steps = ev.batches;
   if (m_lead) m_log->eval(step, ev);
 }
 
@@ -301,9 +305,8 @@ bool RankRun::loop() {
   if (m_lead) {
     StartupInfo si;
     si.model = m_opt.model_name_or_path.empty() ? m_opt.preset : m_opt.model_name_or_path;
-    si.model_source = !m_opt.model_name_or_path.empty() && fs::exists(fs::path(m_opt.model_name_or_path) / "model.safetensors")
-                          ? "pretrained weights from " + m_opt.model_name_or_path
-                          : "randomly initialized";
+    si.model_source = random_init_notice(m_opt).empty() ? "pretrained weights from " + m_opt.model_name_or_path
+                                                        : "randomly initialized";
     si.device = m_prof.name();
     si.data = m_data->description;
     si.num_parameters = static_cast<int64_t>(m_model->layout().num_parameters());
@@ -315,6 +318,7 @@ bool RankRun::loop() {
     si.world_size = m_comm.size();
     si.zero_stage = m_step->zero_stage();
     si.planned_bytes = m_plan.total();
+    si.has_test = m_data->test != nullptr;
     m_log->startup(si);
     if (m_dev.cuda) {
       m_out->claim();
@@ -366,7 +370,10 @@ bool RankRun::loop() {
   if (m_lead) m_log->end_of_bar();
   m_prof.synchronize();
   m_runtime = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (m_opt.eval_strategy != "no" && last_eval != m_total_steps && m_total_steps > m_start_step) evaluate_now(m_total_steps);
+  // The end of the run is evaluated once (Trainer's do_eval), whatever the strategy did before.
+  if (m_data->validation && (m_opt.eval_strategy != "no" || m_opt.eval_at_end) && last_eval != m_total_steps &&
+      m_total_steps > m_start_step)
+    evaluate_now(m_total_steps);
   sampler.stop();
   return true;
 }
@@ -381,6 +388,7 @@ void RankRun::finish() {
   res.first_loss = m_p.first_loss;
   res.last_loss = m_p.last_loss;
   res.final_loss_scale = m_step->scaler().scale;
+  res.epoch = epoch_of(m_p.micro);
   res.train_runtime = m_runtime;
   const int64_t steps_here = m_total_steps - m_start_step;
   res.train_samples_per_second = static_cast<double>(res.samples - m_samples_before) / std::max(m_runtime, 1e-9);
@@ -410,13 +418,10 @@ void RankRun::finish() {
   if (m_lead && m_opt.save_model) {
     m_out->claim();
     save_pretrained(m_opt.output_dir, *m_model);
-    for (const std::string& f : m_data->tokenizer_files) {
-      const fs::path to = fs::path(m_opt.output_dir) / fs::path(f).filename();
-      if (fs::exists(to) && fs::equivalent(to, f)) continue;
-      std::ifstream in(f, std::ios::binary);
-      write_file_atomic(to.string(), std::string(std::istreambuf_iterator<char>(in), {}));
-    }
+    copy_files_into(m_opt.output_dir, m_data->tokenizer_files);
   }
+  if (m_lead && m_data->test)
+    res.predict_samples = predict_into(m_opt, *m_model, *m_data->test, std::min(m_opt.per_device_eval_batch_size, m_B), m_cfg);
   if (m_opt.profile_steps > 0) profile();
   if (m_lead) {
     m_out->claim();
