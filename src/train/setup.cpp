@@ -91,6 +91,7 @@ void OutputDir::claim() {
   }
   rotate_checkpoints(m_opt.output_dir, 0);  // clears the staging leftovers of a killed run; keeps every checkpoint
   const fs::path metrics = dir / "metrics.jsonl";
+  if (!m_opt.report_jsonl) return;  // --report-to none: no metrics.jsonl
   if (m_start_step > 0) {  // the lines up to the checkpoint's step, then the new ones
     std::ifstream in(metrics);
     std::string line, kept;
@@ -108,7 +109,7 @@ void OutputDir::claim() {
 
 void OutputDir::append_metrics(const std::string& json_line) {
   claim();
-  *m_metrics << json_line << "\n" << std::flush;
+  if (m_metrics) *m_metrics << json_line << "\n" << std::flush;
 }
 
 int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const TrainDevice& dev, Communicator& comm) {
