@@ -247,6 +247,18 @@ std::vector<OptionSpec> build() {
        false, false, false, false, {}, [](R& r, const V& v) { r.train.save_steps = v.i; }, "same"});
   add({"save-total-limit", {}, OptType::Int, kTrainPlan, "0", "Keep only the newest N checkpoints (0: all)", 0, kBig,
        false, false, false, false, {}, [](R& r, const V& v) { r.train.save_total_limit = v.i; }, "same"});
+  add({"load-best-model-at-end", {}, OptType::Bool, kTrain, "false",
+       "Keep the checkpoint best by --metric-for-best-model (whatever --save-total-limit) and end with its weights; "
+       "needs --eval-strategy equal to --save-strategy",
+       0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.train.load_best_model_at_end = v.b; }, "same"});
+  add({"metric-for-best-model", {}, OptType::Choice, kTrain, "loss", "With --load-best-model-at-end: what makes a checkpoint best",
+       0, 0, false, false, false, false,
+       {{"loss", "eval_loss"}, {"eval_loss", "eval_loss"}, {"accuracy", "eval_accuracy"}, {"eval_accuracy", "eval_accuracy"},
+        {"macro_f1", "eval_macro_f1"}, {"eval_macro_f1", "eval_macro_f1"}},
+       [](R& r, const V& v) { r.train.metric_for_best_model = v.s; },
+       "differs: the metrics anatomy computes (loss, accuracy, macro_f1)"});
+  add({"greater-is-better", {}, OptType::Bool, kTrain, "false for loss, else true", "Whether a larger metric is better",
+       0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.greater_is_better = v.b; }, "same"});
   add({"resume-from-checkpoint", {}, OptType::Text, kTrain, "",
        "Continue from a checkpoint directory, or latest (the newest in --output-dir)", 0, 0, false, false, false, true, {},
        [](R& r, const V& v) { r.train.resume_from_checkpoint = v.s; }, "differs: latest names the newest checkpoint"});

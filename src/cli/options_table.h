@@ -40,6 +40,7 @@ struct RunArgs {
   std::string optim = "adamw", checkpointing = "none", save_strategy = "final";
   bool seed_experiment = false;
   bool do_train = true, do_eval = true, do_predict = false;
+  int greater_is_better = -1;  // -1: not given (from the metric: false for a loss)
   bool schedule_without_warmup = false;
   int64_t data_seed = -1;                // -1: not given  // Trainer's "constant": no warm-up at all
   std::string report_to = "jsonl", logging_strategy = "steps";

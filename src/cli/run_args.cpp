@@ -75,6 +75,16 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   if (a.was_given("do-eval") && a.do_eval && o.validation_file.empty() && o.validation_split == 0)
     usage("--do-eval needs validation data: --validation-file or --validation-split");
   o.eval_at_end = a.do_eval;
+  o.greater_is_better = a.greater_is_better >= 0 ? a.greater_is_better == 1 : o.metric_for_best_model != "eval_loss";
+  if (o.load_best_model_at_end) {
+    if (o.eval_strategy == "no" || o.eval_strategy != o.checkpoint_strategy)
+      usage("--load-best-model-at-end needs --eval-strategy and --save-strategy alike, steps or epoch (they are ",
+            o.eval_strategy, " and ", a.save_strategy, "): a checkpoint is best by the evaluation of its step");
+    const int64_t every = o.eval_steps > 0 ? o.eval_steps : std::max<int64_t>(1, o.logging_steps);
+    if (o.eval_strategy == "steps" && o.save_steps % every != 0)
+      usage("--load-best-model-at-end: --save-steps ", o.save_steps, " must be a multiple of the evaluation interval ",
+            every, " (--eval-steps)");
+  }
   if (a.do_predict && o.test_file.empty()) usage("--do-predict needs --test-file (the text to predict)");
   if (!a.do_predict && !o.test_file.empty()) usage("--test-file ", o.test_file, " is predicted only with --do-predict");
   if (a.logging_strategy == "no") o.logging_steps = 0;

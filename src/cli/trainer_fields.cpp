@@ -43,9 +43,6 @@ const std::vector<const char*>& training_arguments_fields() {
 // generic one (cli/parse.cpp).
 const std::vector<Refusal>& refused_arguments() {
   static const std::vector<Refusal> r = {
-      {"load_best_model_at_end", "anatomy keeps the last model; pick a checkpoint by its eval_results in metrics.jsonl"},
-      {"metric_for_best_model", "anatomy does not track a best model (load_best_model_at_end is not supported)"},
-      {"greater_is_better", "anatomy does not track a best model (load_best_model_at_end is not supported)"},
       {"auto_find_batch_size", "use --per-device-train-batch-size auto (the largest batch the memory plan fits)"},
       {"deepspeed", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
       {"fsdp", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},

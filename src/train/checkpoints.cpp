@@ -323,7 +323,7 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
   return path.string();
 }
 
-void rotate_checkpoints(const std::string& output_dir, int64_t limit) {
+void rotate_checkpoints(const std::string& output_dir, int64_t limit, const std::string& keep) {
   std::error_code ec;
   if (!fs::is_directory(output_dir, ec)) return;
   std::vector<std::pair<int64_t, fs::path>> complete;
@@ -346,6 +346,16 @@ void rotate_checkpoints(const std::string& output_dir, int64_t limit) {
   }
   if (limit <= 0 || static_cast<int64_t>(complete.size()) <= limit) return;
   std::sort(complete.begin(), complete.end());
+  if (!keep.empty()) {
+    const auto best = std::find_if(complete.begin(), complete.end(), [&](const auto& c) {
+      std::error_code eq;
+      return fs::equivalent(c.second, keep, eq);
+    });
+    if (best != complete.end()) {
+      complete.erase(best);
+      limit = std::max<int64_t>(1, limit - 1);
+    }
+  }
   for (size_t i = 0; i + static_cast<size_t>(limit) < complete.size(); ++i) remove_via_trash(complete[i].second);
 }
 

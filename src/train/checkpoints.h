@@ -65,8 +65,10 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
 // <= 0: keeps all) and removes the older ones, each renamed to a hidden ".trash-..." name first
 // so no half-removed directory ever looks like a checkpoint. Also removes leftovers of crashed
 // runs: staging ("checkpoint-<step>.tmp-*", ".old-*") and trash directories. Directories named
-// checkpoint-<step> that are not complete checkpoints are left alone.
-void rotate_checkpoints(const std::string& output_dir, int64_t limit);
+// checkpoint-<step> that are not complete checkpoints are left alone. `keep` (the best checkpoint,
+// Note [best model]) is never removed: the newest limit - 1 others stay beside it (at least one,
+// the newest, to resume from), as the Trainer keeps its best checkpoint.
+void rotate_checkpoints(const std::string& output_dir, int64_t limit, const std::string& keep = "");
 
 // The complete checkpoint of output_dir with the highest step (numeric: 10 beats 9), or nullopt.
 // Complete: trainer_state.json parses, names the step of the directory's name, and every file it

@@ -78,7 +78,13 @@ struct TrainOptions {
   bool save_model = true;      // the model at the end (config.json, model.safetensors, tokenizer)
   std::string checkpoint_strategy = "no";
   int64_t save_steps = 500;
-  int64_t save_total_limit = 0;  // keep the newest N checkpoints (0: all)
+  int64_t save_total_limit = 0;  // keep the newest N checkpoints (0: all), and the best one
+  // Note [best model]: with load_best_model_at_end, each checkpoint saved at an evaluation is
+  // compared by metric_for_best_model (eval_loss, eval_accuracy or eval_macro_f1); the best is
+  // kept whatever save_total_limit says and its weights are the final model.
+  bool load_best_model_at_end = false;
+  std::string metric_for_best_model = "eval_loss";
+  bool greater_is_better = false;
   std::string resume_from_checkpoint;  // a checkpoint directory or "latest"
   std::string command_line;      // how the run was started, for the resume hint
   bool disable_progress_bar = false;

@@ -72,6 +72,10 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
     all.update(ev);
   }
   if (res.predict_samples > 0) all["predict_samples"] = res.predict_samples;
+  if (!res.best_model_checkpoint.empty()) {
+    out["best_model_checkpoint"] = res.best_model_checkpoint;
+    out["best_metric"] = res.best_metric;
+  }
   write_file_atomic((fs::path(opt.output_dir) / "all_results.json").string(), all.dump(4) + "\n");
   nlohmann::json cats, planned;
   for (int i = 0; i < kNumCategories; ++i) {

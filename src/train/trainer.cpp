@@ -113,6 +113,7 @@ class RankRun {
   void save_checkpoint(int64_t step);
   void account(int64_t done, const StepOutcome& s);
   void profile();
+  void load_best_model();
   bool epoch_ends_at(int64_t step) const {  // does optimizer step `step` (1-based) finish an epoch?
     return (step * m_accum) / m_micro_per_epoch > ((step - 1) * m_accum) / m_micro_per_epoch;
   }
@@ -137,6 +138,10 @@ class RankRun {
   int64_t m_used_weights = -1;
   double m_window_loss = 0, m_data_wait = 0, m_runtime = 0;
   int64_t m_window_samples = 0, m_samples_before = 0;
+  // Note [best model] (train/options.h): the last evaluation's metric and the best checkpoint's.
+  double m_eval_metric = 0, m_best_metric = 0;
+  int64_t m_eval_step = -1;
+  std::string m_best_ckpt;
   std::vector<double> m_stamps;
   nlohmann::json m_fingerprint;
   Progress m_p;
@@ -218,6 +223,8 @@ void RankRun::resume(const std::string& dir) {
   m_window_samples = st.at("window_samples").get<int64_t>();
   m_step->scaler().scale = st.at("loss_scale").get<float>();
   m_step->scaler().clean = st.at("loss_scale_clean_steps").get<int64_t>();
+  m_best_ckpt = st.value("best_model_checkpoint", std::string());
+  m_best_metric = st.value("best_metric", 0.0);
   if (m_lead)
     std::fprintf(stderr, "anatomy: resumed from %s at step %lld of %lld\n", dir.c_str(), static_cast<long long>(m_start_step),
                  static_cast<long long>(m_total_steps));
@@ -226,6 +233,11 @@ void RankRun::resume(const std::string& dir) {
 // A checkpoint of everything the next step depends on (collective: every rank its part).
 void RankRun::save_checkpoint(int64_t step) {
   const int64_t micro = m_p.micro;
+  if (m_opt.load_best_model_at_end && m_eval_step == step &&
+      (m_best_ckpt.empty() || (m_opt.greater_is_better ? m_eval_metric > m_best_metric : m_eval_metric < m_best_metric))) {
+    m_best_metric = m_eval_metric;
+    m_best_ckpt = (fs::path(m_opt.output_dir) / str_cat("checkpoint-", step)).string();
+  }
   const nlohmann::json st = {{"global_step", step},
                              {"epoch", epoch_of(micro)},
                              {"micro_batches", micro},
@@ -242,13 +254,15 @@ void RankRun::save_checkpoint(int64_t step) {
                              {"loss_scale", m_step->scaler().scale},
                              {"loss_scale_clean_steps", m_step->scaler().clean},
                              {"world_size", m_comm.size()},
-                             {"fingerprint", m_fingerprint}};
+                             {"fingerprint", m_fingerprint},
+                             {"best_model_checkpoint", m_best_ckpt},
+                             {"best_metric", m_best_metric}};
   if (m_lead) m_out->claim();
   OptimizerPart part;
   if (m_step->zero_stage() == 1) part = {true, m_step->shard().begin, m_step->shard().end};
   m_res.last_checkpoint =
       save_training_checkpoint(m_opt.output_dir, step, *m_model, m_step->optimizer(), st, m_comm, part, m_data->tokenizer_files);
-  if (m_lead) rotate_checkpoints(m_opt.output_dir, m_opt.save_total_limit);
+  if (m_lead) rotate_checkpoints(m_opt.output_dir, m_opt.save_total_limit, m_best_ckpt);
   m_last_save = step;
 }
 
@@ -261,6 +275,9 @@ void RankRun::evaluate_now(int64_t step) {
   m_res.eval_runtime = ev.runtime;
   m_res.eval_samples = ev.samples;
   m_res.eval_steps = ev.batches;
+  m_eval_step = step;
+  m_eval_metric = m_opt.metric_for_best_model == "eval_accuracy" ? ev.accuracy
+                  : m_opt.metric_for_best_model == "eval_macro_f1" ? ev.macro_f1 : ev.loss;
   if (m_lead) m_log->eval(step, ev);
 }
 
@@ -374,6 +391,7 @@ bool RankRun::loop() {
   if (m_data->validation && (m_opt.eval_strategy != "no" || m_opt.eval_at_end) && last_eval != m_total_steps &&
       m_total_steps > m_start_step)
     evaluate_now(m_total_steps);
+  if (m_opt.load_best_model_at_end) load_best_model();
   sampler.stop();
   return true;
 }
@@ -428,6 +446,20 @@ void RankRun::finish() {
     write_run_summary(m_opt, res, m_plan, m_cfg, m_shape, m_dev.used_before);
   }
   m_comm.barrier();  // the run's files are written when any rank returns
+}
+
+// The best checkpoint's weights become the model (every rank: the weights are replicated), and
+// the validation data is evaluated on them, as the Trainer's evaluate() after train() does.
+void RankRun::load_best_model() {
+  if (m_best_ckpt.empty()) return;
+  m_res.best_model_checkpoint = m_best_ckpt;
+  m_res.best_metric = m_best_metric;
+  if (m_best_ckpt == (fs::path(m_opt.output_dir) / str_cat("checkpoint-", m_total_steps)).string()) return;
+  load_pretrained_weights(m_best_ckpt, *m_model);
+  if (m_lead)
+    std::fprintf(stderr, "anatomy: loading the best model, %s (%s %.6g), as --load-best-model-at-end says\n",
+                 m_best_ckpt.c_str(), m_opt.metric_for_best_model.c_str(), m_best_metric);
+  evaluate_now(m_total_steps);
 }
 
 // --profile-steps: extra steps, outside the timed ones, with every op between timing marks.

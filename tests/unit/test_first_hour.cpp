@@ -190,6 +190,32 @@ const std::function<void(const std::string&)> kPredictResults = [](const std::st
   EXPECT_EQ(n, 197);
 };
 
+const std::function<void(const std::string&)> kBestModelKept = [](const std::string& d) {
+  // The evaluations of steps 1..5 (the last line again: the best model, evaluated after loading).
+  std::ifstream in(d + "/out/metrics.jsonl");
+  double best = 1e300;
+  int64_t best_step = -1;
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line);
+    if (j.contains("eval_loss") && j["eval_loss"].get<double>() < best) {
+      best = j["eval_loss"].get<double>();
+      best_step = j["step"].get<int64_t>();
+    }
+  }
+  ASSERT_GT(best_step, 0);
+  const json res = read_json(d + "/out/train_results.json");
+  EXPECT_EQ(res["best_model_checkpoint"], d + "/out/checkpoint-" + std::to_string(best_step));
+  EXPECT_DOUBLE_EQ(res["best_metric"].get<double>(), best);
+  EXPECT_DOUBLE_EQ(read_json(d + "/out/eval_results.json")["eval_loss"].get<double>(), best);
+  const std::string ckpt = res["best_model_checkpoint"].get<std::string>();
+  ASSERT_TRUE(fs::exists(ckpt + "/model.safetensors"));
+  EXPECT_EQ(slurp(ckpt + "/model.safetensors"), slurp(d + "/out/model.safetensors"));
+  int checkpoints = 0;
+  for (const auto& e : fs::directory_iterator(d + "/out")) checkpoints += e.path().filename().string().rfind("checkpoint-", 0) == 0;
+  EXPECT_EQ(checkpoints, best_step == 5 ? 1 : 2);  // the best, and the newest to resume from
+  EXPECT_TRUE(fs::exists(d + "/out/checkpoint-5"));
+};
+
 // ---- the table ----------------------------------------------------------------------------------
 
 struct Case {
@@ -289,6 +315,15 @@ const std::vector<Case> kCases = {
     {"DoPredictNeedsTestFile", copy_text, kTextRun + "--max-steps 1 --do-predict", 2, {"--do-predict needs --test-file"}},
     {"TestFileNeedsDoPredict", copy_text, kTextRun + "--max-steps 1 --test-file {dir}/s.jsonl", 2,
      {"is predicted only with --do-predict"}},
+
+    // Note [best model]: the best checkpoint by eval_loss is kept beyond --save-total-limit and ends the run.
+    {"LoadBestModelAtEnd", copy_text,
+     kTextRun + "--max-steps 5 --learning-rate 0.005 --validation-file {dir}/s.jsonl --eval-strategy steps --eval-steps 1 "
+                "--save-strategy steps --save-steps 1 --save-total-limit 1 --load_best_model_at_end",
+     0, {}, {}, kBestModelKept},
+    {"LoadBestModelNeedsMatchingStrategies", copy_text,
+     kTextRun + "--max-steps 2 --validation-file {dir}/s.jsonl --eval-strategy steps --load-best-model-at-end", 2,
+     {"--load-best-model-at-end needs --eval-strategy and --save-strategy alike"}},
 
     // Point 6: plan and defaults.
     {"PlanSizeNeedsUnit", [](const std::string&) {}, "plan --gpu-memory 16", 2, {"a size needs its unit", "16GiB"}},
