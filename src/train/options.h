@@ -20,6 +20,7 @@ struct TrainOptions {
   // Model: a preset, or a Hugging Face directory (config.json, optionally model.safetensors).
   std::string preset = "bert-large";
   std::string model_name_or_path;
+  std::string model_name;  // as the user named it (a Hub name), when model_name_or_path is where it resolved to
   int64_t num_labels = 2;
   bool num_labels_given = false;  // --num-labels given: the data's label count must agree with it
   // A head (or any tensor) of --model-name-or-path whose shape differs from the model's is newly

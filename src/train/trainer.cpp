@@ -321,7 +321,9 @@ bool RankRun::loop() {
   auto used = [&] { return nvml_used_bytes(m_dev); };
   if (m_lead) {
     StartupInfo si;
-    si.model = m_opt.model_name_or_path.empty() ? m_opt.preset : m_opt.model_name_or_path;
+    si.model = m_opt.model_name_or_path.empty() ? m_opt.preset
+               : m_opt.model_name.empty()         ? m_opt.model_name_or_path
+                                                  : m_opt.model_name;
     si.model_source = random_init_notice(m_opt).empty() ? "pretrained weights from " + m_opt.model_name_or_path
                                                         : "randomly initialized";
     si.device = m_prof.name();
