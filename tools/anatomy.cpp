@@ -348,8 +348,10 @@ int run_command(int argc, char** argv) {
   cli::RunArgs a = cli::parse_args(cmd, rest);
   // A Hub name becomes its directory in the local Hugging Face cache, downloaded there when
   // missing (io/hub.h); before any process is spawned, so that the ranks find it cached.
-  if (!a.train.model_name_or_path.empty())
+  if (!a.train.model_name_or_path.empty()) {
+    a.train.model_name = a.train.model_name_or_path;
     a.train.model_name_or_path = resolve_model(a.train.model_name_or_path, a.revision);
+  }
   if (cmd == cli::kEval) return run_eval(eval_flags(a));
   TrainOptions o = cli::finish_train_args(a, cmd, cuda_available());
   if (cmd == cli::kPlan) return run_plan(o, a.gpu_memory, cuda_available());

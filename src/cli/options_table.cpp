@@ -34,7 +34,8 @@ std::vector<OptionSpec> build() {
   std::vector<OptionSpec> t;
   auto add = [&](OptionSpec s) { t.push_back(std::move(s)); };
   // ---- model ----
-  add({"preset", {}, OptType::Choice, kTrainPlan, "bert-large", "Built-in model, randomly initialized",
+  add({"preset", {}, OptType::Choice, kTrainPlan, "bert-large (bert-tiny without a GPU)",
+       "Built-in model, randomly initialized (said at start-up)",
        0, 0, false, false, false, false,
        {{"bert-tiny", "bert-tiny"}, {"bert-mini", "bert-mini"}, {"bert-base", "bert-base"}, {"bert-large", "bert-large"},
         {"roberta-base", "roberta-base"}, {"xlm-roberta-base", "xlm-roberta-base"}, {"distilbert-base", "distilbert-base"},
@@ -48,7 +49,12 @@ std::vector<OptionSpec> build() {
        "With a Hub name: the branch, tag or commit to use", 0, 0, false, false, false, true, {},
        [](R& r, const V& v) { r.revision = v.s; }, "same (run_glue's model_revision)"});
   add({"num-labels", {}, OptType::Int, kTrainPlan, "2", "Classes of the classification head (presets)", 1, 100000, false,
-       false, false, false, {}, [](R& r, const V& v) { r.train.num_labels = v.i; }});
+       false, false, false, {}, [](R& r, const V& v) { r.train.num_labels = v.i; },
+       "differs: with a labelled file, must equal the file's number of labels (refused otherwise)"});
+  add({"ignore-mismatched-sizes", {}, OptType::Bool, kTrain, "false",
+       "A tensor of --model-name-or-path whose shape differs from the model's (a head of another number of labels) "
+       "is newly initialized instead of refused",
+       0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.train.ignore_mismatched_sizes = v.b; }, "same"});
   add({"tokenizer", {"tokenizer-name"}, OptType::Text, kAll, "the model's",
        "Directory with vocab.txt or tokenizer.json", 0, 0, false, false, false, true, {},
        [](R& r, const V& v) { r.train.tokenizer = v.s; }, "differs: tokenizer_name is a local directory"});
@@ -61,7 +67,7 @@ std::vector<OptionSpec> build() {
   add({"train-file", {}, OptType::Text, kTrainPlan, "", "Labelled text (.jsonl, .csv, .tsv) to train on", 0, 0, false,
        false, false, true, {}, [](R& r, const V& v) { r.train.train_file = v.s; }, "same"});
   add({"validation-file", {"eval-file"}, OptType::Text, kAll, "",
-       "Labelled text to evaluate on (train: with --eval-strategy or --do-eval; eval: the file evaluated)", 0, 0, false,
+       "Labelled text to evaluate on (train: every --eval-strategy, and at the end unless --do-eval false; eval: the file evaluated)", 0, 0, false,
        false, false, true, {}, [](R& r, const V& v) { r.train.validation_file = v.s; }, "same"});
   add({"validation-split", {}, OptType::Float, kTrainPlan, "0", "Hold out this fraction of the training data", 0, 1, false,
        true, false, false, {}, [](R& r, const V& v) { r.train.validation_split = v.d; }});
@@ -97,10 +103,15 @@ std::vector<OptionSpec> build() {
   add({"do-train", {}, OptType::Bool, kTrain, "true", "Train (anatomy train always trains; false is refused)", 0, 0,
        false, false, false, false, {}, [](R& r, const V& v) { r.do_train = v.b; },
        "differs: implied by `anatomy train`"});
-  add({"do-eval", {}, OptType::Bool, kTrain, "false",
-       "Evaluate on the validation data at the end (with --eval-strategy no: at each epoch's end, the last one being the end)",
-       0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.do_eval = v.b; },
-       "differs: with eval_strategy no, evaluates at every epoch's end"});
+  add({"do-eval", {}, OptType::Bool, kTrain, "true with validation data",
+       "Evaluate on the validation data at the end (eval_results.json); false: only every --eval-strategy", 0, 0, false,
+       false, false, false, {}, [](R& r, const V& v) { r.do_eval = v.b; },
+       "differs: on whenever there is validation data (false turns it off)"});
+  add({"do-predict", {}, OptType::Bool, kTrain, "false",
+       "After training, predict --test-file's labels into predict_results.txt (index, prediction)", 0, 0, false, false,
+       false, false, {}, [](R& r, const V& v) { r.do_predict = v.b; }, "same"});
+  add({"test-file", {}, OptType::Text, kTrain, "", "Text (.jsonl, .csv, .tsv) to predict with --do-predict; labels ignored",
+       0, 0, false, false, false, true, {}, [](R& r, const V& v) { r.train.test_file = v.s; }, "same"});
   add({"per-device-train-batch-size", {"batch-size"}, OptType::Int, kTrainPlan, "8",
        "Micro-batch size, or auto: the largest that the memory plan fits on the GPU", 1, kMaxBatch, false, false, true,
        false, {}, [](R& r, const V& v) { r.train.per_device_train_batch_size = v.i; },
@@ -226,12 +237,17 @@ std::vector<OptionSpec> build() {
        false, false, {}, [](R& r, const V& v) { r.train.skip_nonfinite_steps = v.b; }});
   add({"logging-steps", {}, OptType::Int, kTrainPlan, "50", "Log every N steps (0: summary only)", 0, kBig, false, false,
        false, false, {}, [](R& r, const V& v) { r.train.logging_steps = v.i; }, "differs: default 50 (Trainer: 500)"});
+  add({"logging-first-step", {}, OptType::Bool, kTrain, "false", "Also log the first step", 0, 0, false, false, false,
+       false, {}, [](R& r, const V& v) { r.train.logging_first_step = v.b; }, "same"});
   add({"logging-strategy", {}, OptType::Choice, kTrain, "steps", "steps: a line every --logging-steps; no: the summary only",
        0, 0, false, false, false, false, {{"steps", "steps"}, {"no", "no"}},
        [](R& r, const V& v) { r.logging_strategy = v.s; }, "differs: epoch is refused"});
   add({"report-to", {}, OptType::Choice, kTrain, "jsonl", "Where logs go besides stdout: jsonl (metrics.jsonl) or none",
        0, 0, false, false, false, false, {{"jsonl", "jsonl"}, {"none", "none"}},
-       [](R& r, const V& v) { r.report_to = v.s; },
+       [](R& r, const V& v) {
+         r.report_to = v.s;
+         r.train.report_jsonl = v.s != "none";
+       },
        "differs: jsonl (metrics.jsonl in --output-dir) or none; other integrations are refused"});
   add({"save-strategy", {}, OptType::Choice, kTrainPlan, "final",
        "final: the model at the end; steps: also a checkpoint every --save-steps; epoch: also one per epoch; no: nothing",
@@ -242,6 +258,18 @@ std::vector<OptionSpec> build() {
        false, false, false, false, {}, [](R& r, const V& v) { r.train.save_steps = v.i; }, "same"});
   add({"save-total-limit", {}, OptType::Int, kTrainPlan, "0", "Keep only the newest N checkpoints (0: all)", 0, kBig,
        false, false, false, false, {}, [](R& r, const V& v) { r.train.save_total_limit = v.i; }, "same"});
+  add({"load-best-model-at-end", {}, OptType::Bool, kTrain, "false",
+       "Keep the checkpoint best by --metric-for-best-model (whatever --save-total-limit) and end with its weights; "
+       "needs --eval-strategy equal to --save-strategy",
+       0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.train.load_best_model_at_end = v.b; }, "same"});
+  add({"metric-for-best-model", {}, OptType::Choice, kTrain, "loss", "With --load-best-model-at-end: what makes a checkpoint best",
+       0, 0, false, false, false, false,
+       {{"loss", "eval_loss"}, {"eval_loss", "eval_loss"}, {"accuracy", "eval_accuracy"}, {"eval_accuracy", "eval_accuracy"},
+        {"macro_f1", "eval_macro_f1"}, {"eval_macro_f1", "eval_macro_f1"}},
+       [](R& r, const V& v) { r.train.metric_for_best_model = v.s; },
+       "differs: the metrics anatomy computes (loss, accuracy, macro_f1)"});
+  add({"greater-is-better", {}, OptType::Bool, kTrain, "false for loss, else true", "Whether a larger metric is better",
+       0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.greater_is_better = v.b; }, "same"});
   add({"resume-from-checkpoint", {}, OptType::Text, kTrain, "",
        "Continue from a checkpoint directory, or latest (the newest in --output-dir)", 0, 0, false, false, false, true, {},
        [](R& r, const V& v) { r.train.resume_from_checkpoint = v.s; }, "differs: latest names the newest checkpoint"});

@@ -39,7 +39,8 @@ struct RunArgs {
   int bf16 = -1, fp16 = -1, tf32 = -1;   // -1: not given
   std::string optim = "adamw", checkpointing = "none", save_strategy = "final";
   bool seed_experiment = false;
-  bool do_train = true, do_eval = false;
+  bool do_train = true, do_eval = true, do_predict = false;
+  int greater_is_better = -1;  // -1: not given (from the metric: false for a loss)
   bool schedule_without_warmup = false;
   int64_t data_seed = -1;                // -1: not given  // Trainer's "constant": no warm-up at all
   std::string report_to = "jsonl", logging_strategy = "steps";

@@ -59,6 +59,7 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
     usage("--preset and --model-name-or-path exclude each other (a built-in model or a directory)");
   if (!a.do_train) usage("--do-train false: `anatomy train` always trains; `anatomy eval` evaluates a saved model");
   o.skip_padding = a.skip_padding;
+  o.num_labels_given = a.was_given("num-labels");
   a.precision = precision_of(a);
   o.precision = parse_precision(a.precision);
   o.gradient_checkpointing = parse_checkpoint_policy(a.checkpointing);
@@ -74,11 +75,21 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
           "constant_with_warmup");
   if (a.was_given("warmup-steps") && a.was_given("warmup-ratio") && o.warmup_steps > 0 && o.warmup_ratio > 0)
     usage("--warmup-steps and --warmup-ratio exclude each other");
-  if (a.do_eval) {
-    if (o.validation_file.empty() && o.validation_split == 0)
-      usage("--do-eval needs validation data: --validation-file or --validation-split");
-    if (o.eval_strategy == Cadence::No) o.eval_strategy = Cadence::Epoch;
+  if (a.was_given("do-eval") && a.do_eval && o.validation_file.empty() && o.validation_split == 0)
+    usage("--do-eval needs validation data: --validation-file or --validation-split");
+  o.eval_at_end = a.do_eval;
+  o.greater_is_better = a.greater_is_better >= 0 ? a.greater_is_better == 1 : o.metric_for_best_model != "eval_loss";
+  if (o.load_best_model_at_end) {
+    if (o.eval_strategy == Cadence::No || o.eval_strategy != o.checkpoint_strategy)
+      usage("--load-best-model-at-end needs --eval-strategy and --save-strategy alike, steps or epoch (they are ",
+            cadence_name(o.eval_strategy), " and ", a.save_strategy, "): a checkpoint is best by the evaluation of its step");
+    const int64_t every = o.eval_steps > 0 ? o.eval_steps : std::max<int64_t>(1, o.logging_steps);
+    if (o.eval_strategy == Cadence::Steps && o.save_steps % every != 0)
+      usage("--load-best-model-at-end: --save-steps ", o.save_steps, " must be a multiple of the evaluation interval ",
+            every, " (--eval-steps)");
   }
+  if (a.do_predict && o.test_file.empty()) usage("--do-predict needs --test-file (the text to predict)");
+  if (!a.do_predict && !o.test_file.empty()) usage("--test-file ", o.test_file, " is predicted only with --do-predict");
   if (a.logging_strategy == "no") o.logging_steps = 0;
   if (a.data_seed >= 0) {  // one seed orders the data and initializes the model
     if (a.was_given("seed") && static_cast<uint64_t>(a.data_seed) != o.seed)
@@ -86,7 +97,15 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
             "); a separate data seed is not supported");
     o.seed = static_cast<uint64_t>(a.data_seed);
   }
-  const bool gpu = wants_cuda(o.device, has_gpu);
+  const bool gpu = wants_cuda(o.device, has_gpu) || (cmd == kPlan && a.gpu_memory >= 0);
+  // Note [CPU default model]: bert-large, the default for a GPU, would take hours a step on a CPU
+  // and write a 1.3 GB model; without a GPU and without a named model, the small preset trains.
+  if (!gpu && !a.seed_experiment && !a.was_given("preset") && !a.was_given("model-name-or-path")) {
+    o.preset = "bert-tiny";
+    if (cmd == kTrain)
+      std::fprintf(stderr, "anatomy: no GPU and no model named: training the CPU-sized preset bert-tiny, randomly "
+                   "initialized (--model-name-or-path NAME for a pretrained model, --preset for another size)\n");
+  }
   if (a.seed_experiment) {
     apply_seed_experiment(a, o, gpu, cmd);
   } else if (!a.was_given("max-seq-length")) {

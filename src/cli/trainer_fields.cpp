@@ -43,13 +43,6 @@ const std::vector<const char*>& training_arguments_fields() {
 // generic one (cli/parse.cpp).
 const std::vector<Refusal>& refused_arguments() {
   static const std::vector<Refusal> r = {
-      {"do_predict", "anatomy train does not predict; run `anatomy eval --validation-file TEST --label-column ''` on the output"},
-      {"test_file", "anatomy train does not predict; run `anatomy eval --validation-file TEST_FILE` on the trained model"},
-      {"load_best_model_at_end", "anatomy keeps the last model; pick a checkpoint by its eval_results in metrics.jsonl"},
-      {"metric_for_best_model", "anatomy does not track a best model (load_best_model_at_end is not supported)"},
-      {"greater_is_better", "anatomy does not track a best model (load_best_model_at_end is not supported)"},
-      {"logging_first_step", "not supported yet: the first logged step is --logging-steps"},
-      {"ignore_mismatched_sizes", "not supported yet: a head of another size than the data's labels is refused"},
       {"auto_find_batch_size", "use --per-device-train-batch-size auto (the largest batch the memory plan fits)"},
       {"deepspeed", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
       {"fsdp", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
@@ -70,7 +63,7 @@ const std::vector<Refusal>& refused_arguments() {
       {"dataset_config_name", "datasets are not downloaded; pass --train-file and --validation-file"},
       {"max_train_samples", "not supported: cut the training file instead"},
       {"max_eval_samples", "not supported: cut the validation file instead"},
-      {"max_predict_samples", "anatomy train does not predict"},
+      {"max_predict_samples", "not supported: cut the test file instead"},
       {"pad_to_max_length", "batches are padded to their longest sample"},
       {"overwrite_cache", "the token cache is checked against its text file and rebuilt when stale"},
       {"cache_dir", "the Hugging Face cache is found as huggingface_hub finds it: set HF_HUB_CACHE or HF_HOME"},

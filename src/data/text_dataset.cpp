@@ -294,6 +294,12 @@ std::vector<int32_t> resolve_labels(const std::string& path, const std::vector<R
     return id;
   }
   const bool all_integer = std::all_of(raw.begin(), raw.end(), [](const RawLabel& r) { return r.integer; });
+  // A column mixing integers and names has no one meaning (is "1" a class id or a name?): refused
+  // at the first line whose label is of the other kind than the file's first label.
+  for (const RawLabel& r : raw)
+    ANATOMY_CHECK(raw.empty() || r.integer == raw[0].integer, path, ":", r.first_line, ": label ", shown(r.text), " is ",
+                  r.integer ? "an integer" : "a name", " but line ", raw[0].first_line, "'s label ", shown(raw[0].text),
+                  " is ", raw[0].integer ? "an integer" : "a name", "; a label column holds class ids or class names, not both");
   if (all_integer) {
     int64_t max_id = 0;
     for (size_t c = 0; c < raw.size(); ++c) {

@@ -69,7 +69,8 @@ std::vector<std::string> checkpoint_names_for(const std::string& name) {
   return out;
 }
 
-LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClassification& model) {
+LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClassification& model,
+                                   bool ignore_mismatched_sizes) {
   const std::string file = fs::is_directory(path) ? (fs::path(path) / "model.safetensors").string() : path;
   SafetensorsReader r = SafetensorsReader::open(file);
   std::vector<float> host = model.master_to_host();
@@ -88,6 +89,15 @@ LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClass
       continue;
     }
     std::vector<int64_t> shape(p.shape.d.begin(), p.shape.d.begin() + p.shape.rank);
+    if (const std::vector<int64_t>& has = r.info(*found).shape; has != shape) {
+      ANATOMY_CHECK(ignore_mismatched_sizes, file, ": tensor '", *found, "' has shape ", shape_str(has), ", the model's ",
+                    p.name, " is ", shape_str(shape), " (from config.json and the data's labels); "
+                    "--ignore-mismatched-sizes initializes it anew");
+      rep.mismatched.push_back(str_cat(p.name, ": found shape ", shape_str(has), " in the checkpoint and ", shape_str(shape),
+                                       " in the model instantiated"));
+      used.insert(*found);
+      continue;
+    }
     r.read(*found, DType::F32, host.data() + p.offset, shape, "config.json");
     refuse_non_finite(file, *found, host.data() + p.offset, static_cast<size_t>(p.shape.numel()));
     used.insert(*found);

@@ -13,12 +13,17 @@ void save_pretrained(const std::string& dir, BertForSequenceClassification& mode
 struct LoadReport {
   std::vector<std::string> newly_initialized;  // in the model, absent from the file
   std::vector<std::string> unused;             // in the file, not used by the model
+  // With ignore_mismatched_sizes: "name: found shape [..] in the checkpoint and [..] in the model".
+  std::vector<std::string> mismatched;
 };
 
 // Reads the weights of PATH (a directory holding model.safetensors, or the file itself) into
 // the model's master weights; a tensor holding NaN or Inf is refused, named. Parameters missing from the file keep their current values and
 // are reported, as transformers reports newly initialized weights.
-LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClassification& model);
+// A tensor whose shape differs from the model's is refused, naming --ignore-mismatched-sizes;
+// with ignore_mismatched_sizes it keeps its initial values and is reported in `mismatched`.
+LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClassification& model,
+                                   bool ignore_mismatched_sizes = false);
 
 // The names a parameter may carry in a checkpoint, most specific first: the
 // *ForSequenceClassification name, the base model's name (no "bert.", "roberta.", "distilbert."

@@ -238,12 +238,23 @@ void remove_via_trash(const fs::path& path) {
 
 }  // namespace
 
+void copy_files_into(const std::string& dir, const std::vector<std::string>& files) {
+  for (const std::string& f : files) {
+    const fs::path to = fs::path(dir) / fs::path(f).filename();
+    std::error_code ec;
+    if (fs::exists(to, ec) && fs::equivalent(to, f, ec)) continue;
+    write_file_atomic(to.string(), read_regular_file(f));
+  }
+}
+
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
-                                     Optimizer& opt, const nlohmann::json& trainer_state) {
+                                     Optimizer& opt, const nlohmann::json& trainer_state,
+                                     const std::vector<std::string>& extra_files) {
   ANATOMY_CHECK(step >= 0, "internal error: checkpoint step ", step);
   const std::string path = (fs::path(output_dir) / checkpoint_name(step)).string();
   AtomicDir dir(path);
   save_pretrained(dir.staging(), model);
+  copy_files_into(dir.staging(), extra_files);
 
   const std::string kind = optimizer_name(opt.kind());
   write_optimizer_file(dir.file(kOptimizerFile), model, opt, {});
@@ -261,11 +272,11 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
 
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state, Communicator& comm,
-                                     const OptimizerPart& part) {
+                                     const OptimizerPart& part, const std::vector<std::string>& extra_files) {
   const bool lead = comm.rank() == 0;
   const fs::path path = fs::path(output_dir) / checkpoint_name(step);
   if (!part.sharded) {  // the whole state is the same on every rank: rank 0 writes it
-    if (lead) save_training_checkpoint(output_dir, step, model, opt, trainer_state);
+    if (lead) save_training_checkpoint(output_dir, step, model, opt, trainer_state, extra_files);
     comm.barrier();
     return path.string();
   }
@@ -288,6 +299,7 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
   if (lead) {
     AtomicDir dir(path.string());
     save_pretrained(dir.staging(), model);
+    copy_files_into(dir.staging(), extra_files);
     nlohmann::json shards = nlohmann::json::array(), files = nlohmann::json::object();
     for (int r = 0; r < comm.size(); ++r) {
       const std::string name = shard_file_name(r);
@@ -311,7 +323,7 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
   return path.string();
 }
 
-void rotate_checkpoints(const std::string& output_dir, int64_t limit) {
+void rotate_checkpoints(const std::string& output_dir, int64_t limit, const std::string& keep) {
   std::error_code ec;
   if (!fs::is_directory(output_dir, ec)) return;
   std::vector<std::pair<int64_t, fs::path>> complete;
@@ -334,6 +346,16 @@ void rotate_checkpoints(const std::string& output_dir, int64_t limit) {
   }
   if (limit <= 0 || static_cast<int64_t>(complete.size()) <= limit) return;
   std::sort(complete.begin(), complete.end());
+  if (!keep.empty()) {
+    const auto best = std::find_if(complete.begin(), complete.end(), [&](const auto& c) {
+      std::error_code eq;
+      return fs::equivalent(c.second, keep, eq);
+    });
+    if (best != complete.end()) {
+      complete.erase(best);
+      limit = std::max<int64_t>(1, limit - 1);
+    }
+  }
   for (size_t i = 0; i + static_cast<size_t>(limit) < complete.size(); ++i) remove_via_trash(complete[i].second);
 }
 

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dist/communicator.h"
 #include "model/bert.h"
@@ -33,9 +34,14 @@ namespace anatomy {
 inline constexpr int kCheckpointFormatVersion = 1;
 
 // Writes OUTPUT_DIR/checkpoint-<step>/ (Note [checkpoint directory]), replacing one of the same
-// step atomically. Returns the checkpoint's path.
+// step atomically, with copies of `extra_files` (the tokenizer's: a checkpoint loads with
+// transformers as it is). Returns the checkpoint's path.
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
-                                     Optimizer& opt, const nlohmann::json& trainer_state);
+                                     Optimizer& opt, const nlohmann::json& trainer_state,
+                                     const std::vector<std::string>& extra_files = {});
+
+// Copies each file into `dir` under its own name, atomically; a file already there as itself is left.
+void copy_files_into(const std::string& dir, const std::vector<std::string>& files);
 
 // Note [optimizer shards]: AdamW's and SGD's state is flat over the parameter layout, so a ZeRO
 // shard is a range of it. A rank's part of the state is the whole state (a world of one, ZeRO
@@ -53,14 +59,16 @@ struct OptimizerPart {
 // directory appears whole once every part is written. Returns the checkpoint's path.
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state, Communicator& comm,
-                                     const OptimizerPart& part);
+                                     const OptimizerPart& part, const std::vector<std::string>& extra_files = {});
 
 // Keeps the newest `limit` complete checkpoint-<step> directories of output_dir by step (limit
 // <= 0: keeps all) and removes the older ones, each renamed to a hidden ".trash-..." name first
 // so no half-removed directory ever looks like a checkpoint. Also removes leftovers of crashed
 // runs: staging ("checkpoint-<step>.tmp-*", ".old-*") and trash directories. Directories named
-// checkpoint-<step> that are not complete checkpoints are left alone.
-void rotate_checkpoints(const std::string& output_dir, int64_t limit);
+// checkpoint-<step> that are not complete checkpoints are left alone. `keep` (the best checkpoint,
+// Note [best model]) is never removed: the newest limit - 1 others stay beside it (at least one,
+// the newest, to resume from), as the Trainer keeps its best checkpoint.
+void rotate_checkpoints(const std::string& output_dir, int64_t limit, const std::string& keep = "");
 
 // The complete checkpoint of output_dir with the highest step (numeric: 10 beats 9), or nullopt.
 // Complete: trainer_state.json parses, names the step of the directory's name, and every file it

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <cmath>
 #include <numeric>
 #include <set>
@@ -286,6 +288,25 @@ void write_predictions(const std::string& path, const EvalResult& r, const std::
     out += '\n';
   }
   write_file_atomic(path, out);
+}
+
+int64_t predict_into(const TrainOptions& opt, BertForSequenceClassification& model, const Dataset& ds, int64_t batch,
+                     const BertConfig& cfg) {
+  EvalOptions eo;
+  eo.batch_size = batch;
+  eo.labelled = false;
+  eo.keep_probabilities = false;
+  const EvalResult r = evaluate(model, ds, eo);
+  std::string out = "index\tprediction\n";
+  for (int64_t i = 0; i < r.samples; ++i) {
+    auto it = cfg.id2label.find(r.predictions[static_cast<size_t>(i)]);
+    out += str_cat(i, "\t", it != cfg.id2label.end() ? it->second : std::to_string(r.predictions[static_cast<size_t>(i)]), "\n");
+  }
+  const std::string path = (std::filesystem::path(opt.output_dir) / "predict_results.txt").string();
+  write_file_atomic(path, out);
+  std::fprintf(stderr, "anatomy: predicted %lld samples of %s into %s\n", static_cast<long long>(r.samples),
+               opt.test_file.c_str(), path.c_str());
+  return r.samples;
 }
 
 }  // namespace anatomy

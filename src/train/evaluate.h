@@ -28,6 +28,7 @@
 #include "data/dataset.h"
 #include "memory/planner.h"
 #include "model/bert.h"
+#include "train/options.h"
 
 namespace anatomy {
 
@@ -95,6 +96,12 @@ nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix 
 // One JSON line per sample, atomically: {"index", "prediction" (the id2label name),
 // "prediction_id", "label" and "label_id" (labelled only), "probabilities" (when kept)}.
 void write_predictions(const std::string& path, const EvalResult& r, const std::map<int, std::string>& id2label);
+
+// --do-predict: the model's predictions for `ds` (read without labels), batches of `batch`, into
+// OUTPUT_DIR/predict_results.txt as run_glue.py writes it: a header "index\tprediction", then one
+// line per sample with its id2label name. Returns the number of samples.
+int64_t predict_into(const TrainOptions& opt, BertForSequenceClassification& model, const Dataset& ds, int64_t batch,
+                     const BertConfig& cfg);
 
 // Device bytes evaluate() holds (Category::Other) for batches of `batch` x `seq`: ids, token
 // types and mask I32 [B, T], labels I32 [B], and with skip_padding the packing index I32 [B*T + B].

@@ -20,6 +20,31 @@ std::string fmt_duration(double s) {
 
 }  // namespace
 
+std::string evaluation_line(const TrainOptions& opt, bool has_validation, bool has_test, int64_t micro_batch) {
+  if (!has_validation && !has_test) return "";
+  std::string when;
+  if (has_validation) {
+    if (opt.eval_strategy == Cadence::Steps)
+      when = str_cat("validation data evaluated every ", opt.eval_steps > 0 ? opt.eval_steps : std::max<int64_t>(1, opt.logging_steps),
+                     " steps and at the end");
+    else if (opt.eval_strategy == Cadence::Epoch)
+      when = "validation data evaluated every epoch and at the end";
+    else if (opt.eval_at_end)
+      when = "validation data evaluated at the end, as --do-eval does (no --eval-strategy; --do-eval false turns it off)";
+    else
+      when = "validation data not evaluated (--do-eval false, no --eval-strategy)";
+  }
+  if (has_test) when += str_cat(when.empty() ? "" : "; ", "--test-file predicted at the end");
+  const int64_t batch = std::min(opt.per_device_eval_batch_size, micro_batch);
+  // Note [evaluation batch]: the model's buffers are planned for the training micro-batch, so a
+  // larger evaluation batch runs as batches of the micro-batch (same results, more batches).
+  return str_cat(when, ", batch ", batch,
+                 batch < opt.per_device_eval_batch_size
+                     ? str_cat(" (--per-device-eval-batch-size ", opt.per_device_eval_batch_size,
+                               " capped at the training micro-batch, which the model's buffers are planned for)")
+                     : std::string());
+}
+
 TrainLog::TrainLog(const TrainOptions& opt, OutputDir& out, int64_t start_step, int64_t total_steps)
     : m_opt(opt), m_out(out), m_start(start_step), m_total(total_steps), m_tty(!opt.disable_progress_bar && isatty(STDERR_FILENO)) {}
 
@@ -38,6 +63,8 @@ void TrainLog::startup(const StartupInfo& s) {
                static_cast<long long>(m_opt.seq_len), static_cast<long long>(s.total_steps),
                s.start_step > 0 ? str_cat(" (from step ", s.start_step, ")").c_str() : "",
                static_cast<double>(s.planned_bytes) / (1024.0 * 1024.0));
+  const std::string ev = evaluation_line(m_opt, s.validation_samples > 0, s.has_test, s.micro_batch);
+  if (!ev.empty()) std::fprintf(stderr, "anatomy: evaluation: %s\n", ev.c_str());
   std::fflush(stderr);
 }
 
@@ -45,7 +72,8 @@ void TrainLog::step(int64_t done, double loss_sum, int64_t samples, double grad_
                     int64_t samples_here, double data_wait, float loss_scale) {
   window_loss += loss_sum;
   window_samples += samples;
-  const bool log_now = m_opt.logging_steps > 0 && (done % m_opt.logging_steps == 0 || done == m_total);
+  const bool log_now = (m_opt.logging_steps > 0 && (done % m_opt.logging_steps == 0 || done == m_total)) ||
+                       (m_opt.logging_first_step && done == 1);
   if (!log_now && !m_tty) return;
   const double sps = static_cast<double>(samples_here) / std::max(elapsed, 1e-9);
   if (log_now) {
@@ -53,7 +81,7 @@ void TrainLog::step(int64_t done, double loss_sum, int64_t samples, double grad_
     nlohmann::json j = {{"loss", loss},       {"grad_norm", grad_norm},          {"learning_rate", lr},
                         {"epoch", epoch},     {"step", done},                    {"samples_per_second", sps},
                         {"elapsed_s", elapsed}, {"data_wait_s", data_wait},      {"loss_scale", loss_scale}};
-    m_out.append_metrics(j.dump());
+    if (m_opt.report_jsonl) m_out.append_metrics(j.dump());
     std::fprintf(stderr, "%s{'loss': %.4f, 'grad_norm': %.4g, 'learning_rate': %.3g, 'epoch': %.2f, 'step': %lld/%lld, "
                  "'samples_per_second': %.2f}\n",
                  m_tty ? "\r\033[K" : "", loss, grad_norm, lr, epoch, static_cast<long long>(done),
@@ -74,7 +102,7 @@ void TrainLog::step(int64_t done, double loss_sum, int64_t samples, double grad_
 void TrainLog::eval(int64_t step, const EvalResult& ev) {
   nlohmann::json j = eval_metrics_json(ev);
   j["step"] = step;
-  m_out.append_metrics(j.dump());
+  if (m_opt.report_jsonl) m_out.append_metrics(j.dump());
   std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_accuracy': %.4f, 'eval_macro_f1': %.4f, 'step': %lld}\n",
                m_tty ? "\r\033[K" : "", ev.loss, ev.accuracy, ev.macro_f1, static_cast<long long>(step));
   std::fflush(stderr);

@@ -19,7 +19,13 @@ struct StartupInfo {
   int64_t num_parameters = 0, train_samples = 0, validation_samples = 0, total_steps = 0, start_step = 0;
   int64_t micro_batch = 0, world_size = 1, zero_stage = 0;
   int64_t planned_bytes = 0;
+  bool has_test = false;  // --test-file to predict at the end
 };
+
+// The start-up block's line on evaluation and prediction: when the validation data is evaluated
+// (every --eval-strategy, at the end, said so when it is only at the end) and with which batch,
+// --per-device-eval-batch-size listed when the training micro-batch caps it; "" with neither.
+std::string evaluation_line(const TrainOptions& opt, bool has_validation, bool has_test, int64_t micro_batch);
 
 class TrainLog {
  public:

@@ -30,7 +30,12 @@ struct TrainOptions {
   // Model: a preset, or a Hugging Face directory (config.json, optionally model.safetensors).
   std::string preset = "bert-large";
   std::string model_name_or_path;
+  std::string model_name;  // as the user named it (a Hub name), when model_name_or_path is where it resolved to
   int64_t num_labels = 2;
+  bool num_labels_given = false;  // --num-labels given: the data's label count must agree with it
+  // A head (or any tensor) of --model-name-or-path whose shape differs from the model's is newly
+  // initialized instead of refused (Trainer's ignore_mismatched_sizes).
+  bool ignore_mismatched_sizes = false;
   // Data: synthetic, or a labelled text file (--train-file) tokenized with the model's tokenizer.
   std::string dataset = "seed";  // seed | learnable (synthetic; ignored with train_file)
   int64_t num_samples = 512;
@@ -75,13 +80,23 @@ struct TrainOptions {
   Cadence eval_strategy = Cadence::No;
   int64_t eval_steps = 0;      // 0: logging_steps
   int64_t per_device_eval_batch_size = 8;
+  bool eval_at_end = true;     // with validation data and eval_strategy no: evaluate once at the end (do_eval)
+  std::string test_file;       // with do_predict: predictions for it in predict_results.txt
   // Output and checkpoints (checkpoint_strategy: no, steps (every save_steps) or epoch).
   std::string output_dir = "runs/train";
   int64_t logging_steps = 50;  // 0: only the summary
+  bool logging_first_step = false;
+  bool report_jsonl = true;    // metrics.jsonl (--report-to jsonl)
   bool save_model = true;      // the model at the end (config.json, model.safetensors, tokenizer)
   Cadence checkpoint_strategy = Cadence::No;
   int64_t save_steps = 500;
-  int64_t save_total_limit = 0;  // keep the newest N checkpoints (0: all)
+  int64_t save_total_limit = 0;  // keep the newest N checkpoints (0: all), and the best one
+  // Note [best model]: with load_best_model_at_end, each checkpoint saved at an evaluation is
+  // compared by metric_for_best_model (eval_loss, eval_accuracy or eval_macro_f1); the best is
+  // kept whatever save_total_limit says and its weights are the final model.
+  bool load_best_model_at_end = false;
+  std::string metric_for_best_model = "eval_loss";
+  bool greater_is_better = false;
   std::string resume_from_checkpoint;  // a checkpoint directory or "latest"
   std::string command_line;      // how the run was started, for the resume hint
   bool disable_progress_bar = false;

@@ -82,7 +82,7 @@ void OutputDir::claim() {
   ANATOMY_CHECK(!ec, m_opt.output_dir, ": cannot create the output directory: ", ec.message());
   fs::remove(dir / "train_results.json", ec);  // a run in progress does not look finished
   if (m_opt.overwrite_output_dir && m_opt.resume_from_checkpoint.empty()) {
-    for (const char* f : {"model.safetensors", "config.json", "all_results.json", "eval_results.json", "profile.json"})
+    for (const char* f : {"model.safetensors", "config.json", "all_results.json", "eval_results.json", "predict_results.txt", "profile.json"})
       fs::remove(dir / f, ec);
     std::vector<fs::path> old;
     for (const auto& e : fs::directory_iterator(dir, ec))
@@ -91,6 +91,7 @@ void OutputDir::claim() {
   }
   rotate_checkpoints(m_opt.output_dir, 0);  // clears the staging leftovers of a killed run; keeps every checkpoint
   const fs::path metrics = dir / "metrics.jsonl";
+  if (!m_opt.report_jsonl) return;  // --report-to none: no metrics.jsonl
   if (m_start_step > 0) {  // the lines up to the checkpoint's step, then the new ones
     std::ifstream in(metrics);
     std::string line, kept;
@@ -108,7 +109,7 @@ void OutputDir::claim() {
 
 void OutputDir::append_metrics(const std::string& json_line) {
   claim();
-  *m_metrics << json_line << "\n" << std::flush;
+  if (m_metrics) *m_metrics << json_line << "\n" << std::flush;
 }
 
 int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const TrainDevice& dev, Communicator& comm) {
@@ -140,15 +141,58 @@ void check_plan_fits(const PlanInput& in, const MemoryPlan& plan, const TrainDev
        levers.empty() ? std::string("; no single lever makes it fit") : " -- would fit" + levers);
 }
 
+namespace {
+
+// The Hub model with a preset's shape, pretrained: where a user of the preset would start from.
+const char* pretrained_counterpart(const std::string& preset) {
+  if (preset == "bert-tiny") return "google/bert_uncased_L-2_H-128_A-2";
+  if (preset == "bert-mini") return "google/bert_uncased_L-4_H-256_A-4";
+  if (preset == "bert-base") return "google-bert/bert-base-uncased";
+  return "google-bert/bert-large-uncased";
+}
+
+std::string quoted_list(const std::vector<std::string>& names) {
+  std::string out = "[";
+  for (size_t i = 0; i < names.size(); ++i) out += str_cat(i ? ", '" : "'", names[i], "'");
+  return out + "]";
+}
+
+}  // namespace
+
+std::string random_init_notice(const TrainOptions& opt) {
+  if (opt.model_name_or_path.empty())
+    return str_cat("anatomy: --preset ", opt.preset, " is randomly initialized: the result is not a fine-tuned model; "
+                   "to start from pretrained weights pass --model-name-or-path ", pretrained_counterpart(opt.preset),
+                   " (or a local model directory)");
+  if (!fs::exists(fs::path(opt.model_name_or_path) / "model.safetensors"))
+    return str_cat("anatomy: ", opt.model_name_or_path, " has a config.json but no model.safetensors: the model is "
+                   "randomly initialized from its config; to start from pretrained weights pass a directory saved with "
+                   "save_pretrained(..., safe_serialization=True)");
+  return "";
+}
+
 void load_starting_weights(const TrainOptions& opt, BertForSequenceClassification& model, bool announce) {
   model.set_dropout_seed(opt.seed);
   model.init_weights(opt.seed);
-  if (opt.model_name_or_path.empty() || !fs::exists(fs::path(opt.model_name_or_path) / "model.safetensors")) return;
-  LoadReport rep = load_pretrained_weights(opt.model_name_or_path, model);
+  if (const std::string notice = random_init_notice(opt); !notice.empty()) {
+    if (announce) std::fprintf(stderr, "%s\n", notice.c_str());
+    return;
+  }
+  LoadReport rep = load_pretrained_weights(opt.model_name_or_path, model, opt.ignore_mismatched_sizes);
   if (!announce) return;
+  // In transformers' words, so that a user searching for them finds what they mean.
   if (!rep.newly_initialized.empty())
-    std::fprintf(stderr, "note: %zu weights were not in %s and are newly initialized (e.g. %s)\n", rep.newly_initialized.size(),
-                 opt.model_name_or_path.c_str(), rep.newly_initialized[0].c_str());
+    std::fprintf(stderr, "Some weights of BertForSequenceClassification were not initialized from the model checkpoint "
+                 "at %s and are newly initialized: %s\nYou should probably TRAIN this model on a down-stream task to be "
+                 "able to use it for predictions and inference.\n",
+                 opt.model_name_or_path.c_str(), quoted_list(rep.newly_initialized).c_str());
+  if (!rep.mismatched.empty()) {
+    std::string lines;
+    for (const std::string& m : rep.mismatched) lines += "- " + m + "\n";
+    std::fprintf(stderr, "Some weights of BertForSequenceClassification were not initialized from the model checkpoint "
+                 "at %s and are newly initialized because the shapes did not match (--ignore-mismatched-sizes):\n%s",
+                 opt.model_name_or_path.c_str(), lines.c_str());
+  }
   if (!rep.unused.empty())
     std::fprintf(stderr, "note: %zu tensors of %s are not used by %s (e.g. %s)\n", rep.unused.size(),
                  opt.model_name_or_path.c_str(), model.config().sequence_classification_class().c_str(),

@@ -61,6 +61,10 @@ int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const
 // Refuses a plan that does not fit the device's free memory, with the levers that would make it.
 void check_plan_fits(const PlanInput& in, const MemoryPlan& plan, const TrainDevice& dev, int64_t accum);
 
+// The one line that says a run starts from random weights (a preset, or a directory with only
+// config.json) and how to start from pretrained ones; "" when it loads weights.
+std::string random_init_notice(const TrainOptions& opt);
+
 // init_weights, then the weights of --model-name-or-path when it has them (notes on stderr from
 // rank 0 about what was not loaded).
 void load_starting_weights(const TrainOptions& opt, BertForSequenceClassification& model, bool announce);

@@ -1,5 +1,6 @@
 #include "train/summary.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,8 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
                         {"train_steps_per_second", res.train_steps_per_second},
                         {"steady_samples_per_second", res.steady_samples_per_second},
                         {"train_loss", res.train_loss},
+                        {"train_samples", res.samples},
+                        {"epoch", res.epoch},
                         {"first_step_loss", res.first_loss},
                         {"last_step_loss", res.last_loss},
                         {"steps", res.steps},
@@ -44,11 +47,36 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
                         {"nvml_after_setup_mb", res.nvml_after_setup_mb},
                         {"nvml_after_first_step_mb", res.nvml_after_first_step_mb},
                         {"process_peak_rss_mb", res.process_peak_rss_mb}};
+  // run_glue.py's files beside anatomy's own: eval_results.json (the last evaluation) and
+  // all_results.json (the train_ and eval_ keys together).
+  nlohmann::json all = {{"epoch", res.epoch},
+                        {"train_loss", res.train_loss},
+                        {"train_runtime", res.train_runtime},
+                        {"train_samples", res.samples},
+                        {"train_samples_per_second", res.train_samples_per_second},
+                        {"train_steps_per_second", res.train_steps_per_second}};
   if (res.eval_loss >= 0) {
     out["eval_loss"] = res.eval_loss;
     out["eval_accuracy"] = res.eval_accuracy;
     out["eval_macro_f1"] = res.eval_macro_f1;
+    const double rt = std::max(res.eval_runtime, 1e-9);
+    const nlohmann::json ev = {{"epoch", res.epoch},
+                               {"eval_loss", res.eval_loss},
+                               {"eval_accuracy", res.eval_accuracy},
+                               {"eval_macro_f1", res.eval_macro_f1},
+                               {"eval_runtime", res.eval_runtime},
+                               {"eval_samples", res.eval_samples},
+                               {"eval_samples_per_second", static_cast<double>(res.eval_samples) / rt},
+                               {"eval_steps_per_second", static_cast<double>(res.eval_steps) / rt}};
+    write_file_atomic((fs::path(opt.output_dir) / "eval_results.json").string(), ev.dump(4) + "\n");
+    all.update(ev);
   }
+  if (res.predict_samples > 0) all["predict_samples"] = res.predict_samples;
+  if (!res.best_model_checkpoint.empty()) {
+    out["best_model_checkpoint"] = res.best_model_checkpoint;
+    out["best_metric"] = res.best_metric;
+  }
+  write_file_atomic((fs::path(opt.output_dir) / "all_results.json").string(), all.dump(4) + "\n");
   nlohmann::json cats, planned;
   for (int i = 0; i < kNumCategories; ++i) {
     const std::string name(category_name(static_cast<Category>(i)));

@@ -42,6 +42,9 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
     }
     d.description = str_cat("synthetic '", opt.dataset, "' data, ", d.train->size(), " training samples of ", opt.seq_len,
                              " tokens");
+    ANATOMY_CHECK(opt.test_file.empty(), "--test-file needs --train-file (synthetic data has no labels to predict)");
+    const std::string tok_dir = !opt.tokenizer.empty() ? opt.tokenizer : opt.model_name_or_path;
+    if (!tok_dir.empty()) d.tokenizer_files = Tokenizer::files_in(tok_dir);
     return d;
   }
 
@@ -60,11 +63,23 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   to.max_length = opt.seq_len;
   to.cache_dir = opt.dataset_cache_dir;
   to.source_flag = "--train-file";
+  // A trained head names its classes: the data's labels are mapped through them, unless
+  // --ignore-mismatched-sizes asks for a new head for the data's own labels.
   const LabelSet from_config = LabelSet::from_id2label(cfg.id2label);
-  if (from_config.kind == LabelSet::Kind::Names) to.labels = from_config;  // a trained head names its classes
-  auto train = std::make_shared<TextDataset>(TextDataset::load(opt.train_file, tok, to));
+  if (from_config.kind == LabelSet::Kind::Names && !opt.ignore_mismatched_sizes) to.labels = from_config;
+  std::shared_ptr<TextDataset> train;
+  try {
+    train = std::make_shared<TextDataset>(TextDataset::load(opt.train_file, tok, to));
+  } catch (const Error& e) {
+    if (!to.labels || std::string(e.what()).find("unknown label") == std::string::npos) throw;
+    fail(e.what(), "; the labels are those of --model-name-or-path ", opt.model_name_or_path,
+         "'s head (--ignore-mismatched-sizes trains a new head for the file's labels)");
+  }
   const LabelSet labels = train->labels();
   ANATOMY_CHECK(labels.num_labels >= 1, "--train-file ", opt.train_file, ": no labels (is --label-column right?)");
+  ANATOMY_CHECK(!opt.num_labels_given || opt.num_labels == labels.num_labels, "--num-labels ", opt.num_labels,
+                " disagrees with --train-file ", opt.train_file, ", whose labels make ", labels.num_labels,
+                " classes (drop --num-labels: the file's labels size the head)");
   if (!to.labels) {
     cfg.set_num_labels(labels.num_labels);
     cfg.id2label = labels.id2label();
@@ -89,6 +104,13 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
     lengths = std::move(sub);
     d.train = std::make_shared<OwningSubset>(train, std::move(s.train));
     d.validation = std::make_shared<OwningSubset>(train, std::move(s.val));
+  }
+  if (!opt.test_file.empty()) {
+    TextDataOptions po = to;
+    po.label_column = "";  // predictions only: a label column, if any, is not read
+    po.labels.reset();
+    po.source_flag = "--test-file";
+    d.test = std::make_shared<TextDataset>(TextDataset::load(opt.test_file, tok, po));
   }
   d.train_lengths = std::move(lengths);
   int64_t tokens = 0;

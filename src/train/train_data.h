@@ -17,6 +17,7 @@ namespace anatomy {
 struct TrainData {
   std::shared_ptr<const Dataset> train;       // what the loop batches over
   std::shared_ptr<const Dataset> validation;  // null without --validation-file / --validation-split
+  std::shared_ptr<const Dataset> test;        // --test-file (--do-predict), read without labels
   std::vector<int64_t> train_lengths;         // per training sample; empty: all full length
   std::vector<int64_t> validation_lengths;    // per validation sample; empty: all full length
   std::optional<LabelSet> labels;             // text data: the classes, as the model's config will name them

@@ -114,6 +114,7 @@ class RankRun {
   void save_checkpoint(int64_t step);
   void account(int64_t done, const StepOutcome& s);
   void profile();
+  void load_best_model();
   bool epoch_ends_at(int64_t step) const {  // does optimizer step `step` (1-based) finish an epoch?
     return (step * m_accum) / m_micro_per_epoch > ((step - 1) * m_accum) / m_micro_per_epoch;
   }
@@ -138,6 +139,10 @@ class RankRun {
   int64_t m_used_weights = -1;
   double m_window_loss = 0, m_data_wait = 0, m_runtime = 0;
   int64_t m_window_samples = 0, m_samples_before = 0;
+  // Note [best model] (train/options.h): the last evaluation's metric and the best checkpoint's.
+  double m_eval_metric = 0, m_best_metric = 0;
+  int64_t m_eval_step = -1;
+  std::string m_best_ckpt;
   std::vector<double> m_stamps;
   nlohmann::json m_fingerprint;
   Progress m_p;
@@ -166,7 +171,7 @@ void RankRun::setup() {
   const PlanInput plan_in = plan_input(m_opt, m_cfg, m_B, m_dev.cuda ? Device::CUDA : Device::CPU, N, m_comm.rank());
   m_shape = plan_in.shape;
   m_plan = plan_memory(plan_in);
-  if (m_opt.eval_strategy != Cadence::No)  // evaluate() holds its batch while it runs
+  if ((m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end)) || m_data->test)  // evaluate() holds its batch while it runs
     m_plan.bytes[Category::Other] +=
         evaluation_buffer_bytes(std::min(m_opt.per_device_eval_batch_size, m_B), m_shape.max_seq, true);
   check_plan_fits(plan_in, m_plan, m_dev, m_accum);
@@ -215,6 +220,8 @@ void RankRun::resume(const std::string& dir) {
   m_window_samples = st.at("window_samples").get<int64_t>();
   m_step->scaler().scale = st.at("loss_scale").get<float>();
   m_step->scaler().clean = st.at("loss_scale_clean_steps").get<int64_t>();
+  m_best_ckpt = st.value("best_model_checkpoint", std::string());
+  m_best_metric = st.value("best_metric", 0.0);
   if (m_lead)
     std::fprintf(stderr, "anatomy: resumed from %s at step %lld of %lld\n", dir.c_str(), static_cast<long long>(m_start_step),
                  static_cast<long long>(m_total_steps));
@@ -223,6 +230,11 @@ void RankRun::resume(const std::string& dir) {
 // A checkpoint of everything the next step depends on (collective: every rank its part).
 void RankRun::save_checkpoint(int64_t step) {
   const int64_t micro = m_p.micro;
+  if (m_opt.load_best_model_at_end && m_eval_step == step &&
+      (m_best_ckpt.empty() || (m_opt.greater_is_better ? m_eval_metric > m_best_metric : m_eval_metric < m_best_metric))) {
+    m_best_metric = m_eval_metric;
+    m_best_ckpt = (fs::path(m_opt.output_dir) / str_cat("checkpoint-", step)).string();
+  }
   const nlohmann::json st = {{"global_step", step},
                              {"epoch", epoch_of(micro)},
                              {"micro_batches", micro},
@@ -239,12 +251,15 @@ void RankRun::save_checkpoint(int64_t step) {
                              {"loss_scale", m_step->scaler().scale},
                              {"loss_scale_clean_steps", m_step->scaler().clean},
                              {"world_size", m_comm.size()},
-                             {"fingerprint", m_fingerprint}};
+                             {"fingerprint", m_fingerprint},
+                             {"best_model_checkpoint", m_best_ckpt},
+                             {"best_metric", m_best_metric}};
   if (m_lead) m_out->claim();
   OptimizerPart part;
   if (m_step->zero_stage() >= 1) part = {true, m_step->shard().begin, m_step->shard().end};
-  m_res.last_checkpoint = save_training_checkpoint(m_opt.output_dir, step, *m_model, m_step->optimizer(), st, m_comm, part);
-  if (m_lead) rotate_checkpoints(m_opt.output_dir, m_opt.save_total_limit);
+  m_res.last_checkpoint =
+      save_training_checkpoint(m_opt.output_dir, step, *m_model, m_step->optimizer(), st, m_comm, part, m_data->tokenizer_files);
+  if (m_lead) rotate_checkpoints(m_opt.output_dir, m_opt.save_total_limit, m_best_ckpt);
   m_last_save = step;
 }
 
@@ -254,6 +269,12 @@ void RankRun::evaluate_now(int64_t step) {
   m_res.eval_loss = ev.loss;
   m_res.eval_accuracy = ev.accuracy;
   m_res.eval_macro_f1 = ev.macro_f1;
+  m_res.eval_runtime = ev.runtime;
+  m_res.eval_samples = ev.samples;
+  m_res.eval_steps = ev.batches;
+  m_eval_step = step;
+  m_eval_metric = m_opt.metric_for_best_model == "eval_accuracy" ? ev.accuracy
+                  : m_opt.metric_for_best_model == "eval_macro_f1" ? ev.macro_f1 : ev.loss;
   if (m_lead) m_log->eval(step, ev);
 }
 
@@ -297,10 +318,11 @@ bool RankRun::loop() {
   auto used = [&] { return nvml_used_bytes(m_dev); };
   if (m_lead) {
     StartupInfo si;
-    si.model = m_opt.model_name_or_path.empty() ? m_opt.preset : m_opt.model_name_or_path;
-    si.model_source = !m_opt.model_name_or_path.empty() && fs::exists(fs::path(m_opt.model_name_or_path) / "model.safetensors")
-                          ? "pretrained weights from " + m_opt.model_name_or_path
-                          : "randomly initialized";
+    si.model = m_opt.model_name_or_path.empty() ? m_opt.preset
+               : m_opt.model_name.empty()         ? m_opt.model_name_or_path
+                                                  : m_opt.model_name;
+    si.model_source = random_init_notice(m_opt).empty() ? "pretrained weights from " + m_opt.model_name_or_path
+                                                        : "randomly initialized";
     si.device = m_dev.backend->name();
     si.data = m_data->description;
     si.num_parameters = static_cast<int64_t>(m_model->layout().num_parameters());
@@ -312,6 +334,7 @@ bool RankRun::loop() {
     si.world_size = m_comm.size();
     si.zero_stage = m_step->zero_stage();
     si.planned_bytes = m_plan.total();
+    si.has_test = m_data->test != nullptr;
     m_log->startup(si);
     if (m_dev.cuda) {
       m_out->claim();
@@ -363,7 +386,11 @@ bool RankRun::loop() {
   if (m_lead) m_log->end_of_bar();
   m_dev.backend->synchronize();
   m_runtime = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (m_opt.eval_strategy != Cadence::No && last_eval != m_total_steps && m_total_steps > m_start_step) evaluate_now(m_total_steps);
+  // The end of the run is evaluated once (Trainer's do_eval), whatever the strategy did before.
+  if (m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end) && last_eval != m_total_steps &&
+      m_total_steps > m_start_step)
+    evaluate_now(m_total_steps);
+  if (m_opt.load_best_model_at_end) load_best_model();
   sampler.stop();
   return true;
 }
@@ -378,6 +405,7 @@ void RankRun::finish() {
   res.first_loss = m_p.first_loss;
   res.last_loss = m_p.last_loss;
   res.final_loss_scale = m_step->scaler().scale;
+  res.epoch = epoch_of(m_p.micro);
   res.train_runtime = m_runtime;
   const int64_t steps_here = m_total_steps - m_start_step;
   res.train_samples_per_second = static_cast<double>(res.samples - m_samples_before) / std::max(m_runtime, 1e-9);
@@ -411,19 +439,30 @@ void RankRun::finish() {
   if (m_lead && m_opt.save_model) {
     m_out->claim();
     save_pretrained(m_opt.output_dir, *m_model);
-    for (const std::string& f : m_data->tokenizer_files) {
-      const fs::path to = fs::path(m_opt.output_dir) / fs::path(f).filename();
-      if (fs::exists(to) && fs::equivalent(to, f)) continue;
-      std::ifstream in(f, std::ios::binary);
-      write_file_atomic(to.string(), std::string(std::istreambuf_iterator<char>(in), {}));
-    }
+    copy_files_into(m_opt.output_dir, m_data->tokenizer_files);
   }
+  if (m_lead && m_data->test)
+    res.predict_samples = predict_into(m_opt, *m_model, *m_data->test, std::min(m_opt.per_device_eval_batch_size, m_B), m_cfg);
   if (m_opt.profile_steps > 0) profile();
   if (m_lead) {
     m_out->claim();
     write_run_summary(m_opt, res, m_plan, m_cfg, m_shape, m_dev.used_before);
   }
   m_comm.barrier();  // the run's files are written when any rank returns
+}
+
+// The best checkpoint's weights become the model (every rank: the weights are replicated), and
+// the validation data is evaluated on them, as the Trainer's evaluate() after train() does.
+void RankRun::load_best_model() {
+  if (m_best_ckpt.empty()) return;
+  m_res.best_model_checkpoint = m_best_ckpt;
+  m_res.best_metric = m_best_metric;
+  if (m_best_ckpt == (fs::path(m_opt.output_dir) / str_cat("checkpoint-", m_total_steps)).string()) return;
+  load_pretrained_weights(m_best_ckpt, *m_model);
+  if (m_lead)
+    std::fprintf(stderr, "anatomy: loading the best model, %s (%s %.6g), as --load-best-model-at-end says\n",
+                 m_best_ckpt.c_str(), m_opt.metric_for_best_model.c_str(), m_best_metric);
+  evaluate_now(m_total_steps);
 }
 
 // --profile-steps: extra steps, outside the timed ones, with every op between timing marks.

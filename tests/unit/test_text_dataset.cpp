@@ -192,11 +192,16 @@ TEST_F(TextDatasetTest, CsvIntegerLabelsAndColumnNames) {
   EXPECT_EQ(ds.label(1), 0);
   EXPECT_EQ(ids(ds, 0),
             tokenizer().encode("Hello, world.", std::nullopt, 128, Truncation::LongestFirst, Padding::None).input_ids);
-  // Strings and integers mixed: all become names, sorted by bytes.
+  // Strings and integers mixed (issue 19): refused at the first label of the other kind.
   const std::string q = write("m.csv", "text,label\na,10\nb,2\nc,x\n");
-  TextDataset mixed = TextDataset::load(q, tokenizer(), no_cache());
-  EXPECT_EQ(mixed.labels().names, (std::vector<std::string>{"10", "2", "x"}));
-  EXPECT_EQ(mixed.label(1), 1);
+  try {
+    TextDataset::load(q, tokenizer(), no_cache());
+    ADD_FAILURE() << "a label column mixing ids and names was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("m.csv:4: label 'x' is a name but line 2's label '10' is an integer"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(TextDatasetTest, TsvByExtensionAndDelimiterOption) {
