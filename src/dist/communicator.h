@@ -54,6 +54,18 @@ class Communicator {
   // for them. Groups whose collectives are done when they return (the CPU ones) ignore both.
   virtual void begin_async() {}
   virtual void end_async() {}
+  // Note [overlap timing]: while on (--profile-steps), a group whose collectives overlap
+  // (overlaps(): NCCL's side stream) times them with events: `reduce_ms` is the time the side
+  // stream spent in the collectives of begin_async..end_async regions, `exposed_ms` how long the
+  // last of them ended after the backend's stream reached end_async (what backward did not
+  // hide). take_overlap() waits for the events and starts the totals again. The CPU groups'
+  // collectives block their caller: nothing overlaps, and the caller times them on the clock.
+  struct OverlapTiming {
+    double reduce_ms = 0, exposed_ms = 0;
+  };
+  virtual bool overlaps() const { return false; }
+  virtual void time_overlap(bool) {}
+  virtual OverlapTiming take_overlap() { return {}; }
   virtual const char* kind() const = 0;  // "local", "nccl" or "gloo"
   // A rank that fails calls this on its own communicator (any number of times): it leaves the
   // group, and collectives in flight or to come on the other ranks throw instead of waiting for

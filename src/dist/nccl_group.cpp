@@ -3,11 +3,13 @@
 // in place inside ncclGroupStart/End), which need no padding of the flat buffers.
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "dist/bootstrap.h"
 #include "dist/communicator.h"
@@ -63,6 +65,8 @@ class NcclCommunicator final : public Communicator {
     if (m_store) (m_group->aborted[m_slot] || std::uncaught_exceptions() > 0 ? m_store->leave() : m_store->finish());
     if (!m_group->aborted[m_slot].exchange(true)) (void)ncclCommDestroy(m_comm);
     if (m_scratch) (void)cudaFree(m_scratch);
+    for (auto [a, b] : m_spans) (void)cudaEventDestroy(a), (void)cudaEventDestroy(b);
+    for (auto& tail : m_tails) (void)cudaEventDestroy(tail.first);
     if (m_side) {
       (void)cudaStreamSynchronize(m_side);
       (void)cudaEventDestroy(m_ready);
@@ -90,12 +94,36 @@ class NcclCommunicator final : public Communicator {
       ANATOMY_CUDA_CHECK(cudaEventCreateWithFlags(&m_done, cudaEventDisableTiming));
     }
     m_async = true;
+    m_region_first = m_spans.size();
   }
   void end_async() override {
     if (!m_async) return;
     m_async = false;
+    if (m_timing && m_spans.size() > m_region_first)  // where the backend's stream got to, against the last collective
+      m_tails.push_back({record(m_stream), m_spans.back().second});
     ANATOMY_CUDA_CHECK(cudaEventRecord(m_done, m_side));
     ANATOMY_CUDA_CHECK(cudaStreamWaitEvent(m_stream, m_done, 0));
+  }
+  bool overlaps() const override { return true; }
+  void time_overlap(bool on) override {
+    (void)take_overlap();
+    m_timing = on;
+  }
+  OverlapTiming take_overlap() override {
+    OverlapTiming t;
+    auto ms = [](cudaEvent_t a, cudaEvent_t b) {
+      ANATOMY_CUDA_CHECK(cudaEventSynchronize(b));
+      float v = 0;
+      ANATOMY_CUDA_CHECK(cudaEventElapsedTime(&v, a, b));
+      return static_cast<double>(v);
+    };
+    for (auto [a, b] : m_spans) t.reduce_ms += ms(a, b);
+    for (auto [a, b] : m_tails) t.exposed_ms += std::max(0.0, ms(a, b));
+    for (auto [a, b] : m_spans) (void)cudaEventDestroy(a), (void)cudaEventDestroy(b);
+    for (auto& tail : m_tails) (void)cudaEventDestroy(tail.first);  // .second is a span's
+    m_spans.clear();
+    m_tails.clear();
+    return t;
   }
   void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) override {
     float* p = f32(buf);
@@ -153,13 +181,27 @@ class NcclCommunicator final : public Communicator {
 
  private:
   // Holds the group's lock while a collective is enqueued, after checking nobody aborted it.
+  // Under overlap timing, a collective on the side stream ends its span when it is enqueued.
   struct Enqueue {
+    NcclCommunicator& c;
     std::unique_lock<std::mutex> lk;
-    explicit Enqueue(NcclCommunicator& c) : lk(c.m_group->lock()) {
+    explicit Enqueue(NcclCommunicator& comm) : c(comm), lk(comm.m_group->lock()) {
       ANATOMY_CHECK(!c.m_group->aborted[c.m_slot], "nccl: another rank of the group failed (rank ", c.m_rank, " of ",
                     c.m_world, ")");
     }
+    ~Enqueue() {
+      if (!std::exchange(c.m_span_open, false)) return;
+      cudaEvent_t e = nullptr;
+      if (cudaEventCreate(&e) == cudaSuccess && cudaEventRecord(e, c.m_side) == cudaSuccess) c.m_spans.back().second = e;
+      else c.m_spans.pop_back();  // an untimed collective (the error surfaces at the next CUDA call)
+    }
   };
+  cudaEvent_t record(cudaStream_t s) {
+    cudaEvent_t e = nullptr;
+    ANATOMY_CUDA_CHECK(cudaEventCreate(&e));
+    ANATOMY_CUDA_CHECK(cudaEventRecord(e, s));
+    return e;
+  }
   // The stream's work done, or a throw once the group is aborted or NCCL reports an error: a
   // wait that a dead peer cannot turn into a hang.
   void wait_stream(const char* what) {
@@ -194,6 +236,10 @@ class NcclCommunicator final : public Communicator {
     if (!m_async) return m_stream;
     ANATOMY_CUDA_CHECK(cudaEventRecord(m_ready, m_stream));
     ANATOMY_CUDA_CHECK(cudaStreamWaitEvent(m_side, m_ready, 0));
+    if (m_timing) {
+      m_spans.push_back({record(m_side), nullptr});
+      m_span_open = true;
+    }
     return m_side;
   }
   static float* f32(const Tensor& t) {
@@ -211,6 +257,11 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t m_side = nullptr;  // begin_async's stream and its two events
   cudaEvent_t m_ready = nullptr, m_done = nullptr;
   bool m_async = false;
+  // Note [overlap timing] in dist/communicator.h: each timed collective's (start, end) events on
+  // the side stream; per region, (the backend's stream at end_async, the last collective's end).
+  bool m_timing = false, m_span_open = false;
+  size_t m_region_first = 0;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> m_spans, m_tails;
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "dist/zero.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "model/bert.h"
@@ -54,16 +55,38 @@ void DataParallelStep::reduce(const Tensor& grads, size_t begin, size_t end) {
   if (end <= begin) return;
   const Tensor part = grads.view({static_cast<int64_t>(grads.numel())}).slice(static_cast<int64_t>(begin), static_cast<int64_t>(end));
   ++m_buckets;
+  m_timed.buckets += m_timing;
+  const auto t0 = std::chrono::steady_clock::now();
   if (m_stage == 0) {
     m_comm.all_reduce_sum(part);
-    return;
+  } else {
+    std::vector<ShardRange> within(m_shards.size());
+    for (size_t r = 0; r < m_shards.size(); ++r) {
+      const size_t b = std::clamp(m_shards[r].begin, begin, end), e = std::clamp(m_shards[r].end, begin, end);
+      within[r] = {b - begin, e - begin};
+    }
+    m_comm.reduce_scatter_sum(part, within);
   }
-  std::vector<ShardRange> within(m_shards.size());
-  for (size_t r = 0; r < m_shards.size(); ++r) {
-    const size_t b = std::clamp(m_shards[r].begin, begin, end), e = std::clamp(m_shards[r].end, begin, end);
-    within[r] = {b - begin, e - begin};
+  if (m_timing && !m_comm.overlaps()) {  // the collective blocked this thread: all of it is exposed
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    m_timed.reduce_ms += ms;
+    m_timed.exposed_ms += ms;
   }
-  m_comm.reduce_scatter_sum(part, within);
+}
+
+void DataParallelStep::time_reduction(bool on) {
+  m_timing = on;
+  m_comm.time_overlap(on);
+  m_timed = {};
+}
+
+DataParallelStep::ReductionTiming DataParallelStep::take_reduction_timing() {
+  ReductionTiming t = std::exchange(m_timed, {});
+  if (m_comm.overlaps()) {
+    const Communicator::OverlapTiming o = m_comm.take_overlap();
+    t.reduce_ms = o.reduce_ms, t.exposed_ms = o.exposed_ms;
+  }
+  return t;
 }
 
 void DataParallelStep::after_backward(BertForSequenceClassification& model, int64_t m) {

@@ -69,6 +69,14 @@ class DataParallelStep {
   void before_backward(BertForSequenceClassification& model, int64_t m);
   void after_backward(BertForSequenceClassification& model, int64_t m);
   int64_t buckets_last_step() const { return m_buckets; }  // reductions of the last micro-batch
+  // --profile-steps: the buckets reduced during backward, the collectives' time and what of it
+  // backward did not hide (Note [overlap timing] in dist/communicator.h), totals since the last take.
+  struct ReductionTiming {
+    int64_t buckets = 0;
+    double reduce_ms = 0, exposed_ms = 0;
+  };
+  void time_reduction(bool on);
+  ReductionTiming take_reduction_timing();
   // After every rank's backward (gradients scaled for the global batch, times `loss_scale`):
   // the update of `lr`. The update kernels skip themselves when the global norm is not finite
   // (every rank sees the same norm, so every rank skips), so nothing non-finite reaches the
@@ -89,6 +97,8 @@ class DataParallelStep {
   bool m_reducing = false, m_reduced = false;  // this micro-batch's buckets; the step's gradients
   size_t m_low = 0, m_pending = 0;  // [m_low, m_pending): ready, not yet reduced; below m_low: not ready
   int64_t m_buckets = 0;
+  bool m_timing = false;
+  ReductionTiming m_timed;
   std::vector<ShardRange> m_shards;
   ShardRange m_shard;
   GradNorm m_norm;  // the squared gradient norm and its block partials (the trainer's, as planned)

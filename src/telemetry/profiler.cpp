@@ -171,6 +171,11 @@ std::array<ClassTotals, kNumOpClasses> by_class(const ProfileSummary& s) {
 }
 }  // namespace
 
+// The share of the reduction's time that ran while backward still computed.
+double overlap_pct(const ProfileSummary& s) {
+  return s.reduce_ms > 0 ? 100 * std::max(0.0, s.reduce_ms - s.reduce_exposed_ms) / s.reduce_ms : 0;
+}
+
 void write_profile(const std::string& path, const ProfileSummary& s, const Ceilings& c) {
   nlohmann::json j;
   j["steps_profiled"] = s.steps;
@@ -181,6 +186,12 @@ void write_profile(const std::string& path, const ProfileSummary& s, const Ceili
   j["optimizer_ms"] = s.phase_ms[2];
   j["data_ms"] = s.phase_ms[3];
   j["ceilings"] = {{"tflops", c.tflops}, {"gbps", c.gbps}};
+  if (s.ranks > 1)
+    j["gradient_reduction"] = {{"ranks", s.ranks},
+                               {"buckets_per_step", s.reduce_buckets},
+                               {"reduce_ms", s.reduce_ms},
+                               {"exposed_ms", s.reduce_exposed_ms},
+                               {"hidden_pct", overlap_pct(s)}};
   nlohmann::json ops = nlohmann::json::array();
   for (const auto& o : s.ops)
     ops.push_back({{"name", o.name}, {"class", std::string(op_class_name(o.cls))}, {"phase", phase_name(o.phase)},
@@ -226,6 +237,10 @@ void print_profile(const ProfileSummary& s, const Ceilings& c) {
   }
   std::printf("  forward %.2f ms, backward %.2f ms (backward/forward = %.2f), optimizer %.2f ms, data %.2f ms\n",
               s.phase_ms[0], s.phase_ms[1], s.phase_ms[1] / std::max(s.phase_ms[0], 1e-9), s.phase_ms[2], s.phase_ms[3]);
+  if (s.ranks > 1)
+    std::printf("  gradient reduction (%d ranks): %.0f buckets, %.2f ms of collectives per step, %.2f ms after "
+                "backward ended: %.0f%% hidden behind backward\n",
+                s.ranks, s.reduce_buckets, s.reduce_ms, s.reduce_exposed_ms, overlap_pct(s));
   std::printf("  measured ceilings: %.0f TFLOP/s (matrix product), %.0f GB/s (device copy)\n", c.tflops, c.gbps);
   std::printf("  per op (ms/step, TFLOP/s, GB/s):\n");
   std::vector<OpStat> ops = s.ops;

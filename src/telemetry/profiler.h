@@ -25,6 +25,11 @@ struct ProfileSummary {
   double step_ms = 0;  // wall time of one step between its first and last mark, averaged
   double phase_ms[4] = {0, 0, 0, 0};  // per step: forward, backward, optimizer, data
   std::vector<OpStat> ops;            // per step, aggregated by (name, phase)
+  // With several ranks (this rank's view, per step): the gradient reduction's buckets, the
+  // collectives' time and the part of it that backward did not hide (Note [overlap timing] in
+  // dist/communicator.h; the trainer fills these in).
+  int ranks = 1;
+  double reduce_buckets = 0, reduce_ms = 0, reduce_exposed_ms = 0;
   double covered_ms() const;          // sum of op times per step
 };
 

@@ -58,6 +58,8 @@ class TrainStep {
   const ShardRange& shard() const { return m_dps.shard(); }
   int zero_stage() const { return m_dps.stage(); }
   int64_t reduction_buckets() const { return m_dps.buckets_last_step(); }
+  void time_reduction(bool on) { m_dps.time_reduction(on); }  // --profile-steps (Note [overlap timing])
+  DataParallelStep::ReductionTiming take_reduction_timing() { return m_dps.take_reduction_timing(); }
 
  private:
   const TrainOptions& m_opt;

@@ -469,6 +469,7 @@ void RankRun::load_best_model() {
 void RankRun::profile() {
   Prefetcher source(*m_data->train, *m_batches, 0, m_opt.profile_steps * m_accum, m_opt.prefetch, m_comm.rank(), per_rank());
   m_prof.enable(true);
+  m_step->time_reduction(m_comm.size() > 1);
   int64_t micro = 0;
   double waited = 0;
   for (int64_t k = 0; k < m_opt.profile_steps; ++k) {
@@ -478,6 +479,12 @@ void RankRun::profile() {
   }
   ProfileSummary ps = m_prof.summarize();
   m_prof.enable(false);
+  const DataParallelStep::ReductionTiming rt = m_step->take_reduction_timing();
+  m_step->time_reduction(false);
+  const double steps = static_cast<double>(m_opt.profile_steps);
+  ps.ranks = m_comm.size();
+  ps.reduce_buckets = static_cast<double>(rt.buckets) / steps;
+  ps.reduce_ms = rt.reduce_ms / steps, ps.reduce_exposed_ms = rt.exposed_ms / steps;
   if (!m_lead) return;
   const Ceilings ceil = measure_ceilings(*m_dev.backend);
   write_profile((fs::path(m_opt.output_dir) / "profile.json").string(), ps, ceil);

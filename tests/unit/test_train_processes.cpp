@@ -139,6 +139,25 @@ TEST(TrainProcesses, ZeroStagesOneAndTwoAreBitForBitStageZeroAcrossProcesses) {
                                                          fs::path(dir) / "acc2" / "model.safetensors", 1e-5));
 }
 
+// --profile-steps on 2 processes: the time anatomy also says how the gradients were reduced
+// (Note [overlap timing]): per-layer buckets during backward, their time, and on the CPU, whose
+// collectives block the backward thread, none of it hidden.
+TEST(TrainProcesses, ProfileStepsShowTheGradientReduction) {
+  const std::string out = start().dir + "/profiled";
+  CmdResult r = run(train_args(out, 2, 4, "--max-steps 1 --profile-steps 2 --ddp-bucket-cap-mb 0"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("gradient reduction (2 ranks):"), std::string::npos) << r.output;
+  json p;
+  std::ifstream(fs::path(out) / "profile.json") >> p;
+  ASSERT_TRUE(p.contains("gradient_reduction")) << p.dump(2);
+  const json& g = p["gradient_reduction"];
+  EXPECT_EQ(g["ranks"], 2);
+  EXPECT_GE(g["buckets_per_step"].get<double>(), 4.0);  // bert-tiny's two layers, the embeddings, the tail
+  EXPECT_GT(g["reduce_ms"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(g["exposed_ms"].get<double>(), g["reduce_ms"].get<double>());
+  EXPECT_EQ(g["hidden_pct"].get<double>(), 0.0);
+}
+
 // Text data with evaluation and a checkpoint every step on 2 processes; one rank is killed; the
 // job ends within seconds with a failure; the run resumes on 3 processes and ends where an
 // uninterrupted one-process run ends.
