@@ -329,9 +329,14 @@ std::vector<OpEntry> build_registry() {
   // ---- statistical normalizations ----
   auto layernorm_args = [](const OpDims& d, Rng& g) {
     const int64_t R = d.rows(), H = d.hidden;
-    return std::vector<OpArg>{out("y", {R, H}),         out("sum", {R, H}),     out("mean", {R}, false),
-                              out("rstd", {R}, false),  in(g, "branch", {R, H}), in(g, "residual", {R, H}),
-                              in(g, "gamma", {H}, 0.5), in(g, "beta", {H})};
+    // LayerNorm weights near 1, as trained ones are: backward recovers the normalized input from
+    // the output by dividing by gamma (Note [layernorm backward from its output]), which a
+    // half-precision output cannot support where gamma is near 0.
+    OpArg gamma = in(g, "gamma", {H}, 0.2);
+    for (double& x : gamma.values) x += 1.0;
+    return std::vector<OpArg>{out("y", {R, H}),        out("sum", {R, H}),     out("mean", {R}, false),
+                              out("rstd", {R}, false), in(g, "branch", {R, H}), in(g, "residual", {R, H}),
+                              gamma,                   in(g, "beta", {H})};
   };
   add("layernorm_forward", [=](const OpDims& d, Rng& g) {
     const DropoutSpec drop = dropout(g, 0.1f);
@@ -513,6 +518,14 @@ std::vector<OpEntry> build_registry() {
     const int64_t n = static_cast<int64_t>(layout.total());
     OpCase c;
     update_args(c, g, n);
+    // Between the layout's parameters lie alignment gaps that no segment covers: zeros in the
+    // parameters, as in a model's flat buffer, and not poisoned in the half copy (the CPU copies
+    // every element, the CUDA kernels each segment's).
+    std::vector<bool> covered(static_cast<size_t>(n), false);
+    for (const AdafactorSegment& s : plan.segments)
+      std::fill_n(covered.begin() + s.offset, s.rows * s.cols, true);
+    for (size_t i = 0; i < covered.size(); ++i)
+      if (!covered[i]) c.args[0].values[i] = c.args[1].values[i] = 0.0;
     OpArg state = acc_f32(g, "state", {plan.state_floats}, 0.1);
     for (auto& x : state.values) x = x * x;
     std::vector<double> segs;
