@@ -36,7 +36,11 @@ SyntheticDataset::SyntheticDataset(SyntheticKind kind, size_t n, int64_t seq_len
                 static_cast<int64_t>(std::min<size_t>(n, SIZE_MAX / 16) * 16 >> 20), " MiB, more than half of this machine's ",
                 host >> 20, " MiB of memory; lower --num-samples");
   ANATOMY_CHECK(seq_len >= 2, "--seq-len must be at least 2");
-  ANATOMY_CHECK(vocab > 300, "synthetic data needs a vocabulary of more than 300 ids (config has ", vocab, ")");
+  // The seed set draws ids from 100 up; the learnable one marks its classes with ids 1000-1099
+  // and 2000-2099 and fills with ids from 300 up.
+  const int64_t least = kind == SyntheticKind::Seed ? 101 : 2101;
+  ANATOMY_CHECK(vocab >= least, "--dataset ", kind == SyntheticKind::Seed ? "seed" : "learnable",
+                " needs a vocabulary of at least ", least, " ids (config has ", vocab, "); use a text file (--train-file)");
 }
 
 void SyntheticDataset::get(size_t i, HostBatch& out, int64_t row) const {

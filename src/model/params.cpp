@@ -65,8 +65,8 @@ bool is_layernorm_weight(const std::string& name) {
   return false;
 }
 
-void ParamLayout::add(const std::string& name, Shape shape, bool decay) {
-  ParamInfo p{name, shape, (m_total + 7) / 8 * 8, decay};
+void ParamLayout::add(const std::string& name, Shape shape, bool decay, bool packed) {
+  ParamInfo p{name, shape, packed ? m_total : (m_total + 7) / 8 * 8, decay};
   m_index[name] = m_params.size();
   m_params.push_back(p);
   m_total = p.offset + shape.numel();
@@ -85,8 +85,8 @@ ParamLayout ParamLayout::for_sequence_classification(const BertConfig& cfg) {
   for (int l = 0; l < L; ++l) {
     const LayerNames p = layer_names(cfg, l);
     lay.add(p.q_w, {H, H}, true);
-    lay.add(p.k_w, {H, H}, true);
-    lay.add(p.v_w, {H, H}, true);
+    lay.add(p.k_w, {H, H}, true, true);
+    lay.add(p.v_w, {H, H}, true, true);
     lay.add(p.ao_w, {H, H}, true);
     lay.add(p.ff1_w, {I, H}, true);
     lay.add(p.ff2_w, {H, I}, true);
@@ -101,8 +101,8 @@ ParamLayout ParamLayout::for_sequence_classification(const BertConfig& cfg) {
   for (int l = 0; l < L; ++l) {
     const LayerNames p = layer_names(cfg, l);
     lay.add(p.q_b, {H}, false);
-    lay.add(p.k_b, {H}, false);
-    lay.add(p.v_b, {H}, false);
+    lay.add(p.k_b, {H}, false, true);
+    lay.add(p.v_b, {H}, false, true);
     lay.add(p.ao_b, {H}, false);
     lay.add(p.ln1_w, {H}, false);
     lay.add(p.ln1_b, {H}, false);

@@ -44,7 +44,10 @@ class ParamLayout {
   static Tensor range(const Tensor& flat, size_t offset, Shape shape);
 
  private:
-  void add(const std::string& name, Shape shape, bool decay);
+  // Each parameter starts at a multiple of 8 elements, unless `packed`: then right after the
+  // previous one, as the key and value weights and biases follow the query's so that the three
+  // form one [3H, H] matrix and one [3H] bias whatever H is.
+  void add(const std::string& name, Shape shape, bool decay, bool packed = false);
   std::vector<ParamInfo> m_params;
   std::unordered_map<std::string, size_t> m_index;
   size_t m_total = 0, m_decay_end = 0;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/config.h"
+#include "model/params.h"
 
 using namespace anatomy;
 using nlohmann::json;
@@ -252,5 +253,28 @@ TEST_F(ConfigTest, BadConfigsAreOneLineErrors) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), "my.json: hidden_size 768 is not a multiple of num_attention_heads 5");
+  }
+}
+
+// The fused attention input reads q|k|v as one [3H, H] matrix and one [3H] bias: whatever the
+// hidden size (36 and 6 leave the 8-element alignment), the key and value parameters follow the
+// query's with no gap, while every other parameter starts aligned.
+TEST(ParamLayoutTest, QueryKeyValueAreOneBlockForAnyHiddenSize) {
+  for (int64_t H : {36, 6, 64}) {
+    anatomy::BertConfig c = anatomy::BertConfig::preset("bert-tiny");
+    c.hidden_size = H;
+    c.num_attention_heads = 3 * (H % 3 == 0) + 2 * (H % 3 != 0);
+    c.intermediate_size = 4 * H;
+    const anatomy::ParamLayout lay = anatomy::ParamLayout::for_sequence_classification(c);
+    for (const char* part : {"weight", "bias"}) {
+      const std::string base = "bert.encoder.layer.1.attention.self.";
+      const auto& q = lay.get(base + "query." + part);
+      const size_t n = static_cast<size_t>(q.shape.numel());
+      EXPECT_EQ(lay.get(base + "key." + part).offset, q.offset + n) << "H " << H << " " << part;
+      EXPECT_EQ(lay.get(base + "value." + part).offset, q.offset + 2 * n) << "H " << H << " " << part;
+    }
+    for (const auto& p : lay.params())
+      if (p.name.find(".key.") == std::string::npos && p.name.find(".value.") == std::string::npos)
+        EXPECT_EQ(p.offset % 8, 0u) << p.name;
   }
 }
