@@ -19,6 +19,7 @@
 #   profile   bert-large bf16 batch 32 with --profile-steps 3 (time by op class)
 #   verify    bf16 with accumulation (profiled), fp16 with loss scaling, the seed run
 #   levers    the memory levers: each optimizer and checkpointing policy, planned vs NVML
+#   selective bf16 batch 32 with selective recompute against none, alternated twice (issue 16's memory target)
 #   eval      inference, sorted vs file order, skipping padding or not
 #   probe     attention vs PyTorch SDPA, one step eager vs CUDA graph, NVML growth by op
 #   realtext  real text of varied length (.carry/fortunes from bench/fortunes_dataset.py): bert-base and the
@@ -130,6 +131,19 @@ step_verify() {
       2>&1 | tail -4
   } > "$OUT/verify.log" 2>&1
   cat "$OUT/verify.log"
+}
+
+step_selective() {  # issue 16's memory target: bf16 batch 32, selective recompute vs none, alternated twice
+  mkdir -p /tmp/levers
+  {
+    echo "| run | samples/s (steady) | planned MiB | allocated MiB | gradients in activations MiB | NVML used MiB | NVML minus baseline and context MiB | optimizer B/param | gradient B/param | activations MiB | last loss |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    for round in 1 2; do
+      train_row levers "bf16_bs32_none_$round" --precision bf16 --per-device-train-batch-size 32 --num-samples 384
+      train_row levers "bf16_bs32_selective_$round" --precision bf16 --per-device-train-batch-size 32 --num-samples 384 \
+        --gradient-checkpointing selective
+    done
+  } | tee "$OUT/selective.md"
 }
 
 step_levers() {
