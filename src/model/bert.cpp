@@ -143,20 +143,22 @@ constexpr int kAfterBackward = 1 << 30;  // read after backward (losses, logits)
 // Selective checkpointing saves, per layer of bert-large at batch 32 x 512 in bf16 (R = 16384
 // rows): q|k|v 96 MiB, the context 32, LayerNorm 1's output h1 32, the GELU input `pre` 128, the
 // layer output 32 (the next layer's input), the log-sum-exp 1 and two rstd vectors 0.125:
-// 321.1 MiB, 7707 of the 7771 MiB of activations. The dropout masks are never stored (they are a
-// function of seed and position), the LayerNorm inputs neither (backward reads the outputs), and
-// the GELU output is recomputed from `pre`. What is left is only cheaper to recompute where the
-// memory to recompute it into is free: in backward, the saved tensors of the layers above l are
-// dead by the time layer l runs. So the first K layers do not keep `pre`: forward writes it (the
-// GEMM's auxiliary output, read by nobody in forward) into layer K's GELU-input slot, which is
-// not yet written then, and backward re-runs the FFN-in GEMM, pre = h1 W1^T + b1 with its GELU,
-// into the same slot, dead again by then (layer K's backward has ended). The same call on the
-// same inputs gives the same bits, so gradients equal the no-recompute ones exactly. Each such
-// layer saves R x I elements (128 MiB in the case above) for one GEMM of 2 R H I flops (137
-// GFLOP: about 0.19 ms at the H100's 720 TFLOP/s on an 85 ms step). K is one layer in twelve
-// (2 of bert-large's 24, 1 of bert-base's 12), at least one layer below the slot's owner: about
-// 0.5% of the step's time. The slot is a region of its own for the gradients in freed
-// activations: read up to layer 0's stage, so no layer's gradients are placed over it.
+// 321.1 MiB, 7707 of the 7771 MiB of activations. No dropout mask is stored (each is a function
+// of seed and position), no LayerNorm input (backward reads the outputs), and the GELU output is
+// recomputed from `pre`. Everything left costs a GEMM (or attention) to recompute, and it only
+// saves memory if the recomputed tensor goes where nothing else is live: in backward, the saved
+// tensors of the layers above l are dead by the time layer l runs. So the first K layers keep no
+// `pre`: forward writes it (the GEMM's auxiliary output, read by nobody in forward) into layer
+// K's GELU-input slot, not yet written then, and backward re-runs the same FFN-in GEMM with its
+// bias and GELU epilogue, writing `pre` into the slot again (dead by then: layer K's backward has
+// ended) and the GELU output where selective recomputes it anyway. The same call on the same
+// inputs gives the same bits, so these layers see forward's exact `pre` and GELU output. Each
+// saves R x I elements (128 MiB above) for one GEMM of 2 R H I = 137 GFLOP (about 0.19 ms at the
+// H100's 720 TFLOP/s), less the element-wise GELU it replaces (256 MiB of traffic, about 0.1 ms):
+// about 0.1-0.15% of an 85 ms step per layer. K is ceil(L / 12) (2 of bert-large's 24, 1 of
+// bert-base's 12), below L so that the slot's owner exists. The slot is a region for the
+// gradients in freed activations too: read up to layer 0's stage, so no layer's gradients are
+// placed over it (the embeddings', zeroed after layer 0's backward, may be).
 int64_t recomputed_pre_layers(const BertConfig& cfg, CheckpointPolicy policy, bool training) {
   if (!training || policy != CheckpointPolicy::Selective) return 0;
   const int64_t L = cfg.num_hidden_layers;
@@ -166,8 +168,8 @@ int64_t recomputed_pre_layers(const BertConfig& cfg, CheckpointPolicy policy, bo
 }  // namespace
 
 // A byte range of the activation arena and the last stage of backward that reads it. A slot
-// (Note [recomputed FFN input]) overlays other regions: it is live in backward only, from stage
-// `first_stage` on, and forward's bytes are those of the region it lies in.
+// (Note [recomputed FFN input]) overlays another region: it counts as live in backward from
+// stage `first_stage` to `last_stage`; in forward its bytes are those of the region it lies in.
 struct ActRegion {
   size_t begin, end;
   int last_stage;
