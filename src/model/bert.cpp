@@ -155,7 +155,7 @@ constexpr int kAfterBackward = 1 << 30;  // read after backward (losses, logits)
 // inputs gives the same bits, so these layers see forward's exact `pre` and GELU output. Each
 // saves R x I elements (128 MiB above) for one GEMM of 2 R H I = 137 GFLOP (about 0.19 ms at the
 // H100's 720 TFLOP/s), less the element-wise GELU it replaces (256 MiB of traffic, about 0.1 ms):
-// about 0.1-0.15% of an 85 ms step per layer. K is ceil(L / 12) (2 of bert-large's 24, 1 of
+// about 0.1-0.2% of an 85 ms step per layer. K is ceil(L / 12) (2 of bert-large's 24, 1 of
 // bert-base's 12), below L so that the slot's owner exists. The slot is a region for the
 // gradients in freed activations too: read up to layer 0's stage, so no layer's gradients are
 // placed over it (the embeddings', zeroed after layer 0's backward, may be).
