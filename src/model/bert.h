@@ -21,7 +21,9 @@ namespace anatomy {
 //              GELU output in backward's scratch, as Selective does).
 //   Selective: everything except the GELU output (B*T x intermediate per layer), which
 //              backward recomputes from the saved pre-activation: one cheap element-wise op
-//              buys back about a quarter of the activation memory.
+//              buys back about a quarter of the activation memory. The first ceil(L / 12)
+//              layers keep no pre-activation either (one FFN-in GEMM each in backward, Note [recomputed
+//              FFN input] in bert.cpp).
 enum class CheckpointPolicy : uint8_t { None, Layer, Selective };
 
 const char* checkpoint_policy_name(CheckpointPolicy p);

@@ -166,7 +166,7 @@ TEST(GradientPlacement, CliRefusesInActivationsWithAccumulation) {
 // so far always fit together in the one block (the reason the placement works).
 TEST(GradientPlacement, TimelineFitsLiveActivationsAndWrittenGradientsInTheBlock) {
   const BertConfig cfg = BertConfig::preset("bert-large");
-  for (CheckpointPolicy pol : {CheckpointPolicy::None, CheckpointPolicy::Layer}) {
+  for (CheckpointPolicy pol : {CheckpointPolicy::None, CheckpointPolicy::Selective, CheckpointPolicy::Layer}) {
     SCOPED_TRACE(checkpoint_policy_name(pol));
     ModelShape s{4, 512, DType::F32, pol, true, GradientPlacement::InActivations};
     const ArenaBytes a = model_arena_bytes(cfg, s);
