@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -75,7 +76,10 @@ void relabelled(const std::string& d, const std::string& name, size_t n, const s
 // a directory of its own: ctest runs the table's cases as concurrent processes).
 const std::string& trained_model() {
   static const std::string dir = [] {
-    const std::string d = anatomy::testing_cli::fresh_dir("anatomy_first_hour_model_" + std::to_string(::getpid()));
+    // Named after the test that first needs it: one directory per process, reused by the next run.
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');
+    const std::string d = anatomy::testing_cli::fresh_dir("anatomy_first_hour_model_" + name);
     copy_text(d);
     const CmdResult r = run(expand(kTextRun + "--max-steps 1", d));
     EXPECT_EQ(r.status, 0) << r.output;
