@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/rng.h"
+#include "model/heads.h"
 
 namespace anatomy {
 
@@ -777,7 +778,7 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   const bool pk = a.packed_train && b.packed();
   const int64_t n = pk ? static_cast<int64_t>(b.token_rows.numel()) : B * T;
   auto rows = [&](const Tensor& t) { return pk ? t.slice(0, n) : t; };
-  m_be.cross_entropy(a.losses, a.dlogits, a.logits, b.labels, grad_scale);
+  sequence_loss(m_be, problem_type_of(m_cfg), a.losses, a.dlogits, a.logits, b.labels, grad_scale);
   m_be.set_phase(Phase::Backward);
   // Gradients in freed activations: each stage's range is zeroed just before it is written.
   const bool overlaid = m_act_block.data() != nullptr;

@@ -27,7 +27,8 @@ enum class CheckpointPolicy : uint8_t { None, Layer, Selective };
 const char* checkpoint_policy_name(CheckpointPolicy p);
 CheckpointPolicy parse_checkpoint_policy(const std::string& s);  // throws with the flag name
 
-// A batch on the backend's device: ids, token types and mask I32 [B, T], labels I32 [B].
+// A batch on the backend's device: ids, token types and mask I32 [B, T]; labels I32 [B], or F32
+// [B, num_labels] for regression and multi-label (Note [problem types] in model/heads.h).
 // forward_eval computes on the tokens alone when the packing index is given (Note [packed
 // inference] in bert.cpp): token_rows I32 [N], the rows b*T + t to compute, and first_rows I32
 // [B], where each sequence's row b*T sits in token_rows. pack_token_rows builds both.

@@ -1,5 +1,6 @@
 // Softmax cross-entropy, forward and backward in one pass: logits [B, C], labels I32 [B];
 // losses F32 [B] = logsumexp(logits[b]) - logits[b, label]; dlogits = (softmax - onehot) * scale.
+// And the regression and multi-label losses on float targets F32 [B, C].
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -39,6 +40,34 @@ __global__ void cross_entropy_kernel(float* __restrict__ losses, T* __restrict__
   }
 }
 
+// A warp per row, as above; the row's loss is the mean over its classes (Note [float target
+// losses] in ops/cpu/loss.cpp).
+template <class T, bool kBinary>
+__global__ void float_target_loss_kernel(float* __restrict__ losses, T* __restrict__ dlogits,
+                                         const T* __restrict__ logits, const float* __restrict__ targets,
+                                         int64_t batch, int64_t classes, float grad_scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  if (row >= batch) return;
+  const float inv_c = 1.0f / static_cast<float>(classes);
+  float sum = 0.0f;
+  for (int64_t c = lane; c < classes; c += 32) {
+    const int64_t i = row * classes + c;
+    const float x = to_f32(logits[i]), t = targets[i];
+    float d;
+    if (kBinary) {
+      sum += fmaxf(x, 0.0f) - x * t + log1pf(expf(-fabsf(x)));
+      d = 1.0f / (1.0f + expf(-x)) - t;
+    } else {
+      sum += (x - t) * (x - t);
+      d = 2.0f * (x - t);
+    }
+    if (dlogits) dlogits[i] = from_f32<T>(d * inv_c * grad_scale);
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) losses[row] = sum * inv_c;
+}
+
 }  // namespace
 
 // ---- launchers ----------------------------------------------------------------------------------
@@ -53,6 +82,27 @@ void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& lo
     cross_entropy_kernel<T><<<grid, kThreads, 0, s>>>(losses.ptr<float>(), dlogits.defined() ? dlogits.ptr<T>() : nullptr,
                                                       logits.ptr<const T>(), labels.ptr<const int32_t>(), batch,
                                                       classes, grad_scale);
+  });
+  ANATOMY_CUDA_LAUNCH_CHECK();
+}
+
+void float_target_loss(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                       float grad_scale, bool binary, cudaStream_t s) {
+  const int64_t classes = logits.dim(-1);
+  const int64_t batch = classes ? static_cast<int64_t>(logits.numel()) / classes : 0;
+  if (batch == 0) return;
+  const unsigned grid = static_cast<unsigned>((batch + kThreads / 32 - 1) / (kThreads / 32));
+  dispatch_float(logits.dtype, binary ? "bce_with_logits" : "mse_loss", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* d = dlogits.defined() ? dlogits.ptr<T>() : nullptr;
+    if (binary)
+      float_target_loss_kernel<T, true><<<grid, kThreads, 0, s>>>(losses.ptr<float>(), d, logits.ptr<const T>(),
+                                                                  targets.ptr<const float>(), batch, classes,
+                                                                  grad_scale);
+    else
+      float_target_loss_kernel<T, false><<<grid, kThreads, 0, s>>>(losses.ptr<float>(), d, logits.ptr<const T>(),
+                                                                   targets.ptr<const float>(), batch, classes,
+                                                                   grad_scale);
   });
   ANATOMY_CUDA_LAUNCH_CHECK();
 }

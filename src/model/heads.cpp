@@ -1,0 +1,38 @@
+#include "model/heads.h"
+
+#include "core/error.h"
+
+namespace anatomy {
+
+ProblemType problem_type_of(const BertConfig& cfg) {
+  if (cfg.problem_type) {
+    const std::string& p = *cfg.problem_type;
+    if (p == "regression") return ProblemType::Regression;
+    if (p == "multi_label_classification") return ProblemType::MultiLabel;
+    ANATOMY_CHECK(p == "single_label_classification", "config: unknown problem_type '", p, "'");
+    return ProblemType::SingleLabel;
+  }
+  return cfg.num_labels == 1 ? ProblemType::Regression : ProblemType::SingleLabel;
+}
+
+const char* problem_type_name(ProblemType p) {
+  switch (p) {
+    case ProblemType::SingleLabel: return "single_label_classification";
+    case ProblemType::Regression: return "regression";
+    case ProblemType::MultiLabel: return "multi_label_classification";
+  }
+  return "?";
+}
+
+bool has_float_labels(ProblemType p) { return p != ProblemType::SingleLabel; }
+
+void sequence_loss(Backend& be, ProblemType p, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                   const Tensor& labels, float grad_scale) {
+  switch (p) {
+    case ProblemType::SingleLabel: be.cross_entropy(losses, dlogits, logits, labels, grad_scale); return;
+    case ProblemType::Regression: be.mse_loss(losses, dlogits, logits, labels, grad_scale); return;
+    case ProblemType::MultiLabel: be.bce_with_logits(losses, dlogits, logits, labels, grad_scale); return;
+  }
+}
+
+}  // namespace anatomy
