@@ -265,9 +265,11 @@ std::vector<OptionSpec> build() {
   add({"metric-for-best-model", {}, OptType::Choice, kTrain, "loss", "With --load-best-model-at-end: what makes a checkpoint best",
        0, 0, false, false, false, false,
        {{"loss", "eval_loss"}, {"eval_loss", "eval_loss"}, {"accuracy", "eval_accuracy"}, {"eval_accuracy", "eval_accuracy"},
-        {"macro_f1", "eval_macro_f1"}, {"eval_macro_f1", "eval_macro_f1"}},
+        {"macro_f1", "eval_macro_f1"}, {"eval_macro_f1", "eval_macro_f1"}, {"mse", "eval_mse"}, {"eval_mse", "eval_mse"},
+        {"pearson", "eval_pearson"}, {"eval_pearson", "eval_pearson"}, {"micro_f1", "eval_micro_f1"},
+        {"eval_micro_f1", "eval_micro_f1"}},
        [](R& r, const V& v) { r.train.metric_for_best_model = v.s; },
-       "differs: the metrics anatomy computes (loss, accuracy, macro_f1)"});
+       "differs: the metrics anatomy computes (loss, accuracy, macro_f1; regression mse, pearson; multi-label micro_f1)"});
   add({"greater-is-better", {}, OptType::Bool, kTrain, "false for loss, else true", "Whether a larger metric is better",
        0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.greater_is_better = v.b; }, "same"});
   add({"resume-from-checkpoint", {}, OptType::Text, kTrain, "",

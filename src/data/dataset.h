@@ -12,10 +12,13 @@
 
 namespace anatomy {
 
-// One batch on the host: I32 ids, token types and mask [B, T] row-major; labels [B].
+// One batch on the host: I32 ids, token types and mask [B, T] row-major; labels [B]. Float
+// labels (regression, multi-label: data/float_labels.h) in targets [B, target_width] instead.
 struct HostBatch {
   int64_t batch = 0, seq = 0;
   std::vector<int32_t> input_ids, token_type_ids, attention_mask, labels;
+  int64_t target_width = 0;  // 0: class labels
+  std::vector<float> targets;
   void resize(int64_t B, int64_t T);
 };
 

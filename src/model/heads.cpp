@@ -26,6 +26,12 @@ const char* problem_type_name(ProblemType p) {
 
 bool has_float_labels(ProblemType p) { return p != ProblemType::SingleLabel; }
 
+DType label_dtype(ProblemType p) { return has_float_labels(p) ? DType::F32 : DType::I32; }
+
+Shape label_shape(ProblemType p, int64_t batch, int64_t num_labels) {
+  return has_float_labels(p) ? Shape{batch, num_labels} : Shape{batch};
+}
+
 void sequence_loss(Backend& be, ProblemType p, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                    const Tensor& labels, float grad_scale) {
   switch (p) {

@@ -26,6 +26,10 @@ ProblemType problem_type_of(const BertConfig& cfg);
 const char* problem_type_name(ProblemType p);  // transformers' spelling
 bool has_float_labels(ProblemType p);
 
+// The device labels of a batch of `batch` samples: I32 [batch] or F32 [batch, num_labels].
+DType label_dtype(ProblemType p);
+Shape label_shape(ProblemType p, int64_t batch, int64_t num_labels);
+
 // Per-sample losses F32 [B] and dlogits (may be undefined) for the batch's labels, by problem type.
 void sequence_loss(Backend& be, ProblemType p, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                    const Tensor& labels, float grad_scale);

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "dist/communicator.h"
+#include "model/heads.h"
 
 namespace anatomy {
 
@@ -18,9 +19,10 @@ TrainStep::TrainStep(const TrainOptions& opt, BertForSequenceClassification& mod
       m_ids(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
       m_types(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
       m_mask(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
-      m_labels(be.allocator(), DType::I32, {m_B}, Category::Other),
+      m_labels(be.allocator(), label_dtype(problem_type_of(model.config())),
+               label_shape(problem_type_of(model.config()), m_B, model.config().num_labels), Category::Other),
       m_loss_sums(be.allocator(), DType::F32, {m_B}, Category::Other), m_host_losses(static_cast<size_t>(m_B)),
-      m_staging(be, m_B, m_T) {
+      m_staging(be, m_B, m_T, has_float_labels(problem_type_of(model.config())) ? model.config().num_labels : 0) {
   if (opt.precision == Precision::Fp16) m_scaler.scale = opt.fp16_initial_scale;
   if (model.shape().packed_tokens) {
     m_rows = Buffer(be.allocator(), DType::I32, {m_B * m_T}, Category::Other);

@@ -273,8 +273,19 @@ void RankRun::evaluate_now(int64_t step) {
   m_res.eval_samples = ev.samples;
   m_res.eval_steps = ev.batches;
   m_eval_step = step;
-  m_eval_metric = m_opt.metric_for_best_model == "eval_accuracy" ? ev.accuracy
-                  : m_opt.metric_for_best_model == "eval_macro_f1" ? ev.macro_f1 : ev.loss;
+  m_res.problem_type = problem_type_name(ev.problem);
+  m_res.eval_mse = ev.mse;
+  m_res.eval_pearson = ev.pearson;
+  m_res.eval_micro_f1 = ev.micro_f1;
+  const std::string& m = m_opt.metric_for_best_model;
+  m_eval_metric = m == "eval_accuracy" ? ev.accuracy
+                  : m == "eval_macro_f1" ? ev.macro_f1
+                  : m == "eval_mse"      ? ev.mse
+                  : m == "eval_pearson"  ? ev.pearson
+                  : m == "eval_micro_f1" ? ev.micro_f1
+                                         : ev.loss;
+  ANATOMY_CHECK(!std::isnan(m_eval_metric) || m == "eval_pearson", "--metric-for-best-model ", m,
+                " is not computed for problem_type ", problem_type_name(ev.problem));
   if (m_lead) m_log->eval(step, ev);
 }
 

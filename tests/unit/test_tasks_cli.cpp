@@ -1,0 +1,243 @@
+// Regression and multi-label sequence classification end to end through the CLI on the CPU
+// (Note [problem types] in model/heads.h): the problem type inferred from the training file's
+// labels, written into the saved config.json, evaluated with its own metrics, and `anatomy eval`
+// predictions for it; plus the float-label reader and metrics on their own.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../common/cli.h"
+#include "../common/dirs.h"
+#include "core/error.h"
+#include "data/float_labels.h"
+#include "io/read_file.h"
+#include "memory/planner.h"
+#include "model/heads.h"
+#include "train/trainer.h"
+#include "train/evaluate.h"
+
+using namespace anatomy;
+
+namespace {
+
+std::vector<nlohmann::json> sentiment_rows(size_t n) {
+  std::ifstream in(std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl");
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  while (std::getline(in, line) && rows.size() < n) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+int sentiment_id(const nlohmann::json& r) {
+  const std::string l = r.at("label");
+  return l == "negative" ? 0 : l == "neutral" ? 1 : 2;
+}
+
+// Each text with a score (regression: 0.x negative, 2.x neutral, 4.x positive) or a list of
+// class ids (multi-label: its sentiment, and class 1 too when the text has more than 7 words).
+std::string write_data(const std::string& dir, const std::string& name, bool lists, size_t n) {
+  std::ofstream out(dir + "/" + name);
+  size_t i = 0;
+  for (const auto& r : sentiment_rows(n)) {
+    nlohmann::json o = {{"text", r.at("text")}};
+    const int id = sentiment_id(r);
+    if (lists) {
+      const std::string t = r.at("text");
+      std::vector<int> ids{id};
+      if (std::count(t.begin(), t.end(), ' ') >= 7 && id != 1) ids.push_back(1);
+      o["label"] = ids;
+    } else {
+      o["label"] = 2.0 * id + 0.25 + 0.5 * static_cast<double>(i % 3) / 3.0;
+    }
+    ++i;
+    out << o.dump() << "\n";
+  }
+  return dir + "/" + name;
+}
+
+std::string model_dir() { return std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta"; }
+
+std::vector<nlohmann::json> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+}  // namespace
+
+TEST(FloatLabels, SniffsTheLabelColumnAsRunClassificationDoes) {
+  const std::string dir = testing_dirs::fresh_dir("float_labels_sniff");
+  auto file = [&](const std::string& name, const std::string& body) {
+    std::ofstream(dir + "/" + name) << body;
+    return dir + "/" + name;
+  };
+  EXPECT_EQ(sniff_label_column(file("a.jsonl", "{\"text\":\"x\",\"label\":1}\n{\"text\":\"y\",\"label\":\"b\"}\n"),
+                               TextFormat::Auto, 0, "label"),
+            LabelColumnKind::Classes);
+  EXPECT_EQ(sniff_label_column(file("b.jsonl", "{\"text\":\"x\",\"label\":3}\n\n{\"text\":\"y\",\"label\":0.5}\n"),
+                               TextFormat::Auto, 0, "label"),
+            LabelColumnKind::Numbers);
+  EXPECT_EQ(sniff_label_column(file("c.jsonl", "{\"text\":\"x\",\"label\":[0, 2]}\n{\"text\":\"y\",\"label\":[]}\n"),
+                               TextFormat::Auto, 0, "label"),
+            LabelColumnKind::Lists);
+  EXPECT_EQ(sniff_label_column(file("d.csv", "text,label\nx,1.5\ny,2\n"), TextFormat::Auto, 0, "label"),
+            LabelColumnKind::Numbers);
+  EXPECT_THROW(sniff_label_column(file("e.jsonl", "{\"text\":\"x\",\"label\":[1]}\n{\"text\":\"y\",\"label\":2.5}\n"),
+                                  TextFormat::Auto, 0, "label"),
+               Error);
+
+  FloatLabelOptions o;
+  o.lists = true;
+  const FloatLabels names = read_float_labels(
+      file("f.jsonl", "{\"text\":\"x\",\"label\":[\"sport\",\"news\"]}\n{\"text\":\"y\",\"label\":[\"arts\"]}\n"),
+      TextFormat::Auto, 0, "label", o);
+  ASSERT_EQ(names.classes, (std::vector<std::string>{"arts", "news", "sport"}));  // sorted, as LabelSet names
+  EXPECT_EQ(names.values, (std::vector<float>{0, 1, 1, 1, 0, 0}));
+  o.classes = std::vector<std::string>{"arts", "news"};
+  try {
+    read_float_labels(dir + "/f.jsonl", TextFormat::Auto, 0, "label", o);
+    ADD_FAILURE() << "an unknown class was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f.jsonl:1: unknown class \"sport\""), std::string::npos) << e.what();
+  }
+}
+
+TEST(FloatLabelMetrics, MsePearsonAndMicroF1) {
+  const std::vector<float> x{1, 2, 3, 4}, y{1, 2, 3, 5};
+  EXPECT_NEAR(mean_squared_error(x, y), 0.25, 1e-12);
+  EXPECT_NEAR(pearson(x, x), 1.0, 1e-12);
+  EXPECT_NEAR(pearson(x, y), 0.9827076298239908, 1e-12);
+  EXPECT_TRUE(std::isnan(pearson(x, std::vector<float>{2, 2, 2, 2})));
+  // Logits > 0 predict a class: TP 2 (elements 0, 3), FP 1 (element 1), FN 1 (element 2).
+  const std::vector<float> logits{2.0f, 0.5f, -1.0f, 3.0f, -0.1f}, hot{1, 0, 1, 1, 0};
+  EXPECT_NEAR(micro_f1_at_half(logits, hot), 2.0 * 2 / (2 * 2 + 1 + 1), 1e-12);
+}
+
+// Numbers as labels: a regression head (num_labels 1, MSE) that learns, saved with
+// problem_type "regression"; eval_mse equals the loss, and `anatomy eval` writes each value.
+TEST(TasksCli, RegressionTrainsEvaluatesAndPredicts) {
+  const std::string dir = testing_cli::fresh_dir("tasks_regression");
+  const std::string train = write_data(dir, "train.jsonl", false, 96), out = dir + "/run";
+  const auto r = testing_cli::run_anatomy(
+      "train --device cpu --model-name-or-path " + model_dir() + " --ignore-mismatched-sizes --train-file " + train +
+      " --validation-file " + train + " --eval-strategy epoch --max-seq-length 32"
+      " --per-device-train-batch-size 8 --num-train-epochs 12 --learning-rate 5e-3 --logging-steps 12 --disable-tqdm"
+      " --output-dir " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
+  EXPECT_EQ(cfg.at("problem_type"), "regression");
+  EXPECT_EQ(cfg.at("id2label").size(), 1u);
+  const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+  ASSERT_TRUE(ev.contains("eval_mse")) << ev.dump();
+  EXPECT_FALSE(ev.contains("eval_accuracy"));
+  EXPECT_NEAR(ev.at("eval_mse").get<double>(), ev.at("eval_loss").get<double>(), 1e-6);
+  // On its training texts (a tiny model learns them, not the task): below the targets' variance
+  // about their mean, what a model that learned only the mean would score.
+  double mean = 0, var = 0;
+  const auto rows = read_lines(train);
+  for (const auto& row : rows) mean += row.at("label").get<double>() / static_cast<double>(rows.size());
+  for (const auto& row : rows) var += std::pow(row.at("label").get<double>() - mean, 2) / static_cast<double>(rows.size());
+  EXPECT_LT(ev.at("eval_mse").get<double>(), 0.8 * var) << ev.dump() << " variance " << var;
+  EXPECT_GT(ev.at("eval_pearson").get<double>(), 0.5) << ev.dump();
+
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + train +
+                                          " --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("eval_mse"), std::string::npos) << e.output;
+  const auto preds = read_lines(dir + "/eval/predictions.jsonl");
+  ASSERT_EQ(preds.size(), 96u);
+  EXPECT_TRUE(preds[0].at("prediction").is_number_float()) << preds[0].dump();
+  EXPECT_TRUE(preds[0].at("label").is_number()) << preds[0].dump();
+}
+
+// Lists of class ids as labels: a multi-label head (BCE with logits) on the model's three
+// classes, saved with problem_type "multi_label_classification"; micro-F1 at threshold 0.5.
+TEST(TasksCli, MultiLabelTrainsEvaluatesAndPredicts) {
+  const std::string dir = testing_cli::fresh_dir("tasks_multilabel");
+  const std::string train = write_data(dir, "train.jsonl", true, 96), out = dir + "/run";
+  const auto r = testing_cli::run_anatomy(
+      "train --device cpu --model-name-or-path " + model_dir() + " --train-file " + train +
+      " --validation-file " + train + " --eval-strategy epoch --max-seq-length 32"
+      " --per-device-train-batch-size 8 --num-train-epochs 12 --learning-rate 5e-3 --logging-steps 12 --disable-tqdm"
+      " --output-dir " + out +
+      " --do-predict --test-file " + train);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
+  EXPECT_EQ(cfg.at("problem_type"), "multi_label_classification");
+  EXPECT_EQ(cfg.at("id2label").size(), 3u);
+  const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+  ASSERT_TRUE(ev.contains("eval_micro_f1")) << ev.dump();
+  EXPECT_GT(ev.at("eval_micro_f1").get<double>(), 0.5) << ev.dump();
+  EXPECT_LT(ev.at("eval_loss").get<double>(), std::log(2.0)) << ev.dump();  // below a coin flip per class
+  const std::string predicted = read_regular_file(out + "/predict_results.txt");
+  EXPECT_EQ(predicted.rfind("index\tprediction\n", 0), 0u) << predicted.substr(0, 100);
+
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + train +
+                                          " --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("eval_micro_f1"), std::string::npos) << e.output;
+  const auto preds = read_lines(dir + "/eval/predictions.jsonl");
+  ASSERT_EQ(preds.size(), 96u);
+  EXPECT_TRUE(preds[0].at("prediction").is_array()) << preds[0].dump();
+  EXPECT_EQ(preds[0].at("probabilities").size(), 3u);
+  EXPECT_TRUE(preds[0].at("label").is_array());
+}
+
+// A label of the wrong kind for the model's problem_type is refused, naming the file.
+TEST(TasksCli, LabelsThatContradictProblemTypeAreRefused) {
+  const std::string dir = testing_cli::fresh_dir("tasks_refused");
+  const std::string train = write_data(dir, "train.jsonl", false, 16), model = dir + "/model";
+  std::filesystem::create_directories(model);
+  for (const char* f : {"model.safetensors", "tokenizer.json"})
+    std::filesystem::copy_file(model_dir() + "/" + f, model + "/" + f);
+  nlohmann::json cfg = nlohmann::json::parse(read_regular_file(model_dir() + "/config.json"));
+  cfg["problem_type"] = "multi_label_classification";
+  std::ofstream(model + "/config.json") << cfg.dump(2);
+  const auto r = testing_cli::run_anatomy("train --device cpu --model-name-or-path " + model + " --train-file " + train +
+                                          " --max-steps 1 --output-dir " + dir + "/run");
+  testing_cli::expect_clean_error(r, "train.jsonl");
+}
+
+// plan_memory's categories are what training allocates with the regression and multi-label
+// heads (their F32 [B, num_labels] labels in Other), padded and on real tokens, for each
+// gradient placement.
+TEST(TasksPlan, PlanEqualsAllocated) {
+  const std::string dir = testing_cli::fresh_dir("tasks_plan");
+  for (bool lists : {false, true}) {
+    const std::string data = write_data(dir, lists ? "multi.jsonl" : "reg.jsonl", lists, 40);
+    for (bool skip_padding : {false, true})
+      for (const char* place : {"own", "in-activations"}) {
+        TrainOptions o;
+        o.model_name_or_path = model_dir();
+        o.ignore_mismatched_sizes = !lists;
+        o.train_file = data;
+        o.device = DeviceChoice::Cpu;
+        o.seq_len = 24;
+        o.per_device_train_batch_size = 8;
+        o.max_steps = 2;
+        o.logging_steps = 0;
+        o.skip_padding = skip_padding;
+        o.gradient_placement = place;
+        o.output_dir = dir + "/run";
+        o.overwrite_output_dir = true;
+        o.save_model = false;
+        o.disable_progress_bar = true;
+        TrainResult r = train(o);
+        BertConfig cfg = BertConfig::from_json_file(model_dir() + "/config.json");
+        if (!lists) cfg.set_num_labels(1);
+        cfg.problem_type = lists ? "multi_label_classification" : "regression";
+        ModelShape s{8, 24, DType::F32, CheckpointPolicy::None, true, resolve_gradient_placement(place, 1), skip_padding};
+        MemoryPlan plan = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CPU});
+        for (int c = 0; c < kNumCategories; ++c)
+          EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c)) << " " << place
+                                                        << " skip_padding " << skip_padding << " lists " << lists;
+        EXPECT_TRUE(std::isfinite(r.last_loss));
+      }
+  }
+}
