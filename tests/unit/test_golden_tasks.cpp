@@ -4,43 +4,13 @@
 // on RoBERTa and DistilBERT. Logits, loss, every gradient, 5 AdamW steps.
 #include <gtest/gtest.h>
 
-#include "../common/golden.h"
+#include "../common/golden_tasks.h"
 #include "model/heads.h"
 
 using namespace anatomy;
 using namespace anatomy::golden;
 
 namespace {
-
-std::string case_dir(const std::string& name) {
-  const char* env = std::getenv("ANATOMY_SOURCE_DIR");
-  return std::string(env ? env : ANATOMY_SOURCE_DIR) + "/tests/data/golden_tasks/" + name;
-}
-
-// The fixture's batch with its F32 [B, C] labels on the device.
-struct FloatBatch {
-  Buffer ids, types, mask, labels;
-  DeviceBatch db;
-  FloatBatch(Backend& be, const Fixture& f, const std::vector<float>& y)
-      : ids(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-        types(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-        mask(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-        labels(be.allocator(), DType::F32, {f.B, f.cfg.num_labels}, Category::Other) {
-    be.upload(ids, f.ids.data());
-    be.upload(types, f.types.data());
-    be.upload(mask, f.mask.data());
-    be.upload(labels, y.data());
-    db = {ids, types, mask, labels};
-  }
-};
-
-// The fixture, its labels read as floats (golden.h's Fixture reads labels as integers).
-struct TaskFixture {
-  std::string dir;
-  Fixture f;
-  std::vector<float> labels;
-  explicit TaskFixture(const std::string& name) : dir(case_dir(name)), f(dir), labels(read_f32(f.ref, "labels")) {}
-};
 
 double mean_loss(Backend& be, const BertForSequenceClassification& m, int64_t B) {
   double s = 0;
@@ -68,7 +38,7 @@ TEST_P(GoldenTasks, ForwardLossAndEveryGradientMatchTransformers) {
   LoadReport rep = load_pretrained_weights(t.dir, model);
   EXPECT_TRUE(rep.newly_initialized.empty());
   EXPECT_TRUE(rep.unused.empty());
-  FloatBatch batch(*be, f, t.labels);
+  FloatBatch batch(*be, t);
   model.zero_grads();
   model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B), 0);
 
@@ -103,7 +73,7 @@ TEST_P(GoldenTasks, FiveAdamWStepsTrackTransformers) {
   auto be = make_cpu_backend();
   BertForSequenceClassification model(*be, f.cfg, {f.B, f.T, DType::F32, CheckpointPolicy::None, true});
   load_pretrained_weights(t.dir, model);
-  FloatBatch batch(*be, f, t.labels);
+  FloatBatch batch(*be, t);
   OptimizerOptions oo;
   oo.kind = OptimizerKind::AdamW;
   oo.weight_decay = 0.01f;
@@ -136,11 +106,5 @@ TEST_P(GoldenTasks, FiveAdamWStepsTrackTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenTasks,
-                         testing::Values("bert-regression", "roberta-regression2", "roberta-multilabel",
-                                         "distilbert-multilabel"),
-                         [](const testing::TestParamInfo<const char*>& i) {
-                           std::string s = i.param;
-                           for (char& c : s)
-                             if (c == '-') c = '_';
-                           return s;
-                         });
+                         testing::ValuesIn(task_cases()),
+                         [](const testing::TestParamInfo<const char*>& i) { return case_test_name(i.param); });
