@@ -144,6 +144,14 @@ class Backend {
   void bce_with_logits(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                        float grad_scale);
 
+  // Cross-entropy per token over logits [R, V] (R = B*T rows, B = losses' length) with I32 labels
+  // [R], where label -100 (transformers' ignore_index) means the row is not scored (masked-LM:
+  // every token but the masked ones): losses[b] = loss_weight * sum over the scored rows of
+  // sequence b of logsumexp(x) - x[label]; dlogits = (softmax - onehot) * grad_scale on scored
+  // rows, 0 on the others. dlogits may be undefined.
+  void token_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                           float loss_weight, float grad_scale);
+
   // ---- element-wise --------------------------------------------------------------------
   void gelu_forward(const Tensor& y, const Tensor& x);  // exact erf GELU
   void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
@@ -234,6 +242,8 @@ class Backend {
                                   const Tensor& labels, float grad_scale) = 0;
   virtual void mse_loss_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                              float grad_scale) = 0;
+  virtual void token_cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                        const Tensor& labels, float loss_weight, float grad_scale) = 0;
   virtual void bce_with_logits_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                                     const Tensor& targets, float grad_scale) = 0;
   virtual void gelu_forward_impl(const Tensor& y, const Tensor& x) = 0;

@@ -100,6 +100,12 @@ class CpuBackend final : public Backend {
     const Mat m = as_matrix(logits);
     ref::cross_entropy(f32(losses), opt(dlogits), f32(logits), i32(labels), m.rows, m.cols, grad_scale);
   }
+  void token_cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                                float loss_weight, float grad_scale) override {
+    const Mat m = as_matrix(logits);
+    ref::token_cross_entropy(f32(losses), opt(dlogits), f32(logits), i32(labels), static_cast<int64_t>(losses.numel()),
+                             m.rows, m.cols, loss_weight, grad_scale);
+  }
   void mse_loss_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
                      float grad_scale) override {
     const Mat m = as_matrix(logits);

@@ -38,6 +38,41 @@ template void cross_entropy<float>(float*, float*, const float*, const int32_t*,
 template void cross_entropy<double>(double*, double*, const double*, const int32_t*, int64_t,
                                     int64_t, double);
 
+template <class T>
+void token_cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* labels, int64_t batch, int64_t rows,
+                         int64_t classes, double loss_weight, double grad_scale) {
+  for (int64_t r = 0; r < rows; ++r)
+    ANATOMY_CHECK(labels[r] == kIgnoreIndex || (labels[r] >= 0 && labels[r] < classes), "label ", labels[r], " of row ",
+                  r, " is out of range for ", classes, " classes (labels must be in [0, ", classes, ") or -100)");
+  const int64_t per = rows / batch;
+  for (int64_t b = 0; b < batch; ++b) {
+    double sum = 0;
+    for (int64_t r = b * per; r < (b + 1) * per; ++r) {
+      const T* x = logits + r * classes;
+      T* d = dlogits ? dlogits + r * classes : nullptr;
+      if (labels[r] == kIgnoreIndex) {
+        if (d) std::fill(d, d + classes, T(0));
+        continue;
+      }
+      double mx = x[0];
+      for (int64_t c = 1; c < classes; ++c) mx = std::max(mx, static_cast<double>(x[c]));
+      double total = 0;
+      for (int64_t c = 0; c < classes; ++c) total += std::exp(x[c] - mx);
+      const double lse = mx + std::log(total);
+      sum += lse - x[labels[r]];
+      if (d)
+        for (int64_t c = 0; c < classes; ++c)
+          d[c] = static_cast<T>((std::exp(x[c] - lse) - (c == labels[r] ? 1.0 : 0.0)) * grad_scale);
+    }
+    losses[b] = static_cast<T>(sum * loss_weight);
+  }
+}
+
+template void token_cross_entropy<float>(float*, float*, const float*, const int32_t*, int64_t, int64_t, int64_t,
+                                         double, double);
+template void token_cross_entropy<double>(double*, double*, const double*, const int32_t*, int64_t, int64_t, int64_t,
+                                          double, double);
+
 // Note [float target losses]
 // transformers' sequence-classification heads on float labels: problem_type "regression" takes
 // MSELoss over the B x C logits (num_labels 1: over B), "multi_label_classification"

@@ -40,6 +40,54 @@ __global__ void cross_entropy_kernel(float* __restrict__ losses, T* __restrict__
   }
 }
 
+// A block per sequence, a warp per row (rows w, w + 4, ... of the sequence); each warp keeps its
+// rows' losses in order and the block adds the four warps' sums in a fixed order, so the result
+// does not depend on scheduling. Rows labelled -100 are not scored: zero gradient.
+template <class T>
+__global__ void token_cross_entropy_kernel(float* __restrict__ losses, T* __restrict__ dlogits,
+                                           const T* __restrict__ logits, const int32_t* __restrict__ labels,
+                                           int64_t per, int64_t classes, float loss_weight, float grad_scale) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float partial[kWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * per;
+  float mine = 0.0f;
+  bool bad = false;
+  for (int64_t r = first + warp; r < first + per; r += kWarps) {
+    const T* x = logits + r * classes;
+    const int32_t label = labels[r];
+    if (label == -100) {
+      if (dlogits)
+        for (int64_t c = lane; c < classes; c += 32) dlogits[r * classes + c] = from_f32<T>(0.0f);
+      continue;
+    }
+    const bool valid = label >= 0 && label < classes;
+    bad = bad || !valid;
+    float mx = -INFINITY;
+    for (int64_t c = lane; c < classes; c += 32) mx = fmaxf(mx, to_f32(x[c]));
+    mx = warp_max(mx);
+    float se = 0.0f;
+    for (int64_t c = lane; c < classes; c += 32) se += expf(to_f32(x[c]) - mx);
+    se = warp_sum(se);
+    const float lse = mx + logf(se);
+    if (valid) mine += lse - to_f32(x[label]);
+    if (dlogits) {
+      const float inv = 1.0f / se;
+      for (int64_t c = lane; c < classes; c += 32) {
+        const float p = expf(to_f32(x[c]) - mx) * inv;
+        dlogits[r * classes + c] = from_f32<T>(valid ? (p - (c == label ? 1.0f : 0.0f)) * grad_scale : NAN);
+      }
+    }
+  }
+  if (lane == 0) partial[warp] = bad ? NAN : mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.0f;
+    for (int w = 0; w < kWarps; ++w) s += partial[w];
+    losses[blockIdx.x] = s * loss_weight;
+  }
+}
+
 // A warp per row, as above; the row's loss is the mean over its classes (Note [float target
 // losses] in ops/cpu/loss.cpp).
 template <class T, bool kBinary>
@@ -82,6 +130,21 @@ void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& lo
     cross_entropy_kernel<T><<<grid, kThreads, 0, s>>>(losses.ptr<float>(), dlogits.defined() ? dlogits.ptr<T>() : nullptr,
                                                       logits.ptr<const T>(), labels.ptr<const int32_t>(), batch,
                                                       classes, grad_scale);
+  });
+  ANATOMY_CUDA_LAUNCH_CHECK();
+}
+
+void token_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                         float loss_weight, float grad_scale, cudaStream_t s) {
+  const int64_t classes = logits.dim(-1);
+  const int64_t rows = classes ? static_cast<int64_t>(logits.numel()) / classes : 0;
+  const int64_t batch = static_cast<int64_t>(losses.numel());
+  if (batch == 0) return;
+  dispatch_float(logits.dtype, "token_cross_entropy", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    token_cross_entropy_kernel<T><<<static_cast<unsigned>(batch), kThreads, 0, s>>>(
+        losses.ptr<float>(), dlogits.defined() ? dlogits.ptr<T>() : nullptr, logits.ptr<const T>(),
+        labels.ptr<const int32_t>(), rows / batch, classes, loss_weight, grad_scale);
   });
   ANATOMY_CUDA_LAUNCH_CHECK();
 }
