@@ -26,6 +26,25 @@ const char* problem_type_name(ProblemType p) {
 
 bool has_float_labels(ProblemType p) { return p != ProblemType::SingleLabel; }
 
+bool is_masked_lm(const BertConfig& cfg) {
+  if (cfg.architectures.empty()) return false;
+  const std::string& a = cfg.architectures.front();
+  const std::string tail = "ForMaskedLM";
+  return a.size() > tail.size() && a.compare(a.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+std::string masked_lm_class(const BertConfig& cfg) {
+  switch (cfg.architecture) {
+    case Architecture::Bert: return "BertForMaskedLM";
+    case Architecture::Roberta: return "RobertaForMaskedLM";
+    case Architecture::XlmRoberta: return "XLMRobertaForMaskedLM";
+    case Architecture::DistilBert:
+    case Architecture::Electra: break;
+  }
+  fail("--task mlm: model_type '", cfg.model_type(), "' has no masked-LM head in anatomy (BERT, RoBERTa and XLM-R do; "
+       "DistilBERT's vocab_projector and ELECTRA's generator are not built)");
+}
+
 DType label_dtype(ProblemType p) { return has_float_labels(p) ? DType::F32 : DType::I32; }
 
 Shape label_shape(ProblemType p, int64_t batch, int64_t num_labels) {

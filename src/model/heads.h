@@ -30,6 +30,25 @@ bool has_float_labels(ProblemType p);
 DType label_dtype(ProblemType p);
 Shape label_shape(ProblemType p, int64_t batch, int64_t num_labels);
 
+// Note [masked LM head]
+// The model is a *ForMaskedLM when config.json's architectures names one (the trainer sets it
+// for --task mlm). The head runs on every token's final hidden state x [R, H], as transformers
+// builds it for BERT (cls.predictions) and RoBERTa / XLM-R (lm_head), the same arithmetic under
+// two spellings:
+//   h = LayerNorm(gelu(x Wd^T + bd));  logits = h E^T + b
+// with E the word embeddings (the decoder is tied to them: no tensor of its own, as transformers
+// writes the file) and b a bias of vocab_size. The loss is the cross-entropy over the masked
+// tokens only (labels -100 elsewhere), averaged over them: per sequence the sum of its masked
+// tokens' losses times B / masked (DeviceBatch::masked_tokens), so that the trainer's mean over
+// sequences is transformers' mean over masked tokens. The decoder's gradient into E is added after
+// the embeddings' own backward (Note [gradients in freed activations] zeroes their range just
+// before it), from the head's dlogits and h, which the activation plan keeps alive until then.
+// DistilBERT and ELECTRA (whose generator is a different model) are refused by name; packed
+// batches (--skip-padding) are not supported with this head.
+bool is_masked_lm(const BertConfig& cfg);
+// "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM"; throws for the others.
+std::string masked_lm_class(const BertConfig& cfg);
+
 // Per-sample losses F32 [B] and dlogits (may be undefined) for the batch's labels, by problem type.
 void sequence_loss(Backend& be, ProblemType p, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                    const Tensor& labels, float grad_scale);
