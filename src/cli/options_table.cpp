@@ -58,6 +58,17 @@ std::vector<OptionSpec> build() {
   add({"tokenizer", {"tokenizer-name"}, OptType::Text, kAll, "the model's",
        "Directory with vocab.txt or tokenizer.json", 0, 0, false, false, false, true, {},
        [](R& r, const V& v) { r.train.tokenizer = v.s; }, "differs: tokenizer_name is a local directory"});
+  // ---- task ----
+  add({"task", {}, OptType::Choice, kTrainPlan, "text-classification",
+       "What to train: text-classification (single-label, regression or multi-label, from the labels) or mlm "
+       "(masked-language modelling on the texts, as run_mlm.py; BERT, RoBERTa, XLM-R)",
+       0, 0, false, false, false, false,
+       {{"text-classification", "text-classification"}, {"sequence-classification", "text-classification"},
+        {"mlm", "mlm"}, {"fill-mask", "mlm"}},
+       [](R& r, const V& v) { r.train.task = v.s; }});
+  add({"mlm-probability", {}, OptType::Float, kTrainPlan, "0.15",
+       "--task mlm: the fraction of tokens masked (of them 80% [MASK], 10% a random token, 10% unchanged)", 0.001, 0.999,
+       false, true, false, false, {}, [](R& r, const V& v) { r.train.mlm_probability = v.d; }});
   // ---- data ----
   add({"dataset", {}, OptType::Choice, kTrainPlan, "seed", "Synthetic data without --train-file: seed (random ids) or learnable",
        0, 0, false, false, false, false, {{"seed", "seed"}, {"learnable", "learnable"}},

@@ -19,6 +19,8 @@ struct HostBatch {
   std::vector<int32_t> input_ids, token_type_ids, attention_mask, labels;
   int64_t target_width = 0;  // 0: class labels
   std::vector<float> targets;
+  // Masked-LM (data/masked_lm.h): per-token labels [B, T], -100 where a token is not scored.
+  std::vector<int32_t> token_labels;
   void resize(int64_t B, int64_t T);
 };
 

@@ -45,10 +45,17 @@ std::string masked_lm_class(const BertConfig& cfg) {
        "DistilBERT's vocab_projector and ELECTRA's generator are not built)");
 }
 
-DType label_dtype(ProblemType p) { return has_float_labels(p) ? DType::F32 : DType::I32; }
+DType label_dtype(const BertConfig& cfg) {
+  return !is_masked_lm(cfg) && has_float_labels(problem_type_of(cfg)) ? DType::F32 : DType::I32;
+}
 
-Shape label_shape(ProblemType p, int64_t batch, int64_t num_labels) {
-  return has_float_labels(p) ? Shape{batch, num_labels} : Shape{batch};
+int64_t label_width(const BertConfig& cfg, int64_t seq) {
+  if (is_masked_lm(cfg)) return seq;
+  return has_float_labels(problem_type_of(cfg)) ? cfg.num_labels : 1;
+}
+
+Shape label_shape(const BertConfig& cfg, int64_t batch, int64_t seq) {
+  return label_width(cfg, seq) == 1 && label_dtype(cfg) == DType::I32 ? Shape{batch} : Shape{batch, label_width(cfg, seq)};
 }
 
 void sequence_loss(Backend& be, ProblemType p, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,

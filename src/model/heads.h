@@ -26,9 +26,12 @@ ProblemType problem_type_of(const BertConfig& cfg);
 const char* problem_type_name(ProblemType p);  // transformers' spelling
 bool has_float_labels(ProblemType p);
 
-// The device labels of a batch of `batch` samples: I32 [batch] or F32 [batch, num_labels].
-DType label_dtype(ProblemType p);
-Shape label_shape(ProblemType p, int64_t batch, int64_t num_labels);
+// The device labels of a batch of `batch` x `seq` tokens: I32 [batch] (single-label), F32
+// [batch, num_labels] (regression, multi-label), I32 [batch, seq] (masked-LM); label_width is
+// the elements per sample.
+DType label_dtype(const BertConfig& cfg);
+Shape label_shape(const BertConfig& cfg, int64_t batch, int64_t seq);
+int64_t label_width(const BertConfig& cfg, int64_t seq);
 
 // Note [masked LM head]
 // The model is a *ForMaskedLM when config.json's architectures names one (the trainer sets it

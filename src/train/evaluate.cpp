@@ -133,6 +133,7 @@ Tensor front(const Buffer& buf, int64_t rows, int64_t cols) {
 }  // namespace
 
 EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& opt) {
+  if (is_masked_lm(model.config())) return evaluate_masked_lm(model, ds, opt);
   const auto t0 = Clock::now();
   Backend& be = model.backend();
   const size_t n = ds.size();
@@ -280,7 +281,11 @@ EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, con
 
 nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix) {
   nlohmann::json j;
-  if (r.labelled && r.problem == ProblemType::Regression) {
+  if (r.labelled && r.masked_lm) {
+    j[prefix + "loss"] = r.loss;
+    j["perplexity"] = r.perplexity;  // run_mlm.py's key, without the prefix
+    j[prefix + "scored_tokens"] = r.scored_tokens;
+  } else if (r.labelled && r.problem == ProblemType::Regression) {
     j[prefix + "loss"] = r.loss;
     j[prefix + "mse"] = r.mse;
     j[prefix + "pearson"] = r.pearson;

@@ -97,7 +97,17 @@ struct EvalResult {
   ProblemType problem = ProblemType::SingleLabel;
   std::vector<float> outputs, targets;
   double mse = kNaN, pearson = kNaN, micro_f1 = kNaN;
+  // Masked-LM (Note [masked LM head] in model/heads.h): loss is the mean over every scored
+  // (masked) token of the set, perplexity its exp, as run_mlm.py reports; losses[s] holds sample
+  // s's sum over its scored tokens.
+  bool masked_lm = false;
+  int64_t scored_tokens = 0;
+  double perplexity = kNaN;
 };
+
+// Masked-LM evaluation (evaluate() calls it for a *ForMaskedLM model): padded batches in the
+// dataset order of the masked samples, the loss computed on the host from the logits.
+EvalResult evaluate_masked_lm(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& options);
 
 // The loss and metrics of a float-label result from its losses, outputs and targets.
 void finish_float_metrics(EvalResult& r);

@@ -103,7 +103,10 @@ void TrainLog::eval(int64_t step, const EvalResult& ev) {
   nlohmann::json j = eval_metrics_json(ev);
   j["step"] = step;
   if (m_opt.report_jsonl) m_out.append_metrics(j.dump());
-  if (ev.problem == ProblemType::Regression)
+  if (ev.masked_lm)
+    std::fprintf(stderr, "%s{'eval_loss': %.4f, 'perplexity': %.4f, 'step': %lld}\n", m_tty ? "\r\033[K" : "", ev.loss,
+                 ev.perplexity, static_cast<long long>(step));
+  else if (ev.problem == ProblemType::Regression)
     std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_mse': %.4f, 'eval_pearson': %.4f, 'step': %lld}\n",
                  m_tty ? "\r\033[K" : "", ev.loss, ev.mse, ev.pearson, static_cast<long long>(step));
   else if (ev.problem == ProblemType::MultiLabel)

@@ -1,7 +1,9 @@
 #include "train/train_data.h"
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "data/float_labels.h"
+#include "data/masked_lm.h"
 #include "data/tokenizer.h"
 #include "model/heads.h"
 
@@ -116,6 +118,56 @@ TrainData load_float_label_data(const TrainOptions& opt, BertConfig& cfg, const 
   return d;
 }
 
+// --task mlm: the texts (JSONL/CSV text column, or a .txt file's lines) tokenized, masked as
+// Note [masking] in data/masked_lm.h says; validation texts with masks of their own seed.
+TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, const std::string& tok_dir, TrainData d) {
+  const MaskingOptions mo = masking_for(tok, tok_dir, opt.mlm_probability, opt.seed);
+  auto texts = [&](const std::string& path, const char* flag, std::vector<int64_t>& lengths) {
+    std::shared_ptr<const Dataset> base;
+    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".txt") == 0) {
+      auto lines = std::make_shared<LinesDataset>(path, tok, opt.seq_len);
+      lengths = lines->lengths();
+      base = lines;
+    } else {
+      TextDataOptions to;
+      to.text_column = opt.text_column;
+      to.label_column = "";
+      to.max_length = opt.seq_len;
+      to.cache_dir = opt.dataset_cache_dir;
+      to.source_flag = flag;
+      auto t = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
+      lengths = t->lengths();
+      base = t;
+    }
+    return base;
+  };
+  std::vector<int64_t> lengths;
+  auto train = std::make_shared<MaskedLMDataset>(texts(opt.train_file, "--train-file", lengths), mo);
+  d.train = train;
+  if (!opt.validation_file.empty()) {
+    MaskingOptions vo = mo;
+    vo.seed = mix64(mo.seed + 1);
+    d.validation = std::make_shared<MaskedLMDataset>(texts(opt.validation_file, "--validation-file", d.validation_lengths), vo);
+  } else if (opt.validation_split > 0) {
+    TrainValSplit s = split(*train, opt.validation_split, opt.seed);
+    std::vector<int64_t> sub(s.train.size());
+    for (size_t i = 0; i < s.train.size(); ++i) sub[i] = lengths[s.train[i]];
+    for (size_t i : s.val) d.validation_lengths.push_back(lengths[i]);
+    lengths = std::move(sub);
+    d.train = std::make_shared<OwningSubset>(train, std::move(s.train));
+    d.validation = std::make_shared<OwningSubset>(train, std::move(s.val));
+  }
+  ANATOMY_CHECK(opt.test_file.empty(), "--test-file: predictions are not written for --task mlm");
+  d.train_lengths = std::move(lengths);
+  int64_t tokens = 0;
+  for (int64_t l : d.train_lengths) tokens += l;
+  d.description = str_cat(opt.train_file, ": ", d.train->size(), " texts for masked-language modelling (",
+                          opt.mlm_probability, " of the tokens masked), mean length ",
+                          d.train->size() ? tokens / static_cast<int64_t>(d.train->size()) : 0, " tokens",
+                          d.validation ? str_cat(", ", d.validation->size(), " for validation") : std::string());
+  return d;
+}
+
 }  // namespace
 
 std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tokenizer& tok, TextDataOptions to,
@@ -180,6 +232,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   to.max_length = opt.seq_len;
   to.cache_dir = opt.dataset_cache_dir;
   to.source_flag = "--train-file";
+  if (opt.masked_lm()) return load_masked_lm_data(opt, tok, tok_dir, std::move(d));
   if (!opt.label_column.empty()) {
     const ProblemType p = resolve_problem_type(opt, cfg);
     if (has_float_labels(p)) return load_float_label_data(opt, cfg, tok, to, p, std::move(d));

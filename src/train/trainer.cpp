@@ -23,6 +23,7 @@
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
+#include "model/heads.h"
 #include "memory/planner.h"
 #include "model/params.h"
 #include "telemetry/nvml.h"
@@ -79,7 +80,9 @@ BertConfig model_config(const TrainOptions& opt) {
   ANATOMY_CHECK(opt.seq_len <= cfg.max_sequence_length(), "--seq-len ", opt.seq_len,
                 " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings,
                 cfg.position_offset() ? str_cat(", of which ", cfg.max_sequence_length(), " follow pad_token_id") : "", ")");
-  cfg.architectures = {cfg.sequence_classification_class()};  // what we train and save, whatever head it was saved with
+  // What we train and save, whatever head it was saved with.
+  cfg.architectures = {opt.masked_lm() ? masked_lm_class(cfg) : cfg.sequence_classification_class()};
+  ANATOMY_CHECK(!opt.masked_lm() || !opt.train_file.empty(), "--task mlm needs --train-file (a text file)");
   return cfg;
 }
 
@@ -273,7 +276,8 @@ void RankRun::evaluate_now(int64_t step) {
   m_res.eval_samples = ev.samples;
   m_res.eval_steps = ev.batches;
   m_eval_step = step;
-  m_res.problem_type = problem_type_name(ev.problem);
+  m_res.problem_type = ev.masked_lm ? "masked_lm" : problem_type_name(ev.problem);
+  m_res.eval_perplexity = ev.perplexity;
   m_res.eval_mse = ev.mse;
   m_res.eval_pearson = ev.pearson;
   m_res.eval_micro_f1 = ev.micro_f1;
@@ -284,7 +288,7 @@ void RankRun::evaluate_now(int64_t step) {
                   : m == "eval_pearson"  ? ev.pearson
                   : m == "eval_micro_f1" ? ev.micro_f1
                                          : ev.loss;
-  ANATOMY_CHECK(!std::isnan(m_eval_metric) || m == "eval_pearson", "--metric-for-best-model ", m,
+  ANATOMY_CHECK(!std::isnan(m_eval_metric) || m == "eval_pearson" || ev.masked_lm, "--metric-for-best-model ", m,
                 " is not computed for problem_type ", problem_type_name(ev.problem));
   if (m_lead) m_log->eval(step, ev);
 }

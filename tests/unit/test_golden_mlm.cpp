@@ -71,7 +71,9 @@ TEST_P(GoldenMlm, ForwardLossAndEveryGradientMatchTransformers) {
     ASSERT_GT(batch.db.masked_tokens, 0);
     model.zero_grads();
     model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B), 0);
-    if (place == GradientPlacement::InActivations) EXPECT_TRUE(model.gradients_in_activations());
+    if (place == GradientPlacement::InActivations) {
+      EXPECT_TRUE(model.gradients_in_activations());
+    }
 
     // The logits of the tokens (RoBERTa's padding rows read other position rows than
     // transformers': Note [roberta positions] in model/bert.cpp; nothing reads them).

@@ -241,3 +241,54 @@ TEST(TasksPlan, PlanEqualsAllocated) {
       }
   }
 }
+
+namespace {
+
+// The training loss of each logging line ({'loss': x, ...}) a run printed, in order.
+std::vector<double> logged_losses(const std::string& output) {
+  std::vector<double> out;
+  for (size_t at = output.find("{'loss': "); at != std::string::npos; at = output.find("{'loss': ", at + 1))
+    out.push_back(std::stod(output.substr(at + 9, 16)));
+  return out;
+}
+
+}  // namespace
+
+// --task mlm on real text (the sentiment file's sentences, as JSON Lines and as a plain .txt
+// file of lines): the masked-LM loss falls, the evaluation reports perplexity = exp(eval_loss),
+// and the saved model is a RobertaForMaskedLM with the tensors transformers writes for one.
+TEST(TasksCli, MaskedLmLossFallsOnRealText) {
+  const std::string dir = testing_cli::fresh_dir("tasks_mlm");
+  {
+    std::ofstream lines(dir + "/text.txt");
+    for (const auto& r : sentiment_rows(200)) lines << r.at("text").get<std::string>() << "\n\n";
+  }
+  for (const std::string& data : {std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl", dir + "/text.txt"}) {
+    const std::string out = dir + (data.ends_with(".txt") ? "/run_txt" : "/run_jsonl");
+    const auto r = testing_cli::run_anatomy(
+        "train --device cpu --task mlm --model-name-or-path " + model_dir() + " --train-file " + data +
+        " --validation-split 0.1 --max-seq-length 32 --per-device-train-batch-size 16 --num-train-epochs 8"
+        " --learning-rate 3e-3 --logging-steps 11 --disable-tqdm --output-dir " + out);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::vector<double> losses = logged_losses(r.output);
+    ASSERT_GE(losses.size(), 4u) << r.output;
+    // From about log(400) = 6.0 (a random head over the 400 tokens) well down.
+    EXPECT_LT(losses.back(), 0.7 * losses.front()) << r.output;
+    const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
+    EXPECT_EQ(cfg.at("architectures"), nlohmann::json::array({"RobertaForMaskedLM"}));
+    const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+    ASSERT_TRUE(ev.contains("perplexity")) << ev.dump();
+    EXPECT_NEAR(ev.at("perplexity").get<double>(), std::exp(ev.at("eval_loss").get<double>()), 1e-6);
+    EXPECT_LT(ev.at("eval_loss").get<double>(), losses.front()) << ev.dump();
+  }
+}
+
+// DistilBERT has no masked-LM head here: refused by name before anything runs.
+TEST(TasksCli, MaskedLmRefusesOtherVariants) {
+  const std::string dir = testing_cli::fresh_dir("tasks_mlm_refused");
+  const auto r = testing_cli::run_anatomy("train --device cpu --task mlm --model-name-or-path " +
+                                          std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/distilbert" +
+                                          " --train-file " + std::string(ANATOMY_SOURCE_DIR) +
+                                          "/tests/data/text/sentiment.jsonl --max-steps 1 --output-dir " + dir + "/run");
+  testing_cli::expect_clean_error(r, "distilbert");
+}
