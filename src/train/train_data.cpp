@@ -200,6 +200,7 @@ BatchPlan TrainData::batch_plan(int64_t batch, uint64_t seed, bool group_by_leng
 TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   TrainData d;
   if (opt.train_file.empty()) {
+    ANATOMY_CHECK(!opt.masked_lm(), "--task mlm needs --train-file (a text file: JSONL, CSV or .txt lines)");
     ANATOMY_CHECK(opt.validation_file.empty(), "--validation-file needs --train-file (synthetic data has no file)");
     auto all = std::make_shared<SyntheticDataset>(parse_synthetic_kind(opt.dataset), static_cast<size_t>(opt.num_samples),
                                                   opt.seq_len, cfg.vocab_size, opt.seed);

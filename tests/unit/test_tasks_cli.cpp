@@ -292,3 +292,37 @@ TEST(TasksCli, MaskedLmRefusesOtherVariants) {
                                           "/tests/data/text/sentiment.jsonl --max-steps 1 --output-dir " + dir + "/run");
   testing_cli::expect_clean_error(r, "distilbert");
 }
+
+// plan_memory's categories are what --task mlm allocates: the head's [B*T, vocab] logits and
+// their gradient, h and its statistics, the token labels I32 [B, T] in Other; both placements.
+TEST(TasksPlan, MaskedLmPlanEqualsAllocated) {
+  const std::string dir = testing_cli::fresh_dir("tasks_plan_mlm");
+  for (const char* policy : {"none", "selective", "layer"})
+    for (const char* place : {"own", "in-activations"}) {
+      TrainOptions o;
+      o.task = "mlm";
+      o.model_name_or_path = model_dir();
+      o.train_file = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
+      o.dataset_cache_dir = dir;
+      o.device = DeviceChoice::Cpu;
+      o.seq_len = 24;
+      o.per_device_train_batch_size = 8;
+      o.max_steps = 2;
+      o.logging_steps = 0;
+      o.gradient_checkpointing = parse_checkpoint_policy(policy);
+      o.gradient_placement = place;
+      o.output_dir = dir + "/run";
+      o.overwrite_output_dir = true;
+      o.save_model = false;
+      o.disable_progress_bar = true;
+      TrainResult r = train(o);
+      BertConfig cfg = BertConfig::from_json_file(model_dir() + "/config.json");
+      cfg.architectures = {masked_lm_class(cfg)};
+      ModelShape s{8, 24, DType::F32, o.gradient_checkpointing, true, resolve_gradient_placement(place, 1), false};
+      MemoryPlan plan = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CPU});
+      for (int c = 0; c < kNumCategories; ++c)
+        EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c)) << " " << policy << " "
+                                                      << place;
+      EXPECT_TRUE(std::isfinite(r.last_loss));
+    }
+}
