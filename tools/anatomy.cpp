@@ -155,7 +155,10 @@ int run_eval(EvalFlags f) {
               static_cast<long long>(r.tokens),
               r.padded_tokens ? 100.0 * static_cast<double>(r.padded_tokens - r.computed_tokens) / r.padded_tokens : 0.0,
               static_cast<long long>(r.packed_batches), static_cast<long long>(r.batches));
-  if (r.labelled && r.problem == ProblemType::Regression)
+  if (r.labelled && r.masked_lm)
+    std::printf("eval_loss: %.4f (%lld masked tokens)\nperplexity: %.4f\n", r.loss, static_cast<long long>(r.scored_tokens),
+                r.perplexity);
+  else if (r.labelled && r.problem == ProblemType::Regression)
     std::printf("eval_loss: %.4f\neval_mse: %.4f\neval_pearson: %.4f\n", r.loss, r.mse, r.pearson);
   else if (r.labelled && r.problem == ProblemType::MultiLabel)
     std::printf("eval_loss: %.4f\neval_micro_f1: %.4f (threshold 0.5)\n", r.loss, r.micro_f1);

@@ -316,6 +316,12 @@ void write_predictions(const std::string& path, const EvalResult& r, const std::
   };
   const bool probs = r.probabilities.size() == static_cast<size_t>(r.samples * r.num_labels);
   std::string out;
+  if (r.masked_lm) {  // per text: its masked tokens' summed loss
+    for (int64_t i = 0; i < r.samples; ++i)
+      out += nlohmann::ordered_json{{"index", i}, {"masked_loss_sum", r.losses[static_cast<size_t>(i)]}}.dump() + "\n";
+    write_file_atomic(path, out);
+    return;
+  }
   if (has_float_labels(r.problem)) {
     for (int64_t i = 0; i < r.samples; ++i) out += float_prediction_line(r, i, id2label) + "\n";
     write_file_atomic(path, out);

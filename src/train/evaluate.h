@@ -121,7 +121,8 @@ EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, con
 nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix = "eval_");
 
 // One JSON line per sample, atomically: {"index", "prediction" (the id2label name),
-// "prediction_id", "label" and "label_id" (labelled only), "probabilities" (when kept)}.
+// "prediction_id", "label" and "label_id" (labelled only), "probabilities" (when kept)};
+// regression and multi-label as evaluate_float.h says; masked-LM {"index", "masked_loss_sum"}.
 void write_predictions(const std::string& path, const EvalResult& r, const std::map<int, std::string>& id2label);
 
 // --do-predict: the model's predictions for `ds` (read without labels), batches of `batch`, into

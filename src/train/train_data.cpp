@@ -172,6 +172,12 @@ TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, con
 
 std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tokenizer& tok, TextDataOptions to,
                                               const BertConfig& cfg) {
+  if (is_masked_lm(cfg)) {  // the texts, masked as for training (Note [masking]) with a fixed seed
+    to.label_column = "";
+    to.text_pair_column = "";
+    auto text = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
+    return std::make_shared<MaskedLMDataset>(text, masking_for(tok, "the model directory", 0.15, 42));
+  }
   const ProblemType p = problem_type_of(cfg);
   if (!has_float_labels(p) || to.label_column.empty()) {
     to.labels = LabelSet::from_id2label(cfg.id2label);  // the file's labels mean the model's classes

@@ -281,6 +281,13 @@ TEST(TasksCli, MaskedLmLossFallsOnRealText) {
     EXPECT_NEAR(ev.at("perplexity").get<double>(), std::exp(ev.at("eval_loss").get<double>()), 1e-6);
     EXPECT_LT(ev.at("eval_loss").get<double>(), losses.front()) << ev.dump();
   }
+  // `anatomy eval` of the saved model: perplexity on masked texts, a line per text.
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + dir + "/run_jsonl --eval-file " +
+                                          std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl" +
+                                          " --max-seq-length 32 --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("perplexity: "), std::string::npos) << e.output;
+  EXPECT_EQ(read_lines(dir + "/eval/predictions.jsonl").size(), 197u);
 }
 
 // DistilBERT has no masked-LM head here: refused by name before anything runs.
