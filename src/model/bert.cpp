@@ -67,6 +67,7 @@ struct BertForSequenceClassification::Acts {
                                                // (aliases cls without one), ELECTRA's GELU input
   Tensor logits, dlogits;                      // (B, C) compute dtype; masked-LM (R, V)
   Tensor lm_pre, lm_h, lm_rstd;                // masked-LM head: (R, H) GELU input, (R, H) output, (R)
+  Tensor tok_xd;                               // token classification: (R, H) dropped-out input (training)
   Tensor losses;                               // (B) F32
   // Temporary arena: forward's branch output and backward's gradients.
   Tensor t1, t2, t3;                           // (R, H)
@@ -110,6 +111,13 @@ struct BertForSequenceClassification::Acts {
 // gradient are the same. The one difference: a token equal to pad_token_id inside the text
 // (attention mask 1) takes position pad_token_id + 1 + t where transformers would give it
 // pad_token_id and not count it.
+// The token-classification head's dropout: classifier_dropout or hidden_dropout_prob, but for
+// DistilBERT its dropout (hidden_dropout_prob here; seq_classif_dropout is the sequence head's).
+static float token_head_dropout(const BertConfig& c) {
+  if (c.architecture == Architecture::DistilBert) return static_cast<float>(c.hidden_dropout_prob);
+  return static_cast<float>(c.classifier_dropout.value_or(c.hidden_dropout_prob));
+}
+
 static bool head_drops_input(const BertConfig& c) {
   return c.is_roberta() || c.architecture == Architecture::Electra;
 }
@@ -182,7 +190,9 @@ static std::vector<GradRange> gradient_ranges(const BertConfig& cfg, const Param
   const int64_t L = cfg.num_hidden_layers;
   std::vector<GradRange> out;
   auto first = [&](int64_t l) {
-    return lay.get(l < L ? layer_names(cfg, static_cast<int>(l)).q_w : param_names(cfg).head_dense_w).offset;
+    const ParamNames n = param_names(cfg);  // the head's first matrix (token classification has one)
+    return lay.get(l < L ? layer_names(cfg, static_cast<int>(l)).q_w : n.head_dense_w.empty() ? n.head_out_w : n.head_dense_w)
+        .offset;
   };
   out.push_back({0, first(0), stage_of_embeddings(L)});
   for (int64_t l = 0; l < L; ++l) out.push_back({first(l), first(l + 1), stage_of_layer(l, L)});
@@ -275,6 +285,15 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
   // The head: what outlives backward, then what the head's backward reads.
   if (is_masked_lm(cfg)) {
     carve_masked_lm_head(a, act, dt, B, R, H, cfg.vocab_size, training, open, close, stage_of_embeddings(L));
+  } else if (is_token_classification(cfg)) {  // Note [token classification head]
+    open();
+    a.logits = act.take(dt, {R, C});
+    a.losses = act.take(DType::F32, {B});
+    close(kAfterBackward);
+    open();
+    if (training) a.dlogits = act.take(dt, {R, C});
+    if (training && token_head_dropout(cfg) > 0) a.tok_xd = act.take(dt, {R, H});
+    close(kStageHead);
   } else {
   open();
   a.logits = act.take(dt, {B, C});
@@ -490,8 +509,9 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
   ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
                 " must be between 1 and ", cfg.max_sequence_length(), " (the positions of max_position_embeddings ",
                 cfg.max_position_embeddings, cfg.position_offset() ? " after pad_token_id + 1" : "", ")");
-  ANATOMY_CHECK(!(shape.packed_tokens && is_masked_lm(cfg)),
-                "training on real tokens (--skip-padding) is not supported with the masked-LM head (--task mlm)");
+  ANATOMY_CHECK(!(shape.packed_tokens && has_token_labels(cfg)),
+                "training on real tokens (--skip-padding) is not supported with a per-token head (--task mlm, "
+                "token-classification)");
   ANATOMY_CHECK(!(shape.packed_tokens && shape.checkpointing == CheckpointPolicy::Layer),
                 "training on real tokens does not combine with --gradient-checkpointing layer (use selective or none)");
   Allocator& al = be.allocator();
@@ -790,6 +810,8 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
   // The head on the first token, or the masked-LM head on every token.
   if (is_masked_lm(m_cfg)) {
     masked_lm_head_forward(a.x_in(static_cast<int>(L)));
+  } else if (is_token_classification(m_cfg)) {
+    token_head_forward(a.x_in(static_cast<int>(L)), training, base);
   } else {
     if (pk)
       m_be.gather_rows(a.cls, rows(a.x_in(static_cast<int>(L))), b.first_rows);
@@ -809,8 +831,8 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   const bool pk = a.packed_train && b.packed();
   const int64_t n = pk ? static_cast<int64_t>(b.token_rows.numel()) : B * T;
   auto rows = [&](const Tensor& t) { return pk ? t.slice(0, n) : t; };
-  const bool mlm = is_masked_lm(m_cfg);
-  if (mlm) {  // Note [masked LM head]: the mean over the masked tokens
+  const bool mlm = is_masked_lm(m_cfg), tokens = has_token_labels(m_cfg);
+  if (tokens) {  // Note [masked LM head]: the mean over the masked (labelled) tokens
     const float w = b.masked_tokens > 0 ? static_cast<float>(B) / static_cast<float>(b.masked_tokens) : 0.0f;
     m_be.token_cross_entropy(a.losses, a.dlogits, a.logits, b.labels, w, grad_scale * w);
   } else {
@@ -824,6 +846,8 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
 
   if (mlm) {
     masked_lm_head_backward(a.x_in(static_cast<int>(L)), a.t1, a.t2, a.t3);
+  } else if (tokens) {
+    token_head_backward(a.x_in(static_cast<int>(L)), a.t1, base);
   } else {
   head_backward(base);
   if (pk) {
@@ -869,7 +893,7 @@ void BertForSequenceClassification::forward_eval(const DeviceBatch& b) {
 }
 
 void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
-  ANATOMY_CHECK(!is_masked_lm(m_cfg), "internal error: packed batches are not supported with the masked-LM head");
+  ANATOMY_CHECK(!has_token_labels(m_cfg), "internal error: packed batches are not supported with a per-token head");
   const int64_t B = b.batch(), T = b.seq(), L = m_cfg.num_hidden_layers;
   const int64_t N = static_cast<int64_t>(b.token_rows.numel());
   ANATOMY_CHECK(b.token_rows.dtype == DType::I32 && b.token_rows.shape.rank == 1 && N >= B && N <= B * T,
@@ -1017,6 +1041,28 @@ void BertForSequenceClassification::head_backward(uint64_t base) {
   m_be.bias_grad(G(m_names.head_dense_b), a.hd1);
   m_be.matmul(a.hd2, a.hd1, Trans::N, W(m_names.head_dense_w), Trans::N, put);
   if (a.cls_d.data != a.cls.data) m_be.dropout_backward(a.hd2, a.hd2, drop(p, base, site_attn_out(L), true));
+}
+
+// Note [token classification head] (model/heads.h): logits = dropout(x) W^T + b on every token.
+void BertForSequenceClassification::token_head_forward(const Tensor& x, bool training, uint64_t base) {
+  Acts& a = *m_acts;
+  const int L = static_cast<int>(m_cfg.num_hidden_layers);
+  Tensor in = x;
+  if (training && a.tok_xd.defined()) {
+    m_be.dropout_forward(a.tok_xd, x, drop(token_head_dropout(m_cfg), base, site_attn_out(L), true));
+    in = a.tok_xd;
+  }
+  m_be.matmul(a.logits, in, Trans::N, W(m_names.head_out_w), Trans::T, {1, 0, Epilogue::Bias, W(m_names.head_out_b), {}});
+}
+
+void BertForSequenceClassification::token_head_backward(const Tensor& x, const Tensor& dx, uint64_t base) {
+  Acts& a = *m_acts;
+  const int L = static_cast<int>(m_cfg.num_hidden_layers);
+  const Tensor in = a.tok_xd.defined() ? a.tok_xd : x;
+  m_be.matmul(G(m_names.head_out_w), a.dlogits, Trans::T, in, Trans::N, {1, 1, Epilogue::None, {}, {}});
+  m_be.bias_grad(G(m_names.head_out_b), a.dlogits);
+  m_be.matmul(dx, a.dlogits, Trans::N, W(m_names.head_out_w), Trans::N, {1, 0, Epilogue::None, {}, {}});
+  if (a.tok_xd.defined()) m_be.dropout_backward(dx, dx, drop(token_head_dropout(m_cfg), base, site_attn_out(L), true));
 }
 
 // Note [masked LM head] (model/heads.h): h = LayerNorm(gelu(x Wd^T + bd)), logits = h E^T + b,

@@ -181,6 +181,8 @@ class BertForSequenceClassification {
   // The masked-LM head on the encoder output x [R, H] (Note [masked LM head] in model/heads.h).
   void masked_lm_head_forward(const Tensor& x);
   void masked_lm_head_backward(const Tensor& x, const Tensor& dx, const Tensor& d1, const Tensor& d2);
+  void token_head_forward(const Tensor& x, bool training, uint64_t dropout_base);
+  void token_head_backward(const Tensor& x, const Tensor& dx, uint64_t dropout_base);
   // The position table from the row the first token reads (Note [roberta positions]).
   Tensor position_table(const Tensor& flat) const;
   void layer_forward(int l, const Tensor& x, const Tensor& out, LayerActs& a, const DeviceBatch& b,

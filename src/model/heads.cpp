@@ -33,6 +33,20 @@ bool is_masked_lm(const BertConfig& cfg) {
   return a.size() > tail.size() && a.compare(a.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+bool is_token_classification(const BertConfig& cfg) {
+  if (cfg.architectures.empty()) return false;
+  const std::string& a = cfg.architectures.front();
+  const std::string tail = "ForTokenClassification";
+  return a.size() > tail.size() && a.compare(a.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+std::string token_classification_class(const BertConfig& cfg) {
+  const std::string seq = cfg.sequence_classification_class();
+  return seq.substr(0, seq.size() - std::string("SequenceClassification").size()) + "TokenClassification";
+}
+
+bool has_token_labels(const BertConfig& cfg) { return is_masked_lm(cfg) || is_token_classification(cfg); }
+
 std::string masked_lm_class(const BertConfig& cfg) {
   switch (cfg.architecture) {
     case Architecture::Bert: return "BertForMaskedLM";
@@ -50,7 +64,7 @@ DType label_dtype(const BertConfig& cfg) {
 }
 
 int64_t label_width(const BertConfig& cfg, int64_t seq) {
-  if (is_masked_lm(cfg)) return seq;
+  if (has_token_labels(cfg)) return seq;
   return has_float_labels(problem_type_of(cfg)) ? cfg.num_labels : 1;
 }
 

@@ -49,6 +49,16 @@ int64_t label_width(const BertConfig& cfg, int64_t seq);
 // DistilBERT and ELECTRA (whose generator is a different model) are refused by name; packed
 // batches (--skip-padding) are not supported with this head.
 bool is_masked_lm(const BertConfig& cfg);
+// Note [token classification head]
+// *ForTokenClassification (architectures names one; the trainer sets it for --task
+// token-classification): dropout then classifier (Linear H -> num_labels) on every token, the
+// same module under every variant's base prefix, no pooler. The loss is the cross-entropy over
+// the tokens whose label is not -100 (the first sub-token of each word), averaged over them, as
+// for the masked-LM head (DeviceBatch::masked_tokens counts them).
+bool is_token_classification(const BertConfig& cfg);
+std::string token_classification_class(const BertConfig& cfg);
+// Labels per token I32 [B, T] (masked-LM or token classification).
+bool has_token_labels(const BertConfig& cfg);
 // "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM"; throws for the others.
 std::string masked_lm_class(const BertConfig& cfg);
 

@@ -29,6 +29,11 @@ ParamNames param_names(const BertConfig& cfg) {
     n.head_out_b = p + "bias";
     return n;
   }
+  if (is_token_classification(cfg)) {  // Note [token classification head]: classifier only
+    n.head_out_w = "classifier.weight";
+    n.head_out_b = "classifier.bias";
+    return n;
+  }
   std::string dense, out;
   switch (cfg.architecture) {
     case Architecture::Bert: dense = "bert.pooler.dense."; out = "classifier."; break;
@@ -105,7 +110,7 @@ ParamLayout ParamLayout::for_sequence_classification(const BertConfig& cfg) {
     lay.add(p.ff1_w, {I, H}, true);
     lay.add(p.ff2_w, {H, I}, true);
   }
-  lay.add(n.head_dense_w, {H, H}, true);
+  if (!n.head_dense_w.empty()) lay.add(n.head_dense_w, {H, H}, true);
   if (!n.head_out_w.empty()) lay.add(n.head_out_w, {cfg.num_labels, H}, true);
   lay.m_decay_end = lay.m_total;
   // Group 2: no weight decay.
@@ -125,7 +130,7 @@ ParamLayout ParamLayout::for_sequence_classification(const BertConfig& cfg) {
     lay.add(p.ln2_w, {H}, false);
     lay.add(p.ln2_b, {H}, false);
   }
-  lay.add(n.head_dense_b, {H}, false);
+  if (!n.head_dense_b.empty()) lay.add(n.head_dense_b, {H}, false);
   if (!n.head_ln_w.empty()) {  // masked-LM: the transform's LayerNorm and the vocabulary bias
     lay.add(n.head_ln_w, {H}, false);
     lay.add(n.head_ln_b, {H}, false);

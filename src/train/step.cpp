@@ -51,7 +51,7 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
     const int64_t b = m_hb.batch, t = m_hb.seq;
     auto rows = [&](const Buffer& buf) { return buf.tensor().view({m_B * m_T}).slice(0, b * t).view({b, t}); };
     DeviceBatch db{rows(m_ids), rows(m_types), rows(m_mask), m_labels.tensor().slice(0, b)};
-    if (is_masked_lm(m_model.config())) {  // token labels [b, t] (Note [masked LM head])
+    if (has_token_labels(m_model.config())) {  // token labels [b, t] (Note [masked LM head])
       db.labels = rows(m_labels);
       for (int64_t i = 0; i < b * t; ++i) db.masked_tokens += m_hb.token_labels[static_cast<size_t>(i)] != -100;
     }

@@ -1,4 +1,4 @@
-// The CUDA engine on the masked-LM golden fixtures (tests/data/golden_mlm, written by
+// The CUDA engine on the per-token heads' golden fixtures (masked-LM and token classification, (tests/data/golden_mlm, written by
 // tests/golden/make_golden_mlm.py): fp32 within 1e-4 of transformers on the loss and every
 // gradient, bf16 within 2e-2 on the loss with cosine >= 0.999 per gradient, and the step equal to
 // its CPU twin (token_cross_entropy, the tied decoder's gradient after the embeddings').
@@ -83,7 +83,8 @@ TEST_P(GoldenMlmCuda, MatchesTransformersAndTheCpuTwin) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, GoldenMlmCuda, testing::Values("bert-mlm", "roberta-mlm"),
+INSTANTIATE_TEST_SUITE_P(Cases, GoldenMlmCuda,
+                         testing::Values("bert-mlm", "roberta-mlm", "bert-ner", "roberta-ner", "distilbert-ner"),
                          [](const testing::TestParamInfo<const char*>& i) {
                            std::string s = i.param;
                            for (char& c : s)

@@ -1,6 +1,7 @@
-// The masked-LM heads (Note [masked LM head] in model/heads.h) against transformers'
-// BertForMaskedLM and RobertaForMaskedLM on the same weights and batch (tests/data/golden_mlm,
-// written by tests/golden/make_golden_mlm.py): logits, the loss over the masked tokens, every
+// The per-token heads, masked-LM (Note [masked LM head] in model/heads.h) and token
+// classification (Note [token classification head]), against transformers' BertForMaskedLM,
+// RobertaForMaskedLM and {Bert,Roberta,DistilBert}ForTokenClassification on the same weights and
+// batch (tests/data/golden_mlm, written by tests/golden/make_golden_mlm.py): logits, the loss over the masked tokens, every
 // gradient (the tied decoder's inside the word embeddings'), 5 AdamW steps; saved with exactly
 // the tensors transformers wrote; the memory plan equal to what the model allocates.
 #include <gtest/gtest.h>
@@ -60,7 +61,7 @@ class GoldenMlm : public testing::TestWithParam<const char*> {};
 TEST_P(GoldenMlm, ForwardLossAndEveryGradientMatchTransformers) {
   const std::string d = mlm_dir(GetParam());
   Fixture f(d);
-  ASSERT_TRUE(is_masked_lm(f.cfg));
+  ASSERT_TRUE(has_token_labels(f.cfg));
   auto be = make_cpu_backend();
   for (GradientPlacement place : {GradientPlacement::Own, GradientPlacement::InActivations}) {
     BertForSequenceClassification model(*be, f.cfg, {f.B, f.T, DType::F32, CheckpointPolicy::None, true, place});
@@ -79,7 +80,7 @@ TEST_P(GoldenMlm, ForwardLossAndEveryGradientMatchTransformers) {
     // transformers': Note [roberta positions] in model/bert.cpp; nothing reads them).
     std::vector<float> logits = to_f32(*be, model.logits()), ref_logits = read_f32(f.ref, "logits");
     ASSERT_EQ(logits.size(), ref_logits.size());
-    const size_t V = static_cast<size_t>(f.cfg.vocab_size);
+    const size_t V = logits.size() / f.mask.size();  // vocab_size, or num_labels
     std::vector<float> ours, theirs;
     for (size_t r = 0; r < f.mask.size(); ++r)
       if (f.mask[r]) {
@@ -172,7 +173,8 @@ TEST_P(GoldenMlm, PlanEqualsAllocated) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, GoldenMlm, testing::Values("bert-mlm", "roberta-mlm"),
+INSTANTIATE_TEST_SUITE_P(Cases, GoldenMlm,
+                         testing::Values("bert-mlm", "roberta-mlm", "bert-ner", "roberta-ner", "distilbert-ner"),
                          [](const testing::TestParamInfo<const char*>& i) {
                            std::string s = i.param;
                            for (char& c : s)
