@@ -1,5 +1,5 @@
-// The CUDA engine on the per-token heads' golden fixtures (masked-LM and token classification, (tests/data/golden_mlm, written by
-// tests/golden/make_golden_mlm.py): fp32 within 1e-4 of transformers on the loss and every
+// The CUDA engine on the per-token heads' golden fixtures (masked-LM and token classification;
+// tests/data/golden_mlm, written by tests/golden/make_golden_mlm.py): fp32 within 1e-4 of transformers on the loss and every
 // gradient, bf16 within 2e-2 on the loss with cosine >= 0.999 per gradient, and the step equal to
 // its CPU twin (token_cross_entropy, the tied decoder's gradient after the embeddings').
 #include <gtest/gtest.h>
