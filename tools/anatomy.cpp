@@ -155,7 +155,10 @@ int run_eval(EvalFlags f) {
               static_cast<long long>(r.tokens),
               r.padded_tokens ? 100.0 * static_cast<double>(r.padded_tokens - r.computed_tokens) / r.padded_tokens : 0.0,
               static_cast<long long>(r.packed_batches), static_cast<long long>(r.batches));
-  if (r.labelled && r.masked_lm)
+  if (r.labelled && r.token_classification)
+    std::printf("eval_loss: %.4f\neval_precision: %.4f\neval_recall: %.4f\neval_f1: %.4f\neval_accuracy: %.4f\n", r.loss,
+                r.precision, r.recall, r.f1, r.accuracy);
+  else if (r.labelled && r.masked_lm)
     std::printf("eval_loss: %.4f (%lld masked tokens)\nperplexity: %.4f\n", r.loss, static_cast<long long>(r.scored_tokens),
                 r.perplexity);
   else if (r.labelled && r.problem == ProblemType::Regression)

@@ -60,11 +60,13 @@ std::vector<OptionSpec> build() {
        [](R& r, const V& v) { r.train.tokenizer = v.s; }, "differs: tokenizer_name is a local directory"});
   // ---- task ----
   add({"task", {}, OptType::Choice, kTrainPlan, "text-classification",
-       "What to train: text-classification (single-label, regression or multi-label, from the labels) or mlm "
-       "(masked-language modelling on the texts, as run_mlm.py; BERT, RoBERTa, XLM-R)",
+       "What to train: text-classification (single-label, regression or multi-label, from the labels), mlm "
+       "(masked-language modelling on the texts, as run_mlm.py; BERT, RoBERTa, XLM-R) or token-classification "
+       "(JSONL with a list of words and of their tags, as run_ner.py: --text-column tokens, --label-column ner_tags)",
        0, 0, false, false, false, false,
        {{"text-classification", "text-classification"}, {"sequence-classification", "text-classification"},
-        {"mlm", "mlm"}, {"fill-mask", "mlm"}},
+        {"mlm", "mlm"}, {"fill-mask", "mlm"}, {"token-classification", "token-classification"},
+        {"ner", "token-classification"}},
        [](R& r, const V& v) { r.train.task = v.s; }});
   add({"mlm-probability", {}, OptType::Float, kTrainPlan, "0.15",
        "--task mlm: the fraction of tokens masked (of them 80% [MASK], 10% a random token, 10% unchanged)", 0.001, 0.999,
@@ -278,9 +280,9 @@ std::vector<OptionSpec> build() {
        {{"loss", "eval_loss"}, {"eval_loss", "eval_loss"}, {"accuracy", "eval_accuracy"}, {"eval_accuracy", "eval_accuracy"},
         {"macro_f1", "eval_macro_f1"}, {"eval_macro_f1", "eval_macro_f1"}, {"mse", "eval_mse"}, {"eval_mse", "eval_mse"},
         {"pearson", "eval_pearson"}, {"eval_pearson", "eval_pearson"}, {"micro_f1", "eval_micro_f1"},
-        {"eval_micro_f1", "eval_micro_f1"}},
+        {"eval_micro_f1", "eval_micro_f1"}, {"f1", "eval_f1"}, {"eval_f1", "eval_f1"}},
        [](R& r, const V& v) { r.train.metric_for_best_model = v.s; },
-       "differs: the metrics anatomy computes (loss, accuracy, macro_f1; regression mse, pearson; multi-label micro_f1)"});
+       "differs: the metrics anatomy computes (loss, accuracy, macro_f1; regression mse, pearson; multi-label micro_f1; token classification f1)"});
   add({"greater-is-better", {}, OptType::Bool, kTrain, "false for loss, else true", "Whether a larger metric is better",
        0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.greater_is_better = v.b; }, "same"});
   add({"resume-from-checkpoint", {}, OptType::Text, kTrain, "",

@@ -36,7 +36,8 @@ EvalResult evaluate_over_ranks(BertForSequenceClassification& model, const Datas
     part = evaluate(model, slice, eo);
   }
   if (N == 1) return part;
-  ANATOMY_CHECK(!part.masked_lm, "evaluation of --task mlm over several ranks is not supported; evaluate with one process");
+  ANATOMY_CHECK(!part.masked_lm && !part.token_classification,
+                "evaluation of --task mlm or token-classification over several ranks is not supported; evaluate with one process");
   // Every rank's samples at their places in one buffer: predictions, labels, losses; summed.
   // Float labels (regression, multi-label) add the logits and targets [n, C] after them.
   const bool floats = has_float_labels(problem_type_of(model.config()));

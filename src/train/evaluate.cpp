@@ -134,6 +134,7 @@ Tensor front(const Buffer& buf, int64_t rows, int64_t cols) {
 
 EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& opt) {
   if (is_masked_lm(model.config())) return evaluate_masked_lm(model, ds, opt);
+  if (is_token_classification(model.config())) return evaluate_token_classification(model, ds, opt);
   const auto t0 = Clock::now();
   Backend& be = model.backend();
   const size_t n = ds.size();
@@ -281,7 +282,13 @@ EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, con
 
 nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix) {
   nlohmann::json j;
-  if (r.labelled && r.masked_lm) {
+  if (r.labelled && r.token_classification) {
+    j[prefix + "loss"] = r.loss;
+    j[prefix + "precision"] = r.precision;
+    j[prefix + "recall"] = r.recall;
+    j[prefix + "f1"] = r.f1;
+    j[prefix + "accuracy"] = r.accuracy;
+  } else if (r.labelled && r.masked_lm) {
     j[prefix + "loss"] = r.loss;
     j["perplexity"] = r.perplexity;  // run_mlm.py's key, without the prefix
     j[prefix + "scored_tokens"] = r.scored_tokens;
@@ -316,6 +323,15 @@ void write_predictions(const std::string& path, const EvalResult& r, const std::
   };
   const bool probs = r.probabilities.size() == static_cast<size_t>(r.samples * r.num_labels);
   std::string out;
+  if (r.token_classification) {  // per sentence: the tags of its words
+    for (int64_t i = 0; i < r.samples; ++i) {
+      nlohmann::ordered_json j{{"index", i}, {"prediction", r.word_predictions[static_cast<size_t>(i)]}};
+      if (r.labelled) j["label"] = r.word_labels[static_cast<size_t>(i)];
+      out += j.dump() + "\n";
+    }
+    write_file_atomic(path, out);
+    return;
+  }
   if (r.masked_lm) {  // per text: its masked tokens' summed loss
     for (int64_t i = 0; i < r.samples; ++i)
       out += nlohmann::ordered_json{{"index", i}, {"masked_loss_sum", r.losses[static_cast<size_t>(i)]}}.dump() + "\n";

@@ -103,7 +103,17 @@ struct EvalResult {
   bool masked_lm = false;
   int64_t scored_tokens = 0;
   double perplexity = kNaN;
+  // Token classification (Note [token classification head]): per sample the predicted and
+  // gold tag names of its words; entity-level precision, recall, F1 (CoNLL, data/token_tags.h)
+  // and the accuracy over the labelled tokens, as run_ner.py reports them.
+  bool token_classification = false;
+  std::vector<std::vector<std::string>> word_predictions, word_labels;
+  double precision = kNaN, recall = kNaN, f1 = kNaN;
 };
+
+// Token-classification evaluation (evaluate() calls it for a *ForTokenClassification model).
+EvalResult evaluate_token_classification(BertForSequenceClassification& model, const Dataset& ds,
+                                         const EvalOptions& options);
 
 // Masked-LM evaluation (evaluate() calls it for a *ForMaskedLM model): padded batches in the
 // dataset order of the masked samples, the loss computed on the host from the logits.

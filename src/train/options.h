@@ -41,6 +41,7 @@ struct TrainOptions {
   std::string task = "text-classification";
   double mlm_probability = 0.15;
   bool masked_lm() const { return task == "mlm"; }
+  bool token_classification() const { return task == "token-classification"; }
   // Data: synthetic, or a labelled text file (--train-file) tokenized with the model's tokenizer.
   std::string dataset = "seed";  // seed | learnable (synthetic; ignored with train_file)
   int64_t num_samples = 512;

@@ -65,7 +65,12 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
                                {"eval_samples_per_second", static_cast<double>(res.eval_samples) / rt},
                                {"eval_steps_per_second", static_cast<double>(res.eval_steps) / rt}};
     // The metrics of the problem type (Note [problem types] in model/heads.h).
-    if (res.problem_type == "masked_lm") {
+    if (res.problem_type == "token_classification") {
+      ev["eval_precision"] = res.eval_precision;
+      ev["eval_recall"] = res.eval_recall;
+      ev["eval_f1"] = res.eval_f1;
+      ev["eval_accuracy"] = res.eval_accuracy;
+    } else if (res.problem_type == "masked_lm") {
       ev["perplexity"] = res.eval_perplexity;
     } else if (res.problem_type == "regression") {
       ev["eval_mse"] = res.eval_mse;
@@ -76,7 +81,8 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
       ev["eval_accuracy"] = res.eval_accuracy;
       ev["eval_macro_f1"] = res.eval_macro_f1;
     }
-    for (const char* k : {"eval_accuracy", "eval_macro_f1", "eval_mse", "eval_pearson", "eval_micro_f1", "perplexity"})
+    for (const char* k : {"eval_accuracy", "eval_macro_f1", "eval_mse", "eval_pearson", "eval_micro_f1", "perplexity",
+                          "eval_precision", "eval_recall", "eval_f1"})
       if (ev.contains(k)) out[k] = ev[k];
     write_file_atomic((fs::path(opt.output_dir) / "eval_results.json").string(), ev.dump(4) + "\n");
     all.update(ev);
@@ -160,7 +166,10 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
   if (res.train_runtime > 0)
     std::printf("Data loading: the loop waited %.2f s for batches (%.1f%% of the run)\n", res.data_wait_s,
                 100.0 * res.data_wait_s / res.train_runtime);
-  if (res.eval_loss >= 0 && res.problem_type == "masked_lm")
+  if (res.eval_loss >= 0 && res.problem_type == "token_classification")
+    std::printf("Evaluation: loss %.4f, entities precision %.4f, recall %.4f, F1 %.4f, token accuracy %.4f\n",
+                res.eval_loss, res.eval_precision, res.eval_recall, res.eval_f1, res.eval_accuracy);
+  else if (res.eval_loss >= 0 && res.problem_type == "masked_lm")
     std::printf("Evaluation: loss %.4f (masked tokens), perplexity %.2f\n", res.eval_loss, res.eval_perplexity);
   else if (res.eval_loss >= 0 && res.problem_type == "regression")
     std::printf("Evaluation: loss %.4f, mse %.4f, pearson %.4f\n", res.eval_loss, res.eval_mse, res.eval_pearson);

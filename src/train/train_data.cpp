@@ -4,6 +4,7 @@
 #include "core/rng.h"
 #include "data/float_labels.h"
 #include "data/masked_lm.h"
+#include "data/token_tags.h"
 #include "data/tokenizer.h"
 #include "model/heads.h"
 
@@ -168,10 +169,66 @@ TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, con
   return d;
 }
 
+// The words and tags columns: run_ner.py's names unless the flags name others.
+TokenTagOptions token_tag_options(const std::string& text_column, const std::string& label_column, int64_t max_length) {
+  TokenTagOptions o;
+  o.words_column = text_column == "text" ? "tokens" : text_column;
+  o.tags_column = label_column == "label" ? "ner_tags" : label_column;
+  o.max_length = max_length;
+  return o;
+}
+
+// --task token-classification (Note [token classification head]): the tagged words, the head
+// sized and named for the file's tags (or mapped through a trained head's names).
+TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokenizer& tok, TrainData d) {
+  TokenTagOptions to = token_tag_options(opt.text_column, opt.label_column, opt.seq_len);
+  const LabelSet from_config = LabelSet::from_id2label(cfg.id2label);
+  if (from_config.kind == LabelSet::Kind::Names && !opt.ignore_mismatched_sizes) to.tags = from_config.names;
+  auto train = std::make_shared<TokenTagDataset>(opt.train_file, tok, to);
+  const std::vector<std::string>& tags = train->tag_names();
+  ANATOMY_CHECK(!opt.num_labels_given || opt.num_labels == static_cast<int64_t>(tags.size()), "--num-labels ",
+                opt.num_labels, " disagrees with --train-file ", opt.train_file, ", whose tags make ", tags.size());
+  const LabelSet names = train->integer_tags() ? LabelSet::ids(static_cast<int64_t>(tags.size())) : LabelSet::from_names(tags);
+  cfg.set_num_labels(static_cast<int64_t>(tags.size()));
+  cfg.id2label = names.id2label();
+  cfg.label2id = names.label2id();
+  d.labels = names;
+  std::vector<int64_t> lengths = train->lengths();
+  d.train = train;
+  if (!opt.validation_file.empty()) {
+    TokenTagOptions vo = to;
+    vo.tags = tags;
+    auto val = std::make_shared<TokenTagDataset>(opt.validation_file, tok, vo);
+    d.validation_lengths = val->lengths();
+    d.validation = val;
+  } else if (opt.validation_split > 0) {
+    TrainValSplit s = split(*train, opt.validation_split, opt.seed);
+    std::vector<int64_t> sub(s.train.size());
+    for (size_t i = 0; i < s.train.size(); ++i) sub[i] = lengths[s.train[i]];
+    for (size_t i : s.val) d.validation_lengths.push_back(lengths[i]);
+    lengths = std::move(sub);
+    d.train = std::make_shared<OwningSubset>(train, std::move(s.train));
+    d.validation = std::make_shared<OwningSubset>(train, std::move(s.val));
+  }
+  ANATOMY_CHECK(opt.test_file.empty(), "--test-file: predictions are written by `anatomy eval` for --task "
+                "token-classification (predictions.jsonl, the tags of each word)");
+  d.train_lengths = std::move(lengths);
+  d.description = str_cat(opt.train_file, ": ", d.train->size(), " tagged sentences, ", tags.size(), " tags",
+                          d.validation ? str_cat(", ", d.validation->size(), " for validation") : std::string());
+  return d;
+}
+
 }  // namespace
 
 std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tokenizer& tok, TextDataOptions to,
                                               const BertConfig& cfg) {
+  if (is_token_classification(cfg)) {  // the tagged words, mapped through the model's tags
+    TokenTagOptions o = token_tag_options(to.text_column, to.label_column, to.max_length);
+    const LabelSet names = LabelSet::from_id2label(cfg.id2label);
+    if (names.kind == LabelSet::Kind::Names) o.tags = names.names;
+    else o.num_ids = cfg.num_labels;
+    return std::make_shared<TokenTagDataset>(path, tok, o);
+  }
   if (is_masked_lm(cfg)) {  // the texts, masked as for training (Note [masking]) with a fixed seed
     to.label_column = "";
     to.text_pair_column = "";
@@ -240,6 +297,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   to.cache_dir = opt.dataset_cache_dir;
   to.source_flag = "--train-file";
   if (opt.masked_lm()) return load_masked_lm_data(opt, tok, tok_dir, std::move(d));
+  if (opt.token_classification()) return load_token_data(opt, cfg, tok, std::move(d));
   if (!opt.label_column.empty()) {
     const ProblemType p = resolve_problem_type(opt, cfg);
     if (has_float_labels(p)) return load_float_label_data(opt, cfg, tok, to, p, std::move(d));

@@ -81,7 +81,9 @@ BertConfig model_config(const TrainOptions& opt) {
                 " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings,
                 cfg.position_offset() ? str_cat(", of which ", cfg.max_sequence_length(), " follow pad_token_id") : "", ")");
   // What we train and save, whatever head it was saved with.
-  cfg.architectures = {opt.masked_lm() ? masked_lm_class(cfg) : cfg.sequence_classification_class()};
+  cfg.architectures = {opt.masked_lm()              ? masked_lm_class(cfg)
+                       : opt.token_classification() ? token_classification_class(cfg)
+                                                    : cfg.sequence_classification_class()};
   return cfg;
 }
 
@@ -275,7 +277,11 @@ void RankRun::evaluate_now(int64_t step) {
   m_res.eval_samples = ev.samples;
   m_res.eval_steps = ev.batches;
   m_eval_step = step;
-  m_res.problem_type = ev.masked_lm ? "masked_lm" : problem_type_name(ev.problem);
+  m_res.problem_type = ev.masked_lm ? "masked_lm" : ev.token_classification ? "token_classification"
+                                                                            : problem_type_name(ev.problem);
+  m_res.eval_precision = ev.precision;
+  m_res.eval_recall = ev.recall;
+  m_res.eval_f1 = ev.f1;
   m_res.eval_perplexity = ev.perplexity;
   m_res.eval_mse = ev.mse;
   m_res.eval_pearson = ev.pearson;
@@ -286,8 +292,9 @@ void RankRun::evaluate_now(int64_t step) {
                   : m == "eval_mse"      ? ev.mse
                   : m == "eval_pearson"  ? ev.pearson
                   : m == "eval_micro_f1" ? ev.micro_f1
+                  : m == "eval_f1"       ? ev.f1
                                          : ev.loss;
-  ANATOMY_CHECK(!std::isnan(m_eval_metric) || m == "eval_pearson" || ev.masked_lm, "--metric-for-best-model ", m,
+  ANATOMY_CHECK(!std::isnan(m_eval_metric) || m == "eval_pearson" || ev.masked_lm || ev.token_classification, "--metric-for-best-model ", m,
                 " is not computed for problem_type ", problem_type_name(ev.problem));
   if (m_lead) m_log->eval(step, ev);
 }

@@ -48,6 +48,7 @@ struct TrainResult {
   std::string problem_type = "single_label_classification";
   double eval_mse = -1, eval_pearson = -1, eval_micro_f1 = -1;
   double eval_perplexity = -1;  // --task mlm
+  double eval_precision = -1, eval_recall = -1, eval_f1 = -1;  // --task token-classification (entities)
   double eval_runtime = 0;
   int64_t eval_samples = 0, eval_steps = 0;  // eval_steps: the batches of the last evaluation
   double epoch = 0;                      // epochs done at the end (fractional)

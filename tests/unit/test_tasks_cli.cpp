@@ -13,6 +13,7 @@
 #include "../common/dirs.h"
 #include "core/error.h"
 #include "data/float_labels.h"
+#include "data/token_tags.h"
 #include "io/read_file.h"
 #include "memory/planner.h"
 #include "model/heads.h"
@@ -332,4 +333,125 @@ TEST(TasksPlan, MaskedLmPlanEqualsAllocated) {
                                                       << place;
       EXPECT_TRUE(std::isfinite(r.last_loss));
     }
+}
+
+namespace {
+
+// A small tagged corpus (BIO tags, strings): people, places and organizations in a few sentence
+// shapes, some names of two words (B-PER I-PER). `offset` varies the combinations.
+std::string write_tagged(const std::string& path, int n, int offset) {
+  const std::vector<std::vector<std::string>> people{{"John"}, {"Mary", "Smith"}, {"Alice"}, {"Bob"}, {"Paul", "Jones"}, {"Anna"}};
+  const std::vector<std::string> places{"Paris", "London", "Berlin", "Rome", "Madrid", "Oslo", "Vienna"};
+  const std::vector<std::string> orgs{"Google", "Siemens", "Nokia"};
+  std::ofstream out(path);
+  for (int i = 0; i < n; ++i) {
+    const int k = i + offset;
+    const auto& who = people[static_cast<size_t>(k) % people.size()];
+    const std::string& where = places[static_cast<size_t>(k * 3 + 1) % places.size()];
+    const std::string& org = orgs[static_cast<size_t>(k / 2) % orgs.size()];
+    std::vector<std::string> words, tags;
+    auto person = [&] {
+      for (size_t w = 0; w < who.size(); ++w) {
+        words.push_back(who[w]);
+        tags.push_back(w ? "I-PER" : "B-PER");
+      }
+    };
+    auto plain = [&](std::initializer_list<const char*> ws) {
+      for (const char* w : ws) {
+        words.push_back(w);
+        tags.push_back("O");
+      }
+    };
+    switch (k % 3) {
+      case 0: person(); plain({"lives", "in"}); words.push_back(where); tags.push_back("B-LOC"); break;
+      case 1: plain({"Yesterday"}); person(); plain({"visited"}); words.push_back(where); tags.push_back("B-LOC"); plain({"again"}); break;
+      default: person(); plain({"works", "at"}); words.push_back(org); tags.push_back("B-ORG"); plain({"in"});
+               words.push_back(where); tags.push_back("B-LOC"); break;
+    }
+    out << nlohmann::json{{"tokens", words}, {"ner_tags", tags}}.dump() << "\n";
+  }
+  return path;
+}
+
+}  // namespace
+
+TEST(EntityScores, ConllChunking) {
+  using V = std::vector<std::vector<std::string>>;
+  // Gold: PER [0,1], LOC [3]; predicted: PER [0,1] (right), LOC [3] as ORG (wrong), and an I-LOC
+  // after O that opens an entity of its own (wrong).
+  const V gold{{"B-PER", "I-PER", "O", "B-LOC", "O"}};
+  const V pred{{"B-PER", "I-PER", "O", "B-ORG", "I-LOC"}};
+  const EntityScores s = entity_scores(pred, gold);
+  EXPECT_EQ(s.gold, 2);
+  EXPECT_EQ(s.predicted, 3);
+  EXPECT_EQ(s.correct, 1);
+  EXPECT_NEAR(s.precision, 1.0 / 3, 1e-12);
+  EXPECT_NEAR(s.recall, 0.5, 1e-12);
+  EXPECT_NEAR(s.f1, 2 * (1.0 / 3) * 0.5 / (1.0 / 3 + 0.5), 1e-12);
+  // A span cut short is wrong; an entity that runs to the end counts.
+  EXPECT_EQ(entity_scores(V{{"B-PER", "O", "B-LOC"}}, V{{"B-PER", "I-PER", "B-LOC"}}).correct, 1);
+}
+
+// Token classification end to end: a small tagged file trains, the validation reports entity
+// precision/recall/F1, and `anatomy eval` writes each sentence's word tags.
+TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {
+  const std::string dir = testing_cli::fresh_dir("tasks_ner");
+  const std::string train = write_tagged(dir + "/train.jsonl", 150, 0), dev = write_tagged(dir + "/dev.jsonl", 30, 7);
+  const std::string out = dir + "/run";
+  const auto r = testing_cli::run_anatomy(
+      "train --device cpu --task token-classification --model-name-or-path " + model_dir() + " --train-file " + train +
+      " --validation-file " + dev + " --max-seq-length 32 --per-device-train-batch-size 16 --num-train-epochs 10"
+      " --learning-rate 3e-3 --logging-steps 20 --disable-tqdm --output-dir " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
+  EXPECT_EQ(cfg.at("architectures"), nlohmann::json::array({"RobertaForTokenClassification"}));
+  EXPECT_EQ(cfg.at("id2label").size(), 5u);  // B-LOC B-ORG B-PER I-PER O
+  const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+  ASSERT_TRUE(ev.contains("eval_f1")) << ev.dump();
+  EXPECT_GT(ev.at("eval_f1").get<double>(), 0.8) << ev.dump();
+  EXPECT_GT(ev.at("eval_accuracy").get<double>(), 0.9) << ev.dump();
+
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + dev +
+                                          " --max-seq-length 32 --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("eval_f1: "), std::string::npos) << e.output;
+  const auto preds = read_lines(dir + "/eval/predictions.jsonl");
+  ASSERT_EQ(preds.size(), 30u);
+  const auto dev_rows = read_lines(dev);
+  for (size_t i = 0; i < preds.size(); ++i) {
+    EXPECT_EQ(preds[i].at("prediction").size(), dev_rows[i].at("tokens").size()) << i;
+    EXPECT_EQ(preds[i].at("label"), dev_rows[i].at("ner_tags")) << i;
+  }
+}
+
+// plan_memory's categories are what --task token-classification allocates (logits [B*T, tags],
+// the token labels I32 [B, T] in Other), for each gradient placement.
+TEST(TasksPlan, TokenClassificationPlanEqualsAllocated) {
+  const std::string dir = testing_cli::fresh_dir("tasks_plan_ner");
+  const std::string data = write_tagged(dir + "/train.jsonl", 40, 0);
+  for (const char* place : {"own", "in-activations"}) {
+    TrainOptions o;
+    o.task = "token-classification";
+    o.model_name_or_path = model_dir();
+    o.train_file = data;
+    o.device = DeviceChoice::Cpu;
+    o.seq_len = 24;
+    o.per_device_train_batch_size = 8;
+    o.max_steps = 2;
+    o.logging_steps = 0;
+    o.gradient_placement = place;
+    o.output_dir = dir + "/run";
+    o.overwrite_output_dir = true;
+    o.save_model = false;
+    o.disable_progress_bar = true;
+    TrainResult r = train(o);
+    BertConfig cfg = BertConfig::from_json_file(model_dir() + "/config.json");
+    cfg.architectures = {token_classification_class(cfg)};
+    cfg.set_num_labels(5);
+    ModelShape s{8, 24, DType::F32, CheckpointPolicy::None, true, resolve_gradient_placement(place, 1), false};
+    MemoryPlan plan = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CPU});
+    for (int c = 0; c < kNumCategories; ++c)
+      EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c)) << " " << place;
+    EXPECT_TRUE(std::isfinite(r.last_loss));
+  }
 }
