@@ -27,7 +27,8 @@ const char* problem_type_name(ProblemType p);  // transformers' spelling
 bool has_float_labels(ProblemType p);
 
 // The device labels of a batch of `batch` x `seq` tokens: I32 [batch] (single-label), F32
-// [batch, num_labels] (regression, multi-label), I32 [batch, seq] (masked-LM); label_width is
+// [batch, num_labels] (regression, multi-label), I32 [batch, seq] (masked-LM, token
+// classification); label_width is
 // the elements per sample.
 DType label_dtype(const BertConfig& cfg);
 Shape label_shape(const BertConfig& cfg, int64_t batch, int64_t seq);
@@ -49,6 +50,9 @@ int64_t label_width(const BertConfig& cfg, int64_t seq);
 // DistilBERT and ELECTRA (whose generator is a different model) are refused by name; packed
 // batches (--skip-padding) are not supported with this head.
 bool is_masked_lm(const BertConfig& cfg);
+// "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM"; throws for the others.
+std::string masked_lm_class(const BertConfig& cfg);
+
 // Note [token classification head]
 // *ForTokenClassification (architectures names one; the trainer sets it for --task
 // token-classification): dropout then classifier (Linear H -> num_labels) on every token, the
@@ -59,8 +63,6 @@ bool is_token_classification(const BertConfig& cfg);
 std::string token_classification_class(const BertConfig& cfg);
 // Labels per token I32 [B, T] (masked-LM or token classification).
 bool has_token_labels(const BertConfig& cfg);
-// "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM"; throws for the others.
-std::string masked_lm_class(const BertConfig& cfg);
 
 // Per-sample losses F32 [B] and dlogits (may be undefined) for the batch's labels, by problem type.
 void sequence_loss(Backend& be, ProblemType p, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
