@@ -9,11 +9,23 @@
 
 namespace anatomy {
 
+// Runs a reader of `path` whose errors begin with the path, so that they name the flag too
+// ("--train-file x.jsonl: ..."), as the token cache's errors do.
+template <class F>
+static auto named(const char* flag, F&& read) {
+  try {
+    return read();
+  } catch (const Error& e) {
+    fail(flag, " ", e.what());
+  }
+}
+
 // Note [problem types] (model/heads.h): config.json's problem_type when it names one; else what
 // the training file's labels imply, as run_classification.py does (numbers -> regression, lists
 // -> multi-label); else transformers' rule (num_labels 1 -> regression).
 ProblemType resolve_problem_type(const TrainOptions& opt, const BertConfig& cfg) {
-  const LabelColumnKind col = sniff_label_column(opt.train_file, TextFormat::Auto, 0, opt.label_column);
+  const LabelColumnKind col =
+      named("--train-file", [&] { return sniff_label_column(opt.train_file, TextFormat::Auto, 0, opt.label_column); });
   if (cfg.problem_type) {
     const ProblemType p = problem_type_of(cfg);
     ANATOMY_CHECK(p != ProblemType::SingleLabel || col == LabelColumnKind::Classes, "--train-file ", opt.train_file,
@@ -51,7 +63,7 @@ TrainData load_float_label_data(const TrainOptions& opt, BertConfig& cfg, const 
     TextDataOptions x = to;
     x.source_flag = flag;
     auto text = std::make_shared<TextDataset>(TextDataset::load(path, tok, x));
-    FloatLabels labels = read_float_labels(path, TextFormat::Auto, 0, column, o);
+    FloatLabels labels = named(flag, [&] { return read_float_labels(path, TextFormat::Auto, 0, column, o); });
     ANATOMY_CHECK(labels.size() == text->size(), flag, " ", path, ": ", labels.size(), " labels for ", text->size(),
                   " texts");
     return std::make_pair(text, std::make_shared<FloatLabelDataset>(text, std::move(labels)));
@@ -109,7 +121,7 @@ TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, con
   auto texts = [&](const std::string& path, const char* flag, std::vector<int64_t>& lengths) {
     std::shared_ptr<const Dataset> base;
     if (path.size() > 4 && path.compare(path.size() - 4, 4, ".txt") == 0) {
-      auto lines = std::make_shared<LinesDataset>(path, tok, opt.seq_len);
+      auto lines = named(flag, [&] { return std::make_shared<LinesDataset>(path, tok, opt.seq_len); });
       lengths = lines->lengths();
       base = lines;
     } else {
@@ -167,7 +179,7 @@ TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokeni
   TokenTagOptions to = token_tag_options(opt.text_column, opt.label_column, opt.seq_len);
   const LabelSet from_config = LabelSet::from_id2label(cfg.id2label);
   if (from_config.kind == LabelSet::Kind::Names && !opt.ignore_mismatched_sizes) to.tags = from_config.names;
-  auto train = std::make_shared<TokenTagDataset>(opt.train_file, tok, to);
+  auto train = named("--train-file", [&] { return std::make_shared<TokenTagDataset>(opt.train_file, tok, to); });
   const std::vector<std::string>& tags = train->tag_names();
   ANATOMY_CHECK(!opt.num_labels_given || opt.num_labels == static_cast<int64_t>(tags.size()), "--num-labels ",
                 opt.num_labels, " disagrees with --train-file ", opt.train_file, ", whose tags make ", tags.size());
@@ -181,7 +193,7 @@ TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokeni
   if (!opt.validation_file.empty()) {
     TokenTagOptions vo = to;
     vo.tags = tags;
-    auto val = std::make_shared<TokenTagDataset>(opt.validation_file, tok, vo);
+    auto val = named("--validation-file", [&] { return std::make_shared<TokenTagDataset>(opt.validation_file, tok, vo); });
     d.validation_lengths = val->lengths();
     d.validation = val;
   } else if (opt.validation_split > 0) {
