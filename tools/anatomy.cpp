@@ -22,6 +22,7 @@
 #include "telemetry/report.h"
 #include "train/evaluate.h"
 #include "train/setup.h"
+#include "train/train_data.h"
 #include "train/trainer.h"
 
 using namespace anatomy;
@@ -111,8 +112,8 @@ int run_eval(EvalFlags f) {
   topt.label_column = f.label_column;
   topt.max_length = f.max_seq_length;
   topt.cache_dir = f.cache_dir;
-  topt.labels = LabelSet::from_id2label(cfg.id2label);  // the file's labels mean the model's classes
-  const TextDataset data = TextDataset::load(f.eval_file, tok, topt);
+  const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg);
+  const Dataset& data = *eval_data;
 
   // The inference-only model: no gradients, no optimizer state, one layer's activations.
   const ModelShape shape{f.batch, f.max_seq_length, compute_dtype(precision), CheckpointPolicy::None, false};
@@ -154,7 +155,17 @@ int run_eval(EvalFlags f) {
               static_cast<long long>(r.tokens),
               r.padded_tokens ? 100.0 * static_cast<double>(r.padded_tokens - r.computed_tokens) / r.padded_tokens : 0.0,
               static_cast<long long>(r.packed_batches), static_cast<long long>(r.batches));
-  if (r.labelled)
+  if (r.labelled && r.token_classification)
+    std::printf("eval_loss: %.4f\neval_precision: %.4f\neval_recall: %.4f\neval_f1: %.4f\neval_accuracy: %.4f\n", r.loss,
+                r.precision, r.recall, r.f1, r.accuracy);
+  else if (r.labelled && r.masked_lm)
+    std::printf("eval_loss: %.4f (%lld masked tokens)\nperplexity: %.4f\n", r.loss, static_cast<long long>(r.scored_tokens),
+                r.perplexity);
+  else if (r.labelled && r.problem == ProblemType::Regression)
+    std::printf("eval_loss: %.4f\neval_mse: %.4f\neval_pearson: %.4f\n", r.loss, r.mse, r.pearson);
+  else if (r.labelled && r.problem == ProblemType::MultiLabel)
+    std::printf("eval_loss: %.4f\neval_micro_f1: %.4f (threshold 0.5)\n", r.loss, r.micro_f1);
+  else if (r.labelled)
     std::printf("eval_loss: %.4f\neval_accuracy: %.4f\neval_macro_f1: %.4f\n", r.loss, r.accuracy, r.macro_f1);
   else
     std::printf("No labels (--label-column is empty): predictions only\n");

@@ -58,6 +58,19 @@ std::vector<OptionSpec> build() {
   add({"tokenizer", {"tokenizer-name"}, OptType::Text, kAll, "the model's",
        "Directory with vocab.txt or tokenizer.json", 0, 0, false, false, false, true, {},
        [](R& r, const V& v) { r.train.tokenizer = v.s; }, "differs: tokenizer_name is a local directory"});
+  // ---- task ----
+  add({"task", {}, OptType::Choice, kTrainPlan, "text-classification",
+       "What to train: text-classification (single-label, regression or multi-label, from the labels), mlm "
+       "(masked-language modelling on the texts, as run_mlm.py; BERT, RoBERTa, XLM-R) or token-classification "
+       "(JSONL with a list of words and of their tags, as run_ner.py: --text-column tokens, --label-column ner_tags)",
+       0, 0, false, false, false, false,
+       {{"text-classification", "text-classification"}, {"sequence-classification", "text-classification"},
+        {"mlm", "mlm"}, {"fill-mask", "mlm"}, {"token-classification", "token-classification"},
+        {"ner", "token-classification"}},
+       [](R& r, const V& v) { r.train.task = v.s; }});
+  add({"mlm-probability", {}, OptType::Float, kTrainPlan, "0.15",
+       "--task mlm: the fraction of tokens masked (of them 80% [MASK], 10% a random token, 10% unchanged)", 0.001, 0.999,
+       false, true, false, false, {}, [](R& r, const V& v) { r.train.mlm_probability = v.d; }});
   // ---- data ----
   add({"dataset", {}, OptType::Choice, kTrainPlan, "seed", "Synthetic data without --train-file: seed (random ids) or learnable",
        0, 0, false, false, false, false, {{"seed", "seed"}, {"learnable", "learnable"}},
@@ -265,9 +278,11 @@ std::vector<OptionSpec> build() {
   add({"metric-for-best-model", {}, OptType::Choice, kTrain, "loss", "With --load-best-model-at-end: what makes a checkpoint best",
        0, 0, false, false, false, false,
        {{"loss", "eval_loss"}, {"eval_loss", "eval_loss"}, {"accuracy", "eval_accuracy"}, {"eval_accuracy", "eval_accuracy"},
-        {"macro_f1", "eval_macro_f1"}, {"eval_macro_f1", "eval_macro_f1"}},
+        {"macro_f1", "eval_macro_f1"}, {"eval_macro_f1", "eval_macro_f1"}, {"mse", "eval_mse"}, {"eval_mse", "eval_mse"},
+        {"pearson", "eval_pearson"}, {"eval_pearson", "eval_pearson"}, {"micro_f1", "eval_micro_f1"},
+        {"eval_micro_f1", "eval_micro_f1"}, {"f1", "eval_f1"}, {"eval_f1", "eval_f1"}},
        [](R& r, const V& v) { r.train.metric_for_best_model = v.s; },
-       "differs: the metrics anatomy computes (loss, accuracy, macro_f1)"});
+       "differs: the metrics anatomy computes (loss, accuracy, macro_f1; regression mse, pearson; multi-label micro_f1; token classification f1)"});
   add({"greater-is-better", {}, OptType::Bool, kTrain, "false for loss, else true", "Whether a larger metric is better",
        0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.greater_is_better = v.b; }, "same"});
   add({"resume-from-checkpoint", {}, OptType::Text, kTrain, "",

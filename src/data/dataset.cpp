@@ -18,6 +18,7 @@ void HostBatch::resize(int64_t B, int64_t T) {
   token_type_ids.assign(B * T, 0);
   attention_mask.assign(B * T, 0);
   labels.assign(B, 0);
+  targets.assign(B * target_width, 0.0f);
 }
 
 SyntheticKind parse_synthetic_kind(const std::string& s) {

@@ -12,10 +12,15 @@
 
 namespace anatomy {
 
-// One batch on the host: I32 ids, token types and mask [B, T] row-major; labels [B].
+// One batch on the host: I32 ids, token types and mask [B, T] row-major; labels [B]. Float
+// labels (regression, multi-label: data/float_labels.h) in targets [B, target_width] instead.
 struct HostBatch {
   int64_t batch = 0, seq = 0;
   std::vector<int32_t> input_ids, token_type_ids, attention_mask, labels;
+  int64_t target_width = 0;  // 0: class labels
+  std::vector<float> targets;
+  // Masked-LM (data/masked_lm.h): per-token labels [B, T], -100 where a token is not scored.
+  std::vector<int32_t> token_labels;
   void resize(int64_t B, int64_t T);
 };
 

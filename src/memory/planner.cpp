@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "dist/zero.h"
+#include "model/heads.h"
 #include "model/params.h"
 #include "optim/grad_norm.h"
 #include "ops/backend_memory.h"
@@ -102,9 +103,10 @@ MemoryPlan plan_categories(const PlanInput& in) {
       p.bytes[Category::Temporary] += static_cast<int64_t>(attention_scratch_bytes(
           s.max_batch, s.max_seq, static_cast<int>(c.num_attention_heads), static_cast<int>(c.head_dim()), s.compute));
   }
-  // The trainer's device batch: ids, token types, mask [B, T] and labels [B] in I32, the
-  // gradient norm with its block partials (GradNorm) and the step's per-sample loss sums (F32 [B]).
-  p.bytes[Category::Other] = 12 * s.max_batch * s.max_seq + 4 * s.max_batch +
+  // The trainer's device batch: ids, token types, mask [B, T] in I32 and labels (I32 [B], or
+  // F32 [B, num_labels] for regression and multi-label, I32 [B, T] for masked-LM: model/heads.h), the gradient norm with
+  // its block partials (GradNorm) and the step's per-sample loss sums (F32 [B]).
+  p.bytes[Category::Other] = 12 * s.max_batch * s.max_seq + 4 * s.max_batch * label_width(c, s.max_seq) +
                              static_cast<int64_t>(GradNorm::bytes(static_cast<size_t>(n))) + 4 * s.max_batch;
   // Training on real tokens: the packing index, token rows I32 [B*T] and first rows I32 [B].
   if (s.training && s.packed_tokens) p.bytes[Category::Other] += 4 * (s.max_batch * s.max_seq + s.max_batch);

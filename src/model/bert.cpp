@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/rng.h"
+#include "model/heads.h"
 
 namespace anatomy {
 
@@ -64,7 +65,9 @@ struct BertForSequenceClassification::Acts {
   Tensor cls, pooled, pooled_d;                // (B, H) each; pooled_d aliases pooled without dropout
   Tensor cls_d, head_pre;                      // (B, H): the head's input after its first dropout
                                                // (aliases cls without one), ELECTRA's GELU input
-  Tensor logits, dlogits;                      // (B, C) compute dtype
+  Tensor logits, dlogits;                      // (B, C) compute dtype; masked-LM (R, V)
+  Tensor lm_pre, lm_h, lm_rstd;                // masked-LM head: (R, H) GELU input, (R, H) output, (R)
+  Tensor tok_xd;                               // token classification: (R, H) dropped-out input (training)
   Tensor losses;                               // (B) F32
   // Temporary arena: forward's branch output and backward's gradients.
   Tensor t1, t2, t3;                           // (R, H)
@@ -108,6 +111,13 @@ struct BertForSequenceClassification::Acts {
 // gradient are the same. The one difference: a token equal to pad_token_id inside the text
 // (attention mask 1) takes position pad_token_id + 1 + t where transformers would give it
 // pad_token_id and not count it.
+// The token-classification head's dropout: classifier_dropout or hidden_dropout_prob, but for
+// DistilBERT its dropout (hidden_dropout_prob here; seq_classif_dropout is the sequence head's).
+static float token_head_dropout(const BertConfig& c) {
+  if (c.architecture == Architecture::DistilBert) return static_cast<float>(c.hidden_dropout_prob);
+  return static_cast<float>(c.classifier_dropout.value_or(c.hidden_dropout_prob));
+}
+
 static bool head_drops_input(const BertConfig& c) {
   return c.is_roberta() || c.architecture == Architecture::Electra;
 }
@@ -213,7 +223,9 @@ static std::vector<GradRange> gradient_ranges(const BertConfig& cfg, const Param
   const int64_t L = cfg.num_hidden_layers;
   std::vector<GradRange> out;
   auto first = [&](int64_t l) {
-    return lay.get(l < L ? layer_names(cfg, static_cast<int>(l)).q_w : param_names(cfg).head_dense_w).offset;
+    const ParamNames n = param_names(cfg);  // the head's first matrix (token classification has one)
+    return lay.get(l < L ? layer_names(cfg, static_cast<int>(l)).q_w : n.head_dense_w.empty() ? n.head_out_w : n.head_dense_w)
+        .offset;
   };
   out.push_back({0, first(0), stage_of_embeddings(L)});
   for (int64_t l = 0; l < L; ++l) out.push_back({first(l), first(l + 1), stage_of_layer(l, L)});
@@ -269,6 +281,26 @@ ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   return out;
 }
 
+// The masked-LM head's tensors (Note [masked LM head] in model/heads.h): the logits and losses
+// outlive backward; dlogits and the transformed hidden state h are read by the decoder's
+// gradient after the embeddings' backward; the GELU input and LayerNorm statistics by the head's.
+template <class Open, class Close>
+static void carve_masked_lm_head(BertForSequenceClassification::Acts& a, Arena& act, DType dt, int64_t B, int64_t R,
+                                 int64_t H, int64_t V, bool training, Open open, Close close, int embeddings_stage) {
+  open();
+  a.logits = act.take(dt, {R, V});
+  a.losses = act.take(DType::F32, {B});
+  close(kAfterBackward);
+  open();
+  if (training) a.dlogits = act.take(dt, {R, V});
+  a.lm_h = act.take(dt, {R, H});
+  close(embeddings_stage);
+  open();
+  a.lm_pre = act.take(dt, {R, H});
+  a.lm_rstd = act.take(DType::F32, {R});
+  close(kStageHead);
+}
+
 static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
                        DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training, bool packed_tokens,
                        std::vector<ActRegion>* regions) {
@@ -284,6 +316,18 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
     if (regions) regions->push_back({mark, act.used(), last_stage});
   };
   // The head: what outlives backward, then what the head's backward reads.
+  if (is_masked_lm(cfg)) {
+    carve_masked_lm_head(a, act, dt, B, R, H, cfg.vocab_size, training, open, close, stage_of_embeddings(L));
+  } else if (is_token_classification(cfg)) {  // Note [token classification head]
+    open();
+    a.logits = act.take(dt, {R, C});
+    a.losses = act.take(DType::F32, {B});
+    close(kAfterBackward);
+    open();
+    if (training) a.dlogits = act.take(dt, {R, C});
+    if (training && token_head_dropout(cfg) > 0) a.tok_xd = act.take(dt, {R, H});
+    close(kStageHead);
+  } else {
   open();
   a.logits = act.take(dt, {B, C});
   a.dlogits = act.take(dt, {B, C});
@@ -298,6 +342,7 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
   a.pooled = act.take(dt, {B, H});
   a.pooled_d = head_drop ? act.take(dt, {B, H}) : a.pooled;
   close(kStageHead);
+  }
   // The embeddings (their sum is scratch: the LayerNorm's backward reads its output).
   const int64_t E = cfg.embedding_width();
   open();
@@ -505,6 +550,9 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
   ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
                 " must be between 1 and ", cfg.max_sequence_length(), " (the positions of max_position_embeddings ",
                 cfg.max_position_embeddings, cfg.position_offset() ? " after pad_token_id + 1" : "", ")");
+  ANATOMY_CHECK(!(shape.packed_tokens && has_token_labels(cfg)),
+                "training on real tokens (--skip-padding) is not supported with a per-token head (--task mlm, "
+                "token-classification)");
   ANATOMY_CHECK(!(shape.packed_tokens && shape.checkpointing == CheckpointPolicy::Layer),
                 "training on real tokens does not combine with --gradient-checkpointing layer (use selective or none)");
   Allocator& al = be.allocator();
@@ -803,12 +851,18 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
       layer_forward(l, a.x_in(l), a.x_out(l), la, b, training, base, a.t1);
     }
   }
-  // The head on the first token.
-  if (pk)
-    m_be.gather_rows(a.cls, rows(a.x_in(static_cast<int>(L))), b.first_rows);
-  else
-    m_be.select_token(a.cls, a.x_in(static_cast<int>(L)).view({B, T, H}), 0);
-  head_forward(training, base);
+  // The head on the first token, or the masked-LM head on every token.
+  if (is_masked_lm(m_cfg)) {
+    masked_lm_head_forward(a.x_in(static_cast<int>(L)));
+  } else if (is_token_classification(m_cfg)) {
+    token_head_forward(a.x_in(static_cast<int>(L)), training, base);
+  } else {
+    if (pk)
+      m_be.gather_rows(a.cls, rows(a.x_in(static_cast<int>(L))), b.first_rows);
+    else
+      m_be.select_token(a.cls, a.x_in(static_cast<int>(L)).view({B, T, H}), 0);
+    head_forward(training, base);
+  }
   m_losses = a.losses;
   m_logits = a.logits;
   m_hidden = pk ? Tensor() : a.x_in(static_cast<int>(L)).view({B, T, H});
@@ -821,19 +875,31 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   const bool pk = a.packed_train && b.packed();
   const int64_t n = pk ? static_cast<int64_t>(b.token_rows.numel()) : B * T;
   auto rows = [&](const Tensor& t) { return pk ? t.slice(0, n) : t; };
-  m_be.cross_entropy(a.losses, a.dlogits, a.logits, b.labels, grad_scale);
+  const bool mlm = is_masked_lm(m_cfg), tokens = has_token_labels(m_cfg);
+  if (tokens) {  // Note [masked LM head]: the mean over the masked (labelled) tokens
+    const float w = b.masked_tokens > 0 ? static_cast<float>(B) / static_cast<float>(b.masked_tokens) : 0.0f;
+    m_be.token_cross_entropy(a.losses, a.dlogits, a.logits, b.labels, w, grad_scale * w);
+  } else {
+    sequence_loss(m_be, problem_type_of(m_cfg), a.losses, a.dlogits, a.logits, b.labels, grad_scale);
+  }
   m_be.set_phase(Phase::Backward);
   // Gradients in freed activations: each stage's range is zeroed just before it is written.
   const bool overlaid = m_act_block.data() != nullptr;
   const auto& ranges = m_grad_ranges;  // [embeddings, layer 0 .. L-1, tail]
   if (overlaid) zero_grad_range(ranges.back().first, ranges.back().second);
 
+  if (mlm) {
+    masked_lm_head_backward(a.x_in(static_cast<int>(L)), a.t1, a.t2, a.t3);
+  } else if (tokens) {
+    token_head_backward(a.x_in(static_cast<int>(L)), a.t1, base);
+  } else {
   head_backward(base);
   if (pk) {
     m_be.fill(rows(a.t1), 0.0f);
     m_be.scatter_rows(rows(a.t1), a.hd2, b.first_rows);
   } else {
     m_be.select_token_backward(a.t1.view({B, T, H}), a.hd2, 0);
+  }
   }
 
   // Encoder layers in reverse; the gradient rotates through t1, t2, t3.
@@ -858,6 +924,8 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   }
   if (overlaid) zero_grad_range(ranges.front().first, ranges.front().second);
   embeddings_backward(b, base, pk ? n : -1, X1, X2, X3);
+  if (mlm)  // the tied decoder's gradient: E += dlogits^T h (after the embeddings' range was zeroed)
+    m_be.matmul(G(m_names.word), a.dlogits, Trans::T, a.lm_h, Trans::N, {1, 1, Epilogue::None, {}, {}});
   if (overlaid) m_hidden = Tensor();  // its memory now holds gradients
 }
 
@@ -869,6 +937,7 @@ void BertForSequenceClassification::forward_eval(const DeviceBatch& b) {
 }
 
 void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
+  ANATOMY_CHECK(!has_token_labels(m_cfg), "internal error: packed batches are not supported with a per-token head");
   const int64_t B = b.batch(), T = b.seq(), L = m_cfg.num_hidden_layers;
   const int64_t N = static_cast<int64_t>(b.token_rows.numel());
   ANATOMY_CHECK(b.token_rows.dtype == DType::I32 && b.token_rows.shape.rank == 1 && N >= B && N <= B * T,
@@ -1016,6 +1085,57 @@ void BertForSequenceClassification::head_backward(uint64_t base) {
   m_be.bias_grad(G(m_names.head_dense_b), a.hd1);
   m_be.matmul(a.hd2, a.hd1, Trans::N, W(m_names.head_dense_w), Trans::N, put);
   if (a.cls_d.data != a.cls.data) m_be.dropout_backward(a.hd2, a.hd2, drop(p, base, site_attn_out(L), true));
+}
+
+// Note [token classification head] (model/heads.h): logits = dropout(x) W^T + b on every token.
+void BertForSequenceClassification::token_head_forward(const Tensor& x, bool training, uint64_t base) {
+  Acts& a = *m_acts;
+  const int L = static_cast<int>(m_cfg.num_hidden_layers);
+  Tensor in = x;
+  if (training && a.tok_xd.defined()) {
+    m_be.dropout_forward(a.tok_xd, x, drop(token_head_dropout(m_cfg), base, site_attn_out(L), true));
+    in = a.tok_xd;
+  }
+  m_be.matmul(a.logits, in, Trans::N, W(m_names.head_out_w), Trans::T, {1, 0, Epilogue::Bias, W(m_names.head_out_b), {}});
+}
+
+void BertForSequenceClassification::token_head_backward(const Tensor& x, const Tensor& dx, uint64_t base) {
+  Acts& a = *m_acts;
+  const int L = static_cast<int>(m_cfg.num_hidden_layers);
+  const Tensor in = a.tok_xd.defined() ? a.tok_xd : x;
+  m_be.matmul(G(m_names.head_out_w), a.dlogits, Trans::T, in, Trans::N, {1, 1, Epilogue::None, {}, {}});
+  m_be.bias_grad(G(m_names.head_out_b), a.dlogits);
+  m_be.matmul(dx, a.dlogits, Trans::N, W(m_names.head_out_w), Trans::N, {1, 0, Epilogue::None, {}, {}});
+  if (a.tok_xd.defined()) m_be.dropout_backward(dx, dx, drop(token_head_dropout(m_cfg), base, site_attn_out(L), true));
+}
+
+// Note [masked LM head] (model/heads.h): h = LayerNorm(gelu(x Wd^T + bd)), logits = h E^T + b,
+// the GELU output in t1 (scratch: the layers are done with it).
+void BertForSequenceClassification::masked_lm_head_forward(const Tensor& x) {
+  Acts& a = *m_acts;
+  m_be.matmul(a.t1, x, Trans::N, W(m_names.head_dense_w), Trans::T,
+              {1, 0, Epilogue::BiasGelu, W(m_names.head_dense_b), a.lm_pre});
+  m_be.layernorm_forward(a.lm_h, Tensor(), a.mean, a.lm_rstd, a.t1, Tensor(), W(m_names.head_ln_w),
+                         W(m_names.head_ln_b), static_cast<float>(m_cfg.layer_norm_eps), {});
+  m_be.matmul(a.logits, a.lm_h, Trans::N, W(m_names.word), Trans::T,
+              {1, 0, Epilogue::Bias, W(m_names.head_out_b), {}});
+}
+
+// From a.dlogits to the encoder output's gradient in dx (d1, d2 scratch [R, H]); the decoder's
+// gradient into the word embeddings comes after the embeddings' backward (forward_backward).
+void BertForSequenceClassification::masked_lm_head_backward(const Tensor& x, const Tensor& dx, const Tensor& d1,
+                                                            const Tensor& d2) {
+  Acts& a = *m_acts;
+  const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};
+  const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
+  m_be.bias_grad(G(m_names.head_out_b), a.dlogits);
+  m_be.matmul(d1, a.dlogits, Trans::N, W(m_names.word), Trans::N, put);  // dh = dlogits E
+  m_be.layernorm_backward(d2, Tensor(), G(m_names.head_ln_w), G(m_names.head_ln_b), d1, a.lm_h, a.lm_rstd,
+                          W(m_names.head_ln_w), W(m_names.head_ln_b), {});
+  m_be.gelu_backward(d2, d2, a.lm_pre);
+  m_be.matmul(G(m_names.head_dense_w), d2, Trans::T, x, Trans::N, acc);
+  m_be.bias_grad(G(m_names.head_dense_b), d2);
+  m_be.matmul(dx, d2, Trans::N, W(m_names.head_dense_w), Trans::N, put);
 }
 
 }  // namespace anatomy

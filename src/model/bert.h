@@ -29,13 +29,17 @@ enum class CheckpointPolicy : uint8_t { None, Layer, Selective };
 const char* checkpoint_policy_name(CheckpointPolicy p);
 CheckpointPolicy parse_checkpoint_policy(const std::string& s);  // throws with the flag name
 
-// A batch on the backend's device: ids, token types and mask I32 [B, T], labels I32 [B].
+// A batch on the backend's device: ids, token types and mask I32 [B, T]; labels I32 [B], or F32
+// [B, num_labels] for regression and multi-label (Note [problem types] in model/heads.h).
 // forward_eval computes on the tokens alone when the packing index is given (Note [packed
 // inference] in bert.cpp): token_rows I32 [N], the rows b*T + t to compute, and first_rows I32
 // [B], where each sequence's row b*T sits in token_rows. pack_token_rows builds both.
 struct DeviceBatch {
   Tensor input_ids, token_type_ids, attention_mask, labels;
   Tensor token_rows{}, first_rows{};  // optional (an initializer: aggregates may leave them out)
+  // Masked-LM (Note [masked LM head] in model/heads.h): labels are I32 [B, T] with -100 where a
+  // token is not masked, and this counts the masked ones (the loss is their mean; 0: no loss).
+  int64_t masked_tokens = 0;
   int64_t batch() const { return input_ids.dim(0); }
   int64_t seq() const { return input_ids.dim(1); }
   bool packed() const { return token_rows.defined(); }
@@ -159,7 +163,7 @@ class BertForSequenceClassification {
   void forward_eval(const DeviceBatch& batch);
 
   const Tensor& losses() const { return m_losses; }  // F32 [B] of the last call
-  const Tensor& logits() const { return m_logits; }  // [B, num_labels] of the last call
+  const Tensor& logits() const { return m_logits; }  // [B, num_labels] of the last call; masked-LM [B*T, vocab]
   // [B, T, H] encoder output (BertModel's last_hidden_state) of the last forward_eval or
   // forward_backward call, in the compute dtype; valid until the next call.
   const Tensor& hidden_states() const { return m_hidden; }
@@ -176,6 +180,11 @@ class BertForSequenceClassification {
   void embeddings_backward(const DeviceBatch& b, uint64_t dropout_base, int64_t n, Tensor& X1, Tensor& X2, Tensor& X3);
   void head_forward(bool training, uint64_t dropout_base);
   void head_backward(uint64_t dropout_base);
+  // The masked-LM head on the encoder output x [R, H] (Note [masked LM head] in model/heads.h).
+  void masked_lm_head_forward(const Tensor& x);
+  void masked_lm_head_backward(const Tensor& x, const Tensor& dx, const Tensor& d1, const Tensor& d2);
+  void token_head_forward(const Tensor& x, bool training, uint64_t dropout_base);
+  void token_head_backward(const Tensor& x, const Tensor& dx, uint64_t dropout_base);
   // The position table from the row the first token reads (Note [roberta positions]).
   Tensor position_table(const Tensor& flat) const;
   void layer_forward(int l, const Tensor& x, const Tensor& out, LayerActs& a, const DeviceBatch& b,

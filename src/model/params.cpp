@@ -1,5 +1,7 @@
 #include "model/params.h"
 
+#include "model/heads.h"
+
 namespace anatomy {
 
 ParamNames param_names(const BertConfig& cfg) {
@@ -14,6 +16,23 @@ ParamNames param_names(const BertConfig& cfg) {
   if (cfg.projects_embeddings()) {
     n.project_w = base + "embeddings_project.weight";
     n.project_b = base + "embeddings_project.bias";
+  }
+  if (is_masked_lm(cfg)) {
+    masked_lm_class(cfg);  // refuses the variants without one
+    const std::string p = cfg.architecture == Architecture::Bert ? "cls.predictions." : "lm_head.";
+    const std::string dense = p + (cfg.architecture == Architecture::Bert ? "transform.dense." : "dense.");
+    const std::string ln = cfg.architecture == Architecture::Bert ? p + "transform.LayerNorm." : p + "layer_norm.";
+    n.head_dense_w = dense + "weight";
+    n.head_dense_b = dense + "bias";
+    n.head_ln_w = ln + "weight";
+    n.head_ln_b = ln + "bias";
+    n.head_out_b = p + "bias";
+    return n;
+  }
+  if (is_token_classification(cfg)) {  // Note [token classification head]: classifier only
+    n.head_out_w = "classifier.weight";
+    n.head_out_b = "classifier.bias";
+    return n;
   }
   std::string dense, out;
   switch (cfg.architecture) {
@@ -91,8 +110,8 @@ ParamLayout ParamLayout::for_sequence_classification(const BertConfig& cfg) {
     lay.add(p.ff1_w, {I, H}, true);
     lay.add(p.ff2_w, {H, I}, true);
   }
-  lay.add(n.head_dense_w, {H, H}, true);
-  lay.add(n.head_out_w, {cfg.num_labels, H}, true);
+  if (!n.head_dense_w.empty()) lay.add(n.head_dense_w, {H, H}, true);
+  if (!n.head_out_w.empty()) lay.add(n.head_out_w, {cfg.num_labels, H}, true);
   lay.m_decay_end = lay.m_total;
   // Group 2: no weight decay.
   lay.add(n.emb_ln_w, {E}, false);
@@ -111,8 +130,14 @@ ParamLayout ParamLayout::for_sequence_classification(const BertConfig& cfg) {
     lay.add(p.ln2_w, {H}, false);
     lay.add(p.ln2_b, {H}, false);
   }
-  lay.add(n.head_dense_b, {H}, false);
-  lay.add(n.head_out_b, {cfg.num_labels}, false);
+  if (!n.head_dense_b.empty()) lay.add(n.head_dense_b, {H}, false);
+  if (!n.head_ln_w.empty()) {  // masked-LM: the transform's LayerNorm and the vocabulary bias
+    lay.add(n.head_ln_w, {H}, false);
+    lay.add(n.head_ln_b, {H}, false);
+    lay.add(n.head_out_b, {cfg.vocab_size}, false);
+  } else {
+    lay.add(n.head_out_b, {cfg.num_labels}, false);
+  }
   return lay;
 }
 

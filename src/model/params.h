@@ -1,5 +1,5 @@
-// Parameters of the *ForSequenceClassification model of each encoder variant with Hugging Face
-// names, laid out in one flat buffer per category (fp32 master weights, the compute-dtype copy,
+// Parameters of the *ForSequenceClassification (or *ForMaskedLM) model of each encoder variant
+// with Hugging Face names, laid out in one flat buffer per category (fp32 master weights, the compute-dtype copy,
 // fp32 gradients).
 //
 // Note [flat parameter layout]: parameters that take weight decay come first (all matrices:
@@ -62,6 +62,9 @@ struct ParamNames {
   std::string project_w, project_b;        // ELECTRA's embeddings_project; empty when not projecting
   std::string head_dense_w, head_dense_b;  // bert.pooler.dense, classifier.dense or pre_classifier
   std::string head_out_w, head_out_b;      // classifier or classifier.out_proj
+  // Masked-LM (Note [masked LM head] in model/heads.h): head_dense is the transform's dense,
+  // head_ln its LayerNorm, head_out_b the vocabulary bias; head_out_w is empty (tied to word).
+  std::string head_ln_w, head_ln_b;
 };
 struct LayerNames {
   std::string q_w, q_b, k_w, k_b, v_w, v_b;  // query, key, value

@@ -132,6 +132,25 @@ class Backend {
   // dlogits = (softmax - onehot) * grad_scale (grad_scale = loss_scale / total batch).
   void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
                      float grad_scale);
+  // The losses on float targets F32 [B, C] of transformers' regression and multi-label heads
+  // (Note [float target losses] in ops/cpu/loss.cpp), per sample the mean over the C columns,
+  // so that the batch mean is transformers' mean over B*C elements:
+  //   mse_loss:        losses[b] = mean_c (x - t)^2;  dlogits = 2 (x - t) / C * grad_scale.
+  //   bce_with_logits: losses[b] = mean_c max(x, 0) - x t + log(1 + exp(-|x|));
+  //                    dlogits = (sigmoid(x) - t) / C * grad_scale.
+  // dlogits may be undefined (evaluation).
+  void mse_loss(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                float grad_scale);
+  void bce_with_logits(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                       float grad_scale);
+
+  // Cross-entropy per token over logits [R, V] (R = B*T rows, B = losses' length) with I32 labels
+  // [R], where label -100 (transformers' ignore_index) means the row is not scored (masked-LM:
+  // every token but the masked ones): losses[b] = loss_weight * sum over the scored rows of
+  // sequence b of logsumexp(x) - x[label]; dlogits = (softmax - onehot) * grad_scale on scored
+  // rows, 0 on the others. dlogits may be undefined.
+  void token_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                           float loss_weight, float grad_scale);
 
   // ---- element-wise --------------------------------------------------------------------
   void gelu_forward(const Tensor& y, const Tensor& x);  // exact erf GELU
@@ -221,6 +240,12 @@ class Backend {
                                        const DropoutSpec& branch_dropout) = 0;
   virtual void cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                                   const Tensor& labels, float grad_scale) = 0;
+  virtual void mse_loss_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                             float grad_scale) = 0;
+  virtual void token_cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                        const Tensor& labels, float loss_weight, float grad_scale) = 0;
+  virtual void bce_with_logits_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                    const Tensor& targets, float grad_scale) = 0;
   virtual void gelu_forward_impl(const Tensor& y, const Tensor& x) = 0;
   virtual void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
   virtual void tanh_forward_impl(const Tensor& y, const Tensor& x) = 0;

@@ -307,6 +307,43 @@ void Backend::cross_entropy(const Tensor& losses, const Tensor& dlogits, const T
   observed("cross_entropy", [&] { return cross_entropy_cost(logits); },
            [&] { cross_entropy_impl(losses, dlogits, logits, labels, grad_scale); });
 }
+void Backend::token_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                  const Tensor& labels, float loss_weight, float grad_scale) {
+  const Check c(*this, "token_cross_entropy");
+  const DType dt = c.compute(logits, "logits");
+  const Mat m = as_matrix(logits);
+  c.dtype(losses, F32, "losses");
+  c.holds(losses.numel() > 0 && m.rows % static_cast<int64_t>(losses.numel()) == 0,
+          str_cat("logits' ", m.rows, " rows are not a whole number of rows per sequence for ", losses.numel(),
+                  " losses"));
+  c.sized(labels, I32, static_cast<size_t>(m.rows), "labels");
+  c.optional(dlogits, dt, logits.numel(), "dlogits");
+  observed("token_cross_entropy", [&] { return cross_entropy_cost(logits); },
+           [&] { token_cross_entropy_impl(losses, dlogits, logits, labels, loss_weight, grad_scale); });
+}
+
+// The contract of the two float-target losses: logits [B, C] in the compute dtype, targets F32
+// of the same element count, losses F32 [B].
+static void float_target_contract(const Check& c, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                  const Tensor& targets) {
+  const DType dt = c.compute(logits, "logits");
+  const Mat m = as_matrix(logits);
+  c.sized(losses, F32, static_cast<size_t>(m.rows), "losses");
+  c.sized(targets, F32, logits.numel(), "targets");
+  c.optional(dlogits, dt, logits.numel(), "dlogits");
+}
+void Backend::mse_loss(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                       float grad_scale) {
+  float_target_contract(Check(*this, "mse_loss"), losses, dlogits, logits, targets);
+  observed("mse_loss", [&] { return float_target_loss_cost(logits); },
+           [&] { mse_loss_impl(losses, dlogits, logits, targets, grad_scale); });
+}
+void Backend::bce_with_logits(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                              const Tensor& targets, float grad_scale) {
+  float_target_contract(Check(*this, "bce_with_logits"), losses, dlogits, logits, targets);
+  observed("bce_with_logits", [&] { return float_target_loss_cost(logits); },
+           [&] { bce_with_logits_impl(losses, dlogits, logits, targets, grad_scale); });
+}
 
 // ---- element-wise --------------------------------------------------------------------------------
 void Backend::gelu_forward(const Tensor& y, const Tensor& x) {

@@ -55,6 +55,12 @@ OpCost cross_entropy_cost(const Tensor& logits) {
   return {5 * n, 2 * nbytes(logits) + static_cast<double>(logits.dim(0)) * 8, OpClass::StatisticalNormalization};
 }
 
+OpCost float_target_loss_cost(const Tensor& logits) {
+  const double n = static_cast<double>(logits.numel());
+  return {8 * n, 2 * nbytes(logits) + 4 * n + static_cast<double>(logits.dim(0)) * 4,
+          OpClass::StatisticalNormalization};
+}
+
 OpCost elementwise_cost(const Tensor& t, double flops_per, int reads, int writes, OpClass cls) {
   const double n = static_cast<double>(t.numel());
   return {flops_per * n, (reads + writes) * nbytes(t), cls};

@@ -23,6 +23,8 @@ OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, bool back
 OpCost layernorm_cost(const Tensor& y, bool has_residual, bool backward, bool stores_sum = false);
 // rows x classes softmax with the loss and its gradient: ~5 flops per logit.
 OpCost cross_entropy_cost(const Tensor& logits);
+// mse_loss and bce_with_logits: read logits and F32 targets, write dlogits and the losses.
+OpCost float_target_loss_cost(const Tensor& logits);
 // n elements, `flops_per` each, reading `reads` tensors and writing `writes` of the same size.
 OpCost elementwise_cost(const Tensor& t, double flops_per, int reads, int writes, OpClass cls = OpClass::Elementwise);
 // 8-bit AdamW: params and grads F32 read, params written, both U8 code arrays read and written.

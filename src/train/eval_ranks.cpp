@@ -36,12 +36,21 @@ EvalResult evaluate_over_ranks(BertForSequenceClassification& model, const Datas
     part = evaluate(model, slice, eo);
   }
   if (N == 1) return part;
+  ANATOMY_CHECK(!part.masked_lm && !part.token_classification,
+                "evaluation of --task mlm or token-classification over several ranks is not supported; evaluate with one process");
   // Every rank's samples at their places in one buffer: predictions, labels, losses; summed.
-  std::vector<double> all(3 * n + 1, 0.0);
+  // Float labels (regression, multi-label) add the logits and targets [n, C] after them.
+  const bool floats = has_float_labels(problem_type_of(model.config()));
+  const size_t C = static_cast<size_t>(model.config().num_labels), wide = floats ? n * C : 0;
+  std::vector<double> all(3 * n + 1 + 2 * wide, 0.0);
   for (size_t i = begin; i < end; ++i) {
     all[i] = part.predictions[i - begin];
     all[n + i] = part.labels[i - begin];
     all[2 * n + i] = part.losses.empty() ? 0.0 : part.losses[i - begin];
+    for (size_t c = 0; c < wide / std::max<size_t>(1, n); ++c) {
+      all[3 * n + 1 + i * C + c] = part.outputs[(i - begin) * C + c];
+      if (!part.targets.empty()) all[3 * n + 1 + wide + i * C + c] = part.targets[(i - begin) * C + c];
+    }
   }
   all[3 * n] = part.runtime;
   comm.all_reduce_host(all, Communicator::Op::Sum);
@@ -59,6 +68,14 @@ EvalResult evaluate_over_ranks(BertForSequenceClassification& model, const Datas
   double loss = 0;
   for (double l : res.losses) loss += l;
   res.loss = loss / static_cast<double>(std::max<size_t>(1, n));
+  if (floats) {
+    res.problem = problem_type_of(model.config());
+    const auto first = all.begin() + static_cast<std::ptrdiff_t>(3 * n + 1);
+    res.outputs.assign(first, first + static_cast<std::ptrdiff_t>(wide));
+    res.targets.assign(first + static_cast<std::ptrdiff_t>(wide), first + static_cast<std::ptrdiff_t>(2 * wide));
+    finish_float_metrics(res);
+    return res;
+  }
   res.accuracy = accuracy(res.predictions, res.labels);
   res.macro_f1 = macro_f1(res.predictions, res.labels);
   return res;

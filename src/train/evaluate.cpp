@@ -8,9 +8,11 @@
 #include <numeric>
 #include <set>
 
+#include "data/float_labels.h"
 #include "data/text_dataset.h"
 #include "io/atomic_file.h"
 #include "ops/backend_memory.h"
+#include "train/evaluate_float.h"
 
 namespace anatomy {
 
@@ -131,12 +133,16 @@ Tensor front(const Buffer& buf, int64_t rows, int64_t cols) {
 }  // namespace
 
 EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& opt) {
+  if (is_masked_lm(model.config())) return evaluate_masked_lm(model, ds, opt);
+  if (is_token_classification(model.config())) return evaluate_token_classification(model, ds, opt);
   const auto t0 = Clock::now();
   Backend& be = model.backend();
   const size_t n = ds.size();
   ANATOMY_CHECK(n > 0, "evaluate: the evaluation data has no samples");
   ANATOMY_CHECK(opt.batch_size >= 1, "--per-device-eval-batch-size must be at least 1 (got ", opt.batch_size, ")");
   const auto* text = dynamic_cast<const TextDataset*>(&ds);
+  const auto* float_labelled = dynamic_cast<const FloatLabelDataset*>(&ds);
+  if (float_labelled) text = dynamic_cast<const TextDataset*>(&float_labelled->base());
   std::vector<int64_t> lengths = opt.lengths;
   if (lengths.empty() && text) lengths = text->lengths();
   ANATOMY_CHECK(lengths.empty() || lengths.size() == n, "evaluate: ", lengths.size(), " lengths for ", n, " samples");
@@ -148,7 +154,12 @@ EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, con
   EvalResult r;
   r.samples = static_cast<int64_t>(n);
   r.num_labels = C;
-  r.labelled = opt.labelled && !(text && text->labels().kind == LabelSet::Kind::None);
+  r.problem = problem_type_of(model.config());
+  const bool floats = has_float_labels(r.problem);
+  // A float-labelled set's text part is read without labels; its labels are the float ones (a
+  // set that has none after all is refused at its first batch).
+  const bool unlabelled_text = text && text->labels().kind == LabelSet::Kind::None;
+  r.labelled = opt.labelled && !(unlabelled_text && !(floats && float_labelled));
   r.skip_padding = opt.skip_padding;
   r.batch_size = std::min(opt.batch_size, model.shape().max_batch);
   const int64_t B = r.batch_size;
@@ -172,6 +183,8 @@ EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, con
   r.labels.assign(n, 0);
   if (r.labelled) r.losses.assign(n, 0.0);
   if (opt.keep_probabilities) r.probabilities.assign(n * C, 0.0f);
+  if (floats) r.outputs.assign(n * C, 0.0f);
+  if (floats && r.labelled) r.targets.assign(n * C, 0.0f);
   HostBatch hb;
   std::vector<float> logits;
   const int64_t row_multiple = be.device() == Device::CUDA ? 128 : 1;  // Note [evaluation batches]
@@ -187,7 +200,11 @@ EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, con
     }
     hb.resize(b, T);
     for (size_t k = begin; k < end; ++k) ds.get(order[k], hb, static_cast<int64_t>(k - begin));
-    if (r.labelled)
+    if (floats && r.labelled)
+      ANATOMY_CHECK(hb.target_width == C, "evaluate: the data has ", hb.target_width == 0 ? "class labels" : "float labels",
+                    hb.target_width ? str_cat(" of width ", hb.target_width) : std::string(), " but the model's problem_type ",
+                    problem_type_name(r.problem), " needs ", C, " float labels per sample");
+    if (r.labelled && !floats)
       for (int64_t i = 0; i < b; ++i)
         ANATOMY_CHECK(hb.labels[i] >= 0 && hb.labels[i] < C, "evaluate: sample ", order[begin + i], " has label ",
                       hb.labels[i], " but the model has ", C, " classes");
@@ -229,8 +246,21 @@ EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, con
       const std::span<const float> row(logits.data() + i * C, static_cast<size_t>(C));
       r.predictions[s] = argmax(row);
       r.labels[s] = hb.labels[i];
-      if (r.labelled) r.losses[s] = cross_entropy(row, hb.labels[i]);
-      if (opt.keep_probabilities) {
+      if (floats) {
+        std::copy(row.begin(), row.end(), r.outputs.begin() + static_cast<std::ptrdiff_t>(s * C));
+        if (r.labelled) {
+          const std::span<const float> y(hb.targets.data() + i * C, static_cast<size_t>(C));
+          std::copy(y.begin(), y.end(), r.targets.begin() + static_cast<std::ptrdiff_t>(s * C));
+          r.losses[s] = float_label_loss(r.problem, row, y);
+        }
+      } else if (r.labelled) {
+        r.losses[s] = cross_entropy(row, hb.labels[i]);
+      }
+      if (opt.keep_probabilities && r.problem == ProblemType::MultiLabel) {
+        for (int64_t c = 0; c < C; ++c) r.probabilities[s * C + c] = static_cast<float>(1.0 / (1.0 + std::exp(-row[c])));
+      } else if (opt.keep_probabilities && r.problem == ProblemType::Regression) {
+        std::copy(row.begin(), row.end(), r.probabilities.begin() + static_cast<std::ptrdiff_t>(s * C));
+      } else if (opt.keep_probabilities) {
         const std::vector<float> p = softmax(row);
         std::copy(p.begin(), p.end(), r.probabilities.begin() + static_cast<std::ptrdiff_t>(s * C));
       }
@@ -238,7 +268,9 @@ EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, con
     ++r.batches;
   }
   be.synchronize();
-  if (r.labelled) {
+  if (r.labelled && floats) {
+    finish_float_metrics(r);
+  } else if (r.labelled) {
     r.loss = std::accumulate(r.losses.begin(), r.losses.end(), 0.0) / static_cast<double>(n);
     r.accuracy = accuracy(r.predictions, r.labels);
     r.macro_f1 = macro_f1(r.predictions, r.labels);
@@ -250,7 +282,24 @@ EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, con
 
 nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix) {
   nlohmann::json j;
-  if (r.labelled) {
+  if (r.labelled && r.token_classification) {
+    j[prefix + "loss"] = r.loss;
+    j[prefix + "precision"] = r.precision;
+    j[prefix + "recall"] = r.recall;
+    j[prefix + "f1"] = r.f1;
+    j[prefix + "accuracy"] = r.accuracy;
+  } else if (r.labelled && r.masked_lm) {
+    j[prefix + "loss"] = r.loss;
+    j["perplexity"] = r.perplexity;  // run_mlm.py's key, without the prefix
+    j[prefix + "scored_tokens"] = r.scored_tokens;
+  } else if (r.labelled && r.problem == ProblemType::Regression) {
+    j[prefix + "loss"] = r.loss;
+    j[prefix + "mse"] = r.mse;
+    j[prefix + "pearson"] = r.pearson;
+  } else if (r.labelled && r.problem == ProblemType::MultiLabel) {
+    j[prefix + "loss"] = r.loss;
+    j[prefix + "micro_f1"] = r.micro_f1;
+  } else if (r.labelled) {
     j[prefix + "loss"] = r.loss;
     j[prefix + "accuracy"] = r.accuracy;
     j[prefix + "macro_f1"] = r.macro_f1;
@@ -274,6 +323,26 @@ void write_predictions(const std::string& path, const EvalResult& r, const std::
   };
   const bool probs = r.probabilities.size() == static_cast<size_t>(r.samples * r.num_labels);
   std::string out;
+  if (r.token_classification) {  // per sentence: the tags of its words
+    for (int64_t i = 0; i < r.samples; ++i) {
+      nlohmann::ordered_json j{{"index", i}, {"prediction", r.word_predictions[static_cast<size_t>(i)]}};
+      if (r.labelled) j["label"] = r.word_labels[static_cast<size_t>(i)];
+      out += j.dump() + "\n";
+    }
+    write_file_atomic(path, out);
+    return;
+  }
+  if (r.masked_lm) {  // per text: its masked tokens' summed loss
+    for (int64_t i = 0; i < r.samples; ++i)
+      out += nlohmann::ordered_json{{"index", i}, {"masked_loss_sum", r.losses[static_cast<size_t>(i)]}}.dump() + "\n";
+    write_file_atomic(path, out);
+    return;
+  }
+  if (has_float_labels(r.problem)) {
+    for (int64_t i = 0; i < r.samples; ++i) out += float_prediction_line(r, i, id2label) + "\n";
+    write_file_atomic(path, out);
+    return;
+  }
   for (int64_t i = 0; i < r.samples; ++i) {
     nlohmann::ordered_json j = {{"index", i}, {"prediction", name(r.predictions[i])}, {"prediction_id", r.predictions[i]}};
     if (r.labelled) {
@@ -298,7 +367,9 @@ int64_t predict_into(const TrainOptions& opt, BertForSequenceClassification& mod
   eo.keep_probabilities = false;
   const EvalResult r = evaluate(model, ds, eo);
   std::string out = "index\tprediction\n";
-  for (int64_t i = 0; i < r.samples; ++i) {
+  for (int64_t i = 0; i < r.samples && has_float_labels(r.problem); ++i)
+    out += str_cat(i, "\t", float_prediction_text(r, i, cfg.id2label), "\n");
+  for (int64_t i = 0; i < r.samples && !has_float_labels(r.problem); ++i) {
     auto it = cfg.id2label.find(r.predictions[static_cast<size_t>(i)]);
     out += str_cat(i, "\t", it != cfg.id2label.end() ? it->second : std::to_string(r.predictions[static_cast<size_t>(i)]), "\n");
   }

@@ -28,6 +28,7 @@
 #include "data/dataset.h"
 #include "memory/planner.h"
 #include "model/bert.h"
+#include "model/heads.h"
 #include "train/options.h"
 
 namespace anatomy {
@@ -43,6 +44,13 @@ double macro_f1(std::span<const int32_t> predictions, std::span<const int32_t> l
 double cross_entropy(std::span<const float> logits, int32_t label);
 // Mean of cross_entropy over rows: logits [n, classes] row-major, labels [n].
 double mean_cross_entropy(std::span<const float> logits, int64_t classes, std::span<const int32_t> labels);
+// Float labels (Note [problem types] in model/heads.h), over every element of [n, width]:
+// the mean squared error; Pearson's correlation of outputs and targets (NaN when either is
+// constant); micro-F1 of the multi-hot predictions sigmoid(logit) > 0.5 (logit > 0) against
+// the multi-hot targets (0 when there are no positives on either side, as sklearn reports).
+double mean_squared_error(std::span<const float> outputs, std::span<const float> targets);
+double pearson(std::span<const float> outputs, std::span<const float> targets);
+double micro_f1_at_half(std::span<const float> logits, std::span<const float> targets);
 // Softmax in double (returned as float) and the first index of the largest logit.
 std::vector<float> softmax(std::span<const float> logits);
 int32_t argmax(std::span<const float> logits);
@@ -83,7 +91,36 @@ struct EvalResult {
   std::vector<int32_t> labels;       // as the dataset gives them (meaningless when unlabelled)
   std::vector<double> losses;        // labelled only
   std::vector<float> probabilities;  // [samples, num_labels], when kept
+  // Regression and multi-label (Note [problem types]): the logits and the float labels
+  // [samples, num_labels]; mse and pearson (regression) or micro_f1 (multi-label, threshold 0.5
+  // on the sigmoid), labelled only. accuracy and macro_f1 stay NaN.
+  ProblemType problem = ProblemType::SingleLabel;
+  std::vector<float> outputs, targets;
+  double mse = kNaN, pearson = kNaN, micro_f1 = kNaN;
+  // Masked-LM (Note [masked LM head] in model/heads.h): loss is the mean over every scored
+  // (masked) token of the set, perplexity its exp, as run_mlm.py reports; losses[s] holds sample
+  // s's sum over its scored tokens.
+  bool masked_lm = false;
+  int64_t scored_tokens = 0;
+  double perplexity = kNaN;
+  // Token classification (Note [token classification head]): per sample the predicted and
+  // gold tag names of its words; entity-level precision, recall, F1 (CoNLL, data/token_tags.h)
+  // and the accuracy over the labelled tokens, as run_ner.py reports them.
+  bool token_classification = false;
+  std::vector<std::vector<std::string>> word_predictions, word_labels;
+  double precision = kNaN, recall = kNaN, f1 = kNaN;
 };
+
+// Token-classification evaluation (evaluate() calls it for a *ForTokenClassification model).
+EvalResult evaluate_token_classification(BertForSequenceClassification& model, const Dataset& ds,
+                                         const EvalOptions& options);
+
+// Masked-LM evaluation (evaluate() calls it for a *ForMaskedLM model): padded batches in the
+// dataset order of the masked samples, the loss computed on the host from the logits.
+EvalResult evaluate_masked_lm(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& options);
+
+// The loss and metrics of a float-label result from its losses, outputs and targets.
+void finish_float_metrics(EvalResult& r);
 
 // Runs model.forward_eval over the whole dataset (Note [evaluation batches]). Works with any
 // model shape, training or inference; on the CPU and CUDA backends.
@@ -94,7 +131,8 @@ EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, con
 nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix = "eval_");
 
 // One JSON line per sample, atomically: {"index", "prediction" (the id2label name),
-// "prediction_id", "label" and "label_id" (labelled only), "probabilities" (when kept)}.
+// "prediction_id", "label" and "label_id" (labelled only), "probabilities" (when kept)};
+// regression and multi-label as evaluate_float.h says; masked-LM {"index", "masked_loss_sum"}.
 void write_predictions(const std::string& path, const EvalResult& r, const std::map<int, std::string>& id2label);
 
 // --do-predict: the model's predictions for `ds` (read without labels), batches of `batch`, into

@@ -103,8 +103,21 @@ void TrainLog::eval(int64_t step, const EvalResult& ev) {
   nlohmann::json j = eval_metrics_json(ev);
   j["step"] = step;
   if (m_opt.report_jsonl) m_out.append_metrics(j.dump());
-  std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_accuracy': %.4f, 'eval_macro_f1': %.4f, 'step': %lld}\n",
-               m_tty ? "\r\033[K" : "", ev.loss, ev.accuracy, ev.macro_f1, static_cast<long long>(step));
+  if (ev.token_classification)
+    std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_precision': %.4f, 'eval_recall': %.4f, 'eval_f1': %.4f, 'step': %lld}\n",
+                 m_tty ? "\r\033[K" : "", ev.loss, ev.precision, ev.recall, ev.f1, static_cast<long long>(step));
+  else if (ev.masked_lm)
+    std::fprintf(stderr, "%s{'eval_loss': %.4f, 'perplexity': %.4f, 'step': %lld}\n", m_tty ? "\r\033[K" : "", ev.loss,
+                 ev.perplexity, static_cast<long long>(step));
+  else if (ev.problem == ProblemType::Regression)
+    std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_mse': %.4f, 'eval_pearson': %.4f, 'step': %lld}\n",
+                 m_tty ? "\r\033[K" : "", ev.loss, ev.mse, ev.pearson, static_cast<long long>(step));
+  else if (ev.problem == ProblemType::MultiLabel)
+    std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_micro_f1': %.4f, 'step': %lld}\n", m_tty ? "\r\033[K" : "",
+                 ev.loss, ev.micro_f1, static_cast<long long>(step));
+  else
+    std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_accuracy': %.4f, 'eval_macro_f1': %.4f, 'step': %lld}\n",
+                 m_tty ? "\r\033[K" : "", ev.loss, ev.accuracy, ev.macro_f1, static_cast<long long>(step));
   std::fflush(stderr);
 }
 

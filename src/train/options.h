@@ -36,6 +36,12 @@ struct TrainOptions {
   // A head (or any tensor) of --model-name-or-path whose shape differs from the model's is newly
   // initialized instead of refused (Trainer's ignore_mismatched_sizes).
   bool ignore_mismatched_sizes = false;
+  // Task: "text-classification" (the head follows the labels: model/heads.h) or "mlm" (Note
+  // [masked LM head] in model/heads.h; the texts masked as data/masked_lm.h says).
+  std::string task = "text-classification";
+  double mlm_probability = 0.15;
+  bool masked_lm() const { return task == "mlm"; }
+  bool token_classification() const { return task == "token-classification"; }
   // Data: synthetic, or a labelled text file (--train-file) tokenized with the model's tokenizer.
   std::string dataset = "seed";  // seed | learnable (synthetic; ignored with train_file)
   int64_t num_samples = 512;

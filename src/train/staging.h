@@ -13,10 +13,14 @@ namespace anatomy {
 
 class UploadStaging {
  public:
-  // Room for a batch of `batch` x `seq` tokens: ids, token types, mask and labels (I32), and a
-  // packing index (token rows and first rows, I32).
-  UploadStaging(Backend& be, int64_t batch, int64_t seq) : m_be(be) {
-    const size_t ints = static_cast<size_t>(4 * batch * seq + 2 * batch);
+  // Room for a batch of `batch` x `seq` tokens: ids, token types, mask and labels (I32), a
+  // packing index (token rows and first rows, I32), and float labels F32 [batch, target_width]
+  // (regression, multi-label) or masked-LM token labels I32 [batch, seq] (target_width = seq)
+  // after them.
+  UploadStaging(Backend& be, int64_t batch, int64_t seq, int64_t target_width = 0)
+      : m_be(be), m_targets_at(static_cast<size_t>(4 * batch * seq + 2 * batch)) {
+    static_assert(sizeof(float) == sizeof(int32_t));
+    const size_t ints = m_targets_at + static_cast<size_t>(batch * target_width);
     for (auto& q : m_p) q = static_cast<int32_t*>(be.host_alloc(ints * sizeof(int32_t)));
   }
   ~UploadStaging() {
@@ -50,11 +54,22 @@ class UploadStaging {
       m_be.upload_async(db.token_rows, rows);
       m_be.upload_async(db.first_rows, first);
     }
-    m_token[slot] = m_be.upload_async(db.labels, labels);
+    if (db.labels.dtype == DType::I32 && db.labels.numel() != static_cast<size_t>(hb.batch)) {  // masked-LM token labels
+      int32_t* tokens = m_p[slot] + m_targets_at;
+      std::copy_n(hb.token_labels.begin(), db.labels.numel(), tokens);
+      m_token[slot] = m_be.upload_async(db.labels, tokens);
+    } else if (db.labels.dtype == DType::F32) {  // float labels: the targets, not the class ids
+      float* targets = reinterpret_cast<float*>(m_p[slot] + m_targets_at);
+      std::copy_n(hb.targets.begin(), db.labels.numel(), targets);
+      m_token[slot] = m_be.upload_async(db.labels, targets);
+    } else {
+      m_token[slot] = m_be.upload_async(db.labels, labels);
+    }
   }
 
  private:
   Backend& m_be;
+  size_t m_targets_at;  // elements
   int32_t* m_p[2];
   int m_token[2] = {-1, -1};
 };

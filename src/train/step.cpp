@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "dist/communicator.h"
+#include "model/heads.h"
 
 namespace anatomy {
 
@@ -18,9 +19,9 @@ TrainStep::TrainStep(const TrainOptions& opt, BertForSequenceClassification& mod
       m_ids(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
       m_types(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
       m_mask(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
-      m_labels(be.allocator(), DType::I32, {m_B}, Category::Other),
+      m_labels(be.allocator(), label_dtype(model.config()), label_shape(model.config(), m_B, m_T), Category::Other),
       m_loss_sums(be.allocator(), DType::F32, {m_B}, Category::Other), m_host_losses(static_cast<size_t>(m_B)),
-      m_staging(be, m_B, m_T) {
+      m_staging(be, m_B, m_T, label_width(model.config(), m_T)) {
   if (opt.precision == Precision::Fp16) m_scaler.scale = opt.fp16_initial_scale;
   if (model.shape().packed_tokens) {
     m_rows = Buffer(be.allocator(), DType::I32, {m_B * m_T}, Category::Other);
@@ -50,6 +51,10 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
     const int64_t b = m_hb.batch, t = m_hb.seq;
     auto rows = [&](const Buffer& buf) { return buf.tensor().view({m_B * m_T}).slice(0, b * t).view({b, t}); };
     DeviceBatch db{rows(m_ids), rows(m_types), rows(m_mask), m_labels.tensor().slice(0, b)};
+    if (has_token_labels(m_model.config())) {  // token labels [b, t] (Note [masked LM head])
+      db.labels = rows(m_labels);
+      for (int64_t i = 0; i < b * t; ++i) db.masked_tokens += m_hb.token_labels[static_cast<size_t>(i)] != -100;
+    }
     PackedRows packing;
     if (m_model.shape().packed_tokens) {
       packing = pack_token_rows(m_hb.attention_mask.data(), b, t, m_row_multiple);

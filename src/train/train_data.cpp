@@ -2,26 +2,9 @@
 
 #include "core/error.h"
 #include "data/tokenizer.h"
+#include "train/task_data.h"
 
 namespace anatomy {
-
-namespace {
-
-// The dataset that keeps its base alive (SubsetDataset only borrows it).
-class OwningSubset final : public Dataset {
- public:
-  OwningSubset(std::shared_ptr<const Dataset> base, std::vector<size_t> idx)
-      : m_base(std::move(base)), m_view(*m_base, std::move(idx)) {}
-  size_t size() const override { return m_view.size(); }
-  int64_t seq_len() const override { return m_view.seq_len(); }
-  void get(size_t i, HostBatch& out, int64_t row) const override { m_view.get(i, out, row); }
-
- private:
-  std::shared_ptr<const Dataset> m_base;
-  SubsetDataset m_view;
-};
-
-}  // namespace
 
 BatchPlan TrainData::batch_plan(int64_t batch, uint64_t seed, bool group_by_length) const {
   if (train_lengths.empty()) return BatchPlan(train->size(), batch, seed);
@@ -31,6 +14,7 @@ BatchPlan TrainData::batch_plan(int64_t batch, uint64_t seed, bool group_by_leng
 TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   TrainData d;
   if (opt.train_file.empty()) {
+    ANATOMY_CHECK(!opt.masked_lm(), "--task mlm needs --train-file (a text file: JSONL, CSV or .txt lines)");
     ANATOMY_CHECK(opt.validation_file.empty(), "--validation-file needs --train-file (synthetic data has no file)");
     auto all = std::make_shared<SyntheticDataset>(parse_synthetic_kind(opt.dataset), static_cast<size_t>(opt.num_samples),
                                                   opt.seq_len, cfg.vocab_size, opt.seed);
@@ -63,6 +47,12 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   to.max_length = opt.seq_len;
   to.cache_dir = opt.dataset_cache_dir;
   to.source_flag = "--train-file";
+  if (opt.masked_lm()) return load_masked_lm_data(opt, tok, tok_dir, std::move(d));
+  if (opt.token_classification()) return load_token_data(opt, cfg, tok, std::move(d));
+  if (!opt.label_column.empty()) {
+    const ProblemType p = resolve_problem_type(opt, cfg);
+    if (has_float_labels(p)) return load_float_label_data(opt, cfg, tok, to, p, std::move(d));
+  }
   // A trained head names its classes: the data's labels are mapped through them, unless
   // --ignore-mismatched-sizes asks for a new head for the data's own labels.
   const LabelSet from_config = LabelSet::from_id2label(cfg.id2label);

@@ -12,6 +12,8 @@
 #include "model/config.h"
 #include "train/options.h"
 
+namespace anatomy { class Tokenizer; }
+
 namespace anatomy {
 
 struct TrainData {
@@ -32,5 +34,11 @@ struct TrainData {
 // file's labels through it; otherwise the file's labels become cfg's num_labels and id2label.
 // Errors name the flag or the file.
 TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg);
+
+// A labelled file for a trained model (`anatomy eval`): class labels mapped through the model's
+// id2label, or for regression and multi-label (Note [problem types] in model/heads.h) the float
+// labels its head was trained on. `to.labels` is set here.
+std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tokenizer& tok, TextDataOptions to,
+                                              const BertConfig& cfg);
 
 }  // namespace anatomy

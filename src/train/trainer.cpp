@@ -23,6 +23,7 @@
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
+#include "model/heads.h"
 #include "memory/planner.h"
 #include "model/params.h"
 #include "telemetry/nvml.h"
@@ -79,7 +80,10 @@ BertConfig model_config(const TrainOptions& opt) {
   ANATOMY_CHECK(opt.seq_len <= cfg.max_sequence_length(), "--seq-len ", opt.seq_len,
                 " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings,
                 cfg.position_offset() ? str_cat(", of which ", cfg.max_sequence_length(), " follow pad_token_id") : "", ")");
-  cfg.architectures = {cfg.sequence_classification_class()};  // what we train and save, whatever head it was saved with
+  // What we train and save, whatever head it was saved with.
+  cfg.architectures = {opt.masked_lm()              ? masked_lm_class(cfg)
+                       : opt.token_classification() ? token_classification_class(cfg)
+                                                    : cfg.sequence_classification_class()};
   return cfg;
 }
 
@@ -273,8 +277,25 @@ void RankRun::evaluate_now(int64_t step) {
   m_res.eval_samples = ev.samples;
   m_res.eval_steps = ev.batches;
   m_eval_step = step;
-  m_eval_metric = m_opt.metric_for_best_model == "eval_accuracy" ? ev.accuracy
-                  : m_opt.metric_for_best_model == "eval_macro_f1" ? ev.macro_f1 : ev.loss;
+  m_res.problem_type = ev.masked_lm ? "masked_lm" : ev.token_classification ? "token_classification"
+                                                                            : problem_type_name(ev.problem);
+  m_res.eval_precision = ev.precision;
+  m_res.eval_recall = ev.recall;
+  m_res.eval_f1 = ev.f1;
+  m_res.eval_perplexity = ev.perplexity;
+  m_res.eval_mse = ev.mse;
+  m_res.eval_pearson = ev.pearson;
+  m_res.eval_micro_f1 = ev.micro_f1;
+  const std::string& m = m_opt.metric_for_best_model;
+  m_eval_metric = m == "eval_accuracy" ? ev.accuracy
+                  : m == "eval_macro_f1" ? ev.macro_f1
+                  : m == "eval_mse"      ? ev.mse
+                  : m == "eval_pearson"  ? ev.pearson
+                  : m == "eval_micro_f1" ? ev.micro_f1
+                  : m == "eval_f1"       ? ev.f1
+                                         : ev.loss;
+  ANATOMY_CHECK(!std::isnan(m_eval_metric) || m == "eval_pearson" || ev.masked_lm || ev.token_classification, "--metric-for-best-model ", m,
+                " is not computed for problem_type ", problem_type_name(ev.problem));
   if (m_lead) m_log->eval(step, ev);
 }
 

@@ -44,6 +44,11 @@ struct TrainResult {
   int64_t nvml_after_first_step_mb = -1;  // ... and after the first step (kernels loaded)
   std::vector<std::pair<std::string, int64_t>> memory_growth;  // --trace-memory-growth: op -> bytes
   double eval_loss = -1, eval_accuracy = -1, eval_macro_f1 = -1;  // the last evaluation (-1: none)
+  // Regression (mse, pearson) and multi-label (micro_f1) evaluations (Note [problem types]).
+  std::string problem_type = "single_label_classification";
+  double eval_mse = -1, eval_pearson = -1, eval_micro_f1 = -1;
+  double eval_perplexity = -1;  // --task mlm
+  double eval_precision = -1, eval_recall = -1, eval_f1 = -1;  // --task token-classification (entities)
   double eval_runtime = 0;
   int64_t eval_samples = 0, eval_steps = 0;  // eval_steps: the batches of the last evaluation
   double epoch = 0;                      // epochs done at the end (fractional)

@@ -197,6 +197,44 @@ void cross_entropy_gradient(Rng& rng) {
   expect_grad(logits, dlogits, loss, "dlogits");
 }
 
+// Labels with every third row not scored (-100), two sequences.
+void token_cross_entropy_gradient(Rng& rng) {
+  const int64_t B = 2, R = 6, C = 5;
+  auto logits = randn(rng, R * C, 2.0);
+  std::vector<int32_t> labels(R);
+  for (int64_t r = 0; r < R; ++r) labels[r] = r % 3 == 2 ? ref::kIgnoreIndex : static_cast<int32_t>(rng.randint(0, C));
+  const double w = 0.7, grad_scale = 0.37;
+  auto loss = [&] {
+    std::vector<double> losses(B);
+    ref::token_cross_entropy(losses.data(), static_cast<double*>(nullptr), logits.data(), labels.data(), B, R, C, w,
+                             grad_scale);
+    return (losses[0] + losses[1]) / w * grad_scale;
+  };
+  std::vector<double> losses(B), dlogits(R * C);
+  ref::token_cross_entropy(losses.data(), dlogits.data(), logits.data(), labels.data(), B, R, C, w, grad_scale);
+  expect_grad(logits, dlogits, loss, "dlogits");
+}
+
+// Targets in [0, 1] serve both losses (the binary cross-entropy needs them there).
+void float_target_gradient(Rng& rng, bool binary) {
+  const int64_t B = 4, C = 3;
+  auto logits = randn(rng, B * C, 2.0);
+  std::vector<double> targets(B * C);
+  for (auto& t : targets) t = static_cast<double>(rng.randint(0, 1001)) / 1000.0;
+  const double grad_scale = 0.37;
+  auto loss = [&] {
+    std::vector<double> losses(B);
+    ref::float_target_loss(losses.data(), static_cast<double*>(nullptr), logits.data(), targets.data(), B, C,
+                           grad_scale, binary);
+    double s = 0;
+    for (double l : losses) s += l;
+    return s * grad_scale;
+  };
+  std::vector<double> losses(B), dlogits(B * C);
+  ref::float_target_loss(losses.data(), dlogits.data(), logits.data(), targets.data(), B, C, grad_scale, binary);
+  expect_grad(logits, dlogits, loss, "dlogits");
+}
+
 void embedding_gradient(Rng& rng) {
   const int64_t B = 2, T = 3, Hd = 4, V = 5, P = 4, TV = 2;
   auto word = randn(rng, V * Hd), pos = randn(rng, P * Hd), type = randn(rng, TV * Hd), de = randn(rng, B * T * Hd);
@@ -365,6 +403,29 @@ std::vector<OpEntry> build_registry() {
                    ints(g, "labels", {B}, 0, C)},
                   [](Backend& be, T t) { be.cross_entropy(t[0], t[1], t[2], t[3], 0.25f); }};
   }, [](Rng& g) { cross_entropy_gradient(g); });
+  add("token_cross_entropy", [](const OpDims& d, Rng& g) {
+    const int64_t B = d.batch, R = d.rows(), C = d.vocab;
+    std::vector<double> labels(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) labels[r] = r % 4 == 1 ? -100.0 : static_cast<double>(g.randint(0, C));
+    return OpCase{{out("losses", {B}, false), out("dlogits", {R, C}), in(g, "logits", {R, C}, 2.0),
+                   given("labels", I32, {R}, std::move(labels))},
+                  [](Backend& be, T t) { be.token_cross_entropy(t[0], t[1], t[2], t[3], 0.5f, 0.25f); }};
+  }, [](Rng& g) { token_cross_entropy_gradient(g); });
+  // Targets: real values for the squared error, multi-hot 0/1 for the binary cross-entropy.
+  add("mse_loss", [](const OpDims& d, Rng& g) {
+    const int64_t B = d.rows(), C = d.classes;
+    return OpCase{{out("losses", {B}, false), out("dlogits", {B, C}), in(g, "logits", {B, C}, 2.0),
+                   in_f32(g, "targets", {B, C}, 2.0)},
+                  [](Backend& be, T t) { be.mse_loss(t[0], t[1], t[2], t[3], 0.25f); }};
+  }, [](Rng& g) { float_target_gradient(g, false); });
+  add("bce_with_logits", [](const OpDims& d, Rng& g) {
+    const int64_t B = d.rows(), C = d.classes;
+    std::vector<double> hot(static_cast<size_t>(B * C));
+    for (auto& v : hot) v = static_cast<double>(g.randint(0, 2));
+    return OpCase{{out("losses", {B}, false), out("dlogits", {B, C}), in(g, "logits", {B, C}, 2.0),
+                   given("targets", F32, {B, C}, std::move(hot))},
+                  [](Backend& be, T t) { be.bce_with_logits(t[0], t[1], t[2], t[3], 0.25f); }};
+  }, [](Rng& g) { float_target_gradient(g, true); });
 
   // ---- element-wise ----
   auto unary = [&](const char* op, void (Backend::*f)(const Tensor&, const Tensor&), std::function<void(Rng&)> grad) {

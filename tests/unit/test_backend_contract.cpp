@@ -59,6 +59,11 @@ class ContractOnlyCuda final : public Backend {
     ++impl_calls;
   }
   void cross_entropy_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override { ++impl_calls; }
+  void token_cross_entropy_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float, float) override {
+    ++impl_calls;
+  }
+  void mse_loss_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override { ++impl_calls; }
+  void bce_with_logits_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override { ++impl_calls; }
   void gelu_forward_impl(const Tensor&, const Tensor&) override { ++impl_calls; }
   void gelu_backward_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
   void tanh_forward_impl(const Tensor&, const Tensor&) override { ++impl_calls; }

@@ -100,6 +100,22 @@ class CpuBackend final : public Backend {
     const Mat m = as_matrix(logits);
     ref::cross_entropy(f32(losses), opt(dlogits), f32(logits), i32(labels), m.rows, m.cols, grad_scale);
   }
+  void token_cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                                float loss_weight, float grad_scale) override {
+    const Mat m = as_matrix(logits);
+    ref::token_cross_entropy(f32(losses), opt(dlogits), f32(logits), i32(labels), static_cast<int64_t>(losses.numel()),
+                             m.rows, m.cols, loss_weight, grad_scale);
+  }
+  void mse_loss_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                     float grad_scale) override {
+    const Mat m = as_matrix(logits);
+    ref::float_target_loss(f32(losses), opt(dlogits), f32(logits), f32(targets), m.rows, m.cols, grad_scale, false);
+  }
+  void bce_with_logits_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                            float grad_scale) override {
+    const Mat m = as_matrix(logits);
+    ref::float_target_loss(f32(losses), opt(dlogits), f32(logits), f32(targets), m.rows, m.cols, grad_scale, true);
+  }
 
   // ---- element-wise ------------------------------------------------------------------
   void gelu_forward_impl(const Tensor& y, const Tensor& x) override { ref::gelu_forward(f32(y), f32(x), x.numel()); }

@@ -74,6 +74,19 @@ void layernorm_backward(T* dsum, T* dbranch, T* dgamma, T* dbeta, const T* dy, c
 template <class T>
 void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* labels, int64_t batch,
                    int64_t classes, double grad_scale);
+// Per-token cross-entropy (Backend::token_cross_entropy): rows with label kIgnoreIndex are not
+// scored; losses[b] = loss_weight * sum of the scored rows' losses of sequence b (rows / batch
+// rows each). Throws when a scored label is outside [0, classes).
+inline constexpr int32_t kIgnoreIndex = -100;
+template <class T>
+void token_cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* labels, int64_t batch, int64_t rows,
+                         int64_t classes, double loss_weight, double grad_scale);
+// The float-target losses (Note [float target losses] in loss.cpp): binary false is the squared
+// error of transformers' regression head, true the binary cross-entropy with logits of its
+// multi-label head; per sample the mean over the classes. dlogits may be nullptr.
+template <class T>
+void float_target_loss(T* losses, T* dlogits, const T* logits, const T* targets, int64_t batch, int64_t classes,
+                       double grad_scale, bool binary);
 
 // ---- element-wise (elementwise.cpp, embedding.cpp) --------------------------------------
 // y = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2));  dx = dy * (Phi(x) + x phi(x)).

@@ -289,6 +289,18 @@ void CudaBackend::cross_entropy_impl(const Tensor& losses, const Tensor& dlogits
                                      const Tensor& labels, float grad_scale) {
   cuda::cross_entropy(losses, dlogits, logits, labels, grad_scale, m_stream);
 }
+void CudaBackend::token_cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                           const Tensor& labels, float loss_weight, float grad_scale) {
+  cuda::token_cross_entropy(losses, dlogits, logits, labels, loss_weight, grad_scale, m_stream);
+}
+void CudaBackend::mse_loss_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                const Tensor& targets, float grad_scale) {
+  cuda::float_target_loss(losses, dlogits, logits, targets, grad_scale, false, m_stream);
+}
+void CudaBackend::bce_with_logits_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                       const Tensor& targets, float grad_scale) {
+  cuda::float_target_loss(losses, dlogits, logits, targets, grad_scale, true, m_stream);
+}
 
 // ---- element-wise --------------------------------------------------------------------------------
 void CudaBackend::gelu_forward_impl(const Tensor& y, const Tensor& x) { cuda::gelu_forward(y, x, m_stream); }

@@ -92,6 +92,12 @@ class CudaBackend final : public Backend {
                                const Tensor& beta, const DropoutSpec& branch_dropout) override;
   void cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
                           float grad_scale) override;
+  void token_cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                                float loss_weight, float grad_scale) override;
+  void mse_loss_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                     float grad_scale) override;
+  void bce_with_logits_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                            float grad_scale) override;
 
   // ---- element-wise ----------------------------------------------------------------------------
   void gelu_forward_impl(const Tensor& y, const Tensor& x) override;

@@ -68,6 +68,15 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
 // outside [0, C) yields NaN loss and NaN gradients for its row (the CPU twin throws).
 void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                    const Tensor& labels, float grad_scale, cudaStream_t s);
+// Per-token cross-entropy (Backend::token_cross_entropy): logits [R, V], labels I32 [R] (-100:
+// not scored), losses F32 [B] with R / B rows per sequence. A scored label outside [0, V) yields
+// NaN for its sequence's loss and its row's gradients (the CPU twin throws).
+void token_cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
+                         float loss_weight, float grad_scale, cudaStream_t s);
+// The float-target losses (Note [float target losses] in ops/cpu/loss.cpp): targets F32 [B, C];
+// binary false: squared error, true: binary cross-entropy with logits.
+void float_target_loss(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                       float grad_scale, bool binary, cudaStream_t s);
 
 // ---- embedding.cu -------------------------------------------------------------------------------
 // e [B*T, H] = word[ids] + pos[t] + type[type_ids]; type_ids may be undefined (all 0). An id out

@@ -1,0 +1,93 @@
+#include "data/masked_lm.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/tokenizer.h"
+#include "io/read_file.h"
+
+namespace anatomy {
+
+MaskingOptions masking_for(const Tokenizer& tok, const std::string& dir, double probability, uint64_t seed) {
+  MaskingOptions o;
+  o.probability = probability;
+  o.seed = seed;
+  o.vocab_size = static_cast<int64_t>(tok.vocab_size());
+  for (const char* name : {"[MASK]", "<mask>"})
+    if (o.mask_id < 0) o.mask_id = tok.token_to_id(name);
+  ANATOMY_CHECK(o.mask_id >= 0, "--task mlm: the tokenizer in ", dir, " has no mask token ([MASK] or <mask>)");
+  for (int32_t id : {tok.cls_id(), tok.sep_id(), tok.pad_id(), o.mask_id})
+    if (id >= 0) o.special.push_back(id);
+  return o;
+}
+
+int64_t mask_tokens(int32_t* ids, const int32_t* attention, int32_t* labels, int64_t T, uint64_t sample,
+                    const MaskingOptions& o) {
+  Rng rng(mix64(o.seed ^ mix64(sample + 0x6d6c6dULL)));
+  int64_t scored = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    labels[t] = -100;
+    if (!attention[t] || std::find(o.special.begin(), o.special.end(), ids[t]) != o.special.end()) continue;
+    if (rng.uniform() >= o.probability) continue;
+    labels[t] = ids[t];
+    ++scored;
+    const double u = rng.uniform();
+    if (u < 0.8)
+      ids[t] = o.mask_id;
+    else if (u < 0.9)
+      ids[t] = static_cast<int32_t>(rng.randint(0, o.vocab_size));
+  }
+  return scored;
+}
+
+MaskedLMDataset::MaskedLMDataset(std::shared_ptr<const Dataset> base, MaskingOptions o)
+    : m_base(std::move(base)), m_opt(std::move(o)) {}
+
+void MaskedLMDataset::get(size_t i, HostBatch& out, int64_t row) const {
+  m_base->get(i, out, row);
+  const size_t n = static_cast<size_t>(out.batch * out.seq);
+  if (out.token_labels.size() != n) out.token_labels.assign(n, -100);
+  const int64_t T = out.seq;
+  mask_tokens(out.input_ids.data() + row * T, out.attention_mask.data() + row * T, out.token_labels.data() + row * T, T,
+              i, m_opt);
+  out.labels[static_cast<size_t>(row)] = 0;
+}
+
+LinesDataset::LinesDataset(const std::string& path, const Tokenizer& tok, int64_t max_length)
+    : m_max_length(max_length), m_pad(tok.pad_id()) {
+  const std::string text = read_regular_file(path);
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t end = std::min(text.find('\n', pos), text.size());
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    const Encoding e = tok.encode(line, std::nullopt, static_cast<size_t>(max_length), Truncation::LongestFirst,
+                                  Padding::None);
+    m_ids.insert(m_ids.end(), e.input_ids.begin(), e.input_ids.end());
+    m_offsets.push_back(m_ids.size());
+  }
+  ANATOMY_CHECK(size() > 0, path, ": no text (every line is empty)");
+}
+
+void LinesDataset::get(size_t i, HostBatch& out, int64_t row) const {
+  const int64_t T = out.seq, len = static_cast<int64_t>(m_offsets[i + 1] - m_offsets[i]);
+  ANATOMY_CHECK(len <= T, "internal error: line sample ", i, " has ", len, " tokens, more than the batch length ", T);
+  for (int64_t t = 0; t < T; ++t) {
+    const bool tok = t < len;
+    out.input_ids[row * T + t] = tok ? m_ids[m_offsets[i] + static_cast<size_t>(t)] : m_pad;
+    out.token_type_ids[row * T + t] = 0;
+    out.attention_mask[row * T + t] = tok ? 1 : 0;
+  }
+  out.labels[static_cast<size_t>(row)] = 0;
+}
+
+std::vector<int64_t> LinesDataset::lengths() const {
+  std::vector<int64_t> out(size());
+  for (size_t i = 0; i < size(); ++i) out[i] = static_cast<int64_t>(m_offsets[i + 1] - m_offsets[i]);
+  return out;
+}
+
+}  // namespace anatomy

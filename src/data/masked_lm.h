@@ -1,0 +1,74 @@
+// Masked-language-model data (Note [masked LM head] in model/heads.h): texts, tokenized as for
+// classification, with tokens masked as transformers' DataCollatorForLanguageModeling does.
+//
+// Note [masking]: each token that is not special ([CLS], [SEP], padding, the mask token itself:
+// the tokenizer's template tokens) is chosen with probability p (--mlm-probability, 0.15); a
+// chosen token is scored (its label is its id; every other label is -100) and replaced by the
+// mask token with probability 0.8, by a token drawn uniformly from the vocabulary with
+// probability 0.1, and kept with probability 0.1. The draws are a pure function of (seed, sample
+// index), so a run and its resume see the same masks; unlike the collator, which draws afresh
+// every epoch, a sample keeps its masks across epochs (static masking, as BERT's original
+// preprocessing did).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/text_dataset.h"
+
+namespace anatomy {
+
+class Tokenizer;
+
+struct MaskingOptions {
+  double probability = 0.15;
+  uint64_t seed = 0;
+  int32_t mask_id = -1;
+  int64_t vocab_size = 0;
+  std::vector<int32_t> special;  // never masked
+};
+
+// The mask token of a tokenizer ("[MASK]" or "<mask>") and its special ids; throws naming the
+// tokenizer directory when it has no mask token.
+MaskingOptions masking_for(const Tokenizer& tok, const std::string& tokenizer_dir, double probability, uint64_t seed);
+
+// Masks one row of a batch in place: ids [T], mask [T]; labels [T] receive the targets.
+// Returns the number of scored tokens.
+int64_t mask_tokens(int32_t* ids, const int32_t* attention, int32_t* labels, int64_t T, uint64_t sample,
+                    const MaskingOptions& o);
+
+// A dataset's samples with their tokens masked: get() fills HostBatch::token_labels [B, T] and
+// the masked ids (Note [masking]).
+class MaskedLMDataset final : public Dataset {
+ public:
+  MaskedLMDataset(std::shared_ptr<const Dataset> base, MaskingOptions o);
+  size_t size() const override { return m_base->size(); }
+  int64_t seq_len() const override { return m_base->seq_len(); }
+  void get(size_t i, HostBatch& out, int64_t row) const override;
+  const Dataset& base() const { return *m_base; }
+
+ private:
+  std::shared_ptr<const Dataset> m_base;
+  MaskingOptions m_opt;
+};
+
+// A plain text file, one sample per non-empty line, tokenized in memory with [CLS] ... [SEP]
+// (the tokenizer's template) and cut to max_length.
+class LinesDataset final : public Dataset {
+ public:
+  LinesDataset(const std::string& path, const Tokenizer& tok, int64_t max_length);
+  size_t size() const override { return m_offsets.size() - 1; }
+  int64_t seq_len() const override { return m_max_length; }
+  void get(size_t i, HostBatch& out, int64_t row) const override;
+  std::vector<int64_t> lengths() const;
+
+ private:
+  int64_t m_max_length;
+  int32_t m_pad;
+  std::vector<int32_t> m_ids;
+  std::vector<size_t> m_offsets{0};
+};
+
+}  // namespace anatomy

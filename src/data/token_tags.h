@@ -1,0 +1,62 @@
+// Token classification data (Note [token classification head] in model/heads.h): JSON Lines with
+// a list of words and a list of per-word tags, as run_ner.py reads them ({"tokens": [...],
+// "ner_tags": [...]}). Each word is tokenized on its own (Tokenizer::encode_split_words); its tag
+// labels the word's first sub-token, every other token is labelled -100 (not scored), and words
+// cut off by max_length are dropped.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace anatomy {
+
+class Tokenizer;
+
+struct TokenTagOptions {
+  std::string words_column = "tokens", tags_column = "ner_tags";
+  int64_t max_length = 128;
+  // The tag set: given (a trained head's names, or the training file's), every tag must be one of
+  // them; else string tags make their sorted distinct set (as run_ner.py sorts its label list)
+  // and integer tags the ids 0..max.
+  std::optional<std::vector<std::string>> tags;
+  std::optional<int64_t> num_ids;  // integer tags of a given count
+};
+
+class TokenTagDataset final : public Dataset {
+ public:
+  // Errors name the file and line: not a JSON object, a missing column, word and tag lists of
+  // different lengths, an unknown tag.
+  TokenTagDataset(const std::string& path, const Tokenizer& tok, const TokenTagOptions& options);
+  size_t size() const override { return m_offsets.size() - 1; }
+  int64_t seq_len() const override { return m_max_length; }
+  // Ids, mask (types 0) and HostBatch::token_labels.
+  void get(size_t i, HostBatch& out, int64_t row) const override;
+  std::vector<int64_t> lengths() const;
+  // id -> tag name (integer tags: their decimal text).
+  const std::vector<std::string>& tag_names() const { return m_tags; }
+  bool integer_tags() const { return m_integer; }
+
+ private:
+  int64_t m_max_length;
+  int32_t m_pad;
+  std::vector<std::string> m_tags;
+  bool m_integer = false;
+  std::vector<int32_t> m_ids, m_labels;
+  std::vector<size_t> m_offsets{0};
+};
+
+// CoNLL-style entity scores (conlleval's chunking of IOB tags: an entity starts at B-X, or at
+// I-X after O or after another type, and runs over the following I-X): precision, recall and F1
+// of the entities predicted with exactly the right type and span, over all sequences; 0 where a
+// denominator is 0. Sequences are tag names per word.
+struct EntityScores {
+  double precision = 0, recall = 0, f1 = 0;
+  int64_t predicted = 0, gold = 0, correct = 0;
+};
+EntityScores entity_scores(const std::vector<std::vector<std::string>>& predicted,
+                           const std::vector<std::vector<std::string>>& gold);
+
+}  // namespace anatomy

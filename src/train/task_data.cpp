@@ -1,0 +1,251 @@
+#include "train/task_data.h"
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/float_labels.h"
+#include "data/masked_lm.h"
+#include "data/token_tags.h"
+#include "data/tokenizer.h"
+
+namespace anatomy {
+
+// Runs a reader of `path` whose errors begin with the path, so that they name the flag too
+// ("--train-file x.jsonl: ..."), as the token cache's errors do.
+template <class F>
+static auto named(const char* flag, F&& read) {
+  try {
+    return read();
+  } catch (const Error& e) {
+    fail(flag, " ", e.what());
+  }
+}
+
+// Note [problem types] (model/heads.h): config.json's problem_type when it names one; else what
+// the training file's labels imply, as run_classification.py does (numbers -> regression, lists
+// -> multi-label); else transformers' rule (num_labels 1 -> regression).
+ProblemType resolve_problem_type(const TrainOptions& opt, const BertConfig& cfg) {
+  const LabelColumnKind col =
+      named("--train-file", [&] { return sniff_label_column(opt.train_file, TextFormat::Auto, 0, opt.label_column); });
+  if (cfg.problem_type) {
+    const ProblemType p = problem_type_of(cfg);
+    ANATOMY_CHECK(p != ProblemType::SingleLabel || col == LabelColumnKind::Classes, "--train-file ", opt.train_file,
+                  ": its labels are ", col == LabelColumnKind::Lists ? "lists" : "numbers",
+                  " but the model's problem_type is single_label_classification");
+    ANATOMY_CHECK(p != ProblemType::MultiLabel || col == LabelColumnKind::Lists, "--train-file ", opt.train_file,
+                  ": the model's problem_type is multi_label_classification but the labels are not lists of classes");
+    return p;
+  }
+  if (col == LabelColumnKind::Numbers) return ProblemType::Regression;
+  if (col == LabelColumnKind::Lists) return ProblemType::MultiLabel;
+  if (!opt.model_name_or_path.empty() && cfg.num_labels == 1) return ProblemType::Regression;
+  return ProblemType::SingleLabel;
+}
+
+// Regression and multi-label: the files tokenized without labels, their label columns read as
+// float targets; the head sized and named for them, problem_type set in the config.
+TrainData load_float_label_data(const TrainOptions& opt, BertConfig& cfg, const Tokenizer& tok, TextDataOptions to,
+                                ProblemType p, TrainData d) {
+  FloatLabelOptions fo;
+  fo.lists = p == ProblemType::MultiLabel;
+  if (p == ProblemType::Regression) {
+    const bool lists = sniff_label_column(opt.train_file, TextFormat::Auto, 0, opt.label_column) == LabelColumnKind::Lists;
+    fo.width = lists ? cfg.num_labels : 1;
+  } else {
+    const LabelSet from_config = LabelSet::from_id2label(cfg.id2label);
+    if (!opt.model_name_or_path.empty() && !opt.ignore_mismatched_sizes) {
+      if (from_config.kind == LabelSet::Kind::Names) fo.classes = from_config.names;
+      else fo.num_ids = cfg.num_labels;
+    }
+  }
+  const std::string column = to.label_column;
+  to.label_column = "";
+  auto load = [&](const std::string& path, const char* flag, const FloatLabelOptions& o) {
+    TextDataOptions x = to;
+    x.source_flag = flag;
+    auto text = std::make_shared<TextDataset>(TextDataset::load(path, tok, x));
+    FloatLabels labels = named(flag, [&] { return read_float_labels(path, TextFormat::Auto, 0, column, o); });
+    ANATOMY_CHECK(labels.size() == text->size(), flag, " ", path, ": ", labels.size(), " labels for ", text->size(),
+                  " texts");
+    return std::make_pair(text, std::make_shared<FloatLabelDataset>(text, std::move(labels)));
+  };
+  auto [train_text, train] = load(opt.train_file, "--train-file", fo);
+  const FloatLabels& fl = train->labels();
+  ANATOMY_CHECK(!opt.num_labels_given || opt.num_labels == fl.width, "--num-labels ", opt.num_labels,
+                " disagrees with --train-file ", opt.train_file, ", whose labels make ", fl.width, " outputs");
+  LabelSet names = fl.classes.empty() ? LabelSet::ids(fl.width) : LabelSet::from_names(fl.classes);
+  if (cfg.num_labels != fl.width || !fl.classes.empty()) {
+    cfg.set_num_labels(fl.width);
+    cfg.id2label = names.id2label();
+    cfg.label2id = names.label2id();
+  }
+  cfg.problem_type = problem_type_name(p);
+  d.labels = names;
+  std::vector<int64_t> lengths = train_text->lengths();
+  d.train = train;
+  if (!opt.validation_file.empty()) {
+    FloatLabelOptions vo = fo;
+    if (fo.lists) {
+      vo.classes.reset();
+      vo.num_ids.reset();
+      if (fl.classes.empty()) vo.num_ids = fl.width;
+      else vo.classes = fl.classes;
+    }
+    auto [val_text, val] = load(opt.validation_file, "--validation-file", vo);
+    d.validation_lengths = val_text->lengths();
+    d.validation = val;
+  } else if (opt.validation_split > 0) {
+    TrainValSplit s = split(*train, opt.validation_split, opt.seed);
+    std::vector<int64_t> sub(s.train.size());
+    for (size_t i = 0; i < s.train.size(); ++i) sub[i] = lengths[s.train[i]];
+    for (size_t i : s.val) d.validation_lengths.push_back(lengths[i]);
+    lengths = std::move(sub);
+    d.train = std::make_shared<OwningSubset>(train, std::move(s.train));
+    d.validation = std::make_shared<OwningSubset>(train, std::move(s.val));
+  }
+  if (!opt.test_file.empty()) {
+    TextDataOptions po = to;
+    po.source_flag = "--test-file";
+    d.test = std::make_shared<TextDataset>(TextDataset::load(opt.test_file, tok, po));
+  }
+  d.train_lengths = std::move(lengths);
+  d.description = str_cat(opt.train_file, ": ", d.train->size(), " training samples, ", problem_type_name(p), " with ",
+                          fl.width, p == ProblemType::Regression ? " outputs" : " classes",
+                          d.validation ? str_cat(", ", d.validation->size(), " for validation") : std::string());
+  return d;
+}
+
+// --task mlm: the texts (JSONL/CSV text column, or a .txt file's lines) tokenized, masked as
+// Note [masking] in data/masked_lm.h says; validation texts with masks of their own seed.
+TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, const std::string& tok_dir, TrainData d) {
+  const MaskingOptions mo = masking_for(tok, tok_dir, opt.mlm_probability, opt.seed);
+  auto texts = [&](const std::string& path, const char* flag, std::vector<int64_t>& lengths) {
+    std::shared_ptr<const Dataset> base;
+    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".txt") == 0) {
+      auto lines = named(flag, [&] { return std::make_shared<LinesDataset>(path, tok, opt.seq_len); });
+      lengths = lines->lengths();
+      base = lines;
+    } else {
+      TextDataOptions to;
+      to.text_column = opt.text_column;
+      to.label_column = "";
+      to.max_length = opt.seq_len;
+      to.cache_dir = opt.dataset_cache_dir;
+      to.source_flag = flag;
+      auto t = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
+      lengths = t->lengths();
+      base = t;
+    }
+    return base;
+  };
+  std::vector<int64_t> lengths;
+  auto train = std::make_shared<MaskedLMDataset>(texts(opt.train_file, "--train-file", lengths), mo);
+  d.train = train;
+  if (!opt.validation_file.empty()) {
+    MaskingOptions vo = mo;
+    vo.seed = mix64(mo.seed + 1);
+    d.validation = std::make_shared<MaskedLMDataset>(texts(opt.validation_file, "--validation-file", d.validation_lengths), vo);
+  } else if (opt.validation_split > 0) {
+    TrainValSplit s = split(*train, opt.validation_split, opt.seed);
+    std::vector<int64_t> sub(s.train.size());
+    for (size_t i = 0; i < s.train.size(); ++i) sub[i] = lengths[s.train[i]];
+    for (size_t i : s.val) d.validation_lengths.push_back(lengths[i]);
+    lengths = std::move(sub);
+    d.train = std::make_shared<OwningSubset>(train, std::move(s.train));
+    d.validation = std::make_shared<OwningSubset>(train, std::move(s.val));
+  }
+  ANATOMY_CHECK(opt.test_file.empty(), "--test-file: predictions are not written for --task mlm");
+  d.train_lengths = std::move(lengths);
+  int64_t tokens = 0;
+  for (int64_t l : d.train_lengths) tokens += l;
+  d.description = str_cat(opt.train_file, ": ", d.train->size(), " texts for masked-language modelling (",
+                          opt.mlm_probability, " of the tokens masked), mean length ",
+                          d.train->size() ? tokens / static_cast<int64_t>(d.train->size()) : 0, " tokens",
+                          d.validation ? str_cat(", ", d.validation->size(), " for validation") : std::string());
+  return d;
+}
+
+// The words and tags columns: run_ner.py's names unless the flags name others.
+static TokenTagOptions token_tag_options(const std::string& text_column, const std::string& label_column, int64_t max_length) {
+  TokenTagOptions o;
+  o.words_column = text_column == "text" ? "tokens" : text_column;
+  o.tags_column = label_column == "label" ? "ner_tags" : label_column;
+  o.max_length = max_length;
+  return o;
+}
+
+// --task token-classification (Note [token classification head]): the tagged words, the head
+// sized and named for the file's tags (or mapped through a trained head's names).
+TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokenizer& tok, TrainData d) {
+  TokenTagOptions to = token_tag_options(opt.text_column, opt.label_column, opt.seq_len);
+  const LabelSet from_config = LabelSet::from_id2label(cfg.id2label);
+  if (from_config.kind == LabelSet::Kind::Names && !opt.ignore_mismatched_sizes) to.tags = from_config.names;
+  auto train = named("--train-file", [&] { return std::make_shared<TokenTagDataset>(opt.train_file, tok, to); });
+  const std::vector<std::string>& tags = train->tag_names();
+  ANATOMY_CHECK(!opt.num_labels_given || opt.num_labels == static_cast<int64_t>(tags.size()), "--num-labels ",
+                opt.num_labels, " disagrees with --train-file ", opt.train_file, ", whose tags make ", tags.size());
+  const LabelSet names = train->integer_tags() ? LabelSet::ids(static_cast<int64_t>(tags.size())) : LabelSet::from_names(tags);
+  cfg.set_num_labels(static_cast<int64_t>(tags.size()));
+  cfg.id2label = names.id2label();
+  cfg.label2id = names.label2id();
+  d.labels = names;
+  std::vector<int64_t> lengths = train->lengths();
+  d.train = train;
+  if (!opt.validation_file.empty()) {
+    TokenTagOptions vo = to;
+    vo.tags = tags;
+    auto val = named("--validation-file", [&] { return std::make_shared<TokenTagDataset>(opt.validation_file, tok, vo); });
+    d.validation_lengths = val->lengths();
+    d.validation = val;
+  } else if (opt.validation_split > 0) {
+    TrainValSplit s = split(*train, opt.validation_split, opt.seed);
+    std::vector<int64_t> sub(s.train.size());
+    for (size_t i = 0; i < s.train.size(); ++i) sub[i] = lengths[s.train[i]];
+    for (size_t i : s.val) d.validation_lengths.push_back(lengths[i]);
+    lengths = std::move(sub);
+    d.train = std::make_shared<OwningSubset>(train, std::move(s.train));
+    d.validation = std::make_shared<OwningSubset>(train, std::move(s.val));
+  }
+  ANATOMY_CHECK(opt.test_file.empty(), "--test-file: predictions are written by `anatomy eval` for --task "
+                "token-classification (predictions.jsonl, the tags of each word)");
+  d.train_lengths = std::move(lengths);
+  d.description = str_cat(opt.train_file, ": ", d.train->size(), " tagged sentences, ", tags.size(), " tags",
+                          d.validation ? str_cat(", ", d.validation->size(), " for validation") : std::string());
+  return d;
+}
+
+std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tokenizer& tok, TextDataOptions to,
+                                              const BertConfig& cfg) {
+  if (is_token_classification(cfg)) {  // the tagged words, mapped through the model's tags
+    TokenTagOptions o = token_tag_options(to.text_column, to.label_column, to.max_length);
+    const LabelSet names = LabelSet::from_id2label(cfg.id2label);
+    if (names.kind == LabelSet::Kind::Names) o.tags = names.names;
+    else o.num_ids = cfg.num_labels;
+    return std::make_shared<TokenTagDataset>(path, tok, o);
+  }
+  if (is_masked_lm(cfg)) {  // the texts, masked as for training (Note [masking]) with a fixed seed
+    to.label_column = "";
+    to.text_pair_column = "";
+    auto text = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
+    return std::make_shared<MaskedLMDataset>(text, masking_for(tok, "the model directory", 0.15, 42));
+  }
+  const ProblemType p = problem_type_of(cfg);
+  if (!has_float_labels(p) || to.label_column.empty()) {
+    to.labels = LabelSet::from_id2label(cfg.id2label);  // the file's labels mean the model's classes
+    return std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
+  }
+  FloatLabelOptions fo;
+  fo.lists = p == ProblemType::MultiLabel;
+  fo.width = cfg.num_labels;
+  const LabelSet classes = LabelSet::from_id2label(cfg.id2label);
+  if (classes.kind == LabelSet::Kind::Names) fo.classes = classes.names;
+  else fo.num_ids = cfg.num_labels;
+  if (fo.lists) fo.width = 1;
+  const std::string column = to.label_column;
+  to.label_column = "";
+  auto text = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
+  FloatLabels labels = read_float_labels(path, to.format, to.delimiter, column, fo);
+  ANATOMY_CHECK(labels.size() == text->size(), path, ": ", labels.size(), " labels for ", text->size(), " texts");
+  return std::make_shared<FloatLabelDataset>(text, std::move(labels));
+}
+
+}  // namespace anatomy

@@ -1,0 +1,457 @@
+// Regression and multi-label sequence classification end to end through the CLI on the CPU
+// (Note [problem types] in model/heads.h): the problem type inferred from the training file's
+// labels, written into the saved config.json, evaluated with its own metrics, and `anatomy eval`
+// predictions for it; plus the float-label reader and metrics on their own.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../common/cli.h"
+#include "../common/dirs.h"
+#include "core/error.h"
+#include "data/float_labels.h"
+#include "data/token_tags.h"
+#include "io/read_file.h"
+#include "memory/planner.h"
+#include "model/heads.h"
+#include "train/trainer.h"
+#include "train/evaluate.h"
+
+using namespace anatomy;
+
+namespace {
+
+std::vector<nlohmann::json> sentiment_rows(size_t n) {
+  std::ifstream in(std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl");
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  while (std::getline(in, line) && rows.size() < n) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+int sentiment_id(const nlohmann::json& r) {
+  const std::string l = r.at("label");
+  return l == "negative" ? 0 : l == "neutral" ? 1 : 2;
+}
+
+// Each text with a score (regression: 0.x negative, 2.x neutral, 4.x positive) or a list of
+// class ids (multi-label: its sentiment, and class 1 too when the text has more than 7 words).
+std::string write_data(const std::string& dir, const std::string& name, bool lists, size_t n) {
+  std::ofstream out(dir + "/" + name);
+  size_t i = 0;
+  for (const auto& r : sentiment_rows(n)) {
+    nlohmann::json o = {{"text", r.at("text")}};
+    const int id = sentiment_id(r);
+    if (lists) {
+      const std::string t = r.at("text");
+      std::vector<int> ids{id};
+      if (std::count(t.begin(), t.end(), ' ') >= 7 && id != 1) ids.push_back(1);
+      o["label"] = ids;
+    } else {
+      o["label"] = 2.0 * id + 0.25 + 0.5 * static_cast<double>(i % 3) / 3.0;
+    }
+    ++i;
+    out << o.dump() << "\n";
+  }
+  return dir + "/" + name;
+}
+
+std::string model_dir() { return std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta"; }
+
+std::vector<nlohmann::json> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+}  // namespace
+
+TEST(FloatLabels, SniffsTheLabelColumnAsRunClassificationDoes) {
+  const std::string dir = testing_dirs::fresh_dir("float_labels_sniff");
+  auto file = [&](const std::string& name, const std::string& body) {
+    std::ofstream(dir + "/" + name) << body;
+    return dir + "/" + name;
+  };
+  EXPECT_EQ(sniff_label_column(file("a.jsonl", "{\"text\":\"x\",\"label\":1}\n{\"text\":\"y\",\"label\":\"b\"}\n"),
+                               TextFormat::Auto, 0, "label"),
+            LabelColumnKind::Classes);
+  EXPECT_EQ(sniff_label_column(file("b.jsonl", "{\"text\":\"x\",\"label\":3}\n\n{\"text\":\"y\",\"label\":0.5}\n"),
+                               TextFormat::Auto, 0, "label"),
+            LabelColumnKind::Numbers);
+  EXPECT_EQ(sniff_label_column(file("c.jsonl", "{\"text\":\"x\",\"label\":[0, 2]}\n{\"text\":\"y\",\"label\":[]}\n"),
+                               TextFormat::Auto, 0, "label"),
+            LabelColumnKind::Lists);
+  EXPECT_EQ(sniff_label_column(file("d.csv", "text,label\nx,1.5\ny,2\n"), TextFormat::Auto, 0, "label"),
+            LabelColumnKind::Numbers);
+  EXPECT_THROW(sniff_label_column(file("e.jsonl", "{\"text\":\"x\",\"label\":[1]}\n{\"text\":\"y\",\"label\":2.5}\n"),
+                                  TextFormat::Auto, 0, "label"),
+               Error);
+
+  FloatLabelOptions o;
+  o.lists = true;
+  const FloatLabels names = read_float_labels(
+      file("f.jsonl", "{\"text\":\"x\",\"label\":[\"sport\",\"news\"]}\n{\"text\":\"y\",\"label\":[\"arts\"]}\n"),
+      TextFormat::Auto, 0, "label", o);
+  ASSERT_EQ(names.classes, (std::vector<std::string>{"arts", "news", "sport"}));  // sorted, as LabelSet names
+  EXPECT_EQ(names.values, (std::vector<float>{0, 1, 1, 1, 0, 0}));
+  o.classes = std::vector<std::string>{"arts", "news"};
+  try {
+    read_float_labels(dir + "/f.jsonl", TextFormat::Auto, 0, "label", o);
+    ADD_FAILURE() << "an unknown class was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f.jsonl:1: unknown class \"sport\""), std::string::npos) << e.what();
+  }
+}
+
+TEST(FloatLabelMetrics, MsePearsonAndMicroF1) {
+  const std::vector<float> x{1, 2, 3, 4}, y{1, 2, 3, 5};
+  EXPECT_NEAR(mean_squared_error(x, y), 0.25, 1e-12);
+  EXPECT_NEAR(pearson(x, x), 1.0, 1e-12);
+  EXPECT_NEAR(pearson(x, y), 0.9827076298239908, 1e-12);
+  EXPECT_TRUE(std::isnan(pearson(x, std::vector<float>{2, 2, 2, 2})));
+  // Logits > 0 predict a class: TP 2 (elements 0, 3), FP 1 (element 1), FN 1 (element 2).
+  const std::vector<float> logits{2.0f, 0.5f, -1.0f, 3.0f, -0.1f}, hot{1, 0, 1, 1, 0};
+  EXPECT_NEAR(micro_f1_at_half(logits, hot), 2.0 * 2 / (2 * 2 + 1 + 1), 1e-12);
+}
+
+// Numbers as labels: a regression head (num_labels 1, MSE) that learns, saved with
+// problem_type "regression"; eval_mse equals the loss, and `anatomy eval` writes each value.
+TEST(TasksCli, RegressionTrainsEvaluatesAndPredicts) {
+  const std::string dir = testing_cli::fresh_dir("tasks_regression");
+  const std::string train = write_data(dir, "train.jsonl", false, 96), out = dir + "/run";
+  const auto r = testing_cli::run_anatomy(
+      "train --device cpu --model-name-or-path " + model_dir() + " --ignore-mismatched-sizes --train-file " + train +
+      " --validation-file " + train + " --eval-strategy epoch --max-seq-length 32"
+      " --per-device-train-batch-size 8 --num-train-epochs 12 --learning-rate 5e-3 --logging-steps 12 --disable-tqdm"
+      " --output-dir " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
+  EXPECT_EQ(cfg.at("problem_type"), "regression");
+  EXPECT_EQ(cfg.at("id2label").size(), 1u);
+  const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+  ASSERT_TRUE(ev.contains("eval_mse")) << ev.dump();
+  EXPECT_FALSE(ev.contains("eval_accuracy"));
+  EXPECT_NEAR(ev.at("eval_mse").get<double>(), ev.at("eval_loss").get<double>(), 1e-6);
+  // On its training texts (a tiny model learns them, not the task): below the targets' variance
+  // about their mean, what a model that learned only the mean would score.
+  double mean = 0, var = 0;
+  const auto rows = read_lines(train);
+  for (const auto& row : rows) mean += row.at("label").get<double>() / static_cast<double>(rows.size());
+  for (const auto& row : rows) var += std::pow(row.at("label").get<double>() - mean, 2) / static_cast<double>(rows.size());
+  EXPECT_LT(ev.at("eval_mse").get<double>(), 0.8 * var) << ev.dump() << " variance " << var;
+  EXPECT_GT(ev.at("eval_pearson").get<double>(), 0.5) << ev.dump();
+
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + train +
+                                          " --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("eval_mse"), std::string::npos) << e.output;
+  const auto preds = read_lines(dir + "/eval/predictions.jsonl");
+  ASSERT_EQ(preds.size(), 96u);
+  EXPECT_TRUE(preds[0].at("prediction").is_number_float()) << preds[0].dump();
+  EXPECT_TRUE(preds[0].at("label").is_number()) << preds[0].dump();
+}
+
+// Lists of class ids as labels: a multi-label head (BCE with logits) on the model's three
+// classes, saved with problem_type "multi_label_classification"; micro-F1 at threshold 0.5.
+TEST(TasksCli, MultiLabelTrainsEvaluatesAndPredicts) {
+  const std::string dir = testing_cli::fresh_dir("tasks_multilabel");
+  const std::string train = write_data(dir, "train.jsonl", true, 96), out = dir + "/run";
+  const auto r = testing_cli::run_anatomy(
+      "train --device cpu --model-name-or-path " + model_dir() + " --train-file " + train +
+      " --validation-file " + train + " --eval-strategy epoch --max-seq-length 32"
+      " --per-device-train-batch-size 8 --num-train-epochs 12 --learning-rate 5e-3 --logging-steps 12 --disable-tqdm"
+      " --output-dir " + out +
+      " --do-predict --test-file " + train);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
+  EXPECT_EQ(cfg.at("problem_type"), "multi_label_classification");
+  EXPECT_EQ(cfg.at("id2label").size(), 3u);
+  const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+  ASSERT_TRUE(ev.contains("eval_micro_f1")) << ev.dump();
+  EXPECT_GT(ev.at("eval_micro_f1").get<double>(), 0.5) << ev.dump();
+  EXPECT_LT(ev.at("eval_loss").get<double>(), std::log(2.0)) << ev.dump();  // below a coin flip per class
+  const std::string predicted = read_regular_file(out + "/predict_results.txt");
+  EXPECT_EQ(predicted.rfind("index\tprediction\n", 0), 0u) << predicted.substr(0, 100);
+
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + train +
+                                          " --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("eval_micro_f1"), std::string::npos) << e.output;
+  const auto preds = read_lines(dir + "/eval/predictions.jsonl");
+  ASSERT_EQ(preds.size(), 96u);
+  EXPECT_TRUE(preds[0].at("prediction").is_array()) << preds[0].dump();
+  EXPECT_EQ(preds[0].at("probabilities").size(), 3u);
+  EXPECT_TRUE(preds[0].at("label").is_array());
+}
+
+// A label of the wrong kind for the model's problem_type is refused, naming the file.
+TEST(TasksCli, LabelsThatContradictProblemTypeAreRefused) {
+  const std::string dir = testing_cli::fresh_dir("tasks_refused");
+  const std::string train = write_data(dir, "train.jsonl", false, 16), model = dir + "/model";
+  std::filesystem::create_directories(model);
+  for (const char* f : {"model.safetensors", "tokenizer.json"})
+    std::filesystem::copy_file(model_dir() + "/" + f, model + "/" + f);
+  nlohmann::json cfg = nlohmann::json::parse(read_regular_file(model_dir() + "/config.json"));
+  cfg["problem_type"] = "multi_label_classification";
+  std::ofstream(model + "/config.json") << cfg.dump(2);
+  const auto r = testing_cli::run_anatomy("train --device cpu --model-name-or-path " + model + " --train-file " + train +
+                                          " --max-steps 1 --output-dir " + dir + "/run");
+  testing_cli::expect_clean_error(r, "train.jsonl");
+}
+
+// plan_memory's categories are what training allocates with the regression and multi-label
+// heads (their F32 [B, num_labels] labels in Other), padded and on real tokens, for each
+// gradient placement.
+TEST(TasksPlan, PlanEqualsAllocated) {
+  const std::string dir = testing_cli::fresh_dir("tasks_plan");
+  for (bool lists : {false, true}) {
+    const std::string data = write_data(dir, lists ? "multi.jsonl" : "reg.jsonl", lists, 40);
+    for (bool skip_padding : {false, true})
+      for (const char* place : {"own", "in-activations"}) {
+        TrainOptions o;
+        o.model_name_or_path = model_dir();
+        o.ignore_mismatched_sizes = !lists;
+        o.train_file = data;
+        o.device = DeviceChoice::Cpu;
+        o.seq_len = 24;
+        o.per_device_train_batch_size = 8;
+        o.max_steps = 2;
+        o.logging_steps = 0;
+        o.skip_padding = skip_padding;
+        o.gradient_placement = place;
+        o.output_dir = dir + "/run";
+        o.overwrite_output_dir = true;
+        o.save_model = false;
+        o.disable_progress_bar = true;
+        TrainResult r = train(o);
+        BertConfig cfg = BertConfig::from_json_file(model_dir() + "/config.json");
+        if (!lists) cfg.set_num_labels(1);
+        cfg.problem_type = lists ? "multi_label_classification" : "regression";
+        ModelShape s{8, 24, DType::F32, CheckpointPolicy::None, true, resolve_gradient_placement(place, 1), skip_padding};
+        MemoryPlan plan = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CPU});
+        for (int c = 0; c < kNumCategories; ++c)
+          EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c)) << " " << place
+                                                        << " skip_padding " << skip_padding << " lists " << lists;
+        EXPECT_TRUE(std::isfinite(r.last_loss));
+      }
+  }
+}
+
+namespace {
+
+// The training loss of each logging line ({'loss': x, ...}) a run printed, in order.
+std::vector<double> logged_losses(const std::string& output) {
+  std::vector<double> out;
+  for (size_t at = output.find("{'loss': "); at != std::string::npos; at = output.find("{'loss': ", at + 1))
+    out.push_back(std::stod(output.substr(at + 9, 16)));
+  return out;
+}
+
+}  // namespace
+
+// --task mlm on real text (the sentiment file's sentences, as JSON Lines and as a plain .txt
+// file of lines): the masked-LM loss falls, the evaluation reports perplexity = exp(eval_loss),
+// and the saved model is a RobertaForMaskedLM with the tensors transformers writes for one.
+TEST(TasksCli, MaskedLmLossFallsOnRealText) {
+  const std::string dir = testing_cli::fresh_dir("tasks_mlm");
+  {
+    std::ofstream lines(dir + "/text.txt");
+    for (const auto& r : sentiment_rows(200)) lines << r.at("text").get<std::string>() << "\n\n";
+  }
+  for (const std::string& data : {std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl", dir + "/text.txt"}) {
+    const std::string out = dir + (data.ends_with(".txt") ? "/run_txt" : "/run_jsonl");
+    const auto r = testing_cli::run_anatomy(
+        "train --device cpu --task mlm --model-name-or-path " + model_dir() + " --train-file " + data +
+        " --validation-split 0.1 --max-seq-length 32 --per-device-train-batch-size 16 --num-train-epochs 8"
+        " --learning-rate 3e-3 --logging-steps 11 --disable-tqdm --output-dir " + out);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::vector<double> losses = logged_losses(r.output);
+    ASSERT_GE(losses.size(), 4u) << r.output;
+    // From about log(400) = 6.0 (a random head over the 400 tokens) well down.
+    EXPECT_LT(losses.back(), 0.7 * losses.front()) << r.output;
+    const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
+    EXPECT_EQ(cfg.at("architectures"), nlohmann::json::array({"RobertaForMaskedLM"}));
+    const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+    ASSERT_TRUE(ev.contains("perplexity")) << ev.dump();
+    EXPECT_NEAR(ev.at("perplexity").get<double>(), std::exp(ev.at("eval_loss").get<double>()), 1e-6);
+    EXPECT_LT(ev.at("eval_loss").get<double>(), losses.front()) << ev.dump();
+  }
+  // `anatomy eval` of the saved model: perplexity on masked texts, a line per text.
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + dir + "/run_jsonl --eval-file " +
+                                          std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl" +
+                                          " --max-seq-length 32 --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("perplexity: "), std::string::npos) << e.output;
+  EXPECT_EQ(read_lines(dir + "/eval/predictions.jsonl").size(), 197u);
+}
+
+// DistilBERT has no masked-LM head here: refused by name before anything runs.
+TEST(TasksCli, MaskedLmRefusesOtherVariants) {
+  const std::string dir = testing_cli::fresh_dir("tasks_mlm_refused");
+  const auto r = testing_cli::run_anatomy("train --device cpu --task mlm --model-name-or-path " +
+                                          std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/distilbert" +
+                                          " --train-file " + std::string(ANATOMY_SOURCE_DIR) +
+                                          "/tests/data/text/sentiment.jsonl --max-steps 1 --output-dir " + dir + "/run");
+  testing_cli::expect_clean_error(r, "distilbert");
+}
+
+// plan_memory's categories are what --task mlm allocates: the head's [B*T, vocab] logits and
+// their gradient, h and its statistics, the token labels I32 [B, T] in Other; both placements.
+TEST(TasksPlan, MaskedLmPlanEqualsAllocated) {
+  const std::string dir = testing_cli::fresh_dir("tasks_plan_mlm");
+  for (const char* policy : {"none", "selective", "layer"})
+    for (const char* place : {"own", "in-activations"}) {
+      TrainOptions o;
+      o.task = "mlm";
+      o.model_name_or_path = model_dir();
+      o.train_file = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
+      o.dataset_cache_dir = dir;
+      o.device = DeviceChoice::Cpu;
+      o.seq_len = 24;
+      o.per_device_train_batch_size = 8;
+      o.max_steps = 2;
+      o.logging_steps = 0;
+      o.gradient_checkpointing = parse_checkpoint_policy(policy);
+      o.gradient_placement = place;
+      o.output_dir = dir + "/run";
+      o.overwrite_output_dir = true;
+      o.save_model = false;
+      o.disable_progress_bar = true;
+      TrainResult r = train(o);
+      BertConfig cfg = BertConfig::from_json_file(model_dir() + "/config.json");
+      cfg.architectures = {masked_lm_class(cfg)};
+      ModelShape s{8, 24, DType::F32, o.gradient_checkpointing, true, resolve_gradient_placement(place, 1), false};
+      MemoryPlan plan = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CPU});
+      for (int c = 0; c < kNumCategories; ++c)
+        EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c)) << " " << policy << " "
+                                                      << place;
+      EXPECT_TRUE(std::isfinite(r.last_loss));
+    }
+}
+
+namespace {
+
+// A small tagged corpus (BIO tags, strings): people, places and organizations in a few sentence
+// shapes, some names of two words (B-PER I-PER). `offset` varies the combinations.
+std::string write_tagged(const std::string& path, int n, int offset) {
+  const std::vector<std::vector<std::string>> people{{"John"}, {"Mary", "Smith"}, {"Alice"}, {"Bob"}, {"Paul", "Jones"}, {"Anna"}};
+  const std::vector<std::string> places{"Paris", "London", "Berlin", "Rome", "Madrid", "Oslo", "Vienna"};
+  const std::vector<std::string> orgs{"Google", "Siemens", "Nokia"};
+  std::ofstream out(path);
+  for (int i = 0; i < n; ++i) {
+    const int k = i + offset;
+    const auto& who = people[static_cast<size_t>(k) % people.size()];
+    const std::string& where = places[static_cast<size_t>(k * 3 + 1) % places.size()];
+    const std::string& org = orgs[static_cast<size_t>(k / 2) % orgs.size()];
+    std::vector<std::string> words, tags;
+    auto person = [&] {
+      for (size_t w = 0; w < who.size(); ++w) {
+        words.push_back(who[w]);
+        tags.push_back(w ? "I-PER" : "B-PER");
+      }
+    };
+    auto plain = [&](std::initializer_list<const char*> ws) {
+      for (const char* w : ws) {
+        words.push_back(w);
+        tags.push_back("O");
+      }
+    };
+    switch (k % 3) {
+      case 0: person(); plain({"lives", "in"}); words.push_back(where); tags.push_back("B-LOC"); break;
+      case 1: plain({"Yesterday"}); person(); plain({"visited"}); words.push_back(where); tags.push_back("B-LOC"); plain({"again"}); break;
+      default: person(); plain({"works", "at"}); words.push_back(org); tags.push_back("B-ORG"); plain({"in"});
+               words.push_back(where); tags.push_back("B-LOC"); break;
+    }
+    out << nlohmann::json{{"tokens", words}, {"ner_tags", tags}}.dump() << "\n";
+  }
+  return path;
+}
+
+}  // namespace
+
+TEST(EntityScores, ConllChunking) {
+  using V = std::vector<std::vector<std::string>>;
+  // Gold: PER [0,1], LOC [3]; predicted: PER [0,1] (right), LOC [3] as ORG (wrong), and an I-LOC
+  // after O that opens an entity of its own (wrong).
+  const V gold{{"B-PER", "I-PER", "O", "B-LOC", "O"}};
+  const V pred{{"B-PER", "I-PER", "O", "B-ORG", "I-LOC"}};
+  const EntityScores s = entity_scores(pred, gold);
+  EXPECT_EQ(s.gold, 2);
+  EXPECT_EQ(s.predicted, 3);
+  EXPECT_EQ(s.correct, 1);
+  EXPECT_NEAR(s.precision, 1.0 / 3, 1e-12);
+  EXPECT_NEAR(s.recall, 0.5, 1e-12);
+  EXPECT_NEAR(s.f1, 2 * (1.0 / 3) * 0.5 / (1.0 / 3 + 0.5), 1e-12);
+  // A span cut short is wrong; an entity that runs to the end counts.
+  EXPECT_EQ(entity_scores(V{{"B-PER", "O", "B-LOC"}}, V{{"B-PER", "I-PER", "B-LOC"}}).correct, 1);
+}
+
+// Token classification end to end: a small tagged file trains, the validation reports entity
+// precision/recall/F1, and `anatomy eval` writes each sentence's word tags.
+TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {
+  const std::string dir = testing_cli::fresh_dir("tasks_ner");
+  const std::string train = write_tagged(dir + "/train.jsonl", 150, 0), dev = write_tagged(dir + "/dev.jsonl", 30, 7);
+  const std::string out = dir + "/run";
+  const auto r = testing_cli::run_anatomy(
+      "train --device cpu --task token-classification --model-name-or-path " + model_dir() + " --train-file " + train +
+      " --validation-file " + dev + " --max-seq-length 32 --per-device-train-batch-size 16 --num-train-epochs 10"
+      " --learning-rate 3e-3 --logging-steps 20 --disable-tqdm --output-dir " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
+  EXPECT_EQ(cfg.at("architectures"), nlohmann::json::array({"RobertaForTokenClassification"}));
+  EXPECT_EQ(cfg.at("id2label").size(), 5u);  // B-LOC B-ORG B-PER I-PER O
+  const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+  ASSERT_TRUE(ev.contains("eval_f1")) << ev.dump();
+  EXPECT_GT(ev.at("eval_f1").get<double>(), 0.8) << ev.dump();
+  EXPECT_GT(ev.at("eval_accuracy").get<double>(), 0.9) << ev.dump();
+
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + dev +
+                                          " --max-seq-length 32 --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("eval_f1: "), std::string::npos) << e.output;
+  const auto preds = read_lines(dir + "/eval/predictions.jsonl");
+  ASSERT_EQ(preds.size(), 30u);
+  const auto dev_rows = read_lines(dev);
+  for (size_t i = 0; i < preds.size(); ++i) {
+    EXPECT_EQ(preds[i].at("prediction").size(), dev_rows[i].at("tokens").size()) << i;
+    EXPECT_EQ(preds[i].at("label"), dev_rows[i].at("ner_tags")) << i;
+  }
+}
+
+// plan_memory's categories are what --task token-classification allocates (logits [B*T, tags],
+// the token labels I32 [B, T] in Other), for each gradient placement.
+TEST(TasksPlan, TokenClassificationPlanEqualsAllocated) {
+  const std::string dir = testing_cli::fresh_dir("tasks_plan_ner");
+  const std::string data = write_tagged(dir + "/train.jsonl", 40, 0);
+  for (const char* place : {"own", "in-activations"}) {
+    TrainOptions o;
+    o.task = "token-classification";
+    o.model_name_or_path = model_dir();
+    o.train_file = data;
+    o.device = DeviceChoice::Cpu;
+    o.seq_len = 24;
+    o.per_device_train_batch_size = 8;
+    o.max_steps = 2;
+    o.logging_steps = 0;
+    o.gradient_placement = place;
+    o.output_dir = dir + "/run";
+    o.overwrite_output_dir = true;
+    o.save_model = false;
+    o.disable_progress_bar = true;
+    TrainResult r = train(o);
+    BertConfig cfg = BertConfig::from_json_file(model_dir() + "/config.json");
+    cfg.architectures = {token_classification_class(cfg)};
+    cfg.set_num_labels(5);
+    ModelShape s{8, 24, DType::F32, CheckpointPolicy::None, true, resolve_gradient_placement(place, 1), false};
+    MemoryPlan plan = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CPU});
+    for (int c = 0; c < kNumCategories; ++c)
+      EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c)) << " " << place;
+    EXPECT_TRUE(std::isfinite(r.last_loss));
+  }
+}
