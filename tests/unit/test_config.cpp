@@ -273,8 +273,10 @@ TEST(ParamLayoutTest, QueryKeyValueAreOneBlockForAnyHiddenSize) {
       EXPECT_EQ(lay.get(base + "key." + part).offset, q.offset + n) << "H " << H << " " << part;
       EXPECT_EQ(lay.get(base + "value." + part).offset, q.offset + 2 * n) << "H " << H << " " << part;
     }
-    for (const auto& p : lay.params())
-      if (p.name.find(".key.") == std::string::npos && p.name.find(".value.") == std::string::npos)
+    for (const auto& p : lay.params()) {
+      if (p.name.find(".key.") == std::string::npos && p.name.find(".value.") == std::string::npos) {
         EXPECT_EQ(p.offset % 8, 0u) << p.name;
+      }
+    }
   }
 }
