@@ -438,17 +438,14 @@ TEST(Attention, AllMaskedBatchIsUniformNotNaN) {
   check_case({3, 70, 2, 64, DType::BF16, 0.1f, MaskKind::AllMaskedBatch}, test_seed());
 }
 
-TEST(Attention, RejectsBadShapes) {
+TEST(Attention, RejectsHeadDimsBeyondTheKernels) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  // The kernels' own limit; shapes, dtypes and the dropout probability are the contract's
+  // (tests/common/contract_misuses.h, the same words on every backend).
   Case c{1, 16, 2, 256, DType::F32, 0.0f};  // head_dim 256 is not supported
   Problem pr(c);
   EXPECT_THROW(pr.forward(DropoutSpec{}), anatomy::Error);
-  Case c2{1, 16, 2, 64, DType::F32, 0.0f};
-  Problem pr2(c2);
-  DropoutSpec d;
-  d.p = 1.0f;
-  EXPECT_THROW(pr2.forward(d), anatomy::Error);
 }
 
 // Median forward and backward times (ms) over `iters` runs after 3 warm-up runs, with events.
