@@ -10,6 +10,7 @@
 #   unit      the CPU golden tests, on this machine's CPU
 #   golden    rewrite the transformers golden fixture (torch + transformers)
 #   hfload    a model written by anatomy, loaded by transformers
+#   yardstick PyTorch's own bf16 error (autocast) on every golden fixture, next to the bf16 GPU tests' bounds
 #   family    the encoder variants (RoBERTa, XLM-R, DistilBERT, ELECTRA): their golden fixtures on the
 #             GPU (fp32, bf16, AdamW, real tokens), then `anatomy train` bf16 on each tiny model directory
 #             of tests/fixtures/models with its tokenizer, loaded back by transformers
@@ -144,6 +145,10 @@ step_selective() {  # issue 16's memory target: bf16 batch 32, selective recompu
         --gradient-checkpointing selective
     done
   } | tee "$OUT/selective.md"
+}
+
+step_yardstick() {
+  python3 tests/golden/bf16_yardstick.py --device cuda 2>/dev/null | tee "$OUT/bf16_yardstick.md"
 }
 
 step_levers() {
