@@ -247,7 +247,10 @@ void* CudaBackend::attention_scratch(size_t bytes) {
 }
 
 void CudaBackend::attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask,
-                                         int heads, const DropoutSpec& dropout) {
+                                         int heads, const DropoutSpec& dropout, int window) {
+  // The local window (Note [local attention window], ops/cpu/attention.cpp) has no GPU kernel yet.
+  ANATOMY_CHECK(window == 0, "attention_forward: a local attention window (", window,
+                ") is not implemented on CUDA yet (ModernBERT's local layers run on the CPU only)");
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t b = qkv.dim(0), t = qkv.dim(1), d = qkv.dim(2) / 3 / heads;
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(b, t, heads, static_cast<int>(d), qkv.dtype));
@@ -260,7 +263,9 @@ void CudaBackend::attention_forward_impl(const Tensor& ctx, const Tensor& lse, c
 
 void CudaBackend::attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                           const Tensor& lse, const Tensor& mask, int heads,
-                                          const DropoutSpec& dropout) {
+                                          const DropoutSpec& dropout, int window) {
+  ANATOMY_CHECK(window == 0, "attention_backward: a local attention window (", window,
+                ") is not implemented on CUDA yet (ModernBERT's local layers run on the CPU only)");
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t b = qkv.dim(0), t = qkv.dim(1), d = qkv.dim(2) / 3 / heads;
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(b, t, heads, static_cast<int>(d), qkv.dtype));
@@ -291,6 +296,13 @@ void CudaBackend::cross_entropy_impl(const Tensor& losses, const Tensor& dlogits
 }
 
 // ---- element-wise --------------------------------------------------------------------------------
+void CudaBackend::rotary_impl(const Tensor& y, const Tensor& x, int heads, float theta, bool inverse) {
+  cuda::rotary(y, x, heads, theta, inverse, m_stream);
+}
+void CudaBackend::geglu_forward_impl(const Tensor& y, const Tensor& x) { cuda::geglu_forward(y, x, m_stream); }
+void CudaBackend::geglu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) {
+  cuda::geglu_backward(dx, dy, x, m_stream);
+}
 void CudaBackend::gelu_forward_impl(const Tensor& y, const Tensor& x) { cuda::gelu_forward(y, x, m_stream); }
 void CudaBackend::gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   cuda::gelu_backward(dx, dy, x, m_stream);
