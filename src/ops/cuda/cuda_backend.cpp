@@ -248,15 +248,12 @@ void* CudaBackend::attention_scratch(size_t bytes) {
 
 void CudaBackend::attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask,
                                          int heads, const DropoutSpec& dropout, int window) {
-  // The local window (Note [local attention window], ops/cpu/attention.cpp) has no GPU kernel yet.
-  ANATOMY_CHECK(window == 0, "attention_forward: a local attention window (", window,
-                ") is not implemented on CUDA yet (ModernBERT's local layers run on the CPU only)");
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t b = qkv.dim(0), t = qkv.dim(1), d = qkv.dim(2) / 3 / heads;
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(b, t, heads, static_cast<int>(d), qkv.dtype));
-  cuda::attention_forward(ctx, lse, qkv, mask, heads, dropout, scratch, m_stream, attention_options());
+  cuda::attention_forward(ctx, lse, qkv, mask, heads, dropout, scratch, m_stream, attention_options(), window);
 #else
-  (void)ctx, (void)lse, (void)qkv, (void)mask, (void)heads, (void)dropout;
+  (void)ctx, (void)lse, (void)qkv, (void)mask, (void)heads, (void)dropout, (void)window;
   fail("attention_forward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
 #endif
 }
@@ -264,14 +261,13 @@ void CudaBackend::attention_forward_impl(const Tensor& ctx, const Tensor& lse, c
 void CudaBackend::attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                           const Tensor& lse, const Tensor& mask, int heads,
                                           const DropoutSpec& dropout, int window) {
-  ANATOMY_CHECK(window == 0, "attention_backward: a local attention window (", window,
-                ") is not implemented on CUDA yet (ModernBERT's local layers run on the CPU only)");
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t b = qkv.dim(0), t = qkv.dim(1), d = qkv.dim(2) / 3 / heads;
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(b, t, heads, static_cast<int>(d), qkv.dtype));
-  cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream, attention_options());
+  cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream,
+                           attention_options(), window);
 #else
-  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)mask, (void)heads, (void)dropout;
+  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)mask, (void)heads, (void)dropout, (void)window;
   fail("attention_backward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
 #endif
 }
