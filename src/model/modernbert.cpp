@@ -74,7 +74,7 @@ struct ModernBertForSequenceClassification::Acts {
     Buffer x, h, rstd_a, qkv, ctx, lse, x1, y, rstd_m, wi, g;
   };
   std::vector<Layer> layers;
-  Buffer emb, x0, rstd_e, xl, xf, rstd_f, pooled, hd, ga, hh, rstd_h, logits, dlogits, losses;
+  Buffer emb, rstd_e, xl, xf, rstd_f, pooled, hd, ga, hh, rstd_h, logits, dlogits, losses;
   Buffer pool_w, mean_scratch, zero_beta, dbeta_scratch;
   // Backward scratch.
   Buffer da, db, t1, t2, t3, dqkv, dg, dwi, dxf, dpooled, dhd, dhh;
@@ -112,7 +112,7 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
     L.g = act({R, I});
     A.layers.push_back(std::move(L));
   }
-  A.emb = act({R, H}), A.x0 = act({R, H}), A.rstd_e = act({R}), A.xl = act({R, H}), A.xf = act({B, max_seq, H});
+  A.emb = act({R, H}), A.rstd_e = act({R}), A.xl = act({R, H}), A.xf = act({B, max_seq, H});
   A.rstd_f = act({R}), A.pooled = act({B, H}), A.hd = act({B, H}), A.ga = act({B, H}), A.hh = act({B, H});
   A.rstd_h = act({B}), A.logits = act({B, C}), A.dlogits = act({B, C}), A.losses = act({B});
   A.pool_w = act({B, R}), A.mean_scratch = tmp({R}), A.zero_beta = tmp({H}), A.dbeta_scratch = tmp({H});
@@ -331,6 +331,23 @@ void ModernBertForSequenceClassification::forward_backward(const DeviceBatch& b,
                      grad_scale);
   m_be.set_phase(Phase::Backward);
   backward(b);
+}
+
+// ---- memory plan -----------------------------------------------------------------------------------
+CategoryBytes modernbert_bytes(const BertConfig& cfg, int64_t B, int64_t T) {
+  const int64_t R = B * T, H = cfg.hidden_size, I = cfg.intermediate_size, L = cfg.num_hidden_layers;
+  const int64_t heads = cfg.num_attention_heads, C = cfg.num_labels, f = 4;  // F32
+  CategoryBytes c;
+  c[Category::Weights] = c[Category::Gradients] = static_cast<int64_t>(ParamLayout::for_modernbert(cfg).total()) * f;
+  // Per layer: input, q|k|v, ctx, lse, x1, mlp_norm's output and rstd, Wi's output, the gated
+  // product; from layer 1 on also attn_norm's output and rstd.
+  const int64_t layer = R * H + 3 * R * H + R * H + B * heads * T + R * H + R * H + R + 2 * R * I + R * I;
+  const int64_t tail = R * H + R + R * H + R * H + R     // embeddings + norm rstd, last output, final_norm
+                       + 4 * B * H + B + 2 * B * C + B  // head, its norm's rstd, logits, dlogits, losses
+                       + B * R;                         // mean pooling's weights
+  c[Category::Activations] = (L * layer + (L - 1) * (R * H + R) + tail) * f;
+  c[Category::Temporary] = (R + 2 * H + 5 * R * H + 3 * R * H + R * I + 2 * R * I + R * H + 3 * B * H) * f;
+  return c;
 }
 
 // ---- checkpoints -----------------------------------------------------------------------------------

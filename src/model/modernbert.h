@@ -70,6 +70,10 @@ class ModernBertForSequenceClassification {
   Tensor m_losses, m_logits;
 };
 
+// The bytes the model allocates per category for batches up to [B, T] (weights, gradients,
+// activations, temporary), computed from the shapes alone: the plan that construction must meet.
+CategoryBytes modernbert_bytes(const BertConfig& cfg, int64_t B, int64_t T);
+
 // DIR/model.safetensors (transformers' names) into the model: every parameter must be there
 // with its shape (an error names the file and the tensor); returns the file's tensors the model
 // does not read.

@@ -54,6 +54,20 @@ TEST_P(GoldenModernBert, SavesTheTensorNamesTransformersLoads) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBert, testing::Values("modernbert", "modernbert-bias-mean"),
                          modernbert_test_name);
 
+// What the model allocates is what modernbert_bytes plans, category by category.
+TEST(ModernBertMemory, PlannedEqualsAllocated) {
+  for (const char* name : {"modernbert", "modernbert-bias-mean"}) {
+    Fixture f(modernbert_dir(name));
+    auto be = make_cpu_backend();
+    const CategoryBytes before = be->allocator().stats().current();
+    ModernBertForSequenceClassification model(*be, f.cfg, 5, 13);
+    const CategoryBytes after = be->allocator().stats().current(), plan = modernbert_bytes(f.cfg, 5, 13);
+    for (Category c : {Category::Weights, Category::Gradients, Category::Activations, Category::Temporary})
+      EXPECT_EQ(after[c] - before[c], plan[c]) << name << " " << category_name(c);
+    EXPECT_EQ(after.total() - before.total(), plan.total()) << name;
+  }
+}
+
 TEST(ModernBertConfig, PresetHasTransformersParameterCount) {
   const BertConfig c = BertConfig::preset("modernbert-base");
   EXPECT_TRUE(c.is_modernbert());
