@@ -327,8 +327,7 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
     f.number(distil ? "dropout" : "hidden_dropout_prob", c.hidden_dropout_prob);
     f.number(distil ? "attention_dropout" : "attention_probs_dropout_prob", c.attention_probs_dropout_prob);
   }
-  if (modern) {
-  } else if (distil) {
+  if (distil) {
     // DistilBertConfig: LayerNorm eps fixed at 1e-12, the head's dropout seq_classif_dropout (0.2).
     const json* sin = f.get("sinusoidal_pos_embds");
     ANATOMY_CHECK(!sin || sin->is_null() || (sin->is_boolean() && !sin->get<bool>()), source,
@@ -336,7 +335,7 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
     double d = 0.2;
     f.number("seq_classif_dropout", d);
     c.classifier_dropout = d;
-  } else {
+  } else if (!modern) {  // ModernBERT's norm_eps: read_modernbert
     f.string("position_embedding_type", c.position_embedding_type);
     f.number("layer_norm_eps", c.layer_norm_eps);
   }

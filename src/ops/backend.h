@@ -226,8 +226,8 @@ class Backend {
   virtual void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                        const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
                                        int window) = 0;
-  // inverse: rotary_backward.
-  virtual void rotary_impl(const Tensor& y, const Tensor& x, int heads, float theta, bool inverse) = 0;
+  virtual void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) = 0;
+  virtual void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) = 0;
   virtual void layernorm_forward_impl(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
                                       const Tensor& branch, const Tensor& residual, const Tensor& gamma,
                                       const Tensor& beta, float eps, const DropoutSpec& branch_dropout) = 0;

@@ -273,11 +273,11 @@ void rotary(const Check& c, const Tensor& y, const Tensor& x, int heads) {
 }
 void Backend::rotary_forward(const Tensor& y, const Tensor& x, int heads, float theta) {
   rotary(Check(*this, "rotary_forward"), y, x, heads);
-  observed("rotary", [&] { return elementwise_cost(y, 6, 1, 1); }, [&] { rotary_impl(y, x, heads, theta, false); });
+  observed("rotary", [&] { return elementwise_cost(y, 6, 1, 1); }, [&] { rotary_forward_impl(y, x, heads, theta); });
 }
 void Backend::rotary_backward(const Tensor& dx, const Tensor& dy, int heads, float theta) {
   rotary(Check(*this, "rotary_backward"), dx, dy, heads);
-  observed("rotary", [&] { return elementwise_cost(dx, 6, 1, 1); }, [&] { rotary_impl(dx, dy, heads, theta, true); });
+  observed("rotary", [&] { return elementwise_cost(dx, 6, 1, 1); }, [&] { rotary_backward_impl(dx, dy, heads, theta); });
 }
 
 // ---- statistical normalizations -------------------------------------------------------------------

@@ -325,41 +325,28 @@ std::vector<OpEntry> build_registry() {
   };
   add("attention_forward", [=](const OpDims& d, Rng& g) {
     const DropoutSpec drop = dropout(g, 0.1f);
-    const int heads = static_cast<int>(d.heads);
+    const int heads = static_cast<int>(d.heads), window = static_cast<int>(d.window);
     return OpCase{attention_args(d, g),
-                  [=](Backend& be, T t) { be.attention_forward(t[0], t[1], t[2], t[3], heads, drop); }};
-  }, [](Rng& g) { attention_gradient(g, 0.0f); });
+                  [=](Backend& be, T t) { be.attention_forward(t[0], t[1], t[2], t[3], heads, drop, window); }};
+  }, [](Rng& g) {
+    attention_gradient(g, 0.0f);
+    attention_gradient(g, 0.0f, 1);
+  });
   add("attention_backward", [=](const OpDims& d, Rng& g) {
     const DropoutSpec drop = dropout(g, 0.1f);
-    const int heads = static_cast<int>(d.heads);
+    const int heads = static_cast<int>(d.heads), window = static_cast<int>(d.window);
     OpCase c{attention_args(d, g), nullptr};
     c.args.push_back(out("dqkv", {d.batch, d.seq, 3 * d.hidden}));
     c.args.push_back(in(g, "dctx", {d.batch, d.seq, d.hidden}));
     c.run = [=](Backend& be, T t) {
-      be.attention_forward(t[0], t[1], t[2], t[3], heads, drop);
-      be.attention_backward(t[4], t[5], t[2], t[0], t[1], t[3], heads, drop);
+      be.attention_forward(t[0], t[1], t[2], t[3], heads, drop, window);
+      be.attention_backward(t[4], t[5], t[2], t[0], t[1], t[3], heads, drop, window);
     };
     return c;
-  }, [](Rng& g) { attention_gradient(g, 0.3f); });
-  // ModernBERT's local layers: keys within +-3 of the query (Note [local attention window]).
-  add("attention_forward_window", [=](const OpDims& d, Rng& g) {
-    const DropoutSpec drop = dropout(g, 0.1f);
-    const int heads = static_cast<int>(d.heads);
-    return OpCase{attention_args(d, g),
-                  [=](Backend& be, T t) { be.attention_forward(t[0], t[1], t[2], t[3], heads, drop, 3); }};
-  }, [](Rng& g) { attention_gradient(g, 0.0f, 1); });
-  add("attention_backward_window", [=](const OpDims& d, Rng& g) {
-    const DropoutSpec drop = dropout(g, 0.1f);
-    const int heads = static_cast<int>(d.heads);
-    OpCase c{attention_args(d, g), nullptr};
-    c.args.push_back(out("dqkv", {d.batch, d.seq, 3 * d.hidden}));
-    c.args.push_back(in(g, "dctx", {d.batch, d.seq, d.hidden}));
-    c.run = [=](Backend& be, T t) {
-      be.attention_forward(t[0], t[1], t[2], t[3], heads, drop, 3);
-      be.attention_backward(t[4], t[5], t[2], t[0], t[1], t[3], heads, drop, 3);
-    };
-    return c;
-  }, [](Rng& g) { attention_gradient(g, 0.3f, 2); });
+  }, [](Rng& g) {
+    attention_gradient(g, 0.3f);
+    attention_gradient(g, 0.3f, 2);
+  });
   // ---- ModernBERT's rotary embeddings and gated GELU ----
   auto rotary_grad = [](Rng& g) {  // the rotation's gradient is its transpose
     const int64_t B = 2, S = 5, H = 12;
@@ -659,6 +646,7 @@ OpDims bench_dims() {
 OpDims odd_dims() {
   OpDims d;
   d.batch = 3, d.seq = 7, d.hidden = 30, d.heads = 2, d.vocab = 23, d.classes = 5, d.ffn = 101;
+  d.window = 2;
   d.params = 3 * kNormBlock + 77;
   return d;
 }

@@ -80,8 +80,11 @@ class CpuBackend final : public Backend {
     ref::attention_backward(f32(dqkv), f32(dctx), f32(qkv), f32(ctx), f32(lse), i32(mask), qkv.dim(0), qkv.dim(1),
                             qkv.dim(2) / 3, heads, dropout, window);
   }
-  void rotary_impl(const Tensor& y, const Tensor& x, int heads, float theta, bool inverse) override {
-    ref::rotary(f32(y), f32(x), x.dim(0), x.dim(1), x.dim(2) / 3, heads, theta, inverse);
+  void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) override {
+    ref::rotary(f32(y), f32(x), x.dim(0), x.dim(1), x.dim(2) / 3, heads, theta, false);
+  }
+  void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) override {
+    ref::rotary(f32(dx), f32(dy), dy.dim(0), dy.dim(1), dy.dim(2) / 3, heads, theta, true);
   }
 
   // ---- statistical normalizations ----------------------------------------------------

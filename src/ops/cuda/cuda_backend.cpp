@@ -292,8 +292,11 @@ void CudaBackend::cross_entropy_impl(const Tensor& losses, const Tensor& dlogits
 }
 
 // ---- element-wise --------------------------------------------------------------------------------
-void CudaBackend::rotary_impl(const Tensor& y, const Tensor& x, int heads, float theta, bool inverse) {
-  cuda::rotary(y, x, heads, theta, inverse, m_stream);
+void CudaBackend::rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) {
+  cuda::rotary(y, x, heads, theta, false, m_stream);
+}
+void CudaBackend::rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) {
+  cuda::rotary(dx, dy, heads, theta, true, m_stream);
 }
 void CudaBackend::geglu_forward_impl(const Tensor& y, const Tensor& x) { cuda::geglu_forward(y, x, m_stream); }
 void CudaBackend::geglu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) {
