@@ -14,6 +14,8 @@
 #   family    the encoder variants (RoBERTa, XLM-R, DistilBERT, ELECTRA): their golden fixtures on the
 #             GPU (fp32, bf16, AdamW, real tokens), then `anatomy train` bf16 on each tiny model directory
 #             of tests/fixtures/models with its tokenizer, loaded back by transformers
+#   modernbert ModernBERT on the GPU: its golden fixtures (fp32, AdamW), the twins of its ops (rotary,
+#             gated GELU, attention with a local window at the odd sizes), the attention kernel tests
 #   familybench each variant at base size, bf16 batch 32 seq 512: anatomy vs the Trainer (~8 min; alone in a call)
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
@@ -86,6 +88,12 @@ step_family() {
     echo "$arch: exit $? $(python3 tests/golden/verify_hf_load.py "/tmp/family/$arch" 2>/dev/null | cut -c1-160)" \
       | tee -a "$OUT/family.log"
   done
+}
+
+step_modernbert() {
+  timeout 300 $b/anatomy_gpu_tests --gtest_filter='Fixtures/GoldenModernBertCuda.*:Registry/OpTwin.*attention*:Registry/OpTwin.*rotary*:Registry/OpTwin.*geglu*:Attention.*' \
+    > "$OUT/modernbert_gpu_tests.log" 2>&1
+  passed "$OUT/modernbert_gpu_tests.log"
 }
 
 step_familybench() {

@@ -251,6 +251,7 @@ static size_t gradient_offset(const std::vector<ActRegion>& regions, const std::
 }
 
 ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
+  ANATOMY_CHECK(!cfg.is_modernbert(), "model_type modernbert: the memory planner does not cover ModernBERT yet");
   Arena act = Arena::dry(), tmp = Arena::dry();
   BertForSequenceClassification::Acts a;
   std::vector<ActRegion> regions;
@@ -545,6 +546,8 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
                                                              const ModelShape& shape)
     : m_be(be), m_cfg(cfg), m_layout(ParamLayout::for_sequence_classification(cfg)), m_names(param_names(cfg)),
       m_shape(shape) {
+  ANATOMY_CHECK(!cfg.is_modernbert(), "model_type modernbert: ModernBERT has its own model class "
+                "(model/modernbert.h), which the trainer, planner and CLI do not use yet");
   for (int l = 0; l < cfg.num_hidden_layers; ++l) m_layer_names.push_back(layer_names(cfg, l));
   ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
   ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,

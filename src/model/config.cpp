@@ -87,7 +87,7 @@ std::string truncated(std::string s) {
 
 std::vector<std::string> BertConfig::preset_names() {
   return {"bert-tiny",    "bert-mini",        "bert-base",       "bert-large",   "roberta-base",
-          "xlm-roberta-base", "distilbert-base", "electra-small", "electra-base"};
+          "xlm-roberta-base", "distilbert-base", "electra-small", "electra-base", "modernbert-base"};
 }
 
 // The bert presets are BertConfig's defaults at other sizes; the others are the config.json of
@@ -117,7 +117,11 @@ BertConfig BertConfig::preset(std::string_view name) {
   else if (name == "bert-large") shape(24, 1024, 16, 4096);
   else if (name == "roberta-base") roberta(Architecture::Roberta, 50265);
   else if (name == "xlm-roberta-base") roberta(Architecture::XlmRoberta, 250002);
-  else if (name == "distilbert-base") {
+  else if (name == "modernbert-base") {
+    BertConfig m = from_json(json{{"model_type", "modernbert"}}, "preset modernbert-base");
+    m.architectures = {m.sequence_classification_class()};
+    return m;
+  } else if (name == "distilbert-base") {
     c.architecture = Architecture::DistilBert;
     shape(6, 768, 12, 3072);
     c.classifier_dropout = 0.2;  // seq_classif_dropout
@@ -143,6 +147,116 @@ void BertConfig::set_num_labels(int64_t n) {
     id2label[i] = "LABEL_" + std::to_string(i);
     label2id[id2label[i]] = i;
   }
+}
+
+namespace {
+
+bool read_bool(const FieldReader& f, const char* key, bool fallback) {
+  const json* v = f.get_non_null(key);
+  if (!v) return fallback;
+  ANATOMY_CHECK(v->is_boolean(), f.source(), ": field '", key, "' must be true or false, got ", truncated(v->dump()));
+  return v->get<bool>();
+}
+
+// ModernBertConfig: layer_types and rope_parameters (transformers 5) or the older
+// global_attn_every_n_layers, global_rope_theta and local_rope_theta.
+void read_modernbert(const FieldReader& f, BertConfig& c) {
+  ModernBertFields& m = c.modern;
+  f.string("hidden_activation", c.hidden_act);
+  f.number("norm_eps", c.layer_norm_eps);
+  double drop = 0;
+  for (const char* key : {"embedding_dropout", "attention_dropout", "mlp_dropout", "classifier_dropout"}) {
+    double p = 0;
+    f.number(key, p);
+    drop = std::max(drop, p);
+  }
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = drop;
+  c.classifier_dropout = drop;
+  f.integer("global_attn_every_n_layers", m.global_attn_every_n_layers, 1, "a positive integer");
+  f.integer("local_attention", m.local_attention, 2, "an integer >= 2");
+  f.number("global_rope_theta", m.global_rope_theta);
+  f.number("local_rope_theta", m.local_rope_theta);
+  if (const json* r = f.get_non_null("rope_parameters")) {
+    ANATOMY_CHECK(r->is_object(), f.source(), ": field 'rope_parameters' must be an object");
+    for (auto [key, theta] : {std::pair<const char*, double*>{"full_attention", &m.global_rope_theta},
+                              std::pair<const char*, double*>{"sliding_attention", &m.local_rope_theta}}) {
+      auto it = r->find(key);
+      if (it == r->end() || it->is_null()) continue;
+      const std::string type = it->value("rope_type", std::string("default"));
+      ANATOMY_CHECK(type == "default", f.source(), ": rope_parameters.", key, ".rope_type '", truncated(type),
+                    "' is not supported (only \"default\")");
+      if (it->contains("rope_theta") && (*it)["rope_theta"].is_number()) *theta = (*it)["rope_theta"].get<double>();
+    }
+  }
+  m.global_layers.clear();
+  if (const json* t = f.get_non_null("layer_types")) {
+    ANATOMY_CHECK(t->is_array() && static_cast<int64_t>(t->size()) == c.num_hidden_layers, f.source(),
+                  ": field 'layer_types' must list num_hidden_layers ", c.num_hidden_layers, " layer types");
+    for (const json& v : *t) {
+      const std::string s = v.is_string() ? v.get<std::string>() : "";
+      ANATOMY_CHECK(s == "full_attention" || s == "sliding_attention", f.source(), ": field 'layer_types' has ",
+                    truncated(v.dump()), " (expected full_attention or sliding_attention)");
+      m.global_layers.push_back(s == "full_attention");
+    }
+  }
+  m.attention_bias = read_bool(f, "attention_bias", m.attention_bias);
+  m.mlp_bias = read_bool(f, "mlp_bias", m.mlp_bias);
+  m.norm_bias = read_bool(f, "norm_bias", m.norm_bias);
+  m.classifier_bias = read_bool(f, "classifier_bias", m.classifier_bias);
+  f.string("classifier_pooling", m.classifier_pooling);
+  f.string("classifier_activation", m.classifier_activation);
+  f.integer("cls_token_id", m.cls_token_id, 0, "a non-negative integer");
+  f.integer("sep_token_id", m.sep_token_id, 0, "a non-negative integer");
+  c.fill_modernbert_layers();
+}
+
+json modernbert_json(const BertConfig& c) {
+  const ModernBertFields& m = c.modern;
+  json types = json::array();
+  for (bool g : m.global_layers) types.push_back(g ? "full_attention" : "sliding_attention");
+  return {
+      {"attention_bias", m.attention_bias},
+      {"attention_dropout", c.attention_probs_dropout_prob},
+      {"classifier_activation", m.classifier_activation},
+      {"classifier_bias", m.classifier_bias},
+      {"classifier_dropout", c.classifier_dropout.value_or(0.0)},
+      {"classifier_pooling", m.classifier_pooling},
+      {"cls_token_id", m.cls_token_id},
+      {"embedding_dropout", c.hidden_dropout_prob},
+      {"global_attn_every_n_layers", m.global_attn_every_n_layers},
+      {"global_rope_theta", m.global_rope_theta},
+      {"hidden_activation", c.hidden_act},
+      {"hidden_size", c.hidden_size},
+      {"initializer_range", c.initializer_range},
+      {"intermediate_size", c.intermediate_size},
+      {"layer_types", types},
+      {"local_attention", m.local_attention},
+      {"local_rope_theta", m.local_rope_theta},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"mlp_bias", m.mlp_bias},
+      {"mlp_dropout", c.hidden_dropout_prob},
+      {"model_type", c.model_type()},
+      {"norm_bias", m.norm_bias},
+      {"norm_eps", c.layer_norm_eps},
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_hidden_layers", c.num_hidden_layers},
+      {"pad_token_id", c.pad_token_id},
+      {"rope_parameters",
+       {{"full_attention", {{"rope_theta", m.global_rope_theta}, {"rope_type", "default"}}},
+        {"sliding_attention", {{"rope_theta", m.local_rope_theta}, {"rope_type", "default"}}}}},
+      {"sep_token_id", m.sep_token_id},
+      {"torch_dtype", "float32"},
+      {"vocab_size", c.vocab_size},
+  };
+}
+
+}  // namespace
+
+void BertConfig::fill_modernbert_layers() {
+  if (static_cast<int64_t>(modern.global_layers.size()) == num_hidden_layers) return;
+  modern.global_layers.clear();
+  for (int64_t l = 0; l < num_hidden_layers; ++l)
+    modern.global_layers.push_back(l % modern.global_attn_every_n_layers == 0);
 }
 
 BertConfig BertConfig::from_json_file(const std::string& path) {
@@ -173,9 +287,17 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
   else if (model_type == "xlm-roberta") c.architecture = Architecture::XlmRoberta;
   else if (model_type == "distilbert") c.architecture = Architecture::DistilBert;
   else if (model_type == "electra") c.architecture = Architecture::Electra;
+  else if (model_type == "modernbert") c.architecture = Architecture::ModernBert;
   else
     fail(source, ": model_type '", truncated(model_type),
-         "' is not supported (expected bert, roberta, xlm-roberta, distilbert or electra)");
+         "' is not supported (expected bert, roberta, xlm-roberta, distilbert, electra or modernbert)");
+  const bool modern = c.architecture == Architecture::ModernBert;
+  if (modern) {  // ModernBertConfig's defaults where they differ from BertConfig's
+    c.vocab_size = 50368, c.intermediate_size = 1152, c.num_hidden_layers = 22, c.max_position_embeddings = 8192;
+    c.layer_norm_eps = 1e-5, c.pad_token_id = 50283, c.bos_token_id = 50281, c.eos_token_id = 50282;
+    c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.0, c.classifier_dropout = 0.0;
+    c.type_vocab_size = 1;
+  }
   c.architectures = {c.sequence_classification_class()};
   if (c.is_roberta()) c.pad_token_id = 1;  // RobertaConfig's default
 
@@ -187,7 +309,7 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
   f.integer(distil ? "n_heads" : "num_attention_heads", c.num_attention_heads, 1, positive);
   f.integer(distil ? "hidden_dim" : "intermediate_size", c.intermediate_size, 1, positive);
   f.integer("max_position_embeddings", c.max_position_embeddings, 1, positive);
-  if (!distil) f.integer("type_vocab_size", c.type_vocab_size, 1, positive);
+  if (!distil && !modern) f.integer("type_vocab_size", c.type_vocab_size, 1, positive);
   if (c.architecture == Architecture::Electra) f.integer("embedding_size", c.embedding_size, 1, positive);
   f.integer("pad_token_id", c.pad_token_id, 0, "a non-negative integer");
   for (auto [key, field] : {std::pair<const char*, std::optional<int64_t>*>{"bos_token_id", &c.bos_token_id},
@@ -197,10 +319,14 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
       f.integer(key, v, 0, "a non-negative integer");
       *field = v;
     }
-  f.string(distil ? "activation" : "hidden_act", c.hidden_act);
-  f.number(distil ? "dropout" : "hidden_dropout_prob", c.hidden_dropout_prob);
-  f.number(distil ? "attention_dropout" : "attention_probs_dropout_prob", c.attention_probs_dropout_prob);
   f.number("initializer_range", c.initializer_range);
+  if (modern) {
+    read_modernbert(f, c);
+  } else {
+    f.string(distil ? "activation" : "hidden_act", c.hidden_act);
+    f.number(distil ? "dropout" : "hidden_dropout_prob", c.hidden_dropout_prob);
+    f.number(distil ? "attention_dropout" : "attention_probs_dropout_prob", c.attention_probs_dropout_prob);
+  }
   if (distil) {
     // DistilBertConfig: LayerNorm eps fixed at 1e-12, the head's dropout seq_classif_dropout (0.2).
     const json* sin = f.get("sinusoidal_pos_embds");
@@ -209,11 +335,11 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
     double d = 0.2;
     f.number("seq_classif_dropout", d);
     c.classifier_dropout = d;
-  } else {
+  } else if (!modern) {  // ModernBERT's norm_eps: read_modernbert
     f.string("position_embedding_type", c.position_embedding_type);
     f.number("layer_norm_eps", c.layer_norm_eps);
   }
-  if (!distil && f.get_non_null("classifier_dropout")) {
+  if (!distil && !modern && f.get_non_null("classifier_dropout")) {
     double d = 0;
     f.number("classifier_dropout", d);
     c.classifier_dropout = d;
@@ -272,7 +398,12 @@ json BertConfig::to_json() const {
   for (const auto& [id, name] : id2label) id2[std::to_string(id)] = name;
   for (const auto& [name, id] : label2id) l2i[name] = id;
   json j;
-  if (architecture == Architecture::DistilBert) {  // DistilBertConfig's own field names
+  if (architecture == Architecture::ModernBert) {
+    j = modernbert_json(*this);
+    j["architectures"] = architectures;
+    j["id2label"] = id2;
+    j["label2id"] = l2i;
+  } else if (architecture == Architecture::DistilBert) {  // DistilBertConfig's own field names
     j = {
         {"activation", hidden_act},
         {"architectures", architectures},
@@ -332,6 +463,7 @@ const char* BertConfig::model_type() const {
     case Architecture::XlmRoberta: return "xlm-roberta";
     case Architecture::DistilBert: return "distilbert";
     case Architecture::Electra: return "electra";
+    case Architecture::ModernBert: return "modernbert";
   }
   return "?";
 }
@@ -343,6 +475,7 @@ const char* BertConfig::base_name() const {
     case Architecture::XlmRoberta: return "roberta";
     case Architecture::DistilBert: return "distilbert";
     case Architecture::Electra: return "electra";
+    case Architecture::ModernBert: return "model";
   }
   return "?";
 }
@@ -354,6 +487,7 @@ std::string BertConfig::sequence_classification_class() const {
     case Architecture::XlmRoberta: return "XLMRobertaForSequenceClassification";
     case Architecture::DistilBert: return "DistilBertForSequenceClassification";
     case Architecture::Electra: return "ElectraForSequenceClassification";
+    case Architecture::ModernBert: return "ModernBertForSequenceClassification";
   }
   return "?";
 }
@@ -408,6 +542,20 @@ void BertConfig::validate(std::string_view src) const {
                 "' is not supported (anatomy implements only \"gelu\", the exact erf form)");
   ANATOMY_CHECK(position_embedding_type == "absolute", src, ": position_embedding_type '", position_embedding_type,
                 "' is not supported (only \"absolute\")");
+  if (architecture == Architecture::ModernBert) {
+    ANATOMY_CHECK(head_dim() % 2 == 0, src, ": hidden_size / num_attention_heads = ", head_dim(),
+                  " is odd (rotary embeddings rotate pairs of a head's columns)");
+    ANATOMY_CHECK(modern.classifier_pooling == "cls" || modern.classifier_pooling == "mean", src,
+                  ": classifier_pooling '", modern.classifier_pooling, "' is not cls or mean");
+    ANATOMY_CHECK(modern.classifier_activation == "gelu", src, ": classifier_activation '",
+                  modern.classifier_activation, "' is not supported (only \"gelu\")");
+    ANATOMY_CHECK(static_cast<int64_t>(modern.global_layers.size()) == num_hidden_layers, src,
+                  ": layer_types lists ", modern.global_layers.size(), " layers, not ", num_hidden_layers);
+    ANATOMY_CHECK(modern.local_attention >= 2, src, ": local_attention ", modern.local_attention, " is below 2");
+    ANATOMY_CHECK(hidden_dropout_prob == 0 && attention_probs_dropout_prob == 0 && classifier_dropout.value_or(0) == 0,
+                  src, ": ModernBERT with dropout is not implemented in anatomy (its dropouts must be 0, as by default)");
+    ANATOMY_CHECK(modern.global_rope_theta > 0 && modern.local_rope_theta > 0, src, ": rope_theta must be positive");
+  }
   if (problem_type) {
     const std::string& p = *problem_type;
     ANATOMY_CHECK(p == "regression" || p == "single_label_classification" || p == "multi_label_classification", src,
@@ -456,6 +604,14 @@ std::string BertConfig::largest_field() const {
 
 int64_t BertConfig::num_parameters() const {
   const int64_t H = hidden_size, I = intermediate_size, L = num_labels;
+  if (architecture == Architecture::ModernBert) {  // ModernBertForSequenceClassification
+    const ModernBertFields& m = modern;
+    const int64_t norm = m.norm_bias ? 2 * H : H;
+    const int64_t layer = 3 * H * H + (m.attention_bias ? 3 * H : 0) + H * H + (m.attention_bias ? H : 0) + norm +
+                          2 * I * H + (m.mlp_bias ? 2 * I : 0) + I * H + (m.mlp_bias ? H : 0);
+    return vocab_size * H + norm + num_hidden_layers * layer + (num_hidden_layers - 1) * norm + norm + H * H +
+           (m.classifier_bias ? H : 0) + norm + H * L + L;
+  }
   const int64_t E = embedding_width();
   int64_t embeddings = (vocab_size + max_position_embeddings + (has_token_types() ? type_vocab_size : 0)) * E + 2 * E;
   if (projects_embeddings()) embeddings += E * H + H;  // ELECTRA's embeddings_project

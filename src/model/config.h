@@ -22,7 +22,24 @@ namespace anatomy {
 //   DistilBert: no token types; pre_classifier + ReLU + classifier; no dropout after attention.
 //   Electra:    embedding tables of width embedding_size, projected to hidden_size when they
 //               differ; head dense + GELU + out_proj.
-enum class Architecture : uint8_t { Bert, Roberta, XlmRoberta, DistilBert, Electra };
+//   ModernBert: a different layer (rotary positions, pre-norm, gated GELU, local attention);
+//               its own model class (model/modernbert.h), fields in BertConfig::modern.
+enum class Architecture : uint8_t { Bert, Roberta, XlmRoberta, DistilBert, Electra, ModernBert };
+
+// ModernBertConfig's own fields (transformers' names and defaults); layer_norm_eps holds norm_eps.
+struct ModernBertFields {
+  // Per layer: true for global ("full_attention"), false for local ("sliding_attention").
+  // From layer_types when config.json has it, else layer l is global iff l % every_n == 0.
+  std::vector<bool> global_layers;
+  int64_t global_attn_every_n_layers = 3;
+  int64_t local_attention = 128;  // a local layer's query sees keys within +-local_attention/2
+  double global_rope_theta = 160000.0, local_rope_theta = 10000.0;
+  bool attention_bias = false, mlp_bias = false, norm_bias = false, classifier_bias = false;
+  std::string classifier_pooling = "cls";  // or "mean" over the attention mask
+  std::string classifier_activation = "gelu";
+  int64_t cls_token_id = 50281, sep_token_id = 50282;
+  bool operator==(const ModernBertFields&) const = default;
+};
 
 struct BertConfig {
   Architecture architecture = Architecture::Bert;
@@ -43,6 +60,7 @@ struct BertConfig {
   std::optional<int64_t> bos_token_id, eos_token_id;  // carried through when the file has them
   int64_t embedding_size = 128;  // ELECTRA only (its default); the others embed at hidden_size
   std::string position_embedding_type = "absolute";  // the only one implemented
+  ModernBertFields modern;  // Architecture::ModernBert only
 
   // Classification head. As in transformers, id2label decides num_labels when present; use
   // set_num_labels() to change the count with default "LABEL_i" names.
@@ -56,7 +74,7 @@ struct BertConfig {
 
   bool operator==(const BertConfig&) const = default;
 
-  // "bert-tiny", "bert-mini", "bert-base", "bert-large"; anything else is an error naming these.
+  // "bert-tiny", "bert-mini", "bert-base", "bert-large", ..., "modernbert-base"; anything else is an error naming these.
   static BertConfig preset(std::string_view name);
   static std::vector<std::string> preset_names();
 
@@ -67,6 +85,9 @@ struct BertConfig {
   nlohmann::json to_json() const;  // keys sorted, as transformers writes them
   void save(const std::string& path) const;  // atomically, 2-space indented
 
+  // ModernBERT: global_layers from global_attn_every_n_layers unless it already lists every layer.
+  void fill_modernbert_layers();
+
   // Sets num_labels with id2label {i: "LABEL_i"} and the matching label2id.
   void set_num_labels(int64_t n);
 
@@ -74,6 +95,8 @@ struct BertConfig {
   void validate(std::string_view source = "config") const;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  bool is_modernbert() const { return architecture == Architecture::ModernBert; }
+  bool is_global_layer(int64_t l) const { return modern.global_layers.at(static_cast<size_t>(l)); }
 
   // "bert", "roberta", "xlm-roberta", "distilbert", "electra".
   const char* model_type() const;

@@ -53,10 +53,11 @@ std::string masked_lm_class(const BertConfig& cfg) {
     case Architecture::Roberta: return "RobertaForMaskedLM";
     case Architecture::XlmRoberta: return "XLMRobertaForMaskedLM";
     case Architecture::DistilBert:
-    case Architecture::Electra: break;
+    case Architecture::Electra:
+    case Architecture::ModernBert: break;
   }
   fail("--task mlm: model_type '", cfg.model_type(), "' has no masked-LM head in anatomy (BERT, RoBERTa and XLM-R do; "
-       "DistilBERT's vocab_projector and ELECTRA's generator are not built)");
+       "DistilBERT's vocab_projector, ELECTRA's generator and ModernBERT's head are not built)");
 }
 
 DType label_dtype(const BertConfig& cfg) {

@@ -92,6 +92,7 @@ void ParamLayout::add(const std::string& name, Shape shape, bool decay, bool pac
 }
 
 ParamLayout ParamLayout::for_sequence_classification(const BertConfig& cfg) {
+  if (cfg.is_modernbert()) return for_modernbert(cfg);
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, L = cfg.num_hidden_layers, E = cfg.embedding_width();
   const ParamNames n = param_names(cfg);
   ParamLayout lay;

@@ -28,7 +28,9 @@ struct ParamInfo {
 
 class ParamLayout {
  public:
+  // ModernBERT's layout comes from for_modernbert (model/modernbert.cpp).
   static ParamLayout for_sequence_classification(const BertConfig& cfg);
+  static ParamLayout for_modernbert(const BertConfig& cfg);
 
   const std::vector<ParamInfo>& params() const { return m_params; }
   const ParamInfo& get(const std::string& name) const;

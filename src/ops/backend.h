@@ -110,10 +110,20 @@ class Backend {
   // ctx [B, T, H]; lse F32 [B, heads, T] = log-sum-exp of the scaled, masked scores.
   // scale = 1/sqrt(D). Dropout (on the probabilities) with element index
   // attention_dropout_index(b*heads + h, q, k, T) (Note [attention dropout index] in core/rng.h).
+  // window > 0: query i sees key j only when |i - j| <= window (ModernBERT's local layers; Note
+  // [local attention window] in ops/cpu/attention.cpp); 0: every key the mask keeps.
   void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                         const DropoutSpec& dropout);
+                         const DropoutSpec& dropout, int window = 0);
   void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
-                          const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout);
+                          const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
+                          int window = 0);
+  // Rotary position embeddings (ModernBERT) on q and k of qkv [B, T, 3H], head dim D even, the
+  // position of a token its index t in the sequence: for head h and d < D/2, with
+  // a = t * theta^(-2d/D), (x[d], x[d + D/2]) -> (x[d] cos a - x[d + D/2] sin a,
+  // x[d + D/2] cos a + x[d] sin a); v is copied. y may be x.
+  void rotary_forward(const Tensor& y, const Tensor& x, int heads, float theta);
+  // The transposed (inverse) rotation of dy: dx = R^T dy. dx may be dy.
+  void rotary_backward(const Tensor& dx, const Tensor& dy, int heads, float theta);
 
   // ---- statistical normalizations ------------------------------------------------------
   // sum = dropout(branch) + residual (residual may be undefined: then sum = dropout(branch));
@@ -155,6 +165,10 @@ class Backend {
   // ---- element-wise --------------------------------------------------------------------
   void gelu_forward(const Tensor& y, const Tensor& x);  // exact erf GELU
   void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
+  // Gated GELU (ModernBERT's MLP): x [R, 2I] = [input | gate], y [R, I] = gelu(input) * gate;
+  // dx [R, 2I] = [dy * gate * gelu'(input) | dy * gelu(input)] (overwritten).
+  void geglu_forward(const Tensor& y, const Tensor& x);
+  void geglu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
   void tanh_forward(const Tensor& y, const Tensor& x);
   void tanh_backward(const Tensor& dx, const Tensor& dy, const Tensor& y);
   // y = max(x, 0); dx = dy where y > 0, else 0 (from the output, as tanh; in place allowed).
@@ -227,10 +241,12 @@ class Backend {
                            const MatmulArgs& args) = 0;
   virtual void bias_grad_impl(const Tensor& db, const Tensor& dy) = 0;
   virtual void attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask,
-                                      int heads, const DropoutSpec& dropout) = 0;
+                                      int heads, const DropoutSpec& dropout, int window) = 0;
   virtual void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
-                                       const Tensor& lse, const Tensor& mask, int heads,
-                                       const DropoutSpec& dropout) = 0;
+                                       const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
+                                       int window) = 0;
+  virtual void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) = 0;
+  virtual void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) = 0;
   virtual void layernorm_forward_impl(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
                                       const Tensor& branch, const Tensor& residual, const Tensor& gamma,
                                       const Tensor& beta, float eps, const DropoutSpec& branch_dropout) = 0;
@@ -248,6 +264,8 @@ class Backend {
                                     const Tensor& targets, float grad_scale) = 0;
   virtual void gelu_forward_impl(const Tensor& y, const Tensor& x) = 0;
   virtual void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
+  virtual void geglu_forward_impl(const Tensor& y, const Tensor& x) = 0;
+  virtual void geglu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
   virtual void tanh_forward_impl(const Tensor& y, const Tensor& x) = 0;
   virtual void tanh_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) = 0;
   virtual void relu_forward_impl(const Tensor& y, const Tensor& x) = 0;

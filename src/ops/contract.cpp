@@ -243,19 +243,41 @@ void Backend::bias_grad(const Tensor& db, const Tensor& dy) {
 
 // ---- attention -----------------------------------------------------------------------------------
 void Backend::attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                                const DropoutSpec& dropout) {
-  attention(Check(*this, "attention_forward"), qkv, ctx, lse, mask, heads, dropout);
+                                const DropoutSpec& dropout, int window) {
+  const Check c(*this, "attention_forward");
+  attention(c, qkv, ctx, lse, mask, heads, dropout);
+  c.holds(window >= 0, str_cat("window ", window, " is negative"));
   observed("attention", [&] { return attention_cost(qkv, ctx, heads, false); },
-           [&] { attention_forward_impl(ctx, lse, qkv, mask, heads, dropout); });
+           [&] { attention_forward_impl(ctx, lse, qkv, mask, heads, dropout, window); });
 }
 void Backend::attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
-                                 const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout) {
+                                 const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
+                                 int window) {
   const Check c(*this, "attention_backward");
   const DType dt = attention(c, qkv, ctx, lse, mask, heads, dropout);
   c.sized(dqkv, dt, qkv.numel(), "dqkv");
   c.sized(dctx, dt, ctx.numel(), "dctx");
+  c.holds(window >= 0, str_cat("window ", window, " is negative"));
   observed("attention", [&] { return attention_cost(qkv, ctx, heads, true); },
-           [&] { attention_backward_impl(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout); });
+           [&] { attention_backward_impl(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, window); });
+}
+
+// qkv [B, T, 3H] with an even head dim; y the same.
+void rotary(const Check& c, const Tensor& y, const Tensor& x, int heads) {
+  const DType dt = c.compute(x, "qkv");
+  c.holds(x.shape.rank == 3 && x.dim(2) % 3 == 0, str_cat("qkv ", x.shape.str(), " is not [B, T, 3H]"));
+  const int64_t h = x.dim(2) / 3;
+  c.holds(heads > 0 && h % heads == 0 && (h / heads) % 2 == 0,
+          str_cat("hidden ", h, " over ", heads, " heads does not give an even head dim"));
+  c.sized(y, dt, x.numel(), "output");
+}
+void Backend::rotary_forward(const Tensor& y, const Tensor& x, int heads, float theta) {
+  rotary(Check(*this, "rotary_forward"), y, x, heads);
+  observed("rotary", [&] { return elementwise_cost(y, 6, 1, 1); }, [&] { rotary_forward_impl(y, x, heads, theta); });
+}
+void Backend::rotary_backward(const Tensor& dx, const Tensor& dy, int heads, float theta) {
+  rotary(Check(*this, "rotary_backward"), dx, dy, heads);
+  observed("rotary", [&] { return elementwise_cost(dx, 6, 1, 1); }, [&] { rotary_backward_impl(dx, dy, heads, theta); });
 }
 
 // ---- statistical normalizations -------------------------------------------------------------------
@@ -353,6 +375,24 @@ void Backend::gelu_forward(const Tensor& y, const Tensor& x) {
 void Backend::gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   elementwise(Check(*this, "gelu_backward"), dx, dy, &x);
   observed("gelu", [&] { return elementwise_cost(dx, 12, 2, 1); }, [&] { gelu_backward_impl(dx, dy, x); });
+}
+// x [R, 2I]; y [R, I] of x's dtype.
+void geglu(const Check& c, const Tensor& y, const Tensor& x) {
+  const DType dt = c.compute(x, "x");
+  const Mat mx = as_matrix(x), my = as_matrix(y);
+  c.holds(mx.cols % 2 == 0 && my.rows == mx.rows && my.cols * 2 == mx.cols,
+          str_cat("x ", x.shape.str(), " is not [R, 2I] for y ", y.shape.str()));
+  c.sized(y, dt, y.numel(), "y");
+}
+void Backend::geglu_forward(const Tensor& y, const Tensor& x) {
+  geglu(Check(*this, "geglu_forward"), y, x);
+  observed("geglu", [&] { return elementwise_cost(y, 10, 2, 1); }, [&] { geglu_forward_impl(y, x); });
+}
+void Backend::geglu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
+  const Check c(*this, "geglu_backward");
+  geglu(c, dy, x);
+  c.sized(dx, x.dtype, x.numel(), "dx");
+  observed("geglu", [&] { return elementwise_cost(dy, 16, 3, 2); }, [&] { geglu_backward_impl(dx, dy, x); });
 }
 void Backend::tanh_forward(const Tensor& y, const Tensor& x) {
   elementwise(Check(*this, "tanh_forward"), y, x);

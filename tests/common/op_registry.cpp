@@ -71,6 +71,8 @@ OpArg distinct_rows(Rng& rng, const char* name, int64_t n, int64_t r) {
   std::vector<double> v(all.begin(), all.begin() + n);
   return given(name, I32, {n}, std::move(v));
 }
+// The hidden size nearest above d.hidden whose head dim is even (rotary embeddings pair columns).
+int64_t rotary_hidden(const OpDims& d) { return ((d.hidden / d.heads + 1) / 2) * 2 * d.heads; }
 DropoutSpec dropout(Rng& r, float p) { return DropoutSpec{p, r.next(), r.next() % 1000}; }
 
 // A small BERT's parameter layout (the optimizers' segment tables come from it).
@@ -124,15 +126,15 @@ void linear_gradient(Rng& rng, Epilogue epi) {
 }
 
 // B = 3 sequences: full, padded (last two keys masked), and all padding (uniform rows).
-void attention_gradient(Rng& rng, float p) {
-  SCOPED_TRACE("dropout " + std::to_string(p));
+void attention_gradient(Rng& rng, float p, int64_t window = 0) {
+  SCOPED_TRACE("dropout " + std::to_string(p) + " window " + std::to_string(window));
   const int64_t B = 3, T = 5, H = 8;
   const int heads = 2;
   const DropoutSpec drop{p, rng.next(), rng.next()};
   auto qkv = randn(rng, B * T * 3 * H), dctx = randn(rng, B * T * H);
   std::vector<int32_t> mask = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0};
   auto forward = [&](std::vector<double>& ctx, std::vector<double>& lse) {
-    ref::attention_forward(ctx.data(), lse.data(), qkv.data(), mask.data(), B, T, H, heads, drop);
+    ref::attention_forward(ctx.data(), lse.data(), qkv.data(), mask.data(), B, T, H, heads, drop, window);
   };
   auto loss = [&] {
     std::vector<double> ctx(B * T * H), lse(B * heads * T);
@@ -143,8 +145,22 @@ void attention_gradient(Rng& rng, float p) {
   forward(ctx, lse);
   for (double l : lse) ASSERT_TRUE(std::isfinite(l));
   ref::attention_backward(dqkv.data(), dctx.data(), qkv.data(), ctx.data(), lse.data(), mask.data(), B, T, H, heads,
-                          drop);
+                          drop, window);
   expect_grad(qkv, dqkv, loss, "dqkv");
+  if (window > 0) {  // query 0 of sequence 0 sees keys 0..window alone: its lse is theirs
+    for (int h = 0; h < heads; ++h) {
+      double mx = -INFINITY, total = 0;
+      std::vector<double> sc;
+      for (int64_t j = 0; j <= window; ++j) {
+        double d = 0;
+        for (int64_t c = 0; c < H / heads; ++c) d += qkv[h * (H / heads) + c] * qkv[j * 3 * H + H + h * (H / heads) + c];
+        sc.push_back(d / std::sqrt(static_cast<double>(H / heads)));
+        mx = std::max(mx, sc.back());
+      }
+      for (double v : sc) total += std::exp(v - mx);
+      EXPECT_NEAR(lse[h * T], mx + std::log(total), 1e-12);
+    }
+  }
   // The fully masked sequence attends uniformly: lse = log T, and q, k get no gradient.
   for (int h = 0; h < heads; ++h)
     for (int64_t t = 0; t < T; ++t) EXPECT_NEAR(lse[(2 * heads + h) * T + t], std::log(5.0), 1e-12);
@@ -347,22 +363,74 @@ std::vector<OpEntry> build_registry() {
   };
   add("attention_forward", [=](const OpDims& d, Rng& g) {
     const DropoutSpec drop = dropout(g, 0.1f);
-    const int heads = static_cast<int>(d.heads);
+    const int heads = static_cast<int>(d.heads), window = static_cast<int>(d.window);
     return OpCase{attention_args(d, g),
-                  [=](Backend& be, T t) { be.attention_forward(t[0], t[1], t[2], t[3], heads, drop); }};
-  }, [](Rng& g) { attention_gradient(g, 0.0f); });
+                  [=](Backend& be, T t) { be.attention_forward(t[0], t[1], t[2], t[3], heads, drop, window); }};
+  }, [](Rng& g) {
+    attention_gradient(g, 0.0f);
+    attention_gradient(g, 0.0f, 1);
+  });
   add("attention_backward", [=](const OpDims& d, Rng& g) {
     const DropoutSpec drop = dropout(g, 0.1f);
-    const int heads = static_cast<int>(d.heads);
+    const int heads = static_cast<int>(d.heads), window = static_cast<int>(d.window);
     OpCase c{attention_args(d, g), nullptr};
     c.args.push_back(out("dqkv", {d.batch, d.seq, 3 * d.hidden}));
     c.args.push_back(in(g, "dctx", {d.batch, d.seq, d.hidden}));
     c.run = [=](Backend& be, T t) {
-      be.attention_forward(t[0], t[1], t[2], t[3], heads, drop);
-      be.attention_backward(t[4], t[5], t[2], t[0], t[1], t[3], heads, drop);
+      be.attention_forward(t[0], t[1], t[2], t[3], heads, drop, window);
+      be.attention_backward(t[4], t[5], t[2], t[0], t[1], t[3], heads, drop, window);
     };
     return c;
-  }, [](Rng& g) { attention_gradient(g, 0.3f); });
+  }, [](Rng& g) {
+    attention_gradient(g, 0.3f);
+    attention_gradient(g, 0.3f, 2);
+  });
+  // ---- ModernBERT's rotary embeddings and gated GELU ----
+  auto rotary_grad = [](Rng& g) {  // the rotation's gradient is its transpose
+    const int64_t B = 2, S = 5, H = 12;
+    const int heads = 3;
+    auto x = randn(g, B * S * 3 * H), w = randn(g, B * S * 3 * H);
+    std::vector<double> dx(x.size(), NAN);
+    auto loss = [&] {
+      std::vector<double> y(x.size());
+      ref::rotary(y.data(), x.data(), B, S, H, heads, 160000.0, false);
+      return dot(y, w);
+    };
+    ref::rotary(dx.data(), w.data(), B, S, H, heads, 160000.0, true);
+    expect_grad(x, dx, loss, "dx");
+  };
+  add("rotary_forward", [](const OpDims& d, Rng& g) {
+    const int heads = static_cast<int>(d.heads);
+    const int64_t H = rotary_hidden(d);
+    return OpCase{{out("y", {d.batch, d.seq, 3 * H}), in(g, "x", {d.batch, d.seq, 3 * H})},
+                  [=](Backend& be, T t) { be.rotary_forward(t[0], t[1], heads, 10000.0f); }};
+  }, rotary_grad);
+  add("rotary_backward", [](const OpDims& d, Rng& g) {
+    const int heads = static_cast<int>(d.heads);
+    const int64_t H = rotary_hidden(d);
+    return OpCase{{out("dx", {d.batch, d.seq, 3 * H}), in(g, "dy", {d.batch, d.seq, 3 * H})},
+                  [=](Backend& be, T t) { be.rotary_backward(t[0], t[1], heads, 160000.0f); }};
+  }, rotary_grad);
+  auto geglu_grad = [](Rng& g) {
+    const int64_t R = 3, I = 5;
+    auto x = randn(g, R * 2 * I, 2.0), w = randn(g, R * I);
+    std::vector<double> dx(x.size(), NAN);
+    auto loss = [&] {
+      std::vector<double> y(R * I);
+      ref::geglu_forward(y.data(), x.data(), R, I);
+      return dot(y, w);
+    };
+    ref::geglu_backward(dx.data(), w.data(), x.data(), R, I);
+    expect_grad(x, dx, loss, "dx");
+  };
+  add("geglu_forward", [](const OpDims& d, Rng& g) {
+    return OpCase{{out("y", {d.rows(), d.ffn}), in(g, "x", {d.rows(), 2 * d.ffn}, 2.0)},
+                  [](Backend& be, T t) { be.geglu_forward(t[0], t[1]); }};
+  }, geglu_grad);
+  add("geglu_backward", [](const OpDims& d, Rng& g) {
+    return OpCase{{out("dx", {d.rows(), 2 * d.ffn}), in(g, "dy", {d.rows(), d.ffn}), in(g, "x", {d.rows(), 2 * d.ffn}, 2.0)},
+                  [](Backend& be, T t) { be.geglu_backward(t[0], t[1], t[2]); }};
+  }, geglu_grad);
 
   // ---- statistical normalizations ----
   auto layernorm_args = [](const OpDims& d, Rng& g) {
@@ -652,6 +720,7 @@ OpDims bench_dims() {
 OpDims odd_dims() {
   OpDims d;
   d.batch = 3, d.seq = 7, d.hidden = 30, d.heads = 2, d.vocab = 23, d.classes = 5, d.ffn = 101;
+  d.window = 2;
   d.params = 3 * kNormBlock + 77;
   return d;
 }

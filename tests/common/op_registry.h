@@ -22,12 +22,13 @@ namespace anatomy::test {
 // The sizes one instance of every op is built from (small for tests, large for the bench).
 struct OpDims {
   int64_t batch = 2, seq = 8, hidden = 32, heads = 2, vocab = 50, classes = 3, ffn = 48;
+  int64_t window = 0;  // the attention cases' local window (Note [local attention window]); 0: none
   int64_t params = 10000;  // optimizer ops: flat parameter count (more than two norm blocks)
   int64_t rows() const { return batch * seq; }
 };
 OpDims bench_dims();  // bert-base-like: batch 32, seq 128, hidden 768, 12 heads, 2^24 parameters
 // Odd sizes everywhere (head dim 15, widths that are no multiple of a vector pack, short tails):
-// the kernels' scalar and tail paths.
+// the kernels' scalar and tail paths; attention there with a local window (ModernBERT's).
 OpDims odd_dims();
 
 // How an argument's values are made.

@@ -42,14 +42,18 @@ class ContractOnlyCuda final : public Backend {
   void fill_impl(const Tensor&, float) override { ++impl_calls; }
   void matmul_impl(const Tensor&, const Tensor&, Trans, const Tensor&, Trans, const MatmulArgs&) override { ++impl_calls; }
   void bias_grad_impl(const Tensor&, const Tensor&) override { ++impl_calls; }
-  void attention_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int,
-                              const DropoutSpec&) override {
+  void attention_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int, const DropoutSpec&,
+                              int) override {
     ++impl_calls;
   }
   void attention_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               int, const DropoutSpec&) override {
+                               int, const DropoutSpec&, int) override {
     ++impl_calls;
   }
+  void rotary_forward_impl(const Tensor&, const Tensor&, int, float) override { ++impl_calls; }
+  void rotary_backward_impl(const Tensor&, const Tensor&, int, float) override { ++impl_calls; }
+  void geglu_forward_impl(const Tensor&, const Tensor&) override { ++impl_calls; }
+  void geglu_backward_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
   void layernorm_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                               const Tensor&, const Tensor&, float, const DropoutSpec&) override {
     ++impl_calls;

@@ -231,7 +231,11 @@ TEST_F(ConfigTest, BadConfigsAreOneLineErrors) {
   expect_bad(R"({"hidden_act": "gelu_new"})", "hidden_act 'gelu_new' is not supported");
   expect_bad(R"({"hidden_act": "relu"})", "only \"gelu\"");
   expect_bad(R"({"position_embedding_type": "relative_key"})", "position_embedding_type");
-  expect_bad(R"({"model_type": "modernbert"})", "model_type 'modernbert'");
+  expect_bad(R"({"model_type": "gpt2"})", "model_type 'gpt2'");
+  expect_bad(R"({"model_type": "modernbert", "hidden_size": 24, "num_attention_heads": 8})", "is odd");
+  expect_bad(R"({"model_type": "modernbert", "layer_types": ["full_attention"]})", "layer_types");
+  expect_bad(R"({"model_type": "modernbert", "classifier_pooling": "max"})", "classifier_pooling 'max'");
+  expect_bad(R"({"model_type": "modernbert", "mlp_dropout": 0.1})", "dropout");
   expect_bad(R"({"model_type": "distilbert", "sinusoidal_pos_embds": true})", "sinusoidal_pos_embds");
   expect_bad(R"({"model_type": "electra", "embedding_size": 300, "hidden_size": 256, "num_attention_heads": 4})", "embedding_size 300");
   expect_bad(R"({"model_type": "roberta", "max_position_embeddings": 2})", "leaves no position");

@@ -1,5 +1,10 @@
 // Multi-head self-attention, materialized per query row (the reference, not the fast path).
 // Shapes: qkv [B, T, 3H], ctx [B, T, H], lse [B, heads, T], D = H / heads.
+// Note [local attention window]: with window w > 0, query i sees key j only when |i - j| <= w
+// (and the mask keeps j): ModernBERT's local layers, whose local_attention L gives w = L / 2, as
+// transformers' bidirectional sliding-window mask has it (inclusive). A query that sees no key
+// attends uniformly to all T keys, as a fully padded sequence does (transformers adds the most
+// negative float to every score there, which leaves the softmax uniform).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -14,15 +19,19 @@ namespace {
 struct Layout {
   int64_t batch, seq, hidden, heads, d;
   const int32_t* mask;
+  int64_t window;  // Note [local attention window]; 0: every key
   // Offsets into qkv of head h's q, k, v for token (b, t).
   int64_t q(int64_t b, int64_t t, int64_t h) const { return (b * seq + t) * 3 * hidden + h * d; }
   int64_t k(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + hidden; }
   int64_t v(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + 2 * hidden; }
   int64_t o(int64_t b, int64_t t, int64_t h) const { return (b * seq + t) * hidden + h * d; }
-  bool attends(int64_t b, int64_t key) const { return !mask || mask[b * seq + key] != 0; }
-  bool any_key(int64_t b) const {
+  bool attends(int64_t b, int64_t query, int64_t key) const {
+    if (window > 0 && (key - query > window || query - key > window)) return false;
+    return !mask || mask[b * seq + key] != 0;
+  }
+  bool any_key(int64_t b, int64_t query) const {
     for (int64_t j = 0; j < seq; ++j)
-      if (attends(b, j)) return true;
+      if (attends(b, query, j)) return true;
     return false;
   }
 };
@@ -43,7 +52,7 @@ void recompute_probs(double* p, const Layout& L, const T* qkv, int64_t b, int64_
   for (int64_t j = 0; j < L.seq; ++j) {
     if (!any)
       p[j] = 1.0 / static_cast<double>(L.seq);
-    else if (!L.attends(b, j))
+    else if (!L.attends(b, i, j))
       p[j] = 0.0;
     else
       p[j] = std::exp(dot(q, qkv + L.k(b, j, h), L.d) * scale - lse);
@@ -54,8 +63,8 @@ void recompute_probs(double* p, const Layout& L, const T* qkv, int64_t b, int64_
 
 template <class T>
 void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_t batch,
-                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout) {
-  const Layout L{batch, seq, hidden, heads, hidden / heads, mask};
+                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window) {
+  const Layout L{batch, seq, hidden, heads, hidden / heads, mask, window};
   const double scale = 1.0 / std::sqrt(static_cast<double>(L.d));
   const DropoutMask drop(dropout);
   const int64_t rows = batch * heads * seq;
@@ -65,11 +74,11 @@ void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_
 #pragma omp for
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t i = row % seq, bh = row / seq, h = bh % heads, b = bh / heads;
-      const bool any = L.any_key(b);
+      const bool any = L.any_key(b, i);
       const T* q = qkv + L.q(b, i, h);
       double mx = -INFINITY;
       for (int64_t j = 0; j < seq; ++j) {
-        s[j] = !any ? 0.0 : L.attends(b, j) ? dot(q, qkv + L.k(b, j, h), L.d) * scale : -INFINITY;
+        s[j] = !any ? 0.0 : L.attends(b, i, j) ? dot(q, qkv + L.k(b, j, h), L.d) * scale : -INFINITY;
         mx = s[j] > mx ? s[j] : mx;
       }
       double total = 0;
@@ -92,9 +101,9 @@ void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_
 template <class T>
 void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, const T* lse,
                         const int32_t* mask, int64_t batch, int64_t seq, int64_t hidden, int heads,
-                        const DropoutSpec& dropout) {
+                        const DropoutSpec& dropout, int64_t window) {
   (void)ctx;
-  const Layout L{batch, seq, hidden, heads, hidden / heads, mask};
+  const Layout L{batch, seq, hidden, heads, hidden / heads, mask, window};
   const int64_t D = L.d;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const DropoutMask drop(dropout);
@@ -105,11 +114,11 @@ void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, cons
 #pragma omp for
     for (int64_t bh = 0; bh < batch * heads; ++bh) {
       const int64_t h = bh % heads, b = bh / heads;
-      const bool any = L.any_key(b);
       std::fill(dk.begin(), dk.end(), 0.0);
       std::fill(dv.begin(), dv.end(), 0.0);
       for (int64_t i = 0; i < seq; ++i) {
         const int64_t row = bh * seq + i;
+        const bool any = L.any_key(b, i);
         const T* q = qkv + L.q(b, i, h);
         const T* dout = dctx + L.o(b, i, h);
         recompute_probs(p.data(), L, qkv, b, h, i, static_cast<double>(lse[row]), any, scale);
@@ -151,9 +160,9 @@ void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, cons
 
 #define ANATOMY_INSTANTIATE(T)                                                                    \
   template void attention_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
-                                     int, const DropoutSpec&);                                    \
+                                     int, const DropoutSpec&, int64_t);                           \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const T*, const int32_t*, \
-                                      int64_t, int64_t, int64_t, int, const DropoutSpec&);
+                                      int64_t, int64_t, int64_t, int, const DropoutSpec&, int64_t);
 ANATOMY_INSTANTIATE(float)
 ANATOMY_INSTANTIATE(double)
 #undef ANATOMY_INSTANTIATE

@@ -70,14 +70,21 @@ class CpuBackend final : public Backend {
 
   // ---- attention ---------------------------------------------------------------------
   void attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                              const DropoutSpec& dropout) override {
+                              const DropoutSpec& dropout, int window) override {
     ref::attention_forward(f32(ctx), f32(lse), f32(qkv), i32(mask), qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, heads,
-                           dropout);
+                           dropout, window);
   }
   void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
-                               const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout) override {
+                               const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
+                               int window) override {
     ref::attention_backward(f32(dqkv), f32(dctx), f32(qkv), f32(ctx), f32(lse), i32(mask), qkv.dim(0), qkv.dim(1),
-                            qkv.dim(2) / 3, heads, dropout);
+                            qkv.dim(2) / 3, heads, dropout, window);
+  }
+  void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) override {
+    ref::rotary(f32(y), f32(x), x.dim(0), x.dim(1), x.dim(2) / 3, heads, theta, false);
+  }
+  void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) override {
+    ref::rotary(f32(dx), f32(dy), dy.dim(0), dy.dim(1), dy.dim(2) / 3, heads, theta, true);
   }
 
   // ---- statistical normalizations ----------------------------------------------------
@@ -121,6 +128,14 @@ class CpuBackend final : public Backend {
   void gelu_forward_impl(const Tensor& y, const Tensor& x) override { ref::gelu_forward(f32(y), f32(x), x.numel()); }
   void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) override {
     ref::gelu_backward(f32(dx), f32(dy), f32(x), x.numel());
+  }
+  void geglu_forward_impl(const Tensor& y, const Tensor& x) override {
+    const Mat m = as_matrix(y);
+    ref::geglu_forward(f32(y), f32(x), m.rows, m.cols);
+  }
+  void geglu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) override {
+    const Mat m = as_matrix(dy);
+    ref::geglu_backward(f32(dx), f32(dy), f32(x), m.rows, m.cols);
   }
   void tanh_forward_impl(const Tensor& y, const Tensor& x) override { ref::tanh_forward(f32(y), f32(x), x.numel()); }
   void tanh_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) override {

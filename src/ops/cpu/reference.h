@@ -38,7 +38,7 @@ void bias_grad(T* db, const T* dy, int64_t rows, int64_t n);
 // Pd = P * keep / (1 - p) with the dropout index ((b*heads + h)*T + q)*T + k; ctx = Pd V.
 template <class T>
 void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_t batch,
-                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout);
+                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window = 0);
 // dqkv [B, T, 3H] (overwritten). Recomputes P from lse, then, per head:
 //   dV = Pd^T dO;  dPd = dO V^T;  dP = dPd * keep / (1 - p);
 //   dS = P * (dP - D), D_i = sum_j P_ij dP_ij (= dO_i . O_i, also with dropout);
@@ -47,7 +47,21 @@ void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_
 template <class T>
 void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, const T* lse,
                         const int32_t* mask, int64_t batch, int64_t seq, int64_t hidden, int heads,
-                        const DropoutSpec& dropout);
+                        const DropoutSpec& dropout, int64_t window = 0);
+// window > 0: Note [local attention window] in attention.cpp.
+
+// ---- ModernBERT's rotary embeddings and gated GELU (rotary.cpp) --------------------------
+// On q and k of qkv [B, T, 3H] (head dim D even; v copied): for token t, head h, d < D/2 and
+// a = t * theta^(-2d/D), (x[d], x[d + D/2]) -> (x[d] cos a - x[d+D/2] sin a,
+// x[d+D/2] cos a + x[d] sin a). inverse: the transposed rotation (backward). y may be x.
+template <class T>
+void rotary(T* y, const T* x, int64_t batch, int64_t seq, int64_t hidden, int heads, double theta, bool inverse);
+// x [rows, 2i] = [input | gate]: y [rows, i] = gelu(input) * gate;
+// dx = [dy * gate * gelu'(input) | dy * gelu(input)].
+template <class T>
+void geglu_forward(T* y, const T* x, int64_t rows, int64_t i);
+template <class T>
+void geglu_backward(T* dx, const T* dy, const T* x, int64_t rows, int64_t i);
 
 // ---- statistical normalizations (layernorm.cpp, loss.cpp) -------------------------------
 // Over rows of width h: sum = dropout(branch) + residual (residual may be nullptr; dropout

@@ -38,10 +38,22 @@ __device__ bool block_any_valid(const int32_t* mask, int b, int T) {
   return __syncthreads_or(any) != 0;
 }
 
-// Masked, scaled score (natural-log domain) for raw dot product `dot` with key k.
-__device__ __forceinline__ float ref_score(float dot, const Params& p, int b, int k, bool uniform) {
+// Masked, scaled score (natural-log domain) for raw dot product `dot` of query q with key k.
+__device__ __forceinline__ float ref_score(float dot, const Params& p, int b, int q, int k, bool uniform) {
   bool valid = p.mask == nullptr || p.mask[static_cast<size_t>(b) * p.T + k] != 0;
+  if (p.window > 0 && (q - k > p.window || k - q > p.window)) valid = false;
   return valid ? dot * p.scale : (uniform ? 0.0f : -INFINITY);
+}
+
+// Whether query q's row is uniform: with a window, when no key within it is valid; without
+// one, the whole batch's answer (block_uniform).
+__device__ bool row_uniform(const Params& p, int b, int q, bool block_uniform) {
+  if (p.window <= 0) return block_uniform;
+  if (q >= p.T) return false;
+  const int lo = q - p.window > 0 ? q - p.window : 0, hi = q + p.window < p.T - 1 ? q + p.window : p.T - 1;
+  for (int k = lo; k <= hi; ++k)
+    if (p.mask == nullptr || p.mask[static_cast<size_t>(b) * p.T + k] != 0) return false;
+  return true;
 }
 
 // rows[r][d] = x[token row0 + r][d] for the kRows rows (zeros past T), x = base + t*stride.
@@ -69,6 +81,8 @@ __global__ void __launch_bounds__(kThreads) ref_forward_kernel(Params p) {
   const T* vb = qb + 2 * p.H;
   const bool uniform = !block_any_valid(p.mask, b, T_);
   load_rows<T, kRows>(qs, qb, rs, q0, T_, D);
+  bool uni[kRowsPerWarp];
+  for (int r = 0; r < kRowsPerWarp; ++r) uni[r] = row_uniform(p, b, q0 + warp * kRowsPerWarp + r, uniform);
 
   float m[kRowsPerWarp], l[kRowsPerWarp];
   for (int r = 0; r < kRowsPerWarp; ++r) m[r] = -INFINITY, l[r] = 0.0f;
@@ -82,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) ref_forward_kernel(Params p) {
       const int row = warp * kRowsPerWarp + r;
       float dot = 0.0f;
       for (int d = 0; d < D; ++d) dot = fmaf(qs[row][d], ks[lane][d], dot);
-      float s = ref_score(dot, p, b, k, uniform);
+      float s = ref_score(dot, p, b, q0 + row, k, uni[r]);
       if (s > m[r]) {
         l[r] = l[r] * expf(m[r] - s) + 1.0f;
         m[r] = s;
@@ -115,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) ref_forward_kernel(Params p) {
       if (k < T_) {
         float dot = 0.0f;
         for (int d = 0; d < D; ++d) dot = fmaf(qs[row][d], ks[lane][d], dot);
-        pz = expf(ref_score(dot, p, b, k, uniform) - lse[r]);
+        pz = expf(ref_score(dot, p, b, q, k, uni[r]) - lse[r]);
         if (p.drop) pz = attn_keep(p, static_cast<uint64_t>(b) * p.heads + h, q, k) ? pz * p.inv_keep : 0.0f;
       }
       for (int j = 0; j < kTile; ++j) {
@@ -155,6 +169,8 @@ __global__ void __launch_bounds__(kThreads) ref_backward_q_kernel(Params p) {
   const bool uniform = !block_any_valid(p.mask, b, T_);
   load_rows<T, kRows>(qs, qb, rs, q0, T_, D);
   load_rows<T, kRows>(dos, dob, p.H, q0, T_, D);
+  bool uni[kRowsPerWarp];
+  for (int r = 0; r < kRowsPerWarp; ++r) uni[r] = row_uniform(p, b, q0 + warp * kRowsPerWarp + r, uniform);
   float lse[kRowsPerWarp], dsum[kRowsPerWarp];
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int q = q0 + warp * kRowsPerWarp + r;
@@ -178,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) ref_backward_q_kernel(Params p) {
           dot = fmaf(qs[row][d], ks[lane][d], dot);
           dpd = fmaf(dos[row][d], vs[lane][d], dpd);
         }
-        float pr = expf(ref_score(dot, p, b, k, uniform) - lse[r]);
+        float pr = expf(ref_score(dot, p, b, q, k, uni[r]) - lse[r]);
         if (p.drop) dpd = attn_keep(p, static_cast<uint64_t>(b) * p.heads + h, q, k) ? dpd * p.inv_keep : 0.0f;
         ds = pr * (dpd - dsum[r]);
       }
@@ -234,6 +250,7 @@ __global__ void __launch_bounds__(kThreads) ref_backward_kv_kernel(Params p) {
     }
     __syncthreads();
     const int q = qt + lane;
+    const bool uq = row_uniform(p, b, q, uniform);
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const int row = warp * kRowsPerWarp + r, k = k0 + row;
       float pz = 0.0f, ds = 0.0f;
@@ -243,7 +260,7 @@ __global__ void __launch_bounds__(kThreads) ref_backward_kv_kernel(Params p) {
           dot = fmaf(ks[row][d], qs[lane][d], dot);
           dpd = fmaf(vs[row][d], dos[lane][d], dpd);
         }
-        float pr = expf(ref_score(dot, p, b, k, uniform) - lse_s[lane]);
+        float pr = expf(ref_score(dot, p, b, q, k, uq) - lse_s[lane]);
         pz = pr;
         if (p.drop) {
           const bool keep = attn_keep(p, bh, q, k);
@@ -411,18 +428,19 @@ size_t attention_scratch_bytes(int64_t B, int64_t T, int heads, int head_dim, DT
 }
 
 void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                       const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt) {
+                       const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt, int window) {
   attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
+  p.window = window;
+  const bool reference = attn::force_reference() || window > 0;
   p.ctx = ctx.data;
   if (p.B == 0 || p.T == 0) return;
   const bool is_bf16 = qkv.dtype == DType::BF16;
-  if (qkv.dtype == DType::F32 && !attn::force_reference()) {
+  if (qkv.dtype == DType::F32 && !reference) {
     ANATOMY_CHECK(scratch != nullptr, "attention: the F32 forward needs scratch memory");
     attn::gemm_forward(p, attn::gemm_buffer(scratch, p, 0), opt, s);
     return;
   }
-  if (qkv.dtype != DType::F32 && !attn::force_reference() &&
-      attn::flash_forward(p, is_bf16, attn::smem_optin_limit(), s)) {
+  if (qkv.dtype != DType::F32 && !reference && attn::flash_forward(p, is_bf16, attn::smem_optin_limit(), s)) {
     attn::check_launch("attention flash forward");
     return;
   }
@@ -436,8 +454,10 @@ void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, 
 
 void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
-                        cudaStream_t s, const AttentionOptions& opt) {
+                        cudaStream_t s, const AttentionOptions& opt, int window) {
   attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
+  p.window = window;
+  const bool reference = attn::force_reference() || window > 0;
   ANATOMY_CHECK(scratch != nullptr, "attention: backward needs scratch memory");
   p.ctx = ctx.data;
   p.dctx = dctx.data;
@@ -446,11 +466,11 @@ void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qk
   p.dsum = static_cast<float*>(scratch);
   const size_t dsum_bytes = attn::align_up(static_cast<size_t>(p.B) * p.heads * p.T * sizeof(float));
   p.dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dsum_bytes);
-  const bool fast = qkv.dtype != DType::F32 && !attn::force_reference() && attn::flash_supports(p);
+  const bool fast = qkv.dtype != DType::F32 && !reference && attn::flash_supports(p);
   const bool is_bf16 = qkv.dtype == DType::BF16;
   switch (qkv.dtype) {
     case DType::F32:
-      if (attn::force_reference()) {
+      if (reference) {
         attn::backward_passes<float>(p, false, false, s);
       } else {
         const int64_t tokens = static_cast<int64_t>(p.B) * p.T;

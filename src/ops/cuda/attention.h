@@ -25,10 +25,12 @@ struct AttentionOptions {
 };
 
 size_t attention_scratch_bytes(int64_t B, int64_t T, int heads, int head_dim, DType dt);
+// window > 0 (ModernBERT's local layers) takes the reference kernels whatever the dtype.
 void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                       const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt = {});
+                       const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt = {},
+                       int window = 0);
 void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
-                        cudaStream_t s, const AttentionOptions& opt = {});
+                        cudaStream_t s, const AttentionOptions& opt = {}, int window = 0);
 
 }  // namespace anatomy::cuda

@@ -42,6 +42,10 @@ struct Params {
   float* dsum = nullptr;          // scratch [B, heads, T]: dO . O
   float* dq_acc = nullptr;        // scratch [B, T, H] F32: unscaled dQ accumulator (fast path)
   int B = 0, T = 0, heads = 0, D = 0, H = 0;
+  // > 0: query q sees key k only when |q - k| <= window, and a query that sees no key attends
+  // uniformly to all T keys (Note [local attention window], ops/cpu/attention.cpp). Only the
+  // reference kernels implement it; the entry points send windowed calls there.
+  int window = 0;
   float scale = 1.0f;
   // Dropout (Note [dropout bits] and Note [attention dropout index] in core/rng.h): the
   // element of (b*heads + h, q, k) is kept iff its 16-bit field of the group bits

@@ -247,26 +247,27 @@ void* CudaBackend::attention_scratch(size_t bytes) {
 }
 
 void CudaBackend::attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask,
-                                         int heads, const DropoutSpec& dropout) {
+                                         int heads, const DropoutSpec& dropout, int window) {
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t b = qkv.dim(0), t = qkv.dim(1), d = qkv.dim(2) / 3 / heads;
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(b, t, heads, static_cast<int>(d), qkv.dtype));
-  cuda::attention_forward(ctx, lse, qkv, mask, heads, dropout, scratch, m_stream, attention_options());
+  cuda::attention_forward(ctx, lse, qkv, mask, heads, dropout, scratch, m_stream, attention_options(), window);
 #else
-  (void)ctx, (void)lse, (void)qkv, (void)mask, (void)heads, (void)dropout;
+  (void)ctx, (void)lse, (void)qkv, (void)mask, (void)heads, (void)dropout, (void)window;
   fail("attention_forward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
 #endif
 }
 
 void CudaBackend::attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                           const Tensor& lse, const Tensor& mask, int heads,
-                                          const DropoutSpec& dropout) {
+                                          const DropoutSpec& dropout, int window) {
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t b = qkv.dim(0), t = qkv.dim(1), d = qkv.dim(2) / 3 / heads;
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(b, t, heads, static_cast<int>(d), qkv.dtype));
-  cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream, attention_options());
+  cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream,
+                           attention_options(), window);
 #else
-  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)mask, (void)heads, (void)dropout;
+  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)mask, (void)heads, (void)dropout, (void)window;
   fail("attention_backward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
 #endif
 }
@@ -303,6 +304,16 @@ void CudaBackend::bce_with_logits_impl(const Tensor& losses, const Tensor& dlogi
 }
 
 // ---- element-wise --------------------------------------------------------------------------------
+void CudaBackend::rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) {
+  cuda::rotary(y, x, heads, theta, false, m_stream);
+}
+void CudaBackend::rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) {
+  cuda::rotary(dx, dy, heads, theta, true, m_stream);
+}
+void CudaBackend::geglu_forward_impl(const Tensor& y, const Tensor& x) { cuda::geglu_forward(y, x, m_stream); }
+void CudaBackend::geglu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) {
+  cuda::geglu_backward(dx, dy, x, m_stream);
+}
 void CudaBackend::gelu_forward_impl(const Tensor& y, const Tensor& x) { cuda::gelu_forward(y, x, m_stream); }
 void CudaBackend::gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) {
   cuda::gelu_backward(dx, dy, x, m_stream);

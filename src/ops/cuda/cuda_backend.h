@@ -79,9 +79,12 @@ class CudaBackend final : public Backend {
 
   // ---- attention -------------------------------------------------------------------------------
   void attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                              const DropoutSpec& dropout) override;
+                              const DropoutSpec& dropout, int window) override;
   void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
-                               const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout) override;
+                               const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
+                               int window) override;
+  void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) override;
+  void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) override;
 
   // ---- statistical normalizations --------------------------------------------------------------
   void layernorm_forward_impl(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
@@ -100,6 +103,8 @@ class CudaBackend final : public Backend {
                             float grad_scale) override;
 
   // ---- element-wise ----------------------------------------------------------------------------
+  void geglu_forward_impl(const Tensor& y, const Tensor& x) override;
+  void geglu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) override;
   void gelu_forward_impl(const Tensor& y, const Tensor& x) override;
   void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) override;
   void tanh_forward_impl(const Tensor& y, const Tensor& x) override;

@@ -19,6 +19,11 @@ struct ReduceScratch {
   size_t floats = 0;
 };
 
+// ---- rotary.cu (ModernBERT) --------------------------------------------------------------------
+void rotary(const Tensor& y, const Tensor& x, int heads, float theta, bool inverse, cudaStream_t s);
+void geglu_forward(const Tensor& y, const Tensor& x, cudaStream_t s);
+void geglu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, cudaStream_t s);
+
 // ---- elementwise.cu ---------------------------------------------------------------------------
 void gelu_forward(const Tensor& y, const Tensor& x, cudaStream_t s);
 void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, cudaStream_t s);

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Write the golden fixtures of ModernBERT (ModernBertForSequenceClassification) that anchor
+anatomy's ModernBERT variant to Hugging Face transformers, in the form of make_golden_family.py's.
+
+    /work/.venv-hf/bin/python tests/golden/make_golden_modernbert.py [OUT_DIR]
+        (default: tests/data/golden_family; writes OUT_DIR/modernbert and OUT_DIR/modernbert-bias-mean)
+
+Runs on the CPU in float32 with the eager attention (needs torch, transformers, safetensors).
+Sizes are tiny and odd: hidden 24 with 3 heads (head dim 8: rotary embeddings pair columns, so
+the head dim must be even), intermediate 21 (Wi has 42 rows), 3 layers with
+global_attn_every_n_layers 2 (layers 0 and 2 global, layer 1 local), local_attention 4 (each
+token sees keys within +-2, fewer than the sequence of 11), batch 3 with right padding.
+Layer 0 has no attn_norm (transformers' Identity). Two variants:
+
+  modernbert             the default config: no biases anywhere (attention_bias, mlp_bias,
+                         norm_bias, classifier_bias false), classifier_pooling "cls".
+  modernbert-bias-mean   every bias on, classifier_pooling "mean" over the attention mask.
+
+Dropout is 0; LayerNorm gammas and every bias are perturbed away from 1 and 0. AdamW as in
+make_golden_family.py, except that the no-decay set is the HF Trainer's for this model: every
+bias and every LayerNorm parameter (ModernBERT names them *norm*).
+"""
+import json
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import ModernBertConfig, ModernBertForSequenceClassification
+
+B, T, V, C = 3, 11, 96, 3
+STEPS = 5
+ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+MAX_GRAD_NORM = 1.0
+PAD, CLS, SEP = 0, 1, 2
+
+
+def make_model(biases, pooling):
+    cfg = ModernBertConfig(vocab_size=V, hidden_size=24, intermediate_size=21, num_hidden_layers=3,
+                           num_attention_heads=3, global_attn_every_n_layers=2, local_attention=4,
+                           global_rope_theta=160000.0, local_rope_theta=10000.0, max_position_embeddings=64,
+                           initializer_range=0.2, norm_eps=1e-5, pad_token_id=PAD, cls_token_id=CLS,
+                           bos_token_id=CLS, sep_token_id=SEP, eos_token_id=SEP, attention_bias=biases,
+                           mlp_bias=biases, norm_bias=biases, classifier_bias=biases, classifier_pooling=pooling,
+                           embedding_dropout=0.0, attention_dropout=0.0, mlp_dropout=0.0, classifier_dropout=0.0,
+                           num_labels=C)
+    cfg._attn_implementation = "eager"
+    return cfg, ModernBertForSequenceClassification(cfg).to(torch.float32)
+
+
+def perturb(model, gen):
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.copy_(1.0 + 0.2 * torch.randn(module.weight.shape, generator=gen))
+                if module.bias is not None:
+                    module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=gen))
+            elif isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=gen))
+
+
+def make_batch(gen):
+    lengths = [T, T - 4, T - 7]
+    ids = torch.randint(3, V, (B, T), generator=gen, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1
+        ids[b, 0] = CLS
+        ids[b, n - 1] = SEP
+        ids[b, n:] = PAD
+    return dict(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 2, 1], dtype=torch.long))
+
+
+def no_decay(name):
+    return "bias" in name or "norm" in name
+
+
+def adamw_run(model, init_state, batch):
+    model.load_state_dict(init_state)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if not no_decay(n)]
+    nodecay = [p for n, p in model.named_parameters() if no_decay(n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": ADAMW["weight_decay"]},
+                             {"params": nodecay, "weight_decay": 0.0}], lr=ADAMW["lr"], betas=ADAMW["betas"],
+                            eps=ADAMW["eps"], foreach=False, fused=False)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=MAX_GRAD_NORM)
+        opt.step()
+        losses.append(loss.item())
+    with torch.no_grad():
+        final = model(**batch).loss.item()
+    return losses, final, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def f32(x):
+    return torch.as_tensor(x, dtype=torch.float32).detach().clone().contiguous()
+
+
+def write(name, biases, pooling, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(0)
+    cfg, model = make_model(biases, pooling)
+    assert isinstance(model.model.layers[0].attn_norm, torch.nn.Identity)
+    assert model.config.layer_types == ["full_attention", "sliding_attention", "full_attention"]
+    perturb(model, torch.Generator().manual_seed(1234))
+    batch = make_batch(torch.Generator().manual_seed(42))
+    model.save_pretrained(out_dir)
+    init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    _, info = type(model).from_pretrained(out_dir, output_loading_info=True, attn_implementation="eager")
+    bad = {k: v for k, v in info.items() if v}
+    assert not bad, (name, bad)
+
+    model.train()
+    model.zero_grad(set_to_none=True)
+    out = model(**batch)
+    out.loss.backward()
+    tensors = {k: v.clone().contiguous() for k, v in batch.items()}
+    tensors["token_type_ids"] = torch.zeros(B, T, dtype=torch.long)
+    tensors["logits"] = f32(out.logits.detach())
+    tensors["loss"] = f32(out.loss.detach()).reshape(1)
+    names = []
+    for pname, p in model.named_parameters():
+        names.append(pname)
+        tensors["grad." + pname] = f32(p.grad if p.grad is not None else torch.zeros_like(p))
+    losses, final, params = adamw_run(model, init_state, batch)
+    assert abs(losses[0] - out.loss.item()) < 1e-6
+    tensors["adamw_losses"] = f32(losses)
+    tensors["adamw_final_loss"] = f32([final])
+    for pname, p in params.items():
+        tensors["adamw_final." + pname] = f32(p)
+    meta = {"generator": "tests/golden/make_golden_modernbert.py", "torch": torch.__version__,
+            "transformers": transformers.__version__}
+    save_file(tensors, os.path.join(out_dir, "golden.safetensors"), metadata=meta)
+    summary = {
+        "generator": meta["generator"], "architecture": type(model).__name__,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "config": json.loads(cfg.to_json_string(use_diff=False)),
+        "batch": {"B": B, "T": T, "input_ids": batch["input_ids"].tolist(),
+                  "attention_mask": batch["attention_mask"].tolist(), "labels": batch["labels"].tolist()},
+        "loss": out.loss.item(), "logits": out.logits.detach().tolist(),
+        "adamw": {"losses": losses, "final_loss": final}, "parameters": names,
+    }
+    with open(os.path.join(out_dir, "golden.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+        f.write("\n")
+    return {"fixture": name, "loss": out.loss.item(), "adamw_final_loss": final, "parameters": len(names)}
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                                              "data", "golden_family")
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    for name, biases, pooling in (("modernbert", False, "cls"), ("modernbert-bias-mean", True, "mean")):
+        print(json.dumps(write(name, biases, pooling, os.path.join(os.path.normpath(out), name))))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+// ModernBertForSequenceClassification against transformers on the same weights and batch
+// (tests/data/golden_family/modernbert*, written by tests/golden/make_golden_modernbert.py):
+// logits, loss, every gradient, 5 AdamW steps; the tensor names transformers wrote, saved back.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "../common/compare.h"
+#include "../common/dirs.h"
+#include "../common/golden_modernbert.h"
+
+using namespace anatomy;
+using namespace anatomy::golden;
+using anatomy::testing_compare::same_values;
+
+namespace {
+class GoldenModernBert : public testing::TestWithParam<const char*> {};
+}  // namespace
+
+TEST_P(GoldenModernBert, ForwardLossAndEveryGradientMatchTransformers) {
+  auto be = make_cpu_backend();
+  check_modernbert_step(*be, GetParam(), 1e-4);
+}
+
+TEST_P(GoldenModernBert, FiveAdamWStepsTrackTransformers) {
+  auto be = make_cpu_backend();
+  check_modernbert_adamw(*be, GetParam(), 1e-4);
+}
+
+// Saved back: exactly the tensors transformers wrote (the generator checked that from_pretrained
+// reads them with no missing or unexpected key), the same values, and a config that reads back equal.
+TEST_P(GoldenModernBert, SavesTheTensorNamesTransformersLoads) {
+  const std::string d = modernbert_dir(GetParam());
+  Fixture f(d);
+  auto be = make_cpu_backend();
+  ModernBertForSequenceClassification model(*be, f.cfg, 1, 4);
+  load_modernbert_weights(d, model);
+  const std::string out = testing_dirs::fresh_dir(std::string("modernbert_save_") + GetParam());
+  save_modernbert(out, model);
+  std::set<std::string> ours, theirs;
+  SafetensorsReader a = SafetensorsReader::open(out + "/model.safetensors"), b = SafetensorsReader::open(d + "/model.safetensors");
+  for (const auto& t : a.tensors()) ours.insert(t.name);
+  for (const auto& t : b.tensors()) theirs.insert(t.name);
+  EXPECT_EQ(ours, theirs);
+  for (const std::string& n : theirs) {
+    if (ours.count(n)) {
+      EXPECT_TRUE(same_values<float>(read_f32(a, n), read_f32(b, n))) << n;
+    }
+  }
+  EXPECT_EQ(BertConfig::from_json_file(out + "/config.json"), f.cfg);
+  EXPECT_EQ(static_cast<size_t>(f.cfg.num_parameters()), model.layout().num_parameters());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBert, testing::Values("modernbert", "modernbert-bias-mean"),
+                         modernbert_test_name);
+
+// What the model allocates is what modernbert_bytes plans, category by category.
+TEST(ModernBertMemory, PlannedEqualsAllocated) {
+  for (const char* name : {"modernbert", "modernbert-bias-mean"}) {
+    Fixture f(modernbert_dir(name));
+    auto be = make_cpu_backend();
+    const CategoryBytes before = be->allocator().stats().current();
+    ModernBertForSequenceClassification model(*be, f.cfg, 5, 13);
+    const CategoryBytes after = be->allocator().stats().current(), plan = modernbert_bytes(f.cfg, 5, 13);
+    for (Category c : {Category::Weights, Category::Gradients, Category::Activations, Category::Temporary})
+      EXPECT_EQ(after[c] - before[c], plan[c]) << name << " " << category_name(c);
+    EXPECT_EQ(after.total() - before.total(), plan.total()) << name;
+  }
+}
+
+TEST(ModernBertConfig, PresetHasTransformersParameterCount) {
+  const BertConfig c = BertConfig::preset("modernbert-base");
+  EXPECT_TRUE(c.is_modernbert());
+  ASSERT_EQ(c.modern.global_layers.size(), 22u);
+  EXPECT_TRUE(c.is_global_layer(0) && !c.is_global_layer(1) && !c.is_global_layer(2) && c.is_global_layer(3));
+  // ModernBertForSequenceClassification(ModernBertConfig(num_labels=2)) in transformers 5.24.
+  EXPECT_EQ(c.num_parameters(), 149606402);
+  EXPECT_EQ(static_cast<int64_t>(ParamLayout::for_sequence_classification(c).num_parameters()), c.num_parameters());
+}
