@@ -110,21 +110,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Device logits (compute dtype) to host floats.
-void download_logits(Backend& be, const Tensor& logits, std::vector<float>& out) {
-  out.resize(logits.numel());
-  if (logits.dtype == DType::F32) {
-    be.download(out.data(), logits);
-    return;
-  }
-  ANATOMY_CHECK(logits.dtype == DType::BF16 || logits.dtype == DType::F16, "evaluate: logits of dtype ",
-                dtype_name(logits.dtype), " cannot be read");
-  std::vector<uint16_t> half(logits.numel());
-  be.download(half.data(), logits);
-  for (size_t i = 0; i < half.size(); ++i)
-    out[i] = logits.dtype == DType::BF16 ? bf16_to_f32(half[i]) : f16_to_f32(half[i]);
-}
-
 // The first `rows` x `cols` elements of a flat device buffer as a [rows, cols] tensor.
 Tensor front(const Buffer& buf, int64_t rows, int64_t cols) {
   return buf.tensor().view({static_cast<int64_t>(buf.tensor().numel())}).slice(0, rows * cols).view({rows, cols});

@@ -18,6 +18,7 @@
 // evaluation_buffer_bytes), freed when it returns.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -118,6 +119,18 @@ EvalResult evaluate_token_classification(BertForSequenceClassification& model, c
 // Masked-LM evaluation (evaluate() calls it for a *ForMaskedLM model): padded batches in the
 // dataset order of the masked samples, the loss computed on the host from the logits.
 EvalResult evaluate_masked_lm(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& options);
+
+// What the two per-token evaluations share (train/evaluate_tokens.cpp): `ds` in padded batches
+// (to each batch's longest of `lengths`, rounded up to pad_to_multiple_of; the dataset's length
+// without lengths) through the inference forward; `visit(r, batch, logits, first, T)` scores each
+// batch's [b * T, classes] logits (samples first .. first + b - 1). The result carries the counts,
+// batches and timing; the visitor and the caller fill in the metrics.
+using TokenBatchVisitor = std::function<void(EvalResult& r, const HostBatch& batch, const std::vector<float>& logits,
+                                             size_t first, int64_t T)>;
+EvalResult evaluate_per_token(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& opt,
+                              std::span<const int64_t> lengths, const TokenBatchVisitor& visit);
+// Device logits (compute dtype) to host floats.
+void download_logits(Backend& be, const Tensor& logits, std::vector<float>& out);
 
 // The loss and metrics of a float-label result from its losses, outputs and targets.
 void finish_float_metrics(EvalResult& r);
