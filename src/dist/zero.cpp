@@ -56,7 +56,7 @@ void DataParallelStep::reduce(const Tensor& grads, size_t begin, size_t end) {
   const Tensor part = grads.view({static_cast<int64_t>(grads.numel())}).slice(static_cast<int64_t>(begin), static_cast<int64_t>(end));
   ++m_buckets;
   m_timed.buckets += m_timing;
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = m_timing ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   if (m_stage == 0) {
     m_comm.all_reduce_sum(part);
   } else {

@@ -110,12 +110,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The first `rows` x `cols` elements of a flat device buffer as a [rows, cols] tensor.
+}  // namespace
+
 Tensor front(const Buffer& buf, int64_t rows, int64_t cols) {
   return buf.tensor().view({static_cast<int64_t>(buf.tensor().numel())}).slice(0, rows * cols).view({rows, cols});
 }
-
-}  // namespace
 
 EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& opt) {
   if (is_masked_lm(model.config())) return evaluate_masked_lm(model, ds, opt);

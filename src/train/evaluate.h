@@ -131,6 +131,8 @@ EvalResult evaluate_per_token(BertForSequenceClassification& model, const Datase
                               std::span<const int64_t> lengths, const TokenBatchVisitor& visit);
 // Device logits (compute dtype) to host floats.
 void download_logits(Backend& be, const Tensor& logits, std::vector<float>& out);
+// The first `rows` x `cols` elements of a flat device buffer as a [rows, cols] tensor.
+Tensor front(const Buffer& buf, int64_t rows, int64_t cols);
 
 // The loss and metrics of a float-label result from its losses, outputs and targets.
 void finish_float_metrics(EvalResult& r);

@@ -40,9 +40,6 @@ EvalResult evaluate_per_token(BertForSequenceClassification& model, const Datase
   Allocator& al = be.allocator();
   Buffer ids(al, DType::I32, {B * max_seq}, Category::Other), types(al, DType::I32, {B * max_seq}, Category::Other),
       mask(al, DType::I32, {B * max_seq}, Category::Other);
-  auto front = [](const Buffer& buf, int64_t rows, int64_t cols) {
-    return buf.tensor().slice(0, rows * cols).view({rows, cols});
-  };
   HostBatch hb;
   std::vector<float> logits;
   for (size_t begin = 0; begin < n; begin += static_cast<size_t>(B)) {

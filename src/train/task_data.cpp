@@ -94,13 +94,7 @@ TrainData load_float_label_data(const TrainOptions& opt, BertConfig& cfg, const 
     d.validation_lengths = val_text->lengths();
     d.validation = val;
   } else if (opt.validation_split > 0) {
-    TrainValSplit s = split(*train, opt.validation_split, opt.seed);
-    std::vector<int64_t> sub(s.train.size());
-    for (size_t i = 0; i < s.train.size(); ++i) sub[i] = lengths[s.train[i]];
-    for (size_t i : s.val) d.validation_lengths.push_back(lengths[i]);
-    lengths = std::move(sub);
-    d.train = std::make_shared<OwningSubset>(train, std::move(s.train));
-    d.validation = std::make_shared<OwningSubset>(train, std::move(s.val));
+    lengths = d.split_validation(train, lengths, opt.validation_split, opt.seed);
   }
   if (!opt.test_file.empty()) {
     TextDataOptions po = to;
@@ -145,13 +139,7 @@ TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, con
     vo.seed = mix64(mo.seed + 1);
     d.validation = std::make_shared<MaskedLMDataset>(texts(opt.validation_file, "--validation-file", d.validation_lengths), vo);
   } else if (opt.validation_split > 0) {
-    TrainValSplit s = split(*train, opt.validation_split, opt.seed);
-    std::vector<int64_t> sub(s.train.size());
-    for (size_t i = 0; i < s.train.size(); ++i) sub[i] = lengths[s.train[i]];
-    for (size_t i : s.val) d.validation_lengths.push_back(lengths[i]);
-    lengths = std::move(sub);
-    d.train = std::make_shared<OwningSubset>(train, std::move(s.train));
-    d.validation = std::make_shared<OwningSubset>(train, std::move(s.val));
+    lengths = d.split_validation(train, lengths, opt.validation_split, opt.seed);
   }
   ANATOMY_CHECK(opt.test_file.empty(), "--test-file: predictions are not written for --task mlm");
   d.train_lengths = std::move(lengths);
@@ -197,13 +185,7 @@ TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokeni
     d.validation_lengths = val->lengths();
     d.validation = val;
   } else if (opt.validation_split > 0) {
-    TrainValSplit s = split(*train, opt.validation_split, opt.seed);
-    std::vector<int64_t> sub(s.train.size());
-    for (size_t i = 0; i < s.train.size(); ++i) sub[i] = lengths[s.train[i]];
-    for (size_t i : s.val) d.validation_lengths.push_back(lengths[i]);
-    lengths = std::move(sub);
-    d.train = std::make_shared<OwningSubset>(train, std::move(s.train));
-    d.validation = std::make_shared<OwningSubset>(train, std::move(s.val));
+    lengths = d.split_validation(train, lengths, opt.validation_split, opt.seed);
   }
   ANATOMY_CHECK(opt.test_file.empty(), "--test-file: predictions are written by `anatomy eval` for --task "
                 "token-classification (predictions.jsonl, the tags of each word)");

@@ -6,6 +6,19 @@
 
 namespace anatomy {
 
+std::vector<int64_t> TrainData::split_validation(const std::shared_ptr<const Dataset>& all,
+                                                 const std::vector<int64_t>& lengths, double fraction, uint64_t seed) {
+  TrainValSplit s = split(*all, fraction, seed);
+  std::vector<int64_t> kept;
+  if (!lengths.empty()) {
+    for (size_t i : s.train) kept.push_back(lengths[i]);
+    for (size_t i : s.val) validation_lengths.push_back(lengths[i]);
+  }
+  train = std::make_shared<OwningSubset>(all, std::move(s.train));
+  validation = std::make_shared<OwningSubset>(all, std::move(s.val));
+  return kept;
+}
+
 BatchPlan TrainData::batch_plan(int64_t batch, uint64_t seed, bool group_by_length) const {
   if (train_lengths.empty()) return BatchPlan(train->size(), batch, seed);
   return BatchPlan(train_lengths, batch, seed, group_by_length);
@@ -20,9 +33,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
                                                   opt.seq_len, cfg.vocab_size, opt.seed);
     d.train = all;
     if (opt.validation_split > 0) {
-      TrainValSplit s = split(*all, opt.validation_split, opt.seed);
-      d.train = std::make_shared<OwningSubset>(all, std::move(s.train));
-      d.validation = std::make_shared<OwningSubset>(all, std::move(s.val));
+      d.split_validation(all, {}, opt.validation_split, opt.seed);
     }
     d.description = str_cat("synthetic '", opt.dataset, "' data, ", d.train->size(), " training samples of ", opt.seq_len,
                              " tokens");
@@ -87,13 +98,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
     d.validation_lengths = val->lengths();
     d.validation = val;
   } else if (opt.validation_split > 0) {
-    TrainValSplit s = split(*train, opt.validation_split, opt.seed);
-    std::vector<int64_t> sub(s.train.size());
-    for (size_t i = 0; i < s.train.size(); ++i) sub[i] = lengths[s.train[i]];
-    for (size_t i : s.val) d.validation_lengths.push_back(lengths[i]);
-    lengths = std::move(sub);
-    d.train = std::make_shared<OwningSubset>(train, std::move(s.train));
-    d.validation = std::make_shared<OwningSubset>(train, std::move(s.val));
+    lengths = d.split_validation(train, lengths, opt.validation_split, opt.seed);
   }
   if (!opt.test_file.empty()) {
     TextDataOptions po = to;

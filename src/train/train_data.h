@@ -27,6 +27,11 @@ struct TrainData {
   std::string description;                    // one line for the log
 
   BatchPlan batch_plan(int64_t batch, uint64_t seed, bool group_by_length) const;
+  // --validation-split: a seeded `fraction` of `all` becomes `validation`, the rest `train`;
+  // `lengths` (per sample of `all`, or empty) go along: the validation part into
+  // validation_lengths, the training part returned.
+  std::vector<int64_t> split_validation(const std::shared_ptr<const Dataset>& all, const std::vector<int64_t>& lengths,
+                                        double fraction, uint64_t seed);
 };
 
 // Reads (or maps the cache of) the text files, or builds the synthetic set. With text data the
