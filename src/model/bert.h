@@ -193,6 +193,9 @@ class BertForSequenceClassification {
                         uint64_t dropout_base, const Tensor& t1, const Tensor& t2, const Tensor& t3);
   DropoutSpec drop(float p, uint64_t base, int site, bool training) const;
   Tensor W(const std::string& name) const { return m_layout.view(m_compute_view, name); }
+  // The F32 master weights: the normalizations' parameters and the embedding tables read these
+  // in every precision (Note [normalization parameters in fp32] in bert.cpp).
+  Tensor M(const std::string& name) const { return m_layout.view(m_master.tensor(), name); }
   Tensor G(const std::string& name) const { return m_layout.view(m_grads_view, name); }
 
   Backend& m_be;

@@ -128,7 +128,8 @@ class Backend {
   // ---- statistical normalizations ------------------------------------------------------
   // sum = dropout(branch) + residual (residual may be undefined: then sum = dropout(branch));
   // y = (sum - mean) * rstd * gamma + beta over the last dim. mean, rstd F32 [rows].
-  // gamma, beta in the compute dtype. sum may be undefined (then it is not stored).
+  // gamma, beta both F32 or both of the compute dtype. sum may be undefined (then it is not
+  // stored, and the statistics are those of the unrounded sum).
   void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
                          const Tensor& branch, const Tensor& residual, const Tensor& gamma, const Tensor& beta,
                          float eps, const DropoutSpec& branch_dropout);
@@ -178,7 +179,8 @@ class Backend {
   void dropout_backward(const Tensor& dx, const Tensor& dy, const DropoutSpec& d);
   // y = a + b (same shape and dtype).
   void add(const Tensor& y, const Tensor& a, const Tensor& b);
-  // e[B*T, H] = word[ids] + pos[t] + type[type_ids]; ids, type_ids I32 [B, T].
+  // e[B*T, H] = word[ids] + pos[t] + type[type_ids]; ids, type_ids I32 [B, T]; the tables F32
+  // (summed in fp32, rounded once) or of e's dtype.
   void embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_ids, const Tensor& word,
                          const Tensor& pos, const Tensor& type);
   // F32 gradients (+=) from de [B*T, H]; an undefined table gradient is skipped.

@@ -102,6 +102,14 @@ DType attention(const Check& c, const Tensor& qkv, const Tensor& ctx, const Tens
   return dt;
 }
 
+// A normalization's gamma and beta [H]: both F32 (the master weights, Note [normalization
+// parameters in fp32] in model/bert.cpp) or both of the compute dtype.
+void normalization_parameters(const Check& c, const Tensor& gamma, const Tensor& beta, DType dt, size_t h) {
+  const DType pt = gamma.defined() && gamma.dtype == F32 ? F32 : dt;
+  c.sized(gamma, pt, h, "gamma");
+  c.sized(beta, pt, h, "beta");
+}
+
 // ids I32 [B, T] (type_ids the same when given); tables [rows, H] of `table_dtype` with H the
 // width of e; the sequence fits the position table.
 void embedding(const Check& c, const Tensor& e, const Tensor& ids, const Tensor& type_ids,
@@ -293,8 +301,7 @@ void Backend::layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor
   c.optional(residual, dt, n, "residual");
   c.sized(mean, F32, rows, "mean");
   c.sized(rstd, F32, rows, "rstd");
-  c.sized(gamma, dt, h, "gamma");
-  c.sized(beta, dt, h, "beta");
+  normalization_parameters(c, gamma, beta, dt, h);
   c.dropout(branch_dropout);
   observed("layernorm", [&] { return layernorm_cost(y, residual.defined(), false, sum.defined()); },
            [&] { layernorm_forward_impl(y, sum, mean, rstd, branch, residual, gamma, beta, eps, branch_dropout); });
@@ -312,8 +319,7 @@ void Backend::layernorm_backward(const Tensor& dsum, const Tensor& dbranch, cons
   c.optional(dbeta, F32, h, "dbeta");
   c.sized(y, dt, n, "y");
   c.sized(rstd, F32, rows, "rstd");
-  c.sized(gamma, dt, h, "gamma");
-  c.sized(beta, dt, h, "beta");
+  normalization_parameters(c, gamma, beta, dt, h);
   c.dropout(branch_dropout);
   observed("layernorm", [&] { return layernorm_cost(dy, dbranch.defined(), true); },
            [&] { layernorm_backward_impl(dsum, dbranch, dgamma, dbeta, dy, y, rstd, gamma, beta, branch_dropout); });
@@ -430,7 +436,9 @@ void Backend::embedding_forward(const Tensor& e, const Tensor& ids, const Tensor
                                 const Tensor& pos, const Tensor& type) {
   const Check c(*this, "embedding_forward");
   const DType dt = c.compute(e, "e");
-  embedding(c, e, ids, type_ids, {{&word, "word"}, {&pos, "pos"}, {&type, "type"}}, dt, true);
+  // The tables are F32 (the master weights: one rounding, of the sum) or of e's dtype.
+  const DType tables = word.defined() && word.dtype == F32 ? F32 : dt;
+  embedding(c, e, ids, type_ids, {{&word, "word"}, {&pos, "pos"}, {&type, "type"}}, tables, true);
   observed("embedding", [&] { return elementwise_cost(e, 2, 3, 1); },
            [&] { embedding_forward_impl(e, ids, type_ids, word, pos, type); });
 }

@@ -3,11 +3,13 @@
 // (tests/unit/test_golden.cpp) and the GPU test (tests/cuda/test_golden_cuda.cpp).
 #pragma once
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/checkpoint.h"
@@ -64,6 +66,27 @@ inline double cosine(const float* a, const float* b, size_t n) {
   }
   return ab / std::sqrt(std::max(aa * bb, 1e-60));
 }
+
+// What a comparison with a fixture measured, printed as one line by the GPU tests so that a run's
+// log holds the numbers beside the bounds: the logits' and the loss's relative error and the
+// smallest cosine over the gradients that are not negligible (and where it was).
+struct Measured {
+  explicit Measured(std::string w) : what(std::move(w)) {}
+  std::string what;
+  double logits = 0, loss = 0, min_cos = 1;
+  std::string at;
+  double gradient(const std::string& name, double c) {
+    if (c < min_cos) {
+      min_cos = c;
+      at = name;
+    }
+    return c;
+  }
+  ~Measured() {
+    std::printf("[measured] %s: logits rel. error %.4f, loss rel. error %.4f, min gradient cosine %.5f (%s)\n",
+                what.c_str(), logits, loss, min_cos, at.c_str());
+  }
+};
 
 // Gradients that are zero in exact arithmetic are rounding noise on both sides: the key bias
 // shifts every score of a softmax row by the same q.b_k, so its true gradient is 0. Such a

@@ -356,50 +356,63 @@ TEST(CudaOps, BiasGradDeterministic) {
 
 // ---- layernorm ------------------------------------------------------------------------------------
 
+// dt, and F32 when dt is a half type: the dtypes of parameters read beside dt activations.
+std::vector<DType> with_f32(DType dt) {
+  if (dt == DType::F32) return {dt};
+  return {dt, DType::F32};
+}
+
 TEST(CudaOps, LayerNormForward) {
   if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
   SCOPED_TRACE(ctx.trace());
   // 1024, 768, 64: the warp path; 100, 1030: the block path.
   for (DType dt : kFloatTypes)
-    for (int64_t h : {1024, 768, 64, 100, 1030})
-      for (bool residual : {true, false})
-        for (float p : {0.0f, 0.1f}) {
-          SCOPED_TRACE(std::string(dtype_name(dt)) + " H " + std::to_string(h) + (residual ? " residual" : "") +
-                       " p " + std::to_string(p));
-          const int64_t rows = 67;
-          const DropoutSpec d{p, 1234u + static_cast<uint64_t>(h), 77};
-          Pair branch = ctx.input(dt, Shape{rows, h});
-          Pair res = residual ? ctx.input(dt, Shape{rows, h}) : Pair{};
-          std::vector<float> gv = ctx.randn(h, 0.2f);  // gamma near 1
-          for (auto& x : gv) x += 1.0f;
-          Pair gamma = ctx.input(dt, Shape{h}, gv), beta = ctx.input(dt, Shape{h});
-          Pair y = ctx.output(dt, Shape{rows, h}), sum = ctx.output(dt, Shape{rows, h});
-          Pair mean = ctx.output(DType::F32, Shape{rows}), rstd = ctx.output(DType::F32, Shape{rows});
-          ctx.gpu->layernorm_forward(y.g, sum.g, mean.g, rstd.g, branch.g, res.g, gamma.g, beta.g, 1e-12f, d);
-          ctx.cpu->layernorm_forward(y.c, sum.c, mean.c, rstd.c, branch.c, res.c, gamma.c, beta.c, 1e-12f, d);
-          const double tol = tol_for(dt);
-          expect_close(ctx, sum, tol, "sum");
-          expect_close(ctx, y, tol, "y");
-          expect_close(ctx, mean, tol, "mean");
-          expect_close(ctx, rstd, tol, "rstd");
-          // Without the stored sum (training: backward reads y): the same y, bit for bit.
-          Tensor y2 = ctx.device(dt, Shape{rows, h});
-          ctx.gpu->layernorm_forward(y2, Tensor{}, mean.g, rstd.g, branch.g, res.g, gamma.g, beta.g, 1e-12f, d);
-          const std::vector<float> ya = ctx.get(y.g), yb = ctx.get(y2);
-          EXPECT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)), 0) << "y without sum differs";
-          if (p > 0) {  // element i dropped iff dropout_keep(seed, offset, i, p) says so: sum == residual
-            const std::vector<float> gs = ctx.get(sum.g);
-            const std::vector<float> rv = residual ? ctx.get(res.g) : std::vector<float>(gs.size(), 0.0f);
-            size_t wrong = 0, dropped = 0;
-            for (size_t i = 0; i < gs.size(); ++i)
-              if (!dropout_keep(d.seed, d.offset, i, d.p)) {
-                ++dropped;
-                wrong += gs[i] != rv[i];
-              }
-            EXPECT_EQ(wrong, 0u) << "of " << dropped << " dropped elements";
+    for (DType pt : with_f32(dt))  // gamma, beta: the compute dtype or F32 (the master weights)
+      for (int64_t h : {1024, 768, 64, 100, 1030})
+        for (bool residual : {true, false})
+          for (float p : {0.0f, 0.1f}) {
+            SCOPED_TRACE(std::string(dtype_name(dt)) + " params " + std::string(dtype_name(pt)) + " H " + std::to_string(h) +
+                         (residual ? " residual" : "") + " p " + std::to_string(p));
+            const int64_t rows = 67;
+            const DropoutSpec d{p, 1234u + static_cast<uint64_t>(h), 77};
+            Pair branch = ctx.input(dt, Shape{rows, h});
+            Pair res = residual ? ctx.input(dt, Shape{rows, h}) : Pair{};
+            std::vector<float> gv = ctx.randn(h, 0.2f);  // gamma near 1
+            for (auto& x : gv) x += 1.0f;
+            Pair gamma = ctx.input(pt, Shape{h}, gv), beta = ctx.input(pt, Shape{h});
+            Pair y = ctx.output(dt, Shape{rows, h}), sum = ctx.output(dt, Shape{rows, h});
+            Pair mean = ctx.output(DType::F32, Shape{rows}), rstd = ctx.output(DType::F32, Shape{rows});
+            ctx.gpu->layernorm_forward(y.g, sum.g, mean.g, rstd.g, branch.g, res.g, gamma.g, beta.g, 1e-12f, d);
+            ctx.cpu->layernorm_forward(y.c, sum.c, mean.c, rstd.c, branch.c, res.c, gamma.c, beta.c, 1e-12f, d);
+            const double tol = tol_for(dt);
+            expect_close(ctx, sum, tol, "sum");
+            expect_close(ctx, y, tol, "y");
+            expect_close(ctx, mean, tol, "mean");
+            expect_close(ctx, rstd, tol, "rstd");
+            // Without the stored sum (training: backward reads y) the statistics are those of the
+            // fp32 sum: in fp32 the same y bit for bit; in the half types within their tolerance
+            // of the CPU twin (which never rounds the sum).
+            Pair y2 = ctx.output(dt, Shape{rows, h});
+            ctx.gpu->layernorm_forward(y2.g, Tensor{}, mean.g, rstd.g, branch.g, res.g, gamma.g, beta.g, 1e-12f, d);
+            ctx.cpu->layernorm_forward(y2.c, Tensor{}, mean.c, rstd.c, branch.c, res.c, gamma.c, beta.c, 1e-12f, d);
+            expect_close(ctx, y2, tol, "y without sum");
+            if (dt == DType::F32) {
+              const std::vector<float> ya = ctx.get(y.g), yb = ctx.get(y2.g);
+              EXPECT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)), 0) << "y without sum differs";
+            }
+            if (p > 0) {  // element i dropped iff dropout_keep(seed, offset, i, p) says so: sum == residual
+              const std::vector<float> gs = ctx.get(sum.g);
+              const std::vector<float> rv = residual ? ctx.get(res.g) : std::vector<float>(gs.size(), 0.0f);
+              size_t wrong = 0, dropped = 0;
+              for (size_t i = 0; i < gs.size(); ++i)
+                if (!dropout_keep(d.seed, d.offset, i, d.p)) {
+                  ++dropped;
+                  wrong += gs[i] != rv[i];
+                }
+              EXPECT_EQ(wrong, 0u) << "of " << dropped << " dropped elements";
+            }
           }
-        }
 }
 
 // Inputs of a LayerNorm backward (Note [layernorm backward from its output]): the forward's
@@ -407,7 +420,7 @@ TEST(CudaOps, LayerNormForward) {
 struct LnBackwardInputs {
   Pair y, rstd, dy, gamma, beta;
 };
-LnBackwardInputs ln_backward_inputs(Ctx& ctx, DType dt, int64_t rows, int64_t h) {
+LnBackwardInputs ln_backward_inputs(Ctx& ctx, DType dt, int64_t rows, int64_t h, DType params = DType::F32) {
   LnBackwardInputs in;
   in.y = ctx.input(dt, Shape{rows, h}, 2.0f);
   std::vector<float> rv = ctx.randn(static_cast<size_t>(rows), 0.1f);
@@ -416,8 +429,8 @@ LnBackwardInputs ln_backward_inputs(Ctx& ctx, DType dt, int64_t rows, int64_t h)
   in.dy = ctx.input(dt, Shape{rows, h});
   std::vector<float> gv = ctx.randn(static_cast<size_t>(h), 0.2f);
   for (auto& x : gv) x += 1.0f;
-  in.gamma = ctx.input(dt, Shape{h}, gv);
-  in.beta = ctx.input(dt, Shape{h});
+  in.gamma = ctx.input(params, Shape{h}, gv);
+  in.beta = ctx.input(params, Shape{h});
   return in;
 }
 
@@ -426,25 +439,26 @@ TEST(CudaOps, LayerNormBackward) {
   Ctx ctx;
   SCOPED_TRACE(ctx.trace());
   for (DType dt : kFloatTypes)
-    for (int64_t h : {1024, 768, 64, 100, 1030})
-      for (float p : {0.0f, 0.1f})
-        for (int64_t rows : {int64_t{3}, int64_t{517}}) {
-          SCOPED_TRACE(std::string(dtype_name(dt)) + " H " + std::to_string(h) + " rows " + std::to_string(rows) +
-                       " p " + std::to_string(p));
-          const DropoutSpec d{p, 99, 5};
-          LnBackwardInputs in = ln_backward_inputs(ctx, dt, rows, h);
-          Pair dsum = ctx.output(dt, Shape{rows, h}), dbranch = ctx.output(dt, Shape{rows, h});
-          Pair dgamma = ctx.input(DType::F32, Shape{h}), dbeta = ctx.input(DType::F32, Shape{h});  // +=
-          ctx.gpu->layernorm_backward(dsum.g, dbranch.g, dgamma.g, dbeta.g, in.dy.g, in.y.g, in.rstd.g, in.gamma.g,
-                                      in.beta.g, d);
-          ctx.cpu->layernorm_backward(dsum.c, dbranch.c, dgamma.c, dbeta.c, in.dy.c, in.y.c, in.rstd.c, in.gamma.c,
-                                      in.beta.c, d);
-          const double tol = tol_for(dt);
-          expect_close(ctx, dsum, tol, "dsum");
-          expect_close(ctx, dbranch, tol, "dbranch");
-          expect_close(ctx, dgamma, tol, "dgamma");
-          expect_close(ctx, dbeta, tol, "dbeta");
-        }
+    for (DType pt : with_f32(dt))  // gamma, beta: the compute dtype or F32
+      for (int64_t h : {1024, 768, 64, 100, 1030})
+        for (float p : {0.0f, 0.1f})
+          for (int64_t rows : {int64_t{3}, int64_t{517}}) {
+            SCOPED_TRACE(std::string(dtype_name(dt)) + " params " + std::string(dtype_name(pt)) + " H " + std::to_string(h) +
+                         " rows " + std::to_string(rows) + " p " + std::to_string(p));
+            const DropoutSpec d{p, 99, 5};
+            LnBackwardInputs in = ln_backward_inputs(ctx, dt, rows, h, pt);
+            Pair dsum = ctx.output(dt, Shape{rows, h}), dbranch = ctx.output(dt, Shape{rows, h});
+            Pair dgamma = ctx.input(DType::F32, Shape{h}), dbeta = ctx.input(DType::F32, Shape{h});  // +=
+            ctx.gpu->layernorm_backward(dsum.g, dbranch.g, dgamma.g, dbeta.g, in.dy.g, in.y.g, in.rstd.g, in.gamma.g,
+                                        in.beta.g, d);
+            ctx.cpu->layernorm_backward(dsum.c, dbranch.c, dgamma.c, dbeta.c, in.dy.c, in.y.c, in.rstd.c, in.gamma.c,
+                                        in.beta.c, d);
+            const double tol = tol_for(dt);
+            expect_close(ctx, dsum, tol, "dsum");
+            expect_close(ctx, dbranch, tol, "dbranch");
+            expect_close(ctx, dgamma, tol, "dgamma");
+            expect_close(ctx, dbeta, tol, "dbeta");
+          }
 }
 
 TEST(CudaOps, LayerNormBackwardWithoutOptionalOutputs) {
@@ -566,30 +580,32 @@ TEST(CudaOps, EmbeddingForwardAndBackward) {
   Ctx ctx;
   SCOPED_TRACE(ctx.trace());
   for (DType dt : kFloatTypes)
-    for (int64_t h : {64, 30})           // 16-byte packs; scalar path
-      for (int64_t type_vocab : {2, 6})  // one pass of token types; two
-        for (bool with_types : {true, false}) {
-          SCOPED_TRACE(std::string(dtype_name(dt)) + " H " + std::to_string(h) + " types " +
-                       std::to_string(type_vocab) + (with_types ? "" : " (no type_ids)"));
-          const int64_t batch = 3, seq = 17, vocab = 20, max_pos = 32;  // ids repeat: atomics collide
-          Pair ids = ctx.ints(Shape{batch, seq}, 0, vocab);
-          Pair tids = with_types ? ctx.ints(Shape{batch, seq}, 0, type_vocab) : Pair{};
-          Pair word = ctx.input(dt, Shape{vocab, h}), pos = ctx.input(dt, Shape{max_pos, h});
-          Pair type = ctx.input(dt, Shape{type_vocab, h});
-          Pair e = ctx.output(dt, Shape{batch * seq, h});
-          ctx.gpu->embedding_forward(e.g, ids.g, tids.g, word.g, pos.g, type.g);
-          ctx.cpu->embedding_forward(e.c, ids.c, tids.c, word.c, pos.c, type.c);
-          expect_close(ctx, e, tol_for(dt), "e");
+    for (DType tt : with_f32(dt))  // tables of the compute dtype, or F32 (the master weights)
+      for (int64_t h : {64, 30})           // 16-byte packs; scalar path
+        for (int64_t type_vocab : {2, 6})  // one pass of token types; two
+          for (bool with_types : {true, false}) {
+            SCOPED_TRACE(std::string(dtype_name(dt)) + " tables " + std::string(dtype_name(tt)) + " H " +
+                         std::to_string(h) + " types " + std::to_string(type_vocab) +
+                         (with_types ? "" : " (no type_ids)"));
+            const int64_t batch = 3, seq = 17, vocab = 20, max_pos = 32;  // ids repeat: atomics collide
+            Pair ids = ctx.ints(Shape{batch, seq}, 0, vocab);
+            Pair tids = with_types ? ctx.ints(Shape{batch, seq}, 0, type_vocab) : Pair{};
+            Pair word = ctx.input(tt, Shape{vocab, h}), pos = ctx.input(tt, Shape{max_pos, h});
+            Pair type = ctx.input(tt, Shape{type_vocab, h});
+            Pair e = ctx.output(dt, Shape{batch * seq, h});
+            ctx.gpu->embedding_forward(e.g, ids.g, tids.g, word.g, pos.g, type.g);
+            ctx.cpu->embedding_forward(e.c, ids.c, tids.c, word.c, pos.c, type.c);
+            expect_close(ctx, e, tol_for(dt), "e");
 
-          Pair de = ctx.input(dt, Shape{batch * seq, h});
-          Pair dword = ctx.input(DType::F32, Shape{vocab, h}), dpos = ctx.input(DType::F32, Shape{max_pos, h});
-          Pair dtype = ctx.input(DType::F32, Shape{type_vocab, h});  // all accumulated into
-          ctx.gpu->embedding_backward(dword.g, dpos.g, dtype.g, de.g, ids.g, tids.g);
-          ctx.cpu->embedding_backward(dword.c, dpos.c, dtype.c, de.c, ids.c, tids.c);
-          expect_close(ctx, dword, kTolF32, "dword");
-          expect_close(ctx, dpos, kTolF32, "dpos");
-          expect_close(ctx, dtype, kTolF32, "dtype");
-        }
+            Pair de = ctx.input(dt, Shape{batch * seq, h});
+            Pair dword = ctx.input(DType::F32, Shape{vocab, h}), dpos = ctx.input(DType::F32, Shape{max_pos, h});
+            Pair dtype = ctx.input(DType::F32, Shape{type_vocab, h});  // all accumulated into
+            ctx.gpu->embedding_backward(dword.g, dpos.g, dtype.g, de.g, ids.g, tids.g);
+            ctx.cpu->embedding_backward(dword.c, dpos.c, dtype.c, de.c, ids.c, tids.c);
+            expect_close(ctx, dword, kTolF32, "dword");
+            expect_close(ctx, dpos, kTolF32, "dpos");
+            expect_close(ctx, dtype, kTolF32, "dtype");
+          }
 }
 
 // ---- element-wise ---------------------------------------------------------------------------------

@@ -19,12 +19,15 @@ void check_forward_backward(DType dt, double logit_tol, double loss_tol, double 
   model.zero_grads();
   model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B), 0);
   std::vector<float> logits = to_f32(*be, model.logits()), ref_logits = read_f32(f.ref, "logits");
-  EXPECT_LE(rel_err(logits.data(), ref_logits.data(), logits.size()), logit_tol);
+  Measured m{std::string("golden ") + std::string(dtype_name(dt))};
+  m.logits = rel_err(logits.data(), ref_logits.data(), logits.size());
+  EXPECT_LE(m.logits, logit_tol);
   std::vector<float> losses = to_f32(*be, model.losses());
   double loss = 0;
   for (float v : losses) loss += v / f.B;
   const float ref_loss = read_f32(f.ref, "loss")[0];
-  EXPECT_LE(std::abs(loss - ref_loss) / std::abs(ref_loss), loss_tol);
+  m.loss = std::abs(loss - ref_loss) / std::abs(ref_loss);
+  EXPECT_LE(m.loss, loss_tol);
   std::vector<float> grads = model.grads_to_host();
   std::vector<std::string> names;
   for (const auto& p : model.layout().params()) names.push_back(p.name);
@@ -38,7 +41,7 @@ void check_forward_backward(DType dt, double logit_tol, double loss_tol, double 
     if (grad_rel > 0) {
       EXPECT_LE(rel_err(grads.data() + p.offset, ref.data(), ref.size()), grad_rel) << p.name;
     }
-    EXPECT_GE(cosine(grads.data() + p.offset, ref.data(), ref.size()), min_cos) << p.name;
+    EXPECT_GE(m.gradient(p.name, cosine(grads.data() + p.offset, ref.data(), ref.size())), min_cos) << p.name;
   }
 }
 

@@ -66,14 +66,17 @@ TEST_P(GoldenMlmCuda, MatchesTransformersAndTheCpuTwin) {
     for (GradientPlacement place : {GradientPlacement::Own, GradientPlacement::InActivations}) {
       const StepResult g = one_step(*gpu, f, d, dt, place);
       const double tol = dt == DType::F32 ? 1e-4 : 2e-2;
-      EXPECT_LE(std::abs(g.loss - ref_loss) / std::abs(ref_loss), tol) << dtype_name(dt);
+      Measured m{std::string(GetParam()) + " " + std::string(dtype_name(dt)) + " " + gradient_placement_name(place)};
+      m.loss = std::abs(g.loss - ref_loss) / std::abs(ref_loss);
+      EXPECT_LE(m.loss, tol) << dtype_name(dt);
       for (const auto& p : shape_only.layout().params()) {
         const std::vector<float> ref = read_f32(f.ref, "grad." + p.name);
         if (negligible(ref, total)) continue;
         if (dt == DType::F32) {
           EXPECT_LE(rel_err(g.grads.data() + p.offset, ref.data(), ref.size()), 1e-4) << p.name;
         }
-        EXPECT_GE(cosine(g.grads.data() + p.offset, ref.data(), ref.size()), 0.999) << p.name << " " << dtype_name(dt);
+        EXPECT_GE(m.gradient(p.name, cosine(g.grads.data() + p.offset, ref.data(), ref.size())), 0.999)
+            << p.name << " " << dtype_name(dt);
       }
       if (dt == DType::F32) {
         const StepResult c = one_step(*cpu, f, d, DType::F32, place);

@@ -29,11 +29,14 @@ void check_against_transformers(const char* name, DType dt, double tol, double m
   auto be = make_cuda_backend(0);
   const StepResult r = one_step(*be, t, dt);
   const std::vector<float> ref_logits = read_f32(t.f.ref, "logits");
-  EXPECT_LE(rel_err(r.logits.data(), ref_logits.data(), r.logits.size()), tol);
+  Measured m{std::string(name) + " " + std::string(dtype_name(dt))};
+  m.logits = rel_err(r.logits.data(), ref_logits.data(), r.logits.size());
+  EXPECT_LE(m.logits, tol);
   double loss = 0;
   for (float v : r.losses) loss += v / static_cast<double>(t.f.B);
   const float ref_loss = read_f32(t.f.ref, "loss")[0];
-  EXPECT_LE(std::abs(loss - ref_loss) / std::abs(ref_loss), tol);
+  m.loss = std::abs(loss - ref_loss) / std::abs(ref_loss);
+  EXPECT_LE(m.loss, tol);
   BertForSequenceClassification shape_only(*be, t.f.cfg, {1, 4, DType::F32, CheckpointPolicy::None, false});
   std::vector<std::string> names;
   for (const auto& p : shape_only.layout().params()) names.push_back(p.name);
@@ -47,7 +50,7 @@ void check_against_transformers(const char* name, DType dt, double tol, double m
     if (grad_rel > 0) {
       EXPECT_LE(rel_err(r.grads.data() + p.offset, ref.data(), ref.size()), grad_rel) << p.name;
     }
-    EXPECT_GE(cosine(r.grads.data() + p.offset, ref.data(), ref.size()), min_cos) << p.name;
+    EXPECT_GE(m.gradient(p.name, cosine(r.grads.data() + p.offset, ref.data(), ref.size())), min_cos) << p.name;
   }
 }
 

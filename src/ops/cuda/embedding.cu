@@ -5,6 +5,7 @@
 // reduce_partials). dword uses atomicAdd: tokens sharing an id add in a run-dependent order, so
 // dword may differ between runs in the last bits (only for ids that repeat within the batch).
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
@@ -21,11 +22,32 @@ struct EmbDims {
 };
 
 // ---- kernels ------------------------------------------------------------------------------------
+// W table elements from p as floats (16-byte loads when W > 1: p is then aligned).
+template <int W, class G>
+__device__ __forceinline__ void load_row_part(float (&o)[W], const G* __restrict__ p) {
+  if constexpr (std::is_same_v<G, float> && W % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < W / 4; ++k) {
+      const float4 v = reinterpret_cast<const float4*>(p)[k];
+      o[4 * k] = v.x;
+      o[4 * k + 1] = v.y;
+      o[4 * k + 2] = v.z;
+      o[4 * k + 3] = v.w;
+    }
+  } else {
+    const Pack<G, W> v = *reinterpret_cast<const Pack<G, W>*>(p);
+#pragma unroll
+    for (int j = 0; j < W; ++j) o[j] = to_f32(v.v[j]);
+  }
+}
+
 // Pack q of row r (W elements); an out-of-range id gives a NaN row so it cannot go unnoticed.
-template <class T, int W>
+// Tables of type G: F32 (the master weights, Note [normalization parameters in fp32] in
+// model/bert.cpp: the three rows are summed in fp32 and rounded once) or T.
+template <class T, class G, int W>
 __global__ void embedding_forward_kernel(T* __restrict__ e, const int32_t* __restrict__ ids,
-                                         const int32_t* __restrict__ type_ids, const T* __restrict__ word,
-                                         const T* __restrict__ pos, const T* __restrict__ type, EmbDims d) {
+                                         const int32_t* __restrict__ type_ids, const G* __restrict__ word,
+                                         const G* __restrict__ pos, const G* __restrict__ type, EmbDims d) {
   using V = Pack<T, W>;
   const int64_t packs = d.hidden / W, rows = d.batch * d.seq;
   const size_t n = static_cast<size_t>(rows) * packs;
@@ -38,11 +60,12 @@ __global__ void embedding_forward_kernel(T* __restrict__ e, const int32_t* __res
 #pragma unroll
       for (int j = 0; j < W; ++j) o.v[j] = from_f32<T>(NAN);
     } else {
-      V w = reinterpret_cast<const V*>(word + id * d.hidden)[q];
-      V p = reinterpret_cast<const V*>(pos + t * d.hidden)[q];
-      V y = reinterpret_cast<const V*>(type + tt * d.hidden)[q];
+      float w[W], p[W], y[W];
+      load_row_part<W>(w, word + id * d.hidden + q * W);
+      load_row_part<W>(p, pos + t * d.hidden + q * W);
+      load_row_part<W>(y, type + tt * d.hidden + q * W);
 #pragma unroll
-      for (int j = 0; j < W; ++j) o.v[j] = from_f32<T>(to_f32(w.v[j]) + to_f32(p.v[j]) + to_f32(y.v[j]));
+      for (int j = 0; j < W; ++j) o.v[j] = from_f32<T>(w[j] + p[j] + y[j]);
     }
     reinterpret_cast<V*>(e + r * d.hidden)[q] = o;
   }
@@ -102,12 +125,20 @@ void embedding_forward(const Tensor& e, const Tensor& ids, const Tensor& type_id
     constexpr int W = kVec<T>;
     const bool vec = d.hidden % W == 0 && aligned16(e.data) && aligned16(word.data) && aligned16(pos.data) &&
                      aligned16(type.data);
-    if (vec)
-      embedding_forward_kernel<T, W><<<grid_for(e.numel() / W, kThreads), kThreads, 0, s>>>(
-          e.ptr<T>(), ids.ptr<const int32_t>(), tp, word.ptr<const T>(), pos.ptr<const T>(), type.ptr<const T>(), d);
+    auto launch = [&](auto gtag) {
+      using G = typename decltype(gtag)::type;
+      const G *wp = word.ptr<const G>(), *pp = pos.ptr<const G>(), *yp = type.ptr<const G>();
+      if (vec)
+        embedding_forward_kernel<T, G, W><<<grid_for(e.numel() / W, kThreads), kThreads, 0, s>>>(
+            e.ptr<T>(), ids.ptr<const int32_t>(), tp, wp, pp, yp, d);
+      else
+        embedding_forward_kernel<T, G, 1><<<grid_for(e.numel(), kThreads), kThreads, 0, s>>>(
+            e.ptr<T>(), ids.ptr<const int32_t>(), tp, wp, pp, yp, d);
+    };
+    if (word.dtype == DType::F32)
+      launch(TypeTag<float>{});
     else
-      embedding_forward_kernel<T, 1><<<grid_for(e.numel(), kThreads), kThreads, 0, s>>>(
-          e.ptr<T>(), ids.ptr<const int32_t>(), tp, word.ptr<const T>(), pos.ptr<const T>(), type.ptr<const T>(), d);
+      launch(TypeTag<T>{});
   });
   ANATOMY_CUDA_LAUNCH_CHECK();
 }

@@ -1,9 +1,11 @@
 // LayerNorm over the last dim with the branch dropout and the residual add fused in front.
 // Shapes: branch, residual, sum, y, dy, dsum, dbranch [rows, H]; mean, rstd F32 [rows];
-// gamma, beta [H]; dgamma, dbeta F32 [H].
+// gamma, beta [H] in F32 (the master weights: Note [normalization parameters in fp32] in
+// model/bert.cpp) or the storage type; dgamma, dbeta F32 [H].
 //
-// Forward:  sum = dropout(branch) + residual (rounded to the storage type, stored only when
-//           asked; the statistics are taken from the rounded values); mean = E[sum];
+// Forward:  sum = dropout(branch) + residual in fp32 (stored only when asked, rounded to the
+//           storage type; the statistics are then taken from the stored values, else from the
+//           fp32 sum, so that a half-precision run rounds once, at y); mean = E[sum];
 //           rstd = 1/sqrt(E[(sum - mean)^2] + eps) (two passes); y = (sum - mean) rstd gamma + beta.
 // Backward: from the output (Note [layernorm backward from its output] in the CPU twin):
 //           xhat = (y - beta) / gamma (0 where gamma == 0), g = dy gamma;
@@ -16,6 +18,7 @@
 // dgamma/dbeta are reduced in two deterministic stages: each block writes one partial row
 // [dgamma | dbeta] to the scratch, reduce_partials sums them in a fixed order.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/rng.h"
 #include "ops/cuda/common.cuh"
@@ -64,15 +67,35 @@ constexpr int kMaxWarpH = 1024;
 template <class T>
 constexpr int kMaxPacksPerLane = kMaxWarpH / (32 * kVec<T>);
 
+// W parameters from p (16-byte aligned) as floats: 16-byte loads of either type.
+template <int W, class G>
+__device__ __forceinline__ void load_params(float (&o)[W], const G* __restrict__ p) {
+  if constexpr (std::is_same_v<G, float>) {
+    static_assert(W % 4 == 0, "fp32 parameters are read four at a time");
+#pragma unroll
+    for (int k = 0; k < W / 4; ++k) {
+      const float4 v = reinterpret_cast<const float4*>(p)[k];
+      o[4 * k] = v.x;
+      o[4 * k + 1] = v.y;
+      o[4 * k + 2] = v.z;
+      o[4 * k + 3] = v.w;
+    }
+  } else {
+    const Pack<G, W> v = *reinterpret_cast<const Pack<G, W>*>(p);
+#pragma unroll
+    for (int j = 0; j < W; ++j) o[j] = to_f32(v.v[j]);
+  }
+}
+
 // ---- kernels: warp per row --------------------------------------------------------------------
 // Lane l holds packs l, l+32, ... (P of them at most) of its row: packs of W = 16/sizeof(T).
 // sum (may be null: not stored) may alias branch: no __restrict__ on them; each element is
 // read before it is written, by the same thread.
-template <class T, int P>
+template <class T, class G, int P>
 __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
     T* __restrict__ y, T* sum, float* __restrict__ mean, float* __restrict__ rstd,
-    const T* branch, const T* __restrict__ residual, const T* __restrict__ gamma,
-    const T* __restrict__ beta, int64_t rows, int h, float eps, Drop drop) {
+    const T* branch, const T* __restrict__ residual, const G* __restrict__ gamma,
+    const G* __restrict__ beta, int64_t rows, int h, float eps, Drop drop) {
   constexpr int W = kVec<T>;
   using V = Pack<T, W>;
   const int lane = threadIdx.x & 31;
@@ -97,7 +120,7 @@ __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
         float v = to_f32(b.v[j]) * f[j];
         if (residual) v += to_f32(r.v[j]);
         o.v[j] = from_f32<T>(v);
-        x[p][j] = to_f32(o.v[j]);  // statistics of the stored (rounded) sum
+        x[p][j] = sum ? to_f32(o.v[j]) : v;  // the statistics of what backward will see
         s += x[p][j];
       }
       if (sum) reinterpret_cast<V*>(sum + base)[q] = o;
@@ -115,9 +138,12 @@ __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
   for (int p = 0; p < P; ++p) {
     const int q = p * 32 + lane;
     if (q < packs) {
-      V g = reinterpret_cast<const V*>(gamma)[q], bt = reinterpret_cast<const V*>(beta)[q], o;
+      float g[W], bt[W];
+      load_params<W>(g, gamma + q * W);
+      load_params<W>(bt, beta + q * W);
+      V o;
 #pragma unroll
-      for (int j = 0; j < W; ++j) o.v[j] = from_f32<T>((x[p][j] - mu) * rs * to_f32(g.v[j]) + to_f32(bt.v[j]));
+      for (int j = 0; j < W; ++j) o.v[j] = from_f32<T>((x[p][j] - mu) * rs * g[j] + bt[j]);
       reinterpret_cast<V*>(y + base)[q] = o;
     }
   }
@@ -192,11 +218,11 @@ __device__ __forceinline__ void load_floats(float (&o)[W], const float* p) {
 //   mean(g) and mean(dy t); then dsum = rstd (dy gamma - mean(g) - t / gamma mean(dy t)).
 // dgamma accumulates dy t per column and is divided by gamma once, at the end. gamma, beta
 // and 1/gamma sit in shared memory as floats (registers hold the rows and the column sums).
-template <class T, int P, bool kPrefetch>
+template <class T, class G, int P, bool kPrefetch>
 __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
     T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
-    const T* __restrict__ y, const float* __restrict__ rstd, const T* __restrict__ gamma,
-    const T* __restrict__ beta, int64_t rows, int h, Drop drop) {
+    const T* __restrict__ y, const float* __restrict__ rstd, const G* __restrict__ gamma,
+    const G* __restrict__ beta, int64_t rows, int h, Drop drop) {
   constexpr int W = kVec<T>;
   using V = Pack<T, W>;
   // [2H] when partials: dgamma | dbeta (the end of the kernel); then gamma | beta | 1/gamma.
@@ -323,24 +349,27 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
 }
 
 // ---- kernels: block per row (any H) -----------------------------------------------------------
-template <class T>
+template <class T, class G>
 __global__ void __launch_bounds__(kBlockThreads) ln_forward_block(
     T* __restrict__ y, T* sum, float* __restrict__ mean, float* __restrict__ rstd,
-    const T* branch, const T* __restrict__ residual, const T* __restrict__ gamma,
-    const T* __restrict__ beta, int64_t rows, int h, float eps, Drop drop) {
+    const T* branch, const T* __restrict__ residual, const G* __restrict__ gamma,
+    const G* __restrict__ beta, int64_t rows, int h, float eps, Drop drop) {
   __shared__ float red[32];
   const int64_t row = blockIdx.x;
   const size_t base = static_cast<size_t>(row) * h;
-  // The rounded sum of column c: stored (and re-read by this same thread), or recomputed.
+  // The fp32 sum of column c: stored rounded (and re-read by this same thread), or recomputed.
   auto value = [&](int c) {
     float v = to_f32(branch[base + c]) * drop.factor(base + c);
     if (residual) v += to_f32(residual[base + c]);
-    return to_f32(from_f32<T>(v));
+    return v;
   };
   float s = 0.0f;
   for (int c = threadIdx.x; c < h; c += blockDim.x) {
-    const float v = value(c);
-    if (sum) sum[base + c] = from_f32<T>(v);
+    float v = value(c);
+    if (sum) {
+      sum[base + c] = from_f32<T>(v);
+      v = to_f32(sum[base + c]);
+    }
     s += v;
   }
   const float mu = block_sum(s, red) / h;
@@ -363,11 +392,11 @@ __global__ void __launch_bounds__(kBlockThreads) ln_forward_block(
 // writes, so no barrier is needed for them. (Zeroing [0, 2H) by thread index instead handed
 // part[H + c] to another thread without a barrier: a race that compute-sanitizer's serialized
 // schedule exposed as wrong dbeta.)
-template <class T>
+template <class T, class G>
 __global__ void __launch_bounds__(kBlockThreads) ln_backward_block(
     T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
-    const T* __restrict__ y, const float* __restrict__ rstd, const T* __restrict__ gamma,
-    const T* __restrict__ beta, int64_t rows, int h, Drop drop) {
+    const T* __restrict__ y, const float* __restrict__ rstd, const G* __restrict__ gamma,
+    const G* __restrict__ beta, int64_t rows, int h, Drop drop) {
   __shared__ float red[32];
   float* part = partials ? partials + static_cast<size_t>(blockIdx.x) * 2 * h : nullptr;
   if (part)
@@ -423,6 +452,15 @@ void with_packs(int p, F&& f) {
   }
 }
 
+// Calls f(TypeTag<G>{}) with G the parameters' storage type: float, or T itself.
+template <class T, class F>
+void with_param_type(const Tensor& gamma, F&& f) {
+  if (gamma.dtype == DType::F32)
+    f(TypeTag<float>{});
+  else
+    f(TypeTag<T>{});
+}
+
 }  // namespace
 
 // ---- launchers ----------------------------------------------------------------------------------
@@ -439,19 +477,22 @@ void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, c
     T* sp = sum.defined() ? sum.ptr<T>() : nullptr;
     const T* bp = branch.ptr<const T>();
     const T* rp = residual.defined() ? residual.ptr<const T>() : nullptr;
-    const T* gp = gamma.ptr<const T>();
-    const T* btp = beta.ptr<const T>();
-    const int p = packs_per_lane<T>(h, {yp, sp, bp, rp, gp, btp});
-    if (p == 0) {
-      ln_forward_block<T><<<static_cast<unsigned>(rows), kBlockThreads, 0, s>>>(
-          yp, sp, mean.ptr<float>(), rstd.ptr<float>(), bp, rp, gp, btp, rows, h, eps, drop);
-    } else {
-      const unsigned grid = static_cast<unsigned>((rows + kWarpThreads / 32 - 1) / (kWarpThreads / 32));
-      with_packs<T, 1>(p, [&](auto pc) {
-        ln_forward_warp<T, decltype(pc)::value><<<grid, kWarpThreads, 0, s>>>(
+    with_param_type<T>(gamma, [&](auto gtag) {
+      using G = typename decltype(gtag)::type;
+      const G* gp = gamma.ptr<const G>();
+      const G* btp = beta.ptr<const G>();
+      const int p = packs_per_lane<T>(h, {yp, sp, bp, rp, gp, btp});
+      if (p == 0) {
+        ln_forward_block<T, G><<<static_cast<unsigned>(rows), kBlockThreads, 0, s>>>(
             yp, sp, mean.ptr<float>(), rstd.ptr<float>(), bp, rp, gp, btp, rows, h, eps, drop);
-      });
-    }
+      } else {
+        const unsigned grid = static_cast<unsigned>((rows + kWarpThreads / 32 - 1) / (kWarpThreads / 32));
+        with_packs<T, 1>(p, [&](auto pc) {
+          ln_forward_warp<T, G, decltype(pc)::value><<<grid, kWarpThreads, 0, s>>>(
+              yp, sp, mean.ptr<float>(), rstd.ptr<float>(), bp, rp, gp, btp, rows, h, eps, drop);
+        });
+      }
+    });
     ANATOMY_CUDA_LAUNCH_CHECK();
   });
 }
@@ -474,33 +515,37 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
     T* dbp = dbranch.defined() ? dbranch.ptr<T>() : nullptr;
     const T* dyp = dy.ptr<const T>();
     const T* yp = y.ptr<const T>();
-    const T* gp = gamma.ptr<const T>();
-    const T* btp = beta.ptr<const T>();
-    const int p = packs_per_lane<T>(h, {dsp, dbp, dyp, yp, gp, btp});
-    // The warp path is a persistent grid of one 8-warp block per SM (Note [layernorm backward
-    // at bandwidth]); the block path a block per row, at most 4 per SM when it reduces.
-    int64_t blocks = p ? std::min<int64_t>((rows + kBwdWarps - 1) / kBwdWarps, sm_count()) : rows;
-    if (reduce) blocks = std::min<int64_t>({blocks, 4 * static_cast<int64_t>(sm_count()), cap});
-    blocks = std::max<int64_t>(blocks, 1);
-    float* partials = reduce ? scratch.data : nullptr;
-    if (p == 0) {
-      ln_backward_block<T><<<static_cast<unsigned>(blocks), kBlockThreads, 0, s>>>(
-          dsp, dbp, partials, dyp, yp, rstd.ptr<const float>(), gp, btp, rows, h, drop);
-    } else {
-      // [dgamma | dbeta] partials when reducing, then gamma | beta | 1/gamma: <= 20 KiB.
-      const size_t smem = ((reduce ? 2 : 0) + 3) * static_cast<size_t>(h) * sizeof(float);
-      // Prefetching the next row costs 2P more 16-byte packs per lane: affordable for the half
-      // types (P <= 4 at H <= 1024), not for fp32 (P = 8 would spill).
-      constexpr bool kPrefetch = sizeof(T) == 2;
-      with_packs<T, 1>(p, [&](auto pc) {
-        ln_backward_warp<T, decltype(pc)::value, kPrefetch><<<static_cast<unsigned>(blocks), kBwdThreads, smem, s>>>(
+    with_param_type<T>(gamma, [&](auto gtag) {
+      using G = typename decltype(gtag)::type;
+      const G* gp = gamma.ptr<const G>();
+      const G* btp = beta.ptr<const G>();
+      const int p = packs_per_lane<T>(h, {dsp, dbp, dyp, yp, gp, btp});
+      // The warp path is a persistent grid of one 8-warp block per SM (Note [layernorm backward
+      // at bandwidth]); the block path a block per row, at most 4 per SM when it reduces.
+      int64_t blocks = p ? std::min<int64_t>((rows + kBwdWarps - 1) / kBwdWarps, sm_count()) : rows;
+      if (reduce) blocks = std::min<int64_t>({blocks, 4 * static_cast<int64_t>(sm_count()), cap});
+      blocks = std::max<int64_t>(blocks, 1);
+      float* partials = reduce ? scratch.data : nullptr;
+      if (p == 0) {
+        ln_backward_block<T, G><<<static_cast<unsigned>(blocks), kBlockThreads, 0, s>>>(
             dsp, dbp, partials, dyp, yp, rstd.ptr<const float>(), gp, btp, rows, h, drop);
-      });
-    }
-    ANATOMY_CUDA_LAUNCH_CHECK();
-    if (reduce)
-      reduce_partials(dgamma.defined() ? dgamma.ptr<float>() : nullptr, dbeta.defined() ? dbeta.ptr<float>() : nullptr,
-                      partials, static_cast<int>(blocks), h, 2 * static_cast<int64_t>(h), s);
+      } else {
+        // [dgamma | dbeta] partials when reducing, then gamma | beta | 1/gamma: <= 20 KiB.
+        const size_t smem = ((reduce ? 2 : 0) + 3) * static_cast<size_t>(h) * sizeof(float);
+        // Prefetching the next row costs 2P more 16-byte packs per lane: affordable for the half
+        // types (P <= 4 at H <= 1024), not for fp32 (P = 8 would spill).
+        constexpr bool kPrefetch = sizeof(T) == 2;
+        with_packs<T, 1>(p, [&](auto pc) {
+          ln_backward_warp<T, G, decltype(pc)::value, kPrefetch>
+              <<<static_cast<unsigned>(blocks), kBwdThreads, smem, s>>>(dsp, dbp, partials, dyp, yp,
+                                                                          rstd.ptr<const float>(), gp, btp, rows, h, drop);
+        });
+      }
+      ANATOMY_CUDA_LAUNCH_CHECK();
+      if (reduce)
+        reduce_partials(dgamma.defined() ? dgamma.ptr<float>() : nullptr, dbeta.defined() ? dbeta.ptr<float>() : nullptr,
+                        partials, static_cast<int>(blocks), h, 2 * static_cast<int64_t>(h), s);
+    });
   });
 }
 
