@@ -3,6 +3,9 @@
 // the summed loss, the samples, the gradient norm, and whether the update was applied.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
 
 #include "data/dataset.h"
 #include "dist/zero.h"
@@ -62,6 +65,10 @@ class TrainStep {
   DataParallelStep::ReductionTiming take_reduction_timing() { return m_dps.take_reduction_timing(); }
 
  private:
+  // Per-token tasks: reads the step's micro-batches into m_ahead and returns their labelled
+  // tokens summed over the ranks (Note [labelled tokens per step] in step.cpp).
+  int64_t labelled_tokens_of_step(Prefetcher& source, int64_t micro, double& data_wait,
+                                  const std::function<std::pair<int64_t, int64_t>(int64_t)>& real_rows);
   const TrainOptions& m_opt;
   BertForSequenceClassification& m_model;
   Backend& m_be;
@@ -76,6 +83,7 @@ class TrainStep {
   Buffer m_rows, m_first;
   int64_t m_row_multiple = 1;
   HostBatch m_hb;
+  std::vector<HostBatch> m_ahead;  // the step's micro-batches, read ahead (per-token tasks)
   std::vector<float> m_host_losses;
   UploadStaging m_staging;
 };
