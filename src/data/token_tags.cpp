@@ -173,6 +173,14 @@ EntityScores entity_scores(const std::vector<std::vector<std::string>>& predicte
     s.gold += static_cast<int64_t>(g.size());
     for (const auto& e : p) s.correct += g.count(e) ? 1 : 0;
   }
+  return entity_scores_of_counts(s.predicted, s.gold, s.correct);
+}
+
+EntityScores entity_scores_of_counts(int64_t predicted, int64_t gold, int64_t correct) {
+  EntityScores s;
+  s.predicted = predicted;
+  s.gold = gold;
+  s.correct = correct;
   s.precision = s.predicted ? static_cast<double>(s.correct) / static_cast<double>(s.predicted) : 0.0;
   s.recall = s.gold ? static_cast<double>(s.correct) / static_cast<double>(s.gold) : 0.0;
   s.f1 = s.precision + s.recall > 0 ? 2 * s.precision * s.recall / (s.precision + s.recall) : 0.0;

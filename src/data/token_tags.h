@@ -58,5 +58,7 @@ struct EntityScores {
 };
 EntityScores entity_scores(const std::vector<std::vector<std::string>>& predicted,
                            const std::vector<std::vector<std::string>>& gold);
+// The scores of entity counts (summed over parts of a set: evaluation over several ranks).
+EntityScores entity_scores_of_counts(int64_t predicted, int64_t gold, int64_t correct);
 
 }  // namespace anatomy

@@ -200,3 +200,52 @@ TEST(TokenLossPerStep, TokenClassificationAccumulationAndRanksEqualOneBigBatch) 
   const std::string data = write_tagged(fresh_dir("ner_norm_data") + "/train.jsonl", 48, 0);
   expect_big_batch_equivalence("token-classification", data, "ner_norm");
 }
+
+namespace {
+
+// One rank with batch 6 and two ranks of 3 train alike (above); evaluated on 25 validation
+// samples (13 on rank 0, 12 on rank 1), the whole set's metrics come out the same.
+void expect_two_rank_evaluation_like_one(const std::string& task, const std::string& train_file,
+                                         const std::string& validation_file, const std::string& name,
+                                         const std::vector<std::string>& keys) {
+  const std::string model = dropout_free_roberta(name + "_model");
+  std::vector<json> results;
+  for (int world : {1, 2}) {
+    TrainOptions o = task_options(task, model, train_file, name + "_w" + std::to_string(world));
+    o.validation_file = validation_file;
+    o.per_device_train_batch_size = 6 / world;
+    o.per_device_eval_batch_size = 4;
+    o.nproc_per_node = world;
+    o.max_steps = 2;
+    train(o);
+    results.push_back(json::parse(read_regular_file(o.output_dir + "/eval_results.json")));
+  }
+  SCOPED_TRACE(results[0].dump() + "\n" + results[1].dump());
+  EXPECT_EQ(results[1].at("eval_samples"), 25);
+  for (const std::string& k : keys) {
+    ASSERT_TRUE(results[0].contains(k) && results[1].contains(k)) << k;
+    const double a = results[0].at(k).get<double>(), b = results[1].at(k).get<double>();
+    EXPECT_NEAR(b, a, 1e-5 * std::max(1.0, std::abs(a))) << k;
+  }
+}
+
+}  // namespace
+
+TEST(TokenEvaluationRanks, MaskedLmOverTwoRanksEqualsOne) {
+  const std::string dir = fresh_dir("mlm_eval_ranks_data");
+  std::ifstream in(kSentiment);
+  std::ofstream train_out(dir + "/train.jsonl"), val_out(dir + "/val.jsonl");
+  std::string line;
+  for (int i = 0; i < 49 && std::getline(in, line); ++i) (i < 24 ? train_out : val_out) << line << "\n";
+  train_out.close();
+  val_out.close();
+  expect_two_rank_evaluation_like_one("mlm", dir + "/train.jsonl", dir + "/val.jsonl", "mlm_eval_ranks",
+                                      {"eval_loss", "perplexity"});
+}
+
+TEST(TokenEvaluationRanks, TokenClassificationOverTwoRanksEqualsOne) {
+  const std::string dir = fresh_dir("ner_eval_ranks_data");
+  const std::string train = write_tagged(dir + "/train.jsonl", 24, 0), dev = write_tagged(dir + "/dev.jsonl", 25, 3);
+  expect_two_rank_evaluation_like_one("token-classification", train, dev, "ner_eval_ranks",
+                                      {"eval_loss", "eval_precision", "eval_recall", "eval_f1", "eval_accuracy"});
+}
