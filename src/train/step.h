@@ -38,7 +38,9 @@ struct LossScaler {
 };
 
 struct StepOutcome {
-  double loss_sum = 0;   // summed per-sample losses over every rank
+  // Summed per-sample losses over every rank (per-token tasks: the step's mean token loss times
+  // samples, so that loss_sum / samples is that mean).
+  double loss_sum = 0;
   int64_t samples = 0;   // over every rank
   double grad_norm = 0;  // the global norm before clipping, unscaled (NaN/Inf when not finite)
   float lr = 0;
