@@ -135,6 +135,7 @@ void Prefetcher::run() {
                     : std::vector<size_t>{idx[0]};
       }
       HostBatch hb;
+      hb.epoch = g / per_epoch;
       hb.resize(static_cast<int64_t>(idx.size()), m_plan.padded_length(idx, m_ds.seq_len()));
       for (size_t r = 0; r < idx.size(); ++r) m_ds.get(idx[r], hb, static_cast<int64_t>(r));
       std::unique_lock<std::mutex> lock(m_mu);

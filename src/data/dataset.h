@@ -21,6 +21,9 @@ struct HostBatch {
   std::vector<float> targets;
   // Masked-LM (data/masked_lm.h): per-token labels [B, T], -100 where a token is not scored.
   std::vector<int32_t> token_labels;
+  // The training epoch the batch is drawn for (the Prefetcher sets it; 0 elsewhere): masked-LM
+  // masks are drawn afresh per epoch (Note [masking] in data/masked_lm.h).
+  int64_t epoch = 0;
   void resize(int64_t B, int64_t T);
 };
 

@@ -23,8 +23,9 @@ MaskingOptions masking_for(const Tokenizer& tok, const std::string& dir, double 
 }
 
 int64_t mask_tokens(int32_t* ids, const int32_t* attention, int32_t* labels, int64_t T, uint64_t sample,
-                    const MaskingOptions& o) {
-  Rng rng(mix64(o.seed ^ mix64(sample + 0x6d6c6dULL)));
+                    const MaskingOptions& o, int64_t epoch) {
+  const uint64_t stream = o.seed ^ mix64(sample + 0x6d6c6dULL);
+  Rng rng(mix64(epoch == 0 ? stream : stream ^ mix64(static_cast<uint64_t>(epoch) * 0x9e3779b97f4a7c15ULL)));
   int64_t scored = 0;
   for (int64_t t = 0; t < T; ++t) {
     labels[t] = -100;
@@ -50,7 +51,7 @@ void MaskedLMDataset::get(size_t i, HostBatch& out, int64_t row) const {
   if (out.token_labels.size() != n) out.token_labels.assign(n, -100);
   const int64_t T = out.seq;
   mask_tokens(out.input_ids.data() + row * T, out.attention_mask.data() + row * T, out.token_labels.data() + row * T, T,
-              i, m_opt);
+              i, m_opt, out.epoch);
   out.labels[static_cast<size_t>(row)] = 0;
 }
 

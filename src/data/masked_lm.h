@@ -5,10 +5,17 @@
 // the tokenizer's template tokens) is chosen with probability p (--mlm-probability, 0.15); a
 // chosen token is scored (its label is its id; every other label is -100) and replaced by the
 // mask token with probability 0.8, by a token drawn uniformly from the vocabulary with
-// probability 0.1, and kept with probability 0.1. The draws are a pure function of (seed, sample
-// index), so a run and its resume see the same masks; unlike the collator, which draws afresh
-// every epoch, a sample keeps its masks across epochs (static masking, as BERT's original
-// preprocessing did).
+// probability 0.1, and kept with probability 0.1. The draws are a pure function of (seed, epoch,
+// sample index): like the collator, which masks afresh every time a sample is drawn, a training
+// sample gets new masks each epoch (dynamic masking, as RoBERTa trains), and a run resumed from a
+// checkpoint draws exactly the masks of the uninterrupted run (the Prefetcher stamps each batch
+// with its epoch, HostBatch::epoch).
+//
+// Note [fixed evaluation masks]: evaluation batches are not the Prefetcher's, so their epoch is
+// always 0 and a validation (or --validation-split, or `anatomy eval`) sample keeps the same masks
+// at every evaluation. run_mlm.py re-masks its evaluation set each time it evaluates, so its eval
+// perplexity moves with the draw; here two evaluations of one model give the same perplexity, and
+// the change between evaluations is the model's alone.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -35,12 +42,13 @@ struct MaskingOptions {
 MaskingOptions masking_for(const Tokenizer& tok, const std::string& tokenizer_dir, double probability, uint64_t seed);
 
 // Masks one row of a batch in place: ids [T], mask [T]; labels [T] receive the targets.
-// Returns the number of scored tokens.
+// Returns the number of scored tokens. Epoch 0 draws what the masking drew before it depended on
+// the epoch.
 int64_t mask_tokens(int32_t* ids, const int32_t* attention, int32_t* labels, int64_t T, uint64_t sample,
-                    const MaskingOptions& o);
+                    const MaskingOptions& o, int64_t epoch = 0);
 
 // A dataset's samples with their tokens masked: get() fills HostBatch::token_labels [B, T] and
-// the masked ids (Note [masking]).
+// the masked ids, drawn for the batch's epoch (Note [masking]).
 class MaskedLMDataset final : public Dataset {
  public:
   MaskedLMDataset(std::shared_ptr<const Dataset> base, MaskingOptions o);

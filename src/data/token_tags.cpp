@@ -15,8 +15,9 @@ namespace {
 
 struct Row {
   std::vector<std::string> words;
-  std::vector<nlohmann::json> tags;
+  std::vector<nlohmann::json> tags;  // empty in an untagged file
   size_t line;
+  bool tagged = true;
 };
 
 std::vector<Row> read_rows(const std::string& path, const TokenTagOptions& o) {
@@ -38,9 +39,14 @@ std::vector<Row> read_rows(const std::string& path, const TokenTagOptions& o) {
     ANATOMY_CHECK(j.is_object(), path, ":", line, ": not a JSON object");
     const auto w = j.find(o.words_column), t = j.find(o.tags_column);
     ANATOMY_CHECK(w != j.end() && w->is_array(), path, ":", line, ": no list of words '", o.words_column, "'");
-    ANATOMY_CHECK(t != j.end() && t->is_array(), path, ":", line, ": no list of tags '", o.tags_column, "'");
-    ANATOMY_CHECK(w->size() == t->size(), path, ":", line, ": ", w->size(), " words but ", t->size(), " tags");
-    Row r{{}, {t->begin(), t->end()}, line};
+    const bool tagged = t != j.end() || !o.tags_optional;
+    ANATOMY_CHECK(!tagged || (t != j.end() && t->is_array()), path, ":", line, ": no list of tags '", o.tags_column, "'");
+    ANATOMY_CHECK(rows.empty() || rows.front().tagged == tagged, path, ":", line, ": ",
+                  tagged ? "a list of tags '" : "no list of tags '", o.tags_column, "' where line ", rows.front().line,
+                  tagged ? " has none" : " has one");
+    ANATOMY_CHECK(!tagged || w->size() == t->size(), path, ":", line, ": ", w->size(), " words but ", t->size(), " tags");
+    Row r{{}, {}, line, tagged};
+    if (tagged) r.tags.assign(t->begin(), t->end());
     for (const auto& x : *w) {
       ANATOMY_CHECK(x.is_string(), path, ":", line, ": word ", x.dump(), " is not a string");
       r.words.push_back(x.get<std::string>());
@@ -59,6 +65,8 @@ std::vector<Row> read_rows(const std::string& path, const TokenTagOptions& o) {
 TokenTagDataset::TokenTagDataset(const std::string& path, const Tokenizer& tok, const TokenTagOptions& o)
     : m_max_length(o.max_length), m_pad(tok.pad_id()) {
   const std::vector<Row> rows = read_rows(path, o);
+  m_tagged = rows.front().tagged;
+  ANATOMY_CHECK(m_tagged || o.tags, path, ": no list of tags '", o.tags_column, "'");
   m_integer = false;
   for (const Row& r : rows)
     if (!r.tags.empty()) {
@@ -89,7 +97,9 @@ TokenTagDataset::TokenTagDataset(const std::string& path, const Tokenizer& tok, 
       m_ids.push_back(we.encoding.input_ids[k]);
       const int32_t w = we.word_ids[k];
       int32_t label = -100;
-      if (w >= 0 && w != prev) {
+      if (w >= 0 && w != prev && !m_tagged) {
+        label = 0;
+      } else if (w >= 0 && w != prev) {
         const nlohmann::json& t = r.tags[static_cast<size_t>(w)];
         ANATOMY_CHECK(t.is_number_integer() == m_integer, path, ":", r.line, ": tag ", t.dump(), " is ",
                       t.is_number_integer() ? "an id" : "a name", " but the file's first tag is ",
@@ -173,6 +183,14 @@ EntityScores entity_scores(const std::vector<std::vector<std::string>>& predicte
     s.gold += static_cast<int64_t>(g.size());
     for (const auto& e : p) s.correct += g.count(e) ? 1 : 0;
   }
+  return entity_scores_of_counts(s.predicted, s.gold, s.correct);
+}
+
+EntityScores entity_scores_of_counts(int64_t predicted, int64_t gold, int64_t correct) {
+  EntityScores s;
+  s.predicted = predicted;
+  s.gold = gold;
+  s.correct = correct;
   s.precision = s.predicted ? static_cast<double>(s.correct) / static_cast<double>(s.predicted) : 0.0;
   s.recall = s.gold ? static_cast<double>(s.correct) / static_cast<double>(s.gold) : 0.0;
   s.f1 = s.precision + s.recall > 0 ? 2 * s.precision * s.recall / (s.precision + s.recall) : 0.0;

@@ -23,6 +23,9 @@ struct TokenTagOptions {
   // and integer tags the ids 0..max.
   std::optional<std::vector<std::string>> tags;
   std::optional<int64_t> num_ids;  // integer tags of a given count
+  // A file without the tags column is read untagged (text to predict: --do-predict's --test-file);
+  // it needs `tags`. Either every line has the column or none has.
+  bool tags_optional = false;
 };
 
 class TokenTagDataset final : public Dataset {
@@ -38,12 +41,15 @@ class TokenTagDataset final : public Dataset {
   // id -> tag name (integer tags: their decimal text).
   const std::vector<std::string>& tag_names() const { return m_tags; }
   bool integer_tags() const { return m_integer; }
+  // False for a file read without tags (TokenTagOptions::tags_optional): each word's first
+  // sub-token is labelled 0, a place holder that marks where the word's prediction is.
+  bool tagged() const { return m_tagged; }
 
  private:
   int64_t m_max_length;
   int32_t m_pad;
   std::vector<std::string> m_tags;
-  bool m_integer = false;
+  bool m_integer = false, m_tagged = true;
   std::vector<int32_t> m_ids, m_labels;
   std::vector<size_t> m_offsets{0};
 };
@@ -58,5 +64,7 @@ struct EntityScores {
 };
 EntityScores entity_scores(const std::vector<std::vector<std::string>>& predicted,
                            const std::vector<std::vector<std::string>>& gold);
+// The scores of entity counts (summed over parts of a set: evaluation over several ranks).
+EntityScores entity_scores_of_counts(int64_t predicted, int64_t gold, int64_t correct);
 
 }  // namespace anatomy

@@ -44,9 +44,11 @@ int64_t label_width(const BertConfig& cfg, int64_t seq);
 // writes the file) and b a bias of vocab_size. The loss is the cross-entropy over the masked
 // tokens only (labels -100 elsewhere), averaged over them: per sequence the sum of its masked
 // tokens' losses times B / masked (DeviceBatch::masked_tokens), so that the trainer's mean over
-// sequences is transformers' mean over masked tokens. The decoder's gradient into E is added after
-// the embeddings' own backward (Note [gradients in freed activations] zeroes their range just
-// before it), from the head's dlogits and h, which the activation plan keeps alive until then.
+// sequences is transformers' mean over masked tokens (the trainer passes the count of the whole
+// optimizer step instead: Note [labelled tokens per step] in train/step.cpp). The decoder's
+// gradient into E is added after the embeddings' own backward (Note [gradients in freed
+// activations] zeroes their range just before it), from the head's dlogits and h, which the
+// activation plan keeps alive until then.
 // DistilBERT and ELECTRA (whose generator is a different model) are refused by name; packed
 // batches (--skip-padding) are not supported with this head.
 bool is_masked_lm(const BertConfig& cfg);

@@ -1,6 +1,9 @@
 #include "train/eval_ranks.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include "data/token_tags.h"
 
 namespace anatomy {
 
@@ -19,6 +22,74 @@ class RangeDataset final : public Dataset {
   size_t m_begin, m_end;
 };
 
+// Per-token tasks (masked LM, token classification): the per-sample loss sums at their places,
+// then the sums the metrics are made of, all summed over the ranks. The entity counts add up
+// over sentences, so precision, recall and F1 are the whole set's (conlleval counts entities
+// over the set, not per part). Each rank's per-word tags stay with it: evaluation during training
+// writes metrics only.
+enum PerTokenSum { kLabelled, kScored, kHits, kPredicted, kGold, kCorrect, kTokens, kPadded, kComputed, kBatches,
+                   kRuntime, kLossSum, kSums };
+
+EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size_t n, size_t begin, size_t end,
+                             Communicator& comm) {
+  const bool tags = is_token_classification(cfg);
+  std::vector<double> all(n + kSums, 0.0);
+  double* sum = all.data() + n;
+  for (size_t i = begin; i < end && !part.losses.empty(); ++i) {
+    all[i] = part.losses[i - begin];
+    sum[kLossSum] += part.losses[i - begin];
+  }
+  if (end > begin) {
+    sum[kLabelled] = part.labelled ? 1 : 0;
+    sum[kScored] = static_cast<double>(part.scored_tokens);
+    sum[kTokens] = static_cast<double>(part.tokens);
+    sum[kPadded] = static_cast<double>(part.padded_tokens);
+    sum[kComputed] = static_cast<double>(part.computed_tokens);
+    sum[kBatches] = static_cast<double>(part.batches);
+    sum[kRuntime] = part.runtime;
+  }
+  if (tags && end > begin && part.labelled) {
+    const EntityScores e = entity_scores(part.word_predictions, part.word_labels);
+    sum[kPredicted] = static_cast<double>(e.predicted);
+    sum[kGold] = static_cast<double>(e.gold);
+    sum[kCorrect] = static_cast<double>(e.correct);
+    for (size_t s = 0; s < part.word_labels.size(); ++s)  // a word's tag is its first sub-token's
+      for (size_t w = 0; w < part.word_labels[s].size(); ++w) sum[kHits] += part.word_predictions[s][w] == part.word_labels[s][w];
+  }
+  comm.all_reduce_host(all, Communicator::Op::Sum);
+  const int64_t N = comm.size();
+  EvalResult res;
+  res.samples = static_cast<int64_t>(n);
+  res.batch_size = part.batch_size;
+  res.num_labels = tags ? cfg.num_labels : 0;
+  res.masked_lm = !tags;
+  res.token_classification = tags;
+  res.labelled = sum[kLabelled] > 0;
+  res.predictions.assign(n, 0);
+  res.labels.assign(n, 0);
+  res.losses.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
+  res.scored_tokens = static_cast<int64_t>(sum[kScored]);
+  res.tokens = static_cast<int64_t>(sum[kTokens]);
+  res.padded_tokens = static_cast<int64_t>(sum[kPadded]);
+  res.computed_tokens = static_cast<int64_t>(sum[kComputed]);
+  res.batches = static_cast<int64_t>(sum[kBatches]);
+  res.runtime = sum[kRuntime] / static_cast<double>(N);
+  res.samples_per_second = static_cast<double>(n) / std::max(res.runtime, 1e-9);
+  if (!res.labelled || res.scored_tokens == 0) return res;
+  res.loss = sum[kLossSum] / sum[kScored];
+  if (!tags) {
+    res.perplexity = std::exp(res.loss);
+    return res;
+  }
+  res.accuracy = sum[kHits] / sum[kScored];
+  const EntityScores e = entity_scores_of_counts(static_cast<int64_t>(sum[kPredicted]), static_cast<int64_t>(sum[kGold]),
+                                                 static_cast<int64_t>(sum[kCorrect]));
+  res.precision = e.precision;
+  res.recall = e.recall;
+  res.f1 = e.f1;
+  return res;
+}
+
 }  // namespace
 
 EvalResult evaluate_over_ranks(BertForSequenceClassification& model, const Dataset& ds, const std::vector<int64_t>& lengths,
@@ -36,8 +107,7 @@ EvalResult evaluate_over_ranks(BertForSequenceClassification& model, const Datas
     part = evaluate(model, slice, eo);
   }
   if (N == 1) return part;
-  ANATOMY_CHECK(!part.masked_lm && !part.token_classification,
-                "evaluation of --task mlm or token-classification over several ranks is not supported; evaluate with one process");
+  if (has_token_labels(model.config())) return combine_per_token(part, model.config(), n, begin, end, comm);
   // Every rank's samples at their places in one buffer: predictions, labels, losses; summed.
   // Float labels (regression, multi-label) add the logits and targets [n, C] after them.
   const bool floats = has_float_labels(problem_type_of(model.config()));

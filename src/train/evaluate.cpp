@@ -345,6 +345,7 @@ void write_predictions(const std::string& path, const EvalResult& r, const std::
 
 int64_t predict_into(const TrainOptions& opt, BertForSequenceClassification& model, const Dataset& ds, int64_t batch,
                      const BertConfig& cfg) {
+  if (is_token_classification(cfg)) return predict_tags_into(opt, model, ds, batch);
   EvalOptions eo;
   eo.batch_size = batch;
   eo.labelled = false;

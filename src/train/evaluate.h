@@ -155,6 +155,12 @@ void write_predictions(const std::string& path, const EvalResult& r, const std::
 // line per sample with its id2label name. Returns the number of samples.
 int64_t predict_into(const TrainOptions& opt, BertForSequenceClassification& model, const Dataset& ds, int64_t batch,
                      const BertConfig& cfg);
+// --do-predict for token classification, as run_ner.py writes it: OUTPUT_DIR/predictions.txt,
+// one line per sentence with its words' predicted tags separated by spaces (words cut off by
+// --max-seq-length have none), and, when the test file is tagged, OUTPUT_DIR/predict_results.json
+// with the predict_ metrics (loss, precision, recall, f1, accuracy). Returns the sentences.
+int64_t predict_tags_into(const TrainOptions& opt, BertForSequenceClassification& model, const Dataset& ds,
+                          int64_t batch);
 
 // Device bytes evaluate() holds (Category::Other) for batches of `batch` x `seq`: ids, token
 // types and mask I32 [B, T], labels I32 [B], and with skip_padding the packing index I32 [B*T + B].

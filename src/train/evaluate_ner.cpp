@@ -1,9 +1,12 @@
 // Token-classification evaluation: the loss over the labelled tokens, their accuracy, and CoNLL
 // entity scores over the words' tags (each word's tag is its first sub-token's).
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 
 #include "data/dataset.h"
 #include "data/token_tags.h"
+#include "io/atomic_file.h"
 #include "train/evaluate.h"
 
 namespace anatomy {
@@ -57,6 +60,31 @@ EvalResult evaluate_token_classification(BertForSequenceClassification& model, c
     r.f1 = e.f1;
   }
   return r;
+}
+
+int64_t predict_tags_into(const TrainOptions& opt, BertForSequenceClassification& model, const Dataset& ds,
+                          int64_t batch) {
+  const auto* tagged = dynamic_cast<const TokenTagDataset*>(&ds);
+  EvalOptions eo;
+  eo.batch_size = batch;
+  eo.labelled = tagged && tagged->tagged();
+  eo.keep_probabilities = false;
+  const EvalResult r = evaluate_token_classification(model, ds, eo);
+  std::string lines;
+  for (const auto& words : r.word_predictions) {
+    for (size_t w = 0; w < words.size(); ++w) lines += (w ? " " : "") + words[w];
+    lines += "\n";
+  }
+  const std::filesystem::path dir(opt.output_dir);
+  write_file_atomic((dir / "predictions.txt").string(), lines);
+  if (r.labelled) {
+    nlohmann::json metrics = eval_metrics_json(r, "predict_");
+    write_file_atomic((dir / "predict_results.json").string(), metrics.dump(4) + "\n");
+  }
+  std::fprintf(stderr, "anatomy: predicted the tags of %lld sentences of %s into %s%s\n",
+               static_cast<long long>(r.samples), opt.test_file.c_str(), (dir / "predictions.txt").c_str(),
+               r.labelled ? str_cat(" (", r.f1, " entity F1 in predict_results.json)").c_str() : "");
+  return r.samples;
 }
 
 }  // namespace anatomy

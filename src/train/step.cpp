@@ -30,6 +30,35 @@ TrainStep::TrainStep(const TrainOptions& opt, BertForSequenceClassification& mod
   }
 }
 
+// Note [labelled tokens per step]
+// transformers' Trainer (4.46 on) scores a per-token task as the sum of the token losses of the
+// whole optimizer step over the count of labelled tokens in it, num_items_in_batch: every
+// micro-batch of the accumulation, summed over the data-parallel ranks. So does this: the step's
+// micro-batches are read before the first forward, their labelled tokens (labels != -100, in the
+// rows that count) summed here and over the ranks (one exchange of one number), and each
+// micro-batch runs with DeviceBatch::masked_tokens = b M and weight s (b its rows, M the step's
+// count, s the loss scale): the head weights each token loss by b / (b M) = 1 / M and its
+// gradient by s / M (Note [masked LM head] in model/heads.h). A token then has the same weight
+// whichever micro-batch or rank holds it: accumulation of 2 x B equals one batch of 2B, and 2
+// ranks x B equal one rank x 2B, up to the order of fp32 sums. The per-sample losses are each
+// sequence's token losses over M, so their sum over the step is its mean token loss.
+int64_t TrainStep::labelled_tokens_of_step(Prefetcher& source, int64_t micro, double& data_wait,
+                                           const std::function<std::pair<int64_t, int64_t>(int64_t)>& real_rows) {
+  const int64_t accum = m_opt.gradient_accumulation_steps;
+  m_ahead.resize(static_cast<size_t>(accum));
+  double count = 0;
+  for (int64_t m = 0; m < accum; ++m) {
+    double waited = 0;
+    HostBatch& hb = m_ahead[static_cast<size_t>(m)];
+    ANATOMY_CHECK(source.next(hb, waited), "internal error: the data loader ran dry");
+    data_wait += waited;
+    const int64_t real = real_rows(micro + m).second;
+    for (int64_t i = 0; i < real * hb.seq; ++i) count += hb.token_labels[static_cast<size_t>(i)] != -100;
+  }
+  m_comm.all_reduce_host(std::span<double>(&count, 1), Communicator::Op::Sum);
+  return static_cast<int64_t>(count);
+}
+
 StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait, int signal) {
   const int64_t accum = m_opt.gradient_accumulation_steps, N = m_comm.size(), r = m_comm.rank();
   StepOutcome out;
@@ -40,20 +69,29 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
   if (!m_model.gradients_in_activations() && !clear_each) m_model.zero_grads();
   m_be.fill(m_loss_sums, 0.0f);
   int64_t widest = 0, mine = 0;
+  // The global micro-batch holds g samples; this rank's slice is rows [r B, r B + B) of it. A
+  // rank past its end runs one row with weight 0, so that every rank takes part in the step.
+  auto real_rows = [&](int64_t mb) {
+    const int64_t g = static_cast<int64_t>(m_plan.indices(mb / m_micro_per_epoch, mb % m_micro_per_epoch).size());
+    return std::make_pair(g, std::clamp<int64_t>(g - r * m_B, 0, m_B));
+  };
+  // Per-token tasks read the step's micro-batches first, to count its labelled tokens.
+  const bool per_token = has_token_labels(m_model.config());
+  const int64_t step_tokens = per_token ? labelled_tokens_of_step(source, micro, data_wait, real_rows) : 0;
   for (int64_t m = 0; m < accum; ++m, ++micro) {
     double waited = 0;
-    ANATOMY_CHECK(source.next(m_hb, waited), "internal error: the data loader ran dry");
+    if (per_token) m_hb = std::move(m_ahead[static_cast<size_t>(m)]);
+    else ANATOMY_CHECK(source.next(m_hb, waited), "internal error: the data loader ran dry");
     data_wait += waited;
-    // The global micro-batch holds g samples; this rank's slice is rows [r B, r B + B) of it. A
-    // rank past its end runs one row with weight 0, so that every rank takes part in the step.
-    const int64_t g = static_cast<int64_t>(m_plan.indices(micro / m_micro_per_epoch, micro % m_micro_per_epoch).size());
-    const int64_t real = std::clamp<int64_t>(g - r * m_B, 0, m_B);
+    const auto [g, real] = real_rows(micro);
     const int64_t b = m_hb.batch, t = m_hb.seq;
     auto rows = [&](const Buffer& buf) { return buf.tensor().view({m_B * m_T}).slice(0, b * t).view({b, t}); };
     DeviceBatch db{rows(m_ids), rows(m_types), rows(m_mask), m_labels.tensor().slice(0, b)};
-    if (has_token_labels(m_model.config())) {  // token labels [b, t] (Note [masked LM head])
+    float weight = real > 0 ? m_scaler.scale / static_cast<float>(g * accum) : 0.0f;
+    if (per_token) {  // token labels [b, t]; Note [labelled tokens per step]
       db.labels = rows(m_labels);
-      for (int64_t i = 0; i < b * t; ++i) db.masked_tokens += m_hb.token_labels[static_cast<size_t>(i)] != -100;
+      db.masked_tokens = b * step_tokens;
+      if (real > 0) weight = m_scaler.scale;
     }
     PackedRows packing;
     if (m_model.shape().packed_tokens) {
@@ -67,7 +105,6 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
     }
     m_be.set_phase(Phase::Data);
     m_staging.upload(m_hb, db, micro, &packing);
-    const float weight = real > 0 ? m_scaler.scale / static_cast<float>(g * accum) : 0.0f;
     m_dps.before_backward(m_model, m);
     m_model.forward_backward(db, weight, static_cast<uint64_t>(micro * N + r) << 12);
     m_be.set_phase(Phase::Optimizer);
@@ -99,6 +136,9 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
   m_comm.all_reduce_host(v, Communicator::Op::Sum);
   out.loss_sum = v[0];
   out.samples = static_cast<int64_t>(v[1]);
+  // Per-token tasks: v[0] is the step's mean over its labelled tokens, transformers' logged loss;
+  // as a sum over the samples it reads back as that mean (StepOutcome::loss_sum / samples).
+  if (per_token) out.loss_sum = v[0] * static_cast<double>(out.samples);
   out.stop_signal = v[2] > 0 ? SIGINT : v[3] > 0 ? SIGTERM : 0;
   out.grad_norm = std::sqrt(static_cast<double>(norm_sq)) / m_scaler.scale;
   // Note [non-finite steps]: a non-finite loss comes from non-finite logits, whose gradient is

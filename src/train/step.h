@@ -3,6 +3,9 @@
 // the summed loss, the samples, the gradient norm, and whether the update was applied.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
 
 #include "data/dataset.h"
 #include "dist/zero.h"
@@ -35,7 +38,9 @@ struct LossScaler {
 };
 
 struct StepOutcome {
-  double loss_sum = 0;   // summed per-sample losses over every rank
+  // Summed per-sample losses over every rank (per-token tasks: the step's mean token loss times
+  // samples, so that loss_sum / samples is that mean).
+  double loss_sum = 0;
   int64_t samples = 0;   // over every rank
   double grad_norm = 0;  // the global norm before clipping, unscaled (NaN/Inf when not finite)
   float lr = 0;
@@ -62,6 +67,10 @@ class TrainStep {
   DataParallelStep::ReductionTiming take_reduction_timing() { return m_dps.take_reduction_timing(); }
 
  private:
+  // Per-token tasks: reads the step's micro-batches into m_ahead and returns their labelled
+  // tokens summed over the ranks (Note [labelled tokens per step] in step.cpp).
+  int64_t labelled_tokens_of_step(Prefetcher& source, int64_t micro, double& data_wait,
+                                  const std::function<std::pair<int64_t, int64_t>(int64_t)>& real_rows);
   const TrainOptions& m_opt;
   BertForSequenceClassification& m_model;
   Backend& m_be;
@@ -76,6 +85,7 @@ class TrainStep {
   Buffer m_rows, m_first;
   int64_t m_row_multiple = 1;
   HostBatch m_hb;
+  std::vector<HostBatch> m_ahead;  // the step's micro-batches, read ahead (per-token tasks)
   std::vector<float> m_host_losses;
   UploadStaging m_staging;
 };

@@ -187,8 +187,12 @@ TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokeni
   } else if (opt.validation_split > 0) {
     lengths = d.split_validation(train, lengths, opt.validation_split, opt.seed);
   }
-  ANATOMY_CHECK(opt.test_file.empty(), "--test-file: predictions are written by `anatomy eval` for --task "
-                "token-classification (predictions.jsonl, the tags of each word)");
+  if (!opt.test_file.empty()) {  // --do-predict: tagged or not (predict_tags_into in train/evaluate_ner.cpp)
+    TokenTagOptions po = to;
+    po.tags = tags;
+    po.tags_optional = true;
+    d.test = named("--test-file", [&] { return std::make_shared<TokenTagDataset>(opt.test_file, tok, po); });
+  }
   d.train_lengths = std::move(lengths);
   d.description = str_cat(opt.train_file, ": ", d.train->size(), " tagged sentences, ", tags.size(), " tags",
                           d.validation ? str_cat(", ", d.validation->size(), " for validation") : std::string());

@@ -87,7 +87,8 @@ TEST_P(GoldenMlmCuda, MatchesTransformersAndTheCpuTwin) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenMlmCuda,
-                         testing::Values("bert-mlm", "roberta-mlm", "bert-ner", "roberta-ner", "distilbert-ner"),
+                         testing::Values("bert-mlm", "roberta-mlm", "xlm-roberta-mlm", "bert-ner", "roberta-ner",
+                                         "xlm-roberta-ner", "distilbert-ner", "electra-ner"),
                          [](const testing::TestParamInfo<const char*>& i) {
                            std::string s = i.param;
                            for (char& c : s)

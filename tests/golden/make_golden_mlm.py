@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Write the golden fixtures of the per-token heads: masked-LM (BertForMaskedLM,
-RobertaForMaskedLM) and token classification (Bert/Roberta/DistilBertForTokenClassification),
-in the form of make_golden_family.py's.
+"""Write the golden fixtures of the per-token heads: masked-LM (Bert/Roberta/XLMRobertaForMaskedLM)
+and token classification (Bert/Roberta/XLMRoberta/DistilBert/ElectraForTokenClassification), in
+the form of make_golden_family.py's.
 
-    /work/.venv-hf/bin/python tests/golden/make_golden_mlm.py [OUT_DIR]
-                                                    (default: tests/data/golden_mlm)
+    /work/main/.venv/bin/python tests/golden/make_golden_mlm.py [OUT_DIR [CASE ...]]
+                                                    (default: tests/data/golden_mlm, every case)
 
-Token classification cases (OUT_DIR/{bert,roberta,distilbert}-ner/) have 5 labels and labels
+CASE names a directory (bert-mlm, xlm-roberta-ner, ...): only those are written, so adding a
+case leaves the others' files as they were.
+
+Token classification cases (OUT_DIR/{bert,roberta,xlm-roberta,distilbert,electra}-ner/) have 5 labels and labels
 -100 on the special tokens, padding and about a third of the other tokens (the later
 sub-tokens of a word); logits F32 [B, T, 5]; the rest as below.
 
-OUT_DIR/{bert-mlm,roberta-mlm}/ hold config.json and model.safetensors as save_pretrained()
+OUT_DIR/{bert-mlm,roberta-mlm,xlm-roberta-mlm}/ hold config.json and model.safetensors as save_pretrained()
 writes them (the decoder tied to the word embeddings, so not in the file; from_pretrained
 must report nothing missing or unexpected) and golden.safetensors: input_ids, token_type_ids,
 attention_mask, labels I64 [B, T] (-100 where a token is not scored; never a padding token),
@@ -27,7 +30,9 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (BertConfig, BertForMaskedLM, BertForTokenClassification, DistilBertForTokenClassification,
-                          RobertaConfig, RobertaForMaskedLM, RobertaForTokenClassification)
+                          ElectraForTokenClassification, RobertaConfig, RobertaForMaskedLM,
+                          RobertaForTokenClassification, XLMRobertaConfig, XLMRobertaForMaskedLM,
+                          XLMRobertaForTokenClassification)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_golden_family as fam  # noqa: E402
@@ -40,9 +45,10 @@ def make_model(arch):
         cfg = BertConfig(**COMMON, max_position_embeddings=fam.T + 2, type_vocab_size=2, pad_token_id=0)
         cls = BertForMaskedLM
     else:
-        cfg = RobertaConfig(**COMMON, max_position_embeddings=fam.T + 4, type_vocab_size=1, pad_token_id=1,
-                            bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)
-        cls = RobertaForMaskedLM
+        cfg_cls, cls = ((RobertaConfig, RobertaForMaskedLM) if arch == "roberta" else
+                        (XLMRobertaConfig, XLMRobertaForMaskedLM))
+        cfg = cfg_cls(**COMMON, max_position_embeddings=fam.T + 4, type_vocab_size=1, pad_token_id=1,
+                      bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)
     cfg._attn_implementation = "eager"
     return cfg, cls(cfg).to(torch.float32)
 
@@ -84,7 +90,12 @@ def write_case(arch, out_dir):
     tensors["logits"] = fam.f32(out.logits.detach())
     tensors["loss"] = fam.f32(out.loss.detach()).reshape(1)
     names = []
+    # The tied decoder shares the word embeddings' tensor; some classes list it under the decoder's
+    # name (XLMRobertaForMaskedLM), but the file and anatomy name it after the embeddings.
+    embeddings = model.get_input_embeddings().weight
     for name, p in model.named_parameters():
+        if p is embeddings:
+            name = model.base_model_prefix + ".embeddings.word_embeddings.weight"
         names.append(name)
         tensors["grad." + name] = fam.f32(p.grad if p.grad is not None else torch.zeros_like(p))
     losses, final, params = fam.adamw_run(model, init_state, batch)
@@ -114,7 +125,8 @@ def write_ner_case(arch, out_dir):
     else:
         cfg, seq = fam.make_model(arch)
         cfg.num_labels = 5
-        cls = RobertaForTokenClassification if arch == "roberta" else DistilBertForTokenClassification
+        cls = {"roberta": RobertaForTokenClassification, "xlm-roberta": XLMRobertaForTokenClassification,
+               "distilbert": DistilBertForTokenClassification, "electra": ElectraForTokenClassification}[arch]
         model = cls(cfg)
     cfg.architectures = [type(model).__name__]
     fam.perturb(model, torch.Generator().manual_seed(1234))
@@ -156,10 +168,13 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float32)
-    for arch in ("bert", "roberta"):
-        print(json.dumps(write_case(arch, os.path.join(os.path.normpath(out), arch + "-mlm"))))
-    for arch in ("bert", "roberta", "distilbert"):
-        print(json.dumps(write_ner_case(arch, os.path.join(os.path.normpath(out), arch + "-ner"))))
+    only = set(sys.argv[2:])
+    for arch in ("bert", "roberta", "xlm-roberta"):
+        if not only or arch + "-mlm" in only:
+            print(json.dumps(write_case(arch, os.path.join(os.path.normpath(out), arch + "-mlm"))))
+    for arch in ("bert", "roberta", "xlm-roberta", "distilbert", "electra"):
+        if not only or arch + "-ner" in only:
+            print(json.dumps(write_ner_case(arch, os.path.join(os.path.normpath(out), arch + "-ner"))))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 // The per-token heads, masked-LM (Note [masked LM head] in model/heads.h) and token
-// classification (Note [token classification head]), against transformers' BertForMaskedLM,
-// RobertaForMaskedLM and {Bert,Roberta,DistilBert}ForTokenClassification on the same weights and
+// classification (Note [token classification head]), against transformers' {Bert,Roberta,
+// XLMRoberta}ForMaskedLM and {Bert,Roberta,XLMRoberta,DistilBert,Electra}ForTokenClassification on the same weights and
 // batch (tests/data/golden_mlm, written by tests/golden/make_golden_mlm.py): logits, the loss over the masked tokens, every
 // gradient (the tied decoder's inside the word embeddings'), 5 AdamW steps; saved with exactly
 // the tensors transformers wrote; the memory plan equal to what the model allocates.
@@ -174,7 +174,8 @@ TEST_P(GoldenMlm, PlanEqualsAllocated) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenMlm,
-                         testing::Values("bert-mlm", "roberta-mlm", "bert-ner", "roberta-ner", "distilbert-ner"),
+                         testing::Values("bert-mlm", "roberta-mlm", "xlm-roberta-mlm", "bert-ner", "roberta-ner",
+                                         "xlm-roberta-ner", "distilbert-ner", "electra-ner"),
                          [](const testing::TestParamInfo<const char*>& i) {
                            std::string s = i.param;
                            for (char& c : s)

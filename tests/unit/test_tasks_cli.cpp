@@ -273,8 +273,10 @@ TEST(TasksCli, MaskedLmLossFallsOnRealText) {
     ASSERT_EQ(r.status, 0) << r.output;
     const std::vector<double> losses = logged_losses(r.output);
     ASSERT_GE(losses.size(), 4u) << r.output;
-    // From about log(400) = 6.0 (a random head over the 400 tokens) well down.
-    EXPECT_LT(losses.back(), 0.7 * losses.front()) << r.output;
+    // From about log(400) = 6.0 (a random head over the 400 tokens) well down. Masks are drawn
+    // afresh each epoch, so the model cannot learn the masked positions by heart: the loss levels
+    // off near 4.1, the tokens' own entropy in this small model's reach.
+    EXPECT_LT(losses.back(), 0.8 * losses.front()) << r.output;
     const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
     EXPECT_EQ(cfg.at("architectures"), nlohmann::json::array({"RobertaForMaskedLM"}));
     const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
@@ -393,15 +395,18 @@ TEST(EntityScores, ConllChunking) {
 }
 
 // Token classification end to end: a small tagged file trains, the validation reports entity
-// precision/recall/F1, and `anatomy eval` writes each sentence's word tags.
+// precision/recall/F1, --do-predict writes each test sentence's tags (predictions.txt) and, the
+// test file being tagged, the predict_ metrics as run_ner.py does, and `anatomy eval` writes each
+// sentence's word tags.
 TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {
   const std::string dir = testing_cli::fresh_dir("tasks_ner");
   const std::string train = write_tagged(dir + "/train.jsonl", 150, 0), dev = write_tagged(dir + "/dev.jsonl", 30, 7);
+  const std::string test = write_tagged(dir + "/test.jsonl", 20, 40);
   const std::string out = dir + "/run";
   const auto r = testing_cli::run_anatomy(
       "train --device cpu --task token-classification --model-name-or-path " + model_dir() + " --train-file " + train +
       " --validation-file " + dev + " --max-seq-length 32 --per-device-train-batch-size 16 --num-train-epochs 10"
-      " --learning-rate 3e-3 --logging-steps 20 --disable-tqdm --output-dir " + out);
+      " --learning-rate 3e-3 --logging-steps 20 --disable-tqdm --do-predict --test-file " + test + " --output-dir " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
   EXPECT_EQ(cfg.at("architectures"), nlohmann::json::array({"RobertaForTokenClassification"}));
@@ -410,6 +415,30 @@ TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {
   ASSERT_TRUE(ev.contains("eval_f1")) << ev.dump();
   EXPECT_GT(ev.at("eval_f1").get<double>(), 0.8) << ev.dump();
   EXPECT_GT(ev.at("eval_accuracy").get<double>(), 0.9) << ev.dump();
+  // --do-predict: a line of tags per test sentence, a tag per word; scored against the file's tags.
+  const std::string lines = read_regular_file(out + "/predictions.txt");
+  const auto test_rows = read_lines(test);
+  std::vector<std::vector<std::string>> predicted, gold;
+  for (size_t pos = 0; pos < lines.size();) {
+    const size_t end = lines.find('\n', pos);
+    ASSERT_NE(end, std::string::npos);
+    std::vector<std::string> tags;
+    for (size_t b = pos; b < end;) {
+      const size_t e = std::min(lines.find(' ', b), end);
+      tags.push_back(lines.substr(b, e - b));
+      b = e + 1;
+    }
+    predicted.push_back(tags);
+    pos = end + 1;
+  }
+  ASSERT_EQ(predicted.size(), test_rows.size());
+  for (const auto& row : test_rows) gold.push_back(row.at("ner_tags").get<std::vector<std::string>>());
+  for (size_t i = 0; i < gold.size(); ++i) EXPECT_EQ(predicted[i].size(), gold[i].size()) << i;
+  const nlohmann::json pr = nlohmann::json::parse(read_regular_file(out + "/predict_results.json"));
+  EXPECT_NEAR(pr.at("predict_f1").get<double>(), entity_scores(predicted, gold).f1, 1e-12) << pr.dump();
+  EXPECT_GT(pr.at("predict_f1").get<double>(), 0.8) << pr.dump();
+  for (const char* k : {"predict_loss", "predict_precision", "predict_recall", "predict_accuracy"})
+    EXPECT_TRUE(pr.contains(k)) << k;
 
   const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + dev +
                                           " --max-seq-length 32 --output-dir " + dir + "/eval");
@@ -422,6 +451,30 @@ TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {
     EXPECT_EQ(preds[i].at("prediction").size(), dev_rows[i].at("tokens").size()) << i;
     EXPECT_EQ(preds[i].at("label"), dev_rows[i].at("ner_tags")) << i;
   }
+}
+
+// --do-predict on a test file without tags: predictions.txt, and no predict metrics; a file that
+// tags some lines only is refused naming the line.
+TEST(TasksCli, TokenClassificationPredictsAnUntaggedTestFile) {
+  const std::string dir = testing_cli::fresh_dir("tasks_ner_untagged");
+  const std::string train = write_tagged(dir + "/train.jsonl", 24, 0);
+  {
+    std::ofstream t(dir + "/test.jsonl");
+    t << R"({"tokens": ["Anna", "lives", "in", "Oslo"]})" << "\n" << R"({"tokens": ["Bob", "works"]})" << "\n";
+    std::ofstream m(dir + "/mixed.jsonl");
+    m << R"({"tokens": ["Anna"], "ner_tags": ["B-PER"]})" << "\n" << R"({"tokens": ["Bob"]})" << "\n";
+  }
+  const std::string args = "train --device cpu --task token-classification --model-name-or-path " + model_dir() +
+                           " --train-file " + train + " --max-seq-length 32 --max-steps 1 --disable-tqdm --do-predict";
+  const auto r = testing_cli::run_anatomy(args + " --test-file " + dir + "/test.jsonl --output-dir " + dir + "/run");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run/predict_results.json"));
+  const std::string lines = read_regular_file(dir + "/run/predictions.txt");
+  ASSERT_EQ(std::count(lines.begin(), lines.end(), '\n'), 2) << lines;
+  const std::string first = lines.substr(0, lines.find('\n'));
+  EXPECT_EQ(std::count(first.begin(), first.end(), ' '), 3) << lines;  // four words, four tags
+  const auto m = testing_cli::run_anatomy(args + " --test-file " + dir + "/mixed.jsonl --output-dir " + dir + "/run2");
+  testing_cli::expect_clean_error(m, "mixed.jsonl:2");
 }
 
 // plan_memory's categories are what --task token-classification allocates (logits [B*T, tags],

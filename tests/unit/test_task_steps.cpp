@@ -1,0 +1,261 @@
+// The per-token tasks as transformers' Trainer runs them: masked-LM masks drawn afresh each epoch
+// and reproduced by a resumed run (Note [masking] in data/masked_lm.h); the loss of a step
+// normalized by the labelled tokens of the whole step over every micro-batch and rank (Note
+// [labelled tokens per step] in train/step.cpp), so that gradient accumulation and data
+// parallelism train like one big batch; evaluation over several ranks equal to one.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "../common/data_parallel.h"
+#include "../common/dirs.h"
+#include "data/masked_lm.h"
+#include "data/tokenizer.h"
+#include "io/read_file.h"
+#include "train/trainer.h"
+
+using namespace anatomy;
+using namespace anatomy::testing_dp;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string kSentiment = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
+
+// The RoBERTa fixture without dropout, so that a batch cut into micro-batches or ranks computes
+// the same gradient as the whole batch.
+std::string dropout_free_roberta(const std::string& name) {
+  const std::string src = std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta";
+  const std::string dir = fresh_dir(name);
+  for (const char* f : {"model.safetensors", "tokenizer.json"}) fs::copy_file(src + "/" + f, dir + "/" + f);
+  json cfg = json::parse(read_regular_file(src + "/config.json"));
+  cfg["hidden_dropout_prob"] = 0.0;
+  cfg["attention_probs_dropout_prob"] = 0.0;
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+  return dir;
+}
+
+// Tagged sentences of varied length (so that micro-batches hold different counts of labelled
+// tokens): a name, a verb, a place, and a tail of plain words.
+std::string write_tagged(const std::string& path, int n, int offset) {
+  const std::vector<std::string> names{"John", "Mary", "Alice", "Bob", "Anna"}, places{"Paris", "Rome", "Oslo", "Madrid"};
+  const std::vector<std::string> filler{"and", "then", "went", "home", "early", "today", "with", "friends"};
+  std::ofstream out(path);
+  for (int i = 0; i < n; ++i) {
+    const int k = i + offset;
+    std::vector<std::string> words{names[static_cast<size_t>(k) % names.size()], "visited",
+                                   places[static_cast<size_t>(k * 3) % places.size()]};
+    std::vector<std::string> tags{"B-PER", "O", "B-LOC"};
+    for (int w = 0; w < (k * 5) % 7; ++w) {
+      words.push_back(filler[static_cast<size_t>(w + k) % filler.size()]);
+      tags.push_back("O");
+    }
+    out << json{{"tokens", words}, {"ner_tags", tags}}.dump() << "\n";
+  }
+  return path;
+}
+
+std::map<int64_t, double> loss_curve(const std::string& dir) {
+  std::map<int64_t, double> c;
+  std::ifstream in(fs::path(dir) / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line);
+    if (j.contains("loss")) c[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return c;
+}
+
+TrainOptions task_options(const std::string& task, const std::string& model, const std::string& data,
+                          const std::string& out) {
+  TrainOptions o;
+  o.task = task;
+  o.model_name_or_path = model;
+  o.train_file = data;
+  o.dataset_cache_dir = fresh_dir(out + "_cache");
+  o.device = DeviceChoice::Cpu;
+  o.threads = 1;
+  o.seq_len = 32;
+  o.logging_steps = 1;
+  o.learning_rate = 1e-4f;
+  o.disable_progress_bar = true;
+  o.output_dir = fresh_dir(out);
+  return o;
+}
+
+}  // namespace
+
+// A training sample's masks change with the epoch and are a pure function of (seed, epoch,
+// sample); evaluation batches (epoch 0) keep the masks they always had.
+TEST(MaskedLmEpochs, MasksAreDrawnAfreshEachEpochAndReproducibly) {
+  const auto tok = Tokenizer::from_directory(std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta");
+  TextDataOptions to;
+  to.max_length = 32;
+  to.label_column = "";
+  to.cache_dir = fresh_dir("mlm_epochs_cache");
+  auto text = std::make_shared<TextDataset>(TextDataset::load(kSentiment, tok, to));
+  const MaskedLMDataset ds(text, masking_for(tok, "roberta", 0.15, 42));
+  auto draw = [&](int64_t epoch) {
+    HostBatch hb;
+    hb.epoch = epoch;
+    hb.resize(16, 32);
+    for (int64_t i = 0; i < 16; ++i) ds.get(static_cast<size_t>(i), hb, i);
+    return hb.token_labels;
+  };
+  const auto e0 = draw(0), e1 = draw(1), e2 = draw(2);
+  EXPECT_EQ(draw(1), e1);
+  EXPECT_NE(e0, e1);
+  EXPECT_NE(e1, e2);
+  // Epoch 0 is the draw of mask_tokens without an epoch (what evaluation and `anatomy eval` see).
+  HostBatch hb;
+  hb.resize(1, 32);
+  text->get(3, hb, 0);
+  std::vector<int32_t> labels(32);
+  mask_tokens(hb.input_ids.data(), hb.attention_mask.data(), labels.data(), 32, 3, masking_for(tok, "roberta", 0.15, 42));
+  EXPECT_EQ(labels, std::vector<int32_t>(e0.begin() + 3 * 32, e0.begin() + 4 * 32));
+}
+
+// Three epochs of --task mlm with a checkpoint inside the second; resumed from it, the run logs
+// the same losses and ends with the same weights, bit for bit, as the uninterrupted run: the
+// masks of the epochs after the checkpoint are those the uninterrupted run drew.
+TEST(MaskedLmEpochs, ResumeReproducesTheUninterruptedRun) {
+  const std::string model = dropout_free_roberta("mlm_resume_model");
+  const std::string data = fresh_dir("mlm_resume_data") + "/text.jsonl";
+  {
+    std::ifstream in(kSentiment);
+    std::ofstream out(data);
+    std::string line;
+    for (int i = 0; i < 40 && std::getline(in, line); ++i) out << line << "\n";
+  }
+  auto opts = [&](const std::string& out) {
+    TrainOptions o = task_options("mlm", model, data, out);
+    o.per_device_train_batch_size = 8;  // 5 steps an epoch
+    o.num_train_epochs = 3;
+    o.learning_rate = 1e-3f;
+    o.checkpoint_strategy = Cadence::Steps;
+    o.save_steps = 7;
+    return o;
+  };
+  const TrainOptions full = opts("mlm_resume_full");
+  train(full);
+  const auto ref = loss_curve(full.output_dir);
+  ASSERT_EQ(ref.size(), 15u);
+  ASSERT_TRUE(fs::is_directory(full.output_dir + "/checkpoint-7"));
+
+  TrainOptions resumed = opts("mlm_resume_second");
+  resumed.resume_from_checkpoint = full.output_dir + "/checkpoint-7";
+  train(resumed);
+  const auto got = loss_curve(resumed.output_dir);
+  for (int64_t s = 8; s <= 15; ++s) {
+    ASSERT_TRUE(got.count(s)) << "step " << s;
+    EXPECT_EQ(got.at(s), ref.at(s)) << "step " << s;
+  }
+  EXPECT_EQ(max_abs_diff(saved_weights(full.output_dir), saved_weights(resumed.output_dir)), 0.0);
+}
+
+namespace {
+
+struct Case {
+  const char* what;
+  int64_t batch, accum;
+  int world;
+};
+const std::vector<Case> kBigBatchCases{
+    {"one rank, batch 8", 8, 1, 1}, {"batch 4, accumulation 2", 4, 2, 1}, {"two ranks of 4", 4, 1, 2}};
+
+// One rank with batch 2B, one rank with B and 2 accumulation steps, two ranks with B: the same
+// logged losses and the same weights after `steps` steps, up to the order of fp32 sums.
+void expect_big_batch_equivalence(const std::string& task, const std::string& data, const std::string& name,
+                                  const std::vector<Case>& cases = kBigBatchCases, int64_t steps = 3) {
+  const std::string model = dropout_free_roberta(name + "_model");
+  std::vector<std::string> dirs;
+  for (const Case& c : cases) {
+    TrainOptions o = task_options(task, model, data, name + "_" + std::to_string(dirs.size()));
+    o.per_device_train_batch_size = c.batch;
+    o.gradient_accumulation_steps = c.accum;
+    o.nproc_per_node = c.world;
+    o.max_steps = steps;
+    train(o);
+    dirs.push_back(o.output_dir);
+  }
+  const auto ref = loss_curve(dirs[0]);
+  ASSERT_EQ(ref.size(), static_cast<size_t>(steps));
+  for (size_t k = 1; k < dirs.size(); ++k) {
+    SCOPED_TRACE(cases[k].what);
+    const auto got = loss_curve(dirs[k]);
+    ASSERT_EQ(got.size(), ref.size());
+    for (const auto& [step, loss] : ref) EXPECT_NEAR(got.at(step), loss, 2e-6 * loss) << "step " << step;
+    EXPECT_LT(max_abs_diff(saved_weights(dirs[0]), saved_weights(dirs[k])), 2e-6);
+  }
+}
+
+}  // namespace
+
+TEST(TokenLossPerStep, MaskedLmAccumulationAndRanksEqualOneBigBatch) {
+  expect_big_batch_equivalence("mlm", kSentiment, "mlm_norm");
+}
+
+TEST(TokenLossPerStep, TokenClassificationAccumulationAndRanksEqualOneBigBatch) {
+  const std::string data = write_tagged(fresh_dir("ner_norm_data") + "/train.jsonl", 48, 0);
+  expect_big_batch_equivalence("token-classification", data, "ner_norm");
+}
+
+// 44 sentences: the epoch's sixth batch holds 4, all on rank 0 (rank 1 runs a row of weight 0
+// and counts no token of it).
+TEST(TokenLossPerStep, TokenClassificationPartialLastBatchOverRanks) {
+  const std::string data = write_tagged(fresh_dir("ner_norm_tail_data") + "/train.jsonl", 44, 1);
+  expect_big_batch_equivalence("token-classification", data, "ner_norm_tail", {kBigBatchCases[0], kBigBatchCases[2]}, 6);
+}
+
+namespace {
+
+// One rank with batch 6 and two ranks of 3 train alike (above); evaluated on 25 validation
+// samples (13 on rank 0, 12 on rank 1), the whole set's metrics come out the same.
+void expect_two_rank_evaluation_like_one(const std::string& task, const std::string& train_file,
+                                         const std::string& validation_file, const std::string& name,
+                                         const std::vector<std::string>& keys) {
+  const std::string model = dropout_free_roberta(name + "_model");
+  std::vector<json> results;
+  for (int world : {1, 2}) {
+    TrainOptions o = task_options(task, model, train_file, name + "_w" + std::to_string(world));
+    o.validation_file = validation_file;
+    o.per_device_train_batch_size = 6 / world;
+    o.per_device_eval_batch_size = 4;
+    o.nproc_per_node = world;
+    o.max_steps = 2;
+    train(o);
+    results.push_back(json::parse(read_regular_file(o.output_dir + "/eval_results.json")));
+  }
+  SCOPED_TRACE(results[0].dump() + "\n" + results[1].dump());
+  EXPECT_EQ(results[1].at("eval_samples"), 25);
+  for (const std::string& k : keys) {
+    ASSERT_TRUE(results[0].contains(k) && results[1].contains(k)) << k;
+    const double a = results[0].at(k).get<double>(), b = results[1].at(k).get<double>();
+    EXPECT_NEAR(b, a, 1e-5 * std::max(1.0, std::abs(a))) << k;
+  }
+}
+
+}  // namespace
+
+TEST(TokenEvaluationRanks, MaskedLmOverTwoRanksEqualsOne) {
+  const std::string dir = fresh_dir("mlm_eval_ranks_data");
+  std::ifstream in(kSentiment);
+  std::ofstream train_out(dir + "/train.jsonl"), val_out(dir + "/val.jsonl");
+  std::string line;
+  for (int i = 0; i < 49 && std::getline(in, line); ++i) (i < 24 ? train_out : val_out) << line << "\n";
+  train_out.close();
+  val_out.close();
+  expect_two_rank_evaluation_like_one("mlm", dir + "/train.jsonl", dir + "/val.jsonl", "mlm_eval_ranks",
+                                      {"eval_loss", "perplexity"});
+}
+
+TEST(TokenEvaluationRanks, TokenClassificationOverTwoRanksEqualsOne) {
+  const std::string dir = fresh_dir("ner_eval_ranks_data");
+  const std::string train = write_tagged(dir + "/train.jsonl", 24, 0), dev = write_tagged(dir + "/dev.jsonl", 25, 3);
+  expect_two_rank_evaluation_like_one("token-classification", train, dev, "ner_eval_ranks",
+                                      {"eval_loss", "eval_precision", "eval_recall", "eval_f1", "eval_accuracy"});
+}
