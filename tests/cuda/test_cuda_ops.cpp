@@ -355,6 +355,36 @@ TEST(CudaOps, MatmulBiasGradOddShapesAndUnfused) {
   be->set_fused_bias_grad(true);
 }
 
+// The fused weight and bias gradients at bert-large widths are bit-identical run to run, as the
+// bias_grad kernel is (CudaOps.BiasGradDeterministic): cuBLASLt's split-K reductions and the
+// BGRADB epilogue must not depend on timing.
+TEST(CudaOps, MatmulFusedBiasGradDeterministic) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (auto [rows, out, in] : {std::tuple<int64_t, int64_t, int64_t>{16384, 1024, 1024}, {4099, 4096, 256}})
+    for (float beta : {0.0f, 1.0f}) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + " out " + std::to_string(out) + " beta " + std::to_string(beta));
+      Pair dy = ctx.input(DType::BF16, Shape{rows, out}), x = ctx.input(DType::BF16, Shape{rows, in});
+      const std::vector<float> w0 = ctx.randn(static_cast<size_t>(out * in)), b0 = ctx.randn(static_cast<size_t>(out));
+      Tensor dw = ctx.device(DType::F32, Shape{out, in}), db = ctx.device(DType::F32, Shape{out});
+      std::vector<float> first_w, first_b;
+      for (int run = 0; run < 2; ++run) {
+        ctx.put(dw, w0);
+        ctx.put(db, b0);
+        ctx.gpu->matmul(dw, dy.g, Trans::T, x.g, Trans::N, MatmulArgs{1.0f, beta, Epilogue::BiasGrad, db, {}});
+        std::vector<float> got_w = ctx.get(dw), got_b = ctx.get(db);
+        if (run == 0) {
+          first_w = std::move(got_w);
+          first_b = std::move(got_b);
+          continue;
+        }
+        EXPECT_EQ(std::memcmp(first_w.data(), got_w.data(), got_w.size() * sizeof(float)), 0) << "dW differs";
+        EXPECT_EQ(std::memcmp(first_b.data(), got_b.data(), got_b.size() * sizeof(float)), 0) << "db differs";
+      }
+    }
+}
+
 TEST(CudaOps, BiasGrad) {
   if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
   Ctx ctx;
