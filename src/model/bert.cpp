@@ -926,8 +926,9 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   }
   if (overlaid) zero_grad_range(ranges.front().first, ranges.front().second);
   embeddings_backward(b, base, pk ? n : -1, X1, X2, X3);
-  if (mlm)  // the tied decoder's gradient: E += dlogits^T h (after the embeddings' range was zeroed)
-    m_be.matmul(G(m_names.word), a.dlogits, Trans::T, a.lm_h, Trans::N, {1, 1, Epilogue::None, {}, {}});
+  if (mlm)  // the tied decoder's gradient: E += dlogits^T h (after the embeddings' range was zeroed), b += sum dlogits
+    m_be.matmul(G(m_names.word), a.dlogits, Trans::T, a.lm_h, Trans::N,
+                {1, 1, Epilogue::BiasGrad, G(m_names.head_out_b), {}});
   if (overlaid) m_hidden = Tensor();  // its memory now holds gradients
 }
 
@@ -1128,8 +1129,7 @@ void BertForSequenceClassification::masked_lm_head_backward(const Tensor& x, con
                                                             const Tensor& d2) {
   Acts& a = *m_acts;
   const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
-  // The decoder's bias alone: its weight is the word embeddings, whose GEMM comes later.
-  m_be.bias_grad(G(m_names.head_out_b), a.dlogits);
+  // The decoder's bias gradient comes with its weight's, the word embeddings' (forward_backward).
   m_be.matmul(d1, a.dlogits, Trans::N, W(m_names.word), Trans::N, put);  // dh = dlogits E
   m_be.layernorm_backward(d2, Tensor(), G(m_names.head_ln_w), G(m_names.head_ln_b), d1, a.lm_h, a.lm_rstd,
                           W(m_names.head_ln_w), W(m_names.head_ln_b), {});

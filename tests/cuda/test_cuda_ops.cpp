@@ -157,7 +157,10 @@ void expect_close(Ctx& ctx, const Pair& p, double tol, const std::string& what) 
 
 const char* trans_name(Trans t) { return t == Trans::N ? "N" : "T"; }
 const char* epi_name(Epilogue e) {
-  return e == Epilogue::None ? "none" : e == Epilogue::Bias ? "bias" : e == Epilogue::BiasGelu ? "bias+gelu" : "bias grad";
+  return e == Epilogue::None       ? "none"
+         : e == Epilogue::Bias     ? "bias"
+         : e == Epilogue::BiasGelu ? "bias+gelu"
+                                   : "bias grad";
 }
 
 // One matmul on both backends: C[M,N] (dtype c_dt) = alpha op(A) op(B) + beta C (+ epilogue).
