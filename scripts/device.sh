@@ -31,6 +31,9 @@
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
+#   epilogue  the fused bias gradient (issue 16 point 2): the matmul / bias_grad op tests and twins on the
+#             GPU, fused vs GEMM + bias_grad at bert-large shapes (anatomy_bench_ops), then the per-op
+#             profile of bert-large bf16 batch 32 for .carry/before (A, when staged) and .carry/bin (B)
 #   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
 #             with two GPUs, also as two "nodes" on sockets; Gloo on the CPU), a failing rank, and
 #             `anatomy train` launched by torchrun on the CPU (3 processes) and the GPU(s)
@@ -120,7 +123,7 @@ step_ops() {
 step_profile() {
   timeout 150 $a train --preset bert-large --max-seq-length 512 --precision bf16 --per-device-train-batch-size 32 --num-samples 640 \
     "${quiet[@]}" --output-dir /tmp/bf16 --profile-steps 3 > "$OUT/profile_bf16_bs32.log" 2>&1
-  grep -E "tensor_contraction|statistical|elementwise|optimizer|forward .* backward|add up|^Time|^Samples" \
+  grep -E "tensor_contraction|statistical|elementwise|optimizer|forward .* backward|add up|^Time|^Samples|^ +(matmul|bias_grad) " \
     "$OUT/profile_bf16_bs32.log"
   mkdir -p "$OUT/runs" && cp /tmp/bf16/profile.json "$OUT/runs/profile_bf16_bs32.json" 2>/dev/null
 }
@@ -256,6 +259,25 @@ step_stepab() {  # same shapes, the two builds alternated twice: A B A B
   done | tee "$OUT/stepab.md"
 }
 
+step_epilogue() {
+  timeout 240 $b/anatomy_gpu_tests \
+    --gtest_filter='CudaOps.Matmul*:CudaOps.BiasGrad*:Registry/OpTwin.*matmul*:Registry/OpTwin.*bias_grad*:CudaContract.*' \
+    > "$OUT/epilogue_gpu_tests.log" 2>&1
+  passed "$OUT/epilogue_gpu_tests.log"
+  grep -h "\[ epilogue \]\|declined" "$OUT/epilogue_gpu_tests.log"
+  [ -x $b/anatomy_bench_ops ] && timeout 150 $b/anatomy_bench_ops > "$OUT/bench_ops_epilogue.md" 2>&1
+  sed -n '/^Weight gradients/,$p' "$OUT/bench_ops_epilogue.md"
+  local side bin
+  for side in before bin; do
+    bin=.carry/$side/anatomy
+    [ -x "$bin" ] || continue
+    echo "== $side: bert-large bf16 batch 32, per op"
+    timeout 150 $bin train --preset bert-large --max-seq-length 512 --precision bf16 --per-device-train-batch-size 32 \
+      --num-samples 640 "${quiet[@]}" --output-dir "/tmp/epilogue_$side" --profile-steps 3 > "$OUT/profile_$side.log" 2>&1
+    grep -E "^Time|forward .* backward|^ +(matmul|bias_grad|gelu) " "$OUT/profile_$side.log"
+  done | tee "$OUT/epilogue_profile.md"
+}
+
 step_launch() {
   export ANATOMY_DIST_TIMEOUT=60
   local w=$PWD/.carry/bin/anatomy_pg_worker gpus
@@ -295,7 +317,7 @@ step_launch() {
   grep -h "Samples/second\|error" "$OUT"/train_*.log | head -8
 }
 
-(($#)) || { sed -n '2,32p' "$0"; exit 2; }
+(($#)) || { sed -n '2,39p' "$0"; exit 2; }
 for s in "$@"; do
   declare -F "step_$s" >/dev/null || { echo "device.sh: unknown step '$s'" >&2; exit 2; }
 done

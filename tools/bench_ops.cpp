@@ -6,6 +6,10 @@
 //   layernorm_backward  H = 1024, with the branch dropout fused (dbranch written, as both
 //                       LayerNorms of a layer run) and without it;
 //   copy                a device-to-device copy of 256 MiB: the bandwidth ceiling to compare with.
+//   weight gradients    dW F32 [out, in] += dY^T X with db += the column sums of dY at the four
+//                       Linear layers of a layer (Note [fused bias gradient] in ops/op_args.h):
+//                       the GEMM alone, the GEMM then bias_grad (before the fusion; the backend
+//                       with the epilogue switched off) and the fused BGRADB epilogue.
 // Each call is timed with device events after a warm-up; the median of --reps calls is
 // reported, rotating among three input sets (fresh random values, never zeros) so that no run
 // reads its inputs from the 50 MB L2 the previous one left. GB/s counts the fewest bytes the op
@@ -31,6 +35,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "ops/backend.h"
+#include "ops/cuda/cuda_backend.h"
 #if defined(ANATOMY_BENCH_REGISTRY)
 #include "../tests/common/op_registry.h"
 #endif
@@ -144,6 +149,39 @@ Row bench_copy(Backend& be, int reps, int warmup) {
   return Row{"copy (ceiling)", "256 MiB", 2.0 * static_cast<double>(n), ms};
 }
 
+// One Linear layer's weight gradient at rows tokens: ms of the GEMM alone, of the GEMM then
+// bias_grad (two ops), and of the fused call.
+struct WgradRow {
+  int64_t out, in;
+  const char* layer;
+  double gemm = 0, separate = 0, fused = 0;
+};
+
+void bench_weight_grad(Backend& be, DType dt, int64_t rows, WgradRow& r, int reps, int warmup, Rng& rng) {
+  auto* cuda_be = dynamic_cast<cuda::CudaBackend*>(&be);
+  ANATOMY_CHECK(cuda_be, "weight gradients: not the CUDA backend");
+  Allocator& al = be.allocator();
+  std::vector<Buffer> dy, x;
+  for (int s = 0; s < kSets; ++s) {
+    dy.emplace_back(al, dt, Shape{rows, r.out}, Category::Other);
+    x.emplace_back(al, dt, Shape{rows, r.in}, Category::Other);
+    be.upload(dy.back(), random_values(static_cast<size_t>(rows * r.out), dt, rng, 1.0).data());
+    be.upload(x.back(), random_values(static_cast<size_t>(rows * r.in), dt, rng, 1.0).data());
+  }
+  Buffer dw(al, DType::F32, Shape{r.out, r.in}, Category::Other), db(al, DType::F32, Shape{r.out}, Category::Other);
+  be.fill(dw, 0.0f);
+  be.fill(db, 0.0f);
+  const MatmulArgs plain{1, 1, Epilogue::None, {}, {}}, fused{1, 1, Epilogue::BiasGrad, db.tensor(), {}};
+  r.gemm = time_op(be, reps, warmup, [&](int s, int) { be.matmul(dw, dy[s], Trans::T, x[s], Trans::N, plain); });
+  cuda_be->set_fused_bias_grad(false);
+  r.separate = time_op(be, reps, warmup, [&](int s, int) { be.matmul(dw, dy[s], Trans::T, x[s], Trans::N, fused); });
+  cuda_be->set_fused_bias_grad(true);
+  const int64_t unfused = cuda_be->bias_grad_unfused_calls();
+  r.fused = time_op(be, reps, warmup, [&](int s, int) { be.matmul(dw, dy[s], Trans::T, x[s], Trans::N, fused); });
+  if (cuda_be->bias_grad_unfused_calls() != unfused)
+    std::printf("weight gradient %s: cuBLASLt declined the BGRADB epilogue (the fused row ran unfused)\n", r.layer);
+}
+
 #if defined(ANATOMY_BENCH_REGISTRY)
 // Sums the declared cost of every op one call of an entry issues.
 struct CostSum final : OpObserver {
@@ -236,6 +274,21 @@ int main(int argc, char** argv) {
       std::printf("\nPer bert-large step (24 layers): bias_grad %.2f ms, layernorm_backward (fused) %.2f ms.\n",
                   bias_ms, ln_ms);
     }
+    // The weight gradients of one bert-large layer (hidden 1024, intermediate 4096), accumulated.
+    std::vector<WgradRow> wg = {{1024, 1024, "attention output"}, {1024, 4096, "FFN out"},
+                                {4096, 1024, "FFN in"}, {3072, 1024, "q|k|v"}};
+    for (WgradRow& r : wg) bench_weight_grad(*be, dt, rows, r, reps, warmup, rng);
+    std::printf("\nWeight gradients dW F32 [out, in] += dY^T X, %lld rows; ms per call (median).\n\n",
+                static_cast<long long>(rows));
+    std::printf("| layer | out x in | GEMM alone | GEMM + bias_grad | fused (BGRADB) | saved |\n"
+                "|---|---|---:|---:|---:|---:|\n");
+    double saved = 0;
+    for (const WgradRow& r : wg) {
+      std::printf("| %s | %lld x %lld | %.4f | %.4f | %.4f | %.4f |\n", r.layer, static_cast<long long>(r.out),
+                  static_cast<long long>(r.in), r.gemm, r.separate, r.fused, r.separate - r.fused);
+      saved += r.separate - r.fused;
+    }
+    std::printf("\nPer bert-large step (24 layers): the fused bias gradients save %.2f ms.\n", 24 * saved);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "anatomy_bench_ops: %s\n", e.what());
     return 1;

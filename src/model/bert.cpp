@@ -763,6 +763,8 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   const float hp = static_cast<float>(m_cfg.hidden_dropout_prob), ap = static_cast<float>(m_cfg.attention_probs_dropout_prob);
   const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};  // C += A B (gradients and residual sums)
   const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
+  // dW += dY^T X with db += the column sums of dY in the same call (Note [fused bias gradient]).
+  auto acc_bias = [](const Tensor& db) { return MatmulArgs{1, 1, Epilogue::BiasGrad, db, {}}; };
   // Packed training: the row-wise tensors have n = N token rows (x, out and a's row tensors come
   // sliced); attention reads its saved padded qkv and ctx (Note [packed training]).
   const bool pk = m_acts->packed_train;
@@ -783,14 +785,12 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
                           drop(hp, base, site_ffn_out(l), true));
   // FFN out: y = g W2^T + b2, W2 (H, I). dW2 first: under selective checkpointing g shares
   // its memory with dI.
-  m_be.matmul(G(p.ff2_w), x3, Trans::T, a.g, Trans::N, acc);
-  m_be.bias_grad(G(p.ff2_b), x3);
+  m_be.matmul(G(p.ff2_w), x3, Trans::T, a.g, Trans::N, acc_bias(G(p.ff2_b)));
   m_be.matmul(dI, x3, Trans::N, W(p.ff2_w), Trans::N, put);
   m_be.gelu_backward(dI, dI, a.pre);
   // FFN in: pre = h1 W1^T + b1, W1 (I, H); dh1 = dpre W1 + ds2.
   m_be.matmul(x2, dI, Trans::N, W(p.ff1_w), Trans::N, acc);
-  m_be.matmul(G(p.ff1_w), dI, Trans::T, a.h1, Trans::N, acc);
-  m_be.bias_grad(G(p.ff1_b), dI);
+  m_be.matmul(G(p.ff1_w), dI, Trans::T, a.h1, Trans::N, acc_bias(G(p.ff1_b)));
   // LayerNorm 1: ds1 (X3) reaches x; dao (X1) reaches the attention output projection.
   m_be.layernorm_backward(x3, x1, G(p.ln1_w), G(p.ln1_b),
                           x2, a.h1, a.rstd1, M(p.ln1_w),
@@ -802,8 +802,7 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
     ctx_rows = big.slice(0, n * H).view({n, H});
     m_be.gather_rows(ctx_rows, a.ctx, b.token_rows);
   }
-  m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc);
-  m_be.bias_grad(G(p.ao_b), x1);
+  m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc_bias(G(p.ao_b)));
   if (pk) {  // dao is consumed: X1's whole buffer takes dctx in the padded layout, zero on padding
     m_be.fill(X1, 0.0f);
     m_be.scatter_rows(X1, x2, b.token_rows);
@@ -822,8 +821,8 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   const ParamInfo& bq = m_layout.get(p.q_b);
   Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
   m_be.matmul(x3, dqkv_rows, Trans::N, wqkv, Trans::N, acc);
-  m_be.matmul(ParamLayout::range(m_grads_view, wq.offset, {3 * H, H}), dqkv_rows, Trans::T, x, Trans::N, acc);
-  m_be.bias_grad(ParamLayout::range(m_grads_view, bq.offset, {3 * H}), dqkv_rows);
+  m_be.matmul(ParamLayout::range(m_grads_view, wq.offset, {3 * H, H}), dqkv_rows, Trans::T, x, Trans::N,
+              acc_bias(ParamLayout::range(m_grads_view, bq.offset, {3 * H})));
   return X3;
 }
 
@@ -942,8 +941,9 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   }
   if (overlaid) zero_grad_range(ranges.front().first, ranges.front().second);
   embeddings_backward(b, base, pk ? n : -1, X1, X2, X3);
-  if (mlm)  // the tied decoder's gradient: E += dlogits^T h (after the embeddings' range was zeroed)
-    m_be.matmul(G(m_names.word), a.dlogits, Trans::T, a.lm_h, Trans::N, {1, 1, Epilogue::None, {}, {}});
+  if (mlm)  // the tied decoder's gradient: E += dlogits^T h (after the embeddings' range was zeroed), b += sum dlogits
+    m_be.matmul(G(m_names.word), a.dlogits, Trans::T, a.lm_h, Trans::N,
+                {1, 1, Epilogue::BiasGrad, G(m_names.head_out_b), {}});
   if (overlaid) m_hidden = Tensor();  // its memory now holds gradients
 }
 
@@ -1040,8 +1040,8 @@ void BertForSequenceClassification::embeddings_backward(const DeviceBatch& b, ui
   auto wide = [&](const Tensor& t) { return Tensor(t.data, t.dtype, {R, E}, t.device); };  // the first R*E elements
   const bool proj = m_cfg.projects_embeddings();
   if (proj) {  // x0 = d P^T + p: dP += dx0^T d, dp += sum dx0, dd = dx0 P
-    m_be.matmul(G(m_names.project_w), rows(X1), Trans::T, rows(a.emb_d), Trans::N, {1, 1, Epilogue::None, {}, {}});
-    m_be.bias_grad(G(m_names.project_b), rows(X1));
+    m_be.matmul(G(m_names.project_w), rows(X1), Trans::T, rows(a.emb_d), Trans::N,
+                {1, 1, Epilogue::BiasGrad, G(m_names.project_b), {}});
     m_be.matmul(rows(wide(X2)), rows(X1), Trans::N, W(m_names.project_w), Trans::N, {1, 0, Epilogue::None, {}, {}});
     std::swap(X1, X2);
   }
@@ -1088,10 +1088,10 @@ void BertForSequenceClassification::head_backward(uint64_t base) {
   Acts& a = *m_acts;
   const int L = static_cast<int>(m_cfg.num_hidden_layers);
   const float p = head_dropout(m_cfg);
-  const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};
   const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
-  m_be.matmul(G(m_names.head_out_w), a.dlogits, Trans::T, a.pooled_d, Trans::N, acc);
-  m_be.bias_grad(G(m_names.head_out_b), a.dlogits);
+  // dW += dY^T X with db += the column sums of dY in the same call (Note [fused bias gradient]).
+  auto acc_bias = [](const Tensor& db) { return MatmulArgs{1, 1, Epilogue::BiasGrad, db, {}}; };
+  m_be.matmul(G(m_names.head_out_w), a.dlogits, Trans::T, a.pooled_d, Trans::N, acc_bias(G(m_names.head_out_b)));
   m_be.matmul(a.hd1, a.dlogits, Trans::N, W(m_names.head_out_w), Trans::N, put);
   if (a.pooled_d.data != a.pooled.data) m_be.dropout_backward(a.hd1, a.hd1, drop(p, base, site_attn(L), true));
   switch (m_cfg.architecture) {
@@ -1099,8 +1099,7 @@ void BertForSequenceClassification::head_backward(uint64_t base) {
     case Architecture::DistilBert: m_be.relu_backward(a.hd1, a.hd1, a.pooled); break;
     default: m_be.tanh_backward(a.hd1, a.hd1, a.pooled); break;
   }
-  m_be.matmul(G(m_names.head_dense_w), a.hd1, Trans::T, a.cls_d, Trans::N, acc);
-  m_be.bias_grad(G(m_names.head_dense_b), a.hd1);
+  m_be.matmul(G(m_names.head_dense_w), a.hd1, Trans::T, a.cls_d, Trans::N, acc_bias(G(m_names.head_dense_b)));
   m_be.matmul(a.hd2, a.hd1, Trans::N, W(m_names.head_dense_w), Trans::N, put);
   if (a.cls_d.data != a.cls.data) m_be.dropout_backward(a.hd2, a.hd2, drop(p, base, site_attn_out(L), true));
 }
@@ -1121,8 +1120,8 @@ void BertForSequenceClassification::token_head_backward(const Tensor& x, const T
   Acts& a = *m_acts;
   const int L = static_cast<int>(m_cfg.num_hidden_layers);
   const Tensor in = a.tok_xd.defined() ? a.tok_xd : x;
-  m_be.matmul(G(m_names.head_out_w), a.dlogits, Trans::T, in, Trans::N, {1, 1, Epilogue::None, {}, {}});
-  m_be.bias_grad(G(m_names.head_out_b), a.dlogits);
+  m_be.matmul(G(m_names.head_out_w), a.dlogits, Trans::T, in, Trans::N,
+              {1, 1, Epilogue::BiasGrad, G(m_names.head_out_b), {}});
   m_be.matmul(dx, a.dlogits, Trans::N, W(m_names.head_out_w), Trans::N, {1, 0, Epilogue::None, {}, {}});
   if (a.tok_xd.defined()) m_be.dropout_backward(dx, dx, drop(token_head_dropout(m_cfg), base, site_attn_out(L), true));
 }
@@ -1144,15 +1143,14 @@ void BertForSequenceClassification::masked_lm_head_forward(const Tensor& x) {
 void BertForSequenceClassification::masked_lm_head_backward(const Tensor& x, const Tensor& dx, const Tensor& d1,
                                                             const Tensor& d2) {
   Acts& a = *m_acts;
-  const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};
   const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
-  m_be.bias_grad(G(m_names.head_out_b), a.dlogits);
+  // The decoder's bias gradient comes with its weight's, the word embeddings' (forward_backward).
   m_be.matmul(d1, a.dlogits, Trans::N, W(m_names.word), Trans::N, put);  // dh = dlogits E
   m_be.layernorm_backward(d2, Tensor(), G(m_names.head_ln_w), G(m_names.head_ln_b), d1, a.lm_h, a.lm_rstd,
                           M(m_names.head_ln_w), M(m_names.head_ln_b), {});
   m_be.gelu_backward(d2, d2, a.lm_pre);
-  m_be.matmul(G(m_names.head_dense_w), d2, Trans::T, x, Trans::N, acc);
-  m_be.bias_grad(G(m_names.head_dense_b), d2);
+  m_be.matmul(G(m_names.head_dense_w), d2, Trans::T, x, Trans::N,
+              {1, 1, Epilogue::BiasGrad, G(m_names.head_dense_b), {}});
   m_be.matmul(dx, d2, Trans::N, W(m_names.head_dense_w), Trans::N, put);
 }
 

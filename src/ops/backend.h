@@ -101,6 +101,9 @@ class Backend {
   // ---- tensor contractions -------------------------------------------------------------
   // C[M,N] = alpha * op(A) op(B) + beta * C (+ bias, GELU per args.epilogue).
   // A, B in the compute dtype; C in the compute dtype or F32 (parameter gradients).
+  // Epilogue::BiasGrad (Note [fused bias gradient] in ops/op_args.h): the weight gradient
+  // C = A^T B (ta = T, alpha 1, beta 0 or 1) with args.bias F32 [M] = beta * bias + the column
+  // sums of A [K, M]: the GEMM and bias_grad(bias, A) in one call.
   void matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, const MatmulArgs& args);
   // db[N] += sum over rows of dy[M, N].
   void bias_grad(const Tensor& db, const Tensor& dy);

@@ -226,15 +226,25 @@ void Backend::matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b
                   (tb == Trans::N ? mb.rows : mb.cols) == kk;
   k.holds(ok, str_cat("shapes do not agree: C ", c.shape.str(), ", A ", a.shape.str(), ta == Trans::T ? "^T" : "",
                       ", B ", b.shape.str(), tb == Trans::T ? "^T" : ""));
-  if (args.epilogue != Epilogue::None) k.sized(args.bias, dt, static_cast<size_t>(n), "bias");
+  const bool weight_grad = c.dtype == F32 && a.dtype != F32;
+  const char* name = weight_grad ? "matmul (weight grad)" : "matmul";
+  if (args.epilogue == Epilogue::BiasGrad) {  // Note [fused bias gradient] in ops/op_args.h
+    k.holds(ta == Trans::T, "the BiasGrad epilogue sums the columns of A, the weight gradient's dY: A must be "
+                            "transposed (C = A^T B)");
+    k.holds(args.alpha == 1.0f && (args.beta == 0.0f || args.beta == 1.0f),
+            str_cat("the BiasGrad epilogue needs alpha 1 and beta 0 or 1, not alpha ", args.alpha, " beta ", args.beta));
+    k.sized(args.bias, F32, static_cast<size_t>(m), "bias gradient");
+    k.holds(args.bias.data != c.data, "the bias gradient and C are one buffer");
+    name = weight_grad ? "matmul (wgrad+bgrad)" : "matmul+bias grad";
+  } else if (args.epilogue != Epilogue::None) {
+    k.sized(args.bias, dt, static_cast<size_t>(n), "bias");
+    name = "matmul+bias";
+  }
   if (args.epilogue == Epilogue::BiasGelu) {
     k.holds(c.dtype == dt, str_cat("the BiasGelu epilogue writes C in the compute dtype, not ", dtype_name(c.dtype)));
     k.sized(args.gelu_in, dt, c.numel(), "gelu_in");
+    name = "matmul+bias+gelu";
   }
-  const char* name = args.epilogue == Epilogue::BiasGelu               ? "matmul+bias+gelu"
-                     : args.epilogue == Epilogue::Bias                 ? "matmul+bias"
-                     : c.dtype == F32 && a.dtype != F32 ? "matmul (weight grad)"
-                                                                       : "matmul";
   observed(name, [&] { return matmul_cost(c, a, ta, b, args); }, [&] { matmul_impl(c, a, ta, b, tb, args); });
 }
 void Backend::bias_grad(const Tensor& db, const Tensor& dy) {

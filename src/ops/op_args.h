@@ -9,7 +9,14 @@
 namespace anatomy {
 
 enum class Trans : uint8_t { N, T };
-enum class Epilogue : uint8_t { None, Bias, BiasGelu };
+// Note [fused bias gradient]: BiasGrad is the weight-gradient GEMM of a Linear layer with a bias,
+// dW = dY^T X (ta = T), carrying db = column sums of dY = sum over K of op(A)'s rows. The bias
+// gradient follows C: with beta 1 it is accumulated (db += ...), with beta 0 overwritten, so the
+// call means what a GEMM with beta then bias_grad meant. cuBLASLt's BGRADB epilogue only writes
+// its vector; the CUDA backend lets it write db directly when beta is 0 and otherwise into a
+// scratch vector added to db afterwards ([M] floats: a few microseconds instead of reading dY
+// again). Without a cuBLASLt kernel for the epilogue it runs the GEMM and the bias_grad kernel.
+enum class Epilogue : uint8_t { None, Bias, BiasGelu, BiasGrad };
 
 struct DropoutSpec {
   float p = 0.0f;
@@ -21,7 +28,7 @@ struct MatmulArgs {
   float alpha = 1.0f;
   float beta = 0.0f;  // C = alpha * op(A) op(B) + beta * C
   Epilogue epilogue = Epilogue::None;
-  Tensor bias;     // [N], compute dtype; with Bias / BiasGelu
+  Tensor bias;     // [N], compute dtype; with Bias / BiasGelu. BiasGrad: F32 [M], the bias gradient
   Tensor gelu_in;  // [M, N], compute dtype; with BiasGelu: receives the pre-activation
 };
 

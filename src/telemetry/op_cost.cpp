@@ -20,7 +20,10 @@ OpCost matmul_cost(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, 
   const double K = static_cast<double>(ta == Trans::N ? a.dim(1) : a.dim(0));
   OpCost o{2 * M * N * K, nbytes(a) + nbytes(b) + nbytes(c), OpClass::TensorContraction};
   if (args.beta != 0) o.bytes += nbytes(c);
-  if (args.epilogue != Epilogue::None) {
+  if (args.epilogue == Epilogue::BiasGrad) {  // column sums of A [K, M] into bias [M] (read too with beta 1)
+    o.flops += M * K;
+    o.bytes += nbytes(args.bias) * (args.beta != 0 ? 2 : 1);
+  } else if (args.epilogue != Epilogue::None) {
     o.flops += M * N;
     o.bytes += nbytes(args.bias);
   }

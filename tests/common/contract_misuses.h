@@ -38,6 +38,33 @@ inline std::vector<Misuse> contract_misuses() {
          B c = buf(be, F32, {4, 3}), a = buf(be, F32, {4, 5}), b = buf(be, F32, {3, 6});
          be.matmul(c, a, Trans::N, b, Trans::T, {});
        }},
+      // Note [fused bias gradient]: C [M, N] = A^T B with the bias gradient F32 [M].
+      {"matmul bias gradient with A not transposed",
+       [=](Backend& be) {
+         B c = buf(be, F32, {4, 3}), a = buf(be, F32, {4, 5}), b = buf(be, F32, {3, 5}), db = buf(be, F32, {4});
+         be.matmul(c, a, Trans::N, b, Trans::T, {1, 1, Epilogue::BiasGrad, db, {}});
+       }},
+      {"matmul bias gradient of the wrong length",
+       [=](Backend& be) {
+         B c = buf(be, F32, {4, 3}), a = buf(be, F32, {5, 4}), b = buf(be, F32, {5, 3}), db = buf(be, F32, {3});
+         be.matmul(c, a, Trans::T, b, Trans::N, {1, 1, Epilogue::BiasGrad, db, {}});
+       }},
+      {"matmul bias gradient in BF16",
+       [=](Backend& be) {
+         B c = buf(be, F32, {4, 3}), a = buf(be, F32, {5, 4}), b = buf(be, F32, {5, 3});
+         B db = buf(be, DType::BF16, {4});
+         be.matmul(c, a, Trans::T, b, Trans::N, {1, 1, Epilogue::BiasGrad, db, {}});
+       }},
+      {"matmul bias gradient with beta 0.5",
+       [=](Backend& be) {
+         B c = buf(be, F32, {4, 3}), a = buf(be, F32, {5, 4}), b = buf(be, F32, {5, 3}), db = buf(be, F32, {4});
+         be.matmul(c, a, Trans::T, b, Trans::N, {1, 0.5f, Epilogue::BiasGrad, db, {}});
+       }},
+      {"matmul bias gradient in C's memory",
+       [=](Backend& be) {
+         B c = buf(be, F32, {4, 1}), a = buf(be, F32, {5, 4}), b = buf(be, F32, {5, 1});
+         be.matmul(c, a, Trans::T, b, Trans::N, {1, 0, Epilogue::BiasGrad, c.tensor().view({4}), {}});
+       }},
       {"layernorm gamma of the wrong width",
        [=](Backend& be) {
          B y = buf(be, F32, {4, 8}), x = buf(be, F32, {4, 8}), mean = buf(be, F32, {4}), rstd = buf(be, F32, {4});

@@ -341,11 +341,15 @@ std::vector<OpEntry> build_registry() {
 
   // ---- tensor contractions ----
   add("matmul", [](const OpDims& d, Rng& g) {
-    // The FFN's first Linear with its fused bias + GELU: C[R, F] = gelu(x W^T + b).
+    // The FFN's first Linear with its fused bias + GELU: C[R, F] = gelu(x W^T + b); then its
+    // weight gradient with the fused bias gradient (Note [fused bias gradient]), accumulated:
+    // dW[F, H] += dpre^T x, db[F] += the column sums of dpre.
     const int64_t R = d.rows(), H = d.hidden, F = d.ffn;
-    return OpCase{{out("C", {R, F}), in(g, "x", {R, H}), in(g, "W", {F, H}, 0.2), in(g, "b", {F}), out("gelu_in", {R, F})},
+    return OpCase{{out("C", {R, F}), in(g, "x", {R, H}), in(g, "W", {F, H}, 0.2), in(g, "b", {F}), out("gelu_in", {R, F}),
+                   acc_f32(g, "dW", {F, H}), acc_f32(g, "db", {F}), in(g, "dpre", {R, F})},
                   [](Backend& be, T t) {
                     be.matmul(t[0], t[1], Trans::N, t[2], Trans::T, MatmulArgs{1, 0, Epilogue::BiasGelu, t[3], t[4]});
+                    be.matmul(t[5], t[7], Trans::T, t[1], Trans::N, MatmulArgs{1, 1, Epilogue::BiasGrad, t[6], {}});
                   }};
   }, [](Rng& g) {
     for (Epilogue e : {Epilogue::None, Epilogue::Bias, Epilogue::BiasGelu}) linear_gradient(g, e);

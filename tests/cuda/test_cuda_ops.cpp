@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -155,7 +156,12 @@ void expect_close(Ctx& ctx, const Pair& p, double tol, const std::string& what) 
 }
 
 const char* trans_name(Trans t) { return t == Trans::N ? "N" : "T"; }
-const char* epi_name(Epilogue e) { return e == Epilogue::None ? "none" : e == Epilogue::Bias ? "bias" : "bias+gelu"; }
+const char* epi_name(Epilogue e) {
+  return e == Epilogue::None       ? "none"
+         : e == Epilogue::Bias     ? "bias"
+         : e == Epilogue::BiasGelu ? "bias+gelu"
+                                   : "bias grad";
+}
 
 // One matmul on both backends: C[M,N] (dtype c_dt) = alpha op(A) op(B) + beta C (+ epilogue).
 void check_matmul(Ctx& ctx, DType dt, DType c_dt, int64_t m, int64_t n, int64_t k, Trans ta, Trans tb, Epilogue epi,
@@ -293,6 +299,93 @@ TEST(CudaOps, MatmulFallbackKernel) {
           expect_close(ctx, c, tol_for(dt), "C");
           if (e == Epilogue::BiasGelu) expect_close(ctx, gin, tol_for(dt), "gelu_in");
         }
+}
+
+// Note [fused bias gradient]: dW F32 [out, in] = dY^T X (+ beta dW) with db F32 [out] = the column
+// sums of dY (+ beta db), against the CPU running the GEMM then bias_grad. beta 0: both outputs
+// start as NaN, so each must be written; beta 1: from random values, so each must be added to.
+void check_bias_grad_matmul(Ctx& ctx, DType dt, int64_t rows, int64_t out, int64_t in, float beta, double tol) {
+  SCOPED_TRACE(std::string(dtype_name(dt)) + " rows " + std::to_string(rows) + " out " + std::to_string(out) + " in " +
+               std::to_string(in) + " beta " + std::to_string(beta));
+  Pair dy = ctx.input(dt, Shape{rows, out}), x = ctx.input(dt, Shape{rows, in});
+  Pair dw = beta != 0.0f ? ctx.input(DType::F32, Shape{out, in}) : ctx.output(DType::F32, Shape{out, in});
+  Pair db = beta != 0.0f ? ctx.input(DType::F32, Shape{out}) : ctx.output(DType::F32, Shape{out});
+  ctx.gpu->matmul(dw.g, dy.g, Trans::T, x.g, Trans::N, MatmulArgs{1.0f, beta, Epilogue::BiasGrad, db.g, {}});
+  ctx.cpu->matmul(dw.c, dy.c, Trans::T, x.c, Trans::N, MatmulArgs{1.0f, beta, Epilogue::BiasGrad, db.c, {}});
+  expect_close(ctx, dw, tol, "dW");
+  expect_close(ctx, db, tol, "db");
+}
+
+// The weight gradients of bert-like Linear layers (rows = tokens) in every dtype, overwriting and
+// accumulating: cuBLASLt's BGRADB epilogue must be taken for the half dtypes at these shapes.
+TEST(CudaOps, MatmulFusedBiasGrad) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  auto* be = dynamic_cast<cuda::CudaBackend*>(ctx.gpu.get());
+  ASSERT_NE(be, nullptr);
+  for (DType dt : {DType::BF16, DType::F16})
+    for (float beta : {0.0f, 1.0f}) {
+      check_bias_grad_matmul(ctx, dt, 512, 768, 256, beta, 1e-4);    // attention output / FFN out
+      check_bias_grad_matmul(ctx, dt, 512, 3 * 256, 256, beta, 1e-4);  // q|k|v
+      check_bias_grad_matmul(ctx, dt, 384, 1024, 256, beta, 1e-4);   // FFN in
+      check_bias_grad_matmul(ctx, dt, 64, 2, 256, beta, 1e-4);       // the classifier head: out 2
+    }
+  EXPECT_EQ(be->bias_grad_unfused_calls(), 0) << "cuBLASLt declined the BGRADB epilogue";
+  for (float beta : {0.0f, 1.0f}) check_bias_grad_matmul(ctx, DType::F32, 256, 384, 128, beta, kTolF32);
+  std::printf("[ epilogue ] unfused BiasGrad calls after the F32 cases: %lld\n",
+              static_cast<long long>(be->bias_grad_unfused_calls()));
+}
+
+// Shapes cuBLASLt may decline (odd widths, unaligned rows) and empty ones: whichever path runs,
+// the same results; and the unfused path itself (the epilogue switched off).
+TEST(CudaOps, MatmulBiasGradOddShapesAndUnfused) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  auto* be = dynamic_cast<cuda::CudaBackend*>(ctx.gpu.get());
+  ASSERT_NE(be, nullptr);
+  for (bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "unfused");
+    be->set_fused_bias_grad(fused);
+    for (DType dt : kFloatTypes)
+      for (float beta : {0.0f, 1.0f}) {
+        check_bias_grad_matmul(ctx, dt, 37, 53, 29, beta, dt == DType::F32 ? kTolF32 : 1e-4);
+        check_bias_grad_matmul(ctx, dt, 3, 5, 7, beta, dt == DType::F32 ? kTolF32 : 1e-4);
+        check_bias_grad_matmul(ctx, dt, 256, 64, 96, beta, dt == DType::F32 ? kTolF32 : 1e-4);
+      }
+  }
+  be->set_fused_bias_grad(true);
+}
+
+// The fused weight and bias gradients at bert-large widths are bit-identical run to run, as the
+// bias_grad kernel is (CudaOps.BiasGradDeterministic): cuBLASLt's split-K reductions and the
+// BGRADB epilogue must not depend on timing.
+TEST(CudaOps, MatmulFusedBiasGradDeterministic) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  for (auto [rows, out, in] : {std::tuple<int64_t, int64_t, int64_t>{16384, 1024, 1024}, {4099, 4096, 256}})
+    for (float beta : {0.0f, 1.0f}) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + " out " + std::to_string(out) + " beta " + std::to_string(beta));
+      Pair dy = ctx.input(DType::BF16, Shape{rows, out}), x = ctx.input(DType::BF16, Shape{rows, in});
+      const std::vector<float> w0 = ctx.randn(static_cast<size_t>(out * in)), b0 = ctx.randn(static_cast<size_t>(out));
+      Tensor dw = ctx.device(DType::F32, Shape{out, in}), db = ctx.device(DType::F32, Shape{out});
+      std::vector<float> first_w, first_b;
+      for (int run = 0; run < 2; ++run) {
+        ctx.put(dw, w0);
+        ctx.put(db, b0);
+        ctx.gpu->matmul(dw, dy.g, Trans::T, x.g, Trans::N, MatmulArgs{1.0f, beta, Epilogue::BiasGrad, db, {}});
+        std::vector<float> got_w = ctx.get(dw), got_b = ctx.get(db);
+        if (run == 0) {
+          first_w = std::move(got_w);
+          first_b = std::move(got_b);
+          continue;
+        }
+        EXPECT_EQ(std::memcmp(first_w.data(), got_w.data(), got_w.size() * sizeof(float)), 0) << "dW differs";
+        EXPECT_EQ(std::memcmp(first_b.data(), got_b.data(), got_b.size() * sizeof(float)), 0) << "db differs";
+      }
+    }
 }
 
 TEST(CudaOps, BiasGrad) {

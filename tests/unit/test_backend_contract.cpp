@@ -145,6 +145,12 @@ TEST(BackendContract, MessagesNameTheOpAndTheTensor) {
   EXPECT_EQ(message("cross_entropy labels in F32"), "cross_entropy: labels is F32, expected I32");
   EXPECT_EQ(message("undefined output"), "gelu_forward: output is undefined");
   EXPECT_EQ(message("clipping without a norm"), "sgd_update: norm_sq (clipping is on) is undefined");
+  EXPECT_EQ(message("matmul bias gradient of the wrong length"),
+            "matmul: bias gradient [3] has 3 elements, expected 4");
+  EXPECT_EQ(message("matmul bias gradient in BF16"), "matmul: bias gradient is BF16, expected F32");
+  EXPECT_EQ(message("matmul bias gradient with beta 0.5"),
+            "matmul: the BiasGrad epilogue needs alpha 1 and beta 0 or 1, not alpha 1 beta 0.5");
+  EXPECT_EQ(message("matmul bias gradient in C's memory"), "matmul: the bias gradient and C are one buffer");
 }
 
 TEST(BackendContract, WrongDeviceAndDtypeNameTheBackend) {
@@ -193,4 +199,27 @@ TEST(BackendContract, ValidCallsReachTheImplementationAndTheObserver) {
   EXPECT_DOUBLE_EQ(rec.after_events[0].cost.flops, 2.0 * 4 * 3 * 5);
   EXPECT_STREQ(rec.after_events[1].name, "fill");
   EXPECT_EQ(rec.after_events[1].phase, Phase::Optimizer);
+}
+
+// Note [fused bias gradient]: the weight gradient with the bias gradient is one op in the profile
+// (named apart from the plain weight gradient), costing the GEMM plus the column sums of A.
+TEST(BackendContract, FusedBiasGradientIsOneObservedOp) {
+  ContractOnlyCuda cuda;
+  Recorder rec;
+  const int64_t M = 6, N = 3, K = 5;
+  Buffer dw(cuda.allocator(), DType::F32, {M, N}, Category::Temporary);
+  Buffer db(cuda.allocator(), DType::F32, {M}, Category::Temporary);
+  Buffer dy(cuda.allocator(), DType::BF16, {K, M}, Category::Temporary);
+  Buffer x(cuda.allocator(), DType::BF16, {K, N}, Category::Temporary);
+  cuda.set_observer(&rec);
+  cuda.matmul(dw, dy, Trans::T, x, Trans::N, {1, 1, Epilogue::BiasGrad, db, {}});
+  cuda.matmul(dw, dy, Trans::T, x, Trans::N, {1, 0, Epilogue::BiasGrad, db, {}});
+  cuda.set_observer(nullptr);
+  EXPECT_EQ(cuda.impl_calls, 2);
+  ASSERT_EQ(rec.after_events.size(), 2u);
+  EXPECT_STREQ(rec.after_events[0].name, "matmul (wgrad+bgrad)");
+  EXPECT_EQ(rec.after_events[0].cost.cls, OpClass::TensorContraction);
+  EXPECT_DOUBLE_EQ(rec.after_events[0].cost.flops, 2.0 * M * N * K + M * K);
+  // beta 1 reads and writes db (and C); beta 0 writes them only.
+  EXPECT_DOUBLE_EQ(rec.after_events[0].cost.bytes - rec.after_events[1].cost.bytes, 4.0 * M * N + 4.0 * M);
 }

@@ -2,6 +2,8 @@
 // poisoned with NaN first), hand-checked small cases, and errors on bad input.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "core/error.h"
 #include "ops/backend.h"
 #include "ops/cpu/reference.h"
@@ -75,6 +77,35 @@ TEST_F(CpuOps, MatmulAllTransposesAlphaBetaEpilogues) {
         }
 }
 
+
+// Note [fused bias gradient]: the weight gradient dW = dY^T X with db = the column sums of dY in
+// one call is the GEMM then bias_grad, bit for bit (the CPU golden tests rely on it), writing
+// with beta 0 (both start as NaN) and accumulating with beta 1; and both against float64.
+TEST_F(CpuOps, MatmulBiasGradIsTheGemmThenBiasGrad) {
+  ANATOMY_FRESH_RNG(rng);
+  const int64_t rows = 37, out = 11, in = 9;
+  for (float beta : {0.0f, 1.0f}) {
+    SCOPED_TRACE("beta " + std::to_string(beta));
+    auto dy = randn<float>(rng, rows * out), x = randn<float>(rng, rows * in);
+    auto dw = beta == 0.0f ? poisoned(out * in) : randn<float>(rng, out * in);
+    auto db = beta == 0.0f ? poisoned(out) : randn<float>(rng, out);
+    auto dw_two = beta == 0.0f ? std::vector<float>(out * in, 0.0f) : dw;
+    auto db_two = beta == 0.0f ? std::vector<float>(out, 0.0f) : db;
+    std::vector<double> want_db = to_double(db_two);
+    const auto want_dw = naive_gemm(to_double(dy), Trans::T, to_double(x), Trans::N, to_double(dw_two), out, in, rows,
+                                    1.0, beta);
+    ref::bias_grad(want_db.data(), to_double(dy).data(), rows, out);
+    be->matmul(host(dw, {out, in}), host(dy, {rows, out}), Trans::T, host(x, {rows, in}), Trans::N,
+               {1, beta, Epilogue::BiasGrad, host(db, {out}), {}});
+    be->matmul(host(dw_two, {out, in}), host(dy, {rows, out}), Trans::T, host(x, {rows, in}), Trans::N,
+               {1, beta, Epilogue::None, {}, {}});
+    be->bias_grad(host(db_two, {out}), host(dy, {rows, out}));
+    EXPECT_EQ(0, std::memcmp(dw.data(), dw_two.data(), dw.size() * sizeof(float))) << "dW differs from the GEMM";
+    EXPECT_EQ(0, std::memcmp(db.data(), db_two.data(), db.size() * sizeof(float))) << "db differs from bias_grad";
+    expect_close(dw, want_dw, 1e-5, "dW");
+    expect_close(db, want_db, 1e-5, "db");
+  }
+}
 TEST_F(CpuOps, MatmulShapeMismatchThrows) {
   std::vector<float> a(6), b(6), c(4);
   EXPECT_THROW(

@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -58,10 +59,19 @@ class CpuBackend final : public Backend {
   void matmul_impl(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb,
                    const MatmulArgs& args) override {
     const Mat mc = as_matrix(c), ma = as_matrix(a);
+    const int64_t k = ta == Trans::N ? ma.cols : ma.rows;
+    if (args.epilogue == Epilogue::BiasGrad) {  // the GEMM, then bias_grad(bias, A) (Note [fused bias gradient])
+      ref::matmul(f32(c), f32(a), ta, f32(b), tb, mc.rows, mc.cols, k, args.alpha, args.beta, Epilogue::None,
+                  static_cast<const float*>(nullptr), static_cast<float*>(nullptr));
+      float* db = f32(args.bias);
+      if (args.beta == 0.0f) std::fill(db, db + args.bias.numel(), 0.0f);
+      ref::bias_grad(db, f32(a), ma.rows, ma.cols);
+      return;
+    }
     const float* bias = args.epilogue != Epilogue::None ? f32(args.bias) : nullptr;
     float* gelu_in = args.epilogue == Epilogue::BiasGelu ? f32(args.gelu_in) : nullptr;
-    ref::matmul(f32(c), f32(a), ta, f32(b), tb, mc.rows, mc.cols, ta == Trans::N ? ma.cols : ma.rows, args.alpha,
-                args.beta, args.epilogue, bias, gelu_in);
+    ref::matmul(f32(c), f32(a), ta, f32(b), tb, mc.rows, mc.cols, k, args.alpha, args.beta, args.epilogue, bias,
+                gelu_in);
   }
   void bias_grad_impl(const Tensor& db, const Tensor& dy) override {
     const Mat md = as_matrix(dy);

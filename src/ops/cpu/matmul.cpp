@@ -33,6 +33,8 @@ void gemm(T* c, const T* a, Trans ta, const T* b, Trans tb, int64_t m, int64_t n
 template <class T>
 void matmul(T* c, const T* a, Trans ta, const T* b, Trans tb, int64_t m, int64_t n, int64_t k,
             T alpha, T beta, Epilogue epilogue, const T* bias, T* gelu_in) {
+  ANATOMY_CHECK(epilogue != Epilogue::BiasGrad,
+                "ref::matmul: BiasGrad is the GEMM then ref::bias_grad (the backend's call)");
   if (m == 0 || n == 0) return;
   if (k == 0) {
     // BLAS may skip the beta scaling for an empty reduction; make C = beta * C_old explicit.

@@ -21,6 +21,7 @@ namespace anatomy::ref {
 // So beta scales the old C BEFORE the epilogue, as cuBLASLt does. With beta == 0 the old C
 // is never read (NaN in C does not propagate). op(A) is [M, K]: A is [M, K] for Trans::N,
 // [K, M] for Trans::T; op(B) is [K, N]: B is [K, N] for Trans::N, [N, K] for Trans::T.
+// Epilogue::BiasGrad is not handled here: its reference is this GEMM, then bias_grad over A.
 template <class T>
 void matmul(T* c, const T* a, Trans ta, const T* b, Trans tb, int64_t m, int64_t n, int64_t k,
             T alpha, T beta, Epilogue epilogue, const T* bias, T* gelu_in);

@@ -212,7 +212,33 @@ void CudaBackend::fill_impl(const Tensor& dst, float value) { cuda::fill(dst, va
 void CudaBackend::matmul_impl(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb,
                               const MatmulArgs& args) {
   const Mat mc = as_matrix(c), ma = as_matrix(a);
-  m_matmul->run(c, a, ta, b, tb, mc.rows, mc.cols, ta == Trans::N ? ma.cols : ma.rows, args, m_stream);
+  const int64_t k = ta == Trans::N ? ma.cols : ma.rows;
+  if (args.epilogue == Epilogue::BiasGrad) return matmul_bias_grad(c, a, ta, b, tb, mc.rows, mc.cols, k, args);
+  m_matmul->run(c, a, ta, b, tb, mc.rows, mc.cols, k, args, m_stream);
+}
+
+// Note [fused bias gradient] in ops/op_args.h. cuBLASLt writes the column sums of A: straight
+// into the gradient when the call overwrites it (beta 0), else into the reduction scratch, then
+// added (reduce_partials over one group: [M] floats read and written, no second pass over A).
+// When cuBLASLt has no kernel with the epilogue for this problem: the plain GEMM, then the
+// bias_grad kernel over A [K, M] (after zeroing the gradient when the call overwrites).
+void CudaBackend::matmul_bias_grad(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m,
+                                   int64_t n, int64_t k, const MatmulArgs& args) {
+  const Tensor& db = args.bias;
+  const ReduceScratch scratch = reduce_scratch();
+  const bool overwrite = args.beta == 0.0f;
+  float* dst = !m_fused_bias_grad                       ? nullptr
+               : overwrite                               ? db.ptr<float>()
+               : static_cast<size_t>(m) <= scratch.floats ? scratch.data
+                                                         : nullptr;
+  if (dst && m_matmul->run_bias_grad(c, a, ta, b, tb, m, n, k, args.alpha, args.beta, dst, m_stream)) {
+    if (!overwrite) cuda::reduce_partials(db.ptr<float>(), nullptr, scratch.data, 1, m, m, m_stream);
+    return;
+  }
+  ++m_bias_grad_unfused;
+  m_matmul->run(c, a, ta, b, tb, m, n, k, MatmulArgs{args.alpha, args.beta, Epilogue::None, {}, {}}, m_stream);
+  if (overwrite) ANATOMY_CUDA_CHECK(cudaMemsetAsync(db.data, 0, db.bytes(), m_stream));
+  cuda::bias_grad(db, a, scratch, m_stream);
 }
 
 void CudaBackend::bias_grad_impl(const Tensor& db, const Tensor& dy) {

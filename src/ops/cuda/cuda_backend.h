@@ -57,6 +57,12 @@ class CudaBackend final : public Backend {
   static DeviceMemory memory_info() { return device_memory(); }
   // Matmul calls cuBLASLt declined (run by the tiled fallback kernel instead).
   int64_t matmul_fallback_calls() const;
+  // Epilogue::BiasGrad calls that ran as the GEMM then the bias_grad kernel (cuBLASLt had no
+  // kernel with the BGRADB epilogue for the problem).
+  int64_t bias_grad_unfused_calls() const { return m_bias_grad_unfused; }
+  // Off: every BiasGrad call runs unfused, as the GEMM then the bias_grad kernel (the same
+  // build's before and after in anatomy_bench_ops, and the fallback's tests). On by default.
+  void set_fused_bias_grad(bool on) { m_fused_bias_grad = on; }
 
   // Page-locked staging for upload_async (Note [asynchronous uploads] in ops/backend.h).
   void* host_alloc(size_t bytes) override;
@@ -139,6 +145,8 @@ class CudaBackend final : public Backend {
 
  private:
   ReduceScratch reduce_scratch() const;
+  void matmul_bias_grad(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n,
+                        int64_t k, const MatmulArgs& args);
   void* attention_scratch(size_t bytes);
   AttentionOptions attention_options() const;  // cuBLAS workspace and TF32 switch for the F32 path
 
@@ -157,6 +165,8 @@ class CudaBackend final : public Backend {
   size_t m_upload_next = 0;
   cudaGraphExec_t m_graph_exec = nullptr;
   size_t m_graph_nodes = 0;
+  int64_t m_bias_grad_unfused = 0;
+  bool m_fused_bias_grad = true;
   bool m_allow_tf32 = false;  // set_allow_tf32 (also read by the F32 attention path)
 };
 

@@ -78,9 +78,13 @@ LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* bias) {
   // cuBLASLt's A is our B (op tb), its B is our A (op ta): C^T = op(B)^T op(A)^T.
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, op(key.tb));
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, op(key.ta));
-  const cublasLtEpilogue_t epi = key.epilogue ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  // Our A is cuBLASLt's B: the weight gradient's bias gradient (the column sums of our A [K, M],
+  // summed over the GEMM's K, one value per column of cuBLASLt's D = per row of our C) is BGRADB.
+  const cublasLtEpilogue_t epi = key.epilogue == kLtBias       ? CUBLASLT_EPILOGUE_BIAS
+                                 : key.epilogue == kLtBiasGrad ? CUBLASLT_EPILOGUE_BGRADB
+                                                               : CUBLASLT_EPILOGUE_DEFAULT;
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
-  if (key.epilogue) {
+  if (key.epilogue != kLtPlain) {
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
              static_cast<int32_t>(lt_type(static_cast<DType>(key.bias_type))));
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);  // the heuristic reads its alignment
@@ -121,20 +125,9 @@ LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* bias) {
   return m_plans.emplace(key, p).first->second;
 }
 
-void LtMatmul::run(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n,
-                   int64_t k, const MatmulArgs& args, cudaStream_t s) {
-  if (m == 0 || n == 0) return;
-  const bool gelu = args.epilogue == Epilogue::BiasGelu;
-  // With BiasGelu the GEMM reads C (for beta) and writes the pre-activation D = gelu_in; the GELU
-  // kernel then writes C. Otherwise D = C, in place. C and D share one layout and dtype.
-  const Tensor& d = gelu ? args.gelu_in : c;
-  const bool has_bias = args.epilogue != Epilogue::None;
-  const void* bias = has_bias ? args.bias.data : nullptr;
-  if (k == 0) {  // cuBLASLt wants K >= 1; the tiled kernel handles the empty sum
-    matmul_fallback(c, a, ta, b, tb, m, n, k, args, s);
-    ++m_fallback_calls;
-    return;
-  }
+bool LtMatmul::try_run(const Tensor& c, const Tensor& d, const Tensor& a, Trans ta, const Tensor& b, Trans tb,
+                       int64_t m, int64_t n, int64_t k, float alpha, float beta, uint8_t epilogue, const void* bias,
+                       DType bias_type, cudaStream_t s) {
   Key key{m,
           n,
           k,
@@ -142,23 +135,43 @@ void LtMatmul::run(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, 
           static_cast<uint8_t>(tb == Trans::T),
           static_cast<uint8_t>(a.dtype),
           static_cast<uint8_t>(d.dtype),
-          static_cast<uint8_t>(has_bias ? args.bias.dtype : DType::F32),
-          static_cast<uint8_t>(has_bias),
+          static_cast<uint8_t>(epilogue != kLtPlain ? bias_type : DType::F32),
+          epilogue,
           static_cast<uint8_t>(a.dtype == DType::F32 && m_tf32),
           alignment(a.data),
           alignment(b.data),
           std::min(alignment(c.data), alignment(d.data)),
           alignment(bias)};
   Plan& p = plan_for(key, bias);
-  if (!p.has_algo) {
-    matmul_fallback(c, a, ta, b, tb, m, n, k, args, s);
-    ++m_fallback_calls;
+  if (!p.has_algo) return false;
+  if (epilogue != kLtPlain) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  ANATOMY_CUDA_CHECK(cublasLtMatmul(m_handle, p.desc, &alpha, b.data, p.lt_a, a.data, p.lt_b, &beta, c.data, p.lt_c,
+                                    d.data, p.lt_c, &p.algo, m_workspace, m_workspace_bytes, s));
+  return true;
+}
+
+void LtMatmul::run(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n,
+                   int64_t k, const MatmulArgs& args, cudaStream_t s) {
+  if (m == 0 || n == 0) return;
+  const bool gelu = args.epilogue == Epilogue::BiasGelu;
+  // With BiasGelu the GEMM reads C (for beta) and writes the pre-activation D = gelu_in; the GELU
+  // kernel then writes C. Otherwise D = C, in place. C and D share one layout and dtype.
+  const Tensor& d = gelu ? args.gelu_in : c;
+  const bool has_bias = args.epilogue == Epilogue::Bias || gelu;
+  // cuBLASLt wants K >= 1; the tiled kernel handles the empty sum.
+  if (k > 0 && try_run(c, d, a, ta, b, tb, m, n, k, args.alpha, args.beta, has_bias ? kLtBias : kLtPlain,
+                       has_bias ? args.bias.data : nullptr, has_bias ? args.bias.dtype : DType::F32, s)) {
+    if (gelu) gelu_forward(c, args.gelu_in, s);
     return;
   }
-  if (has_bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  ANATOMY_CUDA_CHECK(cublasLtMatmul(m_handle, p.desc, &args.alpha, b.data, p.lt_a, a.data, p.lt_b, &args.beta, c.data,
-                                    p.lt_c, d.data, p.lt_c, &p.algo, m_workspace, m_workspace_bytes, s));
-  if (gelu) gelu_forward(c, args.gelu_in, s);
+  matmul_fallback(c, a, ta, b, tb, m, n, k, args, s);
+  ++m_fallback_calls;
+}
+
+bool LtMatmul::run_bias_grad(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m,
+                             int64_t n, int64_t k, float alpha, float beta, float* bias_grad, cudaStream_t s) {
+  if (m == 0 || n == 0 || k == 0) return false;
+  return try_run(c, c, a, ta, b, tb, m, n, k, alpha, beta, kLtBiasGrad, bias_grad, DType::F32, s);
 }
 
 }  // namespace anatomy::cuda

@@ -10,6 +10,11 @@
 // the BIAS epilogue reading C (beta) and writing the pre-activation D = args.gelu_in, then the
 // exact-erf GELU kernel writes C: one extra read of gelu_in and write of C, in exchange for
 // matching Hugging Face.
+//
+// BiasGrad (Note [fused bias gradient] in ops/op_args.h) uses CUBLASLT_EPILOGUE_BGRADB: in the
+// weight gradient C = A^T B our A (dY) is cuBLASLt's B, transposed, and the bias gradient is its
+// sum over the GEMM's K, F32 like C. run_bias_grad only tries it; the backend owns the fallback
+// and the accumulation (cuBLASLt writes the vector, never adds to it).
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -33,6 +38,11 @@ class LtMatmul {
   // Backend::matmul's contract, m, n, k already checked against the shapes.
   void run(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n, int64_t k,
            const MatmulArgs& args, cudaStream_t s);
+  // C = alpha A^T op(B) + beta C (ta = T) with bias_grad F32 [M] = the column sums of A [K, M]
+  // written (not added), in one cuBLASLt call; false (nothing ran) when cuBLASLt has no kernel
+  // with the BGRADB epilogue for this problem, or M, N or K is 0.
+  bool run_bias_grad(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n,
+                     int64_t k, float alpha, float beta, float* bias_grad, cudaStream_t s);
   // How many calls went to the tiled fallback kernel because cuBLASLt had no algorithm.
   int64_t fallback_calls() const { return m_fallback_calls; }
   size_t cached_plans() const { return m_plans.size(); }
@@ -54,6 +64,13 @@ class LtMatmul {
     bool has_algo = false;  // false: cuBLASLt declined; use the fallback kernel
   };
   Plan& plan_for(const Key& key, const void* bias);
+  // Key::epilogue: no epilogue, CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_BGRADB.
+  static constexpr uint8_t kLtPlain = 0, kLtBias = 1, kLtBiasGrad = 2;
+  // One cuBLASLt call D = alpha op(A) op(B) + beta C with the epilogue; false when the heuristic
+  // found no algorithm (nothing ran).
+  bool try_run(const Tensor& c, const Tensor& d, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m,
+               int64_t n, int64_t k, float alpha, float beta, uint8_t epilogue, const void* bias, DType bias_type,
+               cudaStream_t s);
 
   cublasLtHandle_t m_handle = nullptr;
   void* m_workspace;
