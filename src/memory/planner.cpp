@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "dist/zero.h"
+#include "model/bert.h"
 #include "model/heads.h"
 #include "model/params.h"
 #include "optim/grad_norm.h"

@@ -21,7 +21,7 @@ class RangeDataset final : public Dataset {
 
 }  // namespace
 
-EvalResult evaluate_over_ranks(BertForSequenceClassification& model, const Dataset& ds, const std::vector<int64_t>& lengths,
+EvalResult evaluate_over_ranks(EncoderModel& model, const Dataset& ds, const std::vector<int64_t>& lengths,
                                int64_t batch_size, Communicator& comm) {
   const size_t n = ds.size(), N = static_cast<size_t>(comm.size()), r = static_cast<size_t>(comm.rank());
   const size_t begin = n * r / N, end = n * (r + 1) / N;

@@ -171,7 +171,7 @@ std::string random_init_notice(const TrainOptions& opt) {
   return "";
 }
 
-void load_starting_weights(const TrainOptions& opt, BertForSequenceClassification& model, bool announce) {
+void load_starting_weights(const TrainOptions& opt, EncoderModel& model, bool announce) {
   model.set_dropout_seed(opt.seed);
   model.init_weights(opt.seed);
   if (const std::string notice = random_init_notice(opt); !notice.empty()) {

@@ -134,7 +134,7 @@ class RankRun {
   std::optional<TrainData> m_data;
   ModelShape m_shape{};
   MemoryPlan m_plan;
-  std::unique_ptr<BertForSequenceClassification> m_model;
+  std::unique_ptr<EncoderModel> m_model;
   std::unique_ptr<BatchPlan> m_batches;
   std::unique_ptr<TrainStep> m_step;
   std::unique_ptr<OutputDir> m_out;
@@ -180,7 +180,7 @@ void RankRun::setup() {
         evaluation_buffer_bytes(std::min(m_opt.per_device_eval_batch_size, m_B), m_shape.max_seq, true);
   check_plan_fits(plan_in, m_plan, m_dev, m_accum);
 
-  m_model = std::make_unique<BertForSequenceClassification>(*m_dev.backend, m_cfg, m_shape);
+  m_model = make_model(*m_dev.backend, m_cfg, m_shape);
   load_starting_weights(m_opt, *m_model, m_lead);
   m_dev.backend->synchronize();
   m_used_weights = nvml_used_bytes(m_dev);
