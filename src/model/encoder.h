@@ -92,6 +92,31 @@ struct ModelShape {
   bool packed_tokens = false;
 };
 
+// Exact bytes of the model's arenas for a shape, any architecture: the planner and the model
+// share this (model/bert.cpp; ModernBERT's in model/modernbert.cpp).
+// With GradientPlacement::InActivations the activations and the gradients share one block of
+// `block` bytes: the gradients start at byte `gradient_offset` of it, and
+// activations + gradient bytes - block of them are counted in both categories.
+struct ArenaBytes {
+  size_t activations = 0;
+  size_t temporary = 0;
+  size_t gradient_offset = 0;
+  size_t block = 0;  // 0 unless the gradients share the activations' block
+};
+ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& shape);
+
+// Saved-activation bytes that are live after each stage of one training step (forward adds a
+// layer's saved tensors, backward releases them): the shape of memory over a step. The arena
+// holds the peak for the whole run; this says which part of it is in use when.
+struct LivenessPoint {
+  std::string label;
+  int64_t activation_bytes = 0;
+  // Gradients in freed activations: the gradient bytes written so far in this step (the
+  // ranges backward has reached); -1 when the gradients have a buffer of their own (all live).
+  int64_t gradient_bytes = -1;
+};
+std::vector<LivenessPoint> activation_liveness(const BertConfig& cfg, const ModelShape& shape);
+
 class EncoderModel {
  public:
   virtual ~EncoderModel() = default;

@@ -180,18 +180,19 @@ void load_starting_weights(const TrainOptions& opt, EncoderModel& model, bool an
   }
   LoadReport rep = load_pretrained_weights(opt.model_name_or_path, model, opt.ignore_mismatched_sizes);
   if (!announce) return;
+  const char* cls = model.config().is_modernbert() ? "ModernBertForSequenceClassification" : "BertForSequenceClassification";
   // In transformers' words, so that a user searching for them finds what they mean.
   if (!rep.newly_initialized.empty())
-    std::fprintf(stderr, "Some weights of BertForSequenceClassification were not initialized from the model checkpoint "
+    std::fprintf(stderr, "Some weights of %s were not initialized from the model checkpoint "
                  "at %s and are newly initialized: %s\nYou should probably TRAIN this model on a down-stream task to be "
                  "able to use it for predictions and inference.\n",
-                 opt.model_name_or_path.c_str(), quoted_list(rep.newly_initialized).c_str());
+                 cls, opt.model_name_or_path.c_str(), quoted_list(rep.newly_initialized).c_str());
   if (!rep.mismatched.empty()) {
     std::string lines;
     for (const std::string& m : rep.mismatched) lines += "- " + m + "\n";
-    std::fprintf(stderr, "Some weights of BertForSequenceClassification were not initialized from the model checkpoint "
+    std::fprintf(stderr, "Some weights of %s were not initialized from the model checkpoint "
                  "at %s and are newly initialized because the shapes did not match (--ignore-mismatched-sizes):\n%s",
-                 opt.model_name_or_path.c_str(), lines.c_str());
+                 cls, opt.model_name_or_path.c_str(), lines.c_str());
   }
   if (!rep.unused.empty())
     std::fprintf(stderr, "note: %zu tensors of %s are not used by %s (e.g. %s)\n", rep.unused.size(),
