@@ -1,0 +1,274 @@
+// ModernBERT through the one training loop (issue 15): `anatomy train` on the tiny ModernBERT of
+// tests/data/golden_family/modernbert (transformers' weights and tensor names), its loss falling
+// on the learnable task, evaluation, checkpoint and resume against the uninterrupted run, data
+// parallelism (ranks in one process and real processes) against one process, the memory plan
+// against the allocator, the golden AdamW steps through the trainer's own pieces, and the
+// one-line refusals of what ModernBERT does not do.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "../common/cli.h"
+#include "../common/data_parallel.h"
+#include "../common/golden_modernbert.h"
+#include "dist/communicator.h"
+#include "dist/zero.h"
+#include "io/atomic_file.h"
+#include "memory/planner.h"
+#include "model/encoder.h"
+#include "train/trainer.h"
+
+using namespace anatomy;
+using namespace anatomy::testing_dp;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string kFixture = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/golden_family/modernbert";
+
+// step -> the logged training loss.
+std::map<int64_t, double> loss_curve(const std::string& dir) {
+  std::map<int64_t, double> c;
+  std::ifstream in(fs::path(dir) / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line);
+    if (j.contains("loss")) c[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return c;
+}
+
+// The fixture's architecture with the vocabulary the learnable task needs and two labels, trained
+// one step from its config alone and saved: a ModernBERT directory with config.json and
+// model.safetensors, made once per test process.
+const std::string& start_model() {
+  static const std::string dir = [] {
+    const std::string cfg_dir = testing_dirs::fresh_dir("mb_start_config");
+    BertConfig c = BertConfig::from_json_file(kFixture + "/config.json");
+    c.vocab_size = 2200;
+    c.set_num_labels(2);
+    write_file_atomic(cfg_dir + "/config.json", c.to_json().dump(2));
+    TrainOptions o = options("cpu", cfg_dir, "mb_start", 1, 8, 0);
+    o.max_steps = 1;
+    train(o);
+    return o.output_dir;
+  }();
+  return dir;
+}
+
+// The learnable task from start_model()'s weights (--model-name-or-path on a ModernBERT
+// directory): `steps` steps of batch 8 at seq 32.
+TrainOptions modern(const std::string& out, int world = 1, int64_t batch = 8, int64_t steps = 4) {
+  TrainOptions o = options("cpu", start_model(), out, world, batch, 0);
+  o.max_steps = steps;
+  o.logging_steps = 1;
+  o.threads = world;
+  o.learning_rate = 1e-4f;
+  return o;
+}
+
+std::set<std::string> tensor_names(const std::string& file) {
+  std::set<std::string> s;
+  const SafetensorsReader r = SafetensorsReader::open(file);
+  for (const auto& t : r.tensors()) s.insert(t.name);
+  return s;
+}
+
+std::string error_of(const TrainOptions& o) {
+  try {
+    train(o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Loss falls on the learnable task; the saved directory has exactly transformers' tensor names
+// (those of the file it started from), reloads with nothing missing or unused, and evaluates.
+TEST(ModernBertTrain, LossFallsAndTheSavedModelReloadsAndEvaluates) {
+  TrainOptions o = modern("mb_learn", 1, 8, 120);
+  o.num_samples = 320;
+  o.learning_rate = 3e-3f;
+  o.validation_split = 0.2;
+  o.eval_strategy = Cadence::No;
+  o.eval_at_end = true;
+  const TrainResult r = train(o);
+  const auto c = loss_curve(o.output_dir);
+  ASSERT_EQ(c.size(), 120u);
+  double head = 0, tail = 0;
+  for (int64_t s = 1; s <= 5; ++s) head += c.at(s) / 5, tail += c.at(121 - s) / 5;
+  EXPECT_LT(tail, 0.5 * head) << "first steps " << head << ", last steps " << tail;
+  std::printf("[modernbert] loss %.3f over the first 5 steps, %.3f over the last 5; eval accuracy %.3f\n", head, tail, r.eval_accuracy);
+  EXPECT_GE(r.eval_accuracy, 0.75);  // chance is 0.5; 256 training samples, so it also memorizes
+  EXPECT_GT(r.eval_samples, 0);
+
+  const std::string saved = o.output_dir + "/model.safetensors";
+  EXPECT_EQ(tensor_names(saved), tensor_names(kFixture + "/model.safetensors"));
+  const BertConfig cfg = BertConfig::from_json_file(o.output_dir + "/config.json");
+  ASSERT_TRUE(cfg.is_modernbert());
+  EXPECT_EQ(cfg.architectures, std::vector<std::string>{"ModernBertForSequenceClassification"});
+  auto be = make_cpu_backend(1);
+  auto m = make_model(*be, cfg, ModelShape{2, 8, DType::F32, CheckpointPolicy::None, false});
+  const LoadReport rep = load_pretrained_weights(o.output_dir, *m);
+  EXPECT_TRUE(rep.newly_initialized.empty());
+  EXPECT_TRUE(rep.unused.empty());
+  EXPECT_GT(max_abs_diff(m->master_to_host(), saved_weights(start_model())), 1e-3);  // it trained
+}
+
+// A checkpoint at step 2 resumed to step 4 ends where the uninterrupted run ends, bit for bit.
+TEST(ModernBertTrain, CheckpointAndResumeEqualTheUninterruptedRun) {
+  TrainOptions ref = modern("mb_resume_ref");
+  ref.checkpoint_strategy = Cadence::Steps;
+  ref.save_steps = 2;
+  const TrainResult a = train(ref);
+  ASSERT_TRUE(fs::exists(fs::path(ref.output_dir) / "checkpoint-2" / "optimizer.safetensors"));
+  TrainOptions again = modern("mb_resume_again");
+  again.resume_from_checkpoint = (fs::path(ref.output_dir) / "checkpoint-2").string();
+  const TrainResult b = train(again);
+  EXPECT_EQ(b.start_step, 2);
+  EXPECT_EQ(b.train_loss, a.train_loss);
+  EXPECT_EQ(max_abs_diff(saved_weights(ref.output_dir), saved_weights(again.output_dir)), 0.0);
+  const auto ca = loss_curve(ref.output_dir), cb = loss_curve(again.output_dir);
+  for (int64_t s : {3, 4}) EXPECT_EQ(cb.at(s), ca.at(s)) << "step " << s;
+}
+
+// The trainer's allocation is its plan, category by category (F32), and a BF16 model allocates
+// its plan's weights, gradients and arenas (built on the CPU, which only allocates in BF16).
+TEST(ModernBertTrain, PlannedEqualsAllocated) {
+  TrainOptions o = modern("mb_plan", 1, 8, 2);
+  const TrainResult r = train(o);
+  const BertConfig cfg = BertConfig::from_json_file(start_model() + "/config.json");
+  const MemoryPlan plan = plan_memory(plan_input(o, cfg, 8, Device::CPU, 1));
+  for (int c = 0; c < kNumCategories; ++c)
+    EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c));
+  EXPECT_GT(plan.bytes[Category::Activations], 0);
+
+  for (const char* name : {"modernbert", "modernbert-bias-mean"})
+    for (DType dt : {DType::BF16, DType::F16, DType::F32})
+      for (bool training : {true, false}) {
+        const BertConfig c = BertConfig::from_json_file(golden::modernbert_dir(name) + "/config.json");
+        const ModelShape shape{6, 17, dt, CheckpointPolicy::None, training};
+        const MemoryPlan p = plan_memory(PlanInput{c, shape, OptimizerKind::AdamW, Device::CPU});
+        auto be = make_cpu_backend(1);
+        const CategoryBytes before = be->allocator().stats().current();
+        auto m = make_model(*be, c, shape);
+        const CategoryBytes after = be->allocator().stats().current();
+        for (Category k : {Category::Weights, Category::Gradients, Category::Activations, Category::Temporary})
+          EXPECT_EQ(after[k] - before[k], p.bytes[k]) << name << " " << dtype_name(dt) << " training " << training
+                                                      << " " << category_name(k);
+      }
+}
+
+// Two and three ranks (in one process; ZeRO 0, 1 and 2 with a bucket per layer) train like one
+// process with the combined batch.
+TEST(ModernBertTrain, RanksTrainLikeOneProcess) {
+  TrainOptions one = modern("mb_ranks_1", 1, 6);
+  train(one);
+  const auto ref = loss_curve(one.output_dir);
+  ASSERT_EQ(ref.size(), 4u);
+  EXPECT_NE(ref.at(1), ref.at(4));
+  for (int world : {2, 3})
+    for (int zero : {0, 1, 2}) {
+      SCOPED_TRACE(std::to_string(world) + " ranks, ZeRO " + std::to_string(zero));
+      TrainOptions o = modern("mb_ranks_" + std::to_string(world) + "_" + std::to_string(zero), world, 6 / world);
+      o.zero_stage = zero;
+      o.ddp_bucket_cap_mb = 0;
+      train(o);
+      const auto got = loss_curve(o.output_dir);
+      ASSERT_EQ(got.size(), ref.size());
+      for (const auto& [step, loss] : ref) EXPECT_NEAR(got.at(step), loss, 1e-5) << "step " << step;
+      EXPECT_LT(max_abs_diff(saved_weights(one.output_dir), saved_weights(o.output_dir)), 1e-5);
+    }
+}
+
+// `anatomy train --nproc-per-node 2`: two real processes over Gloo, like one with the combined batch.
+TEST(ModernBertTrain, TwoProcessesTrainLikeOne) {
+  const std::string dir = testing_cli::fresh_dir("mb_processes");
+  auto args = [&](const std::string& out, int procs, int per_device) {
+    return "train --device cpu --threads 1 --model-name-or-path " + start_model() +
+           " --dataset learnable --num-samples 64 --max-seq-length 32 --learning-rate 1e-4 --max-steps 3"
+           " --logging-steps 1 --disable-tqdm --nproc-per-node " + std::to_string(procs) +
+           " --per-device-train-batch-size " + std::to_string(per_device) + " --output-dir " + dir + "/" + out;
+  };
+  const testing_cli::CmdResult a = testing_cli::run_anatomy(args("one", 1, 8));
+  ASSERT_EQ(a.status, 0) << a.output;
+  const testing_cli::CmdResult b = testing_cli::run_anatomy(args("two", 2, 4));
+  ASSERT_EQ(b.status, 0) << b.output;
+  const auto la = loss_curve(dir + "/one"), lb = loss_curve(dir + "/two");
+  ASSERT_EQ(la.size(), 3u);
+  ASSERT_EQ(lb.size(), 3u);
+  for (const auto& [step, loss] : la) EXPECT_NEAR(lb.at(step), loss, 1e-5) << "step " << step;
+  EXPECT_LT(max_abs_diff(saved_weights(dir + "/one"), saved_weights(dir + "/two")), 1e-5);
+}
+
+// The golden 5 AdamW steps through what the trainer uses: make_model, load_pretrained_weights
+// (load_starting_weights' reader) and the data-parallel step of a world of one (clipping at 1).
+TEST(ModernBertTrain, GoldenAdamWStepsThroughTheTrainersPath) {
+  for (const char* name : {"modernbert", "modernbert-bias-mean"}) {
+    SCOPED_TRACE(name);
+    const std::string d = golden::modernbert_dir(name);
+    golden::Fixture f(d);
+    auto be = make_cpu_backend(1);
+    auto model = make_model(*be, f.cfg, ModelShape{f.B, f.T});
+    const LoadReport rep = load_pretrained_weights(d, *model);
+    EXPECT_TRUE(rep.newly_initialized.empty());
+    golden::Batch batch(*be, f);
+    auto group = make_local_group(1);
+    OptimizerOptions oo;
+    oo.kind = OptimizerKind::AdamW;
+    oo.weight_decay = 0.01f;
+    DataParallelStep dps(*be, *group[0], oo, model->layout(), 0);
+    std::vector<double> ours;
+    for (int s = 0; s <= 5; ++s) {
+      model->zero_grads();
+      dps.before_backward(*model, 0);
+      model->forward_backward(batch.db, 1.0f / static_cast<float>(f.B), 0);
+      dps.after_backward(*model, 0);
+      double loss = 0;
+      for (float v : golden::to_f32(*be, model->losses())) loss += v / static_cast<double>(f.B);
+      ours.push_back(loss);
+      if (s == 5) break;
+      dps.step(*model, 1e-3f, 1.0f);
+      model->sync_compute_copy();
+    }
+    std::vector<float> ref = golden::read_f32(f.ref, "adamw_losses");
+    ref.push_back(golden::read_f32(f.ref, "adamw_final_loss")[0]);
+    ASSERT_EQ(ref.size(), 6u);
+    for (int i = 0; i < 6; ++i) EXPECT_LE(std::abs(ours[i] - ref[i]) / std::abs(ref[i]), 1e-4) << "step " << i;
+    const std::vector<float> params = model->master_to_host();
+    for (const auto& p : model->layout().params()) {
+      const std::vector<float> want = golden::read_f32(f.ref, "adamw_final." + p.name);
+      EXPECT_LE(golden::rel_err(params.data() + p.offset, want.data(), want.size()), 1e-4) << p.name;
+    }
+  }
+}
+
+// What ModernBERT does not do is refused in one line naming the flag, before anything is written.
+TEST(ModernBertTrain, RefusesWhatItDoesNotDo) {
+  TrainOptions o = modern("mb_refuse");
+  o.gradient_checkpointing = CheckpointPolicy::Layer;
+  std::string e = error_of(o);
+  EXPECT_NE(e.find("--gradient-checkpointing layer"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  o = modern("mb_refuse_mlm");
+  o.task = "mlm";
+  e = error_of(o);
+  EXPECT_NE(e.find("--task mlm"), std::string::npos) << e;
+  o = modern("mb_refuse_ner");
+  o.task = "token-classification";
+  e = error_of(o);
+  EXPECT_NE(e.find("--task token-classification"), std::string::npos) << e;
+  o = modern("mb_refuse_place");
+  o.gradient_placement = "in-activations";
+  e = error_of(o);
+  EXPECT_NE(e.find("--gradient-placement"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / "metrics.jsonl"));
+}
