@@ -148,6 +148,12 @@ const char* pretrained_counterpart(const std::string& preset) {
   if (preset == "bert-tiny") return "google/bert_uncased_L-2_H-128_A-2";
   if (preset == "bert-mini") return "google/bert_uncased_L-4_H-256_A-4";
   if (preset == "bert-base") return "google-bert/bert-base-uncased";
+  if (preset == "roberta-base") return "FacebookAI/roberta-base";
+  if (preset == "xlm-roberta-base") return "FacebookAI/xlm-roberta-base";
+  if (preset == "distilbert-base") return "distilbert/distilbert-base-uncased";
+  if (preset == "electra-small") return "google/electra-small-discriminator";
+  if (preset == "electra-base") return "google/electra-base-discriminator";
+  if (preset == "modernbert-base") return "answerdotai/ModernBERT-base";
   return "google-bert/bert-large-uncased";
 }
 
