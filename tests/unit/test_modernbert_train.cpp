@@ -272,3 +272,27 @@ TEST(ModernBertTrain, RefusesWhatItDoesNotDo) {
   EXPECT_NE(e.find("--gradient-placement"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / "metrics.jsonl"));
 }
+
+// Text through the CLI: a ModernBERT directory with a byte-level BPE tokenizer.json (the
+// RoBERTa fixture's, as ModernBERT's own kind) trains on labelled JSONL, saves, and `anatomy
+// eval` evaluates the saved directory with its memory planned before loading.
+TEST(ModernBertTrain, TextTrainingThenAnatomyEval) {
+  const std::string dir = testing_cli::fresh_dir("mb_text");
+  BertConfig c = BertConfig::from_json_file(kFixture + "/config.json");
+  c.vocab_size = 400;
+  c.pad_token_id = 1;
+  c.id2label = {{0, "negative"}, {1, "neutral"}, {2, "positive"}};
+  c.label2id = {{"negative", 0}, {"neutral", 1}, {"positive", 2}};
+  write_file_atomic(dir + "/config.json", c.to_json().dump(2));
+  fs::copy_file(std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta/tokenizer.json", dir + "/tokenizer.json");
+  fs::copy_file(std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl", dir + "/data.jsonl");
+  const testing_cli::CmdResult t = testing_cli::run_anatomy(
+      "train --device cpu --threads 1 --model-name-or-path " + dir + " --train-file " + dir +
+      "/data.jsonl --max-seq-length 32 --max-steps 3 --save-strategy final --disable-tqdm --output-dir " + dir + "/out");
+  ASSERT_EQ(t.status, 0) << t.output;
+  const testing_cli::CmdResult e = testing_cli::run_anatomy("eval --device cpu --threads 1 --model-name-or-path " + dir +
+                                                            "/out --validation-file " + dir + "/data.jsonl");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("eval_accuracy:"), std::string::npos) << e.output;
+  EXPECT_NE(e.output.find(" 0 of 25 batches packed"), std::string::npos) << e.output;  // it computes padded
+}
