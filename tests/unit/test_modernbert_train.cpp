@@ -296,3 +296,58 @@ TEST(ModernBertTrain, TextTrainingThenAnatomyEval) {
   EXPECT_NE(e.output.find("eval_accuracy:"), std::string::npos) << e.output;
   EXPECT_NE(e.output.find(" 0 of 25 batches packed"), std::string::npos) << e.output;  // it computes padded
 }
+
+// Regression (MSE) and multi-label (BCE with logits) through ModernBERT's head, the losses
+// model/heads.h gives BERT: the gradient of the mean loss agrees with central differences of
+// the loss, at the largest-gradient element of tensors across the model.
+TEST(ModernBertTrain, RegressionAndMultiLabelGradientsMatchFiniteDifferences) {
+  for (const char* problem : {"regression", "multi_label_classification"}) {
+    SCOPED_TRACE(problem);
+    golden::Fixture f(golden::modernbert_dir("modernbert-bias-mean"));
+    BertConfig cfg = f.cfg;
+    const bool regression = std::string(problem) == "regression";
+    cfg.set_num_labels(regression ? 1 : 3);
+    cfg.problem_type = problem;
+    auto be = make_cpu_backend(1);
+    auto model = make_model(*be, cfg, ModelShape{f.B, f.T});
+    model->init_weights(11);
+    golden::Batch batch(*be, f);
+    const int64_t C = cfg.num_labels;
+    std::vector<float> targets(static_cast<size_t>(f.B * C));
+    for (size_t i = 0; i < targets.size(); ++i) targets[i] = regression ? 0.5f * static_cast<float>(i % 5) - 1.0f : float(i % 2);
+    Buffer labels(be->allocator(), DType::F32, {f.B, C}, Category::Other);
+    be->upload(labels, targets.data());
+    DeviceBatch db = batch.db;
+    db.labels = labels;
+    auto mean_loss = [&] {
+      model->forward_eval(db);
+      double s = 0;
+      for (float v : golden::to_f32(*be, model->losses())) s += v / static_cast<double>(f.B);
+      return s;
+    };
+    model->zero_grads();
+    model->forward_backward(db, 1.0f / static_cast<float>(f.B), 0);
+    const std::vector<float> grads = model->grads_to_host();
+    std::vector<float> w = model->master_to_host();
+    for (const char* name : {"classifier.bias", "classifier.weight", "head.dense.weight", "model.final_norm.weight",
+                             "model.layers.1.attn.Wqkv.weight", "model.layers.0.mlp.Wi.weight",
+                             "model.embeddings.tok_embeddings.weight"}) {
+      const ParamInfo& p = model->layout().get(name);
+      size_t at = p.offset;
+      for (size_t i = p.offset; i < p.offset + p.numel(); ++i)
+        if (std::fabs(grads[i]) > std::fabs(grads[at])) at = i;
+      const float eps = 1e-2f, keep = w[at];
+      w[at] = keep + eps;
+      model->set_master_from_host(w);
+      const double up = mean_loss();
+      w[at] = keep - eps;
+      model->set_master_from_host(w);
+      const double down = mean_loss();
+      w[at] = keep;
+      model->set_master_from_host(w);
+      const double numeric = (up - down) / (2 * eps);
+      EXPECT_GT(std::fabs(grads[at]), 1e-4) << name;
+      EXPECT_NEAR(grads[at], numeric, 2e-3 + 3e-2 * std::fabs(numeric)) << name;
+    }
+  }
+}
