@@ -18,7 +18,8 @@
 #             gated GELU, attention with a local window at the odd sizes), the attention kernel tests
 #   mbtrain   ModernBERT through `anatomy train`: its GPU tests (golden fp32/bf16/fp16, bf16 AdamW, bf16
 #             plan == allocation), the tiny ModernBERT bf16 (saved, loaded by transformers), and preset
-#             modernbert-base bf16 seq 512 batch 32 for 30 steps: samples/s, planned vs allocated vs NVML
+#             modernbert-base bf16 seq 512 batch 32 for 30 steps (and with layer checkpointing):
+#             samples/s, planned vs allocated vs NVML
 #   familybench each variant at base size, bf16 batch 32 seq 512: anatomy vs the Trainer (~8 min; alone in a call)
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
@@ -121,6 +122,10 @@ step_mbtrain() {
       --num-samples 1024 --max-steps 30 "${quiet[@]}" --output-dir /tmp/levers/mb_base_bf16_bs32 \
       > /tmp/levers/mb_base_bf16_bs32.log 2>&1
     python3 scripts/results_row.py levers mb_base_bf16_bs32 /tmp/levers/mb_base_bf16_bs32/train_results.json
+    timeout 300 $a train --preset modernbert-base --seq-len 512 --precision bf16 --per-device-train-batch-size 32 \
+      --num-samples 1024 --max-steps 30 --gradient-checkpointing layer "${quiet[@]}" \
+      --output-dir /tmp/levers/mb_base_bf16_bs32_layer > /tmp/levers/mb_base_bf16_bs32_layer.log 2>&1
+    python3 scripts/results_row.py levers mb_base_bf16_bs32_layer /tmp/levers/mb_base_bf16_bs32_layer/train_results.json
   } | tee "$OUT/mbtrain.md"
   grep -A9 "Memory anatomy" /tmp/levers/mb_base_bf16_bs32.log | tee -a "$OUT/mbtrain.md"
   grep -E "Samples/second|error" /tmp/levers/mb_base_bf16_bs32.log | tee -a "$OUT/mbtrain.md"
@@ -327,7 +332,7 @@ step_launch() {
   grep -h "Samples/second\|error" "$OUT"/train_*.log | head -8
 }
 
-(($#)) || { sed -n '2,39p' "$0"; exit 2; }
+(($#)) || { sed -n '2,40p' "$0"; exit 2; }
 for s in "$@"; do
   declare -F "step_$s" >/dev/null || { echo "device.sh: unknown step '$s'" >&2; exit 2; }
 done

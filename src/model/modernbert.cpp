@@ -75,6 +75,16 @@ struct ModernBertForSequenceClassification::Acts {
     Tensor x, h, rstd_a, qkv, ctx, lse, x1, y, rstd_m, wi, g;
   };
   std::vector<Layer> layers;
+  // --gradient-checkpointing layer: layers[l] keeps only x; every other tensor of a layer lives
+  // here, in backward's scratch, written by forward and again by backward's recompute.
+  Layer work;
+  bool recompute = false;
+  Layer at(size_t l) const {
+    if (!recompute) return layers[l];
+    Layer v = work;
+    v.x = layers[l].x;
+    return v;
+  }
   Tensor emb, rstd_e, xl, xf, rstd_f, pooled, hd, ga, hh, rstd_h, logits, dlogits, losses, pool_w;
   // Scratch: forward's branch outputs (t1, t2), LayerNorm's mean, the zero beta of norms
   // without a bias and the sink of their beta gradient, mean pooling's F32 staging.
@@ -93,25 +103,31 @@ bool mean_pooling(const BertConfig& cfg) { return cfg.modern.classifier_pooling 
 // the training layout adds dlogits and backward's scratch. `layer_ends` (optional) receives the
 // activation arena's use after the embeddings and after each layer, for the liveness profile.
 void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, Arena& tmp, const BertConfig& cfg,
-                      DType dt, int64_t B, int64_t T, bool training, std::vector<size_t>* layer_ends = nullptr) {
+                      DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
+                      std::vector<size_t>* layer_ends = nullptr) {
   const int64_t R = B * T, H = cfg.hidden_size, I = cfg.intermediate_size, heads = cfg.num_attention_heads;
   const int64_t C = cfg.num_labels;
   constexpr DType F32 = DType::F32;
   A.emb = act.take(dt, {R, H}), A.rstd_e = act.take(F32, {R});
   if (layer_ends) layer_ends->push_back(act.used());
   A.layers.assign(static_cast<size_t>(cfg.num_hidden_layers), {});
+  A.recompute = policy == CheckpointPolicy::Layer;
+  // A layer's tensors after its input x: in the activations, or once in the scratch (Layer).
+  auto internals = [&](ModernBertForSequenceClassification::Acts::Layer& L, Arena& a, bool norm) {
+    if (norm) L.h = a.take(dt, {R, H}), L.rstd_a = a.take(F32, {R});
+    L.qkv = a.take(dt, {B, T, 3 * H});
+    L.ctx = a.take(dt, {B, T, H});
+    L.lse = a.take(F32, {B, heads, T});
+    L.x1 = a.take(dt, {R, H});
+    L.y = a.take(dt, {R, H});
+    L.rstd_m = a.take(F32, {R});
+    L.wi = a.take(dt, {R, 2 * I});
+    L.g = a.take(dt, {R, I});
+  };
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     auto& L = A.layers[static_cast<size_t>(l)];
     L.x = act.take(dt, {R, H});
-    if (l > 0) L.h = act.take(dt, {R, H}), L.rstd_a = act.take(F32, {R});
-    L.qkv = act.take(dt, {B, T, 3 * H});
-    L.ctx = act.take(dt, {B, T, H});
-    L.lse = act.take(F32, {B, heads, T});
-    L.x1 = act.take(dt, {R, H});
-    L.y = act.take(dt, {R, H});
-    L.rstd_m = act.take(F32, {R});
-    L.wi = act.take(dt, {R, 2 * I});
-    L.g = act.take(dt, {R, I});
+    if (!A.recompute) internals(L, act, l > 0);
     if (layer_ends) layer_ends->push_back(act.used());
   }
   A.xl = act.take(dt, {R, H}), A.xf = act.take(dt, {B, T, H}), A.rstd_f = act.take(F32, {R});
@@ -121,6 +137,7 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
   A.losses = act.take(F32, {B});
   if (mean_pooling(cfg)) A.pool_w = act.take(dt, {B, R});
   if (layer_ends) layer_ends->push_back(act.used());
+  if (A.recompute) internals(A.work, tmp, true);
   A.t1 = tmp.take(dt, {R, H}), A.t2 = tmp.take(dt, {R, H}), A.mean_scratch = tmp.take(F32, {R});
   A.zero_beta = tmp.take(dt, {H}), A.dbeta_scratch = tmp.take(F32, {H});
   if (mean_pooling(cfg) && dt != F32) A.pool_f32 = tmp.take(F32, {B, R});
@@ -152,7 +169,7 @@ std::vector<std::pair<size_t, size_t>> modernbert_stages(const BertConfig& cfg, 
 ArenaBytes modernbert_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.max_batch, s.max_seq, s.training);
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training);
   return ArenaBytes{act.used(), tmp.used(), 0, 0};
 }
 
@@ -160,7 +177,7 @@ std::vector<LivenessPoint> modernbert_liveness(const BertConfig& cfg, const Mode
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
   std::vector<size_t> ends;  // after the embeddings, after each layer, after the head
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.max_batch, s.max_seq, true, &ends);
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, &ends);
   std::vector<LivenessPoint> out;
   const int64_t L = cfg.num_hidden_layers;
   out.push_back({"embeddings forward", static_cast<int64_t>(ends[0]), -1});
@@ -184,8 +201,8 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
   ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
                 " must be between 1 and ", cfg.max_sequence_length(), " (max_position_embeddings)");
-  ANATOMY_CHECK(shape.checkpointing == CheckpointPolicy::None, "--gradient-checkpointing ",
-                checkpoint_policy_name(shape.checkpointing), ": not implemented for ModernBERT (use none)");
+  ANATOMY_CHECK(shape.checkpointing != CheckpointPolicy::Selective,
+                "--gradient-checkpointing selective: not implemented for ModernBERT (use none or layer)");
   ANATOMY_CHECK(!shape.packed_tokens, "training on real tokens (--skip-padding) is not implemented for ModernBERT");
   ANATOMY_CHECK(!shape.training || shape.gradients == GradientPlacement::Own,
                 "--gradient-placement in-activations: not implemented for ModernBERT (use own or auto)");
@@ -210,8 +227,8 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   m_act_arena = Arena(a, bytes.activations, Category::Activations);
   m_tmp_arena = Arena(a, bytes.temporary, Category::Temporary);
   m_acts = std::make_unique<Acts>();
-  carve_modernbert(*m_acts, m_act_arena, m_tmp_arena, cfg, shape.compute, shape.max_batch, shape.max_seq,
-                   shape.training);
+  carve_modernbert(*m_acts, m_act_arena, m_tmp_arena, cfg, shape.compute, shape.checkpointing, shape.max_batch,
+                   shape.max_seq, shape.training);
   be.fill(m_acts->zero_beta, 0.0f);
 }
 
@@ -305,7 +322,7 @@ Tensor shaped(const Tensor& t, Shape s) { return ParamLayout::range(t, 0, s); }
 }  // namespace
 
 void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch& b) {
-  Acts::Layer& A = m_acts->layers[static_cast<size_t>(l)];
+  const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
   const std::string p = layer_prefix(l);
@@ -396,9 +413,14 @@ void ModernBertForSequenceClassification::forward_eval(const DeviceBatch& b) {
 }
 
 // ---- backward --------------------------------------------------------------------------------------
+// Note [layer recompute]: under --gradient-checkpointing layer forward keeps each layer's input
+// alone; backward first re-runs the layer's forward from it into the one set of layer tensors in
+// the scratch (Acts::work), the same ops on the same inputs, so the gradients are those of the
+// run that keeps everything, for one more forward of the encoder per step.
 void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatch& b, const Tensor& dout,
                                                          const Tensor& din) {
-  Acts::Layer& A = m_acts->layers[static_cast<size_t>(l)];
+  if (m_acts->recompute) layer_forward(l, b);  // Note [layer recompute]
+  const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   Acts& S = *m_acts;
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
   const int heads = static_cast<int>(m_cfg.num_attention_heads);

@@ -7,8 +7,9 @@
 // arena, backward scratch in another, both sized by the carving that the planner runs dry
 // (modernbert_arena_bytes), so planned == allocated.
 //
+// Gradient checkpointing: none or layer (Note [layer recompute] in modernbert.cpp).
 // What it does not do (the BERT class does): dropout (config.json's dropouts must be 0),
-// gradient checkpointing, packed batches (it trains and evaluates padded; a packing index is
+// selective recompute, packed batches (it trains and evaluates padded; a packing index is
 // ignored), gradients in freed activations (always a buffer of their own), per-token heads.
 #pragma once
 #include <functional>
@@ -27,7 +28,7 @@ namespace anatomy {
 
 class ModernBertForSequenceClassification : public EncoderModel {
  public:
-  // The config must be a validated ModernBERT config; the shape asks for no checkpointing,
+  // The config must be a validated ModernBERT config; the shape asks for no selective recompute,
   // packing or shared gradients (refused naming the flag).
   ModernBertForSequenceClassification(Backend& be, const BertConfig& cfg, const ModelShape& shape);
   // A training model in F32 for batches up to [max_batch, max_seq].

@@ -140,8 +140,9 @@ TEST(ModernBertTrain, CheckpointAndResumeEqualTheUninterruptedRun) {
   for (int64_t s : {3, 4}) EXPECT_EQ(cb.at(s), ca.at(s)) << "step " << s;
 }
 
-// The trainer's allocation is its plan, category by category (F32), and a BF16 model allocates
-// its plan's weights, gradients and arenas (built on the CPU, which only allocates in BF16).
+// The trainer's allocation is its plan, category by category (F32), and BF16, FP16 and F32
+// models (training, with layer checkpointing, inference) allocate their plan's weights,
+// gradients and arenas (built on the CPU, which allocates and casts in half precision).
 TEST(ModernBertTrain, PlannedEqualsAllocated) {
   TrainOptions o = modern("mb_plan", 1, 8, 2);
   const TrainResult r = train(o);
@@ -153,17 +154,18 @@ TEST(ModernBertTrain, PlannedEqualsAllocated) {
 
   for (const char* name : {"modernbert", "modernbert-bias-mean"})
     for (DType dt : {DType::BF16, DType::F16, DType::F32})
-      for (bool training : {true, false}) {
+      for (int mode = 0; mode < 3; ++mode) {  // training, training with layer checkpointing, inference
+        const bool training = mode < 2;
         const BertConfig c = BertConfig::from_json_file(golden::modernbert_dir(name) + "/config.json");
-        const ModelShape shape{6, 17, dt, CheckpointPolicy::None, training};
+        const ModelShape shape{6, 17, dt, mode == 1 ? CheckpointPolicy::Layer : CheckpointPolicy::None, training};
         const MemoryPlan p = plan_memory(PlanInput{c, shape, OptimizerKind::AdamW, Device::CPU});
         auto be = make_cpu_backend(1);
         const CategoryBytes before = be->allocator().stats().current();
         auto m = make_model(*be, c, shape);
         const CategoryBytes after = be->allocator().stats().current();
         for (Category k : {Category::Weights, Category::Gradients, Category::Activations, Category::Temporary})
-          EXPECT_EQ(after[k] - before[k], p.bytes[k]) << name << " " << dtype_name(dt) << " training " << training
-                                                      << " " << category_name(k);
+          EXPECT_EQ(after[k] - before[k], p.bytes[k]) << name << " " << dtype_name(dt) << " mode " << mode << " "
+                                                      << category_name(k);
       }
 }
 
@@ -254,9 +256,9 @@ TEST(ModernBertTrain, GoldenAdamWStepsThroughTheTrainersPath) {
 // What ModernBERT does not do is refused in one line naming the flag, before anything is written.
 TEST(ModernBertTrain, RefusesWhatItDoesNotDo) {
   TrainOptions o = modern("mb_refuse");
-  o.gradient_checkpointing = CheckpointPolicy::Layer;
+  o.gradient_checkpointing = CheckpointPolicy::Selective;
   std::string e = error_of(o);
-  EXPECT_NE(e.find("--gradient-checkpointing layer"), std::string::npos) << e;
+  EXPECT_NE(e.find("--gradient-checkpointing selective"), std::string::npos) << e;
   EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   o = modern("mb_refuse_mlm");
   o.task = "mlm";
@@ -350,4 +352,21 @@ TEST(ModernBertTrain, RegressionAndMultiLabelGradientsMatchFiniteDifferences) {
       EXPECT_NEAR(grads[at], numeric, 2e-3 + 3e-2 * std::fabs(numeric)) << name;
     }
   }
+}
+
+// --gradient-checkpointing layer: the same losses and weights as keeping every activation, bit
+// for bit, with fewer activation bytes, and the allocation equal to its plan.
+TEST(ModernBertTrain, LayerCheckpointingEqualsNoneWithLessMemory) {
+  TrainOptions none = modern("mb_ckpt_none");
+  const TrainResult a = train(none);
+  TrainOptions layer = modern("mb_ckpt_layer");
+  layer.gradient_checkpointing = CheckpointPolicy::Layer;
+  const TrainResult b = train(layer);
+  EXPECT_EQ(b.train_loss, a.train_loss);
+  EXPECT_EQ(max_abs_diff(saved_weights(none.output_dir), saved_weights(layer.output_dir)), 0.0);
+  EXPECT_LT(b.peak_bytes[Category::Activations], a.peak_bytes[Category::Activations] / 2);
+  const BertConfig cfg = BertConfig::from_json_file(start_model() + "/config.json");
+  const MemoryPlan plan = plan_memory(plan_input(layer, cfg, 8, Device::CPU, 1));
+  for (int c = 0; c < kNumCategories; ++c)
+    EXPECT_EQ(b.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c));
 }
