@@ -184,11 +184,12 @@ std::vector<LivenessPoint> modernbert_liveness(const BertConfig& cfg, const Mode
   for (int64_t l = 0; l < L; ++l)
     out.push_back({str_cat("layer ", l, " forward"), static_cast<int64_t>(ends[static_cast<size_t>(l) + 1]), -1});
   out.push_back({"head forward", static_cast<int64_t>(ends.back()), -1});
-  // Backward reads layer l's tensors last at layer l (the arena keeps them all until the step ends;
-  // this is what is still needed).
+  // After each stage of backward its tensors are no longer read (the arena keeps them until the
+  // next forward; this is what is still needed).
+  out.push_back({"head backward", static_cast<int64_t>(ends[static_cast<size_t>(L)]), -1});
   for (int64_t l = L - 1; l >= 0; --l)
-    out.push_back({str_cat("layer ", l, " backward"), static_cast<int64_t>(ends[static_cast<size_t>(l) + 1]), -1});
-  out.push_back({"embeddings backward", static_cast<int64_t>(ends[0]), -1});
+    out.push_back({str_cat("layer ", l, " backward"), static_cast<int64_t>(ends[static_cast<size_t>(l)]), -1});
+  out.push_back({"embeddings backward", 0, -1});
   out.push_back({"optimizer step", 0, -1});
   return out;
 }

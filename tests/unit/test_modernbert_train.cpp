@@ -21,6 +21,7 @@
 #include "io/atomic_file.h"
 #include "memory/planner.h"
 #include "model/encoder.h"
+#include "train/evaluate.h"
 #include "train/trainer.h"
 
 using namespace anatomy;
@@ -46,15 +47,17 @@ std::map<int64_t, double> loss_curve(const std::string& dir) {
 
 // The fixture's architecture with the vocabulary the learnable task needs and two labels, trained
 // one step from its config alone and saved: a ModernBERT directory with config.json and
-// model.safetensors, made once per test process.
+// model.safetensors, made once per test process (in directories named after the test: ctest
+// runs this file's tests as concurrent processes).
 const std::string& start_model() {
   static const std::string dir = [] {
-    const std::string cfg_dir = testing_dirs::fresh_dir("mb_start_config");
+    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    const std::string cfg_dir = testing_dirs::fresh_dir("mb_start_config_" + test);
     BertConfig c = BertConfig::from_json_file(kFixture + "/config.json");
     c.vocab_size = 2200;
     c.set_num_labels(2);
     write_file_atomic(cfg_dir + "/config.json", c.to_json().dump(2));
-    TrainOptions o = options("cpu", cfg_dir, "mb_start", 1, 8, 0);
+    TrainOptions o = options("cpu", cfg_dir, "mb_start_" + test, 1, 8, 0);
     o.max_steps = 1;
     train(o);
     return o.output_dir;
@@ -109,6 +112,12 @@ TEST(ModernBertTrain, LossFallsAndTheSavedModelReloadsAndEvaluates) {
   std::printf("[modernbert] loss %.3f over the first 5 steps, %.3f over the last 5; eval accuracy %.3f\n", head, tail, r.eval_accuracy);
   EXPECT_GE(r.eval_accuracy, 0.75);  // chance is 0.5; 256 training samples, so it also memorizes
   EXPECT_GT(r.eval_samples, 0);
+  const MemoryPlan plan = plan_memory(plan_input(o, BertConfig::from_json_file(start_model() + "/config.json"), 8,
+                                                Device::CPU, 1));
+  for (Category k : {Category::Weights, Category::Gradients, Category::Activations, Category::Temporary})
+    EXPECT_EQ(r.peak_bytes[k], plan.bytes[k]) << category_name(k);
+  EXPECT_EQ(r.peak_bytes[Category::Other],
+            plan.bytes[Category::Other] + evaluation_buffer_bytes(8, 32, false));  // evaluation's padded batch
 
   const std::string saved = o.output_dir + "/model.safetensors";
   EXPECT_EQ(tensor_names(saved), tensor_names(kFixture + "/model.safetensors"));
