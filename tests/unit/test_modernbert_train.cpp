@@ -198,6 +198,24 @@ TEST(ModernBertTrain, RanksTrainLikeOneProcess) {
       for (const auto& [step, loss] : ref) EXPECT_NEAR(got.at(step), loss, 1e-5) << "step " << step;
       EXPECT_LT(max_abs_diff(saved_weights(one.output_dir), saved_weights(o.output_dir)), 1e-5);
     }
+  // ZeRO-2 with accumulation: each micro-batch reduced to its shard and summed there.
+  TrainOptions acc = modern("mb_ranks_acc", 3, 1);
+  acc.zero_stage = 2;
+  acc.gradient_accumulation_steps = 2;
+  train(acc);
+  const auto got = loss_curve(acc.output_dir);
+  ASSERT_EQ(got.size(), ref.size());
+  for (const auto& [step, loss] : ref) EXPECT_NEAR(got.at(step), loss, 1e-5) << "step " << step;
+  EXPECT_LT(max_abs_diff(saved_weights(one.output_dir), saved_weights(acc.output_dir)), 1e-5);
+}
+
+// `anatomy plan --preset modernbert-base`: transformers' parameter count and a plan per category.
+TEST(ModernBertTrain, PlanOfThePreset) {
+  const testing_cli::CmdResult r = testing_cli::run_anatomy(
+      "plan --preset modernbert-base --seq-len 512 --per-device-train-batch-size 32 --precision bf16 --gpu-memory 80GiB");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("(149606402 parameters)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("activations"), std::string::npos) << r.output;
 }
 
 // `anatomy train --nproc-per-node 2`: two real processes over Gloo, like one with the combined batch.
