@@ -22,6 +22,7 @@
 #include "memory/planner.h"
 #include "model/encoder.h"
 #include "train/evaluate.h"
+#include "train/setup.h"
 #include "train/trainer.h"
 
 using namespace anatomy;
@@ -238,8 +239,8 @@ TEST(ModernBertTrain, TwoProcessesTrainLikeOne) {
   EXPECT_LT(max_abs_diff(saved_weights(dir + "/one"), saved_weights(dir + "/two")), 1e-5);
 }
 
-// The golden 5 AdamW steps through what the trainer uses: make_model, load_pretrained_weights
-// (load_starting_weights' reader) and the data-parallel step of a world of one (clipping at 1).
+// The golden 5 AdamW steps through what the trainer uses: make_model, load_starting_weights and
+// the data-parallel step of a world of one (clipping at 1).
 TEST(ModernBertTrain, GoldenAdamWStepsThroughTheTrainersPath) {
   for (const char* name : {"modernbert", "modernbert-bias-mean"}) {
     SCOPED_TRACE(name);
@@ -247,8 +248,9 @@ TEST(ModernBertTrain, GoldenAdamWStepsThroughTheTrainersPath) {
     golden::Fixture f(d);
     auto be = make_cpu_backend(1);
     auto model = make_model(*be, f.cfg, ModelShape{f.B, f.T});
-    const LoadReport rep = load_pretrained_weights(d, *model);
-    EXPECT_TRUE(rep.newly_initialized.empty());
+    TrainOptions start;
+    start.model_name_or_path = d;
+    load_starting_weights(start, *model, false);
     golden::Batch batch(*be, f);
     auto group = make_local_group(1);
     OptimizerOptions oo;
