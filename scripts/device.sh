@@ -16,6 +16,10 @@
 #             of tests/fixtures/models with its tokenizer, loaded back by transformers
 #   modernbert ModernBERT on the GPU: its golden fixtures (fp32, AdamW), the twins of its ops (rotary,
 #             gated GELU, attention with a local window at the odd sizes), the attention kernel tests
+#   mbtrain   ModernBERT through `anatomy train`: its GPU tests (golden fp32/bf16/fp16, bf16 AdamW, bf16
+#             plan == allocation), the tiny ModernBERT bf16 (saved, loaded by transformers), and preset
+#             modernbert-base bf16 seq 512 batch 32 for 20 steps (and with layer checkpointing):
+#             samples/s, planned vs allocated vs NVML (~10 min at most; alone in a call)
 #   familybench each variant at base size, bf16 batch 32 seq 512: anatomy vs the Trainer (~8 min; alone in a call)
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
@@ -97,6 +101,41 @@ step_modernbert() {
   timeout 300 $b/anatomy_gpu_tests --gtest_filter='Fixtures/GoldenModernBertCuda.*:Registry/OpTwin.*attention*:Registry/OpTwin.*rotary*:Registry/OpTwin.*geglu*:Attention.*' \
     > "$OUT/modernbert_gpu_tests.log" 2>&1
   passed "$OUT/modernbert_gpu_tests.log"
+}
+
+step_mbtrain() {
+  timeout 200 $b/anatomy_gpu_tests \
+    --gtest_filter='Fixtures/GoldenModernBertCuda.*:Fixtures/ModernBertCuda.*:ModernBertCudaTrain.*' \
+    > "$OUT/mbtrain_gpu_tests.log" 2>&1
+  passed "$OUT/mbtrain_gpu_tests.log"
+  mkdir -p /tmp/mbtrain/tiny_config /tmp/levers
+  # The golden fixture's architecture with the learnable task's vocabulary (2101 ids at least).
+  python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["vocab_size"] = 2200; json.dump(c, open(sys.argv[2], "w"))' \
+    tests/data/golden_family/modernbert/config.json /tmp/mbtrain/tiny_config/config.json
+  timeout 120 $a train "${quiet[@]}" --save-strategy final --precision bf16 --model-name-or-path /tmp/mbtrain/tiny_config \
+    --dataset learnable --num-samples 1024 --max-seq-length 64 --per-device-train-batch-size 16 --max-steps 60 \
+    --learning-rate 2e-3 --logging-steps 10 --overwrite-output-dir --output-dir /tmp/mbtrain/tiny > "$OUT/mbtrain_tiny.log" 2>&1
+  echo "tiny bf16: exit $?"
+  python3 -c 'import json, sys; l = [j["loss"] for j in map(json.loads, open(sys.argv[1])) if "loss" in j]; print("tiny bf16 loss:", l[0], "->", l[-1])' \
+    /tmp/mbtrain/tiny/metrics.jsonl
+  python3 scripts/results_row.py levers mb_tiny_bf16 /tmp/mbtrain/tiny/train_results.json
+  python3 tests/golden/verify_hf_load.py /tmp/mbtrain/tiny 2>&1 | tail -2
+  {
+    echo "| run | samples/s (steady) | planned MiB | allocated MiB | gradients in activations MiB | NVML used MiB | NVML minus baseline and context MiB | optimizer B/param | gradient B/param | activations MiB | last loss |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    timeout 150 $a train --preset modernbert-base --seq-len 512 --precision bf16 --per-device-train-batch-size 32 \
+      --num-samples 1024 --max-steps 20 "${quiet[@]}" --output-dir /tmp/levers/mb_base_bf16_bs32 \
+      > /tmp/levers/mb_base_bf16_bs32.log 2>&1
+    python3 scripts/results_row.py levers mb_base_bf16_bs32 /tmp/levers/mb_base_bf16_bs32/train_results.json
+    timeout 150 $a train --preset modernbert-base --seq-len 512 --precision bf16 --per-device-train-batch-size 32 \
+      --num-samples 1024 --max-steps 20 --gradient-checkpointing layer "${quiet[@]}" \
+      --output-dir /tmp/levers/mb_base_bf16_bs32_layer > /tmp/levers/mb_base_bf16_bs32_layer.log 2>&1
+    python3 scripts/results_row.py levers mb_base_bf16_bs32_layer /tmp/levers/mb_base_bf16_bs32_layer/train_results.json
+  } | tee "$OUT/mbtrain.md"
+  grep -A9 "Memory anatomy" /tmp/levers/mb_base_bf16_bs32.log | tee -a "$OUT/mbtrain.md"
+  grep -E "Samples/second|error" /tmp/levers/mb_base_bf16_bs32.log | tee -a "$OUT/mbtrain.md"
+  $a plan --preset modernbert-base --seq-len 512 --per-device-train-batch-size 32 --precision bf16 --gpu-memory 80GiB 2>&1 \
+    | tee "$OUT/mbtrain_plan.txt"
 }
 
 step_familybench() {
@@ -317,7 +356,7 @@ step_launch() {
   grep -h "Samples/second\|error" "$OUT"/train_*.log | head -8
 }
 
-(($#)) || { sed -n '2,39p' "$0"; exit 2; }
+(($#)) || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }
 for s in "$@"; do
   declare -F "step_$s" >/dev/null || { echo "device.sh: unknown step '$s'" >&2; exit 2; }
 done

@@ -39,7 +39,7 @@ std::vector<OptionSpec> build() {
        0, 0, false, false, false, false,
        {{"bert-tiny", "bert-tiny"}, {"bert-mini", "bert-mini"}, {"bert-base", "bert-base"}, {"bert-large", "bert-large"},
         {"roberta-base", "roberta-base"}, {"xlm-roberta-base", "xlm-roberta-base"}, {"distilbert-base", "distilbert-base"},
-        {"electra-small", "electra-small"}, {"electra-base", "electra-base"}},
+        {"electra-small", "electra-small"}, {"electra-base", "electra-base"}, {"modernbert-base", "modernbert-base"}},
        [](R& r, const V& v) { r.train.preset = v.s; }});
   add({"model-name-or-path", {}, OptType::Text, kAll, "",
        "A Hugging Face model directory, or a Hub name (org/name) found in the local Hugging Face cache "

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <utility>
 
-#include "model/bert.h"
+#include "model/encoder.h"
 #include "model/params.h"
 
 namespace anatomy {
@@ -30,7 +30,7 @@ DataParallelStep::DataParallelStep(Backend& be, Communicator& comm, const Optimi
   if (shard_bytes) m_grad_shard = Buffer(be.allocator(), DType::F32, {static_cast<int64_t>(shard_bytes / 4)}, Category::Gradients);
 }
 
-void DataParallelStep::before_backward(BertForSequenceClassification& model, int64_t m) {
+void DataParallelStep::before_backward(EncoderModel& model, int64_t m) {
   if (m == 0) m_reduced = false;
   m_reducing = m_comm.size() > 1 && (m_stage == 2 || m == m_accum - 1);
   if (!m_reducing) return;
@@ -89,7 +89,7 @@ DataParallelStep::ReductionTiming DataParallelStep::take_reduction_timing() {
   return t;
 }
 
-void DataParallelStep::after_backward(BertForSequenceClassification& model, int64_t m) {
+void DataParallelStep::after_backward(EncoderModel& model, int64_t m) {
   if (!m_reducing) return;
   model.on_layer_gradients(nullptr);
   const Tensor grads = model.grads();
@@ -110,7 +110,7 @@ void DataParallelStep::after_backward(BertForSequenceClassification& model, int6
     m_be.add(own, sum, own);
 }
 
-void DataParallelStep::step(BertForSequenceClassification& model, float lr, float max_grad_norm, float loss_scale) {
+void DataParallelStep::step(EncoderModel& model, float lr, float max_grad_norm, float loss_scale) {
   const Tensor grads = model.grads();
   const bool reduced = std::exchange(m_reduced, false);  // by after_backward's buckets
   if (m_comm.size() == 1) {  // one device: the norm and the update in place, nothing to exchange

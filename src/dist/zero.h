@@ -26,7 +26,7 @@
 //
 // Note [bucketed reduction]
 // The reduction of a step's last backward (every backward under stage 2) overlaps it: as soon
-// as a layer's matrices are final (BertForSequenceClassification::on_layer_gradients), they join
+// as a layer's matrices are final (EncoderModel::on_layer_gradients), they join
 // a bucket of adjacent ranges, and a bucket of at least `bucket_bytes` is reduced (all-reduce
 // under stage 0, reduce-scatter of the shards it meets under stages 1 and 2) on the
 // communicator's side stream (Communicator::begin_async) while the backend's stream goes on
@@ -46,7 +46,7 @@
 
 namespace anatomy {
 
-class BertForSequenceClassification;
+class EncoderModel;
 class ParamLayout;
 
 // Bytes of optimizer state rank `rank` holds.
@@ -66,8 +66,8 @@ class DataParallelStep {
   // stage 2) the gradients are reduced bucket by bucket as backward goes (Note [bucketed
   // reduction]); under stage 2 each rank then adds its shard into its sum (on the last
   // micro-batch the sum is left in the gradients' own range, where the update reads it).
-  void before_backward(BertForSequenceClassification& model, int64_t m);
-  void after_backward(BertForSequenceClassification& model, int64_t m);
+  void before_backward(EncoderModel& model, int64_t m);
+  void after_backward(EncoderModel& model, int64_t m);
   int64_t buckets_last_step() const { return m_buckets; }  // reductions of the last micro-batch
   // --profile-steps: the buckets reduced during backward, the collectives' time and what of it
   // backward did not hide (Note [overlap timing] in dist/communicator.h), totals since the last take.
@@ -81,7 +81,7 @@ class DataParallelStep {
   // the update of `lr`. The update kernels skip themselves when the global norm is not finite
   // (every rank sees the same norm, so every rank skips), so nothing non-finite reaches the
   // weights; the caller reads the norm after the step to decide what that means.
-  void step(BertForSequenceClassification& model, float lr, float max_grad_norm, float loss_scale = 1.0f);
+  void step(EncoderModel& model, float lr, float max_grad_norm, float loss_scale = 1.0f);
   // The squared global gradient norm of the last step (device F32 scalar, times loss_scale^2).
   const Tensor& norm_sq() const { return m_norm.norm_sq(); }
   const ShardRange& shard() const { return m_shard; }

@@ -36,7 +36,7 @@ void refuse_non_finite(const std::string& file, const std::string& tensor, const
                   "; a model with NaN or Inf weights cannot train or predict (was it saved from a diverged run?)");
 }
 
-void save_pretrained(const std::string& dir, BertForSequenceClassification& model) {
+void save_pretrained(const std::string& dir, EncoderModel& model) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   ANATOMY_CHECK(!ec, dir, ": cannot create the output directory: ", ec.message());
@@ -69,7 +69,7 @@ std::vector<std::string> checkpoint_names_for(const std::string& name) {
   return out;
 }
 
-LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClassification& model,
+LoadReport load_pretrained_weights(const std::string& path, EncoderModel& model,
                                    bool ignore_mismatched_sizes) {
   const std::string file = fs::is_directory(path) ? (fs::path(path) / "model.safetensors").string() : path;
   SafetensorsReader r = SafetensorsReader::open(file);

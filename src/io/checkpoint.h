@@ -3,12 +3,12 @@
 #include <string>
 #include <vector>
 
-#include "model/bert.h"
+#include "model/encoder.h"
 
 namespace anatomy {
 
 // Writes DIR/config.json and DIR/model.safetensors (each atomically; DIR is created).
-void save_pretrained(const std::string& dir, BertForSequenceClassification& model);
+void save_pretrained(const std::string& dir, EncoderModel& model);
 
 struct LoadReport {
   std::vector<std::string> newly_initialized;  // in the model, absent from the file
@@ -22,7 +22,7 @@ struct LoadReport {
 // are reported, as transformers reports newly initialized weights.
 // A tensor whose shape differs from the model's is refused, naming --ignore-mismatched-sizes;
 // with ignore_mismatched_sizes it keeps its initial values and is reported in `mismatched`.
-LoadReport load_pretrained_weights(const std::string& path, BertForSequenceClassification& model,
+LoadReport load_pretrained_weights(const std::string& path, EncoderModel& model,
                                    bool ignore_mismatched_sizes = false);
 
 // The names a parameter may carry in a checkpoint, most specific first: the

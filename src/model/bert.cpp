@@ -1,4 +1,5 @@
 #include "model/bert.h"
+#include "model/modernbert.h"
 
 #include <algorithm>
 #include <cmath>
@@ -266,7 +267,7 @@ static size_t gradient_offset(const std::vector<ActRegion>& regions, const std::
 }
 
 ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
-  ANATOMY_CHECK(!cfg.is_modernbert(), "model_type modernbert: the memory planner does not cover ModernBERT yet");
+  if (cfg.is_modernbert()) return modernbert_arena_bytes(cfg, s);
   Arena act = Arena::dry(), tmp = Arena::dry();
   BertForSequenceClassification::Acts a;
   std::vector<ActRegion> regions;
@@ -513,6 +514,7 @@ PackedRows pack_token_rows(const int32_t* mask, int64_t B, int64_t T, int64_t mu
 }
 
 std::vector<LivenessPoint> activation_liveness(const BertConfig& cfg, const ModelShape& s) {
+  if (cfg.is_modernbert()) return modernbert_liveness(cfg, s);
   const int64_t L = cfg.num_hidden_layers;
   // The training layout's regions with their last readers (Note [gradients in freed activations]):
   // forward writes a region at the stage it belongs to, backward is done with it after its last stage.
@@ -562,7 +564,7 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
     : m_be(be), m_cfg(cfg), m_layout(ParamLayout::for_sequence_classification(cfg)), m_names(param_names(cfg)),
       m_shape(shape) {
   ANATOMY_CHECK(!cfg.is_modernbert(), "model_type modernbert: ModernBERT has its own model class "
-                "(model/modernbert.h), which the trainer, planner and CLI do not use yet");
+                "(model/modernbert.h; make_model picks it)");
   for (int l = 0; l < cfg.num_hidden_layers; ++l) m_layer_names.push_back(layer_names(cfg, l));
   ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
   ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,

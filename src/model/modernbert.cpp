@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/heads.h"
 #include "io/safetensors.h"
 #include <filesystem>
 #include <set>
@@ -71,55 +72,165 @@ ParamLayout ParamLayout::for_modernbert(const BertConfig& cfg) {
 
 struct ModernBertForSequenceClassification::Acts {
   struct Layer {
-    Buffer x, h, rstd_a, qkv, ctx, lse, x1, y, rstd_m, wi, g;
+    Tensor x, h, rstd_a, qkv, ctx, lse, x1, y, rstd_m, wi, g;
   };
   std::vector<Layer> layers;
-  Buffer emb, rstd_e, xl, xf, rstd_f, pooled, hd, ga, hh, rstd_h, logits, dlogits, losses;
-  Buffer pool_w, mean_scratch, zero_beta, dbeta_scratch;
+  // --gradient-checkpointing layer: layers[l] keeps only x; every other tensor of a layer lives
+  // here, in backward's scratch, written by forward and again by backward's recompute.
+  Layer work;
+  bool recompute = false;
+  Layer at(size_t l) const {
+    if (!recompute) return layers[l];
+    Layer v = work;
+    v.x = layers[l].x;
+    return v;
+  }
+  Tensor emb, rstd_e, xl, xf, rstd_f, pooled, hd, ga, hh, rstd_h, logits, dlogits, losses, pool_w;
+  // Scratch: forward's branch outputs (t1, t2), LayerNorm's mean, the zero beta of norms
+  // without a bias and the sink of their beta gradient, mean pooling's F32 staging.
+  Tensor t1, t2, mean_scratch, zero_beta, dbeta_scratch, pool_f32;
   // Backward scratch.
-  Buffer da, db, t1, t2, t3, dqkv, dg, dwi, dxf, dpooled, dhd, dhh;
+  Tensor da, db, t3, dqkv, dg, dwi, dxf, dpooled, dhd, dhh;
   std::vector<float> pool_host;
 };
 
+namespace {
+
+bool mean_pooling(const BertConfig& cfg) { return cfg.modern.classifier_pooling != "cls"; }
+
+// Every tensor of a batch [B, T] in the arenas (Note [allocation policy] in bert.cpp): saved
+// activations in the compute dtype `dt` (LayerNorm and attention statistics, losses in F32);
+// the training layout adds dlogits and backward's scratch. `layer_ends` (optional) receives the
+// activation arena's use after the embeddings and after each layer, for the liveness profile.
+void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, Arena& tmp, const BertConfig& cfg,
+                      DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
+                      std::vector<size_t>* layer_ends = nullptr) {
+  const int64_t R = B * T, H = cfg.hidden_size, I = cfg.intermediate_size, heads = cfg.num_attention_heads;
+  const int64_t C = cfg.num_labels;
+  constexpr DType F32 = DType::F32;
+  A.emb = act.take(dt, {R, H}), A.rstd_e = act.take(F32, {R});
+  if (layer_ends) layer_ends->push_back(act.used());
+  A.layers.assign(static_cast<size_t>(cfg.num_hidden_layers), {});
+  A.recompute = policy == CheckpointPolicy::Layer;
+  // A layer's tensors after its input x: in the activations, or once in the scratch (Layer).
+  auto internals = [&](ModernBertForSequenceClassification::Acts::Layer& L, Arena& a, bool norm) {
+    if (norm) L.h = a.take(dt, {R, H}), L.rstd_a = a.take(F32, {R});
+    L.qkv = a.take(dt, {B, T, 3 * H});
+    L.ctx = a.take(dt, {B, T, H});
+    L.lse = a.take(F32, {B, heads, T});
+    L.x1 = a.take(dt, {R, H});
+    L.y = a.take(dt, {R, H});
+    L.rstd_m = a.take(F32, {R});
+    L.wi = a.take(dt, {R, 2 * I});
+    L.g = a.take(dt, {R, I});
+  };
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    auto& L = A.layers[static_cast<size_t>(l)];
+    L.x = act.take(dt, {R, H});
+    if (!A.recompute) internals(L, act, l > 0);
+    if (layer_ends) layer_ends->push_back(act.used());
+  }
+  A.xl = act.take(dt, {R, H}), A.xf = act.take(dt, {B, T, H}), A.rstd_f = act.take(F32, {R});
+  A.pooled = act.take(dt, {B, H}), A.hd = act.take(dt, {B, H}), A.ga = act.take(dt, {B, H});
+  A.hh = act.take(dt, {B, H}), A.rstd_h = act.take(F32, {B}), A.logits = act.take(dt, {B, C});
+  if (training) A.dlogits = act.take(dt, {B, C});
+  A.losses = act.take(F32, {B});
+  if (mean_pooling(cfg)) A.pool_w = act.take(dt, {B, R});
+  if (layer_ends) layer_ends->push_back(act.used());
+  if (A.recompute) internals(A.work, tmp, true);
+  A.t1 = tmp.take(dt, {R, H}), A.t2 = tmp.take(dt, {R, H}), A.mean_scratch = tmp.take(F32, {R});
+  A.zero_beta = tmp.take(dt, {H}), A.dbeta_scratch = tmp.take(F32, {H});
+  if (mean_pooling(cfg) && dt != F32) A.pool_f32 = tmp.take(F32, {B, R});
+  if (!training) return;
+  A.da = tmp.take(dt, {R, H}), A.db = tmp.take(dt, {R, H}), A.t3 = tmp.take(dt, {R, H});
+  A.dqkv = tmp.take(dt, {B, T, 3 * H}), A.dg = tmp.take(dt, {R, I}), A.dwi = tmp.take(dt, {R, 2 * I});
+  A.dxf = tmp.take(dt, {B, T, H}), A.dpooled = tmp.take(dt, {B, H}), A.dhd = tmp.take(dt, {B, H});
+  A.dhh = tmp.take(dt, {B, H});
+}
+
+// The flat gradients' stages (elements): the token embeddings, each layer's four matrices, then
+// the head's matrices and every vector (adjacent: the layout puts matrices first).
+std::vector<std::pair<size_t, size_t>> modernbert_stages(const BertConfig& cfg, const ParamLayout& lay) {
+  std::vector<std::pair<size_t, size_t>> st;
+  const ParamInfo& emb = lay.get("model.embeddings.tok_embeddings.weight");
+  st.emplace_back(emb.offset, emb.offset + emb.numel());
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    const ParamInfo& last = lay.get(layer_prefix(l) + "mlp.Wo.weight");
+    st.emplace_back(lay.get(layer_prefix(l) + "attn.Wqkv.weight").offset, last.offset + last.numel());
+  }
+  st.emplace_back(lay.get("head.dense.weight").offset, lay.total());
+  for (size_t i = 1; i < st.size(); ++i)
+    ANATOMY_ASSERT(st[i].first == st[i - 1].second);
+  return st;
+}
+
+}  // namespace
+
+ArenaBytes modernbert_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
+  Arena act = Arena::dry(), tmp = Arena::dry();
+  ModernBertForSequenceClassification::Acts a;
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training);
+  return ArenaBytes{act.used(), tmp.used(), 0, 0};
+}
+
+std::vector<LivenessPoint> modernbert_liveness(const BertConfig& cfg, const ModelShape& s) {
+  Arena act = Arena::dry(), tmp = Arena::dry();
+  ModernBertForSequenceClassification::Acts a;
+  std::vector<size_t> ends;  // after the embeddings, after each layer, after the head
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, &ends);
+  std::vector<LivenessPoint> out;
+  const int64_t L = cfg.num_hidden_layers;
+  out.push_back({"embeddings forward", static_cast<int64_t>(ends[0]), -1});
+  for (int64_t l = 0; l < L; ++l)
+    out.push_back({str_cat("layer ", l, " forward"), static_cast<int64_t>(ends[static_cast<size_t>(l) + 1]), -1});
+  out.push_back({"head forward", static_cast<int64_t>(ends.back()), -1});
+  // After each stage of backward its tensors are no longer read (the arena keeps them until the
+  // next forward; this is what is still needed).
+  out.push_back({"head backward", static_cast<int64_t>(ends[static_cast<size_t>(L)]), -1});
+  for (int64_t l = L - 1; l >= 0; --l)
+    out.push_back({str_cat("layer ", l, " backward"), static_cast<int64_t>(ends[static_cast<size_t>(l)]), -1});
+  out.push_back({"embeddings backward", 0, -1});
+  out.push_back({"optimizer step", 0, -1});
+  return out;
+}
+
 ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend& be, const BertConfig& cfg,
-                                                                         int64_t max_batch, int64_t max_seq)
-    : m_be(be), m_cfg(cfg), m_layout(ParamLayout::for_modernbert(cfg)), m_max_batch(max_batch), m_max_seq(max_seq) {
+                                                                         const ModelShape& shape)
+    : m_be(be), m_cfg(cfg), m_layout(ParamLayout::for_modernbert(cfg)), m_shape(shape) {
   ANATOMY_CHECK(cfg.is_modernbert(), "ModernBertForSequenceClassification: model_type is ", cfg.model_type());
   cfg.validate("config");
+  ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
+  ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
+                " must be between 1 and ", cfg.max_sequence_length(), " (max_position_embeddings)");
+  ANATOMY_CHECK(shape.checkpointing != CheckpointPolicy::Selective,
+                "--gradient-checkpointing selective: not implemented for ModernBERT (use none or layer)");
+  ANATOMY_CHECK(!shape.packed_tokens, "training on real tokens (--skip-padding) is not implemented for ModernBERT");
+  ANATOMY_CHECK(!shape.training || shape.gradients == GradientPlacement::Own,
+                "--gradient-placement in-activations: not implemented for ModernBERT (use own or auto)");
   Allocator& a = be.allocator();
   const auto n = static_cast<int64_t>(m_layout.total());
   m_master = Buffer(a, DType::F32, {n}, Category::Weights);
-  m_grads = Buffer(a, DType::F32, {n}, Category::Gradients);
   be.fill(m_master, 0.0f);
-  be.fill(m_grads, 0.0f);
-  const int64_t B = max_batch, R = max_batch * max_seq, H = cfg.hidden_size, I = cfg.intermediate_size;
-  const int64_t heads = cfg.num_attention_heads, C = cfg.num_labels;
-  auto act = [&](Shape s, DType dt = DType::F32) { return Buffer(a, dt, s, Category::Activations); };
-  auto tmp = [&](Shape s) { return Buffer(a, DType::F32, s, Category::Temporary); };
-  m_acts = std::make_unique<Acts>();
-  Acts& A = *m_acts;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    Acts::Layer L;
-    L.x = act({R, H});
-    if (l > 0) L.h = act({R, H}), L.rstd_a = act({R});
-    L.qkv = act({B, max_seq, 3 * H});
-    L.ctx = act({B, max_seq, H});
-    L.lse = act({B, heads, max_seq});
-    L.x1 = act({R, H});
-    L.y = act({R, H});
-    L.rstd_m = act({R});
-    L.wi = act({R, 2 * I});
-    L.g = act({R, I});
-    A.layers.push_back(std::move(L));
+  if (shape.compute != DType::F32) {
+    m_compute = Buffer(a, shape.compute, {n}, Category::Weights);
+    m_compute_view = m_compute.tensor();
+  } else {
+    m_compute_view = m_master.tensor();
   }
-  A.emb = act({R, H}), A.rstd_e = act({R}), A.xl = act({R, H}), A.xf = act({B, max_seq, H});
-  A.rstd_f = act({R}), A.pooled = act({B, H}), A.hd = act({B, H}), A.ga = act({B, H}), A.hh = act({B, H});
-  A.rstd_h = act({B}), A.logits = act({B, C}), A.dlogits = act({B, C}), A.losses = act({B});
-  A.pool_w = act({B, R}), A.mean_scratch = tmp({R}), A.zero_beta = tmp({H}), A.dbeta_scratch = tmp({H});
-  be.fill(A.zero_beta, 0.0f);
-  A.da = tmp({R, H}), A.db = tmp({R, H}), A.t1 = tmp({R, H}), A.t2 = tmp({R, H}), A.t3 = tmp({R, H});
-  A.dqkv = tmp({B, max_seq, 3 * H}), A.dg = tmp({R, I}), A.dwi = tmp({R, 2 * I});
-  A.dxf = tmp({B, max_seq, H}), A.dpooled = tmp({B, H}), A.dhd = tmp({B, H}), A.dhh = tmp({B, H});
+  if (shape.training) {
+    m_grads = Buffer(a, DType::F32, {n}, Category::Gradients);
+    m_grads_view = m_grads.tensor();
+    be.fill(m_grads, 0.0f);
+    m_grad_ranges = modernbert_stages(cfg, m_layout);
+  }
+  sync_compute_copy();
+  const ArenaBytes bytes = modernbert_arena_bytes(cfg, shape);
+  m_act_arena = Arena(a, bytes.activations, Category::Activations);
+  m_tmp_arena = Arena(a, bytes.temporary, Category::Temporary);
+  m_acts = std::make_unique<Acts>();
+  carve_modernbert(*m_acts, m_act_arena, m_tmp_arena, cfg, shape.compute, shape.checkpointing, shape.max_batch,
+                   shape.max_seq, shape.training);
+  be.fill(m_acts->zero_beta, 0.0f);
 }
 
 ModernBertForSequenceClassification::~ModernBertForSequenceClassification() = default;
@@ -128,6 +239,7 @@ void ModernBertForSequenceClassification::set_master_from_host(const std::vector
   ANATOMY_CHECK(flat.size() == m_layout.total(), "set_master_from_host: ", flat.size(), " values for ",
                 m_layout.total());
   m_be.upload(m_master, flat.data());
+  sync_compute_copy();
 }
 std::vector<float> ModernBertForSequenceClassification::master_to_host() {
   std::vector<float> v(m_layout.total());
@@ -136,10 +248,30 @@ std::vector<float> ModernBertForSequenceClassification::master_to_host() {
 }
 std::vector<float> ModernBertForSequenceClassification::grads_to_host() {
   std::vector<float> v(m_layout.total());
-  m_be.download(v.data(), m_grads);
+  m_be.download(v.data(), m_grads_view);
   return v;
 }
-void ModernBertForSequenceClassification::zero_grads() { m_be.fill(m_grads, 0.0f); }
+void ModernBertForSequenceClassification::sync_compute_copy() {
+  if (m_compute.data()) m_be.cast(m_compute.tensor(), m_master.tensor());
+}
+void ModernBertForSequenceClassification::zero_grads() {
+  if (m_grads_view.defined()) m_be.fill(m_grads_view, 0.0f);
+}
+
+std::vector<std::string> ModernBertForSequenceClassification::layernorm_weights_below(float limit) {
+  std::vector<std::string> out;
+  for (const ParamInfo& p : m_layout.params()) {
+    if (p.name.find("norm.weight") == std::string::npos) continue;
+    std::vector<float> v(p.numel());
+    m_be.download(v.data(), m_layout.view(m_master.tensor(), p));
+    for (float x : v)
+      if (std::fabs(x) < limit) {
+        out.push_back(p.name);
+        break;
+      }
+  }
+  return out;
+}
 
 void ModernBertForSequenceClassification::init_weights(uint64_t seed) {
   std::vector<float> flat(m_layout.total(), 0.0f);
@@ -171,7 +303,7 @@ void ModernBertForSequenceClassification::linear_backward(const Tensor& dx, cons
 void ModernBertForSequenceClassification::norm_forward(const std::string& name, const Tensor& y, const Tensor& rstd,
                                                        const Tensor& branch, const Tensor& residual,
                                                        const Tensor& sum) {
-  const Tensor beta = has(name + ".bias") ? W(name + ".bias") : m_acts->zero_beta.tensor();
+  const Tensor beta = has(name + ".bias") ? W(name + ".bias") : m_acts->zero_beta;
   const Tensor mean = ParamLayout::range(m_acts->mean_scratch, 0, rstd.shape);
   m_be.layernorm_forward(y, sum, mean, rstd, branch, residual, W(name + ".weight"), beta,
                          static_cast<float>(m_cfg.layer_norm_eps), {});
@@ -180,8 +312,8 @@ void ModernBertForSequenceClassification::norm_forward(const std::string& name, 
 void ModernBertForSequenceClassification::norm_backward(const std::string& name, const Tensor& dsum, const Tensor& dy,
                                                         const Tensor& y, const Tensor& rstd) {
   const bool bias = has(name + ".bias");
-  const Tensor beta = bias ? W(name + ".bias") : m_acts->zero_beta.tensor();
-  const Tensor dbeta = bias ? G(name + ".bias") : m_acts->dbeta_scratch.tensor();
+  const Tensor beta = bias ? W(name + ".bias") : m_acts->zero_beta;
+  const Tensor dbeta = bias ? G(name + ".bias") : m_acts->dbeta_scratch;
   m_be.layernorm_backward(dsum, Tensor(), G(name + ".weight"), dbeta, dy, y, rstd, W(name + ".weight"), beta, {});
 }
 
@@ -191,7 +323,7 @@ Tensor shaped(const Tensor& t, Shape s) { return ParamLayout::range(t, 0, s); }
 }  // namespace
 
 void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch& b) {
-  Acts::Layer& A = m_acts->layers[static_cast<size_t>(l)];
+  const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
   const std::string p = layer_prefix(l);
@@ -220,10 +352,41 @@ void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch
   m_be.add(out, shaped(A.x1, {R, H}), mlp_out);
 }
 
+// Mean pooling (classifier_pooling "mean"): pooled = P xf with P[b, b*T + t] = mask[b, t] /
+// sum_t mask[b, t], built on the host (in F32, cast to the compute dtype).
+void ModernBertForSequenceClassification::pool_forward(const DeviceBatch& b) {
+  Acts& A = *m_acts;
+  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size;
+  const Tensor pooled = shaped(A.pooled, {B, H});
+  if (!mean_pooling(m_cfg)) {
+    m_be.select_token(pooled, shaped(A.xf, {B, T, H}), 0);
+    return;
+  }
+  std::vector<int32_t> mask(static_cast<size_t>(R), 1);
+  if (b.attention_mask.defined()) m_be.download(mask.data(), b.attention_mask);
+  A.pool_host.assign(static_cast<size_t>(B * R), 0.0f);
+  for (int64_t s = 0; s < B; ++s) {
+    double n = 0;
+    for (int64_t t = 0; t < T; ++t) n += mask[s * T + t] != 0;
+    for (int64_t t = 0; t < T; ++t)
+      A.pool_host[s * R + s * T + t] = mask[s * T + t] != 0 ? static_cast<float>(1.0 / n) : 0.0f;
+  }
+  const Tensor pw = shaped(A.pool_w, {B, R});
+  if (A.pool_f32.defined()) {
+    m_be.upload(shaped(A.pool_f32, {B, R}), A.pool_host.data());
+    m_be.cast(pw, shaped(A.pool_f32, {B, R}));
+  } else {
+    m_be.upload(pw, A.pool_host.data());
+  }
+  m_be.matmul(pooled, pw, Trans::N, shaped(A.xf, {R, H}), Trans::N, {1, 0, Epilogue::None, {}, {}});
+}
+
 void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = m_cfg.num_labels;
-  ANATOMY_CHECK(B <= m_max_batch && T <= m_max_seq, "ModernBERT: batch [", B, ", ", T, "] exceeds the model's [",
-                m_max_batch, ", ", m_max_seq, "]");
+  ANATOMY_CHECK(B >= 1 && B <= m_shape.max_batch, "batch of ", B, " samples exceeds the planned micro-batch of ",
+                m_shape.max_batch);
+  ANATOMY_CHECK(T >= 1 && T <= m_shape.max_seq, "sequence length ", T, " exceeds the planned --seq-len ",
+                m_shape.max_seq);
   Acts& A = *m_acts;
   const Tensor ids = ParamLayout::range(b.input_ids, 0, {R});
   m_be.gather_rows(shaped(A.emb, {R, H}), W("model.embeddings.tok_embeddings.weight"), ids);
@@ -232,24 +395,9 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   for (int l = 0; l < m_cfg.num_hidden_layers; ++l) layer_forward(l, b);
   norm_forward("model.final_norm", shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}), shaped(A.xl, {R, H}), Tensor(),
                Tensor());
-  const Tensor pooled = shaped(A.pooled, {B, H});
-  if (m_cfg.modern.classifier_pooling == "cls") {
-    m_be.select_token(pooled, shaped(A.xf, {B, T, H}), 0);
-  } else {  // pooled = P xf with P[b, b*T + t] = mask[b, t] / sum_t mask[b, t]
-    std::vector<int32_t> mask(static_cast<size_t>(R), 1);
-    if (b.attention_mask.defined()) m_be.download(mask.data(), b.attention_mask);
-    A.pool_host.assign(static_cast<size_t>(B * R), 0.0f);
-    for (int64_t s = 0; s < B; ++s) {
-      double n = 0;
-      for (int64_t t = 0; t < T; ++t) n += mask[s * T + t] != 0;
-      for (int64_t t = 0; t < T; ++t)
-        A.pool_host[s * R + s * T + t] = mask[s * T + t] != 0 ? static_cast<float>(1.0 / n) : 0.0f;
-    }
-    m_be.upload(shaped(A.pool_w, {B, R}), A.pool_host.data());
-    m_be.matmul(pooled, shaped(A.pool_w, {B, R}), Trans::N, shaped(A.xf, {R, H}), Trans::N,
-                {1, 0, Epilogue::None, {}, {}});
-  }
-  linear(shaped(A.hd, {B, H}), pooled, "head.dense.weight", "head.dense.bias");
+  m_hidden = shaped(A.xf, {B, T, H});
+  pool_forward(b);
+  linear(shaped(A.hd, {B, H}), shaped(A.pooled, {B, H}), "head.dense.weight", "head.dense.bias");
   m_be.gelu_forward(shaped(A.ga, {B, H}), shaped(A.hd, {B, H}));
   norm_forward("head.norm", shaped(A.hh, {B, H}), shaped(A.rstd_h, {B}), shaped(A.ga, {B, H}), Tensor(), Tensor());
   m_logits = shaped(A.logits, {B, C});
@@ -257,16 +405,23 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   m_losses = shaped(A.losses, {B});
 }
 
+// A packing index (Note [packed inference] in bert.cpp) is ignored: the padded forward gives
+// the same logits.
 void ModernBertForSequenceClassification::forward_eval(const DeviceBatch& b) {
   m_be.set_phase(Phase::Forward);
   forward(b);
-  m_be.cross_entropy(m_losses, Tensor(), m_logits, b.labels, 0.0f);
+  if (b.labels.defined()) sequence_loss(m_be, problem_type_of(m_cfg), m_losses, Tensor(), m_logits, b.labels, 0.0f);
 }
 
 // ---- backward --------------------------------------------------------------------------------------
+// Note [layer recompute]: under --gradient-checkpointing layer forward keeps each layer's input
+// alone; backward first re-runs the layer's forward from it into the one set of layer tensors in
+// the scratch (Acts::work), the same ops on the same inputs, so the gradients are those of the
+// run that keeps everything, for one more forward of the encoder per step.
 void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatch& b, const Tensor& dout,
                                                          const Tensor& din) {
-  Acts::Layer& A = m_acts->layers[static_cast<size_t>(l)];
+  if (m_acts->recompute) layer_forward(l, b);  // Note [layer recompute]
+  const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   Acts& S = *m_acts;
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
@@ -317,6 +472,8 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   for (int l = static_cast<int>(m_cfg.num_hidden_layers) - 1; l >= 0; --l) {
     layer_backward(l, b, d, other);
     std::swap(d, other);
+    if (m_on_layer_grads) m_on_layer_grads(m_grad_ranges[static_cast<size_t>(l) + 1].first,
+                                           m_grad_ranges[static_cast<size_t>(l) + 1].second);
   }
   const Tensor demb = other;
   norm_backward("model.embeddings.norm", demb, d, shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}));
@@ -324,34 +481,28 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
                           Tensor());
 }
 
-void ModernBertForSequenceClassification::forward_backward(const DeviceBatch& b, float grad_scale) {
+void ModernBertForSequenceClassification::forward_backward(const DeviceBatch& b, float grad_scale, uint64_t) {
+  ANATOMY_CHECK(m_shape.training, "internal error: backward on an inference-only model");
   m_be.set_phase(Phase::Forward);
   forward(b);
-  m_be.cross_entropy(m_losses, shaped(m_acts->dlogits, {b.batch(), m_cfg.num_labels}), m_logits, b.labels,
-                     grad_scale);
+  sequence_loss(m_be, problem_type_of(m_cfg), m_losses, shaped(m_acts->dlogits, {b.batch(), m_cfg.num_labels}),
+                m_logits, b.labels, grad_scale);
   m_be.set_phase(Phase::Backward);
   backward(b);
 }
 
 // ---- memory plan -----------------------------------------------------------------------------------
 CategoryBytes modernbert_bytes(const BertConfig& cfg, int64_t B, int64_t T) {
-  const int64_t R = B * T, H = cfg.hidden_size, I = cfg.intermediate_size, L = cfg.num_hidden_layers;
-  const int64_t heads = cfg.num_attention_heads, C = cfg.num_labels, f = 4;  // F32
   CategoryBytes c;
-  c[Category::Weights] = c[Category::Gradients] = static_cast<int64_t>(ParamLayout::for_modernbert(cfg).total()) * f;
-  // Per layer: input, q|k|v, ctx, lse, x1, mlp_norm's output and rstd, Wi's output, the gated
-  // product; from layer 1 on also attn_norm's output and rstd.
-  const int64_t layer = R * H + 3 * R * H + R * H + B * heads * T + R * H + R * H + R + 2 * R * I + R * I;
-  const int64_t tail = R * H + R + R * H + R * H + R     // embeddings + norm rstd, last output, final_norm
-                       + 4 * B * H + B + 2 * B * C + B  // head, its norm's rstd, logits, dlogits, losses
-                       + B * R;                         // mean pooling's weights
-  c[Category::Activations] = (L * layer + (L - 1) * (R * H + R) + tail) * f;
-  c[Category::Temporary] = (R + 2 * H + 5 * R * H + 3 * R * H + R * I + 2 * R * I + R * H + 3 * B * H) * f;
+  c[Category::Weights] = c[Category::Gradients] = static_cast<int64_t>(ParamLayout::for_modernbert(cfg).total()) * 4;
+  const ArenaBytes a = modernbert_arena_bytes(cfg, ModelShape{B, T});
+  c[Category::Activations] = static_cast<int64_t>(a.activations);
+  c[Category::Temporary] = static_cast<int64_t>(a.temporary);
   return c;
 }
 
 // ---- checkpoints -----------------------------------------------------------------------------------
-std::vector<std::string> load_modernbert_weights(const std::string& dir, ModernBertForSequenceClassification& model) {
+std::vector<std::string> load_modernbert_weights(const std::string& dir, EncoderModel& model) {
   const std::string path = dir + "/model.safetensors";
   const SafetensorsReader r = SafetensorsReader::open(path);
   std::vector<float> flat(model.layout().total(), 0.0f);
@@ -369,7 +520,7 @@ std::vector<std::string> load_modernbert_weights(const std::string& dir, ModernB
   return unused;
 }
 
-void save_modernbert(const std::string& dir, ModernBertForSequenceClassification& model) {
+void save_modernbert(const std::string& dir, EncoderModel& model) {
   std::filesystem::create_directories(dir);
   const std::vector<float> flat = model.master_to_host();
   std::vector<SafetensorsEntry> entries;

@@ -1,53 +1,79 @@
 // ModernBertForSequenceClassification (model_type "modernbert"): the encoder variant whose layer
 // differs from BERT's throughout (Note [modernbert] in modernbert.cpp), written against the
-// Backend interface with its own forward and backward. Parameters live in one flat buffer with
-// transformers' names (ParamLayout::for_modernbert); saved activations and backward scratch in
-// buffers of their own, sized for the largest batch at construction.
+// Backend interface with its own forward and backward, behind the EncoderModel interface
+// (model/encoder.h) that the trainer uses. Parameters live in one flat buffer with
+// transformers' names (ParamLayout::for_modernbert): fp32 master weights and gradients, and in
+// BF16/FP16 a compute-dtype copy; saved activations (compute dtype, statistics in F32) in one
+// arena, backward scratch in another, both sized by the carving that the planner runs dry
+// (modernbert_arena_bytes), so planned == allocated.
 //
-// What it does not do yet (the BERT class does): mixed precision, dropout, gradient
-// checkpointing, packed batches, gradients in freed activations, the memory planner's arenas.
+// Gradient checkpointing: none or layer (Note [layer recompute] in modernbert.cpp).
+// What it does not do (the BERT class does): dropout (config.json's dropouts must be 0),
+// selective recompute, packed batches (it trains and evaluates padded; a packing index is
+// ignored), gradients in freed activations (always a buffer of their own), per-token heads.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memory/allocator.h"
-#include "model/bert.h"
 #include "model/config.h"
+#include "model/encoder.h"
 #include "model/params.h"
 #include "ops/backend.h"
 
 namespace anatomy {
 
-class ModernBertForSequenceClassification {
+class ModernBertForSequenceClassification : public EncoderModel {
  public:
-  // F32 only; the config must be a validated ModernBERT config.
-  ModernBertForSequenceClassification(Backend& be, const BertConfig& cfg, int64_t max_batch, int64_t max_seq);
-  ~ModernBertForSequenceClassification();
+  // The config must be a validated ModernBERT config; the shape asks for no selective recompute,
+  // packing or shared gradients (refused naming the flag).
+  ModernBertForSequenceClassification(Backend& be, const BertConfig& cfg, const ModelShape& shape);
+  // A training model in F32 for batches up to [max_batch, max_seq].
+  ModernBertForSequenceClassification(Backend& be, const BertConfig& cfg, int64_t max_batch, int64_t max_seq)
+      : ModernBertForSequenceClassification(be, cfg, ModelShape{max_batch, max_seq}) {}
+  ~ModernBertForSequenceClassification() override;
 
-  const BertConfig& config() const { return m_cfg; }
-  const ParamLayout& layout() const { return m_layout; }
-  const Tensor& master() const { return m_master.tensor(); }
-  const Tensor& grads() const { return m_grads.tensor(); }
-  void set_master_from_host(const std::vector<float>& flat);
-  std::vector<float> master_to_host();
-  std::vector<float> grads_to_host();
-  void zero_grads();
+  const BertConfig& config() const override { return m_cfg; }
+  const ParamLayout& layout() const override { return m_layout; }
+  const ModelShape& shape() const override { return m_shape; }
+  Backend& backend() override { return m_be; }
+  const Tensor& master() const override { return m_master.tensor(); }
+  const Tensor& compute_params() const override { return m_compute_view; }
+  const Tensor& grads() const override { return m_grads_view; }
+  bool gradients_in_activations() const override { return false; }
+
   // transformers' initialization: matrices ~ N(0, initializer_range) (not truncated), norms 1,
   // biases 0.
-  void init_weights(uint64_t seed);
+  void init_weights(uint64_t seed) override;
+  void set_master_from_host(const std::vector<float>& flat) override;
+  std::vector<float> master_to_host() override;
+  std::vector<float> grads_to_host() override;
+  void sync_compute_copy() override;
+  void zero_grads() override;
+  std::vector<std::string> layernorm_weights_below(float limit) override;
+  void set_dropout_seed(uint64_t) override {}  // no dropout (Note [modernbert])
 
   // One micro-batch: gradients accumulate (+=) scaled by grad_scale; per-sample losses F32 [B].
-  void forward_backward(const DeviceBatch& batch, float grad_scale);
-  void forward_eval(const DeviceBatch& batch);
-  const Tensor& losses() const { return m_losses; }
-  const Tensor& logits() const { return m_logits; }
+  // dropout_base is unused (no dropout).
+  void forward_backward(const DeviceBatch& batch, float grad_scale, uint64_t dropout_base = 0) override;
+  // [0] the token embeddings, [1 + l] layer l's four matrices (final when layer l's backward
+  // ends), [L + 1] the head's matrices and every vector (final when backward ends).
+  const std::vector<std::pair<size_t, size_t>>& gradient_stages() const override { return m_grad_ranges; }
+  void on_layer_gradients(std::function<void(size_t begin, size_t end)> f) override { m_on_layer_grads = std::move(f); }
+  void forward_eval(const DeviceBatch& batch) override;
+  const Tensor& losses() const override { return m_losses; }
+  const Tensor& logits() const override { return m_logits; }
+  const Tensor& hidden_states() const override { return m_hidden; }  // final_norm's output [B, T, H]
 
   struct Acts;  // modernbert.cpp
 
  private:
   void forward(const DeviceBatch& b);
   void backward(const DeviceBatch& b);
+  void pool_forward(const DeviceBatch& b);
   void layer_forward(int l, const DeviceBatch& b);
   void layer_backward(int l, const DeviceBatch& b, const Tensor& dout, const Tensor& din);
   void norm_forward(const std::string& name, const Tensor& y, const Tensor& rstd, const Tensor& branch,
@@ -57,28 +83,39 @@ class ModernBertForSequenceClassification {
   void linear(const Tensor& y, const Tensor& x, const std::string& w, const std::string& b);
   // dW += dy^T x, db += colsum(dy) (when the layout has b), dx = dy W (when dx is defined).
   void linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const std::string& w, const std::string& b);
-  Tensor W(const std::string& name) const { return m_layout.view(m_master.tensor(), name); }
-  Tensor G(const std::string& name) const { return m_layout.view(m_grads.tensor(), name); }
+  Tensor W(const std::string& name) const { return m_layout.view(m_compute_view, name); }
+  Tensor G(const std::string& name) const { return m_layout.view(m_grads_view, name); }
   bool has(const std::string& name) const { return m_layout.find(name) != nullptr; }
 
   Backend& m_be;
   BertConfig m_cfg;
   ParamLayout m_layout;
-  int64_t m_max_batch, m_max_seq;
-  Buffer m_master, m_grads;
+  ModelShape m_shape;
+  Buffer m_master, m_compute, m_grads;
+  Tensor m_compute_view, m_grads_view;
+  std::vector<std::pair<size_t, size_t>> m_grad_ranges;
+  std::function<void(size_t, size_t)> m_on_layer_grads;
+  Arena m_act_arena, m_tmp_arena;
   std::unique_ptr<Acts> m_acts;
-  Tensor m_losses, m_logits;
+  Tensor m_losses, m_logits, m_hidden;
 };
 
-// The bytes the model allocates per category for batches up to [B, T] (weights, gradients,
-// activations, temporary), computed from the shapes alone: the plan that construction must meet.
+// The model's arenas for a shape, from the carving the model itself runs (Note [allocation
+// policy] in bert.cpp): model_arena_bytes answers this for ModernBERT configs.
+ArenaBytes modernbert_arena_bytes(const BertConfig& cfg, const ModelShape& shape);
+// Saved-activation bytes over one training step (forward adds each layer's, backward releases
+// them): activation_liveness answers this for ModernBERT configs.
+std::vector<LivenessPoint> modernbert_liveness(const BertConfig& cfg, const ModelShape& shape);
+
+// The bytes the model allocates per category for an F32 training model of batches up to
+// [B, T] (weights, gradients, activations, temporary).
 CategoryBytes modernbert_bytes(const BertConfig& cfg, int64_t B, int64_t T);
 
 // DIR/model.safetensors (transformers' names) into the model: every parameter must be there
 // with its shape (an error names the file and the tensor); returns the file's tensors the model
 // does not read.
-std::vector<std::string> load_modernbert_weights(const std::string& dir, ModernBertForSequenceClassification& model);
+std::vector<std::string> load_modernbert_weights(const std::string& dir, EncoderModel& model);
 // DIR/config.json and DIR/model.safetensors as transformers' save_pretrained writes them.
-void save_modernbert(const std::string& dir, ModernBertForSequenceClassification& model);
+void save_modernbert(const std::string& dir, EncoderModel& model);
 
 }  // namespace anatomy

@@ -112,7 +112,7 @@ std::vector<std::string> listed_files(const nlohmann::json& st, const std::strin
 std::string shard_file_name(int rank) { return "optimizer-shard-" + std::to_string(rank) + ".safetensors"; }
 
 // Writes the optimizer's state tensors to `path` with the metadata of a checkpoint.
-void write_optimizer_file(const std::string& path, BertForSequenceClassification& model, Optimizer& opt,
+void write_optimizer_file(const std::string& path, EncoderModel& model, Optimizer& opt,
                           std::map<std::string, std::string> metadata) {
   const auto state = opt.state();
   std::vector<std::vector<uint8_t>> host(state.size());
@@ -247,7 +247,7 @@ void copy_files_into(const std::string& dir, const std::vector<std::string>& fil
   }
 }
 
-std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
+std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state,
                                      const std::vector<std::string>& extra_files) {
   ANATOMY_CHECK(step >= 0, "internal error: checkpoint step ", step);
@@ -270,7 +270,7 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
   return path;
 }
 
-std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
+std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state, Communicator& comm,
                                      const OptimizerPart& part, const std::vector<std::string>& extra_files) {
   const bool lead = comm.rank() == 0;
@@ -469,11 +469,11 @@ HostState read_state_range(const std::vector<ShardFile>& parts, Optimizer& opt, 
 
 }  // namespace
 
-nlohmann::json load_training_checkpoint(const std::string& dir_str, BertForSequenceClassification& model, Optimizer& opt) {
+nlohmann::json load_training_checkpoint(const std::string& dir_str, EncoderModel& model, Optimizer& opt) {
   return load_training_checkpoint(dir_str, model, opt, OptimizerPart{});
 }
 
-nlohmann::json load_training_checkpoint(const std::string& dir_str, BertForSequenceClassification& model, Optimizer& opt,
+nlohmann::json load_training_checkpoint(const std::string& dir_str, EncoderModel& model, Optimizer& opt,
                                         const OptimizerPart& part) {
   const fs::path dir(dir_str);
   nlohmann::json st = read_state(dir, /*verify_checksums=*/true);

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "dist/communicator.h"
-#include "model/bert.h"
+#include "model/encoder.h"
 #include "optim/optimizer.h"
 
 namespace anatomy {
@@ -36,7 +36,7 @@ inline constexpr int kCheckpointFormatVersion = 1;
 // Writes OUTPUT_DIR/checkpoint-<step>/ (Note [checkpoint directory]), replacing one of the same
 // step atomically, with copies of `extra_files` (the tokenizer's: a checkpoint loads with
 // transformers as it is). Returns the checkpoint's path.
-std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
+std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state,
                                      const std::vector<std::string>& extra_files = {});
 
@@ -57,7 +57,7 @@ struct OptimizerPart {
 // The same, collectively over `comm` (every rank calls it with the same step and state): rank 0
 // writes the model and trainer_state.json, each rank its part of the optimizer state; the
 // directory appears whole once every part is written. Returns the checkpoint's path.
-std::string save_training_checkpoint(const std::string& output_dir, int64_t step, BertForSequenceClassification& model,
+std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state, Communicator& comm,
                                      const OptimizerPart& part, const std::vector<std::string>& extra_files = {});
 
@@ -84,9 +84,9 @@ std::string resolve_resume_path(const std::string& arg, const std::string& outpu
 // checksums, config, optimizer kind, every tensor's dtype and shape), then applied: a failure is
 // a one-line error naming the file and leaves model and optimizer untouched. The trainer's JSON
 // is checked by validate_trainer_state, and the step against the directory's name.
-nlohmann::json load_training_checkpoint(const std::string& dir, BertForSequenceClassification& model, Optimizer& opt);
+nlohmann::json load_training_checkpoint(const std::string& dir, EncoderModel& model, Optimizer& opt);
 // The same for a rank whose optimizer holds `part` of the state (Note [optimizer shards]).
-nlohmann::json load_training_checkpoint(const std::string& dir, BertForSequenceClassification& model, Optimizer& opt,
+nlohmann::json load_training_checkpoint(const std::string& dir, EncoderModel& model, Optimizer& opt,
                                         const OptimizerPart& part);
 
 // The trainer's part of trainer_state.json (`file`), field by field (Note [trainer state checks]):

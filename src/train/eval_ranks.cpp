@@ -92,13 +92,14 @@ EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size
 
 }  // namespace
 
-EvalResult evaluate_over_ranks(BertForSequenceClassification& model, const Dataset& ds, const std::vector<int64_t>& lengths,
+EvalResult evaluate_over_ranks(EncoderModel& model, const Dataset& ds, const std::vector<int64_t>& lengths,
                                int64_t batch_size, Communicator& comm) {
   const size_t n = ds.size(), N = static_cast<size_t>(comm.size()), r = static_cast<size_t>(comm.rank());
   const size_t begin = n * r / N, end = n * (r + 1) / N;
   EvalOptions eo;
   eo.batch_size = batch_size;
   eo.keep_probabilities = false;
+  eo.skip_padding = eo.skip_padding && !model.config().is_modernbert();  // ModernBERT computes padded
   if (!lengths.empty())
     eo.lengths.assign(lengths.begin() + static_cast<std::ptrdiff_t>(begin), lengths.begin() + static_cast<std::ptrdiff_t>(end));
   EvalResult part;

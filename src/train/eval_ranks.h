@@ -9,7 +9,7 @@
 
 namespace anatomy {
 
-EvalResult evaluate_over_ranks(BertForSequenceClassification& model, const Dataset& ds, const std::vector<int64_t>& lengths,
+EvalResult evaluate_over_ranks(EncoderModel& model, const Dataset& ds, const std::vector<int64_t>& lengths,
                                int64_t batch_size, Communicator& comm);
 
 }  // namespace anatomy

@@ -116,7 +116,7 @@ Tensor front(const Buffer& buf, int64_t rows, int64_t cols) {
   return buf.tensor().view({static_cast<int64_t>(buf.tensor().numel())}).slice(0, rows * cols).view({rows, cols});
 }
 
-EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& opt) {
+EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& opt) {
   if (is_masked_lm(model.config())) return evaluate_masked_lm(model, ds, opt);
   if (is_token_classification(model.config())) return evaluate_token_classification(model, ds, opt);
   const auto t0 = Clock::now();
@@ -343,7 +343,7 @@ void write_predictions(const std::string& path, const EvalResult& r, const std::
   write_file_atomic(path, out);
 }
 
-int64_t predict_into(const TrainOptions& opt, BertForSequenceClassification& model, const Dataset& ds, int64_t batch,
+int64_t predict_into(const TrainOptions& opt, EncoderModel& model, const Dataset& ds, int64_t batch,
                      const BertConfig& cfg) {
   if (is_token_classification(cfg)) return predict_tags_into(opt, model, ds, batch);
   EvalOptions eo;

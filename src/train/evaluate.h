@@ -28,7 +28,7 @@
 
 #include "data/dataset.h"
 #include "memory/planner.h"
-#include "model/bert.h"
+#include "model/encoder.h"
 #include "model/heads.h"
 #include "train/options.h"
 
@@ -113,12 +113,12 @@ struct EvalResult {
 };
 
 // Token-classification evaluation (evaluate() calls it for a *ForTokenClassification model).
-EvalResult evaluate_token_classification(BertForSequenceClassification& model, const Dataset& ds,
+EvalResult evaluate_token_classification(EncoderModel& model, const Dataset& ds,
                                          const EvalOptions& options);
 
 // Masked-LM evaluation (evaluate() calls it for a *ForMaskedLM model): padded batches in the
 // dataset order of the masked samples, the loss computed on the host from the logits.
-EvalResult evaluate_masked_lm(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& options);
+EvalResult evaluate_masked_lm(EncoderModel& model, const Dataset& ds, const EvalOptions& options);
 
 // What the two per-token evaluations share (train/evaluate_tokens.cpp): `ds` in padded batches
 // (to each batch's longest of `lengths`, rounded up to pad_to_multiple_of; the dataset's length
@@ -127,7 +127,7 @@ EvalResult evaluate_masked_lm(BertForSequenceClassification& model, const Datase
 // batches and timing; the visitor and the caller fill in the metrics.
 using TokenBatchVisitor = std::function<void(EvalResult& r, const HostBatch& batch, const std::vector<float>& logits,
                                              size_t first, int64_t T)>;
-EvalResult evaluate_per_token(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& opt,
+EvalResult evaluate_per_token(EncoderModel& model, const Dataset& ds, const EvalOptions& opt,
                               std::span<const int64_t> lengths, const TokenBatchVisitor& visit);
 // Device logits (compute dtype) to host floats.
 void download_logits(Backend& be, const Tensor& logits, std::vector<float>& out);
@@ -139,7 +139,7 @@ void finish_float_metrics(EvalResult& r);
 
 // Runs model.forward_eval over the whole dataset (Note [evaluation batches]). Works with any
 // model shape, training or inference; on the CPU and CUDA backends.
-EvalResult evaluate(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& options = {});
+EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& options = {});
 
 // eval_loss, eval_accuracy, eval_macro_f1 (labelled only), eval_samples, eval_runtime,
 // eval_samples_per_second, and the token counts, in the Trainer's style (`prefix` + name).
@@ -153,7 +153,7 @@ void write_predictions(const std::string& path, const EvalResult& r, const std::
 // --do-predict: the model's predictions for `ds` (read without labels), batches of `batch`, into
 // OUTPUT_DIR/predict_results.txt as run_glue.py writes it: a header "index\tprediction", then one
 // line per sample with its id2label name. Returns the number of samples.
-int64_t predict_into(const TrainOptions& opt, BertForSequenceClassification& model, const Dataset& ds, int64_t batch,
+int64_t predict_into(const TrainOptions& opt, EncoderModel& model, const Dataset& ds, int64_t batch,
                      const BertConfig& cfg);
 // --do-predict for token classification, as run_ner.py writes it: OUTPUT_DIR/predictions.txt,
 // one line per sentence with its words' predicted tags separated by spaces (words cut off by

@@ -6,7 +6,7 @@
 
 namespace anatomy {
 
-EvalResult evaluate_masked_lm(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& opt) {
+EvalResult evaluate_masked_lm(EncoderModel& model, const Dataset& ds, const EvalOptions& opt) {
   const int64_t V = model.config().vocab_size;
   double total = 0;
   EvalResult r = evaluate_per_token(

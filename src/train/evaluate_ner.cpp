@@ -11,7 +11,7 @@
 
 namespace anatomy {
 
-EvalResult evaluate_token_classification(BertForSequenceClassification& model, const Dataset& ds,
+EvalResult evaluate_token_classification(EncoderModel& model, const Dataset& ds,
                                          const EvalOptions& opt) {
   const BertConfig& cfg = model.config();
   const int64_t C = cfg.num_labels;

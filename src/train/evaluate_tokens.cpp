@@ -22,7 +22,7 @@ void download_logits(Backend& be, const Tensor& logits, std::vector<float>& out)
     out[i] = logits.dtype == DType::BF16 ? bf16_to_f32(half[i]) : f16_to_f32(half[i]);
 }
 
-EvalResult evaluate_per_token(BertForSequenceClassification& model, const Dataset& ds, const EvalOptions& opt,
+EvalResult evaluate_per_token(EncoderModel& model, const Dataset& ds, const EvalOptions& opt,
                               std::span<const int64_t> lengths, const TokenBatchVisitor& visit) {
   const auto t0 = std::chrono::steady_clock::now();
   Backend& be = model.backend();

@@ -148,6 +148,12 @@ const char* pretrained_counterpart(const std::string& preset) {
   if (preset == "bert-tiny") return "google/bert_uncased_L-2_H-128_A-2";
   if (preset == "bert-mini") return "google/bert_uncased_L-4_H-256_A-4";
   if (preset == "bert-base") return "google-bert/bert-base-uncased";
+  if (preset == "roberta-base") return "FacebookAI/roberta-base";
+  if (preset == "xlm-roberta-base") return "FacebookAI/xlm-roberta-base";
+  if (preset == "distilbert-base") return "distilbert/distilbert-base-uncased";
+  if (preset == "electra-small") return "google/electra-small-discriminator";
+  if (preset == "electra-base") return "google/electra-base-discriminator";
+  if (preset == "modernbert-base") return "answerdotai/ModernBERT-base";
   return "google-bert/bert-large-uncased";
 }
 
@@ -171,7 +177,7 @@ std::string random_init_notice(const TrainOptions& opt) {
   return "";
 }
 
-void load_starting_weights(const TrainOptions& opt, BertForSequenceClassification& model, bool announce) {
+void load_starting_weights(const TrainOptions& opt, EncoderModel& model, bool announce) {
   model.set_dropout_seed(opt.seed);
   model.init_weights(opt.seed);
   if (const std::string notice = random_init_notice(opt); !notice.empty()) {
@@ -180,18 +186,19 @@ void load_starting_weights(const TrainOptions& opt, BertForSequenceClassificatio
   }
   LoadReport rep = load_pretrained_weights(opt.model_name_or_path, model, opt.ignore_mismatched_sizes);
   if (!announce) return;
+  const char* cls = model.config().is_modernbert() ? "ModernBertForSequenceClassification" : "BertForSequenceClassification";
   // In transformers' words, so that a user searching for them finds what they mean.
   if (!rep.newly_initialized.empty())
-    std::fprintf(stderr, "Some weights of BertForSequenceClassification were not initialized from the model checkpoint "
+    std::fprintf(stderr, "Some weights of %s were not initialized from the model checkpoint "
                  "at %s and are newly initialized: %s\nYou should probably TRAIN this model on a down-stream task to be "
                  "able to use it for predictions and inference.\n",
-                 opt.model_name_or_path.c_str(), quoted_list(rep.newly_initialized).c_str());
+                 cls, opt.model_name_or_path.c_str(), quoted_list(rep.newly_initialized).c_str());
   if (!rep.mismatched.empty()) {
     std::string lines;
     for (const std::string& m : rep.mismatched) lines += "- " + m + "\n";
-    std::fprintf(stderr, "Some weights of BertForSequenceClassification were not initialized from the model checkpoint "
+    std::fprintf(stderr, "Some weights of %s were not initialized from the model checkpoint "
                  "at %s and are newly initialized because the shapes did not match (--ignore-mismatched-sizes):\n%s",
-                 opt.model_name_or_path.c_str(), lines.c_str());
+                 cls, opt.model_name_or_path.c_str(), lines.c_str());
   }
   if (!rep.unused.empty())
     std::fprintf(stderr, "note: %zu tensors of %s are not used by %s (e.g. %s)\n", rep.unused.size(),

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "memory/planner.h"
-#include "model/bert.h"
+#include "model/encoder.h"
 #include "telemetry/nvml.h"
 #include "train/options.h"
 
@@ -67,6 +67,6 @@ std::string random_init_notice(const TrainOptions& opt);
 
 // init_weights, then the weights of --model-name-or-path when it has them (notes on stderr from
 // rank 0 about what was not loaded).
-void load_starting_weights(const TrainOptions& opt, BertForSequenceClassification& model, bool announce);
+void load_starting_weights(const TrainOptions& opt, EncoderModel& model, bool announce);
 
 }  // namespace anatomy

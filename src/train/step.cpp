@@ -10,7 +10,7 @@
 
 namespace anatomy {
 
-TrainStep::TrainStep(const TrainOptions& opt, BertForSequenceClassification& model, Backend& be, Communicator& comm,
+TrainStep::TrainStep(const TrainOptions& opt, EncoderModel& model, Backend& be, Communicator& comm,
                      const BatchPlan& plan, int64_t total_steps)
     : m_opt(opt), m_model(model), m_be(be), m_comm(comm), m_plan(plan), m_B(model.shape().max_batch),
       m_T(model.shape().max_seq), m_total_steps(total_steps), m_micro_per_epoch(plan.batches_per_epoch()),

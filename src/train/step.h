@@ -10,7 +10,7 @@
 #include "data/dataset.h"
 #include "dist/zero.h"
 #include "memory/allocator.h"
-#include "model/bert.h"
+#include "model/encoder.h"
 #include "train/options.h"
 #include "train/staging.h"
 
@@ -53,7 +53,7 @@ struct StepOutcome {
 class TrainStep {
  public:
   // plan: the global batches (per-device batch x ranks); this rank trains on its slice of each.
-  TrainStep(const TrainOptions& opt, BertForSequenceClassification& model, Backend& be, Communicator& comm,
+  TrainStep(const TrainOptions& opt, EncoderModel& model, Backend& be, Communicator& comm,
             const BatchPlan& plan, int64_t total_steps);
   // One step from `source` (this rank's slices, from micro-batch `micro` on); `micro` advances by
   // the accumulation steps. `signal` is this rank's pending SIGINT/SIGTERM (0: none).
@@ -72,7 +72,7 @@ class TrainStep {
   int64_t labelled_tokens_of_step(Prefetcher& source, int64_t micro, double& data_wait,
                                   const std::function<std::pair<int64_t, int64_t>(int64_t)>& real_rows);
   const TrainOptions& m_opt;
-  BertForSequenceClassification& m_model;
+  EncoderModel& m_model;
   Backend& m_be;
   Communicator& m_comm;
   const BatchPlan& m_plan;

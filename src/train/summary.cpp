@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
+#include "model/bert.h"
 
 namespace anatomy {
 

@@ -80,6 +80,8 @@ BertConfig model_config(const TrainOptions& opt) {
   ANATOMY_CHECK(opt.seq_len <= cfg.max_sequence_length(), "--seq-len ", opt.seq_len,
                 " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings,
                 cfg.position_offset() ? str_cat(", of which ", cfg.max_sequence_length(), " follow pad_token_id") : "", ")");
+  ANATOMY_CHECK(!cfg.is_modernbert() || (!opt.masked_lm() && !opt.token_classification()), "--task ", opt.task,
+                ": ModernBERT has only its sequence-classification head in anatomy (--task text-classification)");
   // What we train and save, whatever head it was saved with.
   cfg.architectures = {opt.masked_lm()              ? masked_lm_class(cfg)
                        : opt.token_classification() ? token_classification_class(cfg)
@@ -134,7 +136,7 @@ class RankRun {
   std::optional<TrainData> m_data;
   ModelShape m_shape{};
   MemoryPlan m_plan;
-  std::unique_ptr<BertForSequenceClassification> m_model;
+  std::unique_ptr<EncoderModel> m_model;
   std::unique_ptr<BatchPlan> m_batches;
   std::unique_ptr<TrainStep> m_step;
   std::unique_ptr<OutputDir> m_out;
@@ -177,10 +179,10 @@ void RankRun::setup() {
   m_plan = plan_memory(plan_in);
   if ((m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end)) || m_data->test)  // evaluate() holds its batch while it runs
     m_plan.bytes[Category::Other] +=
-        evaluation_buffer_bytes(std::min(m_opt.per_device_eval_batch_size, m_B), m_shape.max_seq, true);
+        evaluation_buffer_bytes(std::min(m_opt.per_device_eval_batch_size, m_B), m_shape.max_seq, !m_cfg.is_modernbert());
   check_plan_fits(plan_in, m_plan, m_dev, m_accum);
 
-  m_model = std::make_unique<BertForSequenceClassification>(*m_dev.backend, m_cfg, m_shape);
+  m_model = make_model(*m_dev.backend, m_cfg, m_shape);
   load_starting_weights(m_opt, *m_model, m_lead);
   m_dev.backend->synchronize();
   m_used_weights = nvml_used_bytes(m_dev);

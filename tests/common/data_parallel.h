@@ -55,9 +55,9 @@ inline TrainOptions options(const std::string& device, const std::string& model,
 inline std::vector<float> saved_weights(const std::string& dir) {
   auto be = make_cpu_backend(1);
   const BertConfig cfg = BertConfig::from_json_file(dir + "/config.json");
-  BertForSequenceClassification m(*be, cfg, {1, 8, DType::F32, CheckpointPolicy::None, false});
-  load_pretrained_weights(dir, m);
-  return m.master_to_host();
+  const std::unique_ptr<EncoderModel> m = make_model(*be, cfg, {1, 8, DType::F32, CheckpointPolicy::None, false});
+  load_pretrained_weights(dir, *m);
+  return m->master_to_host();
 }
 
 inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

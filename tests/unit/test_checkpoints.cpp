@@ -11,6 +11,7 @@
 
 #include "core/rng.h"
 #include "io/checkpoint.h"
+#include "model/bert.h"
 #include "io/safetensors.h"
 #include "optim/grad_norm.h"
 #include "train/checkpoints.h"
