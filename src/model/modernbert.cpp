@@ -139,7 +139,7 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
   if (layer_ends) layer_ends->push_back(act.used());
   if (A.recompute) internals(A.work, tmp, true);
   A.t1 = tmp.take(dt, {R, H}), A.t2 = tmp.take(dt, {R, H}), A.mean_scratch = tmp.take(F32, {R});
-  A.zero_beta = tmp.take(dt, {H}), A.dbeta_scratch = tmp.take(F32, {H});
+  A.zero_beta = tmp.take(F32, {H}), A.dbeta_scratch = tmp.take(F32, {H});
   if (mean_pooling(cfg) && dt != F32) A.pool_f32 = tmp.take(F32, {B, R});
   if (!training) return;
   A.da = tmp.take(dt, {R, H}), A.db = tmp.take(dt, {R, H}), A.t3 = tmp.take(dt, {R, H});
@@ -303,18 +303,18 @@ void ModernBertForSequenceClassification::linear_backward(const Tensor& dx, cons
 void ModernBertForSequenceClassification::norm_forward(const std::string& name, const Tensor& y, const Tensor& rstd,
                                                        const Tensor& branch, const Tensor& residual,
                                                        const Tensor& sum) {
-  const Tensor beta = has(name + ".bias") ? W(name + ".bias") : m_acts->zero_beta;
+  const Tensor beta = has(name + ".bias") ? M(name + ".bias") : m_acts->zero_beta;
   const Tensor mean = ParamLayout::range(m_acts->mean_scratch, 0, rstd.shape);
-  m_be.layernorm_forward(y, sum, mean, rstd, branch, residual, W(name + ".weight"), beta,
+  m_be.layernorm_forward(y, sum, mean, rstd, branch, residual, M(name + ".weight"), beta,
                          static_cast<float>(m_cfg.layer_norm_eps), {});
 }
 
 void ModernBertForSequenceClassification::norm_backward(const std::string& name, const Tensor& dsum, const Tensor& dy,
                                                         const Tensor& y, const Tensor& rstd) {
   const bool bias = has(name + ".bias");
-  const Tensor beta = bias ? W(name + ".bias") : m_acts->zero_beta;
+  const Tensor beta = bias ? M(name + ".bias") : m_acts->zero_beta;
   const Tensor dbeta = bias ? G(name + ".bias") : m_acts->dbeta_scratch;
-  m_be.layernorm_backward(dsum, Tensor(), G(name + ".weight"), dbeta, dy, y, rstd, W(name + ".weight"), beta, {});
+  m_be.layernorm_backward(dsum, Tensor(), G(name + ".weight"), dbeta, dy, y, rstd, M(name + ".weight"), beta, {});
 }
 
 // ---- forward ---------------------------------------------------------------------------------------

@@ -85,6 +85,9 @@ class ModernBertForSequenceClassification : public EncoderModel {
   void linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const std::string& w, const std::string& b);
   Tensor W(const std::string& name) const { return m_layout.view(m_compute_view, name); }
   Tensor G(const std::string& name) const { return m_layout.view(m_grads_view, name); }
+  // The F32 master weights: the norms read their parameters here in every precision (Note
+  // [normalization parameters in fp32] in bert.cpp).
+  Tensor M(const std::string& name) const { return m_layout.view(m_master.tensor(), name); }
   bool has(const std::string& name) const { return m_layout.find(name) != nullptr; }
 
   Backend& m_be;

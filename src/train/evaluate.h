@@ -159,7 +159,7 @@ int64_t predict_into(const TrainOptions& opt, EncoderModel& model, const Dataset
 // one line per sentence with its words' predicted tags separated by spaces (words cut off by
 // --max-seq-length have none), and, when the test file is tagged, OUTPUT_DIR/predict_results.json
 // with the predict_ metrics (loss, precision, recall, f1, accuracy). Returns the sentences.
-int64_t predict_tags_into(const TrainOptions& opt, BertForSequenceClassification& model, const Dataset& ds,
+int64_t predict_tags_into(const TrainOptions& opt, EncoderModel& model, const Dataset& ds,
                           int64_t batch);
 
 // Device bytes evaluate() holds (Category::Other) for batches of `batch` x `seq`: ids, token

@@ -62,7 +62,7 @@ EvalResult evaluate_token_classification(EncoderModel& model, const Dataset& ds,
   return r;
 }
 
-int64_t predict_tags_into(const TrainOptions& opt, BertForSequenceClassification& model, const Dataset& ds,
+int64_t predict_tags_into(const TrainOptions& opt, EncoderModel& model, const Dataset& ds,
                           int64_t batch) {
   const auto* tagged = dynamic_cast<const TokenTagDataset*>(&ds);
   EvalOptions eo;
