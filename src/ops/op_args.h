@@ -16,6 +16,11 @@ enum class Trans : uint8_t { N, T };
 // its vector; the CUDA backend lets it write db directly when beta is 0 and otherwise into a
 // scratch vector added to db afterwards ([M] floats: a few microseconds instead of reading dY
 // again). Without a cuBLASLt kernel for the epilogue it runs the GEMM and the bias_grad kernel.
+// Measured on the H100 (bench/results/2026-11-25-h100/session7-epilogue/), bf16, 16384 rows: the
+// epilogue slows the GEMM by more than the separate reduction costs (bert-large's four Linear
+// weight gradients: GEMM + bias_grad 0.077 / 0.196 / 0.231 / 0.181 ms, fused 0.083 / 0.203 /
+// 0.255 / 0.191 ms; the step 83.3 -> 84.5 ms), so the CUDA backend runs it unfused by default
+// (CudaBackend::set_fused_bias_grad); the op stays one call, and the model does not choose.
 enum class Epilogue : uint8_t { None, Bias, BiasGelu, BiasGrad };
 
 struct DropoutSpec {

@@ -60,8 +60,9 @@ class CudaBackend final : public Backend {
   // Epilogue::BiasGrad calls that ran as the GEMM then the bias_grad kernel (cuBLASLt had no
   // kernel with the BGRADB epilogue for the problem).
   int64_t bias_grad_unfused_calls() const { return m_bias_grad_unfused; }
-  // Off: every BiasGrad call runs unfused, as the GEMM then the bias_grad kernel (the same
-  // build's before and after in anatomy_bench_ops, and the fallback's tests). On by default.
+  // On: BiasGrad calls use cuBLASLt's BGRADB epilogue where it has a kernel. Off (the default,
+  // measured faster: Note [fused bias gradient] in ops/op_args.h): the GEMM then the bias_grad
+  // kernel. anatomy_bench_ops times both in one build.
   void set_fused_bias_grad(bool on) { m_fused_bias_grad = on; }
 
   // Page-locked staging for upload_async (Note [asynchronous uploads] in ops/backend.h).
@@ -166,7 +167,7 @@ class CudaBackend final : public Backend {
   cudaGraphExec_t m_graph_exec = nullptr;
   size_t m_graph_nodes = 0;
   int64_t m_bias_grad_unfused = 0;
-  bool m_fused_bias_grad = true;
+  bool m_fused_bias_grad = false;
   bool m_allow_tf32 = false;  // set_allow_tf32 (also read by the F32 attention path)
 };
 
