@@ -32,6 +32,7 @@ HF_CONFIGS = {
                                             intermediate_size=1024)),
     "electra-base": ("ElectraConfig", dict(embedding_size=768, hidden_size=768, num_attention_heads=12,
                                            intermediate_size=3072)),
+    "modernbert-base": ("ModernBertConfig", {}),  # its defaults are ModernBERT-base's shape
 }
 
 

@@ -138,8 +138,8 @@ step_mbtrain() {
     | tee "$OUT/mbtrain_plan.txt"
 }
 
-step_familybench() {
-  python3 bench/family_bench.py --anatomy-bin "$a" --out "$OUT" 2>&1 | tail -16
+step_familybench() {  # FAMILY_PRESETS=a,b limits the presets (default: bench/family_bench.py's)
+  python3 bench/family_bench.py --anatomy-bin "$a" --out "$OUT" ${FAMILY_PRESETS:+--presets "$FAMILY_PRESETS"} 2>&1 | tail -16
 }
 
 step_sanitize() {
