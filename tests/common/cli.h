@@ -5,6 +5,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "dirs.h"
@@ -15,6 +18,18 @@ struct CmdResult {
   int status = -1;  // the exit status, or 128 + the signal that ended it
   std::string output;  // stdout and stderr together
 };
+
+// step -> the training loss a run logged in DIR/metrics.jsonl.
+inline std::map<int64_t, double> loss_curve(const std::string& dir) {
+  std::map<int64_t, double> c;
+  std::ifstream in(std::filesystem::path(dir) / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss")) c[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return c;
+}
 
 // ANATOMY_BINARY + " " + args, through the shell.
 inline CmdResult run_anatomy(const std::string& args) {

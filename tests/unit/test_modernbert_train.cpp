@@ -34,17 +34,7 @@ namespace {
 
 const std::string kFixture = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/golden_family/modernbert";
 
-// step -> the logged training loss.
-std::map<int64_t, double> loss_curve(const std::string& dir) {
-  std::map<int64_t, double> c;
-  std::ifstream in(fs::path(dir) / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    const json j = json::parse(line);
-    if (j.contains("loss")) c[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return c;
-}
+using testing_cli::loss_curve;
 
 // The fixture's architecture with the vocabulary the learnable task needs and two labels, trained
 // one step from its config alone and saved: a ModernBERT directory with config.json and

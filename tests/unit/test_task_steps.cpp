@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "../common/cli.h"
 #include "../common/data_parallel.h"
 #include "../common/dirs.h"
 #include "data/masked_lm.h"
@@ -59,16 +60,7 @@ std::string write_tagged(const std::string& path, int n, int offset) {
   return path;
 }
 
-std::map<int64_t, double> loss_curve(const std::string& dir) {
-  std::map<int64_t, double> c;
-  std::ifstream in(fs::path(dir) / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    const json j = json::parse(line);
-    if (j.contains("loss")) c[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return c;
-}
+using testing_cli::loss_curve;
 
 TrainOptions task_options(const std::string& task, const std::string& model, const std::string& data,
                           const std::string& out) {

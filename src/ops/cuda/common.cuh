@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/tensor.h"
 #include "ops/cuda/check.h"
@@ -37,6 +38,27 @@ template <class T>
 constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte access
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// W consecutive elements of type G (a float or a half type) from p as floats, in 16-byte loads
+// when W elements span whole 16-byte units (p is then 16-byte aligned): parameters stored in
+// fp32 beside activations of a half type read as fast as those of the activations' type.
+template <int W, class G>
+__device__ __forceinline__ void load_as_floats(float (&o)[W], const G* __restrict__ p) {
+  if constexpr (std::is_same_v<G, float> && W % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < W / 4; ++k) {
+      const float4 v = reinterpret_cast<const float4*>(p)[k];
+      o[4 * k] = v.x;
+      o[4 * k + 1] = v.y;
+      o[4 * k + 2] = v.z;
+      o[4 * k + 3] = v.w;
+    }
+  } else {
+    const Pack<G, W> v = *reinterpret_cast<const Pack<G, W>*>(p);
+#pragma unroll
+    for (int j = 0; j < W; ++j) o[j] = to_f32(v.v[j]);
+  }
+}
 
 // ---- reductions ------------------------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float v) {

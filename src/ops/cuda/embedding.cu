@@ -5,7 +5,6 @@
 // reduce_partials). dword uses atomicAdd: tokens sharing an id add in a run-dependent order, so
 // dword may differ between runs in the last bits (only for ids that repeat within the batch).
 #include <algorithm>
-#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
@@ -22,25 +21,6 @@ struct EmbDims {
 };
 
 // ---- kernels ------------------------------------------------------------------------------------
-// W table elements from p as floats (16-byte loads when W > 1: p is then aligned).
-template <int W, class G>
-__device__ __forceinline__ void load_row_part(float (&o)[W], const G* __restrict__ p) {
-  if constexpr (std::is_same_v<G, float> && W % 4 == 0) {
-#pragma unroll
-    for (int k = 0; k < W / 4; ++k) {
-      const float4 v = reinterpret_cast<const float4*>(p)[k];
-      o[4 * k] = v.x;
-      o[4 * k + 1] = v.y;
-      o[4 * k + 2] = v.z;
-      o[4 * k + 3] = v.w;
-    }
-  } else {
-    const Pack<G, W> v = *reinterpret_cast<const Pack<G, W>*>(p);
-#pragma unroll
-    for (int j = 0; j < W; ++j) o[j] = to_f32(v.v[j]);
-  }
-}
-
 // Pack q of row r (W elements); an out-of-range id gives a NaN row so it cannot go unnoticed.
 // Tables of type G: F32 (the master weights, Note [normalization parameters in fp32] in
 // model/bert.cpp: the three rows are summed in fp32 and rounded once) or T.
@@ -61,9 +41,9 @@ __global__ void embedding_forward_kernel(T* __restrict__ e, const int32_t* __res
       for (int j = 0; j < W; ++j) o.v[j] = from_f32<T>(NAN);
     } else {
       float w[W], p[W], y[W];
-      load_row_part<W>(w, word + id * d.hidden + q * W);
-      load_row_part<W>(p, pos + t * d.hidden + q * W);
-      load_row_part<W>(y, type + tt * d.hidden + q * W);
+      load_as_floats<W>(w, word + id * d.hidden + q * W);
+      load_as_floats<W>(p, pos + t * d.hidden + q * W);
+      load_as_floats<W>(y, type + tt * d.hidden + q * W);
 #pragma unroll
       for (int j = 0; j < W; ++j) o.v[j] = from_f32<T>(w[j] + p[j] + y[j]);
     }

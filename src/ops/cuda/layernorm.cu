@@ -18,7 +18,6 @@
 // dgamma/dbeta are reduced in two deterministic stages: each block writes one partial row
 // [dgamma | dbeta] to the scratch, reduce_partials sums them in a fixed order.
 #include <algorithm>
-#include <type_traits>
 
 #include "core/rng.h"
 #include "ops/cuda/common.cuh"
@@ -66,26 +65,6 @@ constexpr int kBlockThreads = 256;  // the block-per-row path
 constexpr int kMaxWarpH = 1024;
 template <class T>
 constexpr int kMaxPacksPerLane = kMaxWarpH / (32 * kVec<T>);
-
-// W parameters from p (16-byte aligned) as floats: 16-byte loads of either type.
-template <int W, class G>
-__device__ __forceinline__ void load_params(float (&o)[W], const G* __restrict__ p) {
-  if constexpr (std::is_same_v<G, float>) {
-    static_assert(W % 4 == 0, "fp32 parameters are read four at a time");
-#pragma unroll
-    for (int k = 0; k < W / 4; ++k) {
-      const float4 v = reinterpret_cast<const float4*>(p)[k];
-      o[4 * k] = v.x;
-      o[4 * k + 1] = v.y;
-      o[4 * k + 2] = v.z;
-      o[4 * k + 3] = v.w;
-    }
-  } else {
-    const Pack<G, W> v = *reinterpret_cast<const Pack<G, W>*>(p);
-#pragma unroll
-    for (int j = 0; j < W; ++j) o[j] = to_f32(v.v[j]);
-  }
-}
 
 // ---- kernels: warp per row --------------------------------------------------------------------
 // Lane l holds packs l, l+32, ... (P of them at most) of its row: packs of W = 16/sizeof(T).
@@ -139,8 +118,8 @@ __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
     const int q = p * 32 + lane;
     if (q < packs) {
       float g[W], bt[W];
-      load_params<W>(g, gamma + q * W);
-      load_params<W>(bt, beta + q * W);
+      load_as_floats<W>(g, gamma + q * W);
+      load_as_floats<W>(bt, beta + q * W);
       V o;
 #pragma unroll
       for (int j = 0; j < W; ++j) o.v[j] = from_f32<T>((x[p][j] - mu) * rs * g[j] + bt[j]);
