@@ -37,11 +37,14 @@ void check_half(const char* name, DType dt) {
   model->zero_grads();
   model->forward_backward(batch.db, 1.0f / static_cast<float>(f.B), 0);
   const std::vector<float> logits = to_f32(*be, model->logits()), ref_logits = read_f32(f.ref, "logits");
-  EXPECT_LE(rel_err(logits.data(), ref_logits.data(), logits.size()), 2e-2);
+  Measured m{std::string(name) + " " + std::string(dtype_name(dt))};
+  m.logits = rel_err(logits.data(), ref_logits.data(), logits.size());
+  EXPECT_LE(m.logits, 2e-2);
   double loss = 0;
   for (float v : to_f32(*be, model->losses())) loss += v / static_cast<double>(f.B);
   const float ref_loss = read_f32(f.ref, "loss")[0];
-  EXPECT_LE(std::abs(loss - ref_loss) / std::abs(ref_loss), 2e-2);
+  m.loss = std::abs(loss - ref_loss) / std::abs(ref_loss);
+  EXPECT_LE(m.loss, 2e-2);
   const std::vector<float> grads = model->grads_to_host();
   std::vector<std::string> names;
   for (const auto& p : model->layout().params()) names.push_back(p.name);
@@ -51,7 +54,7 @@ void check_half(const char* name, DType dt) {
     if (negligible(ref, total))
       EXPECT_LE(abs_err(grads.data() + p.offset, ref.data(), ref.size()), 2e-2 * total) << p.name;
     else
-      EXPECT_GE(cosine(grads.data() + p.offset, ref.data(), ref.size()), 0.999) << p.name;
+      EXPECT_GE(m.gradient(p.name, cosine(grads.data() + p.offset, ref.data(), ref.size())), 0.999) << p.name;
   }
 }
 
