@@ -246,7 +246,9 @@ struct FwdCfg {
   static constexpr int kWarps = 4, kThreads = 128, BR = 16 * MT * kWarps, BC = 64;
   static constexpr int kQBytes = BR * D * 2, kKVBytes = BC * D * 2;
   static constexpr int kBiasOffset = kQBytes + 4 * kKVBytes;
-  __host__ __device__ static size_t bits_offset(int T) { return kBiasOffset + static_cast<size_t>((T + BC - 1) / BC) * BC * 4; }
+  __host__ __device__ static size_t bits_offset(int T) {
+    return kBiasOffset + static_cast<size_t>((T + BC - 1) / BC) * BC * 4;
+  }
   static size_t smem_bytes(int T, bool win) {
     return bits_offset(T) + (win ? static_cast<size_t>((T + BC - 1) / BC) * (BC / 8) : 0);
   }
@@ -274,7 +276,8 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
   const uint16_t* vg = qg + 2 * p.H;
   const int nkv_all = (T + BC - 1) / BC;
   const int kend = valid_key_end<NTH>(p.mask, b, T);
-  int jbeg = 0, jend = kend > 0 ? (kend + BC - 1) / BC : nkv_all;  // Note [masked key tiles]
+  const int jvalid = kend > 0 ? (kend + BC - 1) / BC : nkv_all;  // Note [masked key tiles]
+  int jbeg = 0, jend = jvalid;
 
   load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, T);
   // Window (Note [window tiles]): the thread's rows (fragment rows g, g+8 of slice mt are
@@ -283,6 +286,7 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
   [[maybe_unused]] int qrow[MT][2];
   [[maybe_unused]] bool uni[MT][2];
   [[maybe_unused]] bool warp_uni = false;
+  [[maybe_unused]] int wbeg = 0, wend = 0;  // the tiles this warp computes, within [jbeg, jend)
   if constexpr (WIN) {
     uint32_t* vbits = reinterpret_cast<uint32_t*>(smem + C::bits_offset(T));
     build_valid_bits<NTH>(vbits, p.mask, b, T, nkv_all * BC);
@@ -303,6 +307,13 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
       const int lo = q0 - w > 0 ? q0 - w : 0, hi = q0 + BR - 1 + w < T - 1 ? q0 + BR - 1 + w : T - 1;
       jbeg = lo / BC;
       jend = jend < hi / BC + 1 ? jend : hi / BC + 1;
+    }
+    wbeg = jbeg, wend = jend;
+    if (!warp_uni) {
+      const int wq0 = q0 + warp * 16 * MT, wq1 = wq0 + 16 * MT - 1;
+      const int lo = wq0 - w > 0 ? wq0 - w : 0, hi = wq1 + w < T - 1 ? wq1 + w : T - 1;
+      wbeg = lo / BC;
+      wend = jvalid < hi / BC + 1 ? jvalid : hi / BC + 1;
     }
   }
   load_tile<BC, D, NTH>(k_s, kg, rs, jbeg * BC, T);
@@ -354,6 +365,19 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
     }
     cp_async_commit();
     const uint32_t kt = k_s + st * C::kKVBytes, vt = v_s + st * C::kKVBytes;
+    if constexpr (WIN) {
+      // A tile outside this warp's own range (the CTA loads the union of its warps' ranges):
+      // only the common steps, the dropout counter and the barrier.
+      if (j < wbeg || j >= wend) {
+        if constexpr (DROP) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) zrow[mt] += (BC / 2) * kGolden;
+        }
+        cp_async_wait_all();
+        __syncthreads();
+        continue;
+      }
+    }
 
     // S = Q K^T: B operand from K [key][d] (= k x n column-major): plain ldmatrix; one x4
     // gives the two k-halves of two adjacent 8-key n-tiles.
