@@ -167,8 +167,9 @@ __device__ int valid_key_end(const int32_t* mask, int b, int T) {
 // (O(w / 32) words per row), and then:
 // - score tiles: an element outside its query's window gets -inf (a uniform row: 0 below T),
 //   only on tiles that are not wholly inside every window of the warp's rows and columns;
-// - forward: a CTA without uniform rows visits only the key tiles that meet the union of
-//   its rows' windows (and lie before the last valid key); one with a uniform row, all;
+// - forward: a CTA without uniform rows loads only the key tiles that meet the union of its
+//   rows' windows (and lie before the last valid key); one with a uniform row, all. A warp
+//   computes only the tiles that meet its own rows' windows (all, when it has a uniform row);
 // - backward: a key CTA visits the query tiles whose windows meet its keys, plus every query
 //   tile holding a uniform row (those see all keys); with all its keys masked, only the latter.
 // Skipped tiles hold only -inf scores for the rows that see them, so, as in Note [masked key
