@@ -6,9 +6,12 @@
 // O = PV), backward 2.5x that (five products, as FlashAttention counts them). The backward
 // includes its small pre- and post-passes (Dsum = rowsum(dO*O), the dQ conversion).
 // bench/attention_sdpa.py prints the same table for PyTorch's scaled_dot_product_attention.
+// --window w (ModernBERT's local layers: w = 64) limits each query to the keys within w of it
+// (rows named "anatomy flash, window w"); their TFLOP/s still count the full T^2 products, so
+// compare times, not TFLOP/s, across windows.
 //
 //   anatomy_bench_attention [--batch 32 --batch 4] [--seq 512 --seq 128] [--head-dim 64 --head-dim 32]
-//                           [--heads 16] [--dtype bf16] [--reps 50] [--warmup 10]
+//                           [--heads 16] [--dtype bf16] [--window 0 --window 64] [--reps 50] [--warmup 10]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -31,6 +34,7 @@ struct Shape4 {
 
 struct Row {
   Shape4 sh;
+  int window = 0;
   float p = 0;
   double fwd_ms = 0, bwd_ms = 0;
 };
@@ -50,7 +54,7 @@ std::vector<uint8_t> random_half(size_t n, DType dt, Rng& rng, double amp) {
   return out;
 }
 
-Row run(Backend& be, DType dt, const Shape4& sh, float p, int reps, int warmup) {
+Row run(Backend& be, DType dt, const Shape4& sh, int window, float p, int reps, int warmup) {
   const int64_t B = sh.B, T = sh.T, heads = sh.heads, H = heads * sh.D;
   constexpr int kSets = 2;
   Allocator& al = be.allocator();
@@ -73,11 +77,11 @@ Row run(Backend& be, DType dt, const Shape4& sh, float p, int reps, int warmup) 
 
   auto fwd = [&](int s, int i) {
     d.offset = static_cast<uint64_t>(i);
-    be.attention_forward(ctx[s], lse[s], qkv[s], mask, static_cast<int>(heads), d);
+    be.attention_forward(ctx[s], lse[s], qkv[s], mask, static_cast<int>(heads), d, window);
   };
   auto bwd = [&](int s, int i) {
     d.offset = static_cast<uint64_t>(i);
-    be.attention_backward(dqkv, dctx[s], qkv[s], ctx[s], lse[s], mask, static_cast<int>(heads), d);
+    be.attention_backward(dqkv, dctx[s], qkv[s], ctx[s], lse[s], mask, static_cast<int>(heads), d, window);
   };
   for (int i = 0; i < warmup; ++i) {
     fwd(i % kSets, i);
@@ -103,7 +107,7 @@ Row run(Backend& be, DType dt, const Shape4& sh, float p, int reps, int warmup) 
   for (int i = 0; i < reps; ++i) tf.push_back(be.timing_elapsed_ms(marks[2 * i], marks[2 * i + 1]));
   for (int i = 0; i < reps; ++i) tb.push_back(be.timing_elapsed_ms(marks[2 * (reps + i)], marks[2 * (reps + i) + 1]));
   be.timing_reset();
-  return Row{sh, p, median(tf), median(tb)};
+  return Row{sh, window, p, median(tf), median(tb)};
 }
 
 }  // namespace
@@ -111,12 +115,14 @@ Row run(Backend& be, DType dt, const Shape4& sh, float p, int reps, int warmup) 
 int main(int argc, char** argv) {
   CLI::App app{"anatomy_bench_attention: attention forward/backward (default: bert-large shapes, T 512, 16 heads, D 64)"};
   std::vector<int64_t> batches, seqs, head_dims;
+  std::vector<int> windows;
   int64_t heads = 16;
   std::string dtype = "bf16";
   int reps = 50, warmup = 10;
   app.add_option("--batch", batches, "Batch sizes (repeatable); default 32 and 4");
   app.add_option("--seq", seqs, "Sequence lengths (repeatable); default 512");
   app.add_option("--head-dim", head_dims, "Head dims (repeatable); default 64");
+  app.add_option("--window", windows, "Local attention windows (repeatable; 0: none); default 0");
   app.add_option("--heads", heads, "Attention heads")->capture_default_str();
   app.add_option("--dtype", dtype, "bf16 or fp16")->capture_default_str();
   app.add_option("--reps", reps, "Timed calls per op (median reported)")->capture_default_str();
@@ -127,16 +133,19 @@ int main(int argc, char** argv) {
     ANATOMY_CHECK(dtype == "bf16" || dtype == "fp16", "--dtype ", dtype, ": expected bf16 or fp16");
     ANATOMY_CHECK(reps > 0 && warmup >= 0, "--reps must be positive");
     ANATOMY_CHECK(heads > 0, "--heads must be positive");
+    for (int w : windows) ANATOMY_CHECK(w >= 0, "--window ", w, ": expected 0 (none) or a positive width");
     const DType dt = dtype == "bf16" ? DType::BF16 : DType::F16;
     if (batches.empty()) batches = {32, 4};
     if (seqs.empty()) seqs = {512};
     if (head_dims.empty()) head_dims = {64};
+    if (windows.empty()) windows = {0};
     auto be = make_cuda_backend(0);
     std::vector<Row> rows;
     for (int64_t D : head_dims)
       for (int64_t T : seqs)
         for (int64_t B : batches)
-          for (float p : {0.1f, 0.0f}) rows.push_back(run(*be, dt, Shape4{B, T, heads, D}, p, reps, warmup));
+          for (int w : windows)
+            for (float p : {0.1f, 0.0f}) rows.push_back(run(*be, dt, Shape4{B, T, heads, D}, w, p, reps, warmup));
     std::printf("\n%s, %s, key padding mask of all ones; median of %d calls. "
                 "FLOPs: forward 4*B*h*T^2*D, backward 2.5x forward.\n\n",
                 be->name().c_str(), dtype.c_str(), reps);
@@ -146,7 +155,8 @@ int main(int argc, char** argv) {
     for (const Row& r : rows) {
       const Shape4& q = r.sh;
       const double fl = 4.0 * static_cast<double>(q.B) * q.heads * static_cast<double>(q.T) * q.T * q.D;
-      std::printf("| anatomy flash | %lld | %lld | %lld | %lld | %.1f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f |\n",
+      const std::string impl = r.window > 0 ? "anatomy flash, window " + std::to_string(r.window) : "anatomy flash";
+      std::printf("| %s | %lld | %lld | %lld | %lld | %.1f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f |\n", impl.c_str(),
                   static_cast<long long>(q.B), static_cast<long long>(q.T), static_cast<long long>(q.heads),
                   static_cast<long long>(q.D), r.p, r.fwd_ms, fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9,
                   r.fwd_ms + r.bwd_ms, 3.5 * fl / (r.fwd_ms + r.bwd_ms) / 1e9);

@@ -1,7 +1,9 @@
 // Fused attention (ops/cuda/attention.h) against a host double-precision reference.
 // Fresh random inputs per case, outputs poisoned with NaN before each run, padding masks
 // with padded and interior-masked keys, a batch whose keys are all masked, with and without
-// dropout, F32 (cuBLAS path, plain and TF32) / BF16 / F16 (flash path), and the reference kernels.
+// dropout, F32 (cuBLAS path, plain and TF32) / BF16 / F16 (flash path), and the reference kernels;
+// local windows (Note [local attention window], ops/cpu/attention.cpp) on the flash path with
+// masks that leave some queries' windows all padding.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "ops/backend_memory.h"
+#include "ops/cpu/reference.h"
 #include "ops/cuda/attention.h"
 
 namespace {
@@ -78,7 +81,11 @@ std::vector<float> random_values(size_t n, float amp, DType dt, anatomy::Rng& rn
   return decode(encode(v, dt), dt);
 }
 
-enum class MaskKind { None, Padded, AllMaskedBatch };
+// Gaps (for windows): per batch in turn, a masked run of 2*window + 4 keys from T/4 (keys on
+// both sides stay valid), right padding to a random length in [1, T/2], random holes, and
+// (batch 3) every key masked. Queries in the middle of the run, and those past the padding
+// by more than the window, see no valid key.
+enum class MaskKind { None, Padded, AllMaskedBatch, Gaps };
 
 struct Case {
   int B, T, heads, D;
@@ -86,18 +93,38 @@ struct Case {
   float p;
   MaskKind mask = MaskKind::Padded;
   bool tf32 = false;  // F32 cuBLAS path with TF32 allowed
+  int window = 0;     // > 0: local attention window
 };
 
 std::string describe(const Case& c) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "B=%d T=%d heads=%d D=%d %s%s p=%.2f mask=%d", c.B, c.T, c.heads, c.D,
-                std::string(anatomy::dtype_name(c.dt)).c_str(), c.tf32 ? "(tf32)" : "", c.p, static_cast<int>(c.mask));
+  char buf[176];
+  std::snprintf(buf, sizeof buf, "B=%d T=%d heads=%d D=%d %s%s p=%.2f mask=%d window=%d", c.B, c.T, c.heads, c.D,
+                std::string(anatomy::dtype_name(c.dt)).c_str(), c.tf32 ? "(tf32)" : "", c.p, static_cast<int>(c.mask),
+                c.window);
   return buf;
 }
 
 std::vector<int32_t> make_mask(const Case& c, anatomy::Rng& rng) {
   std::vector<int32_t> m(static_cast<size_t>(c.B) * c.T, 1);
   if (c.mask == MaskKind::None) return m;
+  if (c.mask == MaskKind::Gaps) {
+    for (int b = 0; b < c.B; ++b) {
+      int32_t* row = &m[static_cast<size_t>(b) * c.T];
+      if (b % 4 == 0) {
+        const int start = c.T / 4, end = std::min(start + 2 * c.window + 4, c.T - 1);
+        for (int k = start; k < end; ++k) row[k] = 0;
+      } else if (b % 4 == 1) {
+        const int len = 1 + static_cast<int>(rng.randint(0, c.T / 2));
+        for (int k = len; k < c.T; ++k) row[k] = 0;
+      } else if (b % 4 == 2) {
+        for (int k = 0; k < c.T; ++k)
+          if (rng.uniform() < 0.25) row[k] = 0;
+      } else {
+        for (int k = 0; k < c.T; ++k) row[k] = 0;
+      }
+    }
+    return m;
+  }
   for (int b = 0; b < c.B; ++b) {
     int32_t* row = &m[static_cast<size_t>(b) * c.T];
     if (b % 2 == 1) {  // right padding of a random length (at least one valid key)
@@ -134,13 +161,19 @@ Reference reference(const Case& c, const std::vector<float>& qkv, const std::vec
     auto k = [&](int t, int i) { return static_cast<double>(qkv[(static_cast<size_t>(b) * T + t) * rs + H + h * D + i]); };
     auto v = [&](int t, int i) { return static_cast<double>(qkv[(static_cast<size_t>(b) * T + t) * rs + 2 * H + h * D + i]); };
     auto dout = [&](int t, int i) { return static_cast<double>(dctx[(static_cast<size_t>(b) * T + t) * H + h * D + i]); };
-    bool any = false;
-    for (int kk = 0; kk < T; ++kk) any |= mask[static_cast<size_t>(b) * T + kk] != 0;
+    // Query qi keeps key kk when the mask does and, with a window, |qi - kk| <= window; a
+    // query that keeps no key scores 0 against all T keys (uniform).
+    auto keeps = [&](int qi, int kk) {
+      if (c.window > 0 && std::abs(qi - kk) > c.window) return false;
+      return mask[static_cast<size_t>(b) * T + kk] != 0;
+    };
     for (int qi = 0; qi < T; ++qi) {
+      bool any = false;
+      for (int kk = 0; kk < T; ++kk) any |= keeps(qi, kk);
       std::vector<double> s(T);
       double mx = -INFINITY;
       for (int kk = 0; kk < T; ++kk) {
-        if (mask[static_cast<size_t>(b) * T + kk]) {
+        if (keeps(qi, kk)) {
           double dot = 0;
           for (int i = 0; i < D; ++i) dot += q(qi, i) * k(kk, i);
           s[kk] = dot * scale;
@@ -265,11 +298,12 @@ struct Problem {
     return o;
   }
   void forward(const DropoutSpec& d) {
-    anatomy::cuda::attention_forward(t_ctx(), t_lse(), t_qkv(), t_mask(), c.heads, d, scratch.p, nullptr, options());
+    anatomy::cuda::attention_forward(t_ctx(), t_lse(), t_qkv(), t_mask(), c.heads, d, scratch.p, nullptr, options(),
+                                     c.window);
   }
   void backward(const DropoutSpec& d) {
     anatomy::cuda::attention_backward(t_dqkv(), t_dctx(), t_qkv(), t_ctx(), t_lse(), t_mask(), c.heads, d,
-                                      scratch.p, nullptr, options());
+                                      scratch.p, nullptr, options(), c.window);
   }
 };
 
@@ -327,6 +361,25 @@ void check_case(const Case& c, uint64_t seed, std::vector<std::pair<int, int>> s
   EXPECT_LT(e_dq, tol);
   EXPECT_LT(e_dk, tol);
   EXPECT_LT(e_dv, tol);
+
+  // A window up to T = 128: ctx, lse and dV against the CPU twin as well (ops/cpu/attention.cpp,
+  // in double). Its dQ and dK take no share from uniform rows (their scores are constants there),
+  // where the reference kernels, the fast path and the reference above pass dS through as
+  // autograd does through Hugging Face's added mask; so those two are checked above only.
+  if (c.window > 0 && c.T <= 128) {
+    std::vector<double> q64(qkv.begin(), qkv.end()), d64(dctx.begin(), dctx.end());
+    std::vector<double> t_ctx(pr.n_ctx), t_lse(pr.n_lse), t_dqkv(pr.n_qkv);
+    anatomy::ref::attention_forward<double>(t_ctx.data(), t_lse.data(), q64.data(), mask.data(), c.B, c.T,
+                                            static_cast<int64_t>(H), c.heads, d, c.window);
+    anatomy::ref::attention_backward<double>(t_dqkv.data(), d64.data(), q64.data(), t_ctx.data(), t_lse.data(),
+                                             mask.data(), c.B, c.T, static_cast<int64_t>(H), c.heads, d, c.window);
+    const double t_e_ctx = rel_err(ctx, t_ctx), t_e_lse = rel_err(lse, t_lse),
+                 t_e_dv = rel_err(dqkv, t_dqkv, W, 2 * H, 3 * H);
+    std::printf("  %-56s vs the CPU twin: ctx %.2e lse %.2e dv %.2e\n", "", t_e_ctx, t_e_lse, t_e_dv);
+    EXPECT_LT(t_e_ctx, tol);
+    EXPECT_LT(t_e_lse, 1e-3);
+    EXPECT_LT(t_e_dv, tol);
+  }
 }
 
 uint64_t test_seed() {
@@ -418,6 +471,62 @@ TEST(Attention, HalfReferenceKernels) {
   // Head dims the fast path does not take (not 32, 64 or 128) fall back to the reference kernels.
   check_case({2, 90, 4, 40, DType::BF16, 0.1f}, test_seed());
   check_case({1, 130, 2, 96, DType::F16, 0.0f}, test_seed());
+}
+
+// Local windows on the flash path (ModernBERT's local layers): T odd / one tile / many tiles,
+// windows narrower than a tile and as wide as one, head dims 32 and 64, Gaps masks (queries
+// whose window is all padding, a fully masked batch), dropout 0 and 0.1; both forward tile
+// heights for BF16.
+void check_window_cases(DType dt, const std::vector<int>& seqs) {
+  for (int T : seqs)
+    for (int w : {2, 64})
+      for (int D : {32, 64})
+        for (float p : {0.0f, 0.1f}) {
+          Case c{4, T, 2, D, dt, p, MaskKind::Gaps};
+          c.window = w;
+          std::vector<std::pair<int, int>> sel;
+          if (T > 256) sel = {{0, 0}, {1, 1}, {2, 0}, {3, 1}};
+          check_case(c, test_seed(), sel);
+        }
+}
+
+TEST(Attention, Bf16WindowFastPath) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  check_window_cases(DType::BF16, {11, 128, 512});
+  EnvGuard g("ANATOMY_ATTENTION_FWD_MT", "1");
+  check_window_cases(DType::BF16, {128, 512});
+}
+
+TEST(Attention, Fp16WindowFastPath) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  check_window_cases(DType::F16, {11, 128, 512});
+}
+
+// No mask (no uniform rows), head dim 128, a window past T (every key in every window), and the
+// same windowed problems on the reference kernels and on F32 (reference kernels too).
+TEST(Attention, WindowOtherShapesAndPaths) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (float p : {0.0f, 0.1f}) {
+    Case c{2, 300, 2, 64, DType::BF16, p, MaskKind::None};
+    c.window = 64;
+    check_case(c, test_seed());
+    Case d{2, 200, 2, 128, DType::F16, p, MaskKind::Gaps};
+    d.window = 40;
+    check_case(d, test_seed());
+    Case e{4, 90, 2, 64, DType::BF16, p, MaskKind::Gaps};
+    e.window = 1000;
+    check_case(e, test_seed());
+    Case f{4, 130, 2, 64, DType::F32, p, MaskKind::Gaps};
+    f.window = 5;
+    check_case(f, test_seed());
+    EnvGuard g("ANATOMY_ATTENTION", "reference");
+    Case r{4, 130, 2, 64, DType::BF16, p, MaskKind::Gaps};
+    r.window = 5;
+    check_case(r, test_seed());
+  }
 }
 
 TEST(Attention, NoMask) {

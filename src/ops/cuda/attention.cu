@@ -1,7 +1,8 @@
 // Fused multi-head self-attention for the CUDA backend: entry points, the reference
 // kernels (every dtype, head_dim <= 128, fp32 math; the fallback, and every dtype under
 // ANATOMY_ATTENTION=reference), and the small passes around the backward (Dsum = rowsum(dO * O),
-// dQ conversion). F32 runs on cuBLAS (attention_gemm.cu), BF16/F16 with D 32, 64 or 128 on attention_flash.cu.
+// dQ conversion). F32 runs on cuBLAS (attention_gemm.cu; with a local window, on the reference kernels),
+// BF16/F16 with D 32, 64 or 128 on attention_flash.cu (with or without a window).
 // The math and the masking convention are in attention_common.cuh.
 #include "ops/backend_memory.h"
 #include "ops/cuda/attention.h"
@@ -431,7 +432,8 @@ void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, 
                        const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt, int window) {
   attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
   p.window = window;
-  const bool reference = attn::force_reference() || window > 0;
+  // The F32 cuBLAS path has no window; the flash kernels do (Note [window tiles]).
+  const bool reference = attn::force_reference() || (window > 0 && qkv.dtype == DType::F32);
   p.ctx = ctx.data;
   if (p.B == 0 || p.T == 0) return;
   const bool is_bf16 = qkv.dtype == DType::BF16;
@@ -457,7 +459,7 @@ void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qk
                         cudaStream_t s, const AttentionOptions& opt, int window) {
   attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
   p.window = window;
-  const bool reference = attn::force_reference() || window > 0;
+  const bool reference = attn::force_reference() || (window > 0 && qkv.dtype == DType::F32);
   ANATOMY_CHECK(scratch != nullptr, "attention: backward needs scratch memory");
   p.ctx = ctx.data;
   p.dctx = dctx.data;

@@ -25,7 +25,8 @@ struct AttentionOptions {
 };
 
 size_t attention_scratch_bytes(int64_t B, int64_t T, int heads, int head_dim, DType dt);
-// window > 0 (ModernBERT's local layers) takes the reference kernels whatever the dtype.
+// window > 0 (ModernBERT's local layers): the flash kernels for BF16/F16 (head_dim 32, 64, 128),
+// the reference kernels otherwise.
 void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
                        const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt = {},
                        int window = 0);

@@ -43,8 +43,9 @@ struct Params {
   float* dq_acc = nullptr;        // scratch [B, T, H] F32: unscaled dQ accumulator (fast path)
   int B = 0, T = 0, heads = 0, D = 0, H = 0;
   // > 0: query q sees key k only when |q - k| <= window, and a query that sees no key attends
-  // uniformly to all T keys (Note [local attention window], ops/cpu/attention.cpp). Only the
-  // reference kernels implement it; the entry points send windowed calls there.
+  // uniformly to all T keys (Note [local attention window], ops/cpu/attention.cpp). The
+  // reference and flash kernels implement it (Note [window tiles], attention_flash.cu); F32
+  // calls with a window take the reference kernels.
   int window = 0;
   float scale = 1.0f;
   // Dropout (Note [dropout bits] and Note [attention dropout index] in core/rng.h): the

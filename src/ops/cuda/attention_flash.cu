@@ -159,6 +159,57 @@ __device__ int valid_key_end(const int32_t* mask, int b, int T) {
 // with no valid key attends uniformly to all T keys and skips nothing. Query rows are never
 // skipped: padding rows get their (unread) outputs as before.
 
+// Note [window tiles]
+// With a local window w (Note [local attention window], ops/cpu/attention.cpp), query q keeps
+// key k only when |q - k| <= w and the mask keeps k, and a query whose window holds no valid
+// key ("uniform row") scores 0 against every key below T, as a fully padded batch does. The
+// kernels keep a bit per key (valid or not) in shared memory, find the uniform rows from it
+// (O(w / 32) words per row), and then:
+// - score tiles: an element outside its query's window gets -inf (a uniform row: 0 below T),
+//   only on tiles that are not wholly inside every window of the warp's rows and columns;
+// - forward: a CTA without uniform rows loads only the key tiles that meet the union of its
+//   rows' windows (and lie before the last valid key); one with a uniform row, all. A warp
+//   computes only the tiles that meet its own rows' windows (all, when it has a uniform row);
+// - backward: a key CTA visits the query tiles whose windows meet its keys, plus every query
+//   tile holding a uniform row (those see all keys); with all its keys masked, only the latter.
+// Skipped tiles hold only -inf scores for the rows that see them, so, as in Note [masked key
+// tiles], results are those of the full loops. Dropout groups are indexed by the tile, not by
+// the visit, so the kept elements are the reference kernels'.
+
+// bits[i] bit l: key 32i + l is valid (below T, kept by the mask or no mask), for keys [0, n),
+// n a multiple of 32. Every thread of the CTA must call it; a barrier must follow.
+template <int NTH>
+__device__ void build_valid_bits(uint32_t* bits, const int32_t* mask, int b, int T, int n) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int base = warp * 32; base < n; base += NTH) {
+    const int k = base + lane;
+    const bool v = k < T && (mask == nullptr || mask[static_cast<size_t>(b) * T + k] != 0);
+    const uint32_t word = __ballot_sync(0xffffffffu, v);
+    if (lane == 0) bits[base >> 5] = word;
+  }
+}
+
+// Whether query q (< T) has no valid key in its window [q - w, q + w] (Note [window tiles]).
+__device__ __forceinline__ bool window_uniform(const uint32_t* bits, int q, int T, int w) {
+  if (q >= T) return false;
+  const int lo = q - w > 0 ? q - w : 0, hi = q + w < T - 1 ? q + w : T - 1;
+  for (int i = lo >> 5; i <= hi >> 5; ++i) {
+    uint32_t x = bits[i];
+    if (i == lo >> 5) x &= 0xffffffffu << (lo & 31);
+    if (i == hi >> 5) x &= 0xffffffffu >> (31 - (hi & 31));
+    if (x != 0) return false;
+  }
+  return true;
+}
+
+// Score (log2 domain) of an element of a windowed tile: `x` as computed with the key bias,
+// -inf outside the query's window, 0 (below T) in a uniform row.
+__device__ __forceinline__ float window_score(float x, int q, int k, int T, int w, bool uniform) {
+  if (uniform) return k < T ? 0.0f : -INFINITY;
+  const int d = k - q;
+  return (d > w || d < -w) ? -INFINITY : x;
+}
+
 // Per-key additive bias (log2 domain) for keys [0, nk): 0 for a valid key, -inf for a
 // masked key or a key at or past T. When batch b has no valid key, every key below T gets 0
 // and the caller multiplies the scores by 0 (uniform row). Returns "b has a valid key".
@@ -189,16 +240,22 @@ __device__ bool build_key_bias(float* kb, const int32_t* mask, int b, int T, int
 // and streams 64-key K/V tiles. Per tile, per row: S = Q K^T (log2 domain, with key bias), running max m and
 // running sum l of exp2(S - m) (undropped), O = O * exp2(m_old - m_new) + (P Z') V with Z'
 // the 0/1 keep mask; at the end O *= inv_keep / l and lse = (m + log2 l) * ln 2.
-// Shared memory: Q [BR][D] | K [2][BC][D] | V [2][BC][D] | key bias [ceil(T/BC)*BC] f32.
+// Shared memory: Q [BR][D] | K [2][BC][D] | V [2][BC][D] | key bias [ceil(T/BC)*BC] f32 |
+// with a window, the valid-key bits [ceil(T/BC)*BC/32] (Note [window tiles]).
 template <bool BF16, int D, int MT>
 struct FwdCfg {
   static constexpr int kWarps = 4, kThreads = 128, BR = 16 * MT * kWarps, BC = 64;
   static constexpr int kQBytes = BR * D * 2, kKVBytes = BC * D * 2;
   static constexpr int kBiasOffset = kQBytes + 4 * kKVBytes;
-  static size_t smem_bytes(int T) { return kBiasOffset + static_cast<size_t>((T + BC - 1) / BC) * BC * 4; }
+  __host__ __device__ static size_t bits_offset(int T) {
+    return kBiasOffset + static_cast<size_t>((T + BC - 1) / BC) * BC * 4;
+  }
+  static size_t smem_bytes(int T, bool win) {
+    return bits_offset(T) + (win ? static_cast<size_t>((T + BC - 1) / BC) * (BC / 8) : 0);
+  }
 };
 
-template <bool BF16, int D, int MT, bool DROP>
+template <bool BF16, int D, int MT, bool DROP, bool WIN>
 __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_kernel(Params p) {
   using C = FwdCfg<BF16, D, MT>;
   constexpr int BR = C::BR, BC = C::BC, NTH = C::kThreads;
@@ -220,11 +277,48 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
   const uint16_t* vg = qg + 2 * p.H;
   const int nkv_all = (T + BC - 1) / BC;
   const int kend = valid_key_end<NTH>(p.mask, b, T);
-  const int nkv = kend > 0 ? (kend + BC - 1) / BC : nkv_all;  // Note [masked key tiles]
+  const int jvalid = kend > 0 ? (kend + BC - 1) / BC : nkv_all;  // Note [masked key tiles]
+  int jbeg = 0, jend = jvalid;
 
   load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, T);
-  load_tile<BC, D, NTH>(k_s, kg, rs, 0, T);
-  load_tile<BC, D, NTH>(v_s, vg, rs, 0, T);
+  // Window (Note [window tiles]): the thread's rows (fragment rows g, g+8 of slice mt are
+  // tokens 2g, 2g+1), whether each is uniform, whether the warp has one, the tiles to visit.
+  [[maybe_unused]] const int w = p.window < T ? p.window : T;
+  [[maybe_unused]] int qrow[MT][2];
+  [[maybe_unused]] bool uni[MT][2];
+  [[maybe_unused]] bool warp_uni = false;
+  [[maybe_unused]] int wbeg = 0, wend = 0;  // the tiles this warp computes, within [jbeg, jend)
+  if constexpr (WIN) {
+    uint32_t* vbits = reinterpret_cast<uint32_t*>(smem + C::bits_offset(T));
+    build_valid_bits<NTH>(vbits, p.mask, b, T, nkv_all * BC);
+    __syncthreads();
+    bool mine = false;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        qrow[mt][hf] = q0 + warp * 16 * MT + mt * 16 + 2 * g + hf;
+        uni[mt][hf] = window_uniform(vbits, qrow[mt][hf], T, w);
+        mine |= uni[mt][hf];
+      }
+    warp_uni = __any_sync(0xffffffffu, mine);
+    if (__syncthreads_or(mine)) {
+      jend = nkv_all;  // a uniform row sees every key
+    } else {
+      const int lo = q0 - w > 0 ? q0 - w : 0, hi = q0 + BR - 1 + w < T - 1 ? q0 + BR - 1 + w : T - 1;
+      jbeg = lo / BC;
+      jend = jend < hi / BC + 1 ? jend : hi / BC + 1;
+    }
+    wbeg = jbeg, wend = jend;
+    if (!warp_uni) {
+      const int wq0 = q0 + warp * 16 * MT, wq1 = wq0 + 16 * MT - 1;
+      const int lo = wq0 - w > 0 ? wq0 - w : 0, hi = wq1 + w < T - 1 ? wq1 + w : T - 1;
+      wbeg = lo / BC;
+      wend = jvalid < hi / BC + 1 ? jvalid : hi / BC + 1;
+    }
+  }
+  load_tile<BC, D, NTH>(k_s, kg, rs, jbeg * BC, T);
+  load_tile<BC, D, NTH>(v_s, vg, rs, jbeg * BC, T);
   cp_async_commit();
   const bool any_valid = build_key_bias<NTH>(kb, p.mask, b, T, 0, nkv_all * BC);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;  // s2 = s * scale_mul + kb
@@ -257,20 +351,34 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
       l[mt][hf] = 0.0f;
     }
     const uint64_t qpair = static_cast<uint64_t>((q0 + warp * 16 * MT + mt * 16) / 2 + g);
-    zrow[mt] = p.rng_key + (((static_cast<uint64_t>(b) * p.heads + h) * tp + qpair) * tp + t4) * kGolden;
+    zrow[mt] = p.rng_key + (((static_cast<uint64_t>(b) * p.heads + h) * tp + qpair) * tp + t4 +
+                            static_cast<uint64_t>(jbeg) * (BC / 2)) * kGolden;
   }
 
   // ldmatrix lane roles: matrix index mi = lane / 8, row within matrix lane % 8.
   const int mi = lane >> 3, r8 = lane & 7;
 
-  for (int j = 0; j < nkv; ++j) {
-    const int st = j & 1;
-    if (j + 1 < nkv) {
+  for (int j = jbeg; j < jend; ++j) {
+    const int st = (j - jbeg) & 1;
+    if (j + 1 < jend) {
       load_tile<BC, D, NTH>(k_s + (st ^ 1) * C::kKVBytes, kg, rs, (j + 1) * BC, T);
       load_tile<BC, D, NTH>(v_s + (st ^ 1) * C::kKVBytes, vg, rs, (j + 1) * BC, T);
     }
     cp_async_commit();
     const uint32_t kt = k_s + st * C::kKVBytes, vt = v_s + st * C::kKVBytes;
+    if constexpr (WIN) {
+      // A tile outside this warp's own range (the CTA loads the union of its warps' ranges):
+      // only the common steps, the dropout counter and the barrier.
+      if (j < wbeg || j >= wend) {
+        if constexpr (DROP) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) zrow[mt] += (BC / 2) * kGolden;
+        }
+        cp_async_wait_all();
+        __syncthreads();
+        continue;
+      }
+    }
 
     // S = Q K^T: B operand from K [key][d] (= k x n column-major): plain ldmatrix; one x4
     // gives the two k-halves of two adjacent 8-key n-tiles.
@@ -302,6 +410,22 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
         s[mt][n][1] = fmaf(s[mt][n][1], scale_mul, bias.y);
         s[mt][n][2] = fmaf(s[mt][n][2], scale_mul, bias.x);
         s[mt][n][3] = fmaf(s[mt][n][3], scale_mul, bias.y);
+      }
+    }
+    if constexpr (WIN) {
+      // The warp's rows [wq0, wq0 + 16*MT) all see this tile's keys whole unless it reaches
+      // past a window edge.
+      const int wq0 = q0 + warp * 16 * MT, kt0 = j * BC;
+      const bool inside = kt0 >= wq0 + 16 * MT - 1 - w && kt0 + BC - 1 <= wq0 + w;
+      if (warp_uni || !inside) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              s[mt][n][e] = window_score(s[mt][n][e], qrow[mt][e >> 1], kt0 + n * 8 + 2 * t4 + (e & 1), T, w,
+                                         uni[mt][e >> 1]);
       }
     }
 #pragma unroll
@@ -420,7 +544,8 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
 // then dS^T goes to shared memory and warp w computes rows [w*16, w*16+16) of the tile's
 // dQ = dS K, added into the F32 accumulator with vector reductions.
 // Shared memory: K [BC][D] | V [BC][D] | Q [2][BR][D] | dO [2][BR][D] | dS^T [BC][BR] |
-//                lse [2][BR] | Dsum [2][BR] f32.
+//                lse [2][BR] | Dsum [2][BR] f32 | with a window, valid-key bits and uniform-query
+//                bits, [ceil(T/BR)*BR/32] each (Note [window tiles]).
 template <bool BF16, int D>
 struct BwdCfg {
   static constexpr int kThreads = 128, BC = 64, BR = 64;
@@ -428,9 +553,12 @@ struct BwdCfg {
   static constexpr int kK = 0, kV = kKBytes, kQ = 2 * kKBytes, kDO = kQ + 2 * kQBytes, kS = kDO + 2 * kQBytes;
   static constexpr int kLse = kS + kSBytes, kDsum = kLse + 2 * BR * 4;
   static constexpr int kBytes = kDsum + 2 * BR * 4;
+  static size_t smem_bytes(int T, bool win) {
+    return kBytes + (win ? 2 * static_cast<size_t>((T + BR - 1) / BR) * (BR / 8) : 0);
+  }
 };
 
-template <bool BF16, int D, bool DROP>
+template <bool BF16, int D, bool DROP, bool WIN>
 __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   using C = BwdCfg<BF16, D>;
   constexpr int BR = C::BR, BC = C::BC, NTH = C::kThreads;
@@ -459,9 +587,39 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   const float* dsum_g = p.dsum + bh * T;
   const int nq = (T + BR - 1) / BR;
 
-  // Note [masked key tiles]: 64 masked keys have dK = dV = 0 and no share in dQ.
+  // Window (Note [window tiles]): ubits bit q = query q is uniform; any_uni: some query is.
   const int kend = valid_key_end<NTH>(p.mask, b, T);
-  if (kend > 0 && k0 >= kend) {
+  const bool keys_dead = kend > 0 && k0 >= kend;
+  [[maybe_unused]] const int w = p.window < T ? p.window : T;
+  [[maybe_unused]] const uint32_t* ubits = reinterpret_cast<const uint32_t*>(smem + C::kBytes) + nq * (BR / 32);
+  bool any_uni = false;
+  if constexpr (WIN) {
+    uint32_t* vbits = reinterpret_cast<uint32_t*>(smem + C::kBytes);
+    build_valid_bits<NTH>(vbits, p.mask, b, T, nq * BR);
+    __syncthreads();
+    int mine = 0;
+    for (int base = warp * 32; base < nq * BR; base += NTH) {
+      const bool u = window_uniform(vbits, base + lane, T, w);
+      const uint32_t word = __ballot_sync(0xffffffffu, u);
+      if (lane == 0) vbits[nq * (BR / 32) + (base >> 5)] = word;
+      mine |= u;
+    }
+    any_uni = __syncthreads_or(mine) != 0;
+  }
+  // A query tile is visited when it may hold a nonzero P against this CTA's keys.
+  auto visit = [&](int jt) {
+    if constexpr (!WIN) return true;
+    if ((ubits[2 * jt] | ubits[2 * jt + 1]) != 0) return true;  // BR = 64: two words a tile
+    return !keys_dead && jt * BR + BR - 1 >= k0 - w && jt * BR <= k0 + BC - 1 + w;
+  };
+  auto next_tile = [&](int jt) {
+    for (++jt; jt < nq && !visit(jt);) ++jt;
+    return jt;
+  };
+
+  // Note [masked key tiles]: 64 masked keys have dK = dV = 0 and no share in dQ (unless a
+  // uniform row sees them).
+  if (keys_dead && !any_uni) {
     uint16_t* dqkv = static_cast<uint16_t*>(p.dqkv);
     constexpr int CPR = D / 8;
     for (int i = threadIdx.x; i < BC * CPR; i += NTH) {
@@ -485,9 +643,10 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
       cp_async4(base + C::kDsum + (st * BR + i) * 4, dsum_g + (ok ? q : 0), ok);
   };
 
+  int j = next_tile(-1);
   load_tile<BC, D, NTH, true>(k_s, kg, rs, k0, T);
   load_tile<BC, D, NTH, true>(v_s, vg, rs, k0, T);
-  load_q_tile(0, 0);
+  if (j < nq) load_q_tile(j, 0);
   cp_async_commit();
 
   // Key bias of this thread's two key rows (fragment rows g, g+8 = keys 2g, 2g+1 of the warp's 16).
@@ -515,8 +674,8 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
   // Dropout: the thread's 2x2 block of n-tile n of query tile j is the keys
   // k0 + warp*16 + 2g + {0, 1} x queries j*BR + n*8 + 2*t4 + {0, 1}, group (bh*tp + q/2)*tp + k/2;
-  // zk = rng_key + (its group at n = 0 of the current tile j) * kGolden, one query pair further
-  // is zstep; zk advances by (BR/2) * zstep per tile.
+  // zk + j * (BR/2) * zstep = rng_key + (its group at n = 0 of tile j) * kGolden, one query
+  // pair further is zstep.
   const uint64_t tp = (static_cast<uint64_t>(T) + 1) >> 1;
   const uint64_t zstep = tp * kGolden;
   uint64_t zk = p.rng_key + ((bh * tp + t4) * tp + static_cast<uint64_t>(k0 / 2 + warp * 8 + g)) * kGolden;
@@ -535,9 +694,9 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
 #pragma unroll
   for (int n = 0; n < NO; ++n) dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
 
-  for (int j = 0; j < nq; ++j) {
-    const int st = j & 1;
-    if (j + 1 < nq) load_q_tile(j + 1, st ^ 1);
+  for (int st = 0; j < nq; st ^= 1) {
+    const int jn = next_tile(j);
+    if (jn < nq) load_q_tile(jn, st ^ 1);
     cp_async_commit();
     const uint32_t qt = q_s + st * C::kQBytes, dot = do_s + st * C::kQBytes;
 
@@ -562,10 +721,17 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
     // Element-wise: s <- P Z' (for dV), dp <- dS. Thread holds key rows 2g, 2g+1 and query
     // columns n*8 + 2t + {0,1}: element (n, e) is key 2g + (e >> 1), query n*8 + 2t + (e & 1),
     // field 2*(e & 1) + (e >> 1) of the bits of n-tile n (one hash each, Note [paired rows]).
+    [[maybe_unused]] const uint64_t zj = zk + static_cast<uint64_t>(j) * (BR / 2) * zstep;
+    // Window: this warp's keys [k0 + warp*16, +16) against the tile's queries.
+    [[maybe_unused]] bool win_tile = false;
+    if constexpr (WIN) {
+      const int ka = k0 + warp * 16, qa = j * BR;
+      win_tile = (ubits[2 * j] | ubits[2 * j + 1]) != 0 || qa + BR - 1 - ka > w || ka + 15 - qa > w;
+    }
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
       [[maybe_unused]] bool keep[4] = {true, true, true, true};
-      if constexpr (DROP) keep4(keep, mix64(zk + static_cast<uint64_t>(n) * 4 * zstep), p.thr_m1);
+      if constexpr (DROP) keep4(keep, mix64(zj + static_cast<uint64_t>(n) * 4 * zstep), p.thr_m1);
       const int c = n * 8 + 2 * t4;
       const float2 L = *reinterpret_cast<const float2*>(lse_s + st * BR + c);
       const float2 Dv = *reinterpret_cast<const float2*>(dsum_s + st * BR + c);
@@ -573,7 +739,14 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
       const float dsv[2] = {Dv.x, Dv.y};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pr = fast_exp2(fmaf(s[n][e], scale_mul, kbias[e >> 1]) - lse2[e & 1]);
+        float x = fmaf(s[n][e], scale_mul, kbias[e >> 1]);
+        if constexpr (WIN) {
+          if (win_tile) {
+            const int q = j * BR + c + (e & 1);
+            x = window_score(x, q, k0 + warp * 16 + 2 * g + (e >> 1), T, w, (ubits[q >> 5] >> (q & 31)) & 1u);
+          }
+        }
+        const float pr = fast_exp2(x - lse2[e & 1]);
         float dpv = dp[n][e], pz = pr;
         if constexpr (DROP) {
           const bool kp = keep[2 * (e & 1) + (e >> 1)];
@@ -584,7 +757,6 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
         dp[n][e] = pr * (dpv - dsv[e & 1]);
       }
     }
-    if constexpr (DROP) zk += (BR / 2) * zstep;
 
     // dV += (P Z')^T dO and dK += dS^T Q: A from the registers above (rows = keys,
     // k = queries); B from dO / Q [query][d] (k x n row-major): transposing ldmatrix.
@@ -649,6 +821,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
     }
     cp_async_wait_all();
     __syncthreads();  // next stage landed; everyone is done with this stage and dS^T
+    j = jn;
   }
 
   // Epilogue: dK * scale and dV * inv_keep, staged through this warp's own rows of the K and
@@ -690,9 +863,11 @@ int fwd_mt() {
 template <bool BF16, int D, int MT>
 bool launch_fwd(const Params& p, int smem_limit, cudaStream_t s) {
   using C = FwdCfg<BF16, D, MT>;
-  const size_t bytes = C::smem_bytes(p.T);
+  const bool win = p.window > 0;
+  const size_t bytes = C::smem_bytes(p.T, win);
   if (bytes > static_cast<size_t>(smem_limit)) return false;
-  auto kernel = p.drop ? flash_fwd_kernel<BF16, D, MT, true> : flash_fwd_kernel<BF16, D, MT, false>;
+  auto kernel = p.drop ? (win ? flash_fwd_kernel<BF16, D, MT, true, true> : flash_fwd_kernel<BF16, D, MT, true, false>)
+                       : (win ? flash_fwd_kernel<BF16, D, MT, false, true> : flash_fwd_kernel<BF16, D, MT, false, false>);
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
     return false;
   dim3 grid(static_cast<unsigned>((p.T + C::BR - 1) / C::BR), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.B));
@@ -703,11 +878,15 @@ bool launch_fwd(const Params& p, int smem_limit, cudaStream_t s) {
 template <bool BF16, int D>
 bool launch_bwd(const Params& p, int smem_limit, cudaStream_t s) {
   using C = BwdCfg<BF16, D>;
-  if (C::kBytes > smem_limit) return false;
-  auto kernel = p.drop ? flash_bwd_kernel<BF16, D, true> : flash_bwd_kernel<BF16, D, false>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kBytes) != cudaSuccess) return false;
+  const bool win = p.window > 0;
+  const size_t bytes = C::smem_bytes(p.T, win);
+  if (bytes > static_cast<size_t>(smem_limit)) return false;
+  auto kernel = p.drop ? (win ? flash_bwd_kernel<BF16, D, true, true> : flash_bwd_kernel<BF16, D, true, false>)
+                       : (win ? flash_bwd_kernel<BF16, D, false, true> : flash_bwd_kernel<BF16, D, false, false>);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
+    return false;
   dim3 grid(static_cast<unsigned>((p.T + C::BC - 1) / C::BC), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.B));
-  kernel<<<grid, C::kThreads, C::kBytes, s>>>(p);
+  kernel<<<grid, C::kThreads, bytes, s>>>(p);
   return true;
 }
 
