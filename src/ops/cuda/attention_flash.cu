@@ -598,10 +598,10 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
     build_valid_bits<NTH>(vbits, p.mask, b, T, nq * BR);
     __syncthreads();
     int mine = 0;
-    for (int base = warp * 32; base < nq * BR; base += NTH) {
-      const bool u = window_uniform(vbits, base + lane, T, w);
+    for (int qw = warp * 32; qw < nq * BR; qw += NTH) {  // 32 queries a warp at a time
+      const bool u = window_uniform(vbits, qw + lane, T, w);
       const uint32_t word = __ballot_sync(0xffffffffu, u);
-      if (lane == 0) vbits[nq * (BR / 32) + (base >> 5)] = word;
+      if (lane == 0) vbits[nq * (BR / 32) + (qw >> 5)] = word;
       mine |= u;
     }
     any_uni = __syncthreads_or(mine) != 0;
@@ -678,7 +678,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   // pair further is zstep.
   const uint64_t tp = (static_cast<uint64_t>(T) + 1) >> 1;
   const uint64_t zstep = tp * kGolden;
-  uint64_t zk = p.rng_key + ((bh * tp + t4) * tp + static_cast<uint64_t>(k0 / 2 + warp * 8 + g)) * kGolden;
+  const uint64_t zk = p.rng_key + ((bh * tp + t4) * tp + static_cast<uint64_t>(k0 / 2 + warp * 8 + g)) * kGolden;
 
   cp_async_wait_all();
   __syncthreads();
