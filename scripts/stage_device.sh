@@ -17,7 +17,9 @@ done
 # Gloo (CPU process groups; linked into every binary) and what it needs.
 for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libutf8proc.so.3 libutf8proc.so.2 \
            libgloo.so.0 libhiredis.so.0.14 libibverbs.so.1 libnl-route-3.so.200 libnl-3.so.200; do
-  path=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
+  # awk reads to the end: leaving early would end ldconfig with SIGPIPE, which pipefail and -e
+  # turn into a silent exit of this script when ldconfig had not finished writing.
+  path=$(ldconfig -p | awk -v l="$lib" '$1 == l && !found {print $NF; found = 1}')
   [ -n "$path" ] && cp -L "$path" .carry/lib/
 done
 # The working tree that travels is limited to 64 MiB: strip and compress (OpenBLAS alone is 36 MB).
