@@ -31,6 +31,8 @@
 #   probe     attention vs PyTorch SDPA, one step eager vs CUDA graph, NVML growth by op
 #   realtext  real text of varied length (.carry/fortunes from bench/fortunes_dataset.py): bert-base and the
 #             MiniLM shape, anatomy padded / grouped vs the Trainer random / grouped (~6 min)
+#   tokenprofile bert-base on real text (.carry/fortunes): the time anatomy (--profile-steps) of training
+#             on real tokens vs length-grouped padded batches, one epoch each (issue 16's real-token gap)
 #   attention the attention table: ours vs PyTorch SDPA (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
@@ -260,6 +262,25 @@ step_realtext() {
     --out "$OUT/smoke" --models tiny --epochs 1 --limit 256 2>&1 | tail -8
   timeout 520 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
     --out "$OUT" 2>&1 | tail -20
+}
+
+step_tokenprofile() {
+  [ -f .carry/fortunes/train.jsonl ] || { echo "tokenprofile: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
+  local model  # bench/real_text.py's bert-base: transformers' initialization, seed 0, the topics as labels
+  model=$(python3 -c 'import json, sys; sys.path.insert(0, "bench"); import real_text as r
+labels = sorted({json.loads(l)["label"] for l in open(sys.argv[1])})
+print(r.make_model("bert-base", labels, sys.argv[2], "/tmp/tokenprofile/models"))' \
+    .carry/fortunes/train.jsonl tests/data/tokenizer/vocab.txt 2>/dev/null | tail -1)
+  for run in tokens grouped; do
+    local flags=()
+    [ $run = grouped ] && flags=(--group-by-length --no-skip-padding)
+    timeout 150 $a train --model-name-or-path "$model" --train-file .carry/fortunes/train.jsonl --max-seq-length 256 \
+      --per-device-train-batch-size 32 --precision bf16 --num-train-epochs 1 --seed 0 "${quiet[@]}" --profile-steps 20 \
+      --output-dir /tmp/tokenprofile/$run "${flags[@]}" > "$OUT/tokenprofile_$run.log" 2>&1
+    echo "== $run: exit $?"
+    grep -A40 "Time anatomy" "$OUT/tokenprofile_$run.log" | head -45
+    grep -E "Samples/second|steady" "$OUT/tokenprofile_$run.log" | head -3
+  done | tee "$OUT/tokenprofile.md"
 }
 
 step_bench() {
