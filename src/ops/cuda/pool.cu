@@ -1,7 +1,7 @@
 // Mean pooling over the attention mask (ModernBERT's classifier_pooling "mean"); the math and the
 // empty-sequence choice are the CPU twin's (ops/cpu/pool.cpp, Note [empty mean pool]). Both
-// kernels are deterministic without atomics: a forward thread owns one column of one sequence
-// and sums its tokens in order, in fp32; a backward block counts its sequence's tokens with
+// kernels are deterministic without atomics: a forward block owns 32 columns of one sequence and
+// sums its tokens in fp32 in a fixed order; a backward block counts its sequence's tokens with
 // __syncthreads_count (an exact integer) and writes its share of dx.
 #include <algorithm>
 
@@ -13,22 +13,35 @@ namespace anatomy::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kCols = 32, kGroups = 8;  // the forward's block: 32 columns x 8 token groups
 
-// Grid (ceil(H / kThreads), B): thread j of block (x, b) writes out[b, x * kThreads + j].
+// Grid (ceil(H / kCols), B), block (kCols, kGroups): thread (c, g) sums, in token order, the kept
+// tokens t = g, g + kGroups, ... of column blockIdx.x * kCols + c; row g = 0 then adds the groups'
+// sums in group order (fixed: the same bits every run) and divides by the kept count.
 template <class T>
 __global__ void masked_mean_forward_kernel(T* __restrict__ out, const T* __restrict__ x,
                                            const int32_t* __restrict__ mask, int64_t seq, int64_t hidden) {
-  const int64_t b = blockIdx.y, j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= hidden) return;
-  const T* col = x + b * seq * hidden + j;
+  __shared__ float part[kGroups][kCols];
+  __shared__ int64_t kept[kGroups];
+  const int64_t b = blockIdx.y, j = static_cast<int64_t>(blockIdx.x) * kCols + threadIdx.x;
   float acc = 0.0f;
   int64_t n = 0;
-  for (int64_t t = 0; t < seq; ++t) {
+  for (int64_t t = threadIdx.y; t < seq; t += kGroups) {
     if (mask && mask[b * seq + t] == 0) continue;
-    acc += to_f32(col[t * hidden]);
     ++n;
+    if (j < hidden) acc += to_f32(x[(b * seq + t) * hidden + j]);
   }
-  out[b * hidden + j] = from_f32<T>(acc / static_cast<float>(n > 1 ? n : 1));
+  part[threadIdx.y][threadIdx.x] = acc;
+  if (threadIdx.x == 0) kept[threadIdx.y] = n;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= hidden) return;
+  float sum = 0.0f;
+  int64_t total = 0;
+  for (int g = 0; g < kGroups; ++g) {
+    sum += part[g][threadIdx.x];
+    total += kept[g];
+  }
+  out[b * hidden + j] = from_f32<T>(sum / static_cast<float>(total > 1 ? total : 1));
 }
 
 // Grid (blocks, B): the blocks of sequence b share its T * H elements of dx in a grid-stride loop.
@@ -58,10 +71,10 @@ void masked_mean_forward(const Tensor& out, const Tensor& x, const Tensor& mask,
   const int64_t batch = x.dim(0), seq = x.dim(1), hidden = x.dim(2);
   if (out.numel() == 0) return;
   const int32_t* m = mask.defined() ? mask.ptr<const int32_t>() : nullptr;
-  const dim3 grid(static_cast<unsigned>((hidden + kThreads - 1) / kThreads), static_cast<unsigned>(batch));
+  const dim3 grid(static_cast<unsigned>((hidden + kCols - 1) / kCols), static_cast<unsigned>(batch));
   dispatch_float(x.dtype, "masked_mean_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    masked_mean_forward_kernel<<<grid, kThreads, 0, s>>>(out.ptr<T>(), x.ptr<const T>(), m, seq, hidden);
+    masked_mean_forward_kernel<<<grid, dim3(kCols, kGroups), 0, s>>>(out.ptr<T>(), x.ptr<const T>(), m, seq, hidden);
   });
   ANATOMY_CUDA_LAUNCH_CHECK();
 }
