@@ -85,13 +85,12 @@ struct ModernBertForSequenceClassification::Acts {
     v.x = layers[l].x;
     return v;
   }
-  Tensor emb, rstd_e, xl, xf, rstd_f, pooled, hd, ga, hh, rstd_h, logits, dlogits, losses, pool_w;
+  Tensor emb, rstd_e, xl, xf, rstd_f, pooled, hd, ga, hh, rstd_h, logits, dlogits, losses;
   // Scratch: forward's branch outputs (t1, t2), LayerNorm's mean, the zero beta of norms
-  // without a bias and the sink of their beta gradient, mean pooling's F32 staging.
-  Tensor t1, t2, mean_scratch, zero_beta, dbeta_scratch, pool_f32;
+  // without a bias and the sink of their beta gradient.
+  Tensor t1, t2, mean_scratch, zero_beta, dbeta_scratch;
   // Backward scratch.
   Tensor da, db, t3, dqkv, dg, dwi, dxf, dpooled, dhd, dhh;
-  std::vector<float> pool_host;
 };
 
 namespace {
@@ -135,12 +134,10 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
   A.hh = act.take(dt, {B, H}), A.rstd_h = act.take(F32, {B}), A.logits = act.take(dt, {B, C});
   if (training) A.dlogits = act.take(dt, {B, C});
   A.losses = act.take(F32, {B});
-  if (mean_pooling(cfg)) A.pool_w = act.take(dt, {B, R});
   if (layer_ends) layer_ends->push_back(act.used());
   if (A.recompute) internals(A.work, tmp, true);
   A.t1 = tmp.take(dt, {R, H}), A.t2 = tmp.take(dt, {R, H}), A.mean_scratch = tmp.take(F32, {R});
   A.zero_beta = tmp.take(F32, {H}), A.dbeta_scratch = tmp.take(F32, {H});
-  if (mean_pooling(cfg) && dt != F32) A.pool_f32 = tmp.take(F32, {B, R});
   if (!training) return;
   A.da = tmp.take(dt, {R, H}), A.db = tmp.take(dt, {R, H}), A.t3 = tmp.take(dt, {R, H});
   A.dqkv = tmp.take(dt, {B, T, 3 * H}), A.dg = tmp.take(dt, {R, I}), A.dwi = tmp.take(dt, {R, 2 * I});
@@ -352,33 +349,17 @@ void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch
   m_be.add(out, shaped(A.x1, {R, H}), mlp_out);
 }
 
-// Mean pooling (classifier_pooling "mean"): pooled = P xf with P[b, b*T + t] = mask[b, t] /
-// sum_t mask[b, t], built on the host (in F32, cast to the compute dtype).
+// The head's input: the first token (classifier_pooling "cls"), or the mean of xf over the tokens
+// the attention mask keeps ("mean"), on the device in fp32 (Note [empty mean pool] in
+// ops/cpu/pool.cpp: a sequence without a token pools to 0).
 void ModernBertForSequenceClassification::pool_forward(const DeviceBatch& b) {
   Acts& A = *m_acts;
-  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size;
-  const Tensor pooled = shaped(A.pooled, {B, H});
-  if (!mean_pooling(m_cfg)) {
-    m_be.select_token(pooled, shaped(A.xf, {B, T, H}), 0);
-    return;
-  }
-  std::vector<int32_t> mask(static_cast<size_t>(R), 1);
-  if (b.attention_mask.defined()) m_be.download(mask.data(), b.attention_mask);
-  A.pool_host.assign(static_cast<size_t>(B * R), 0.0f);
-  for (int64_t s = 0; s < B; ++s) {
-    double n = 0;
-    for (int64_t t = 0; t < T; ++t) n += mask[s * T + t] != 0;
-    for (int64_t t = 0; t < T; ++t)
-      A.pool_host[s * R + s * T + t] = mask[s * T + t] != 0 ? static_cast<float>(1.0 / n) : 0.0f;
-  }
-  const Tensor pw = shaped(A.pool_w, {B, R});
-  if (A.pool_f32.defined()) {
-    m_be.upload(shaped(A.pool_f32, {B, R}), A.pool_host.data());
-    m_be.cast(pw, shaped(A.pool_f32, {B, R}));
-  } else {
-    m_be.upload(pw, A.pool_host.data());
-  }
-  m_be.matmul(pooled, pw, Trans::N, shaped(A.xf, {R, H}), Trans::N, {1, 0, Epilogue::None, {}, {}});
+  const int64_t B = b.batch(), T = b.seq(), H = m_cfg.hidden_size;
+  const Tensor pooled = shaped(A.pooled, {B, H}), xf = shaped(A.xf, {B, T, H});
+  if (mean_pooling(m_cfg))
+    m_be.masked_mean_forward(pooled, xf, b.attention_mask);
+  else
+    m_be.select_token(pooled, xf, 0);
 }
 
 void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
@@ -462,11 +443,10 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   const Tensor dpooled = shaped(A.dpooled, {B, H});
   linear_backward(dpooled, shaped(A.dhd, {B, H}), shaped(A.pooled, {B, H}), "head.dense.weight", "head.dense.bias");
   const Tensor dxf = shaped(A.dxf, {B, T, H});
-  if (m_cfg.modern.classifier_pooling == "cls")
-    m_be.select_token_backward(dxf, dpooled, 0);
+  if (mean_pooling(m_cfg))
+    m_be.masked_mean_backward(dxf, dpooled, b.attention_mask);
   else
-    m_be.matmul(shaped(A.dxf, {R, H}), shaped(A.pool_w, {B, R}), Trans::T, dpooled, Trans::N,
-                {1, 0, Epilogue::None, {}, {}});
+    m_be.select_token_backward(dxf, dpooled, 0);
   Tensor d = shaped(A.da, {R, H}), other = shaped(A.db, {R, H});
   norm_backward("model.final_norm", d, shaped(A.dxf, {R, H}), shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}));
   for (int l = static_cast<int>(m_cfg.num_hidden_layers) - 1; l >= 0; --l) {

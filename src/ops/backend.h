@@ -192,6 +192,14 @@ class Backend {
   // out[B, H] = x[B, T, H][:, t, :]; backward writes dx[:, t, :] = dout and zeroes the rest.
   void select_token(const Tensor& out, const Tensor& x, int64_t t);
   void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t);
+  // Mean pooling over the attention mask (ModernBERT's classifier_pooling "mean"): x [B, T, H],
+  // mask I32 [B, T] (undefined: every token counts), n_b = the number of tokens of sequence b
+  // whose mask is nonzero: out[b, :] = (sum of those x[b, t, :]) / max(1, n_b), summed in fp32 in
+  // token order and rounded once to out's dtype. Backward writes all of dx [B, T, H]:
+  // dx[b, t, :] = dout[b, :] / n_b where the mask is nonzero, else 0. A sequence without a token
+  // pools to 0 and gets no gradient (Note [empty mean pool] in ops/cpu/pool.cpp).
+  void masked_mean_forward(const Tensor& out, const Tensor& x, const Tensor& mask);
+  void masked_mean_backward(const Tensor& dx, const Tensor& dout, const Tensor& mask);
   // Row copies between a padded [R, C] layout and a packed [N, C] one (Note [packed inference]
   // in model/bert.cpp); any dtype, the same on both sides; idx I32 [N] with values in [0, R)
   // (the CPU checks; a CUDA kernel skips a row out of range).
@@ -284,6 +292,8 @@ class Backend {
                                        const Tensor& ids, const Tensor& type_ids) = 0;
   virtual void select_token_impl(const Tensor& out, const Tensor& x, int64_t t) = 0;
   virtual void select_token_backward_impl(const Tensor& dx, const Tensor& dout, int64_t t) = 0;
+  virtual void masked_mean_forward_impl(const Tensor& out, const Tensor& x, const Tensor& mask) = 0;
+  virtual void masked_mean_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& mask) = 0;
   virtual void gather_rows_impl(const Tensor& out, const Tensor& in, const Tensor& idx) = 0;
   virtual void scatter_rows_impl(const Tensor& out, const Tensor& in, const Tensor& idx) = 0;
   virtual void block_sum_squares_impl(const Tensor& partials, const Tensor& x) = 0;

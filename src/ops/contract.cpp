@@ -469,6 +469,30 @@ void Backend::select_token_backward(const Tensor& dx, const Tensor& dout, int64_
   observed("select_token", [&] { return elementwise_cost(dx, 0, 0, 1); },
            [&] { select_token_backward_impl(dx, dout, t); });
 }
+// x [B, T, H]; out [B, H] of x's dtype; mask I32 [B, T] when given. Backward names them dx, dout.
+static void masked_mean(const Check& c, const Tensor& x, const Tensor& out, const Tensor& mask, bool backward) {
+  const char* xn = backward ? "dx" : "x";
+  const DType dt = c.compute(x, xn);
+  c.holds(x.shape.rank == 3, str_cat(xn, " ", x.shape.str(), " is not [B, T, H]"));
+  c.sized(out, dt, static_cast<size_t>(x.dim(0) * x.dim(2)), backward ? "dout" : "out");
+  c.optional(mask, I32, static_cast<size_t>(x.dim(0) * x.dim(1)), "mask");
+}
+// Read x (or write dx) once, the mask once, write out (or read dout) once; one add or divide
+// per element of x.
+static OpCost masked_mean_cost(const Tensor& x, const Tensor& out, const Tensor& mask) {
+  const size_t bytes = x.bytes() + out.bytes() + (mask.defined() ? mask.bytes() : 0);
+  return OpCost{static_cast<double>(x.numel()), static_cast<double>(bytes), OpClass::Elementwise};
+}
+void Backend::masked_mean_forward(const Tensor& out, const Tensor& x, const Tensor& mask) {
+  masked_mean(Check(*this, "masked_mean_forward"), x, out, mask, false);
+  observed("masked_mean", [&] { return masked_mean_cost(x, out, mask); },
+           [&] { masked_mean_forward_impl(out, x, mask); });
+}
+void Backend::masked_mean_backward(const Tensor& dx, const Tensor& dout, const Tensor& mask) {
+  masked_mean(Check(*this, "masked_mean_backward"), dx, dout, mask, true);
+  observed("masked_mean", [&] { return masked_mean_cost(dx, dout, mask); },
+           [&] { masked_mean_backward_impl(dx, dout, mask); });
+}
 void Backend::gather_rows(const Tensor& out, const Tensor& in, const Tensor& idx) {
   row_copy(Check(*this, "gather_rows"), out, in, idx, true);
   observed("gather_rows", [&] { return elementwise_cost(out, 0, 1, 1); }, [&] { gather_rows_impl(out, in, idx); });

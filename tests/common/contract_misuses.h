@@ -86,6 +86,26 @@ inline std::vector<Misuse> contract_misuses() {
          B out = buf(be, F32, {2, 4}), x = buf(be, F32, {2, 3, 4});
          be.select_token(out, x, 3);
        }},
+      {"masked_mean mask of the wrong length",
+       [=](Backend& be) {
+         B out = buf(be, F32, {2, 4}), x = buf(be, F32, {2, 3, 4}), mask = buf(be, I32, {2, 4});
+         be.masked_mean_forward(out, x, mask);
+       }},
+      {"masked_mean mask in F32",
+       [=](Backend& be) {
+         B dx = buf(be, F32, {2, 3, 4}), dout = buf(be, F32, {2, 4}), mask = buf(be, F32, {2, 3});
+         be.masked_mean_backward(dx, dout, mask);
+       }},
+      {"masked_mean out of the wrong width",
+       [=](Backend& be) {
+         B out = buf(be, F32, {2, 3}), x = buf(be, F32, {2, 3, 4});
+         be.masked_mean_forward(out, x, Tensor{});
+       }},
+      {"masked_mean x not [B, T, H]",
+       [=](Backend& be) {
+         B out = buf(be, F32, {2, 4}), x = buf(be, F32, {6, 4});
+         be.masked_mean_forward(out, x, Tensor{});
+       }},
       {"gather_rows across dtypes",
        [=](Backend& be) {
          B out = buf(be, F32, {2, 4}), in = buf(be, I32, {5, 4}), idx = buf(be, I32, {2});

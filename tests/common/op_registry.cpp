@@ -298,6 +298,44 @@ void select_token_gradient(Rng& rng) {
   expect_grad(x, dx, loss, "dx");
 }
 
+// B = 3 sequences: every token, two of four, and none (Note [empty mean pool]: out 0, dx 0);
+// then without a mask (every token counts).
+void masked_mean_gradient(Rng& rng) {
+  const int64_t B = 3, T = 4, Hd = 3;
+  auto x = randn(rng, B * T * Hd), w = randn(rng, B * Hd);
+  const std::vector<int32_t> mask = {1, 1, 1, 1, 0, 1, 0, 1, 0, 0, 0, 0};
+  for (const int32_t* m : {mask.data(), static_cast<const int32_t*>(nullptr)}) {
+    SCOPED_TRACE(m ? "mask" : "no mask");
+    auto loss = [&] {
+      std::vector<double> out(B * Hd);
+      ref::masked_mean_forward(out.data(), x.data(), m, B, T, Hd);
+      return dot(out, w);
+    };
+    std::vector<double> dx(x.size(), NAN);
+    ref::masked_mean_backward(dx.data(), w.data(), m, B, T, Hd);
+    expect_grad(x, dx, loss, "dx");
+    std::vector<double> out(B * Hd, NAN);
+    ref::masked_mean_forward(out.data(), x.data(), m, B, T, Hd);
+    for (int64_t j = 0; j < Hd; ++j) {  // sequence 1 averages tokens 1 and 3
+      const double want = m ? (x[(T + 1) * Hd + j] + x[(T + 3) * Hd + j]) / 2
+                            : (x[T * Hd + j] + x[(T + 1) * Hd + j] + x[(T + 2) * Hd + j] + x[(T + 3) * Hd + j]) / 4;
+      EXPECT_NEAR(out[Hd + j], want, 1e-15);
+    }
+    if (!m) continue;
+    for (int64_t j = 0; j < Hd; ++j) EXPECT_EQ(out[2 * Hd + j], 0.0);
+    for (int64_t i = 2 * T * Hd; i < 3 * T * Hd; ++i) EXPECT_EQ(dx[i], 0.0);
+  }
+}
+
+// The mean-pooling mask [B, T]: sequence i keeps token j when j % (i + 2) != 1, holes inside the
+// sequence; the last sequence (of two or more) keeps none (Note [empty mean pool]).
+OpArg pool_mask(int64_t b, int64_t t) {
+  std::vector<double> v(b * t);
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < t; ++j) v[i * t + j] = (b > 1 && i == b - 1) || j % (i + 2) == 1 ? 0 : 1;
+  return given("mask", I32, {b, t}, std::move(v));
+}
+
 // ---- the entries ---------------------------------------------------------------------------------
 std::vector<OpEntry> build_registry() {
   using T = const std::vector<Tensor>&;
@@ -578,6 +616,15 @@ std::vector<OpEntry> build_registry() {
     return OpCase{{out("dx", {d.batch, d.seq, d.hidden}), in(g, "dout", {d.batch, d.hidden})},
                   [](Backend& be, T t) { be.select_token_backward(t[0], t[1], 1); }, 0, 0};
   }, [](Rng& g) { select_token_gradient(g); });
+  add("masked_mean_forward", [](const OpDims& d, Rng& g) {
+    return OpCase{{out("out", {d.batch, d.hidden}), in(g, "x", {d.batch, d.seq, d.hidden}), pool_mask(d.batch, d.seq)},
+                  [](Backend& be, T t) { be.masked_mean_forward(t[0], t[1], t[2]); }};
+  }, [](Rng& g) { masked_mean_gradient(g); });
+  add("masked_mean_backward", [](const OpDims& d, Rng& g) {
+    return OpCase{{out("dx", {d.batch, d.seq, d.hidden}), in(g, "dout", {d.batch, d.hidden}),
+                   pool_mask(d.batch, d.seq)},
+                  [](Backend& be, T t) { be.masked_mean_backward(t[0], t[1], t[2]); }};
+  }, [](Rng& g) { masked_mean_gradient(g); });
   add("gather_rows", [](const OpDims& d, Rng& g) {
     const int64_t n = d.rows() / 2;
     return OpCase{{out("out", {n, d.hidden}), in(g, "in", {d.rows(), d.hidden}), distinct_rows(g, "idx", n, d.rows())},

@@ -86,6 +86,8 @@ class ContractOnlyCuda final : public Backend {
     ++impl_calls;
   }
   void select_token_impl(const Tensor&, const Tensor&, int64_t) override { ++impl_calls; }
+  void masked_mean_forward_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
+  void masked_mean_backward_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
   void select_token_backward_impl(const Tensor&, const Tensor&, int64_t) override { ++impl_calls; }
   void gather_rows_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
   void scatter_rows_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }

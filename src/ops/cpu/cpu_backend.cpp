@@ -182,6 +182,12 @@ class CpuBackend final : public Backend {
   void select_token_backward_impl(const Tensor& dx, const Tensor& dout, int64_t t) override {
     ref::select_token_backward(f32(dx), f32(dout), dx.dim(0), dx.dim(1), dx.dim(2), t);
   }
+  void masked_mean_forward_impl(const Tensor& out, const Tensor& x, const Tensor& mask) override {
+    ref::masked_mean_forward(f32(out), f32(x), i32(mask), x.dim(0), x.dim(1), x.dim(2));
+  }
+  void masked_mean_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& mask) override {
+    ref::masked_mean_backward(f32(dx), f32(dout), i32(mask), dx.dim(0), dx.dim(1), dx.dim(2));
+  }
   void gather_rows_impl(const Tensor& out, const Tensor& in, const Tensor& idx) override {
     const RowCopy r = row_copy("gather_rows", out, in, idx, true);
     ref::gather_rows(out.data, in.data, i32(idx), r.n, r.row_bytes);

@@ -132,6 +132,13 @@ void select_token(T* out, const T* x, int64_t batch, int64_t seq, int64_t hidden
 template <class T>
 void select_token_backward(T* dx, const T* dout, int64_t batch, int64_t seq, int64_t hidden,
                            int64_t t);
+// Mean pooling (pool.cpp): n_b = max(1, tokens of sequence b with mask != 0; mask nullptr: all T);
+// out[b, :] = sum of those rows of x [B, T, H] / n_b (in double); dx[b, t, :] = dout[b, :] / n_b
+// where the mask keeps token t, else 0.
+template <class T>
+void masked_mean_forward(T* out, const T* x, const int32_t* mask, int64_t batch, int64_t seq, int64_t hidden);
+template <class T>
+void masked_mean_backward(T* dx, const T* dout, const int32_t* mask, int64_t batch, int64_t seq, int64_t hidden);
 // Row copies of row_bytes bytes each (rows.cpp; any element type), n rows named by idx:
 // gather: out row i = in row idx[i]; scatter: out row idx[i] = in row i. idx is trusted here
 // (the backend checks it against the row count).

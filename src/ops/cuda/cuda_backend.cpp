@@ -377,6 +377,13 @@ void CudaBackend::select_token_backward_impl(const Tensor& dx, const Tensor& dou
   cuda::select_token_backward(dx, dout, t, m_stream);
 }
 
+void CudaBackend::masked_mean_forward_impl(const Tensor& out, const Tensor& x, const Tensor& mask) {
+  cuda::masked_mean_forward(out, x, mask, m_stream);
+}
+void CudaBackend::masked_mean_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& mask) {
+  cuda::masked_mean_backward(dx, dout, mask, m_stream);
+}
+
 // The index values are not read on the host: a kernel skips a row out of range.
 void CudaBackend::gather_rows_impl(const Tensor& out, const Tensor& in, const Tensor& idx) {
   cuda::gather_rows(out, in, idx, m_stream);

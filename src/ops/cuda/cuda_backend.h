@@ -127,6 +127,8 @@ class CudaBackend final : public Backend {
                                const Tensor& ids, const Tensor& type_ids) override;
   void select_token_impl(const Tensor& out, const Tensor& x, int64_t t) override;
   void select_token_backward_impl(const Tensor& dx, const Tensor& dout, int64_t t) override;
+  void masked_mean_forward_impl(const Tensor& out, const Tensor& x, const Tensor& mask) override;
+  void masked_mean_backward_impl(const Tensor& dx, const Tensor& dout, const Tensor& mask) override;
   void gather_rows_impl(const Tensor& out, const Tensor& in, const Tensor& idx) override;
   void scatter_rows_impl(const Tensor& out, const Tensor& in, const Tensor& idx) override;
 

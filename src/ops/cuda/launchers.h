@@ -39,6 +39,12 @@ void fill(const Tensor& dst, float value, cudaStream_t s);        // float dtype
 void select_token(const Tensor& out, const Tensor& x, int64_t t, cudaStream_t s);
 void select_token_backward(const Tensor& dx, const Tensor& dout, int64_t t, cudaStream_t s);
 
+// ---- pool.cu ------------------------------------------------------------------------------------
+// Mean pooling over the mask (Backend::masked_mean_forward): out [B, H] from x [B, T, H];
+// backward writes all of dx [B, T, H] from dout [B, H]. mask I32 [B, T] may be undefined.
+void masked_mean_forward(const Tensor& out, const Tensor& x, const Tensor& mask, cudaStream_t s);
+void masked_mean_backward(const Tensor& dx, const Tensor& dout, const Tensor& mask, cudaStream_t s);
+
 // ---- rows.cu ------------------------------------------------------------------------------------
 // Any dtype (the same on both sides), idx I32 [N]: gather out [N, C] <- in [R, C] rows idx;
 // scatter out [R, C] rows idx <- in [N, C]. Rows named outside [0, R) are skipped.
