@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "../common/cli.h"
 #include "../common/dirs.h"
@@ -15,6 +16,7 @@
 #include "data/float_labels.h"
 #include "data/token_tags.h"
 #include "io/read_file.h"
+#include "io/safetensors.h"
 #include "memory/planner.h"
 #include "model/heads.h"
 #include "train/trainer.h"
@@ -451,6 +453,62 @@ TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {
     EXPECT_EQ(preds[i].at("prediction").size(), dev_rows[i].at("tokens").size()) << i;
     EXPECT_EQ(preds[i].at("label"), dev_rows[i].at("ner_tags")) << i;
   }
+}
+
+// The same for ModernBERT (Note [modernbert token head] in model/modernbert.cpp): a tiny
+// ModernBertForTokenClassification (the golden fixture's sizes: hidden 24, 3 heads, a local
+// layer) with the RoBERTa fixture's byte-level BPE, from its config alone; saved with the tensor
+// names transformers wrote for that class, and `anatomy eval` tags the words.
+TEST(TasksCli, ModernBertTokenClassificationTrainsEvaluatesAndPredicts) {
+  const std::string dir = testing_cli::fresh_dir("tasks_ner_modernbert");
+  const std::string golden = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/golden_family/modernbert-ner";
+  BertConfig c = BertConfig::from_json_file(golden + "/config.json");
+  c.vocab_size = 400;
+  c.pad_token_id = 1;
+  c.initializer_range = 0.02;
+  std::filesystem::create_directories(dir + "/start");
+  std::ofstream(dir + "/start/config.json") << c.to_json().dump(2);
+  std::filesystem::copy_file(model_dir() + "/tokenizer.json", dir + "/start/tokenizer.json");
+  const std::string train = write_tagged(dir + "/train.jsonl", 150, 0), dev = write_tagged(dir + "/dev.jsonl", 30, 7);
+  const std::string test = write_tagged(dir + "/test.jsonl", 20, 40);
+  const std::string out = dir + "/run";
+  const auto r = testing_cli::run_anatomy(
+      "train --device cpu --task token-classification --model-name-or-path " + dir + "/start --train-file " + train +
+      " --validation-file " + dev + " --max-seq-length 32 --per-device-train-batch-size 16 --num-train-epochs 10"
+      " --learning-rate 3e-3 --logging-steps 20 --disable-tqdm --do-predict --test-file " + test + " --output-dir " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
+  EXPECT_EQ(cfg.at("architectures"), nlohmann::json::array({"ModernBertForTokenClassification"}));
+  EXPECT_EQ(cfg.at("id2label").size(), 5u);
+  std::set<std::string> ours, theirs;
+  const SafetensorsReader saved = SafetensorsReader::open(out + "/model.safetensors"),
+                          written = SafetensorsReader::open(golden + "/model.safetensors");
+  for (const auto& t : saved.tensors()) ours.insert(t.name);
+  for (const auto& t : written.tensors()) theirs.insert(t.name);
+  EXPECT_EQ(ours, theirs);
+  const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+  ASSERT_TRUE(ev.contains("eval_f1")) << ev.dump();
+  EXPECT_GT(ev.at("eval_f1").get<double>(), 0.8) << ev.dump();
+  const nlohmann::json pr = nlohmann::json::parse(read_regular_file(out + "/predict_results.json"));
+  EXPECT_GT(pr.at("predict_f1").get<double>(), 0.8) << pr.dump();
+  const auto test_rows = read_lines(test);
+  std::ifstream lines(out + "/predictions.txt");
+  size_t n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    ASSERT_LT(n, test_rows.size());
+    EXPECT_EQ(static_cast<size_t>(std::count(line.begin(), line.end(), ' ')) + 1,
+              test_rows[n].at("ner_tags").size()) << n;
+  }
+  EXPECT_EQ(n, test_rows.size());
+
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + dev +
+                                          " --max-seq-length 32 --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("eval_f1: "), std::string::npos) << e.output;
+  const auto preds = read_lines(dir + "/eval/predictions.jsonl");
+  ASSERT_EQ(preds.size(), 30u);
+  const auto dev_rows = read_lines(dev);
+  for (size_t i = 0; i < preds.size(); ++i) EXPECT_EQ(preds[i].at("prediction").size(), dev_rows[i].at("tokens").size()) << i;
 }
 
 // --do-predict on a test file without tags: predictions.txt, and no predict metrics; a file that
