@@ -8,7 +8,8 @@
 // keys within +-local_attention/2 (Note [local attention window], ops/cpu/attention.cpp). The
 // embeddings are norm(tok_embeddings[ids]) (no positions: rotary supplies them); the encoder
 // ends in final_norm; the head pools (the first token, or the mean over the attention mask),
-// then dense (+b) -> GELU -> norm -> classifier. Every LayerNorm has a bias only with
+// then dense (+b) -> GELU -> norm -> classifier (the per-token heads: Note [modernbert token
+// head]). Every LayerNorm has a bias only with
 // norm_bias; without one the kernels get a zero beta and its gradient goes to scratch.
 #include "model/modernbert.h"
 
@@ -43,7 +44,7 @@ ParamLayout ParamLayout::for_modernbert(const BertConfig& cfg) {
     lay.add(p + "mlp.Wo.weight", {H, I}, true);
   }
   lay.add("head.dense.weight", {H, H}, true);
-  lay.add("classifier.weight", {cfg.num_labels, H}, true);
+  if (!is_masked_lm(cfg)) lay.add("classifier.weight", {cfg.num_labels, H}, true);  // else tok_embeddings, tied
   lay.m_decay_end = lay.m_total;
   auto norm = [&](const std::string& n) {
     lay.add(n + ".weight", {H}, false);
@@ -66,7 +67,10 @@ ParamLayout ParamLayout::for_modernbert(const BertConfig& cfg) {
   norm("model.final_norm");
   if (m.classifier_bias) lay.add("head.dense.bias", {H}, false);
   norm("head.norm");
-  lay.add("classifier.bias", {cfg.num_labels}, false);
+  if (!is_masked_lm(cfg))
+    lay.add("classifier.bias", {cfg.num_labels}, false);
+  else if (m.decoder_bias)
+    lay.add("decoder.bias", {cfg.vocab_size}, false);
   return lay;
 }
 
@@ -99,6 +103,14 @@ namespace {
 // The head runs on every token (Note [modernbert token head]) rather than on the pooled one.
 bool token_head(const BertConfig& cfg) { return has_token_labels(cfg); }
 
+// The head's output width and its last linear layer (Note [modernbert token head]): the masked-LM
+// decoder is tied to the token embeddings.
+int64_t head_outputs(const BertConfig& cfg) { return is_masked_lm(cfg) ? cfg.vocab_size : cfg.num_labels; }
+const char* output_weight(const BertConfig& cfg) {
+  return is_masked_lm(cfg) ? "model.embeddings.tok_embeddings.weight" : "classifier.weight";
+}
+const char* output_bias(const BertConfig& cfg) { return is_masked_lm(cfg) ? "decoder.bias" : "classifier.bias"; }
+
 bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern.classifier_pooling != "cls"; }
 
 // Every tensor of a batch [B, T] in the arenas (Note [allocation policy] in bert.cpp): saved
@@ -109,7 +121,7 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
                       std::vector<size_t>* layer_ends = nullptr) {
   const int64_t R = B * T, H = cfg.hidden_size, I = cfg.intermediate_size, heads = cfg.num_attention_heads;
-  const int64_t C = cfg.num_labels, N = token_head(cfg) ? R : B;  // the head's rows
+  const int64_t C = head_outputs(cfg), N = token_head(cfg) ? R : B;  // the head's rows
   constexpr DType F32 = DType::F32;
   A.emb = act.take(dt, {R, H}), A.rstd_e = act.take(F32, {R});
   if (layer_ends) layer_ends->push_back(act.used());
@@ -387,7 +399,7 @@ void ModernBertForSequenceClassification::pool_forward(const DeviceBatch& b) {
 }
 
 void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
-  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = m_cfg.num_labels;
+  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
   ANATOMY_CHECK(B >= 1 && B <= m_shape.max_batch, "batch of ", B, " samples exceeds the planned micro-batch of ",
                 m_shape.max_batch);
   ANATOMY_CHECK(T >= 1 && T <= m_shape.max_seq, "sequence length ", T, " exceeds the planned --seq-len ",
@@ -409,7 +421,7 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   m_be.gelu_forward(shaped(A.ga, {N, H}), shaped(A.hd, {N, H}));
   norm_forward("head.norm", shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}), shaped(A.ga, {N, H}), Tensor(), Tensor());
   m_logits = shaped(A.logits, {N, C});
-  linear(m_logits, shaped(A.hh, {N, H}), "classifier.weight", "classifier.bias");
+  linear(m_logits, shaped(A.hh, {N, H}), output_weight(m_cfg), output_bias(m_cfg));
   m_losses = shaped(A.losses, {B});
 }
 
@@ -423,9 +435,13 @@ void ModernBertForSequenceClassification::forward_eval(const DeviceBatch& b) {
 
 // Note [modernbert token head]: transformers' ModernBertForTokenClassification runs the head
 // (dense -> GELU -> norm, the sequence head's tensors) on every token's final hidden state
-// instead of a pooled one, then the classifier: logits [B*T, num_labels], no pooling. The loss
-// is the mean over the labelled tokens (labels != -100), as Note [token classification head]
-// in model/heads.h spells it: per sequence the sum of its tokens' losses times B / labelled.
+// instead of a pooled one, then the classifier: logits [B*T, num_labels], no pooling.
+// ModernBertForMaskedLM runs the same head, then the decoder tied to the token embeddings E
+// (no tensor of its own in the file) with its bias decoder.bias: logits [B*T, vocab] = h E^T + b,
+// so its weight gradient lands in E's, beside the lookup's (sparse_prediction, which scores only
+// the masked rows, gives the same loss and gradients). Either loss is the mean over the
+// labelled tokens (labels != -100), as Note [token classification head] in model/heads.h
+// spells it: per sequence the sum of its tokens' losses times B / labelled.
 void ModernBertForSequenceClassification::loss(const DeviceBatch& b, const Tensor& dlogits, float grad_scale) {
   if (!token_head(m_cfg)) {
     sequence_loss(m_be, problem_type_of(m_cfg), m_losses, dlogits, m_logits, b.labels, grad_scale);
@@ -476,11 +492,12 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
 
 void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   Acts& A = *m_acts;
-  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = m_cfg.num_labels;
+  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
   const bool tokens = token_head(m_cfg);
   const int64_t N = tokens ? R : B;
   const Tensor dlogits = shaped(A.dlogits, {N, C});
-  linear_backward(shaped(A.dhh, {N, H}), dlogits, shaped(A.hh, {N, H}), "classifier.weight", "classifier.bias");
+  // Masked-LM: the tied decoder's gradient goes into the token embeddings' (their lookup's adds to it).
+  linear_backward(shaped(A.dhh, {N, H}), dlogits, shaped(A.hh, {N, H}), output_weight(m_cfg), output_bias(m_cfg));
   norm_backward("head.norm", shaped(A.dhd, {N, H}), shaped(A.dhh, {N, H}), shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}));
   m_be.gelu_backward(shaped(A.dhd, {N, H}), shaped(A.dhd, {N, H}), shaped(A.hd, {N, H}));
   // The token head's dense writes the encoder output's gradient itself; the sequence head's

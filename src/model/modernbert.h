@@ -11,8 +11,9 @@
 // What it does not do (the BERT class does): dropout (config.json's dropouts must be 0),
 // selective recompute, packed batches (it trains and evaluates padded; a packing index is
 // ignored), gradients in freed activations (always a buffer of their own).
-// With config.json's architectures ModernBertForTokenClassification the same class is that
-// model: the head on every token (Note [modernbert token head] in modernbert.cpp).
+// With config.json's architectures ModernBertForTokenClassification or ModernBertForMaskedLM the
+// same class is that model: the head on every token (Note [modernbert token head] in
+// modernbert.cpp), logits [B*T, num_labels or vocab_size].
 #pragma once
 #include <functional>
 #include <memory>

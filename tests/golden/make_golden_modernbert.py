@@ -20,6 +20,11 @@ Layer 0 has no attn_norm (transformers' Identity). Two variants:
                          [B, T], -100 on the special tokens, the padding and about a third of the
                          other tokens; logits F32 [B, T, 5]; the loss is the mean over the
                          labelled tokens.
+  modernbert-mlm         ModernBertForMaskedLM, every bias on: the decoder tied to
+                         tok_embeddings (not in the file) with its bias (decoder.bias); labels
+                         I64 [B, T], a random token id on about a third of the tokens between the
+                         special ones, -100 elsewhere; logits F32 [B, T, V]; the embeddings'
+                         gradient includes the tied decoder's.
 
 Dropout is 0; LayerNorm gammas and every bias are perturbed away from 1 and 0. AdamW as in
 make_golden_family.py, except that the no-decay set is the HF Trainer's for this model: every
@@ -32,7 +37,8 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import ModernBertConfig, ModernBertForSequenceClassification, ModernBertForTokenClassification
+from transformers import (ModernBertConfig, ModernBertForMaskedLM, ModernBertForSequenceClassification,
+                          ModernBertForTokenClassification)
 
 B, T, V, C = 3, 11, 96, 3
 STEPS = 5
@@ -74,6 +80,18 @@ def token_labels(mask, num_labels, gen):
             if torch.rand(1, generator=gen).item() < 0.7:
                 labels[b, t] = int(torch.randint(0, num_labels, (1,), generator=gen))
         labels[b, 1] = 1  # at least one labelled token per sequence
+    return labels
+
+
+def masked_labels(ids, mask, gen):
+    """A random token id on about a third of the tokens between the special ones; -100 elsewhere."""
+    labels = torch.full((B, T), -100, dtype=torch.long)
+    for b in range(B):
+        n = int(mask[b].sum())
+        for t in range(1, n - 1):
+            if torch.rand(1, generator=gen).item() < 0.3:
+                labels[b, t] = int(torch.randint(3, V, (1,), generator=gen))
+        labels[b, 1] = int(ids[b, 1])  # at least one scored token per sequence
     return labels
 
 
@@ -128,6 +146,9 @@ def write(name, biases, pooling, out_dir, cls=ModernBertForSequenceClassificatio
     batch = make_batch(torch.Generator().manual_seed(42))
     if cls is ModernBertForTokenClassification:
         batch["labels"] = token_labels(batch["attention_mask"], num_labels, torch.Generator().manual_seed(11))
+    if cls is ModernBertForMaskedLM:
+        assert model.decoder.weight is model.model.embeddings.tok_embeddings.weight
+        batch["labels"] = masked_labels(batch["input_ids"], batch["attention_mask"], torch.Generator().manual_seed(7))
     model.save_pretrained(out_dir)
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     _, info = type(model).from_pretrained(out_dir, output_loading_info=True, attn_implementation="eager")
@@ -161,7 +182,8 @@ def write(name, biases, pooling, out_dir, cls=ModernBertForSequenceClassificatio
         "config": json.loads(cfg.to_json_string(use_diff=False)),
         "batch": {"B": B, "T": T, "input_ids": batch["input_ids"].tolist(),
                   "attention_mask": batch["attention_mask"].tolist(), "labels": batch["labels"].tolist()},
-        "loss": out.loss.item(), "logits": out.logits.detach().tolist(),
+        "loss": out.loss.item(),
+        "logits": out.logits.detach().tolist() if cls is not ModernBertForMaskedLM else "golden.safetensors",
         "adamw": {"losses": losses, "final_loss": final}, "parameters": names,
     }
     with open(os.path.join(out_dir, "golden.json"), "w") as f:
@@ -178,7 +200,8 @@ def main():
     only = set(sys.argv[2:])
     cases = (("modernbert", False, "cls", ModernBertForSequenceClassification, C),
              ("modernbert-bias-mean", True, "mean", ModernBertForSequenceClassification, C),
-             ("modernbert-ner", True, "mean", ModernBertForTokenClassification, 5))
+             ("modernbert-ner", True, "mean", ModernBertForTokenClassification, 5),
+             ("modernbert-mlm", True, "cls", ModernBertForMaskedLM, C))
     for name, biases, pooling, cls, labels in cases:
         if not only or name in only:
             print(json.dumps(write(name, biases, pooling, os.path.join(os.path.normpath(out), name), cls, labels)))

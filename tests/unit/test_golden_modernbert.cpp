@@ -51,12 +51,12 @@ TEST_P(GoldenModernBert, SavesTheTensorNamesTransformersLoads) {
   EXPECT_EQ(static_cast<size_t>(f.cfg.num_parameters()), model.layout().num_parameters());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBert, testing::Values("modernbert", "modernbert-bias-mean", "modernbert-ner"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBert, testing::Values("modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"),
                          modernbert_test_name);
 
 // What the model allocates is what modernbert_bytes plans, category by category.
 TEST(ModernBertMemory, PlannedEqualsAllocated) {
-  for (const char* name : {"modernbert", "modernbert-bias-mean", "modernbert-ner"}) {
+  for (const char* name : {"modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"}) {
     Fixture f(modernbert_dir(name));
     auto be = make_cpu_backend();
     const CategoryBytes before = be->allocator().stats().current();
