@@ -9,8 +9,8 @@
 // embeddings are norm(tok_embeddings[ids]) (no positions: rotary supplies them); the encoder
 // ends in final_norm; the head pools (the first token, or the mean over the attention mask),
 // then dense (+b) -> GELU -> norm -> classifier (the per-token heads: Note [modernbert token
-// head]). Every LayerNorm has a bias only with
-// norm_bias; without one the kernels get a zero beta and its gradient goes to scratch.
+// head]). Every LayerNorm has a bias only with norm_bias; without one the kernels get a zero
+// beta and its gradient goes to scratch.
 #include "model/modernbert.h"
 
 #include <cmath>
