@@ -203,6 +203,7 @@ void read_modernbert(const FieldReader& f, BertConfig& c) {
   m.mlp_bias = read_bool(f, "mlp_bias", m.mlp_bias);
   m.norm_bias = read_bool(f, "norm_bias", m.norm_bias);
   m.classifier_bias = read_bool(f, "classifier_bias", m.classifier_bias);
+  m.decoder_bias = read_bool(f, "decoder_bias", m.decoder_bias);
   f.string("classifier_pooling", m.classifier_pooling);
   f.string("classifier_activation", m.classifier_activation);
   f.integer("cls_token_id", m.cls_token_id, 0, "a non-negative integer");
@@ -222,6 +223,7 @@ json modernbert_json(const BertConfig& c) {
       {"classifier_dropout", c.classifier_dropout.value_or(0.0)},
       {"classifier_pooling", m.classifier_pooling},
       {"cls_token_id", m.cls_token_id},
+      {"decoder_bias", m.decoder_bias},
       {"embedding_dropout", c.hidden_dropout_prob},
       {"global_attn_every_n_layers", m.global_attn_every_n_layers},
       {"global_rope_theta", m.global_rope_theta},
@@ -609,8 +611,10 @@ int64_t BertConfig::num_parameters() const {
     const int64_t norm = m.norm_bias ? 2 * H : H;
     const int64_t layer = 3 * H * H + (m.attention_bias ? 3 * H : 0) + H * H + (m.attention_bias ? H : 0) + norm +
                           2 * I * H + (m.mlp_bias ? 2 * I : 0) + I * H + (m.mlp_bias ? H : 0);
+    // ModernBertForMaskedLM: the decoder tied to the token embeddings, its bias of vocab_size.
+    const bool mlm = !architectures.empty() && architectures.front() == "ModernBertForMaskedLM";
     return vocab_size * H + norm + num_hidden_layers * layer + (num_hidden_layers - 1) * norm + norm + H * H +
-           (m.classifier_bias ? H : 0) + norm + H * L + L;
+           (m.classifier_bias ? H : 0) + norm + (mlm ? (m.decoder_bias ? vocab_size : 0) : H * L + L);
   }
   const int64_t E = embedding_width();
   int64_t embeddings = (vocab_size + max_position_embeddings + (has_token_types() ? type_vocab_size : 0)) * E + 2 * E;

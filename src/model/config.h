@@ -35,6 +35,7 @@ struct ModernBertFields {
   int64_t local_attention = 128;  // a local layer's query sees keys within +-local_attention/2
   double global_rope_theta = 160000.0, local_rope_theta = 10000.0;
   bool attention_bias = false, mlp_bias = false, norm_bias = false, classifier_bias = false;
+  bool decoder_bias = true;  // ModernBertForMaskedLM's decoder.bias
   std::string classifier_pooling = "cls";  // or "mean" over the attention mask
   std::string classifier_activation = "gelu";
   int64_t cls_token_id = 50281, sep_token_id = 50282;

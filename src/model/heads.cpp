@@ -52,12 +52,12 @@ std::string masked_lm_class(const BertConfig& cfg) {
     case Architecture::Bert: return "BertForMaskedLM";
     case Architecture::Roberta: return "RobertaForMaskedLM";
     case Architecture::XlmRoberta: return "XLMRobertaForMaskedLM";
+    case Architecture::ModernBert: return "ModernBertForMaskedLM";
     case Architecture::DistilBert:
-    case Architecture::Electra:
-    case Architecture::ModernBert: break;
+    case Architecture::Electra: break;
   }
-  fail("--task mlm: model_type '", cfg.model_type(), "' has no masked-LM head in anatomy (BERT, RoBERTa and XLM-R do; "
-       "DistilBERT's vocab_projector, ELECTRA's generator and ModernBERT's head are not built)");
+  fail("--task mlm: model_type '", cfg.model_type(), "' has no masked-LM head in anatomy (BERT, RoBERTa, XLM-R and ModernBERT do; "
+       "DistilBERT's vocab_projector and ELECTRA's generator are not built)");
 }
 
 DType label_dtype(const BertConfig& cfg) {

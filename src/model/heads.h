@@ -52,13 +52,15 @@ int64_t label_width(const BertConfig& cfg, int64_t seq);
 // DistilBERT and ELECTRA (whose generator is a different model) are refused by name; packed
 // batches (--skip-padding) are not supported with this head.
 bool is_masked_lm(const BertConfig& cfg);
-// "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM"; throws for the others.
+// "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "ModernBertForMaskedLM"
+// (Note [modernbert token head] in model/modernbert.cpp); throws for the others.
 std::string masked_lm_class(const BertConfig& cfg);
 
 // Note [token classification head]
 // *ForTokenClassification (architectures names one; the trainer sets it for --task
 // token-classification): dropout then classifier (Linear H -> num_labels) on every token, the
-// same module under every variant's base prefix, no pooler. The loss is the cross-entropy over
+// same module under every variant's base prefix, no pooler (ModernBERT runs its head first:
+// Note [modernbert token head] in model/modernbert.cpp). The loss is the cross-entropy over
 // the tokens whose label is not -100 (the first sub-token of each word), averaged over them, as
 // for the masked-LM head (DeviceBatch::masked_tokens counts them).
 bool is_token_classification(const BertConfig& cfg);

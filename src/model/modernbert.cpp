@@ -8,8 +8,9 @@
 // keys within +-local_attention/2 (Note [local attention window], ops/cpu/attention.cpp). The
 // embeddings are norm(tok_embeddings[ids]) (no positions: rotary supplies them); the encoder
 // ends in final_norm; the head pools (the first token, or the mean over the attention mask),
-// then dense (+b) -> GELU -> norm -> classifier. Every LayerNorm has a bias only with
-// norm_bias; without one the kernels get a zero beta and its gradient goes to scratch.
+// then dense (+b) -> GELU -> norm -> classifier (the per-token heads: Note [modernbert token
+// head]). Every LayerNorm has a bias only with norm_bias; without one the kernels get a zero
+// beta and its gradient goes to scratch.
 #include "model/modernbert.h"
 
 #include <cmath>
@@ -43,7 +44,7 @@ ParamLayout ParamLayout::for_modernbert(const BertConfig& cfg) {
     lay.add(p + "mlp.Wo.weight", {H, I}, true);
   }
   lay.add("head.dense.weight", {H, H}, true);
-  lay.add("classifier.weight", {cfg.num_labels, H}, true);
+  if (!is_masked_lm(cfg)) lay.add("classifier.weight", {cfg.num_labels, H}, true);  // else tok_embeddings, tied
   lay.m_decay_end = lay.m_total;
   auto norm = [&](const std::string& n) {
     lay.add(n + ".weight", {H}, false);
@@ -66,7 +67,10 @@ ParamLayout ParamLayout::for_modernbert(const BertConfig& cfg) {
   norm("model.final_norm");
   if (m.classifier_bias) lay.add("head.dense.bias", {H}, false);
   norm("head.norm");
-  lay.add("classifier.bias", {cfg.num_labels}, false);
+  if (!is_masked_lm(cfg))
+    lay.add("classifier.bias", {cfg.num_labels}, false);
+  else if (m.decoder_bias)
+    lay.add("decoder.bias", {cfg.vocab_size}, false);
   return lay;
 }
 
@@ -95,7 +99,18 @@ struct ModernBertForSequenceClassification::Acts {
 
 namespace {
 
-bool mean_pooling(const BertConfig& cfg) { return cfg.modern.classifier_pooling != "cls"; }
+// The head runs on every token (Note [modernbert token head]) rather than on the pooled one.
+bool token_head(const BertConfig& cfg) { return has_token_labels(cfg); }
+
+// The head's output width and its last linear layer (Note [modernbert token head]): the masked-LM
+// decoder is tied to the token embeddings.
+int64_t head_outputs(const BertConfig& cfg) { return is_masked_lm(cfg) ? cfg.vocab_size : cfg.num_labels; }
+const char* output_weight(const BertConfig& cfg) {
+  return is_masked_lm(cfg) ? "model.embeddings.tok_embeddings.weight" : "classifier.weight";
+}
+const char* output_bias(const BertConfig& cfg) { return is_masked_lm(cfg) ? "decoder.bias" : "classifier.bias"; }
+
+bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern.classifier_pooling != "cls"; }
 
 // Every tensor of a batch [B, T] in the arenas (Note [allocation policy] in bert.cpp): saved
 // activations in the compute dtype `dt` (LayerNorm and attention statistics, losses in F32);
@@ -105,7 +120,7 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
                       std::vector<size_t>* layer_ends = nullptr) {
   const int64_t R = B * T, H = cfg.hidden_size, I = cfg.intermediate_size, heads = cfg.num_attention_heads;
-  const int64_t C = cfg.num_labels;
+  const int64_t C = head_outputs(cfg), N = token_head(cfg) ? R : B;  // the head's rows
   constexpr DType F32 = DType::F32;
   A.emb = act.take(dt, {R, H}), A.rstd_e = act.take(F32, {R});
   if (layer_ends) layer_ends->push_back(act.used());
@@ -130,9 +145,10 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
     if (layer_ends) layer_ends->push_back(act.used());
   }
   A.xl = act.take(dt, {R, H}), A.xf = act.take(dt, {B, T, H}), A.rstd_f = act.take(F32, {R});
-  A.pooled = act.take(dt, {B, H}), A.hd = act.take(dt, {B, H}), A.ga = act.take(dt, {B, H});
-  A.hh = act.take(dt, {B, H}), A.rstd_h = act.take(F32, {B}), A.logits = act.take(dt, {B, C});
-  if (training) A.dlogits = act.take(dt, {B, C});
+  if (!token_head(cfg)) A.pooled = act.take(dt, {B, H});
+  A.hd = act.take(dt, {N, H}), A.ga = act.take(dt, {N, H});
+  A.hh = act.take(dt, {N, H}), A.rstd_h = act.take(F32, {N}), A.logits = act.take(dt, {N, C});
+  if (training) A.dlogits = act.take(dt, {N, C});
   A.losses = act.take(F32, {B});
   if (layer_ends) layer_ends->push_back(act.used());
   if (A.recompute) internals(A.work, tmp, true);
@@ -141,8 +157,9 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
   if (!training) return;
   A.da = tmp.take(dt, {R, H}), A.db = tmp.take(dt, {R, H}), A.t3 = tmp.take(dt, {R, H});
   A.dqkv = tmp.take(dt, {B, T, 3 * H}), A.dg = tmp.take(dt, {R, I}), A.dwi = tmp.take(dt, {R, 2 * I});
-  A.dxf = tmp.take(dt, {B, T, H}), A.dpooled = tmp.take(dt, {B, H}), A.dhd = tmp.take(dt, {B, H});
-  A.dhh = tmp.take(dt, {B, H});
+  A.dxf = tmp.take(dt, {B, T, H});
+  if (!token_head(cfg)) A.dpooled = tmp.take(dt, {B, H});
+  A.dhd = tmp.take(dt, {N, H}), A.dhh = tmp.take(dt, {N, H});
 }
 
 // The flat gradients' stages (elements): the token embeddings, each layer's four matrices, then
@@ -363,7 +380,7 @@ void ModernBertForSequenceClassification::pool_forward(const DeviceBatch& b) {
 }
 
 void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
-  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = m_cfg.num_labels;
+  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
   ANATOMY_CHECK(B >= 1 && B <= m_shape.max_batch, "batch of ", B, " samples exceeds the planned micro-batch of ",
                 m_shape.max_batch);
   ANATOMY_CHECK(T >= 1 && T <= m_shape.max_seq, "sequence length ", T, " exceeds the planned --seq-len ",
@@ -377,12 +394,15 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   norm_forward("model.final_norm", shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}), shaped(A.xl, {R, H}), Tensor(),
                Tensor());
   m_hidden = shaped(A.xf, {B, T, H});
-  pool_forward(b);
-  linear(shaped(A.hd, {B, H}), shaped(A.pooled, {B, H}), "head.dense.weight", "head.dense.bias");
-  m_be.gelu_forward(shaped(A.ga, {B, H}), shaped(A.hd, {B, H}));
-  norm_forward("head.norm", shaped(A.hh, {B, H}), shaped(A.rstd_h, {B}), shaped(A.ga, {B, H}), Tensor(), Tensor());
-  m_logits = shaped(A.logits, {B, C});
-  linear(m_logits, shaped(A.hh, {B, H}), "classifier.weight", "classifier.bias");
+  const bool tokens = token_head(m_cfg);
+  const int64_t N = tokens ? R : B;
+  if (!tokens) pool_forward(b);
+  const Tensor head_in = tokens ? shaped(A.xf, {R, H}) : shaped(A.pooled, {B, H});
+  linear(shaped(A.hd, {N, H}), head_in, "head.dense.weight", "head.dense.bias");
+  m_be.gelu_forward(shaped(A.ga, {N, H}), shaped(A.hd, {N, H}));
+  norm_forward("head.norm", shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}), shaped(A.ga, {N, H}), Tensor(), Tensor());
+  m_logits = shaped(A.logits, {N, C});
+  linear(m_logits, shaped(A.hh, {N, H}), output_weight(m_cfg), output_bias(m_cfg));
   m_losses = shaped(A.losses, {B});
 }
 
@@ -391,7 +411,25 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
 void ModernBertForSequenceClassification::forward_eval(const DeviceBatch& b) {
   m_be.set_phase(Phase::Forward);
   forward(b);
-  if (b.labels.defined()) sequence_loss(m_be, problem_type_of(m_cfg), m_losses, Tensor(), m_logits, b.labels, 0.0f);
+  if (b.labels.defined()) loss(b, Tensor(), 0.0f);
+}
+
+// Note [modernbert token head]: transformers' ModernBertForTokenClassification runs the head
+// (dense -> GELU -> norm, the sequence head's tensors) on every token's final hidden state
+// instead of a pooled one, then the classifier: logits [B*T, num_labels], no pooling.
+// ModernBertForMaskedLM runs the same head, then the decoder tied to the token embeddings E
+// (no tensor of its own in the file) with its bias decoder.bias: logits [B*T, vocab] = h E^T + b,
+// so its weight gradient lands in E's, beside the lookup's (sparse_prediction, which scores only
+// the masked rows, gives the same loss and gradients). Either loss is the mean over the
+// labelled tokens (labels != -100), as Note [token classification head] in model/heads.h
+// spells it: per sequence the sum of its tokens' losses times B / labelled.
+void ModernBertForSequenceClassification::loss(const DeviceBatch& b, const Tensor& dlogits, float grad_scale) {
+  if (!token_head(m_cfg)) {
+    sequence_loss(m_be, problem_type_of(m_cfg), m_losses, dlogits, m_logits, b.labels, grad_scale);
+    return;
+  }
+  const float w = b.masked_tokens > 0 ? static_cast<float>(b.batch()) / static_cast<float>(b.masked_tokens) : 0.0f;
+  m_be.token_cross_entropy(m_losses, dlogits, m_logits, b.labels, w, grad_scale * w);
 }
 
 // ---- backward --------------------------------------------------------------------------------------
@@ -435,15 +473,22 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
 
 void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   Acts& A = *m_acts;
-  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = m_cfg.num_labels;
-  const Tensor dlogits = shaped(A.dlogits, {B, C});
-  linear_backward(shaped(A.dhh, {B, H}), dlogits, shaped(A.hh, {B, H}), "classifier.weight", "classifier.bias");
-  norm_backward("head.norm", shaped(A.dhd, {B, H}), shaped(A.dhh, {B, H}), shaped(A.hh, {B, H}), shaped(A.rstd_h, {B}));
-  m_be.gelu_backward(shaped(A.dhd, {B, H}), shaped(A.dhd, {B, H}), shaped(A.hd, {B, H}));
-  const Tensor dpooled = shaped(A.dpooled, {B, H});
-  linear_backward(dpooled, shaped(A.dhd, {B, H}), shaped(A.pooled, {B, H}), "head.dense.weight", "head.dense.bias");
+  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
+  const bool tokens = token_head(m_cfg);
+  const int64_t N = tokens ? R : B;
+  const Tensor dlogits = shaped(A.dlogits, {N, C});
+  // Masked-LM: the tied decoder's gradient goes into the token embeddings' (their lookup's adds to it).
+  linear_backward(shaped(A.dhh, {N, H}), dlogits, shaped(A.hh, {N, H}), output_weight(m_cfg), output_bias(m_cfg));
+  norm_backward("head.norm", shaped(A.dhd, {N, H}), shaped(A.dhh, {N, H}), shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}));
+  m_be.gelu_backward(shaped(A.dhd, {N, H}), shaped(A.dhd, {N, H}), shaped(A.hd, {N, H}));
+  // The token head's dense writes the encoder output's gradient itself; the sequence head's
+  // goes through the pooling.
+  const Tensor dpooled = tokens ? shaped(A.dxf, {R, H}) : shaped(A.dpooled, {B, H});
+  const Tensor head_in = tokens ? shaped(A.xf, {R, H}) : shaped(A.pooled, {B, H});
+  linear_backward(dpooled, shaped(A.dhd, {N, H}), head_in, "head.dense.weight", "head.dense.bias");
   const Tensor dxf = shaped(A.dxf, {B, T, H});
-  if (mean_pooling(m_cfg))
+  if (tokens) {  // the head's dense wrote dxf
+  } else if (mean_pooling(m_cfg))
     m_be.masked_mean_backward(dxf, dpooled, b.attention_mask);
   else
     m_be.select_token_backward(dxf, dpooled, 0);
@@ -465,8 +510,7 @@ void ModernBertForSequenceClassification::forward_backward(const DeviceBatch& b,
   ANATOMY_CHECK(m_shape.training, "internal error: backward on an inference-only model");
   m_be.set_phase(Phase::Forward);
   forward(b);
-  sequence_loss(m_be, problem_type_of(m_cfg), m_losses, shaped(m_acts->dlogits, {b.batch(), m_cfg.num_labels}),
-                m_logits, b.labels, grad_scale);
+  loss(b, shaped(m_acts->dlogits, m_logits.shape), grad_scale);
   m_be.set_phase(Phase::Backward);
   backward(b);
 }

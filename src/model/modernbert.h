@@ -10,7 +10,10 @@
 // Gradient checkpointing: none or layer (Note [layer recompute] in modernbert.cpp).
 // What it does not do (the BERT class does): dropout (config.json's dropouts must be 0),
 // selective recompute, packed batches (it trains and evaluates padded; a packing index is
-// ignored), gradients in freed activations (always a buffer of their own), per-token heads.
+// ignored), gradients in freed activations (always a buffer of their own).
+// With config.json's architectures ModernBertForTokenClassification or ModernBertForMaskedLM the
+// same class is that model: the head on every token (Note [modernbert token head] in
+// modernbert.cpp), logits [B*T, num_labels or vocab_size].
 #pragma once
 #include <functional>
 #include <memory>
@@ -74,6 +77,8 @@ class ModernBertForSequenceClassification : public EncoderModel {
   void forward(const DeviceBatch& b);
   void backward(const DeviceBatch& b);
   void pool_forward(const DeviceBatch& b);
+  // Per-sample losses F32 [B] of the head's logits, and dlogits (when defined) scaled by grad_scale.
+  void loss(const DeviceBatch& b, const Tensor& dlogits, float grad_scale);
   void layer_forward(int l, const DeviceBatch& b);
   void layer_backward(int l, const DeviceBatch& b, const Tensor& dout, const Tensor& din);
   void norm_forward(const std::string& name, const Tensor& y, const Tensor& rstd, const Tensor& branch,

@@ -80,8 +80,6 @@ BertConfig model_config(const TrainOptions& opt) {
   ANATOMY_CHECK(opt.seq_len <= cfg.max_sequence_length(), "--seq-len ", opt.seq_len,
                 " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings,
                 cfg.position_offset() ? str_cat(", of which ", cfg.max_sequence_length(), " follow pad_token_id") : "", ")");
-  ANATOMY_CHECK(!cfg.is_modernbert() || (!opt.masked_lm() && !opt.token_classification()), "--task ", opt.task,
-                ": ModernBERT has only its sequence-classification head in anatomy (--task text-classification)");
   // What we train and save, whatever head it was saved with.
   cfg.architectures = {opt.masked_lm()              ? masked_lm_class(cfg)
                        : opt.token_classification() ? token_classification_class(cfg)

@@ -26,5 +26,5 @@ TEST_P(GoldenModernBertCuda, FiveAdamWStepsTrack) {
   check_modernbert_adamw(*be, GetParam(), 1e-4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBertCuda, testing::Values("modernbert", "modernbert-bias-mean"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBertCuda, testing::Values("modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"),
                          modernbert_test_name);

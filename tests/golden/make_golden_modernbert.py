@@ -2,8 +2,9 @@
 """Write the golden fixtures of ModernBERT (ModernBertForSequenceClassification) that anchor
 anatomy's ModernBERT variant to Hugging Face transformers, in the form of make_golden_family.py's.
 
-    /work/.venv-hf/bin/python tests/golden/make_golden_modernbert.py [OUT_DIR]
-        (default: tests/data/golden_family; writes OUT_DIR/modernbert and OUT_DIR/modernbert-bias-mean)
+    /work/main/.venv/bin/python tests/golden/make_golden_modernbert.py [OUT_DIR [CASE ...]]
+        (default: tests/data/golden_family, every case; CASE names a directory below: only those
+        are written, so adding a case leaves the others' files as they were)
 
 Runs on the CPU in float32 with the eager attention (needs torch, transformers, safetensors).
 Sizes are tiny and odd: hidden 24 with 3 heads (head dim 8: rotary embeddings pair columns, so
@@ -15,6 +16,15 @@ Layer 0 has no attn_norm (transformers' Identity). Two variants:
   modernbert             the default config: no biases anywhere (attention_bias, mlp_bias,
                          norm_bias, classifier_bias false), classifier_pooling "cls".
   modernbert-bias-mean   every bias on, classifier_pooling "mean" over the attention mask.
+  modernbert-ner         ModernBertForTokenClassification, every bias on, 5 labels: labels I64
+                         [B, T], -100 on the special tokens, the padding and about a third of the
+                         other tokens; logits F32 [B, T, 5]; the loss is the mean over the
+                         labelled tokens.
+  modernbert-mlm         ModernBertForMaskedLM, every bias on: the decoder tied to
+                         tok_embeddings (not in the file) with its bias (decoder.bias); labels
+                         I64 [B, T], a random token id on about a third of the tokens between the
+                         special ones, -100 elsewhere; logits F32 [B, T, V]; the embeddings'
+                         gradient includes the tied decoder's.
 
 Dropout is 0; LayerNorm gammas and every bias are perturbed away from 1 and 0. AdamW as in
 make_golden_family.py, except that the no-decay set is the HF Trainer's for this model: every
@@ -27,7 +37,8 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import ModernBertConfig, ModernBertForSequenceClassification
+from transformers import (ModernBertConfig, ModernBertForMaskedLM, ModernBertForSequenceClassification,
+                          ModernBertForTokenClassification)
 
 B, T, V, C = 3, 11, 96, 3
 STEPS = 5
@@ -36,7 +47,7 @@ MAX_GRAD_NORM = 1.0
 PAD, CLS, SEP = 0, 1, 2
 
 
-def make_model(biases, pooling):
+def make_model(biases, pooling, cls=ModernBertForSequenceClassification, num_labels=C):
     cfg = ModernBertConfig(vocab_size=V, hidden_size=24, intermediate_size=21, num_hidden_layers=3,
                            num_attention_heads=3, global_attn_every_n_layers=2, local_attention=4,
                            global_rope_theta=160000.0, local_rope_theta=10000.0, max_position_embeddings=64,
@@ -44,9 +55,9 @@ def make_model(biases, pooling):
                            bos_token_id=CLS, sep_token_id=SEP, eos_token_id=SEP, attention_bias=biases,
                            mlp_bias=biases, norm_bias=biases, classifier_bias=biases, classifier_pooling=pooling,
                            embedding_dropout=0.0, attention_dropout=0.0, mlp_dropout=0.0, classifier_dropout=0.0,
-                           num_labels=C)
+                           num_labels=num_labels)
     cfg._attn_implementation = "eager"
-    return cfg, ModernBertForSequenceClassification(cfg).to(torch.float32)
+    return cfg, cls(cfg).to(torch.float32)
 
 
 def perturb(model, gen):
@@ -58,6 +69,30 @@ def perturb(model, gen):
                     module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=gen))
             elif isinstance(module, torch.nn.Linear) and module.bias is not None:
                 module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=gen))
+
+
+def token_labels(mask, num_labels, gen):
+    """Labels on the tokens between the special ones, about two in three of them; -100 elsewhere."""
+    labels = torch.full((B, T), -100, dtype=torch.long)
+    for b in range(B):
+        n = int(mask[b].sum())
+        for t in range(1, n - 1):
+            if torch.rand(1, generator=gen).item() < 0.7:
+                labels[b, t] = int(torch.randint(0, num_labels, (1,), generator=gen))
+        labels[b, 1] = 1  # at least one labelled token per sequence
+    return labels
+
+
+def masked_labels(ids, mask, gen):
+    """A random token id on about a third of the tokens between the special ones; -100 elsewhere."""
+    labels = torch.full((B, T), -100, dtype=torch.long)
+    for b in range(B):
+        n = int(mask[b].sum())
+        for t in range(1, n - 1):
+            if torch.rand(1, generator=gen).item() < 0.3:
+                labels[b, t] = int(torch.randint(3, V, (1,), generator=gen))
+        labels[b, 1] = int(ids[b, 1])  # at least one scored token per sequence
+    return labels
 
 
 def make_batch(gen):
@@ -101,14 +136,19 @@ def f32(x):
     return torch.as_tensor(x, dtype=torch.float32).detach().clone().contiguous()
 
 
-def write(name, biases, pooling, out_dir):
+def write(name, biases, pooling, out_dir, cls=ModernBertForSequenceClassification, num_labels=C):
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(0)
-    cfg, model = make_model(biases, pooling)
+    cfg, model = make_model(biases, pooling, cls, num_labels)
     assert isinstance(model.model.layers[0].attn_norm, torch.nn.Identity)
     assert model.config.layer_types == ["full_attention", "sliding_attention", "full_attention"]
     perturb(model, torch.Generator().manual_seed(1234))
     batch = make_batch(torch.Generator().manual_seed(42))
+    if cls is ModernBertForTokenClassification:
+        batch["labels"] = token_labels(batch["attention_mask"], num_labels, torch.Generator().manual_seed(11))
+    if cls is ModernBertForMaskedLM:
+        assert model.decoder.weight is model.model.embeddings.tok_embeddings.weight
+        batch["labels"] = masked_labels(batch["input_ids"], batch["attention_mask"], torch.Generator().manual_seed(7))
     model.save_pretrained(out_dir)
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     _, info = type(model).from_pretrained(out_dir, output_loading_info=True, attn_implementation="eager")
@@ -142,7 +182,8 @@ def write(name, biases, pooling, out_dir):
         "config": json.loads(cfg.to_json_string(use_diff=False)),
         "batch": {"B": B, "T": T, "input_ids": batch["input_ids"].tolist(),
                   "attention_mask": batch["attention_mask"].tolist(), "labels": batch["labels"].tolist()},
-        "loss": out.loss.item(), "logits": out.logits.detach().tolist(),
+        "loss": out.loss.item(),
+        "logits": out.logits.detach().tolist() if cls is not ModernBertForMaskedLM else "golden.safetensors",
         "adamw": {"losses": losses, "final_loss": final}, "parameters": names,
     }
     with open(os.path.join(out_dir, "golden.json"), "w") as f:
@@ -156,8 +197,14 @@ def main():
                                                               "data", "golden_family")
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    for name, biases, pooling in (("modernbert", False, "cls"), ("modernbert-bias-mean", True, "mean")):
-        print(json.dumps(write(name, biases, pooling, os.path.join(os.path.normpath(out), name))))
+    only = set(sys.argv[2:])
+    cases = (("modernbert", False, "cls", ModernBertForSequenceClassification, C),
+             ("modernbert-bias-mean", True, "mean", ModernBertForSequenceClassification, C),
+             ("modernbert-ner", True, "mean", ModernBertForTokenClassification, 5),
+             ("modernbert-mlm", True, "cls", ModernBertForMaskedLM, C))
+    for name, biases, pooling, cls, labels in cases:
+        if not only or name in only:
+            print(json.dumps(write(name, biases, pooling, os.path.join(os.path.normpath(out), name), cls, labels)))
 
 
 if __name__ == "__main__":

@@ -51,12 +51,33 @@ TEST_P(GoldenModernBert, SavesTheTensorNamesTransformersLoads) {
   EXPECT_EQ(static_cast<size_t>(f.cfg.num_parameters()), model.layout().num_parameters());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBert, testing::Values("modernbert", "modernbert-bias-mean"),
+// --gradient-checkpointing layer (Note [layer recompute] in model/modernbert.cpp) gives the
+// gradients and losses of the run that keeps everything, bit for bit, with every head.
+TEST_P(GoldenModernBert, LayerCheckpointingGivesTheSameGradients) {
+  const std::string d = modernbert_dir(GetParam());
+  Fixture f(d);
+  auto be = make_cpu_backend();
+  std::vector<float> grads[2], losses[2];
+  for (int k = 0; k < 2; ++k) {
+    ModernBertForSequenceClassification model(*be, f.cfg,
+                                              ModelShape{f.B, f.T, DType::F32, k ? CheckpointPolicy::Layer : CheckpointPolicy::None});
+    load_modernbert_weights(d, model);
+    ModernBertBatch batch(*be, f);
+    model.zero_grads();
+    model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B));
+    grads[k] = model.grads_to_host();
+    losses[k] = to_f32(*be, model.losses());
+  }
+  EXPECT_TRUE(same_values<float>(grads[0], grads[1]));
+  EXPECT_TRUE(same_values<float>(losses[0], losses[1]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBert, testing::Values("modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"),
                          modernbert_test_name);
 
 // What the model allocates is what modernbert_bytes plans, category by category.
 TEST(ModernBertMemory, PlannedEqualsAllocated) {
-  for (const char* name : {"modernbert", "modernbert-bias-mean"}) {
+  for (const char* name : {"modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"}) {
     Fixture f(modernbert_dir(name));
     auto be = make_cpu_backend();
     const CategoryBytes before = be->allocator().stats().current();

@@ -40,6 +40,21 @@ std::string dropout_free_roberta(const std::string& name) {
   return dir;
 }
 
+// A tiny ModernBERT (a golden fixture's config: hidden 24, 3 heads, a local layer, no dropout;
+// `fixture` names the head) with the RoBERTa fixture's tokenizer and its 400 tokens, weights from
+// init (every run draws the same from the seed).
+std::string tiny_modernbert(const std::string& name, const std::string& fixture) {
+  const std::string dir = fresh_dir(name);
+  json cfg = json::parse(read_regular_file(std::string(ANATOMY_SOURCE_DIR) + "/tests/data/golden_family/" + fixture +
+                                           "/config.json"));
+  cfg["vocab_size"] = 400;
+  cfg["pad_token_id"] = 1;
+  cfg["initializer_range"] = 0.02;
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+  fs::copy_file(std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta/tokenizer.json", dir + "/tokenizer.json");
+  return dir;
+}
+
 // Tagged sentences of varied length (so that micro-batches hold different counts of labelled
 // tokens): a name, a verb, a place, and a tail of plain words.
 std::string write_tagged(const std::string& path, int n, int offset) {
@@ -161,9 +176,11 @@ const std::vector<Case> kBigBatchCases{
 
 // One rank with batch 2B, one rank with B and 2 accumulation steps, two ranks with B: the same
 // logged losses and the same weights after `steps` steps, up to the order of fp32 sums.
+// `model`: the directory to train from (default: dropout_free_roberta).
 void expect_big_batch_equivalence(const std::string& task, const std::string& data, const std::string& name,
-                                  const std::vector<Case>& cases = kBigBatchCases, int64_t steps = 3) {
-  const std::string model = dropout_free_roberta(name + "_model");
+                                  const std::vector<Case>& cases = kBigBatchCases, int64_t steps = 3,
+                                  std::string model = "") {
+  if (model.empty()) model = dropout_free_roberta(name + "_model");
   std::vector<std::string> dirs;
   for (const Case& c : cases) {
     TrainOptions o = task_options(task, model, data, name + "_" + std::to_string(dirs.size()));
@@ -194,6 +211,15 @@ TEST(TokenLossPerStep, MaskedLmAccumulationAndRanksEqualOneBigBatch) {
 TEST(TokenLossPerStep, TokenClassificationAccumulationAndRanksEqualOneBigBatch) {
   const std::string data = write_tagged(fresh_dir("ner_norm_data") + "/train.jsonl", 48, 0);
   expect_big_batch_equivalence("token-classification", data, "ner_norm");
+}
+
+// ModernBERT's per-token heads (Note [modernbert token head] in model/modernbert.cpp) alike.
+TEST(TokenLossPerStep, ModernBertAccumulationAndRanksEqualOneBigBatch) {
+  expect_big_batch_equivalence("mlm", kSentiment, "mb_mlm_norm", kBigBatchCases, 3,
+                               tiny_modernbert("mb_mlm_norm_model", "modernbert-mlm"));
+  const std::string data = write_tagged(fresh_dir("mb_ner_norm_data") + "/train.jsonl", 48, 0);
+  expect_big_batch_equivalence("token-classification", data, "mb_ner_norm", kBigBatchCases, 3,
+                               tiny_modernbert("mb_ner_norm_model", "modernbert-ner"));
 }
 
 // 44 sentences: the epoch's sixth batch holds 4, all on rank 0 (rank 1 runs a row of weight 0

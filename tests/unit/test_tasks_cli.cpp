@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "../common/cli.h"
 #include "../common/dirs.h"
@@ -15,6 +16,7 @@
 #include "data/float_labels.h"
 #include "data/token_tags.h"
 #include "io/read_file.h"
+#include "io/safetensors.h"
 #include "memory/planner.h"
 #include "model/heads.h"
 #include "train/trainer.h"
@@ -60,6 +62,28 @@ std::string write_data(const std::string& dir, const std::string& name, bool lis
 }
 
 std::string model_dir() { return std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta"; }
+
+// A tiny ModernBERT directory from a golden fixture's config (hidden 24, 3 heads, a local layer;
+// "modernbert-ner" or "modernbert-mlm": the head it was written with) with the RoBERTa fixture's
+// byte-level BPE and its 400 tokens: config.json and tokenizer.json only (weights from init).
+std::string tiny_modernbert(const std::string& dir, const std::string& fixture) {
+  BertConfig c = BertConfig::from_json_file(std::string(ANATOMY_SOURCE_DIR) + "/tests/data/golden_family/" + fixture +
+                                            "/config.json");
+  c.vocab_size = 400;
+  c.pad_token_id = 1;
+  c.initializer_range = 0.02;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << c.to_json().dump(2);
+  std::filesystem::copy_file(model_dir() + "/tokenizer.json", dir + "/tokenizer.json");
+  return dir;
+}
+
+std::set<std::string> tensor_names(const std::string& file) {
+  std::set<std::string> out;
+  const SafetensorsReader r = SafetensorsReader::open(file);
+  for (const auto& t : r.tensors()) out.insert(t.name);
+  return out;
+}
 
 std::vector<nlohmann::json> read_lines(const std::string& path) {
   std::ifstream in(path);
@@ -293,6 +317,35 @@ TEST(TasksCli, MaskedLmLossFallsOnRealText) {
   EXPECT_EQ(read_lines(dir + "/eval/predictions.jsonl").size(), 197u);
 }
 
+// The same for ModernBERT (ModernBertForMaskedLM: Note [modernbert token head] in
+// model/modernbert.cpp): the loss falls, perplexity is reported, and the saved model has the
+// tensors transformers wrote for that class (the decoder tied to tok_embeddings, its bias).
+TEST(TasksCli, ModernBertMaskedLmLossFallsOnRealText) {
+  const std::string dir = testing_cli::fresh_dir("tasks_mlm_modernbert");
+  const std::string start = tiny_modernbert(dir + "/start", "modernbert-mlm"), out = dir + "/run";
+  const auto r = testing_cli::run_anatomy(
+      "train --device cpu --task mlm --model-name-or-path " + start + " --train-file " + std::string(ANATOMY_SOURCE_DIR) +
+      "/tests/data/text/sentiment.jsonl --validation-split 0.1 --max-seq-length 32 --per-device-train-batch-size 16"
+      " --num-train-epochs 8 --learning-rate 3e-3 --logging-steps 11 --disable-tqdm --output-dir " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::vector<double> losses = logged_losses(r.output);
+  ASSERT_GE(losses.size(), 4u) << r.output;
+  EXPECT_LT(losses.back(), 0.8 * losses.front()) << r.output;
+  const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
+  EXPECT_EQ(cfg.at("architectures"), nlohmann::json::array({"ModernBertForMaskedLM"}));
+  EXPECT_EQ(tensor_names(out + "/model.safetensors"),
+            tensor_names(std::string(ANATOMY_SOURCE_DIR) + "/tests/data/golden_family/modernbert-mlm/model.safetensors"));
+  const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+  ASSERT_TRUE(ev.contains("perplexity")) << ev.dump();
+  EXPECT_NEAR(ev.at("perplexity").get<double>(), std::exp(ev.at("eval_loss").get<double>()), 1e-6);
+  EXPECT_LT(ev.at("eval_loss").get<double>(), losses.front()) << ev.dump();
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " +
+                                          std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl" +
+                                          " --max-seq-length 32 --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("perplexity: "), std::string::npos) << e.output;
+}
+
 // DistilBERT has no masked-LM head here: refused by name before anything runs.
 TEST(TasksCli, MaskedLmRefusesOtherVariants) {
   const std::string dir = testing_cli::fresh_dir("tasks_mlm_refused");
@@ -453,6 +506,51 @@ TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {
   }
 }
 
+// The same for ModernBERT (Note [modernbert token head] in model/modernbert.cpp): a tiny
+// ModernBertForTokenClassification (the golden fixture's sizes: hidden 24, 3 heads, a local
+// layer) with the RoBERTa fixture's byte-level BPE, from its config alone; saved with the tensor
+// names transformers wrote for that class, and `anatomy eval` tags the words.
+TEST(TasksCli, ModernBertTokenClassificationTrainsEvaluatesAndPredicts) {
+  const std::string dir = testing_cli::fresh_dir("tasks_ner_modernbert");
+  const std::string golden = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/golden_family/modernbert-ner";
+  tiny_modernbert(dir + "/start", "modernbert-ner");
+  const std::string train = write_tagged(dir + "/train.jsonl", 150, 0), dev = write_tagged(dir + "/dev.jsonl", 30, 7);
+  const std::string test = write_tagged(dir + "/test.jsonl", 20, 40);
+  const std::string out = dir + "/run";
+  const auto r = testing_cli::run_anatomy(
+      "train --device cpu --task token-classification --model-name-or-path " + dir + "/start --train-file " + train +
+      " --validation-file " + dev + " --max-seq-length 32 --per-device-train-batch-size 16 --num-train-epochs 10"
+      " --learning-rate 3e-3 --logging-steps 20 --disable-tqdm --do-predict --test-file " + test + " --output-dir " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
+  EXPECT_EQ(cfg.at("architectures"), nlohmann::json::array({"ModernBertForTokenClassification"}));
+  EXPECT_EQ(cfg.at("id2label").size(), 5u);
+  EXPECT_EQ(tensor_names(out + "/model.safetensors"), tensor_names(golden + "/model.safetensors"));
+  const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+  ASSERT_TRUE(ev.contains("eval_f1")) << ev.dump();
+  EXPECT_GT(ev.at("eval_f1").get<double>(), 0.8) << ev.dump();
+  const nlohmann::json pr = nlohmann::json::parse(read_regular_file(out + "/predict_results.json"));
+  EXPECT_GT(pr.at("predict_f1").get<double>(), 0.8) << pr.dump();
+  const auto test_rows = read_lines(test);
+  std::ifstream lines(out + "/predictions.txt");
+  size_t n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    ASSERT_LT(n, test_rows.size());
+    EXPECT_EQ(static_cast<size_t>(std::count(line.begin(), line.end(), ' ')) + 1,
+              test_rows[n].at("ner_tags").size()) << n;
+  }
+  EXPECT_EQ(n, test_rows.size());
+
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + dev +
+                                          " --max-seq-length 32 --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("eval_f1: "), std::string::npos) << e.output;
+  const auto preds = read_lines(dir + "/eval/predictions.jsonl");
+  ASSERT_EQ(preds.size(), 30u);
+  const auto dev_rows = read_lines(dev);
+  for (size_t i = 0; i < preds.size(); ++i) EXPECT_EQ(preds[i].at("prediction").size(), dev_rows[i].at("tokens").size()) << i;
+}
+
 // --do-predict on a test file without tags: predictions.txt, and no predict metrics; a file that
 // tags some lines only is refused naming the line.
 TEST(TasksCli, TokenClassificationPredictsAnUntaggedTestFile) {
@@ -507,4 +605,37 @@ TEST(TasksPlan, TokenClassificationPlanEqualsAllocated) {
       EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c)) << " " << place;
     EXPECT_TRUE(std::isfinite(r.last_loss));
   }
+}
+
+// The trainer's allocation is plan_memory's, category by category, for ModernBERT's per-token
+// heads (the head's [B*T, H] tensors, [B*T, labels or vocab] logits and their gradient, the
+// token labels), with and without layer checkpointing.
+TEST(TasksPlan, ModernBertPerTokenPlanEqualsAllocated) {
+  const std::string dir = testing_cli::fresh_dir("tasks_plan_modernbert");
+  const std::string tagged = write_tagged(dir + "/tagged.jsonl", 24, 0);
+  for (const char* task : {"mlm", "token-classification"})
+    for (const char* policy : {"none", "layer"}) {
+      const bool mlm = std::string(task) == "mlm";
+      TrainOptions o;
+      o.task = task;
+      o.model_name_or_path = tiny_modernbert(dir + "/start_" + task + policy, mlm ? "modernbert-mlm" : "modernbert-ner");
+      o.train_file = mlm ? std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl" : tagged;
+      o.dataset_cache_dir = dir;
+      o.device = DeviceChoice::Cpu;
+      o.seq_len = 24;
+      o.per_device_train_batch_size = 8;
+      o.max_steps = 2;
+      o.logging_steps = 0;
+      o.gradient_checkpointing = parse_checkpoint_policy(policy);
+      o.output_dir = dir + "/run";
+      o.overwrite_output_dir = true;
+      o.save_model = false;
+      o.disable_progress_bar = true;
+      const TrainResult r = train(o);
+      const MemoryPlan plan = plan_memory(plan_input(o, model_config(o), 8, Device::CPU, 1));
+      for (int c = 0; c < kNumCategories; ++c)
+        EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c)) << " " << task << " "
+                                                      << policy;
+      EXPECT_TRUE(std::isfinite(r.last_loss));
+    }
 }
