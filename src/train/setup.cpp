@@ -9,6 +9,7 @@
 #include "dist/communicator.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
+#include "model/heads.h"
 #include "train/checkpoints.h"
 
 namespace anatomy {
@@ -186,7 +187,11 @@ void load_starting_weights(const TrainOptions& opt, EncoderModel& model, bool an
   }
   LoadReport rep = load_pretrained_weights(opt.model_name_or_path, model, opt.ignore_mismatched_sizes);
   if (!announce) return;
-  const char* cls = model.config().is_modernbert() ? "ModernBertForSequenceClassification" : "BertForSequenceClassification";
+  const BertConfig& cfg = model.config();  // the class transformers would name for this model and task
+  const std::string cls_name = is_masked_lm(cfg)                ? masked_lm_class(cfg)
+                               : is_token_classification(cfg)   ? token_classification_class(cfg)
+                                                                : cfg.sequence_classification_class();
+  const char* cls = cls_name.c_str();
   // In transformers' words, so that a user searching for them finds what they mean.
   if (!rep.newly_initialized.empty())
     std::fprintf(stderr, "Some weights of %s were not initialized from the model checkpoint "
