@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "dist/communicator.h"
 #include "model/heads.h"
@@ -80,7 +81,7 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
   const int64_t step_tokens = per_token ? labelled_tokens_of_step(source, micro, data_wait, real_rows) : 0;
   for (int64_t m = 0; m < accum; ++m, ++micro) {
     double waited = 0;
-    if (per_token) m_hb = std::move(m_ahead[static_cast<size_t>(m)]);
+    if (per_token) std::swap(m_hb, m_ahead[static_cast<size_t>(m)]);  // both keep their capacity: no allocation
     else ANATOMY_CHECK(source.next(m_hb, waited), "internal error: the data loader ran dry");
     data_wait += waited;
     const auto [g, real] = real_rows(micro);

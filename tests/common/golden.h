@@ -15,6 +15,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/bert.h"
+#include "model/heads.h"
 #include "optim/grad_norm.h"
 #include "model/config.h"
 #include "optim/optimizer.h"
@@ -125,7 +126,8 @@ struct Fixture {
   }
 };
 
-// The device batch, uploaded into buffers the caller keeps alive.
+// The device batch, uploaded into buffers the caller keeps alive: labels I32 [B], or per token
+// I32 [B, T] (masked-LM, token classification) with the count of labelled tokens.
 struct Batch {
   Buffer ids, types, mask, labels;
   DeviceBatch db;
@@ -133,12 +135,14 @@ struct Batch {
       : ids(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
         types(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
         mask(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-        labels(be.allocator(), DType::I32, {f.B}, Category::Other) {
+        labels(be.allocator(), DType::I32, has_token_labels(f.cfg) ? Shape{f.B, f.T} : Shape{f.B}, Category::Other) {
     be.upload(ids, f.ids.data());
     be.upload(types, f.types.data());
     be.upload(mask, f.mask.data());
     be.upload(labels, f.labels.data());
     db = {ids, types, mask, labels};
+    if (has_token_labels(f.cfg))
+      for (int32_t l : f.labels) db.masked_tokens += l != -100;
   }
 };
 

@@ -21,26 +21,6 @@ inline double modernbert_mean_loss(Backend& be, const ModernBertForSequenceClass
   return s;
 }
 
-// The fixture's batch: labels I32 [B], or per token I32 [B, T] (modernbert-ner) with the count
-// of labelled tokens.
-struct ModernBertBatch {
-  Buffer ids, types, mask, labels;
-  DeviceBatch db;
-  ModernBertBatch(Backend& be, const Fixture& f)
-      : ids(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-        types(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-        mask(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-        labels(be.allocator(), DType::I32, has_token_labels(f.cfg) ? Shape{f.B, f.T} : Shape{f.B}, Category::Other) {
-    be.upload(ids, f.ids.data());
-    be.upload(types, f.types.data());
-    be.upload(mask, f.mask.data());
-    be.upload(labels, f.labels.data());
-    db = {ids, types, mask, labels};
-    if (has_token_labels(f.cfg))
-      for (int32_t l : f.labels) db.masked_tokens += l != -100;
-  }
-};
-
 // Logits, loss and every gradient of one step within `tol` (relative; a gradient that is zero in
 // exact arithmetic in absolute terms against tol times the norm of all gradients).
 inline void check_modernbert_step(Backend& be, const std::string& name, double tol) {
@@ -50,7 +30,7 @@ inline void check_modernbert_step(Backend& be, const std::string& name, double t
   ModernBertForSequenceClassification model(be, f.cfg, f.B, f.T);
   const std::vector<std::string> unused = load_modernbert_weights(d, model);
   EXPECT_TRUE(unused.empty()) << unused.front();
-  ModernBertBatch batch(be, f);
+  Batch batch(be, f);
   model.zero_grads();
   model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B));
   std::vector<float> logits = to_f32(be, model.logits()), ref_logits = read_f32(f.ref, "logits");
@@ -78,7 +58,7 @@ inline void check_modernbert_adamw(Backend& be, const std::string& name, double 
   Fixture f(d);
   ModernBertForSequenceClassification model(be, f.cfg, f.B, f.T);
   load_modernbert_weights(d, model);
-  ModernBertBatch batch(be, f);
+  Batch batch(be, f);
   OptimizerOptions oo;
   oo.kind = OptimizerKind::AdamW;
   oo.weight_decay = 0.01f;

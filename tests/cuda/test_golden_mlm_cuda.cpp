@@ -25,18 +25,9 @@ struct StepResult {
 StepResult one_step(Backend& be, const Fixture& f, const std::string& d, DType dt, GradientPlacement place) {
   BertForSequenceClassification model(be, f.cfg, {f.B, f.T, dt, CheckpointPolicy::None, true, place});
   load_pretrained_weights(d, model);
-  Buffer ids(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-      types(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-      mask(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-      labels(be.allocator(), DType::I32, {f.B, f.T}, Category::Other);
-  be.upload(ids, f.ids.data());
-  be.upload(types, f.types.data());
-  be.upload(mask, f.mask.data());
-  be.upload(labels, f.labels.data());
-  DeviceBatch db{ids, types, mask, labels};
-  for (int32_t l : f.labels) db.masked_tokens += l != -100;
+  Batch batch(be, f);
   model.zero_grads();
-  model.forward_backward(db, 1.0f / static_cast<float>(f.B), 0);
+  model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B), 0);
   StepResult r;
   for (float v : to_f32(be, model.losses())) r.loss += v / static_cast<double>(f.B);
   r.grads = model.grads_to_host();

@@ -33,7 +33,7 @@ void check_half(const char* name, DType dt) {
   auto be = make_cuda_backend(0);
   auto model = make_model(*be, f.cfg, ModelShape{f.B, f.T, dt, CheckpointPolicy::None, true});
   load_pretrained_weights(d, *model);
-  ModernBertBatch batch(*be, f);
+  Batch batch(*be, f);
   model->zero_grads();
   model->forward_backward(batch.db, 1.0f / static_cast<float>(f.B), 0);
   const std::vector<float> logits = to_f32(*be, model->logits()), ref_logits = read_f32(f.ref, "logits");
@@ -69,7 +69,7 @@ TEST_P(ModernBertCuda, Bf16FiveAdamWStepsTrack) {
   auto be = make_cuda_backend(0);
   auto model = make_model(*be, f.cfg, ModelShape{f.B, f.T, DType::BF16, CheckpointPolicy::None, true});
   load_pretrained_weights(d, *model);
-  ModernBertBatch batch(*be, f);
+  Batch batch(*be, f);
   auto group = make_local_group(1);
   OptimizerOptions oo;
   oo.kind = OptimizerKind::AdamW;

@@ -114,7 +114,9 @@ def no_decay(name):
     return "bias" in n or "layernorm" in n or "layer_norm" in n
 
 
-def adamw_run(model, init_state, batch):
+def adamw_run(model, init_state, batch, no_decay=no_decay):
+    """STEPS AdamW steps from init_state as the Trainer takes them (no weight decay where
+    no_decay(name)): the losses, the final loss and the final parameters."""
     model.load_state_dict(init_state)
     model.train()
     decay = [p for n, p in model.named_parameters() if not no_decay(n)]

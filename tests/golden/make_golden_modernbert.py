@@ -40,10 +40,10 @@ from safetensors.torch import save_file
 from transformers import (ModernBertConfig, ModernBertForMaskedLM, ModernBertForSequenceClassification,
                           ModernBertForTokenClassification)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_golden_family as fam  # noqa: E402  (its AdamW run, its tensor conversion)
+
 B, T, V, C = 3, 11, 96, 3
-STEPS = 5
-ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-MAX_GRAD_NORM = 1.0
 PAD, CLS, SEP = 0, 1, 2
 
 
@@ -111,31 +111,6 @@ def no_decay(name):
     return "bias" in name or "norm" in name
 
 
-def adamw_run(model, init_state, batch):
-    model.load_state_dict(init_state)
-    model.train()
-    decay = [p for n, p in model.named_parameters() if not no_decay(n)]
-    nodecay = [p for n, p in model.named_parameters() if no_decay(n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": ADAMW["weight_decay"]},
-                             {"params": nodecay, "weight_decay": 0.0}], lr=ADAMW["lr"], betas=ADAMW["betas"],
-                            eps=ADAMW["eps"], foreach=False, fused=False)
-    losses = []
-    for _ in range(STEPS):
-        opt.zero_grad(set_to_none=True)
-        loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=MAX_GRAD_NORM)
-        opt.step()
-        losses.append(loss.item())
-    with torch.no_grad():
-        final = model(**batch).loss.item()
-    return losses, final, {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def f32(x):
-    return torch.as_tensor(x, dtype=torch.float32).detach().clone().contiguous()
-
-
 def write(name, biases, pooling, out_dir, cls=ModernBertForSequenceClassification, num_labels=C):
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(0)
@@ -161,18 +136,18 @@ def write(name, biases, pooling, out_dir, cls=ModernBertForSequenceClassificatio
     out.loss.backward()
     tensors = {k: v.clone().contiguous() for k, v in batch.items()}
     tensors["token_type_ids"] = torch.zeros(B, T, dtype=torch.long)
-    tensors["logits"] = f32(out.logits.detach())
-    tensors["loss"] = f32(out.loss.detach()).reshape(1)
+    tensors["logits"] = fam.f32(out.logits.detach())
+    tensors["loss"] = fam.f32(out.loss.detach()).reshape(1)
     names = []
     for pname, p in model.named_parameters():
         names.append(pname)
-        tensors["grad." + pname] = f32(p.grad if p.grad is not None else torch.zeros_like(p))
-    losses, final, params = adamw_run(model, init_state, batch)
+        tensors["grad." + pname] = fam.f32(p.grad if p.grad is not None else torch.zeros_like(p))
+    losses, final, params = fam.adamw_run(model, init_state, batch, no_decay=no_decay)
     assert abs(losses[0] - out.loss.item()) < 1e-6
-    tensors["adamw_losses"] = f32(losses)
-    tensors["adamw_final_loss"] = f32([final])
+    tensors["adamw_losses"] = fam.f32(losses)
+    tensors["adamw_final_loss"] = fam.f32([final])
     for pname, p in params.items():
-        tensors["adamw_final." + pname] = f32(p)
+        tensors["adamw_final." + pname] = fam.f32(p)
     meta = {"generator": "tests/golden/make_golden_modernbert.py", "torch": torch.__version__,
             "transformers": transformers.__version__}
     save_file(tensors, os.path.join(out_dir, "golden.safetensors"), metadata=meta)

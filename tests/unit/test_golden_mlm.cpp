@@ -23,24 +23,6 @@ std::string mlm_dir(const std::string& name) {
   return std::string(env ? env : ANATOMY_SOURCE_DIR) + "/tests/data/golden_mlm/" + name;
 }
 
-// The batch with its token labels I32 [B, T] and the count of masked (scored) tokens.
-struct TokenBatch {
-  Buffer ids, types, mask, labels;
-  DeviceBatch db;
-  TokenBatch(Backend& be, const Fixture& f)
-      : ids(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-        types(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-        mask(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-        labels(be.allocator(), DType::I32, {f.B, f.T}, Category::Other) {
-    be.upload(ids, f.ids.data());
-    be.upload(types, f.types.data());
-    be.upload(mask, f.mask.data());
-    be.upload(labels, f.labels.data());
-    db = {ids, types, mask, labels};
-    for (int32_t l : f.labels) db.masked_tokens += l != -100;
-  }
-};
-
 double mean_loss(Backend& be, const BertForSequenceClassification& m, int64_t B) {
   double s = 0;
   for (float v : to_f32(be, m.losses())) s += v / static_cast<double>(B);
@@ -68,7 +50,7 @@ TEST_P(GoldenMlm, ForwardLossAndEveryGradientMatchTransformers) {
     LoadReport rep = load_pretrained_weights(d, model);
     EXPECT_TRUE(rep.newly_initialized.empty());
     EXPECT_TRUE(rep.unused.empty());
-    TokenBatch batch(*be, f);
+    Batch batch(*be, f);
     ASSERT_GT(batch.db.masked_tokens, 0);
     model.zero_grads();
     model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B), 0);
@@ -117,7 +99,7 @@ TEST_P(GoldenMlm, FiveAdamWStepsTrackTransformers) {
   auto be = make_cpu_backend();
   BertForSequenceClassification model(*be, f.cfg, {f.B, f.T, DType::F32, CheckpointPolicy::None, true});
   load_pretrained_weights(d, model);
-  TokenBatch batch(*be, f);
+  Batch batch(*be, f);
   OptimizerOptions oo;
   oo.kind = OptimizerKind::AdamW;
   oo.weight_decay = 0.01f;
@@ -162,7 +144,7 @@ TEST_P(GoldenMlm, PlanEqualsAllocated) {
       {
         BertForSequenceClassification model(*be, f.cfg, shape);
         load_pretrained_weights(d, model);
-        TokenBatch batch(*be, f);
+        Batch batch(*be, f);
         model.zero_grads();
         model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B), 0);
         const CategoryBytes now = be->allocator().stats().current();

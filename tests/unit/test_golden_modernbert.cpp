@@ -62,7 +62,7 @@ TEST_P(GoldenModernBert, LayerCheckpointingGivesTheSameGradients) {
     ModernBertForSequenceClassification model(*be, f.cfg,
                                               ModelShape{f.B, f.T, DType::F32, k ? CheckpointPolicy::Layer : CheckpointPolicy::None});
     load_modernbert_weights(d, model);
-    ModernBertBatch batch(*be, f);
+    Batch batch(*be, f);
     model.zero_grads();
     model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B));
     grads[k] = model.grads_to_host();
