@@ -109,8 +109,9 @@ MemoryPlan plan_categories(const PlanInput& in) {
   // its block partials (GradNorm) and the step's per-sample loss sums (F32 [B]).
   p.bytes[Category::Other] = 12 * s.max_batch * s.max_seq + 4 * s.max_batch * label_width(c, s.max_seq) +
                              static_cast<int64_t>(GradNorm::bytes(static_cast<size_t>(n))) + 4 * s.max_batch;
-  // Training on real tokens: the packing index, token rows I32 [B*T] and first rows I32 [B].
-  if (s.training && s.packed_tokens) p.bytes[Category::Other] += 4 * (s.max_batch * s.max_seq + s.max_batch);
+  // Training on real tokens: the packing index, token rows I32 [B*T] and first rows I32 [B + 1]
+  // (or the sequence offsets, which begin with them).
+  if (s.training && s.packed_tokens) p.bytes[Category::Other] += 4 * (s.max_batch * s.max_seq + s.max_batch + 1);
   check_plan_arithmetic(in, p);
   return p;
 }

@@ -494,15 +494,25 @@ PackedRows pack_token_rows(const int32_t* mask, int64_t B, int64_t T, int64_t mu
   PackedRows p;
   p.first_rows.resize(static_cast<size_t>(B));
   std::vector<bool> taken(static_cast<size_t>(B * T), false);
+  bool prefixes = true;  // every sequence right-padded with a valid first token
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* m = mask + b * T;
     const bool any = std::any_of(m, m + T, [](int32_t v) { return v != 0; });
     p.first_rows[b] = static_cast<int32_t>(p.token_rows.size());
+    int64_t len = 0;
     for (int64_t t = 0; t < T; ++t)
       if (t == 0 || !any || m[t] != 0) {
         p.token_rows.push_back(static_cast<int32_t>(b * T + t));
         taken[b * T + t] = true;
+        prefixes = prefixes && m[t] != 0 && t == len++;
       }
+    p.attended_pairs += len * len;
+  }
+  if (prefixes) {
+    p.seq_offsets = p.first_rows;
+    p.seq_offsets.push_back(static_cast<int32_t>(p.token_rows.size()));
+  } else {
+    p.attended_pairs = 0;
   }
   if (multiple > 1) {
     const int64_t n = static_cast<int64_t>(p.token_rows.size());
@@ -719,12 +729,21 @@ void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const 
   Tensor bqkv = ParamLayout::range(m_compute_view, bq.offset, {3 * H});
 
   // Packed training (Note [packed training]): q|k|v of the token rows go to scratch, then into
-  // the saved padded layout, and the context rows come back through t2 (free in forward).
-  const bool pk = m_acts->packed_train;
-  const Tensor qkv_rows = pk ? m_acts->pk.slice(0, x.dim(0)) : a.qkv;
-  Tensor ctx_rows = a.ctx;
+  // the saved padded layout, and the context rows come back through t2 (free in forward). With
+  // packed attention the saved q|k|v and context are the layer buffers' first N rows instead.
+  const bool pk = m_acts->packed_train, pa = attends_packed(b);
+  const int64_t n = x.dim(0);
+  auto leading = [&](const Tensor& t, int64_t w) {
+    return t.view({static_cast<int64_t>(t.numel()) / w, w}).slice(0, n);
+  };
+  const Tensor qkv_rows = pa ? leading(a.qkv, 3 * H) : pk ? m_acts->pk.slice(0, n) : a.qkv;
+  Tensor ctx_rows = pa && !m_acts->packed ? leading(a.ctx, H) : a.ctx;
   m_be.matmul(qkv_rows, x, Trans::N, wqkv, Trans::T, {1, 0, Epilogue::Bias, bqkv, {}});
-  if (m_acts->packed) {  // Note [packed inference]: attention on the padded layout
+  if (pa) {  // the packed inference layout's context overlays its q|k|v: it goes to ctx_pad's rows
+    if (m_acts->packed) ctx_rows = m_acts->ctx_pad.slice(0, n);
+    m_be.attention_packed_forward(ctx_rows, a.lse, qkv_rows, b.seq_offsets, static_cast<int>(nh),
+                                  drop(ap, base, site_attn(l), training), b.attended_pairs);
+  } else if (m_acts->packed) {  // Note [packed inference]: attention on the padded layout
     const Tensor& qkv_pad = m_acts->qkv_pad;
     m_be.scatter_rows(qkv_pad, a.qkv, b.token_rows);
     m_be.attention_forward(m_acts->ctx_pad.view({m_acts->B, m_acts->T, H}), a.lse,
@@ -799,6 +818,14 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
                           M(p.ln1_b),
                           drop(attn_out_dropout(m_cfg), base, site_attn_out(l), true));
   m_be.matmul(x2, x1, Trans::N, W(p.ao_w), Trans::N, put);  // dctx
+  if (attends_packed(b)) {  // Note [packed attention]: the saved q|k|v and context are packed rows
+    const Tensor qkv_rows = a.qkv.view({R, 3 * H}).slice(0, n), ctx_rows = a.ctx.view({R, H}).slice(0, n);
+    const Tensor dqkv_rows = dqkv.slice(0, n);
+    m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc_bias(G(p.ao_b)));
+    m_be.attention_packed_backward(dqkv_rows, x2, qkv_rows, ctx_rows, a.lse, b.seq_offsets, static_cast<int>(nh),
+                                   drop(ap, base, site_attn(l), true), b.attended_pairs);
+    return qkv_backward(p, dqkv_rows, x, X3);
+  }
   Tensor ctx_rows = a.ctx, dctx = x2;
   if (pk) {  // the context's token rows, in dI's dead memory
     ctx_rows = big.slice(0, n * H).view({n, H});
@@ -818,14 +845,25 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
     dqkv_rows = m_acts->pk.slice(0, n);
     m_be.gather_rows(dqkv_rows, dqkv, b.token_rows);
   }
-  // QKV: qkv = x Wqkv^T + bqkv; dx = dqkv Wqkv + ds1.
+  return qkv_backward(p, dqkv_rows, x, X3);
+}
+
+// QKV: qkv = x Wqkv^T + bqkv; dx (+= into dx, which holds ds1) = dqkv Wqkv; returns dx.
+Tensor BertForSequenceClassification::qkv_backward(const LayerNames& p, const Tensor& dqkv, const Tensor& x,
+                                                   const Tensor& dx) {
+  const int64_t H = m_cfg.hidden_size;
   const ParamInfo& wq = m_layout.get(p.q_w);
   const ParamInfo& bq = m_layout.get(p.q_b);
   Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
-  m_be.matmul(x3, dqkv_rows, Trans::N, wqkv, Trans::N, acc);
-  m_be.matmul(ParamLayout::range(m_grads_view, wq.offset, {3 * H, H}), dqkv_rows, Trans::T, x, Trans::N,
-              acc_bias(ParamLayout::range(m_grads_view, bq.offset, {3 * H})));
-  return X3;
+  m_be.matmul(dx.slice(0, x.dim(0)), dqkv, Trans::N, wqkv, Trans::N, {1, 1, Epilogue::None, {}, {}});
+  m_be.matmul(ParamLayout::range(m_grads_view, wq.offset, {3 * H, H}), dqkv, Trans::T, x, Trans::N,
+              {1, 1, Epilogue::BiasGrad, ParamLayout::range(m_grads_view, bq.offset, {3 * H}), {}});
+  return dx;
+}
+
+bool BertForSequenceClassification::attends_packed(const DeviceBatch& b) const {
+  return b.seq_offsets.defined() && b.packed() &&
+         m_be.packed_attention_supported(m_shape.compute, b.seq(), m_cfg.hidden_size / m_cfg.num_attention_heads);
 }
 
 // Note [packed training]: training on the batch's real tokens. As in packed inference (Note
@@ -843,6 +881,12 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
 // are carved for B*T rows as before and used for N, so the plan holds for any batch; the one
 // extra buffer is pk (B*T x 3H scratch). Layer checkpointing is not supported (its recompute
 // uses the scratch this path lends out).
+// When every sequence of the batch is right-padded (DeviceBatch::seq_offsets) and the backend
+// has the kernels, attention runs on the packed rows themselves (Note [packed attention] in
+// ops/cpu/attention.cpp): the layer saves q|k|v and the context as the first N rows of its
+// buffers, and none of the scatters, gathers and fills above happen, in forward or backward;
+// packed inference does the same, its context in ctx_pad's rows. The dropout masks of attention
+// are the padded run's, so the two attention layouts give the same step.
 static BertForSequenceClassification::LayerActs token_rows_of(const BertForSequenceClassification::LayerActs& la,
                                                             int64_t n) {
   BertForSequenceClassification::LayerActs v = la;

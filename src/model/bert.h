@@ -83,6 +83,9 @@ class BertForSequenceClassification : public EncoderModel {
 
  private:
   void carve(int64_t B, int64_t T, bool training, bool packed = false);
+  // Whether a packed batch's attention runs on its packed rows (Note [packed attention] in
+  // ops/cpu/attention.cpp): every sequence right-padded, and the backend has the kernels.
+  bool attends_packed(const DeviceBatch& b) const;
   void forward(const DeviceBatch& batch, bool training, uint64_t dropout_base);
   void forward_packed(const DeviceBatch& batch);
   void embeddings_forward(const DeviceBatch& b, bool training, uint64_t dropout_base, int64_t n);
@@ -100,6 +103,9 @@ class BertForSequenceClassification : public EncoderModel {
                      bool training, uint64_t dropout_base, const Tensor& scratch);
   Tensor layer_backward(int l, const Tensor& dout, LayerActs& a, const Tensor& x, const Tensor& out, const DeviceBatch& b,
                         uint64_t dropout_base, const Tensor& t1, const Tensor& t2, const Tensor& t3);
+  // The q|k|v projection's backward from dqkv [N, 3H]: its weight and bias gradients, and
+  // dx[:N] += dqkv Wqkv; returns dx.
+  Tensor qkv_backward(const LayerNames& p, const Tensor& dqkv, const Tensor& x, const Tensor& dx);
   DropoutSpec drop(float p, uint64_t base, int site, bool training) const;
   Tensor W(const std::string& name) const { return m_layout.view(m_compute_view, name); }
   // The F32 master weights: the normalizations' parameters and the embedding tables read these

@@ -46,6 +46,11 @@ CheckpointPolicy parse_checkpoint_policy(const std::string& s);  // throws with 
 struct DeviceBatch {
   Tensor input_ids, token_type_ids, attention_mask, labels;
   Tensor token_rows{}, first_rows{};  // optional (an initializer: aggregates may leave them out)
+  // With the packing index, when every sequence is right-padded (PackedRows::seq_offsets):
+  // I32 [B + 1], sequence b the packed rows [seq_offsets[b], seq_offsets[b + 1]) (Note [packed
+  // attention] in ops/cpu/attention.cpp), and the sum of the squared lengths (the attention's cost).
+  Tensor seq_offsets{};
+  int64_t attended_pairs = 0;
   // Masked-LM (Note [masked LM head] in model/heads.h): labels are I32 [B, T] with -100 where a
   // token is not masked, and this counts the masked ones (the loss is their mean; 0: no loss).
   int64_t masked_tokens = 0;
@@ -60,8 +65,12 @@ struct DeviceBatch {
 // With multiple > 1, padding rows are appended until the count is a multiple of it (or B*T):
 // fewer distinct GEMM shapes (cuBLASLt plans are made per shape); they are computed as the
 // padded forward computes them, and nothing reads them.
+// When every sequence is a prefix of valid tokens (mask 1...1 0...0, at least one 1), its rows
+// are consecutive in token_rows: seq_offsets (B + 1 entries) is first_rows followed by their
+// count, and attended_pairs the sum of the squared lengths; else seq_offsets is empty.
 struct PackedRows {
-  std::vector<int32_t> token_rows, first_rows;
+  std::vector<int32_t> token_rows, first_rows, seq_offsets;
+  int64_t attended_pairs = 0;
 };
 PackedRows pack_token_rows(const int32_t* mask, int64_t batch, int64_t seq, int64_t multiple = 1);
 

@@ -120,6 +120,24 @@ class Backend {
   void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                           const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
                           int window = 0);
+  // Attention on packed rows (Note [packed attention] in ops/cpu/attention.cpp): qkv [N, 3H],
+  // ctx [N, H]; sequence b is rows [offsets[b], offsets[b + 1]) of offsets I32 [B + 1], 1 to T
+  // tokens, every one a valid key; lse F32 [B, heads, T] as above, 0 past a sequence's end; the
+  // dropout index that of the padded [B, T] batch. Rows from offsets[B] on get a zero ctx
+  // (forward) and a zero dqkv (backward). pairs = sum over b of len_b^2 (the host's count, for
+  // the op's cost: the offsets live on the device). Only where packed_attention_supported().
+  void attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets,
+                                int heads, const DropoutSpec& dropout, int64_t pairs, int window = 0);
+  void attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                                 const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& dropout,
+                                 int64_t pairs, int window = 0);
+  // Whether the packed attention runs here for activations of `dt`, batches padded to `seq` and
+  // head dim `head_dim` (the CPU: always; CUDA: where its flash kernels do). Where it does not,
+  // the model keeps attention on the padded layout (scatter, attention, gather).
+  virtual bool packed_attention_supported(DType dt, int64_t seq, int64_t head_dim) const {
+    (void)dt, (void)seq, (void)head_dim;
+    return true;
+  }
   // Rotary position embeddings (ModernBERT) on q and k of qkv [B, T, 3H], head dim D even, the
   // position of a token its index t in the sequence: for head h and d < D/2, with
   // a = t * theta^(-2d/D), (x[d], x[d + D/2]) -> (x[d] cos a - x[d + D/2] sin a,
@@ -258,6 +276,12 @@ class Backend {
   virtual void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                        const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
                                        int window) = 0;
+  virtual void attention_packed_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv,
+                                             const Tensor& offsets, int heads, const DropoutSpec& dropout,
+                                             int window) = 0;
+  virtual void attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
+                                              const Tensor& ctx, const Tensor& lse, const Tensor& offsets, int heads,
+                                              const DropoutSpec& dropout, int window) = 0;
   virtual void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) = 0;
   virtual void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) = 0;
   virtual void layernorm_forward_impl(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,

@@ -69,6 +69,7 @@ class Check {
     ANATOMY_CHECK(d.p >= 0.0f && d.p < 1.0f, m_op, ": dropout probability ", d.p, " is not in [0, 1)");
   }
   const char* op() const { return m_op; }
+  const Backend& backend() const { return m_be; }
 
  private:
   std::string computes_list() const {
@@ -278,6 +279,42 @@ void Backend::attention_backward(const Tensor& dqkv, const Tensor& dctx, const T
   c.holds(window >= 0, str_cat("window ", window, " is negative"));
   observed("attention", [&] { return attention_cost(qkv, ctx, heads, true); },
            [&] { attention_backward_impl(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, window); });
+}
+
+// Packed: qkv [N, 3H] with H divisible by heads; ctx [N, H]; lse F32 [B, heads, T]; offsets I32 [B + 1].
+DType packed_attention(const Check& c, const Tensor& qkv, const Tensor& ctx, const Tensor& lse,
+                       const Tensor& offsets, int heads, const DropoutSpec& d, int window) {
+  const DType dt = c.compute(qkv, "qkv");
+  c.holds(qkv.shape.rank == 2 && qkv.dim(1) % 3 == 0, str_cat("qkv ", qkv.shape.str(), " is not [N, 3H]"));
+  const int64_t n = qkv.dim(0), h = qkv.dim(1) / 3;
+  c.holds(heads > 0 && h % heads == 0, str_cat("hidden ", h, " is not divisible by heads ", heads));
+  c.sized(ctx, dt, static_cast<size_t>(n * h), "ctx");
+  c.dtype(lse, F32, "lse");
+  c.holds(lse.shape.rank == 3 && lse.dim(1) == heads, str_cat("lse ", lse.shape.str(), " is not [B, heads, T]"));
+  c.sized(offsets, I32, static_cast<size_t>(lse.dim(0) + 1), "offsets");
+  c.dropout(d);
+  c.holds(window >= 0, str_cat("window ", window, " is negative"));
+  c.holds(c.backend().packed_attention_supported(dt, lse.dim(2), h / heads),
+          str_cat("the ", c.backend().name(), " backend has no packed attention for ", dtype_name(dt), ", T ",
+                  lse.dim(2), ", head dim ", h / heads));
+  return dt;
+}
+void Backend::attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets,
+                                       int heads, const DropoutSpec& dropout, int64_t pairs, int window) {
+  const Check c(*this, "attention_packed_forward");
+  packed_attention(c, qkv, ctx, lse, offsets, heads, dropout, window);
+  observed("attention", [&] { return packed_attention_cost(qkv, ctx, heads, pairs, false); },
+           [&] { attention_packed_forward_impl(ctx, lse, qkv, offsets, heads, dropout, window); });
+}
+void Backend::attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                                        const Tensor& lse, const Tensor& offsets, int heads,
+                                        const DropoutSpec& dropout, int64_t pairs, int window) {
+  const Check c(*this, "attention_packed_backward");
+  const DType dt = packed_attention(c, qkv, ctx, lse, offsets, heads, dropout, window);
+  c.sized(dqkv, dt, qkv.numel(), "dqkv");
+  c.sized(dctx, dt, ctx.numel(), "dctx");
+  observed("attention", [&] { return packed_attention_cost(qkv, ctx, heads, pairs, true); },
+           [&] { attention_packed_backward_impl(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, window); });
 }
 
 // qkv [B, T, 3H] with an even head dim; y the same.

@@ -43,6 +43,13 @@ OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, bool back
   return {10 * B * heads * T * T * D, 2 * nbytes(qkv) + 2 * nbytes(ctx) + lse, OpClass::TensorContraction};
 }
 
+OpCost packed_attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, int64_t pairs, bool backward) {
+  const double H = static_cast<double>(ctx.dim(-1)), D = H / heads, P = static_cast<double>(pairs);
+  const double lse = static_cast<double>(qkv.dim(0)) * heads * 4;  // the rows' statistics
+  if (!backward) return {4 * heads * P * D, nbytes(qkv) + nbytes(ctx) + lse, OpClass::TensorContraction};
+  return {10 * heads * P * D, 2 * nbytes(qkv) + 2 * nbytes(ctx) + lse, OpClass::TensorContraction};
+}
+
 OpCost layernorm_cost(const Tensor& y, bool has_residual, bool backward, bool stores_sum) {
   const double n = static_cast<double>(y.numel()), e = static_cast<double>(dtype_size(y.dtype));
   const double rows = static_cast<double>(y.dim(0));

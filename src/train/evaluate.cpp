@@ -91,7 +91,7 @@ int32_t argmax(std::span<const float> logits) {
 // ---- evaluation -------------------------------------------------------------------------------
 
 int64_t evaluation_buffer_bytes(int64_t batch, int64_t seq, bool skip_padding) {
-  return 4 * (3 * batch * seq + batch) + (skip_padding ? 4 * (batch * seq + batch) : 0);
+  return 4 * (3 * batch * seq + batch) + (skip_padding ? 4 * (batch * seq + batch + 1) : 0);
 }
 
 MemoryPlan plan_evaluation(const BertConfig& cfg, const ModelShape& shape, Device device, bool skip_padding) {
@@ -160,7 +160,7 @@ EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& o
       d_first;
   if (opt.skip_padding) {
     d_rows = Buffer(al, DType::I32, {B * max_seq}, Category::Other);
-    d_first = Buffer(al, DType::I32, {B}, Category::Other);
+    d_first = Buffer(al, DType::I32, {B + 1}, Category::Other);  // first rows, or the offsets
   }
 
   r.predictions.assign(n, 0);
@@ -208,7 +208,13 @@ EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& o
         db.token_rows = d_rows.tensor().slice(0, rows);
         db.first_rows = d_first.tensor().slice(0, b);
         be.upload(db.token_rows, pr.token_rows.data());
-        be.upload(db.first_rows, pr.first_rows.data());
+        if (!pr.seq_offsets.empty()) {  // Note [packed attention] in ops/cpu/attention.cpp
+          db.seq_offsets = d_first.tensor().slice(0, b + 1);
+          db.attended_pairs = pr.attended_pairs;
+          be.upload(db.seq_offsets, pr.seq_offsets.data());
+        } else {
+          be.upload(db.first_rows, pr.first_rows.data());
+        }
         ++r.packed_batches;
       }
     }

@@ -163,7 +163,7 @@ int64_t predict_tags_into(const TrainOptions& opt, EncoderModel& model, const Da
                           int64_t batch);
 
 // Device bytes evaluate() holds (Category::Other) for batches of `batch` x `seq`: ids, token
-// types and mask I32 [B, T], labels I32 [B], and with skip_padding the packing index I32 [B*T + B].
+// types and mask I32 [B, T], labels I32 [B], and with skip_padding the packing index I32 [B*T + B + 1].
 int64_t evaluation_buffer_bytes(int64_t batch, int64_t seq, bool skip_padding);
 
 // The memory of an inference run as plan_memory gives it (shape.training false), with Other as

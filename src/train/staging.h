@@ -14,11 +14,11 @@ namespace anatomy {
 class UploadStaging {
  public:
   // Room for a batch of `batch` x `seq` tokens: ids, token types, mask and labels (I32), a
-  // packing index (token rows and first rows, I32), and float labels F32 [batch, target_width]
+  // packing index (token rows, and first rows or the B + 1 sequence offsets, I32), and float labels F32 [batch, target_width]
   // (regression, multi-label) or masked-LM token labels I32 [batch, seq] (target_width = seq)
   // after them.
   UploadStaging(Backend& be, int64_t batch, int64_t seq, int64_t target_width = 0)
-      : m_be(be), m_targets_at(static_cast<size_t>(4 * batch * seq + 2 * batch)) {
+      : m_be(be), m_targets_at(static_cast<size_t>(4 * batch * seq + 2 * batch + 1)) {
     static_assert(sizeof(float) == sizeof(int32_t));
     const size_t ints = m_targets_at + static_cast<size_t>(batch * target_width);
     for (auto& q : m_p) q = static_cast<int32_t*>(be.host_alloc(ints * sizeof(int32_t)));
@@ -30,7 +30,8 @@ class UploadStaging {
   UploadStaging& operator=(const UploadStaging&) = delete;
 
   // Copies hb (and pr, when db is packed) into staging block micro % 2 and enqueues its uploads
-  // into db (shaped like hb; db.token_rows sized like pr's token rows).
+  // into db (shaped like hb; db.token_rows sized like pr's token rows; db.seq_offsets, when
+  // defined, starts where db.first_rows does: the offsets begin with the first rows).
   void upload(const HostBatch& hb, const DeviceBatch& db, int64_t micro, const PackedRows* pr = nullptr) {
     const int slot = static_cast<int>(micro % 2);
     if (m_token[slot] >= 0) m_be.wait_upload(m_token[slot]);
@@ -50,9 +51,14 @@ class UploadStaging {
       int32_t* rows = labels + hb.batch;
       int32_t* first = rows + pr->token_rows.size();
       std::copy(pr->token_rows.begin(), pr->token_rows.end(), rows);
-      std::copy(pr->first_rows.begin(), pr->first_rows.end(), first);
       m_be.upload_async(db.token_rows, rows);
-      m_be.upload_async(db.first_rows, first);
+      if (db.seq_offsets.defined()) {
+        std::copy(pr->seq_offsets.begin(), pr->seq_offsets.end(), first);
+        m_be.upload_async(db.seq_offsets, first);
+      } else {
+        std::copy(pr->first_rows.begin(), pr->first_rows.end(), first);
+        m_be.upload_async(db.first_rows, first);
+      }
     }
     if (db.labels.dtype == DType::I32 && db.labels.numel() != static_cast<size_t>(hb.batch)) {  // masked-LM token labels
       int32_t* tokens = m_p[slot] + m_targets_at;

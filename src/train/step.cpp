@@ -26,7 +26,7 @@ TrainStep::TrainStep(const TrainOptions& opt, EncoderModel& model, Backend& be, 
   if (opt.precision == Precision::Fp16) m_scaler.scale = opt.fp16_initial_scale;
   if (model.shape().packed_tokens) {
     m_rows = Buffer(be.allocator(), DType::I32, {m_B * m_T}, Category::Other);
-    m_first = Buffer(be.allocator(), DType::I32, {m_B}, Category::Other);
+    m_first = Buffer(be.allocator(), DType::I32, {m_B + 1}, Category::Other);  // first rows, or the offsets
     m_row_multiple = be.device() == Device::CUDA ? 128 : 1;
   }
 }
@@ -99,6 +99,10 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
       packing = pack_token_rows(m_hb.attention_mask.data(), b, t, m_row_multiple);
       db.token_rows = m_rows.tensor().slice(0, static_cast<int64_t>(packing.token_rows.size()));
       db.first_rows = m_first.tensor().slice(0, b);
+      if (!packing.seq_offsets.empty()) {  // Note [packed attention] in ops/cpu/attention.cpp
+        db.seq_offsets = m_first.tensor().slice(0, b + 1);
+        db.attended_pairs = packing.attended_pairs;
+      }
     }
     if (clear_each) {
       m_be.set_phase(Phase::Optimizer);

@@ -336,6 +336,49 @@ OpArg pool_mask(int64_t b, int64_t t) {
   return given("mask", I32, {b, t}, std::move(v));
 }
 
+// The packed reference equals the padded one (whose gradients attention_gradient checks) on
+// every token row: B = 3 sequences of 6, 4 and 1 tokens padded to T = 6, two rows after them.
+// Padding rows carry dctx 0 in the padded run, as in the model (nothing reads their outputs).
+void packed_attention_matches_padded(Rng& rng, float p, int64_t window = 0) {
+  SCOPED_TRACE("packed: dropout " + std::to_string(p) + " window " + std::to_string(window));
+  const int64_t B = 3, T = 6, H = 8, W = 3 * H;
+  const int heads = 2;
+  const std::vector<int32_t> offsets = {0, 6, 10, 11}, lens = {6, 4, 1};
+  const int64_t N = offsets[B] + 2;
+  const DropoutSpec drop{p, rng.next(), rng.next()};
+  std::vector<int32_t> mask(B * T, 0);
+  auto qkv = randn(rng, N * W), dctx = randn(rng, N * H);
+  std::vector<double> pad_qkv(B * T * W, 0.0), pad_dctx(B * T * H, 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < lens[b]; ++t) {
+      mask[b * T + t] = 1;
+      std::copy_n(qkv.begin() + (offsets[b] + t) * W, W, pad_qkv.begin() + (b * T + t) * W);
+      std::copy_n(dctx.begin() + (offsets[b] + t) * H, H, pad_dctx.begin() + (b * T + t) * H);
+    }
+  std::vector<double> ctx(N * H, kNaN), lse(B * heads * T, kNaN), dqkv(N * W, kNaN);
+  std::vector<double> pad_ctx(B * T * H), pad_lse(B * heads * T), pad_dqkv(B * T * W);
+  ref::attention_packed_forward(ctx.data(), lse.data(), qkv.data(), offsets.data(), N, B, T, H, heads, drop, window);
+  ref::attention_packed_backward(dqkv.data(), dctx.data(), qkv.data(), lse.data(), offsets.data(), N, B, T, H, heads,
+                                 drop, window);
+  ref::attention_forward(pad_ctx.data(), pad_lse.data(), pad_qkv.data(), mask.data(), B, T, H, heads, drop, window);
+  ref::attention_backward(pad_dqkv.data(), pad_dctx.data(), pad_qkv.data(), pad_ctx.data(), pad_lse.data(), mask.data(),
+                          B, T, H, heads, drop, window);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      for (int h = 0; h < heads; ++h) {
+        const size_t i = static_cast<size_t>((b * heads + h) * T + t);
+        EXPECT_EQ(lse[i], t < lens[b] ? pad_lse[i] : 0.0) << "lse b " << b << " h " << h << " t " << t;
+      }
+      if (t >= lens[b]) continue;
+      for (int64_t c = 0; c < H; ++c)
+        EXPECT_NEAR(ctx[(offsets[b] + t) * H + c], pad_ctx[(b * T + t) * H + c], 1e-12) << "ctx b " << b << " t " << t;
+      for (int64_t c = 0; c < W; ++c)
+        EXPECT_NEAR(dqkv[(offsets[b] + t) * W + c], pad_dqkv[(b * T + t) * W + c], 1e-12) << "dqkv b " << b << " t " << t;
+    }
+  for (int64_t i = offsets[B] * H; i < N * H; ++i) EXPECT_EQ(ctx[i], 0.0) << "ctx of a row after the sequences";
+  for (int64_t i = offsets[B] * W; i < N * W; ++i) EXPECT_EQ(dqkv[i], 0.0) << "dqkv of a row after the sequences";
+}
+
 // ---- the entries ---------------------------------------------------------------------------------
 std::vector<OpEntry> build_registry() {
   using T = const std::vector<Tensor>&;
@@ -427,6 +470,57 @@ std::vector<OpEntry> build_registry() {
     attention_gradient(g, 0.3f);
     attention_gradient(g, 0.3f, 2);
   });
+  // Packed rows (Note [packed attention] in ops/cpu/attention.cpp): head dim 32 (64 at
+  // bert-base sizes), the flash kernels' on CUDA; sequence b holds T - 3b tokens (at least 1),
+  // and 3 rows follow the last sequence (the packing's padding rows).
+  struct Packed {
+    int64_t B, T, H, N;
+    int heads, window;
+    std::vector<double> offsets;
+    int64_t pairs = 0;
+  };
+  auto packed_dims = [](const OpDims& d) {
+    Packed p{d.batch, d.seq, 0, 0, static_cast<int>(d.heads), static_cast<int>(d.window), {0.0}};
+    p.H = p.heads * (d.hidden / d.heads >= 64 ? 64 : 32);
+    for (int64_t b = 0; b < p.B; ++b) {
+      const int64_t len = std::max<int64_t>(1, p.T - 3 * b);
+      p.offsets.push_back(p.offsets.back() + static_cast<double>(len));
+      p.pairs += len * len;
+    }
+    p.N = static_cast<int64_t>(p.offsets.back()) + 3;
+    return p;
+  };
+  auto packed_args = [](const Packed& p, Rng& g) {
+    return std::vector<OpArg>{out("ctx", {p.N, p.H}), out("lse", {p.B, p.heads, p.T}, false),
+                              in(g, "qkv", {p.N, 3 * p.H}), given("offsets", I32, {p.B + 1}, p.offsets)};
+  };
+  add("attention_packed_forward", [=](const OpDims& d, Rng& g) {
+    const Packed p = packed_dims(d);
+    const DropoutSpec drop = dropout(g, 0.1f);
+    return OpCase{packed_args(p, g), [=](Backend& be, T t) {
+                    be.attention_packed_forward(t[0], t[1], t[2], t[3], p.heads, drop, p.pairs, p.window);
+                  }};
+  }, [](Rng& g) {
+    packed_attention_matches_padded(g, 0.0f);
+    packed_attention_matches_padded(g, 0.2f, 1);
+  });
+  r.back().f32_on_cuda = false;
+  add("attention_packed_backward", [=](const OpDims& d, Rng& g) {
+    const Packed p = packed_dims(d);
+    const DropoutSpec drop = dropout(g, 0.1f);
+    OpCase c{packed_args(p, g), nullptr};
+    c.args.push_back(out("dqkv", {p.N, 3 * p.H}));
+    c.args.push_back(in(g, "dctx", {p.N, p.H}));
+    c.run = [=](Backend& be, T t) {
+      be.attention_packed_forward(t[0], t[1], t[2], t[3], p.heads, drop, p.pairs, p.window);
+      be.attention_packed_backward(t[4], t[5], t[2], t[0], t[1], t[3], p.heads, drop, p.pairs, p.window);
+    };
+    return c;
+  }, [](Rng& g) {
+    packed_attention_matches_padded(g, 0.3f);
+    packed_attention_matches_padded(g, 0.3f, 2);
+  });
+  r.back().f32_on_cuda = false;
   // ---- ModernBERT's rotary embeddings and gated GELU ----
   auto rotary_grad = [](Rng& g) {  // the rotation's gradient is its transpose
     const int64_t B = 2, S = 5, H = 12;

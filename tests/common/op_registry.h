@@ -65,6 +65,7 @@ struct OpEntry {
   // Float64 central differences of the CPU reference for an op with a backward (nullptr: none);
   // reports through gtest.
   std::function<void(Rng&)> gradient;
+  bool f32_on_cuda = true;  // also in F32 on CUDA (the packed attention has BF16/F16 kernels only)
 };
 
 const std::vector<OpEntry>& op_registry();

@@ -43,10 +43,18 @@ inline HostBatch batch_of(const std::vector<int64_t>& lengths, int64_t T, uint64
   return hb;
 }
 
+// How a packed batch is made: with its sequence offsets when every sequence is right-padded
+// (attention on the packed rows, Note [packed attention] in ops/cpu/attention.cpp) or without
+// (attention on the padded layout), and the packing's row multiple (padding rows after the tokens).
+struct Packing {
+  bool attention = true;
+  int64_t multiple = 1;
+};
+
 struct Uploaded {
   Buffer ids, types, mask, labels, rows, first;
   DeviceBatch db;
-  Uploaded(Backend& be, const HostBatch& hb, bool packed) {
+  Uploaded(Backend& be, const HostBatch& hb, bool packed, Packing how = {}) {
     Allocator& al = be.allocator();
     const int64_t B = hb.batch, T = hb.seq;
     ids = Buffer(al, DType::I32, {B, T}, Category::Other);
@@ -59,13 +67,19 @@ struct Uploaded {
     be.upload(labels, hb.labels.data());
     db = DeviceBatch{ids.tensor(), types.tensor(), mask.tensor(), labels.tensor()};
     if (packed) {
-      const PackedRows pr = pack_token_rows(hb.attention_mask.data(), B, T);
+      const PackedRows pr = pack_token_rows(hb.attention_mask.data(), B, T, how.multiple);
       rows = Buffer(al, DType::I32, {static_cast<int64_t>(pr.token_rows.size())}, Category::Other);
-      first = Buffer(al, DType::I32, {B}, Category::Other);
+      first = Buffer(al, DType::I32, {B + 1}, Category::Other);
       be.upload(rows, pr.token_rows.data());
-      be.upload(first, pr.first_rows.data());
       db.token_rows = rows.tensor();
-      db.first_rows = first.tensor();
+      db.first_rows = first.tensor().slice(0, B);
+      if (how.attention && !pr.seq_offsets.empty()) {
+        be.upload(first, pr.seq_offsets.data());
+        db.seq_offsets = first.tensor();
+        db.attended_pairs = pr.attended_pairs;
+      } else {
+        be.upload(db.first_rows, pr.first_rows.data());
+      }
     }
   }
 };
@@ -76,7 +90,7 @@ struct Step {
 
 // One forward_backward of `hb` on a fresh model (seeded weights), packed or padded.
 inline Step step(Backend& be_ref, const BertConfig& cfg, const HostBatch& hb, bool packed, CheckpointPolicy policy,
-                 GradientPlacement place, DType compute = DType::F32) {
+                 GradientPlacement place, DType compute = DType::F32, Packing how = {}) {
   Backend* be = &be_ref;
   ModelShape shape;
   shape.compute = compute;
@@ -89,7 +103,7 @@ inline Step step(Backend& be_ref, const BertConfig& cfg, const HostBatch& hb, bo
   m.init_weights(7);
   m.set_dropout_seed(11);
   if (!m.gradients_in_activations()) m.zero_grads();
-  Uploaded up(*be, hb, packed);
+  Uploaded up(*be, hb, packed, how);
   m.forward_backward(up.db, 1.0f / static_cast<float>(hb.batch), 0);
   Step s;
   s.losses.resize(static_cast<size_t>(hb.batch));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "../common/compare.h"
@@ -51,10 +52,38 @@ TEST(PackedTrainingCuda, Bf16FlashPathMatchesThePaddedStep) {
   cfg.max_position_embeddings = 64;
   const HostBatch hb = batch_of({5, 40, 3, 64, 33}, 64, 4);
   const Step padded = step(*gpu, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16);
-  const Step packed = step(*gpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16);
   const double g = largest(padded.grads);
   ASSERT_GT(g, 1e-4);
-  // Same arithmetic per token row except the GEMMs' shapes (N vs B*T rows): bf16 rounding.
-  EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 2e-2));
-  EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 2e-2 * g));
+  // Attention on the packed rows (Note [packed attention] in ops/cpu/attention.cpp), with and
+  // without padding rows after the tokens, and on the padded layout.
+  for (Packing how : {Packing{true, 1}, Packing{true, 128}, Packing{false, 1}}) {
+    SCOPED_TRACE(std::string(how.attention ? "packed attention" : "padded attention") + ", multiple " +
+                 std::to_string(how.multiple));
+    const Step packed = step(*gpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16, how);
+    // Same arithmetic per token row except the GEMMs' shapes (N vs B*T rows): bf16 rounding.
+    EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 2e-2));
+    EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 2e-2 * g));
+  }
+}
+
+// With dropout the packed step draws hidden-state masks by packed row (unlike the padded step)
+// but attention masks by padded position: attention on the packed rows and on the padded layout
+// then see the same masks everywhere, and their steps agree.
+TEST(PackedTrainingCuda, PackedAttentionWithDropoutMatchesThePaddedLayoutsAttention) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  BertConfig cfg = config(true);
+  cfg.hidden_size = 128;  // two heads of 64
+  cfg.num_attention_heads = 2;
+  cfg.max_position_embeddings = 96;
+  const HostBatch hb = batch_of({17, 96, 1, 70, 64, 2}, 96, 5);
+  const Step rows = step(*gpu, cfg, hb, true, CheckpointPolicy::Selective, GradientPlacement::Own, DType::BF16,
+                         Packing{true, 128});
+  const Step layout = step(*gpu, cfg, hb, true, CheckpointPolicy::Selective, GradientPlacement::Own, DType::BF16,
+                           Packing{false, 128});
+  const double g = largest(layout.grads);
+  ASSERT_GT(g, 1e-4);
+  for (float x : rows.grads) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_TRUE(same_values<float>(rows.losses, layout.losses, 2e-2));
+  EXPECT_TRUE(same_values<float>(rows.grads, layout.grads, 2e-2 * g));
 }

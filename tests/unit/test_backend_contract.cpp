@@ -50,6 +50,14 @@ class ContractOnlyCuda final : public Backend {
                                int, const DropoutSpec&, int) override {
     ++impl_calls;
   }
+  void attention_packed_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int, const DropoutSpec&,
+                                     int) override {
+    ++impl_calls;
+  }
+  void attention_packed_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                      const Tensor&, int, const DropoutSpec&, int) override {
+    ++impl_calls;
+  }
   void rotary_forward_impl(const Tensor&, const Tensor&, int, float) override { ++impl_calls; }
   void rotary_backward_impl(const Tensor&, const Tensor&, int, float) override { ++impl_calls; }
   void geglu_forward_impl(const Tensor&, const Tensor&) override { ++impl_calls; }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "../common/compare.h"
@@ -14,6 +15,7 @@
 #include "core/error.h"
 #include "model/bert.h"
 #include "ops/backend.h"
+#include "ops/observer.h"
 
 using namespace anatomy;
 using anatomy::testing_compare::same_values;
@@ -30,20 +32,69 @@ double largest(const std::vector<float>& v) {
 
 }  // namespace
 
+// Each packing: attention on the packed rows (Note [packed attention] in ops/cpu/attention.cpp)
+// or on the padded layout, without and with padding rows after the tokens (a row multiple).
 TEST(PackedTraining, LossesAndGradientsEqualThePaddedStep) {
   auto cpu = make_cpu_backend(1);
   const BertConfig cfg = config(false);
   const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
   for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective}) {
     for (GradientPlacement place : {GradientPlacement::Own, GradientPlacement::InActivations}) {
-      SCOPED_TRACE(std::string(checkpoint_policy_name(policy)) + " / " + gradient_placement_name(place));
       const Step padded = step(*cpu, cfg, hb, false, policy, place);
-      const Step packed = step(*cpu, cfg, hb, true, policy, place);
       ASSERT_GT(largest(padded.grads), 1e-4);  // the comparison below is not between zeros
-      EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 1e-6));
-      EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest(padded.grads)));
+      for (Packing how : {Packing{true, 1}, Packing{true, 16}, Packing{false, 1}, Packing{false, 16}}) {
+        SCOPED_TRACE(std::string(checkpoint_policy_name(policy)) + " / " + gradient_placement_name(place) +
+                     (how.attention ? " / packed attention" : " / padded attention") + " / multiple " +
+                     std::to_string(how.multiple));
+        const Step packed = step(*cpu, cfg, hb, true, policy, place, DType::F32, how);
+        EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 1e-6));
+        EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest(padded.grads)));
+      }
     }
   }
+}
+
+// Counts the row copies (scatter_rows, gather_rows) and fills a backend issues.
+struct RowCopies : OpObserver {
+  int copies = 0, fills = 0, attention = 0;
+  void before(Backend&, const OpEvent& e) override {
+    const std::string n = e.name;
+    copies += n == "scatter_rows" || n == "gather_rows";
+    fills += n == "fill";
+    attention += n == "attention";
+  }
+  void after(Backend&, const OpEvent&) override {}
+};
+
+// Attention on the packed rows drops the per-layer scatters, gathers and fills around attention:
+// 5 copies and 2 fills a layer (forward: a fill and a scatter of q|k|v, a gather of the context;
+// backward: a gather of the context, a fill and a scatter of dctx, a gather of dq|dk|dv).
+TEST(PackedTraining, PackedAttentionDropsTheRowCopiesAroundAttention) {
+  auto cpu = make_cpu_backend(1);
+  const BertConfig cfg = config(false);
+  const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
+  RowCopies rows, layout;
+  cpu->set_observer(&rows);
+  step(*cpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own, DType::F32, Packing{true, 1});
+  cpu->set_observer(&layout);
+  step(*cpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own, DType::F32, Packing{false, 1});
+  cpu->set_observer(nullptr);
+  const int L = static_cast<int>(cfg.num_hidden_layers);
+  EXPECT_EQ(rows.attention, 2 * L);
+  EXPECT_EQ(layout.attention, 2 * L);
+  EXPECT_EQ(layout.copies - rows.copies, 5 * L);
+  EXPECT_EQ(layout.fills - rows.fills, 2 * L);
+}
+
+TEST(PackedTraining, OffsetsOnlyWhenEverySequenceIsRightPadded) {
+  const std::vector<int32_t> right = {1, 1, 1, 0, 1, 0, 0, 0}, hole = {1, 0, 1, 0, 1, 1, 1, 1},
+                             empty = {1, 1, 0, 0, 0, 0, 0, 0};
+  const PackedRows r = pack_token_rows(right.data(), 2, 4, 8);
+  EXPECT_EQ(r.seq_offsets, (std::vector<int32_t>{0, 3, 4}));
+  EXPECT_EQ(r.attended_pairs, 9 + 1);
+  EXPECT_EQ(r.token_rows.size(), 8u);  // padded to the multiple with rows after the sequences
+  EXPECT_TRUE(pack_token_rows(hole.data(), 2, 4).seq_offsets.empty());
+  EXPECT_TRUE(pack_token_rows(empty.data(), 2, 4).seq_offsets.empty());  // sequence 1 attends to nothing
 }
 
 TEST(PackedTraining, IsBitForBitThePaddedStepWhenNothingIsPadding) {

@@ -5,6 +5,21 @@
 // transformers' bidirectional sliding-window mask has it (inclusive). A query that sees no key
 // attends uniformly to all T keys, as a fully padded sequence does (transformers adds the most
 // negative float to every score there, which leaves the softmax uniform).
+//
+// Note [packed attention]
+// Training and evaluation on the batch's real tokens (Note [packed training] in model/bert.cpp)
+// keep the hidden states packed: N rows, no padding. When every sequence of the batch is a
+// prefix of real tokens followed by padding (right padding, as the data pipeline writes), its
+// tokens are consecutive packed rows, sequence b the rows [offsets[b], offsets[b + 1]), and the
+// packed attention ops read q|k|v and write the context there directly: no scatter into the
+// padded [B, T] layout, no gather back, and no work on padding queries or keys. Everything else
+// is the padded op's: scores, the softmax over the sequence's len_b keys (its valid keys),
+// the lse in [B, heads, T] at (b, h, t) (0 for t >= len_b), and the dropout element index
+// attention_dropout_index(b*heads + h, q, k, T) with the batch's padded T, so the kept elements
+// are those of the padded run and the results equal its token rows. Rows from offsets[B] on
+// (the packing's padding rows, Note [packed inference]) belong to no sequence: the forward
+// writes zeros to their context and the backward to their dq|dk|dv, so they stay finite and
+// add nothing to the weight gradients.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -20,17 +35,23 @@ struct Layout {
   int64_t batch, seq, hidden, heads, d;
   const int32_t* mask;
   int64_t window;  // Note [local attention window]; 0: every key
+  // Note [packed attention]: sequence b is rows [offsets[b], offsets[b + 1]) of packed qkv and
+  // ctx, its tokens 0..len-1 (all valid keys); nullptr: the padded [B, T] layout under `mask`.
+  const int32_t* offsets = nullptr;
+  int64_t row(int64_t b, int64_t t) const { return offsets ? offsets[b] + t : b * seq + t; }
+  // The tokens of sequence b (its queries, and the keys it can attend to).
+  int64_t len(int64_t b) const { return offsets ? offsets[b + 1] - offsets[b] : seq; }
   // Offsets into qkv of head h's q, k, v for token (b, t).
-  int64_t q(int64_t b, int64_t t, int64_t h) const { return (b * seq + t) * 3 * hidden + h * d; }
+  int64_t q(int64_t b, int64_t t, int64_t h) const { return row(b, t) * 3 * hidden + h * d; }
   int64_t k(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + hidden; }
   int64_t v(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + 2 * hidden; }
-  int64_t o(int64_t b, int64_t t, int64_t h) const { return (b * seq + t) * hidden + h * d; }
+  int64_t o(int64_t b, int64_t t, int64_t h) const { return row(b, t) * hidden + h * d; }
   bool attends(int64_t b, int64_t query, int64_t key) const {
     if (window > 0 && (key - query > window || query - key > window)) return false;
     return !mask || mask[b * seq + key] != 0;
   }
   bool any_key(int64_t b, int64_t query) const {
-    for (int64_t j = 0; j < seq; ++j)
+    for (int64_t j = 0; j < len(b); ++j)
       if (attends(b, query, j)) return true;
     return false;
   }
@@ -49,7 +70,7 @@ template <class T>
 void recompute_probs(double* p, const Layout& L, const T* qkv, int64_t b, int64_t h, int64_t i,
                      double lse, bool any, double scale) {
   const T* q = qkv + L.q(b, i, h);
-  for (int64_t j = 0; j < L.seq; ++j) {
+  for (int64_t j = 0; j < L.len(b); ++j) {
     if (!any)
       p[j] = 1.0 / static_cast<double>(L.seq);
     else if (!L.attends(b, i, j))
@@ -59,34 +80,36 @@ void recompute_probs(double* p, const Layout& L, const T* qkv, int64_t b, int64_
   }
 }
 
-}  // namespace
-
+// Queries t >= len(b) of a packed sequence get lse 0 and no ctx row (there is none).
 template <class T>
-void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_t batch,
-                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window) {
-  const Layout L{batch, seq, hidden, heads, hidden / heads, mask, window};
+void forward(const Layout& L, T* ctx, T* lse, const T* qkv, const DropoutSpec& dropout) {
+  const int64_t seq = L.seq;
   const double scale = 1.0 / std::sqrt(static_cast<double>(L.d));
   const DropoutMask drop(dropout);
-  const int64_t rows = batch * heads * seq;
+  const int64_t rows = L.batch * L.heads * seq;
 #pragma omp parallel if (rows * seq * L.d > kParallelWork)
   {
     std::vector<double> s(seq), out(L.d);
 #pragma omp for
     for (int64_t row = 0; row < rows; ++row) {
-      const int64_t i = row % seq, bh = row / seq, h = bh % heads, b = bh / heads;
+      const int64_t i = row % seq, bh = row / seq, h = bh % L.heads, b = bh / L.heads, keys = L.len(b);
+      if (i >= keys) {
+        lse[row] = static_cast<T>(0);
+        continue;
+      }
       const bool any = L.any_key(b, i);
       const T* q = qkv + L.q(b, i, h);
       double mx = -INFINITY;
-      for (int64_t j = 0; j < seq; ++j) {
+      for (int64_t j = 0; j < keys; ++j) {
         s[j] = !any ? 0.0 : L.attends(b, i, j) ? dot(q, qkv + L.k(b, j, h), L.d) * scale : -INFINITY;
         mx = s[j] > mx ? s[j] : mx;
       }
       double total = 0;
-      for (int64_t j = 0; j < seq; ++j) total += std::exp(s[j] - mx);  // exp(-inf) = 0
+      for (int64_t j = 0; j < keys; ++j) total += std::exp(s[j] - mx);  // exp(-inf) = 0
       const double l = mx + std::log(total);
       lse[row] = static_cast<T>(l);
       std::fill(out.begin(), out.end(), 0.0);
-      for (int64_t j = 0; j < seq; ++j) {
+      for (int64_t j = 0; j < keys; ++j) {
         const double pd = std::exp(s[j] - l) * drop.factor(attention_dropout_index(bh, i, j, seq));
         if (pd == 0.0) continue;
         const T* v = qkv + L.v(b, j, h);
@@ -99,31 +122,27 @@ void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_
 }
 
 template <class T>
-void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, const T* lse,
-                        const int32_t* mask, int64_t batch, int64_t seq, int64_t hidden, int heads,
-                        const DropoutSpec& dropout, int64_t window) {
-  (void)ctx;
-  const Layout L{batch, seq, hidden, heads, hidden / heads, mask, window};
-  const int64_t D = L.d;
+void backward(const Layout& L, T* dqkv, const T* dctx, const T* qkv, const T* lse, const DropoutSpec& dropout) {
+  const int64_t D = L.d, seq = L.seq;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const DropoutMask drop(dropout);
   // One (b, h) per iteration: it owns its dq/dk/dv columns, so threads never collide.
-#pragma omp parallel if (batch * heads * seq * seq * D > kParallelWork)
+#pragma omp parallel if (L.batch * L.heads * seq * seq * D > kParallelWork)
   {
     std::vector<double> p(seq), dp(seq), dq(D), dk(seq * D), dv(seq * D);
 #pragma omp for
-    for (int64_t bh = 0; bh < batch * heads; ++bh) {
-      const int64_t h = bh % heads, b = bh / heads;
+    for (int64_t bh = 0; bh < L.batch * L.heads; ++bh) {
+      const int64_t h = bh % L.heads, b = bh / L.heads, keys = L.len(b);
       std::fill(dk.begin(), dk.end(), 0.0);
       std::fill(dv.begin(), dv.end(), 0.0);
-      for (int64_t i = 0; i < seq; ++i) {
+      for (int64_t i = 0; i < keys; ++i) {
         const int64_t row = bh * seq + i;
         const bool any = L.any_key(b, i);
         const T* q = qkv + L.q(b, i, h);
         const T* dout = dctx + L.o(b, i, h);
         recompute_probs(p.data(), L, qkv, b, h, i, static_cast<double>(lse[row]), any, scale);
         double rowsum = 0;  // D_i = sum_j P_ij dP_ij
-        for (int64_t j = 0; j < seq; ++j) {
+        for (int64_t j = 0; j < keys; ++j) {
           const double f = drop.factor(attention_dropout_index(bh, i, j, seq));
           const T* v = qkv + L.v(b, j, h);
           if (p[j] != 0.0 && f != 0.0)
@@ -133,7 +152,7 @@ void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, cons
         }
         std::fill(dq.begin(), dq.end(), 0.0);
         if (any) {
-          for (int64_t j = 0; j < seq; ++j) {
+          for (int64_t j = 0; j < keys; ++j) {
             const double ds = p[j] * (dp[j] - rowsum) * scale;
             if (ds == 0.0) continue;
             const T* k = qkv + L.k(b, j, h);
@@ -146,7 +165,7 @@ void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, cons
         T* dqo = dqkv + L.q(b, i, h);
         for (int64_t c = 0; c < D; ++c) dqo[c] = static_cast<T>(dq[c]);
       }
-      for (int64_t j = 0; j < seq; ++j) {
+      for (int64_t j = 0; j < keys; ++j) {
         T* dko = dqkv + L.k(b, j, h);
         T* dvo = dqkv + L.v(b, j, h);
         for (int64_t c = 0; c < D; ++c) {
@@ -158,11 +177,59 @@ void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, cons
   }
 }
 
-#define ANATOMY_INSTANTIATE(T)                                                                    \
-  template void attention_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
-                                     int, const DropoutSpec&, int64_t);                           \
-  template void attention_backward<T>(T*, const T*, const T*, const T*, const T*, const int32_t*, \
-                                      int64_t, int64_t, int64_t, int, const DropoutSpec&, int64_t);
+}  // namespace
+
+template <class T>
+void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_t batch,
+                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window) {
+  forward(Layout{batch, seq, hidden, heads, hidden / heads, mask, window}, ctx, lse, qkv, dropout);
+}
+
+template <class T>
+void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, const T* lse,
+                        const int32_t* mask, int64_t batch, int64_t seq, int64_t hidden, int heads,
+                        const DropoutSpec& dropout, int64_t window) {
+  (void)ctx;
+  backward(Layout{batch, seq, hidden, heads, hidden / heads, mask, window}, dqkv, dctx, qkv, lse, dropout);
+}
+
+// Note [packed attention]: ANATOMY_CHECKs the offsets (the CPU trusts no device index).
+template <class T>
+void attention_packed_forward(T* ctx, T* lse, const T* qkv, const int32_t* offsets, int64_t rows, int64_t batch,
+                              int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window) {
+  check_packed_offsets(offsets, rows, batch, seq);
+  forward(Layout{batch, seq, hidden, heads, hidden / heads, nullptr, window, offsets}, ctx, lse, qkv, dropout);
+  std::fill(ctx + offsets[batch] * hidden, ctx + rows * hidden, static_cast<T>(0));
+}
+
+template <class T>
+void attention_packed_backward(T* dqkv, const T* dctx, const T* qkv, const T* lse, const int32_t* offsets,
+                               int64_t rows, int64_t batch, int64_t seq, int64_t hidden, int heads,
+                               const DropoutSpec& dropout, int64_t window) {
+  check_packed_offsets(offsets, rows, batch, seq);
+  backward(Layout{batch, seq, hidden, heads, hidden / heads, nullptr, window, offsets}, dqkv, dctx, qkv, lse, dropout);
+  std::fill(dqkv + offsets[batch] * 3 * hidden, dqkv + rows * 3 * hidden, static_cast<T>(0));
+}
+
+void check_packed_offsets(const int32_t* offsets, int64_t rows, int64_t batch, int64_t seq) {
+  ANATOMY_CHECK(offsets[0] == 0, "attention: packed offsets start at ", offsets[0], ", not 0");
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = offsets[b + 1] - offsets[b];
+    ANATOMY_CHECK(len >= 1 && len <= seq, "attention: packed sequence ", b, " has ", len, " tokens, not 1 to ", seq);
+  }
+  ANATOMY_CHECK(offsets[batch] <= rows, "attention: packed offsets end at row ", offsets[batch], " of ", rows);
+}
+
+#define ANATOMY_INSTANTIATE(T)                                                                      \
+  template void attention_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t,   \
+                                     int, const DropoutSpec&, int64_t);                             \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const T*, const int32_t*,   \
+                                      int64_t, int64_t, int64_t, int, const DropoutSpec&, int64_t); \
+  template void attention_packed_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t,     \
+                                            int64_t, int64_t, int, const DropoutSpec&, int64_t);    \
+  template void attention_packed_backward<T>(T*, const T*, const T*, const T*, const int32_t*,      \
+                                             int64_t, int64_t, int64_t, int64_t, int,               \
+                                             const DropoutSpec&, int64_t);
 ANATOMY_INSTANTIATE(float)
 ANATOMY_INSTANTIATE(double)
 #undef ANATOMY_INSTANTIATE

@@ -50,6 +50,18 @@ void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, cons
                         const int32_t* mask, int64_t batch, int64_t seq, int64_t hidden, int heads,
                         const DropoutSpec& dropout, int64_t window = 0);
 // window > 0: Note [local attention window] in attention.cpp.
+// The packed forms (Note [packed attention] in attention.cpp): qkv [rows, 3H], ctx [rows, H],
+// sequence b the rows [offsets[b], offsets[b + 1]), 1 to seq tokens each, lse [B, heads, seq];
+// rows from offsets[B] on are zeroed (ctx; dqkv). check_packed_offsets throws on offsets that
+// break this.
+template <class T>
+void attention_packed_forward(T* ctx, T* lse, const T* qkv, const int32_t* offsets, int64_t rows, int64_t batch,
+                              int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window = 0);
+template <class T>
+void attention_packed_backward(T* dqkv, const T* dctx, const T* qkv, const T* lse, const int32_t* offsets,
+                               int64_t rows, int64_t batch, int64_t seq, int64_t hidden, int heads,
+                               const DropoutSpec& dropout, int64_t window = 0);
+void check_packed_offsets(const int32_t* offsets, int64_t rows, int64_t batch, int64_t seq);
 
 // ---- ModernBERT's rotary embeddings and gated GELU (rotary.cpp) --------------------------
 // On q and k of qkv [B, T, 3H] (head dim D even; v copied): for token t, head h, d < D/2 and

@@ -297,14 +297,18 @@ __global__ void __launch_bounds__(kThreads) ref_backward_kv_kernel(Params p) {
 }
 
 // ---- backward pre- and post-passes -------------------------------------------------------
-// dsum[b, h, t] = dO[b, t, h*D : +D] . O[b, t, h*D : +D]; one warp per token row. With
-// zero_dq, also zeroes the token's row of the F32 dQ accumulator [B, T, H].
+// dsum[b, h, t] = dO[b, t, h*D : +D] . O[b, t, h*D : +D]; one warp per token (b, t) of the
+// padded [B, T] grid, which packed rows (Note [packed attention]) skip past the sequence's end.
+// With zero_dq, also zeroes the token's row of the F32 dQ accumulator.
 template <class T>
 __global__ void __launch_bounds__(256) dsum_kernel(Params p, bool zero_dq) {
-  const int64_t tok = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int64_t bt = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (tok >= static_cast<int64_t>(p.B) * p.T) return;
-  const int b = static_cast<int>(tok / p.T), t = static_cast<int>(tok - static_cast<int64_t>(b) * p.T);
+  if (bt >= static_cast<int64_t>(p.B) * p.T) return;
+  const int b = static_cast<int>(bt / p.T), t = static_cast<int>(bt - static_cast<int64_t>(b) * p.T);
+  const SeqRows sq = seq_rows(p, b);
+  if (t >= sq.len) return;
+  const int64_t tok = static_cast<int64_t>(sq.row0) + t;
   const T* o = static_cast<const T*>(p.ctx) + tok * p.H;
   const T* dout = static_cast<const T*>(p.dctx) + tok * p.H;
   for (int h = 0; h < p.heads; ++h) {
@@ -319,22 +323,39 @@ __global__ void __launch_bounds__(256) dsum_kernel(Params p, bool zero_dq) {
   }
 }
 
-// dqkv[b, t, 0:H] = scale * dq_acc[b, t, :], four columns per thread (H % 4 == 0).
+// dqkv[row, 0:H] = scale * dq_acc[row, :], four columns per thread (H % 4 == 0), over the
+// rows of qkv; packed rows from offsets[B] on get zeros in all of q|k|v (Note [packed attention]).
 template <class T>
 __global__ void __launch_bounds__(256) dq_convert_kernel(Params p) {
-  const int64_t n4 = static_cast<int64_t>(p.B) * p.T * (p.H / 4);
+  const int64_t rows = p.offsets ? p.rows : static_cast<int64_t>(p.B) * p.T;
+  const int64_t used = p.offsets ? p.offsets[p.B] : rows;
+  const int64_t n4 = rows * (p.H / 4);
   const int h4 = p.H / 4;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t tok = i / h4;
     const int c = static_cast<int>(i - tok * h4) * 4;
-    float4 v = reinterpret_cast<const float4*>(p.dq_acc)[i];
     T* out = static_cast<T*>(p.dqkv) + tok * 3 * p.H + c;
+    if (tok >= used) {
+      for (int part = 0; part < 3; ++part)
+        for (int e = 0; e < 4; ++e) out[part * p.H + e] = from_float<T>(0.0f);
+      continue;
+    }
+    float4 v = reinterpret_cast<const float4*>(p.dq_acc)[i];
     out[0] = from_float<T>(v.x * p.scale);
     out[1] = from_float<T>(v.y * p.scale);
     out[2] = from_float<T>(v.z * p.scale);
     out[3] = from_float<T>(v.w * p.scale);
   }
+}
+
+// Packed forward: ctx rows from offsets[B] on (in no sequence) are zeroed.
+template <class T>
+__global__ void __launch_bounds__(256) zero_tail_rows_kernel(Params p) {
+  const int64_t begin = static_cast<int64_t>(p.offsets[p.B]) * p.H, end = static_cast<int64_t>(p.rows) * p.H;
+  for (int64_t i = begin + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    static_cast<T*>(p.ctx)[i] = from_float<T>(0.0f);
 }
 
 // ---- host helpers ------------------------------------------------------------------------
@@ -409,12 +430,14 @@ void backward_passes(const Params& p, bool fast, bool is_bf16, cudaStream_t s) {
   check_launch("attention dsum");
   if (fast && flash_backward(p, is_bf16, smem_optin_limit(), s)) {
     check_launch("attention flash backward");
-    const int64_t n4 = tokens * (p.H / 4);
+    const int64_t n4 = (p.offsets ? p.rows : tokens) * (p.H / 4);
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n4 + 255) / 256, 132 * 16));
     dq_convert_kernel<T><<<blocks, 256, 0, s>>>(p);
     check_launch("attention dq convert");
     return;
   }
+  ANATOMY_CHECK(p.offsets == nullptr, "attention: the packed backward has no flash kernel for T ", p.T, ", head dim ",
+                p.D);  // the reference kernels read the padded layout
   ref_backward_q_kernel<T><<<ref_grid(p), kThreads, 0, s>>>(p);
   check_launch("attention reference backward (dq)");
   ref_backward_kv_kernel<T><<<ref_grid(p), kThreads, 0, s>>>(p);
@@ -485,6 +508,70 @@ void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qk
     case DType::F16: attn::backward_passes<__half>(p, fast, is_bf16, s); break;
     default: fail("attention: unsupported dtype");
   }
+}
+
+// ---- packed rows (Note [packed attention] in ops/cpu/attention.cpp) --------------------------
+bool packed_attention_supported(DType dt, int64_t T, int64_t head_dim) {
+  if (dt == DType::F32 || attn::force_reference() || T <= 0 || T >= (1 << 30)) return false;
+  return attn::flash_fits(static_cast<int>(T), static_cast<int>(head_dim), attn::smem_optin_limit());
+}
+
+namespace {
+
+// The packed call's Params: B, T from lse [B, heads, T]; N rows of qkv [N, 3H].
+attn::Params packed_params(const Tensor& qkv, const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& d,
+                           int window) {
+  const int64_t n = qkv.dim(0);
+  ANATOMY_CHECK(lse.dim(0) <= 65535 && heads <= 65535 && lse.dim(2) < (1 << 30) && n < (int64_t{1} << 31),
+                "attention: packed shape ", qkv.shape.str(), " with lse ", lse.shape.str(), " is too large");
+  // make_params reads B, T, H from a [B, T, 3H] view; the packed rows are its storage.
+  attn::Params p = attn::make_params(Tensor(qkv.data, qkv.dtype, {lse.dim(0), lse.dim(2), qkv.dim(1)}, qkv.device), lse,
+                                     Tensor(), heads, d);
+  p.offsets = offsets.ptr<const int32_t>();
+  p.rows = static_cast<int>(n);
+  p.window = window;
+  return p;
+}
+
+}  // namespace
+
+void attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets, int heads,
+                              const DropoutSpec& d, cudaStream_t s, int window) {
+  attn::Params p = packed_params(qkv, lse, offsets, heads, d, window);
+  p.ctx = ctx.data;
+  if (p.B == 0) return;
+  ANATOMY_CHECK(attn::flash_forward(p, qkv.dtype == DType::BF16, attn::smem_optin_limit(), s),
+                "attention: the packed forward has no kernel for ", qkv.shape.str(), " ", dtype_name(qkv.dtype));
+  attn::check_launch("attention packed forward");
+  const int64_t tail = static_cast<int64_t>(p.rows) * p.H;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((tail + 255) / 256, 132 * 4));
+  switch (qkv.dtype) {
+    case DType::BF16: attn::zero_tail_rows_kernel<__nv_bfloat16><<<blocks, 256, 0, s>>>(p); break;
+    case DType::F16: attn::zero_tail_rows_kernel<__half><<<blocks, 256, 0, s>>>(p); break;
+    default: fail("attention: the packed forward is BF16 or F16");
+  }
+  attn::check_launch("attention packed tail");
+}
+
+void attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                               const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& d, void* scratch,
+                               cudaStream_t s, int window) {
+  attn::Params p = packed_params(qkv, lse, offsets, heads, d, window);
+  ANATOMY_CHECK(scratch != nullptr, "attention: backward needs scratch memory");
+  p.ctx = ctx.data;
+  p.dctx = dctx.data;
+  p.dqkv = dqkv.data;
+  if (p.B == 0) return;
+  p.dsum = static_cast<float*>(scratch);
+  const size_t dsum_bytes = attn::align_up(static_cast<size_t>(p.B) * p.heads * p.T * sizeof(float));
+  p.dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dsum_bytes);
+  ANATOMY_CHECK(qkv.dtype != DType::F32 && attn::flash_supports(p),
+                "attention: the packed backward has no kernel for ", qkv.shape.str(), " ", dtype_name(qkv.dtype));
+  const bool is_bf16 = qkv.dtype == DType::BF16;
+  if (is_bf16)
+    attn::backward_passes<__nv_bfloat16>(p, true, true, s);
+  else
+    attn::backward_passes<__half>(p, true, false, s);
 }
 
 }  // namespace anatomy::cuda

@@ -34,4 +34,14 @@ void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qk
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
                         cudaStream_t s, const AttentionOptions& opt = {}, int window = 0);
 
+// Packed rows (Note [packed attention] in ops/cpu/attention.cpp), on the flash kernels only:
+// BF16/F16, head dim 32, 64 or 128, not under ANATOMY_ATTENTION=reference. qkv [N, 3H],
+// offsets I32 [B + 1], lse [B, heads, T]; the backward's scratch as attention_scratch_bytes(B, T, ...).
+bool packed_attention_supported(DType dt, int64_t T, int64_t head_dim);
+void attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets, int heads,
+                              const DropoutSpec& d, cudaStream_t s, int window = 0);
+void attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                               const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& d, void* scratch,
+                               cudaStream_t s, int window = 0);
+
 }  // namespace anatomy::cuda

@@ -37,6 +37,12 @@ struct Params {
   void* ctx = nullptr;            // [B, T, H] (forward output; backward input O)
   float* lse = nullptr;           // [B, heads, T]
   const int32_t* mask = nullptr;  // [B, T] or null (every key valid)
+  // Packed rows (Note [packed attention] in ops/cpu/attention.cpp): [B + 1], sequence b the rows
+  // [offsets[b], offsets[b + 1]) of qkv, ctx, dctx, dqkv and dq_acc, all its tokens valid keys
+  // (mask null); lse and dsum stay [B, heads, T] and the dropout index uses T. Null: the padded
+  // layout, sequence b the rows [b T, (b + 1) T).
+  const int32_t* offsets = nullptr;
+  int rows = 0;  // packed: the rows of qkv (offsets[B] of them in sequences, the rest zeroed)
   const void* dctx = nullptr;     // [B, T, H]
   void* dqkv = nullptr;           // [B, T, 3H]
   float* dsum = nullptr;          // scratch [B, heads, T]: dO . O
@@ -57,6 +63,18 @@ struct Params {
   uint32_t thr_m1 = 0;    // thr * 2^16 - 1 (keep4)
   uint64_t rng_key = 0;   // dropout_key(seed, offset)
 };
+
+// Sequence b's first row and its token count (T in the padded layout): the queries and keys
+// past len do not exist in the packed layout and are neither read nor written.
+struct SeqRows {
+  size_t row0;
+  int len;
+};
+__device__ __forceinline__ SeqRows seq_rows(const Params& p, int b) {
+  if (p.offsets == nullptr) return {static_cast<size_t>(b) * p.T, p.T};
+  const int r0 = p.offsets[b];
+  return {static_cast<size_t>(r0), p.offsets[b + 1] - r0};
+}
 
 // The four keep decisions of a group's bits (dropout_field_keep(bits, f, thr), f = 0..3), with
 // one compare each: field f of 32-bit word w is >= thr iff (the field in the top half of w) >
@@ -103,6 +121,8 @@ bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s
 // writes dK, dV into p.dqkv.
 bool flash_backward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);
 bool flash_supports(const Params& p);
+// Whether the flash kernels' shared memory holds batches padded to T at head dim D (32, 64, 128).
+bool flash_fits(int T, int D, int smem_limit);
 
 // F32 cuBLAS path (attention_gemm.cu). S and dP are [heads, T, T] F32 scratch buffers of
 // gemm_score_bytes(T, heads) each. The backward needs p.dsum filled; it overwrites p.dqkv.

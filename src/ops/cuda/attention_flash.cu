@@ -271,16 +271,23 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BR;
   const int T = p.T;
+  // TK: the sequence's tokens, T when padded (Note [packed attention] in ops/cpu/attention.cpp).
+  const SeqRows sq = seq_rows(p, b);
+  const int TK = sq.len;
+  if (q0 >= TK) {  // packed: no query of this tile exists; its lse entries are 0
+    for (int i = threadIdx.x; i < BR && q0 + i < T; i += NTH) p.lse[(static_cast<size_t>(b) * p.heads + h) * T + q0 + i] = 0.0f;
+    return;
+  }
   const size_t rs = 3 * static_cast<size_t>(p.H);
-  const uint16_t* qg = static_cast<const uint16_t*>(p.qkv) + static_cast<size_t>(b) * T * rs + h * D;
+  const uint16_t* qg = static_cast<const uint16_t*>(p.qkv) + sq.row0 * rs + h * D;
   const uint16_t* kg = qg + p.H;
   const uint16_t* vg = qg + 2 * p.H;
   const int nkv_all = (T + BC - 1) / BC;
-  const int kend = valid_key_end<NTH>(p.mask, b, T);
+  const int kend = valid_key_end<NTH>(p.mask, b, TK);
   const int jvalid = kend > 0 ? (kend + BC - 1) / BC : nkv_all;  // Note [masked key tiles]
   int jbeg = 0, jend = jvalid;
 
-  load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, T);
+  load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, TK);
   // Window (Note [window tiles]): the thread's rows (fragment rows g, g+8 of slice mt are
   // tokens 2g, 2g+1), whether each is uniform, whether the warp has one, the tiles to visit.
   [[maybe_unused]] const int w = p.window < T ? p.window : T;
@@ -290,7 +297,7 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
   [[maybe_unused]] int wbeg = 0, wend = 0;  // the tiles this warp computes, within [jbeg, jend)
   if constexpr (WIN) {
     uint32_t* vbits = reinterpret_cast<uint32_t*>(smem + C::bits_offset(T));
-    build_valid_bits<NTH>(vbits, p.mask, b, T, nkv_all * BC);
+    build_valid_bits<NTH>(vbits, p.mask, b, TK, nkv_all * BC);
     __syncthreads();
     bool mine = false;
 #pragma unroll
@@ -298,7 +305,7 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         qrow[mt][hf] = q0 + warp * 16 * MT + mt * 16 + 2 * g + hf;
-        uni[mt][hf] = window_uniform(vbits, qrow[mt][hf], T, w);
+        uni[mt][hf] = window_uniform(vbits, qrow[mt][hf], TK, w);
         mine |= uni[mt][hf];
       }
     warp_uni = __any_sync(0xffffffffu, mine);
@@ -317,10 +324,10 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
       wend = jvalid < hi / BC + 1 ? jvalid : hi / BC + 1;
     }
   }
-  load_tile<BC, D, NTH>(k_s, kg, rs, jbeg * BC, T);
-  load_tile<BC, D, NTH>(v_s, vg, rs, jbeg * BC, T);
+  load_tile<BC, D, NTH>(k_s, kg, rs, jbeg * BC, TK);
+  load_tile<BC, D, NTH>(v_s, vg, rs, jbeg * BC, TK);
   cp_async_commit();
-  const bool any_valid = build_key_bias<NTH>(kb, p.mask, b, T, 0, nkv_all * BC);
+  const bool any_valid = build_key_bias<NTH>(kb, p.mask, b, TK, 0, nkv_all * BC);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;  // s2 = s * scale_mul + kb
   cp_async_wait_all();
   __syncthreads();
@@ -361,8 +368,8 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
   for (int j = jbeg; j < jend; ++j) {
     const int st = (j - jbeg) & 1;
     if (j + 1 < jend) {
-      load_tile<BC, D, NTH>(k_s + (st ^ 1) * C::kKVBytes, kg, rs, (j + 1) * BC, T);
-      load_tile<BC, D, NTH>(v_s + (st ^ 1) * C::kKVBytes, vg, rs, (j + 1) * BC, T);
+      load_tile<BC, D, NTH>(k_s + (st ^ 1) * C::kKVBytes, kg, rs, (j + 1) * BC, TK);
+      load_tile<BC, D, NTH>(v_s + (st ^ 1) * C::kKVBytes, vg, rs, (j + 1) * BC, TK);
     }
     cp_async_commit();
     const uint32_t kt = k_s + st * C::kKVBytes, vt = v_s + st * C::kKVBytes;
@@ -514,7 +521,8 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float mu = m[mt][hf] == -INFINITY ? 0.0f : m[mt][hf];
       const int row = warp * 16 * MT + mt * 16 + g + 8 * hf, q = q0 + perm16(row);
-      if (t4 == 0 && q < T) p.lse[(static_cast<size_t>(b) * p.heads + h) * T + q] = (mu + __log2f(sum)) * kLn2;
+      if (t4 == 0 && q < T)
+        p.lse[(static_cast<size_t>(b) * p.heads + h) * T + q] = q < TK ? (mu + __log2f(sum)) * kLn2 : 0.0f;
       const float inv = out_mul / sum;
 #pragma unroll
       for (int n = 0; n < NO; ++n)
@@ -527,8 +535,8 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
 #pragma unroll
   for (int i = lane; i < 16 * MT * CPR; i += 32) {
     const int row = warp * 16 * MT + i / CPR, c = i % CPR, q = q0 + perm16(row);
-    if (q < T)
-      *reinterpret_cast<uint4*>(ctx + (static_cast<size_t>(b) * T + q) * p.H + h * D + c * 8) =
+    if (q < TK)
+      *reinterpret_cast<uint4*>(ctx + (sq.row0 + q) * p.H + h * D + c * 8) =
           *reinterpret_cast<const uint4*>(q_tile + swz<D>(row, c));
   }
 }
@@ -577,29 +585,32 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   const int mi = lane >> 3, r8 = lane & 7;
   const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * BC;
   const int T = p.T;
+  // TK: the sequence's tokens, T when padded (Note [packed attention] in ops/cpu/attention.cpp).
+  const SeqRows sq = seq_rows(p, b);
+  const int TK = sq.len;
   const size_t rs = 3 * static_cast<size_t>(p.H);
   const size_t bh = static_cast<size_t>(b) * p.heads + h;
-  const uint16_t* qg = static_cast<const uint16_t*>(p.qkv) + static_cast<size_t>(b) * T * rs + h * D;
+  const uint16_t* qg = static_cast<const uint16_t*>(p.qkv) + sq.row0 * rs + h * D;
   const uint16_t* kg = qg + p.H;
   const uint16_t* vg = qg + 2 * p.H;
-  const uint16_t* dog = static_cast<const uint16_t*>(p.dctx) + static_cast<size_t>(b) * T * p.H + h * D;
+  const uint16_t* dog = static_cast<const uint16_t*>(p.dctx) + sq.row0 * p.H + h * D;
   const float* lse_g = p.lse + bh * T;
   const float* dsum_g = p.dsum + bh * T;
-  const int nq = (T + BR - 1) / BR;
+  const int nq = (TK + BR - 1) / BR;
 
   // Window (Note [window tiles]): ubits bit q = query q is uniform; any_uni: some query is.
-  const int kend = valid_key_end<NTH>(p.mask, b, T);
+  const int kend = valid_key_end<NTH>(p.mask, b, TK);
   const bool keys_dead = kend > 0 && k0 >= kend;
   [[maybe_unused]] const int w = p.window < T ? p.window : T;
   [[maybe_unused]] const uint32_t* ubits = reinterpret_cast<const uint32_t*>(smem + C::kBytes) + nq * (BR / 32);
   bool any_uni = false;
   if constexpr (WIN) {
     uint32_t* vbits = reinterpret_cast<uint32_t*>(smem + C::kBytes);
-    build_valid_bits<NTH>(vbits, p.mask, b, T, nq * BR);
+    build_valid_bits<NTH>(vbits, p.mask, b, TK, nq * BR);
     __syncthreads();
     int mine = 0;
     for (int qw = warp * 32; qw < nq * BR; qw += NTH) {  // 32 queries a warp at a time
-      const bool u = window_uniform(vbits, qw + lane, T, w);
+      const bool u = window_uniform(vbits, qw + lane, TK, w);
       const uint32_t word = __ballot_sync(0xffffffffu, u);
       if (lane == 0) vbits[nq * (BR / 32) + (qw >> 5)] = word;
       mine |= u;
@@ -624,8 +635,8 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
     constexpr int CPR = D / 8;
     for (int i = threadIdx.x; i < BC * CPR; i += NTH) {
       const int k = k0 + i / CPR, c = i % CPR;
-      if (k >= T) continue;
-      uint16_t* dst = dqkv + (static_cast<size_t>(b) * T + k) * rs + h * D + c * 8;
+      if (k >= TK) continue;
+      uint16_t* dst = dqkv + (sq.row0 + k) * rs + h * D + c * 8;
       *reinterpret_cast<uint4*>(dst + p.H) = make_uint4(0, 0, 0, 0);
       *reinterpret_cast<uint4*>(dst + 2 * p.H) = make_uint4(0, 0, 0, 0);
     }
@@ -633,10 +644,10 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   }
 
   auto load_q_tile = [&](int jt, int st) {
-    load_tile<BR, D, NTH>(q_s + st * C::kQBytes, qg, rs, jt * BR, T);
-    load_tile<BR, D, NTH>(do_s + st * C::kQBytes, dog, p.H, jt * BR, T);
+    load_tile<BR, D, NTH>(q_s + st * C::kQBytes, qg, rs, jt * BR, TK);
+    load_tile<BR, D, NTH>(do_s + st * C::kQBytes, dog, p.H, jt * BR, TK);
     const int i = threadIdx.x & (BR - 1), q = jt * BR + i;
-    const bool ok = q < T;
+    const bool ok = q < TK;
     if (threadIdx.x < BR)
       cp_async4(base + C::kLse + (st * BR + i) * 4, lse_g + (ok ? q : 0), ok);
     else
@@ -644,8 +655,8 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   };
 
   int j = next_tile(-1);
-  load_tile<BC, D, NTH, true>(k_s, kg, rs, k0, T);
-  load_tile<BC, D, NTH, true>(v_s, vg, rs, k0, T);
+  load_tile<BC, D, NTH, true>(k_s, kg, rs, k0, TK);
+  load_tile<BC, D, NTH, true>(v_s, vg, rs, k0, TK);
   if (j < nq) load_q_tile(j, 0);
   cp_async_commit();
 
@@ -664,7 +675,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
     for (int hf = 0; hf < 2; ++hf) {
       const int k = k0 + warp * 16 + 2 * g + hf;
       float v = -INFINITY;
-      if (k < T) {
+      if (k < TK) {
         const bool valid = p.mask == nullptr || p.mask[static_cast<size_t>(b) * T + k] != 0;
         v = (valid || !any_valid) ? 0.0f : -INFINITY;
       }
@@ -812,8 +823,8 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int q = j * BR + warp * 16 + g + 8 * hf;
-        if (q < T) {
-          float* row = p.dq_acc + (static_cast<size_t>(b) * T + q) * p.H + h * D + 2 * t4;
+        if (q < TK) {
+          float* row = p.dq_acc + (sq.row0 + q) * p.H + h * D + 2 * t4;
 #pragma unroll
           for (int n = 0; n < NO; ++n) red_add_f32x2(row + n * 8, dq[n][2 * hf], dq[n][2 * hf + 1]);
         }
@@ -844,8 +855,8 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
 #pragma unroll
   for (int i = lane; i < 16 * CPR; i += 32) {
     const int row = warp * 16 + i / CPR, c = i % CPR, k = k0 + perm16(row);
-    if (k < T) {
-      uint16_t* dst = dqkv + (static_cast<size_t>(b) * T + k) * rs + h * D + c * 8;
+    if (k < TK) {
+      uint16_t* dst = dqkv + (sq.row0 + k) * rs + h * D + c * 8;
       *reinterpret_cast<uint4*>(dst + p.H) = *reinterpret_cast<const uint4*>(smem + C::kK + swz<D>(row, c));
       *reinterpret_cast<uint4*>(dst + 2 * p.H) = *reinterpret_cast<const uint4*>(smem + C::kV + swz<D>(row, c));
     }
@@ -918,6 +929,19 @@ bool backward_for(const Params& p, int smem_limit, cudaStream_t s) {
     case 32: return launch_bwd<BF16, 32>(p, smem_limit, s);
     case 64: return launch_bwd<BF16, 64>(p, smem_limit, s);
     case 128: return launch_bwd<BF16, 128>(p, smem_limit, s);
+    default: return false;
+  }
+}
+
+bool flash_fits(int T, int D, int smem_limit) {
+  auto fits = [&](size_t fwd, size_t bwd) { return fwd <= static_cast<size_t>(smem_limit) && bwd <= static_cast<size_t>(smem_limit); };
+  const bool mt1 = fwd_mt() == 1;
+  switch (D) {  // the element type does not change the sizes; with a window (the larger)
+    case 32: return fits(mt1 ? FwdCfg<true, 32, 1>::smem_bytes(T, true) : FwdCfg<true, 32, 2>::smem_bytes(T, true),
+                         BwdCfg<true, 32>::smem_bytes(T, true));
+    case 64: return fits(mt1 ? FwdCfg<true, 64, 1>::smem_bytes(T, true) : FwdCfg<true, 64, 2>::smem_bytes(T, true),
+                         BwdCfg<true, 64>::smem_bytes(T, true));
+    case 128: return fits(FwdCfg<true, 128, 1>::smem_bytes(T, true), BwdCfg<true, 128>::smem_bytes(T, true));
     default: return false;
   }
 }

@@ -284,6 +284,40 @@ void CudaBackend::attention_forward_impl(const Tensor& ctx, const Tensor& lse, c
 #endif
 }
 
+bool CudaBackend::packed_attention_supported(DType dt, int64_t seq, int64_t head_dim) const {
+#if defined(ANATOMY_HAVE_CUDA_ATTENTION)
+  return cuda::packed_attention_supported(dt, seq, head_dim);
+#else
+  (void)dt, (void)seq, (void)head_dim;
+  return false;
+#endif
+}
+
+void CudaBackend::attention_packed_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv,
+                                                const Tensor& offsets, int heads, const DropoutSpec& dropout,
+                                                int window) {
+#if defined(ANATOMY_HAVE_CUDA_ATTENTION)
+  cuda::attention_packed_forward(ctx, lse, qkv, offsets, heads, dropout, m_stream, window);
+#else
+  (void)ctx, (void)lse, (void)qkv, (void)offsets, (void)heads, (void)dropout, (void)window;
+  fail("attention_packed_forward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
+#endif
+}
+
+void CudaBackend::attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
+                                                 const Tensor& ctx, const Tensor& lse, const Tensor& offsets, int heads,
+                                                 const DropoutSpec& dropout, int window) {
+#if defined(ANATOMY_HAVE_CUDA_ATTENTION)
+  const int64_t d = qkv.dim(1) / 3 / heads;  // the scratch of the padded batch [B, T] (N <= B T rows)
+  void* scratch =
+      attention_scratch(cuda::attention_scratch_bytes(lse.dim(0), lse.dim(2), heads, static_cast<int>(d), qkv.dtype));
+  cuda::attention_packed_backward(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, scratch, m_stream, window);
+#else
+  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)offsets, (void)heads, (void)dropout, (void)window;
+  fail("attention_packed_backward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
+#endif
+}
+
 void CudaBackend::attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                           const Tensor& lse, const Tensor& mask, int heads,
                                           const DropoutSpec& dropout, int window) {

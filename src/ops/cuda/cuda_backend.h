@@ -37,7 +37,8 @@ class CudaBackend final : public Backend {
   void set_allow_tf32(bool on) override;
   bool computes_in(DType dt) const override {
     return dt == DType::F32 || dt == DType::BF16 || dt == DType::F16;
-  }
+  }  bool packed_attention_supported(DType dt, int64_t seq, int64_t head_dim) const override;
+
 
   cudaStream_t stream() const { return m_stream; }
   // Timing marks are CUDA events recorded on the stream; the pool grows while profiling and
@@ -90,6 +91,11 @@ class CudaBackend final : public Backend {
   void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
                                int window) override;
+  void attention_packed_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets,
+                                     int heads, const DropoutSpec& dropout, int window) override;
+  void attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+                                      const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& dropout,
+                                      int window) override;
   void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) override;
   void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) override;
 
