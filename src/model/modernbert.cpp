@@ -221,6 +221,27 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   ANATOMY_CHECK(!shape.packed_tokens, "training on real tokens (--skip-padding) is not implemented for ModernBERT");
   ANATOMY_CHECK(!shape.training || shape.gradients == GradientPlacement::Own,
                 "--gradient-placement in-activations: not implemented for ModernBERT (use own or auto)");
+  // Where the step finds each parameter (transformers' names; a bias only where the config has it).
+  auto params_of = [&](const std::string& name) {
+    return Params{&m_layout.get(name + ".weight"), m_layout.find(name + ".bias")};
+  };
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    LayerParams lp;
+    if (l > 0) lp.attn_norm = params_of(p + "attn_norm");
+    lp.wqkv = params_of(p + "attn.Wqkv");
+    lp.attn_wo = params_of(p + "attn.Wo");
+    lp.mlp_norm = params_of(p + "mlp_norm");
+    lp.wi = params_of(p + "mlp.Wi");
+    lp.mlp_wo = params_of(p + "mlp.Wo");
+    m_layer_params.push_back(lp);
+  }
+  m_tok_embeddings = &m_layout.get("model.embeddings.tok_embeddings.weight");
+  m_emb_norm = params_of("model.embeddings.norm");
+  m_final_norm = params_of("model.final_norm");
+  m_head_dense = params_of("head.dense");
+  m_head_norm = params_of("head.norm");
+  m_head_out = Params{&m_layout.get(output_weight(cfg)), m_layout.find(output_bias(cfg))};
   Allocator& a = be.allocator();
   const auto n = static_cast<int64_t>(m_layout.total());
   m_master = Buffer(a, DType::F32, {n}, Category::Weights);
@@ -299,36 +320,34 @@ void ModernBertForSequenceClassification::init_weights(uint64_t seed) {
 }
 
 // ---- building blocks -------------------------------------------------------------------------------
-void ModernBertForSequenceClassification::linear(const Tensor& y, const Tensor& x, const std::string& w,
-                                                 const std::string& b) {
-  if (has(b))
-    m_be.matmul(y, x, Trans::N, W(w), Trans::T, {1, 0, Epilogue::Bias, W(b), {}});
+void ModernBertForSequenceClassification::linear(const Tensor& y, const Tensor& x, const Params& p) {
+  if (p.bias)
+    m_be.matmul(y, x, Trans::N, W(p.weight), Trans::T, {1, 0, Epilogue::Bias, W(p.bias), {}});
   else
-    m_be.matmul(y, x, Trans::N, W(w), Trans::T, {1, 0, Epilogue::None, {}, {}});
+    m_be.matmul(y, x, Trans::N, W(p.weight), Trans::T, {1, 0, Epilogue::None, {}, {}});
 }
 
 void ModernBertForSequenceClassification::linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x,
-                                                          const std::string& w, const std::string& b) {
-  m_be.matmul(G(w), dy, Trans::T, x, Trans::N, {1, 1, Epilogue::None, {}, {}});
-  if (has(b)) m_be.bias_grad(G(b), dy);
-  if (dx.defined()) m_be.matmul(dx, dy, Trans::N, W(w), Trans::N, {1, 0, Epilogue::None, {}, {}});
+                                                          const Params& p) {
+  m_be.matmul(G(p.weight), dy, Trans::T, x, Trans::N, {1, 1, Epilogue::None, {}, {}});
+  if (p.bias) m_be.bias_grad(G(p.bias), dy);
+  if (dx.defined()) m_be.matmul(dx, dy, Trans::N, W(p.weight), Trans::N, {1, 0, Epilogue::None, {}, {}});
 }
 
-void ModernBertForSequenceClassification::norm_forward(const std::string& name, const Tensor& y, const Tensor& rstd,
+void ModernBertForSequenceClassification::norm_forward(const Params& p, const Tensor& y, const Tensor& rstd,
                                                        const Tensor& branch, const Tensor& residual,
                                                        const Tensor& sum) {
-  const Tensor beta = has(name + ".bias") ? M(name + ".bias") : m_acts->zero_beta;
+  const Tensor beta = p.bias ? M(p.bias) : m_acts->zero_beta;
   const Tensor mean = ParamLayout::range(m_acts->mean_scratch, 0, rstd.shape);
-  m_be.layernorm_forward(y, sum, mean, rstd, branch, residual, M(name + ".weight"), beta,
+  m_be.layernorm_forward(y, sum, mean, rstd, branch, residual, M(p.weight), beta,
                          static_cast<float>(m_cfg.layer_norm_eps), {});
 }
 
-void ModernBertForSequenceClassification::norm_backward(const std::string& name, const Tensor& dsum, const Tensor& dy,
+void ModernBertForSequenceClassification::norm_backward(const Params& p, const Tensor& dsum, const Tensor& dy,
                                                         const Tensor& y, const Tensor& rstd) {
-  const bool bias = has(name + ".bias");
-  const Tensor beta = bias ? M(name + ".bias") : m_acts->zero_beta;
-  const Tensor dbeta = bias ? G(name + ".bias") : m_acts->dbeta_scratch;
-  m_be.layernorm_backward(dsum, Tensor(), G(name + ".weight"), dbeta, dy, y, rstd, M(name + ".weight"), beta, {});
+  const Tensor beta = p.bias ? M(p.bias) : m_acts->zero_beta;
+  const Tensor dbeta = p.bias ? G(p.bias) : m_acts->dbeta_scratch;
+  m_be.layernorm_backward(dsum, Tensor(), G(p.weight), dbeta, dy, y, rstd, M(p.weight), beta, {});
 }
 
 // ---- forward ---------------------------------------------------------------------------------------
@@ -340,27 +359,27 @@ void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch
   const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
-  const std::string p = layer_prefix(l);
+  const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
   const Tensor x = shaped(A.x, {R, H});
   Tensor h = x;
   if (l > 0) {
     h = shaped(A.h, {R, H});
-    norm_forward(p + "attn_norm", h, shaped(A.rstd_a, {R}), x, Tensor(), Tensor());
+    norm_forward(P.attn_norm, h, shaped(A.rstd_a, {R}), x, Tensor(), Tensor());
   }
   const Tensor qkv = shaped(A.qkv, {B, T, 3 * H});
-  linear(shaped(A.qkv, {R, 3 * H}), h, p + "attn.Wqkv.weight", p + "attn.Wqkv.bias");
+  linear(shaped(A.qkv, {R, 3 * H}), h, P.wqkv);
   const bool global = m_cfg.is_global_layer(l);
   const ModernBertFields& m = m_cfg.modern;
   m_be.rotary_forward(qkv, qkv, heads, static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta));
   m_be.attention_forward(shaped(A.ctx, {B, T, H}), shaped(A.lse, {B, heads, T}), qkv, b.attention_mask, heads, {},
                          global ? 0 : static_cast<int>(m.local_attention / 2));
   const Tensor attn_out = shaped(m_acts->t1, {R, H});
-  linear(attn_out, shaped(A.ctx, {R, H}), p + "attn.Wo.weight", p + "attn.Wo.bias");
-  norm_forward(p + "mlp_norm", shaped(A.y, {R, H}), shaped(A.rstd_m, {R}), attn_out, x, shaped(A.x1, {R, H}));
-  linear(shaped(A.wi, {R, 2 * I}), shaped(A.y, {R, H}), p + "mlp.Wi.weight", p + "mlp.Wi.bias");
+  linear(attn_out, shaped(A.ctx, {R, H}), P.attn_wo);
+  norm_forward(P.mlp_norm, shaped(A.y, {R, H}), shaped(A.rstd_m, {R}), attn_out, x, shaped(A.x1, {R, H}));
+  linear(shaped(A.wi, {R, 2 * I}), shaped(A.y, {R, H}), P.wi);
   m_be.geglu_forward(shaped(A.g, {R, I}), shaped(A.wi, {R, 2 * I}));
   const Tensor mlp_out = shaped(m_acts->t2, {R, H});
-  linear(mlp_out, shaped(A.g, {R, I}), p + "mlp.Wo.weight", p + "mlp.Wo.bias");
+  linear(mlp_out, shaped(A.g, {R, I}), P.mlp_wo);
   const size_t next = static_cast<size_t>(l) + 1;
   const Tensor out = next < m_acts->layers.size() ? shaped(m_acts->layers[next].x, {R, H}) : shaped(m_acts->xl, {R, H});
   m_be.add(out, shaped(A.x1, {R, H}), mlp_out);
@@ -387,22 +406,22 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
                 m_shape.max_seq);
   Acts& A = *m_acts;
   const Tensor ids = ParamLayout::range(b.input_ids, 0, {R});
-  m_be.gather_rows(shaped(A.emb, {R, H}), W("model.embeddings.tok_embeddings.weight"), ids);
-  norm_forward("model.embeddings.norm", shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}), shaped(A.emb, {R, H}),
+  m_be.gather_rows(shaped(A.emb, {R, H}), W(m_tok_embeddings), ids);
+  norm_forward(m_emb_norm, shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}), shaped(A.emb, {R, H}),
                Tensor(), Tensor());
   for (int l = 0; l < m_cfg.num_hidden_layers; ++l) layer_forward(l, b);
-  norm_forward("model.final_norm", shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}), shaped(A.xl, {R, H}), Tensor(),
+  norm_forward(m_final_norm, shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}), shaped(A.xl, {R, H}), Tensor(),
                Tensor());
   m_hidden = shaped(A.xf, {B, T, H});
   const bool tokens = token_head(m_cfg);
   const int64_t N = tokens ? R : B;
   if (!tokens) pool_forward(b);
   const Tensor head_in = tokens ? shaped(A.xf, {R, H}) : shaped(A.pooled, {B, H});
-  linear(shaped(A.hd, {N, H}), head_in, "head.dense.weight", "head.dense.bias");
+  linear(shaped(A.hd, {N, H}), head_in, m_head_dense);
   m_be.gelu_forward(shaped(A.ga, {N, H}), shaped(A.hd, {N, H}));
-  norm_forward("head.norm", shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}), shaped(A.ga, {N, H}), Tensor(), Tensor());
+  norm_forward(m_head_norm, shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}), shaped(A.ga, {N, H}), Tensor(), Tensor());
   m_logits = shaped(A.logits, {N, C});
-  linear(m_logits, shaped(A.hh, {N, H}), output_weight(m_cfg), output_bias(m_cfg));
+  linear(m_logits, shaped(A.hh, {N, H}), m_head_out);
   m_losses = shaped(A.losses, {B});
 }
 
@@ -444,27 +463,27 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
   Acts& S = *m_acts;
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
-  const std::string p = layer_prefix(l);
+  const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
   const bool global = m_cfg.is_global_layer(l);
   const ModernBertFields& m = m_cfg.modern;
   // MLP branch: out = x1 + mlp(mlp_norm(x1)).
-  linear_backward(shaped(S.dg, {R, I}), dout, shaped(A.g, {R, I}), p + "mlp.Wo.weight", p + "mlp.Wo.bias");
+  linear_backward(shaped(S.dg, {R, I}), dout, shaped(A.g, {R, I}), P.mlp_wo);
   m_be.geglu_backward(shaped(S.dwi, {R, 2 * I}), shaped(S.dg, {R, I}), shaped(A.wi, {R, 2 * I}));
   const Tensor t1 = shaped(S.t1, {R, H}), t2 = shaped(S.t2, {R, H}), t3 = shaped(S.t3, {R, H});
-  linear_backward(t1, shaped(S.dwi, {R, 2 * I}), shaped(A.y, {R, H}), p + "mlp.Wi.weight", p + "mlp.Wi.bias");
-  norm_backward(p + "mlp_norm", t2, t1, shaped(A.y, {R, H}), shaped(A.rstd_m, {R}));
+  linear_backward(t1, shaped(S.dwi, {R, 2 * I}), shaped(A.y, {R, H}), P.wi);
+  norm_backward(P.mlp_norm, t2, t1, shaped(A.y, {R, H}), shaped(A.rstd_m, {R}));
   m_be.add(t3, t2, dout);  // d x1
   // Attention branch: x1 = x + Wo attention(rotary(Wqkv h)).
-  linear_backward(t1, t3, shaped(A.ctx, {R, H}), p + "attn.Wo.weight", p + "attn.Wo.bias");
+  linear_backward(t1, t3, shaped(A.ctx, {R, H}), P.attn_wo);
   const Tensor dqkv = shaped(S.dqkv, {B, T, 3 * H});
   m_be.attention_backward(dqkv, shaped(t1, {B, T, H}), shaped(A.qkv, {B, T, 3 * H}), shaped(A.ctx, {B, T, H}),
                           shaped(A.lse, {B, heads, T}), b.attention_mask, heads, {},
                           global ? 0 : static_cast<int>(m.local_attention / 2));
   m_be.rotary_backward(dqkv, dqkv, heads, static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta));
   const Tensor h = l > 0 ? shaped(A.h, {R, H}) : shaped(A.x, {R, H});
-  linear_backward(t2, shaped(S.dqkv, {R, 3 * H}), h, p + "attn.Wqkv.weight", p + "attn.Wqkv.bias");
+  linear_backward(t2, shaped(S.dqkv, {R, 3 * H}), h, P.wqkv);
   if (l > 0) {
-    norm_backward(p + "attn_norm", t1, t2, h, shaped(A.rstd_a, {R}));
+    norm_backward(P.attn_norm, t1, t2, h, shaped(A.rstd_a, {R}));
     m_be.add(din, t1, t3);
   } else {
     m_be.add(din, t2, t3);
@@ -478,14 +497,14 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   const int64_t N = tokens ? R : B;
   const Tensor dlogits = shaped(A.dlogits, {N, C});
   // Masked-LM: the tied decoder's gradient goes into the token embeddings' (their lookup's adds to it).
-  linear_backward(shaped(A.dhh, {N, H}), dlogits, shaped(A.hh, {N, H}), output_weight(m_cfg), output_bias(m_cfg));
-  norm_backward("head.norm", shaped(A.dhd, {N, H}), shaped(A.dhh, {N, H}), shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}));
+  linear_backward(shaped(A.dhh, {N, H}), dlogits, shaped(A.hh, {N, H}), m_head_out);
+  norm_backward(m_head_norm, shaped(A.dhd, {N, H}), shaped(A.dhh, {N, H}), shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}));
   m_be.gelu_backward(shaped(A.dhd, {N, H}), shaped(A.dhd, {N, H}), shaped(A.hd, {N, H}));
   // The token head's dense writes the encoder output's gradient itself; the sequence head's
   // goes through the pooling.
   const Tensor dpooled = tokens ? shaped(A.dxf, {R, H}) : shaped(A.dpooled, {B, H});
   const Tensor head_in = tokens ? shaped(A.xf, {R, H}) : shaped(A.pooled, {B, H});
-  linear_backward(dpooled, shaped(A.dhd, {N, H}), head_in, "head.dense.weight", "head.dense.bias");
+  linear_backward(dpooled, shaped(A.dhd, {N, H}), head_in, m_head_dense);
   const Tensor dxf = shaped(A.dxf, {B, T, H});
   if (tokens) {  // the head's dense wrote dxf
   } else if (mean_pooling(m_cfg))
@@ -493,7 +512,7 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   else
     m_be.select_token_backward(dxf, dpooled, 0);
   Tensor d = shaped(A.da, {R, H}), other = shaped(A.db, {R, H});
-  norm_backward("model.final_norm", d, shaped(A.dxf, {R, H}), shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}));
+  norm_backward(m_final_norm, d, shaped(A.dxf, {R, H}), shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}));
   for (int l = static_cast<int>(m_cfg.num_hidden_layers) - 1; l >= 0; --l) {
     layer_backward(l, b, d, other);
     std::swap(d, other);
@@ -501,8 +520,8 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
                                            m_grad_ranges[static_cast<size_t>(l) + 1].second);
   }
   const Tensor demb = other;
-  norm_backward("model.embeddings.norm", demb, d, shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}));
-  m_be.embedding_backward(G("model.embeddings.tok_embeddings.weight"), Tensor(), Tensor(), demb, b.input_ids,
+  norm_backward(m_emb_norm, demb, d, shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}));
+  m_be.embedding_backward(G(m_tok_embeddings), Tensor(), Tensor(), demb, b.input_ids,
                           Tensor());
 }
 

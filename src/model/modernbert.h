@@ -81,24 +81,37 @@ class ModernBertForSequenceClassification : public EncoderModel {
   void loss(const DeviceBatch& b, const Tensor& dlogits, float grad_scale);
   void layer_forward(int l, const DeviceBatch& b);
   void layer_backward(int l, const DeviceBatch& b, const Tensor& dout, const Tensor& din);
-  void norm_forward(const std::string& name, const Tensor& y, const Tensor& rstd, const Tensor& branch,
-                    const Tensor& residual, const Tensor& sum);
-  void norm_backward(const std::string& name, const Tensor& dsum, const Tensor& dy, const Tensor& y,
-                     const Tensor& rstd);
-  void linear(const Tensor& y, const Tensor& x, const std::string& w, const std::string& b);
-  // dW += dy^T x, db += colsum(dy) (when the layout has b), dx = dy W (when dx is defined).
-  void linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const std::string& w, const std::string& b);
-  Tensor W(const std::string& name) const { return m_layout.view(m_compute_view, name); }
-  Tensor G(const std::string& name) const { return m_layout.view(m_grads_view, name); }
+  // A linear layer's or a LayerNorm's parameters in the layout, found once by the constructor
+  // so that a step builds no names and looks nothing up; bias is null where the config has none.
+  struct Params {
+    const ParamInfo* weight = nullptr;
+    const ParamInfo* bias = nullptr;
+  };
+  struct LayerParams {
+    Params attn_norm;  // none in layer 0 (an Identity, Note [modernbert])
+    Params wqkv, attn_wo, mlp_norm, wi, mlp_wo;
+  };
+  void norm_forward(const Params& p, const Tensor& y, const Tensor& rstd, const Tensor& branch, const Tensor& residual,
+                    const Tensor& sum);
+  void norm_backward(const Params& p, const Tensor& dsum, const Tensor& dy, const Tensor& y, const Tensor& rstd);
+  void linear(const Tensor& y, const Tensor& x, const Params& p);
+  // dW += dy^T x, db += colsum(dy) (when there is a bias), dx = dy W (when dx is defined).
+  void linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const Params& p);
+  Tensor W(const ParamInfo* p) const { return m_layout.view(m_compute_view, *p); }
+  Tensor G(const ParamInfo* p) const { return m_layout.view(m_grads_view, *p); }
   // The F32 master weights: the norms read their parameters here in every precision (Note
   // [normalization parameters in fp32] in bert.cpp).
-  Tensor M(const std::string& name) const { return m_layout.view(m_master.tensor(), name); }
-  bool has(const std::string& name) const { return m_layout.find(name) != nullptr; }
+  Tensor M(const ParamInfo* p) const { return m_layout.view(m_master.tensor(), *p); }
 
   Backend& m_be;
   BertConfig m_cfg;
   ParamLayout m_layout;
   ModelShape m_shape;
+  std::vector<LayerParams> m_layer_params;
+  // The token embeddings, and the head's output layer: the classifier, or the masked-LM decoder
+  // whose weight is the token embeddings (Note [modernbert token head]).
+  const ParamInfo* m_tok_embeddings = nullptr;
+  Params m_emb_norm, m_final_norm, m_head_dense, m_head_norm, m_head_out;
   Buffer m_master, m_compute, m_grads;
   Tensor m_compute_view, m_grads_view;
   std::vector<std::pair<size_t, size_t>> m_grad_ranges;
