@@ -83,6 +83,9 @@ struct ModernBertForSequenceClassification::Acts {
   // here, in backward's scratch, written by forward and again by backward's recompute.
   Layer work;
   bool recompute = false;
+  // --gradient-checkpointing selective: no layer keeps g; it lives in backward's scratch
+  // (Note [modernbert selective recompute]).
+  bool selective = false;
   Layer at(size_t l) const {
     if (!recompute) return layers[l];
     Layer v = work;
@@ -126,6 +129,7 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
   if (layer_ends) layer_ends->push_back(act.used());
   A.layers.assign(static_cast<size_t>(cfg.num_hidden_layers), {});
   A.recompute = policy == CheckpointPolicy::Layer;
+  A.selective = training && policy == CheckpointPolicy::Selective;
   // A layer's tensors after its input x: in the activations, or once in the scratch (Layer).
   auto internals = [&](ModernBertForSequenceClassification::Acts::Layer& L, Arena& a, bool norm) {
     if (norm) L.h = a.take(dt, {R, H}), L.rstd_a = a.take(F32, {R});
@@ -136,7 +140,7 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
     L.y = a.take(dt, {R, H});
     L.rstd_m = a.take(F32, {R});
     L.wi = a.take(dt, {R, 2 * I});
-    L.g = a.take(dt, {R, I});
+    if (!A.selective) L.g = a.take(dt, {R, I});
   };
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     auto& L = A.layers[static_cast<size_t>(l)];
@@ -157,6 +161,8 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
   if (!training) return;
   A.da = tmp.take(dt, {R, H}), A.db = tmp.take(dt, {R, H}), A.t3 = tmp.take(dt, {R, H});
   A.dqkv = tmp.take(dt, {B, T, 3 * H}), A.dg = tmp.take(dt, {R, I}), A.dwi = tmp.take(dt, {R, 2 * I});
+  if (A.selective)  // Note [modernbert selective recompute]
+    for (auto& L : A.layers) L.g = ParamLayout::range(A.dwi, 0, {R, I});
   A.dxf = tmp.take(dt, {B, T, H});
   if (!token_head(cfg)) A.dpooled = tmp.take(dt, {B, H});
   A.dhd = tmp.take(dt, {N, H}), A.dhh = tmp.take(dt, {N, H});
@@ -216,8 +222,6 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
   ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
                 " must be between 1 and ", cfg.max_sequence_length(), " (max_position_embeddings)");
-  ANATOMY_CHECK(shape.checkpointing != CheckpointPolicy::Selective,
-                "--gradient-checkpointing selective: not implemented for ModernBERT (use none or layer)");
   ANATOMY_CHECK(!shape.packed_tokens, "training on real tokens (--skip-padding) is not implemented for ModernBERT");
   ANATOMY_CHECK(!shape.training || shape.gradients == GradientPlacement::Own,
                 "--gradient-placement in-activations: not implemented for ModernBERT (use own or auto)");
@@ -452,6 +456,15 @@ void ModernBertForSequenceClassification::loss(const DeviceBatch& b, const Tenso
 }
 
 // ---- backward --------------------------------------------------------------------------------------
+// Note [modernbert selective recompute]: under --gradient-checkpointing selective forward keeps
+// every tensor of a layer but its gated-GELU output g = gelu(in) * gate ([B*T, intermediate]:
+// in ModernBERT-base an eighth of a layer's saved bytes). Forward writes g into the scratch of
+// wi's gradient, where the MLP's output projection reads it at once; backward recomputes it
+// there from the saved wi before the projection's weight gradient reads it. That scratch is free
+// at both times: backward writes wi's gradient only after the projection's, when g is dead. One
+// element-wise op per layer, the same op on the same input as forward's, so the gradients are
+// those of the run that keeps everything, bit for bit. (BERT's selective also drops the first
+// layers' FFN input, Note [recomputed FFN input] in bert.cpp; ModernBERT keeps every wi.)
 // Note [layer recompute]: under --gradient-checkpointing layer forward keeps each layer's input
 // alone; backward first re-runs the layer's forward from it into the one set of layer tensors in
 // the scratch (Acts::work), the same ops on the same inputs, so the gradients are those of the
@@ -462,6 +475,7 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
   const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   Acts& S = *m_acts;
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
+  if (S.selective) m_be.geglu_forward(shaped(A.g, {R, I}), shaped(A.wi, {R, 2 * I}));  // Note [modernbert selective recompute]
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
   const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
   const bool global = m_cfg.is_global_layer(l);

@@ -7,10 +7,11 @@
 // arena, backward scratch in another, both sized by the carving that the planner runs dry
 // (modernbert_arena_bytes), so planned == allocated.
 //
-// Gradient checkpointing: none or layer (Note [layer recompute] in modernbert.cpp).
+// Gradient checkpointing: none, layer (Note [layer recompute] in modernbert.cpp) or selective
+// (Note [modernbert selective recompute]).
 // What it does not do (the BERT class does): dropout (config.json's dropouts must be 0),
-// selective recompute, packed batches (it trains and evaluates padded; a packing index is
-// ignored), gradients in freed activations (always a buffer of their own).
+// packed batches (it trains and evaluates padded; a packing index is ignored), gradients in
+// freed activations (always a buffer of their own).
 // With config.json's architectures ModernBertForTokenClassification or ModernBertForMaskedLM the
 // same class is that model: the head on every token (Note [modernbert token head] in
 // modernbert.cpp), logits [B*T, num_labels or vocab_size].
@@ -31,8 +32,8 @@ namespace anatomy {
 
 class ModernBertForSequenceClassification : public EncoderModel {
  public:
-  // The config must be a validated ModernBERT config; the shape asks for no selective recompute,
-  // packing or shared gradients (refused naming the flag).
+  // The config must be a validated ModernBERT config; the shape asks for no packing or shared
+  // gradients (refused naming the flag).
   ModernBertForSequenceClassification(Backend& be, const BertConfig& cfg, const ModelShape& shape);
   // A training model in F32 for batches up to [max_batch, max_seq].
   ModernBertForSequenceClassification(Backend& be, const BertConfig& cfg, int64_t max_batch, int64_t max_seq)

@@ -22,6 +22,11 @@ TEST_P(GoldenModernBert, ForwardLossAndEveryGradientMatchTransformers) {
   check_modernbert_step(*be, GetParam(), 1e-4);
 }
 
+TEST_P(GoldenModernBert, SelectiveCheckpointingMatchesTransformers) {
+  auto be = make_cpu_backend();
+  check_modernbert_step(*be, GetParam(), 1e-4, CheckpointPolicy::Selective);
+}
+
 TEST_P(GoldenModernBert, FiveAdamWStepsTrackTransformers) {
   auto be = make_cpu_backend();
   check_modernbert_adamw(*be, GetParam(), 1e-4);
@@ -51,16 +56,17 @@ TEST_P(GoldenModernBert, SavesTheTensorNamesTransformersLoads) {
   EXPECT_EQ(static_cast<size_t>(f.cfg.num_parameters()), model.layout().num_parameters());
 }
 
-// --gradient-checkpointing layer (Note [layer recompute] in model/modernbert.cpp) gives the
-// gradients and losses of the run that keeps everything, bit for bit, with every head.
-TEST_P(GoldenModernBert, LayerCheckpointingGivesTheSameGradients) {
+// --gradient-checkpointing layer and selective (Notes [layer recompute] and [modernbert selective
+// recompute] in model/modernbert.cpp) give the gradients and losses of the run that keeps
+// everything, bit for bit, with every head.
+TEST_P(GoldenModernBert, CheckpointingGivesTheSameGradients) {
   const std::string d = modernbert_dir(GetParam());
   Fixture f(d);
   auto be = make_cpu_backend();
-  std::vector<float> grads[2], losses[2];
-  for (int k = 0; k < 2; ++k) {
-    ModernBertForSequenceClassification model(*be, f.cfg,
-                                              ModelShape{f.B, f.T, DType::F32, k ? CheckpointPolicy::Layer : CheckpointPolicy::None});
+  const CheckpointPolicy policies[] = {CheckpointPolicy::None, CheckpointPolicy::Layer, CheckpointPolicy::Selective};
+  std::vector<float> grads[3], losses[3];
+  for (int k = 0; k < 3; ++k) {
+    ModernBertForSequenceClassification model(*be, f.cfg, ModelShape{f.B, f.T, DType::F32, policies[k]});
     load_modernbert_weights(d, model);
     Batch batch(*be, f);
     model.zero_grads();
@@ -68,8 +74,10 @@ TEST_P(GoldenModernBert, LayerCheckpointingGivesTheSameGradients) {
     grads[k] = model.grads_to_host();
     losses[k] = to_f32(*be, model.losses());
   }
-  EXPECT_TRUE(same_values<float>(grads[0], grads[1]));
-  EXPECT_TRUE(same_values<float>(losses[0], losses[1]));
+  for (int k = 1; k < 3; ++k) {
+    EXPECT_TRUE(same_values<float>(grads[0], grads[k])) << checkpoint_policy_name(policies[k]);
+    EXPECT_TRUE(same_values<float>(losses[0], losses[k])) << checkpoint_policy_name(policies[k]);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBert, testing::Values("modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"),

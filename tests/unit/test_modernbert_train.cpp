@@ -141,8 +141,8 @@ TEST(ModernBertTrain, CheckpointAndResumeEqualTheUninterruptedRun) {
 }
 
 // The trainer's allocation is its plan, category by category (F32), and BF16, FP16 and F32
-// models (training, with layer checkpointing, inference) allocate their plan's weights,
-// gradients and arenas (built on the CPU, which allocates and casts in half precision).
+// models (training, with layer or selective checkpointing, inference) allocate their plan's
+// weights, gradients and arenas (built on the CPU, which allocates and casts in half precision).
 TEST(ModernBertTrain, PlannedEqualsAllocated) {
   TrainOptions o = modern("mb_plan", 1, 8, 2);
   const TrainResult r = train(o);
@@ -154,10 +154,13 @@ TEST(ModernBertTrain, PlannedEqualsAllocated) {
 
   for (const char* name : {"modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"})
     for (DType dt : {DType::BF16, DType::F16, DType::F32})
-      for (int mode = 0; mode < 3; ++mode) {  // training, training with layer checkpointing, inference
-        const bool training = mode < 2;
+      for (int mode = 0; mode < 4; ++mode) {  // training (none, layer, selective checkpointing), inference
+        const bool training = mode < 3;
         const BertConfig c = BertConfig::from_json_file(golden::modernbert_dir(name) + "/config.json");
-        const ModelShape shape{6, 17, dt, mode == 1 ? CheckpointPolicy::Layer : CheckpointPolicy::None, training};
+        const CheckpointPolicy policy = mode == 1 ? CheckpointPolicy::Layer
+                                        : mode == 2 ? CheckpointPolicy::Selective
+                                                    : CheckpointPolicy::None;
+        const ModelShape shape{6, 17, dt, policy, training};
         const MemoryPlan p = plan_memory(PlanInput{c, shape, OptimizerKind::AdamW, Device::CPU});
         auto be = make_cpu_backend(1);
         const CategoryBytes before = be->allocator().stats().current();
@@ -274,15 +277,11 @@ TEST(ModernBertTrain, GoldenAdamWStepsThroughTheTrainersPath) {
 
 // What ModernBERT does not do is refused in one line naming the flag, before anything is written.
 TEST(ModernBertTrain, RefusesWhatItDoesNotDo) {
-  TrainOptions o = modern("mb_refuse");
-  o.gradient_checkpointing = CheckpointPolicy::Selective;
-  std::string e = error_of(o);
-  EXPECT_NE(e.find("--gradient-checkpointing selective"), std::string::npos) << e;
-  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
-  o = modern("mb_refuse_place");
+  TrainOptions o = modern("mb_refuse_place");
   o.gradient_placement = "in-activations";
-  e = error_of(o);
+  const std::string e = error_of(o);
   EXPECT_NE(e.find("--gradient-placement"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / "metrics.jsonl"));
 }
 
@@ -380,4 +379,65 @@ TEST(ModernBertTrain, LayerCheckpointingEqualsNoneWithLessMemory) {
   const MemoryPlan plan = plan_memory(plan_input(layer, cfg, 8, Device::CPU, 1));
   for (int c = 0; c < kNumCategories; ++c)
     EXPECT_EQ(b.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c));
+}
+
+// --gradient-checkpointing selective (Note [modernbert selective recompute] in
+// model/modernbert.cpp): the same losses and weights as keeping every activation, bit for bit;
+// the activations smaller by exactly every layer's gated-GELU output, the scratch no larger (g
+// shares wi's gradient), the allocation equal to its plan, and the liveness profile smaller by
+// one g per layer written so far.
+TEST(ModernBertTrain, SelectiveCheckpointingEqualsNoneWithLessMemory) {
+  TrainOptions none = modern("mb_sel_none");
+  const TrainResult a = train(none);
+  TrainOptions sel = modern("mb_sel_selective");
+  sel.gradient_checkpointing = CheckpointPolicy::Selective;
+  const TrainResult b = train(sel);
+  EXPECT_EQ(b.train_loss, a.train_loss);
+  EXPECT_EQ(max_abs_diff(saved_weights(none.output_dir), saved_weights(sel.output_dir)), 0.0);
+  const BertConfig cfg = BertConfig::from_json_file(start_model() + "/config.json");
+  const int64_t g = 8 * 32 * cfg.intermediate_size * 4;  // [B*T, intermediate] in F32
+  EXPECT_EQ(a.peak_bytes[Category::Activations] - b.peak_bytes[Category::Activations], cfg.num_hidden_layers * g);
+  EXPECT_EQ(b.peak_bytes[Category::Temporary], a.peak_bytes[Category::Temporary]);
+  const MemoryPlan plan = plan_memory(plan_input(sel, cfg, 8, Device::CPU, 1));
+  for (int c = 0; c < kNumCategories; ++c)
+    EXPECT_EQ(b.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c));
+  const std::vector<LivenessPoint> ln = activation_liveness(cfg, plan_input(none, cfg, 8, Device::CPU, 1).shape);
+  const std::vector<LivenessPoint> ls = activation_liveness(cfg, plan_input(sel, cfg, 8, Device::CPU, 1).shape);
+  ASSERT_EQ(ls.size(), ln.size());
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string label = str_cat("layer ", l, " forward");
+    const auto at = [&](const std::vector<LivenessPoint>& v) {
+      for (const LivenessPoint& p : v)
+        if (p.label == label) return p.activation_bytes;
+      ADD_FAILURE() << "no liveness point " << label;
+      return int64_t{0};
+    };
+    EXPECT_EQ(at(ln) - at(ls), (l + 1) * g) << label;
+  }
+  // The out-of-memory advice offers it for ModernBERT too, at the planned total.
+  PlanInput in = plan_input(none, cfg, 8, Device::CPU, 1);
+  bool offered = false;
+  for (const Lever& l : levers_that_fit(in, plan_memory(in).total() * 2, 0, 1))
+    if (l.description == "--gradient-checkpointing selective") {
+      offered = true;
+      EXPECT_EQ(l.total, plan.total());
+    }
+  EXPECT_TRUE(offered);
+}
+
+// `anatomy train --gradient-checkpointing selective` on a tiny ModernBERT runs, with the losses
+// of --gradient-checkpointing none.
+TEST(ModernBertTrain, CliSelectiveCheckpointingTrainsLikeNone) {
+  const std::string dir = testing_cli::fresh_dir("mb_cli_selective");
+  auto run = [&](const std::string& policy) {
+    const testing_cli::CmdResult r = testing_cli::run_anatomy(
+        "train --device cpu --threads 1 --model-name-or-path " + start_model() +
+        " --dataset learnable --num-samples 32 --max-seq-length 32 --per-device-train-batch-size 8 --max-steps 3"
+        " --logging-steps 1 --disable-tqdm --gradient-checkpointing " + policy + " --output-dir " + dir + "/" + policy);
+    EXPECT_EQ(r.status, 0) << r.output;
+    return loss_curve(dir + "/" + policy);
+  };
+  const auto none = run("none"), selective = run("selective");
+  ASSERT_EQ(none.size(), 3u);
+  EXPECT_EQ(selective, none);
 }
