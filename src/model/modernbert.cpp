@@ -115,46 +115,84 @@ const char* output_bias(const BertConfig& cfg) { return is_masked_lm(cfg) ? "dec
 
 bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern.classifier_pooling != "cls"; }
 
+// Stages of backward in the order it runs: the head, layer l at L - l, the embeddings at L + 1;
+// kAfterBackward for what is read after backward (the losses and logits).
+constexpr int kStageHead = 0;
+int stage_of_layer(int64_t l, int64_t L) { return static_cast<int>(L - l); }
+int stage_of_embeddings(int64_t L) { return static_cast<int>(L + 1); }
+constexpr int kAfterBackward = 1 << 30;
+
+// A byte range of the activation arena: the step of forward that writes it (0 the embeddings,
+// 1 + l layer l, L + 1 the head) and the last stage of backward that reads it.
+struct SavedRegion {
+  size_t begin, end;
+  int64_t written;
+  int last_stage;
+};
+
 // Every tensor of a batch [B, T] in the arenas (Note [allocation policy] in bert.cpp): saved
 // activations in the compute dtype `dt` (LayerNorm and attention statistics, losses in F32);
-// the training layout adds dlogits and backward's scratch. `layer_ends` (optional) receives the
-// activation arena's use after the embeddings and after each layer, for the liveness profile.
+// the training layout adds dlogits and backward's scratch. The activations are carved in the
+// order of Note [modernbert gradients in freed activations]: what outlives backward, the head,
+// the embeddings, then layer by layer (each with its output, the next layer's input). `regions`
+// (optional) receives the arena's byte ranges with their writers and last readers.
 void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, Arena& tmp, const BertConfig& cfg,
                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
-                      std::vector<size_t>* layer_ends = nullptr) {
+                      std::vector<SavedRegion>* regions = nullptr) {
   const int64_t R = B * T, H = cfg.hidden_size, I = cfg.intermediate_size, heads = cfg.num_attention_heads;
-  const int64_t C = head_outputs(cfg), N = token_head(cfg) ? R : B;  // the head's rows
+  const int64_t L = cfg.num_hidden_layers, C = head_outputs(cfg), N = token_head(cfg) ? R : B;  // the head's rows
   constexpr DType F32 = DType::F32;
-  A.emb = act.take(dt, {R, H}), A.rstd_e = act.take(F32, {R});
-  if (layer_ends) layer_ends->push_back(act.used());
-  A.layers.assign(static_cast<size_t>(cfg.num_hidden_layers), {});
+  size_t mark = 0;
+  auto open = [&] { mark = act.used(); };
+  auto close = [&](int64_t written, int last_stage) {
+    if (regions) regions->push_back({mark, act.used(), written, last_stage});
+  };
+  // The head: what outlives backward, what the masked-LM decoder's weight gradient reads after
+  // the embeddings' backward (Note [modernbert gradients in freed activations]), the rest.
+  open();
+  A.logits = act.take(dt, {N, C}), A.losses = act.take(F32, {B});
+  close(L + 1, kAfterBackward);
+  open();
+  if (training) A.dlogits = act.take(dt, {N, C});
+  A.hh = act.take(dt, {N, H});
+  close(L + 1, is_masked_lm(cfg) ? stage_of_embeddings(L) : kStageHead);
+  open();
+  A.xf = act.take(dt, {B, T, H}), A.rstd_f = act.take(F32, {R});
+  if (!token_head(cfg)) A.pooled = act.take(dt, {B, H});
+  A.hd = act.take(dt, {N, H}), A.ga = act.take(dt, {N, H}), A.rstd_h = act.take(F32, {N});
+  close(L + 1, kStageHead);
+  // The embeddings: the looked-up rows (read by their LayerNorm alone: backward reads its
+  // output), then the statistics and the output, layer 0's input.
+  A.layers.assign(static_cast<size_t>(L), {});
+  open();
+  A.emb = act.take(dt, {R, H});
+  close(0, -1);
+  open();
+  A.rstd_e = act.take(F32, {R});
+  A.layers[0].x = act.take(dt, {R, H});
+  close(0, stage_of_embeddings(L));
   A.recompute = policy == CheckpointPolicy::Layer;
   A.selective = training && policy == CheckpointPolicy::Selective;
   // A layer's tensors after its input x: in the activations, or once in the scratch (Layer).
-  auto internals = [&](ModernBertForSequenceClassification::Acts::Layer& L, Arena& a, bool norm) {
-    if (norm) L.h = a.take(dt, {R, H}), L.rstd_a = a.take(F32, {R});
-    L.qkv = a.take(dt, {B, T, 3 * H});
-    L.ctx = a.take(dt, {B, T, H});
-    L.lse = a.take(F32, {B, heads, T});
-    L.x1 = a.take(dt, {R, H});
-    L.y = a.take(dt, {R, H});
-    L.rstd_m = a.take(F32, {R});
-    L.wi = a.take(dt, {R, 2 * I});
-    if (!A.selective) L.g = a.take(dt, {R, I});
+  auto internals = [&](ModernBertForSequenceClassification::Acts::Layer& Ly, Arena& a, bool norm) {
+    if (norm) Ly.h = a.take(dt, {R, H}), Ly.rstd_a = a.take(F32, {R});
+    Ly.qkv = a.take(dt, {B, T, 3 * H});
+    Ly.ctx = a.take(dt, {B, T, H});
+    Ly.lse = a.take(F32, {B, heads, T});
+    Ly.x1 = a.take(dt, {R, H});
+    Ly.y = a.take(dt, {R, H});
+    Ly.rstd_m = a.take(F32, {R});
+    Ly.wi = a.take(dt, {R, 2 * I});
+    if (!A.selective) Ly.g = a.take(dt, {R, I});
   };
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    auto& L = A.layers[static_cast<size_t>(l)];
-    L.x = act.take(dt, {R, H});
-    if (!A.recompute) internals(L, act, l > 0);
-    if (layer_ends) layer_ends->push_back(act.used());
+  // Each layer's output is written by its forward (again by its recompute under Layer) and
+  // read by the next layer's: it belongs to the layer that writes it.
+  for (int64_t l = 0; l < L; ++l) {
+    open();
+    if (!A.recompute) internals(A.layers[static_cast<size_t>(l)], act, l > 0);
+    (l + 1 < L ? A.layers[static_cast<size_t>(l) + 1].x : A.xl) = act.take(dt, {R, H});
+    close(l + 1, stage_of_layer(l, L));
   }
-  A.xl = act.take(dt, {R, H}), A.xf = act.take(dt, {B, T, H}), A.rstd_f = act.take(F32, {R});
-  if (!token_head(cfg)) A.pooled = act.take(dt, {B, H});
-  A.hd = act.take(dt, {N, H}), A.ga = act.take(dt, {N, H});
-  A.hh = act.take(dt, {N, H}), A.rstd_h = act.take(F32, {N}), A.logits = act.take(dt, {N, C});
-  if (training) A.dlogits = act.take(dt, {N, C});
-  A.losses = act.take(F32, {B});
-  if (layer_ends) layer_ends->push_back(act.used());
   if (A.recompute) internals(A.work, tmp, true);
   A.t1 = tmp.take(dt, {R, H}), A.t2 = tmp.take(dt, {R, H}), A.mean_scratch = tmp.take(F32, {R});
   A.zero_beta = tmp.take(F32, {H}), A.dbeta_scratch = tmp.take(F32, {H});
@@ -162,7 +200,7 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
   A.da = tmp.take(dt, {R, H}), A.db = tmp.take(dt, {R, H}), A.t3 = tmp.take(dt, {R, H});
   A.dqkv = tmp.take(dt, {B, T, 3 * H}), A.dg = tmp.take(dt, {R, I}), A.dwi = tmp.take(dt, {R, 2 * I});
   if (A.selective)  // Note [modernbert selective recompute]
-    for (auto& L : A.layers) L.g = ParamLayout::range(A.dwi, 0, {R, I});
+    for (auto& Ly : A.layers) Ly.g = ParamLayout::range(A.dwi, 0, {R, I});
   A.dxf = tmp.take(dt, {B, T, H});
   if (!token_head(cfg)) A.dpooled = tmp.take(dt, {B, H});
   A.dhd = tmp.take(dt, {N, H}), A.dhh = tmp.take(dt, {N, H});
@@ -184,33 +222,103 @@ std::vector<std::pair<size_t, size_t>> modernbert_stages(const BertConfig& cfg, 
   return st;
 }
 
+// The backward stage that first writes each of modernbert_stages' ranges: the embeddings last,
+// the tail (the head's matrices and every vector, each layer adding its own) first.
+int stage_of_range(size_t i, int64_t L) {
+  if (i == 0) return stage_of_embeddings(L);
+  return i <= static_cast<size_t>(L) ? stage_of_layer(static_cast<int64_t>(i) - 1, L) : kStageHead;
+}
+
+// Note [modernbert gradients in freed activations]: BERT's placement (Note [gradients in freed
+// activations] in bert.cpp) for ModernBERT's tensors: with one micro-batch per step the fp32
+// gradients live inside the activation arena, each of modernbert_stages' ranges over
+// activations that backward has read for the last time before the range's stage begins, at the
+// lowest 256-byte aligned offset where that holds for every range (below, the same search as
+// BERT's). Each range is zeroed just before its stage and then holds until the next forward. The arena is carved so that the freed memory is at the top and grows
+// downwards as backward walks down the layers: first what outlives backward (logits, losses),
+// then the head, the embeddings, and the layers in order, each with its output. One difference
+// from the order of the step: the masked-LM decoder's weight is the token embeddings, whose
+// range is written last, so the decoder's weight gradient (dlogits^T h) waits until after the
+// embeddings' backward, with dlogits and h kept until then (and so in every placement: the
+// gradients are the same bits in both).
+size_t gradient_offset(const std::vector<SavedRegion>& regions, const BertConfig& cfg, const ParamLayout& lay) {
+  const std::vector<std::pair<size_t, size_t>> ranges = modernbert_stages(cfg, lay);
+  size_t q = 0;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t i = 0; i < ranges.size(); ++i)
+      for (const SavedRegion& r : regions) {
+        const size_t gb = 4 * ranges[i].first, ge = 4 * ranges[i].second;
+        if (r.last_stage >= stage_of_range(i, cfg.num_hidden_layers) && q + gb < r.end && r.begin < q + ge) {
+          q = Arena::round_up(r.end - gb);
+          moved = true;
+        }
+      }
+  }
+  return q;
+}
+
 }  // namespace
 
 ArenaBytes modernbert_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training);
-  return ArenaBytes{act.used(), tmp.used(), 0, 0};
+  std::vector<SavedRegion> regions;
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training, &regions);
+  ArenaBytes out{act.used(), tmp.used(), 0, 0};
+  if (s.training && s.gradients == GradientPlacement::InActivations) {
+    const ParamLayout lay = ParamLayout::for_modernbert(cfg);
+    const size_t q = gradient_offset(regions, cfg, lay);
+    if (q < out.activations) {  // otherwise nothing would be shared: the gradients keep a buffer of their own
+      out.gradient_offset = q;
+      out.block = std::max(out.activations, q + 4 * lay.total());
+    }
+  }
+  return out;
 }
 
+// Forward writes a region at its step; during a stage of backward, what that stage and later
+// ones still read is live (the arena keeps the rest until the next forward). With the gradients
+// in the activations, the ranges written so far.
 std::vector<LivenessPoint> modernbert_liveness(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
-  std::vector<size_t> ends;  // after the embeddings, after each layer, after the head
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, &ends);
-  std::vector<LivenessPoint> out;
+  std::vector<SavedRegion> regions;
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, &regions);
   const int64_t L = cfg.num_hidden_layers;
-  out.push_back({"embeddings forward", static_cast<int64_t>(ends[0]), -1});
-  for (int64_t l = 0; l < L; ++l)
-    out.push_back({str_cat("layer ", l, " forward"), static_cast<int64_t>(ends[static_cast<size_t>(l) + 1]), -1});
-  out.push_back({"head forward", static_cast<int64_t>(ends.back()), -1});
-  // After each stage of backward its tensors are no longer read (the arena keeps them until the
-  // next forward; this is what is still needed).
-  out.push_back({"head backward", static_cast<int64_t>(ends[static_cast<size_t>(L)]), -1});
-  for (int64_t l = L - 1; l >= 0; --l)
-    out.push_back({str_cat("layer ", l, " backward"), static_cast<int64_t>(ends[static_cast<size_t>(l)]), -1});
-  out.push_back({"embeddings backward", 0, -1});
-  out.push_back({"optimizer step", 0, -1});
+  auto written_by = [&](int64_t step) {
+    int64_t n = 0;
+    for (const SavedRegion& r : regions)
+      if (r.written <= step) n += static_cast<int64_t>(r.end - r.begin);
+    return n;
+  };
+  auto read_from = [&](int stage) {
+    int64_t n = 0;
+    for (const SavedRegion& r : regions)
+      if (r.last_stage >= stage) n += static_cast<int64_t>(r.end - r.begin);
+    return n;
+  };
+  const bool in_acts = s.gradients == GradientPlacement::InActivations && modernbert_arena_bytes(cfg, s).block != 0;
+  const std::vector<std::pair<size_t, size_t>> ranges = modernbert_stages(cfg, ParamLayout::for_modernbert(cfg));
+  auto grads_by = [&](int stage) -> int64_t {  // ranges first written at or before `stage`
+    if (!in_acts) return -1;
+    int64_t n = 0;
+    for (size_t i = 0; i < ranges.size(); ++i)
+      if (stage_of_range(i, L) <= stage) n += static_cast<int64_t>(4 * (ranges[i].second - ranges[i].first));
+    return n;
+  };
+  std::vector<LivenessPoint> out;
+  out.push_back({"embeddings forward", written_by(0), grads_by(-1)});
+  for (int64_t l = 0; l < L; ++l) out.push_back({str_cat("layer ", l, " forward"), written_by(l + 1), grads_by(-1)});
+  out.push_back({"head forward", written_by(L + 1), grads_by(-1)});
+  out.push_back({"head backward", read_from(kStageHead), grads_by(kStageHead)});
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const int st = stage_of_layer(l, L);
+    out.push_back({str_cat("layer ", l, " backward"), read_from(st), grads_by(st)});
+  }
+  const int emb = stage_of_embeddings(L);
+  out.push_back({"embeddings backward", read_from(emb), grads_by(emb)});
+  out.push_back({"optimizer step", read_from(kAfterBackward), grads_by(emb)});
   return out;
 }
 
@@ -223,8 +331,6 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
                 " must be between 1 and ", cfg.max_sequence_length(), " (max_position_embeddings)");
   ANATOMY_CHECK(!shape.packed_tokens, "training on real tokens (--skip-padding) is not implemented for ModernBERT");
-  ANATOMY_CHECK(!shape.training || shape.gradients == GradientPlacement::Own,
-                "--gradient-placement in-activations: not implemented for ModernBERT (use own or auto)");
   // Where the step finds each parameter (transformers' names; a bias only where the config has it).
   auto params_of = [&](const std::string& name) {
     return Params{&m_layout.get(name + ".weight"), m_layout.find(name + ".bias")};
@@ -256,15 +362,24 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   } else {
     m_compute_view = m_master.tensor();
   }
+  const ArenaBytes bytes = modernbert_arena_bytes(cfg, shape);
+  if (bytes.block) {  // Note [modernbert gradients in freed activations]
+    m_act_block = SharedBlock(a, bytes.block, Category::Activations, bytes.activations, Category::Gradients,
+                              static_cast<size_t>(n) * 4);
+    m_act_arena = Arena::over(m_act_block.data(), bytes.activations, a.device(), Category::Activations);
+    m_grads_view = Tensor(m_act_block.data() + bytes.gradient_offset, DType::F32, {n}, a.device());
+  } else {
+    if (shape.training) {
+      m_grads = Buffer(a, DType::F32, {n}, Category::Gradients);
+      m_grads_view = m_grads.tensor();
+    }
+    m_act_arena = Arena(a, bytes.activations, Category::Activations);
+  }
   if (shape.training) {
-    m_grads = Buffer(a, DType::F32, {n}, Category::Gradients);
-    m_grads_view = m_grads.tensor();
-    be.fill(m_grads, 0.0f);
+    be.fill(m_grads_view, 0.0f);
     m_grad_ranges = modernbert_stages(cfg, m_layout);
   }
   sync_compute_copy();
-  const ArenaBytes bytes = modernbert_arena_bytes(cfg, shape);
-  m_act_arena = Arena(a, bytes.activations, Category::Activations);
   m_tmp_arena = Arena(a, bytes.temporary, Category::Temporary);
   m_acts = std::make_unique<Acts>();
   carve_modernbert(*m_acts, m_act_arena, m_tmp_arena, cfg, shape.compute, shape.checkpointing, shape.max_batch,
@@ -295,6 +410,9 @@ void ModernBertForSequenceClassification::sync_compute_copy() {
 }
 void ModernBertForSequenceClassification::zero_grads() {
   if (m_grads_view.defined()) m_be.fill(m_grads_view, 0.0f);
+}
+void ModernBertForSequenceClassification::zero_grad_range(const std::pair<size_t, size_t>& r) {
+  m_be.fill(ParamLayout::range(m_grads_view, r.first, {static_cast<int64_t>(r.second - r.first)}), 0.0f);
 }
 
 std::vector<std::string> ModernBertForSequenceClassification::layernorm_weights_below(float limit) {
@@ -332,8 +450,8 @@ void ModernBertForSequenceClassification::linear(const Tensor& y, const Tensor& 
 }
 
 void ModernBertForSequenceClassification::linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x,
-                                                          const Params& p) {
-  m_be.matmul(G(p.weight), dy, Trans::T, x, Trans::N, {1, 1, Epilogue::None, {}, {}});
+                                                          const Params& p, bool weight_gradient) {
+  if (weight_gradient) m_be.matmul(G(p.weight), dy, Trans::T, x, Trans::N, {1, 1, Epilogue::None, {}, {}});
   if (p.bias) m_be.bias_grad(G(p.bias), dy);
   if (dx.defined()) m_be.matmul(dx, dy, Trans::N, W(p.weight), Trans::N, {1, 0, Epilogue::None, {}, {}});
 }
@@ -509,10 +627,15 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
   const bool tokens = token_head(m_cfg);
   const int64_t N = tokens ? R : B;
-  const Tensor dlogits = shaped(A.dlogits, {N, C});
-  // Masked-LM: the tied decoder's gradient goes into the token embeddings' (their lookup's adds to it).
-  linear_backward(shaped(A.dhh, {N, H}), dlogits, shaped(A.hh, {N, H}), m_head_out);
-  norm_backward(m_head_norm, shaped(A.dhd, {N, H}), shaped(A.dhh, {N, H}), shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}));
+  const bool mlm = is_masked_lm(m_cfg), overlaid = m_act_block.data() != nullptr;
+  // Gradients in freed activations: each stage's range is zeroed just before it is written
+  // (Note [modernbert gradients in freed activations]); the tail first.
+  if (overlaid) zero_grad_range(m_grad_ranges.back());
+  const Tensor dlogits = shaped(A.dlogits, {N, C}), hh = shaped(A.hh, {N, H});
+  // Masked-LM: the tied decoder's weight gradient goes into the token embeddings', after their
+  // backward (Note [modernbert gradients in freed activations]).
+  linear_backward(shaped(A.dhh, {N, H}), dlogits, hh, m_head_out, !mlm);
+  norm_backward(m_head_norm, shaped(A.dhd, {N, H}), shaped(A.dhh, {N, H}), hh, shaped(A.rstd_h, {N}));
   m_be.gelu_backward(shaped(A.dhd, {N, H}), shaped(A.dhd, {N, H}), shaped(A.hd, {N, H}));
   // The token head's dense writes the encoder output's gradient itself; the sequence head's
   // goes through the pooling.
@@ -528,15 +651,19 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   Tensor d = shaped(A.da, {R, H}), other = shaped(A.db, {R, H});
   norm_backward(m_final_norm, d, shaped(A.dxf, {R, H}), shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}));
   for (int l = static_cast<int>(m_cfg.num_hidden_layers) - 1; l >= 0; --l) {
+    if (overlaid) zero_grad_range(m_grad_ranges[static_cast<size_t>(l) + 1]);
     layer_backward(l, b, d, other);
     std::swap(d, other);
     if (m_on_layer_grads) m_on_layer_grads(m_grad_ranges[static_cast<size_t>(l) + 1].first,
                                            m_grad_ranges[static_cast<size_t>(l) + 1].second);
   }
   const Tensor demb = other;
+  if (overlaid) zero_grad_range(m_grad_ranges.front());
   norm_backward(m_emb_norm, demb, d, shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}));
   m_be.embedding_backward(G(m_tok_embeddings), Tensor(), Tensor(), demb, b.input_ids,
                           Tensor());
+  if (mlm) linear_backward(Tensor(), dlogits, hh, Params{m_head_out.weight, nullptr});
+  if (overlaid) m_hidden = Tensor();  // its memory now holds gradients
 }
 
 void ModernBertForSequenceClassification::forward_backward(const DeviceBatch& b, float grad_scale, uint64_t) {

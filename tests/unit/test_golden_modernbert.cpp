@@ -27,6 +27,12 @@ TEST_P(GoldenModernBert, SelectiveCheckpointingMatchesTransformers) {
   check_modernbert_step(*be, GetParam(), 1e-4, CheckpointPolicy::Selective);
 }
 
+TEST_P(GoldenModernBert, GradientsInActivationsMatchTransformers) {
+  auto be = make_cpu_backend();
+  check_modernbert_step(*be, GetParam(), 1e-4, CheckpointPolicy::None, GradientPlacement::InActivations);
+  check_modernbert_step(*be, GetParam(), 1e-4, CheckpointPolicy::Selective, GradientPlacement::InActivations);
+}
+
 TEST_P(GoldenModernBert, FiveAdamWStepsTrackTransformers) {
   auto be = make_cpu_backend();
   check_modernbert_adamw(*be, GetParam(), 1e-4);
@@ -57,27 +63,32 @@ TEST_P(GoldenModernBert, SavesTheTensorNamesTransformersLoads) {
 }
 
 // --gradient-checkpointing layer and selective (Notes [layer recompute] and [modernbert selective
-// recompute] in model/modernbert.cpp) give the gradients and losses of the run that keeps
-// everything, bit for bit, with every head.
-TEST_P(GoldenModernBert, CheckpointingGivesTheSameGradients) {
+// recompute] in model/modernbert.cpp), and the gradients in freed activations (Note [modernbert
+// gradients in freed activations]) with each, give the gradients and losses of the run that
+// keeps everything in buffers of their own, bit for bit, with every head. In the activations
+// the gradients are written afresh by each call: the second call on the same batch gives the
+// first's (nothing accumulates, nothing of the previous step's is read as an activation).
+TEST_P(GoldenModernBert, CheckpointingAndPlacementGiveTheSameGradients) {
   const std::string d = modernbert_dir(GetParam());
   Fixture f(d);
   auto be = make_cpu_backend();
-  const CheckpointPolicy policies[] = {CheckpointPolicy::None, CheckpointPolicy::Layer, CheckpointPolicy::Selective};
-  std::vector<float> grads[3], losses[3];
-  for (int k = 0; k < 3; ++k) {
-    ModernBertForSequenceClassification model(*be, f.cfg, ModelShape{f.B, f.T, DType::F32, policies[k]});
-    load_modernbert_weights(d, model);
-    Batch batch(*be, f);
-    model.zero_grads();
-    model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B));
-    grads[k] = model.grads_to_host();
-    losses[k] = to_f32(*be, model.losses());
-  }
-  for (int k = 1; k < 3; ++k) {
-    EXPECT_TRUE(same_values<float>(grads[0], grads[k])) << checkpoint_policy_name(policies[k]);
-    EXPECT_TRUE(same_values<float>(losses[0], losses[k])) << checkpoint_policy_name(policies[k]);
-  }
+  std::vector<float> want_grads, want_losses;
+  for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Layer, CheckpointPolicy::Selective})
+    for (GradientPlacement placement : {GradientPlacement::Own, GradientPlacement::InActivations}) {
+      SCOPED_TRACE(std::string(checkpoint_policy_name(policy)) + " " + gradient_placement_name(placement));
+      ModernBertForSequenceClassification model(*be, f.cfg, ModelShape{f.B, f.T, DType::F32, policy, true, placement});
+      ASSERT_EQ(model.gradients_in_activations(), placement == GradientPlacement::InActivations);
+      load_modernbert_weights(d, model);
+      Batch batch(*be, f);
+      for (int call = 0; call < 2; ++call) {
+        if (!model.gradients_in_activations()) model.zero_grads();
+        model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B));
+        const std::vector<float> grads = model.grads_to_host(), losses = to_f32(*be, model.losses());
+        if (want_grads.empty()) want_grads = grads, want_losses = losses;
+        EXPECT_TRUE(same_values<float>(want_grads, grads)) << "call " << call;
+        EXPECT_TRUE(same_values<float>(want_losses, losses)) << "call " << call;
+      }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBert, testing::Values("modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"),
