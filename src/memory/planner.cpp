@@ -211,7 +211,7 @@ std::vector<Lever> levers_that_fit(const PlanInput& in, int64_t capacity, int64_
     consider(t, str_cat("--per-device-train-batch-size ", B / d, " --gradient-accumulation-steps ", accum * d));
   }
   for (CheckpointPolicy pol : {CheckpointPolicy::Selective, CheckpointPolicy::Layer}) {
-    if (pol == in.shape.checkpointing || (in.config.is_modernbert() && pol == CheckpointPolicy::Selective)) continue;
+    if (pol == in.shape.checkpointing) continue;
     PlanInput t = in;
     t.shape.checkpointing = pol;
     consider(t, str_cat("--gradient-checkpointing ", checkpoint_policy_name(pol)));

@@ -83,6 +83,9 @@ struct ModernBertForSequenceClassification::Acts {
   // here, in backward's scratch, written by forward and again by backward's recompute.
   Layer work;
   bool recompute = false;
+  // --gradient-checkpointing selective: no layer keeps g; it lives in backward's scratch
+  // (Note [modernbert selective recompute]).
+  bool selective = false;
   Layer at(size_t l) const {
     if (!recompute) return layers[l];
     Layer v = work;
@@ -112,51 +115,92 @@ const char* output_bias(const BertConfig& cfg) { return is_masked_lm(cfg) ? "dec
 
 bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern.classifier_pooling != "cls"; }
 
+// Stages of backward in the order it runs: the head, layer l at L - l, the embeddings at L + 1;
+// kAfterBackward for what is read after backward (the losses and logits).
+constexpr int kStageHead = 0;
+int stage_of_layer(int64_t l, int64_t L) { return static_cast<int>(L - l); }
+int stage_of_embeddings(int64_t L) { return static_cast<int>(L + 1); }
+constexpr int kAfterBackward = 1 << 30;
+
+// A byte range of the activation arena: the step of forward that writes it (0 the embeddings,
+// 1 + l layer l, L + 1 the head) and the last stage of backward that reads it.
+struct SavedRegion {
+  size_t begin, end;
+  int64_t written;
+  int last_stage;
+};
+
 // Every tensor of a batch [B, T] in the arenas (Note [allocation policy] in bert.cpp): saved
 // activations in the compute dtype `dt` (LayerNorm and attention statistics, losses in F32);
-// the training layout adds dlogits and backward's scratch. `layer_ends` (optional) receives the
-// activation arena's use after the embeddings and after each layer, for the liveness profile.
+// the training layout adds dlogits and backward's scratch. The activations are carved in the
+// order of Note [modernbert gradients in freed activations]: what outlives backward, the head,
+// the embeddings, then layer by layer (each with its output, the next layer's input). `regions`
+// (optional) receives the arena's byte ranges with their writers and last readers.
 void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, Arena& tmp, const BertConfig& cfg,
                       DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
-                      std::vector<size_t>* layer_ends = nullptr) {
+                      std::vector<SavedRegion>* regions = nullptr) {
   const int64_t R = B * T, H = cfg.hidden_size, I = cfg.intermediate_size, heads = cfg.num_attention_heads;
-  const int64_t C = head_outputs(cfg), N = token_head(cfg) ? R : B;  // the head's rows
+  const int64_t L = cfg.num_hidden_layers, C = head_outputs(cfg), N = token_head(cfg) ? R : B;  // the head's rows
   constexpr DType F32 = DType::F32;
-  A.emb = act.take(dt, {R, H}), A.rstd_e = act.take(F32, {R});
-  if (layer_ends) layer_ends->push_back(act.used());
-  A.layers.assign(static_cast<size_t>(cfg.num_hidden_layers), {});
-  A.recompute = policy == CheckpointPolicy::Layer;
-  // A layer's tensors after its input x: in the activations, or once in the scratch (Layer).
-  auto internals = [&](ModernBertForSequenceClassification::Acts::Layer& L, Arena& a, bool norm) {
-    if (norm) L.h = a.take(dt, {R, H}), L.rstd_a = a.take(F32, {R});
-    L.qkv = a.take(dt, {B, T, 3 * H});
-    L.ctx = a.take(dt, {B, T, H});
-    L.lse = a.take(F32, {B, heads, T});
-    L.x1 = a.take(dt, {R, H});
-    L.y = a.take(dt, {R, H});
-    L.rstd_m = a.take(F32, {R});
-    L.wi = a.take(dt, {R, 2 * I});
-    L.g = a.take(dt, {R, I});
+  size_t mark = 0;
+  auto open = [&] { mark = act.used(); };
+  auto close = [&](int64_t written, int last_stage) {
+    if (regions) regions->push_back({mark, act.used(), written, last_stage});
   };
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    auto& L = A.layers[static_cast<size_t>(l)];
-    L.x = act.take(dt, {R, H});
-    if (!A.recompute) internals(L, act, l > 0);
-    if (layer_ends) layer_ends->push_back(act.used());
-  }
-  A.xl = act.take(dt, {R, H}), A.xf = act.take(dt, {B, T, H}), A.rstd_f = act.take(F32, {R});
-  if (!token_head(cfg)) A.pooled = act.take(dt, {B, H});
-  A.hd = act.take(dt, {N, H}), A.ga = act.take(dt, {N, H});
-  A.hh = act.take(dt, {N, H}), A.rstd_h = act.take(F32, {N}), A.logits = act.take(dt, {N, C});
+  // The head: what outlives backward, what the masked-LM decoder's weight gradient reads after
+  // the embeddings' backward (Note [modernbert gradients in freed activations]), the rest.
+  open();
+  A.logits = act.take(dt, {N, C}), A.losses = act.take(F32, {B});
+  close(L + 1, kAfterBackward);
+  open();
   if (training) A.dlogits = act.take(dt, {N, C});
-  A.losses = act.take(F32, {B});
-  if (layer_ends) layer_ends->push_back(act.used());
+  A.hh = act.take(dt, {N, H});
+  close(L + 1, is_masked_lm(cfg) ? stage_of_embeddings(L) : kStageHead);
+  open();
+  A.xf = act.take(dt, {B, T, H}), A.rstd_f = act.take(F32, {R});
+  if (!token_head(cfg)) A.pooled = act.take(dt, {B, H});
+  A.hd = act.take(dt, {N, H}), A.ga = act.take(dt, {N, H}), A.rstd_h = act.take(F32, {N});
+  close(L + 1, kStageHead);
+  // The embeddings: the looked-up rows (read by their LayerNorm alone: backward reads its
+  // output), then the statistics and the output, layer 0's input.
+  A.layers.assign(static_cast<size_t>(L), {});
+  open();
+  A.emb = act.take(dt, {R, H});
+  close(0, -1);
+  open();
+  A.rstd_e = act.take(F32, {R});
+  A.layers[0].x = act.take(dt, {R, H});
+  close(0, stage_of_embeddings(L));
+  A.recompute = policy == CheckpointPolicy::Layer;
+  A.selective = training && policy == CheckpointPolicy::Selective;
+  // A layer's tensors after its input x: in the activations, or once in the scratch (Layer).
+  auto internals = [&](ModernBertForSequenceClassification::Acts::Layer& Ly, Arena& a, bool norm) {
+    if (norm) Ly.h = a.take(dt, {R, H}), Ly.rstd_a = a.take(F32, {R});
+    Ly.qkv = a.take(dt, {B, T, 3 * H});
+    Ly.ctx = a.take(dt, {B, T, H});
+    Ly.lse = a.take(F32, {B, heads, T});
+    Ly.x1 = a.take(dt, {R, H});
+    Ly.y = a.take(dt, {R, H});
+    Ly.rstd_m = a.take(F32, {R});
+    Ly.wi = a.take(dt, {R, 2 * I});
+    if (!A.selective) Ly.g = a.take(dt, {R, I});
+  };
+  // Each layer's output is written by its forward (again by its recompute under Layer) and
+  // read by the next layer's: it belongs to the layer that writes it.
+  for (int64_t l = 0; l < L; ++l) {
+    open();
+    if (!A.recompute) internals(A.layers[static_cast<size_t>(l)], act, l > 0);
+    (l + 1 < L ? A.layers[static_cast<size_t>(l) + 1].x : A.xl) = act.take(dt, {R, H});
+    close(l + 1, stage_of_layer(l, L));
+  }
   if (A.recompute) internals(A.work, tmp, true);
   A.t1 = tmp.take(dt, {R, H}), A.t2 = tmp.take(dt, {R, H}), A.mean_scratch = tmp.take(F32, {R});
   A.zero_beta = tmp.take(F32, {H}), A.dbeta_scratch = tmp.take(F32, {H});
   if (!training) return;
   A.da = tmp.take(dt, {R, H}), A.db = tmp.take(dt, {R, H}), A.t3 = tmp.take(dt, {R, H});
   A.dqkv = tmp.take(dt, {B, T, 3 * H}), A.dg = tmp.take(dt, {R, I}), A.dwi = tmp.take(dt, {R, 2 * I});
+  if (A.selective)  // Note [modernbert selective recompute]
+    for (auto& Ly : A.layers) Ly.g = ParamLayout::range(A.dwi, 0, {R, I});
   A.dxf = tmp.take(dt, {B, T, H});
   if (!token_head(cfg)) A.dpooled = tmp.take(dt, {B, H});
   A.dhd = tmp.take(dt, {N, H}), A.dhh = tmp.take(dt, {N, H});
@@ -178,33 +222,103 @@ std::vector<std::pair<size_t, size_t>> modernbert_stages(const BertConfig& cfg, 
   return st;
 }
 
+// The backward stage that first writes each of modernbert_stages' ranges: the embeddings last,
+// the tail (the head's matrices and every vector, each layer adding its own) first.
+int stage_of_range(size_t i, int64_t L) {
+  if (i == 0) return stage_of_embeddings(L);
+  return i <= static_cast<size_t>(L) ? stage_of_layer(static_cast<int64_t>(i) - 1, L) : kStageHead;
+}
+
+// Note [modernbert gradients in freed activations]: BERT's placement (Note [gradients in freed
+// activations] in bert.cpp) for ModernBERT's tensors: with one micro-batch per step the fp32
+// gradients live inside the activation arena, each of modernbert_stages' ranges over
+// activations that backward has read for the last time before the range's stage begins, at the
+// lowest 256-byte aligned offset where that holds for every range (below, the same search as
+// BERT's). Each range is zeroed just before its stage and then holds until the next forward. The arena is carved so that the freed memory is at the top and grows
+// downwards as backward walks down the layers: first what outlives backward (logits, losses),
+// then the head, the embeddings, and the layers in order, each with its output. One difference
+// from the order of the step: the masked-LM decoder's weight is the token embeddings, whose
+// range is written last, so the decoder's weight gradient (dlogits^T h) waits until after the
+// embeddings' backward, with dlogits and h kept until then (and so in every placement: the
+// gradients are the same bits in both).
+size_t gradient_offset(const std::vector<SavedRegion>& regions, const BertConfig& cfg, const ParamLayout& lay) {
+  const std::vector<std::pair<size_t, size_t>> ranges = modernbert_stages(cfg, lay);
+  size_t q = 0;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t i = 0; i < ranges.size(); ++i)
+      for (const SavedRegion& r : regions) {
+        const size_t gb = 4 * ranges[i].first, ge = 4 * ranges[i].second;
+        if (r.last_stage >= stage_of_range(i, cfg.num_hidden_layers) && q + gb < r.end && r.begin < q + ge) {
+          q = Arena::round_up(r.end - gb);
+          moved = true;
+        }
+      }
+  }
+  return q;
+}
+
 }  // namespace
 
 ArenaBytes modernbert_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training);
-  return ArenaBytes{act.used(), tmp.used(), 0, 0};
+  std::vector<SavedRegion> regions;
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training, &regions);
+  ArenaBytes out{act.used(), tmp.used(), 0, 0};
+  if (s.training && s.gradients == GradientPlacement::InActivations) {
+    const ParamLayout lay = ParamLayout::for_modernbert(cfg);
+    const size_t q = gradient_offset(regions, cfg, lay);
+    if (q < out.activations) {  // otherwise nothing would be shared: the gradients keep a buffer of their own
+      out.gradient_offset = q;
+      out.block = std::max(out.activations, q + 4 * lay.total());
+    }
+  }
+  return out;
 }
 
+// Forward writes a region at its step; during a stage of backward, what that stage and later
+// ones still read is live (the arena keeps the rest until the next forward). With the gradients
+// in the activations, the ranges written so far.
 std::vector<LivenessPoint> modernbert_liveness(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
-  std::vector<size_t> ends;  // after the embeddings, after each layer, after the head
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, &ends);
-  std::vector<LivenessPoint> out;
+  std::vector<SavedRegion> regions;
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, &regions);
   const int64_t L = cfg.num_hidden_layers;
-  out.push_back({"embeddings forward", static_cast<int64_t>(ends[0]), -1});
-  for (int64_t l = 0; l < L; ++l)
-    out.push_back({str_cat("layer ", l, " forward"), static_cast<int64_t>(ends[static_cast<size_t>(l) + 1]), -1});
-  out.push_back({"head forward", static_cast<int64_t>(ends.back()), -1});
-  // After each stage of backward its tensors are no longer read (the arena keeps them until the
-  // next forward; this is what is still needed).
-  out.push_back({"head backward", static_cast<int64_t>(ends[static_cast<size_t>(L)]), -1});
-  for (int64_t l = L - 1; l >= 0; --l)
-    out.push_back({str_cat("layer ", l, " backward"), static_cast<int64_t>(ends[static_cast<size_t>(l)]), -1});
-  out.push_back({"embeddings backward", 0, -1});
-  out.push_back({"optimizer step", 0, -1});
+  auto written_by = [&](int64_t step) {
+    int64_t n = 0;
+    for (const SavedRegion& r : regions)
+      if (r.written <= step) n += static_cast<int64_t>(r.end - r.begin);
+    return n;
+  };
+  auto read_from = [&](int stage) {
+    int64_t n = 0;
+    for (const SavedRegion& r : regions)
+      if (r.last_stage >= stage) n += static_cast<int64_t>(r.end - r.begin);
+    return n;
+  };
+  const bool in_acts = s.gradients == GradientPlacement::InActivations && modernbert_arena_bytes(cfg, s).block != 0;
+  const std::vector<std::pair<size_t, size_t>> ranges = modernbert_stages(cfg, ParamLayout::for_modernbert(cfg));
+  auto grads_by = [&](int stage) -> int64_t {  // ranges first written at or before `stage`
+    if (!in_acts) return -1;
+    int64_t n = 0;
+    for (size_t i = 0; i < ranges.size(); ++i)
+      if (stage_of_range(i, L) <= stage) n += static_cast<int64_t>(4 * (ranges[i].second - ranges[i].first));
+    return n;
+  };
+  std::vector<LivenessPoint> out;
+  out.push_back({"embeddings forward", written_by(0), grads_by(-1)});
+  for (int64_t l = 0; l < L; ++l) out.push_back({str_cat("layer ", l, " forward"), written_by(l + 1), grads_by(-1)});
+  out.push_back({"head forward", written_by(L + 1), grads_by(-1)});
+  out.push_back({"head backward", read_from(kStageHead), grads_by(kStageHead)});
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const int st = stage_of_layer(l, L);
+    out.push_back({str_cat("layer ", l, " backward"), read_from(st), grads_by(st)});
+  }
+  const int emb = stage_of_embeddings(L);
+  out.push_back({"embeddings backward", read_from(emb), grads_by(emb)});
+  out.push_back({"optimizer step", read_from(kAfterBackward), grads_by(emb)});
   return out;
 }
 
@@ -216,11 +330,28 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
   ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
                 " must be between 1 and ", cfg.max_sequence_length(), " (max_position_embeddings)");
-  ANATOMY_CHECK(shape.checkpointing != CheckpointPolicy::Selective,
-                "--gradient-checkpointing selective: not implemented for ModernBERT (use none or layer)");
   ANATOMY_CHECK(!shape.packed_tokens, "training on real tokens (--skip-padding) is not implemented for ModernBERT");
-  ANATOMY_CHECK(!shape.training || shape.gradients == GradientPlacement::Own,
-                "--gradient-placement in-activations: not implemented for ModernBERT (use own or auto)");
+  // Where the step finds each parameter (transformers' names; a bias only where the config has it).
+  auto params_of = [&](const std::string& name) {
+    return Params{&m_layout.get(name + ".weight"), m_layout.find(name + ".bias")};
+  };
+  for (int l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    LayerParams lp;
+    if (l > 0) lp.attn_norm = params_of(p + "attn_norm");
+    lp.wqkv = params_of(p + "attn.Wqkv");
+    lp.attn_wo = params_of(p + "attn.Wo");
+    lp.mlp_norm = params_of(p + "mlp_norm");
+    lp.wi = params_of(p + "mlp.Wi");
+    lp.mlp_wo = params_of(p + "mlp.Wo");
+    m_layer_params.push_back(lp);
+  }
+  m_tok_embeddings = &m_layout.get("model.embeddings.tok_embeddings.weight");
+  m_emb_norm = params_of("model.embeddings.norm");
+  m_final_norm = params_of("model.final_norm");
+  m_head_dense = params_of("head.dense");
+  m_head_norm = params_of("head.norm");
+  m_head_out = Params{&m_layout.get(output_weight(cfg)), m_layout.find(output_bias(cfg))};
   Allocator& a = be.allocator();
   const auto n = static_cast<int64_t>(m_layout.total());
   m_master = Buffer(a, DType::F32, {n}, Category::Weights);
@@ -231,15 +362,24 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   } else {
     m_compute_view = m_master.tensor();
   }
+  const ArenaBytes bytes = modernbert_arena_bytes(cfg, shape);
+  if (bytes.block) {  // Note [modernbert gradients in freed activations]
+    m_act_block = SharedBlock(a, bytes.block, Category::Activations, bytes.activations, Category::Gradients,
+                              static_cast<size_t>(n) * 4);
+    m_act_arena = Arena::over(m_act_block.data(), bytes.activations, a.device(), Category::Activations);
+    m_grads_view = Tensor(m_act_block.data() + bytes.gradient_offset, DType::F32, {n}, a.device());
+  } else {
+    if (shape.training) {
+      m_grads = Buffer(a, DType::F32, {n}, Category::Gradients);
+      m_grads_view = m_grads.tensor();
+    }
+    m_act_arena = Arena(a, bytes.activations, Category::Activations);
+  }
   if (shape.training) {
-    m_grads = Buffer(a, DType::F32, {n}, Category::Gradients);
-    m_grads_view = m_grads.tensor();
-    be.fill(m_grads, 0.0f);
+    be.fill(m_grads_view, 0.0f);
     m_grad_ranges = modernbert_stages(cfg, m_layout);
   }
   sync_compute_copy();
-  const ArenaBytes bytes = modernbert_arena_bytes(cfg, shape);
-  m_act_arena = Arena(a, bytes.activations, Category::Activations);
   m_tmp_arena = Arena(a, bytes.temporary, Category::Temporary);
   m_acts = std::make_unique<Acts>();
   carve_modernbert(*m_acts, m_act_arena, m_tmp_arena, cfg, shape.compute, shape.checkpointing, shape.max_batch,
@@ -271,6 +411,9 @@ void ModernBertForSequenceClassification::sync_compute_copy() {
 void ModernBertForSequenceClassification::zero_grads() {
   if (m_grads_view.defined()) m_be.fill(m_grads_view, 0.0f);
 }
+void ModernBertForSequenceClassification::zero_grad_range(const std::pair<size_t, size_t>& r) {
+  m_be.fill(ParamLayout::range(m_grads_view, r.first, {static_cast<int64_t>(r.second - r.first)}), 0.0f);
+}
 
 std::vector<std::string> ModernBertForSequenceClassification::layernorm_weights_below(float limit) {
   std::vector<std::string> out;
@@ -299,36 +442,34 @@ void ModernBertForSequenceClassification::init_weights(uint64_t seed) {
 }
 
 // ---- building blocks -------------------------------------------------------------------------------
-void ModernBertForSequenceClassification::linear(const Tensor& y, const Tensor& x, const std::string& w,
-                                                 const std::string& b) {
-  if (has(b))
-    m_be.matmul(y, x, Trans::N, W(w), Trans::T, {1, 0, Epilogue::Bias, W(b), {}});
+void ModernBertForSequenceClassification::linear(const Tensor& y, const Tensor& x, const Params& p) {
+  if (p.bias)
+    m_be.matmul(y, x, Trans::N, W(p.weight), Trans::T, {1, 0, Epilogue::Bias, W(p.bias), {}});
   else
-    m_be.matmul(y, x, Trans::N, W(w), Trans::T, {1, 0, Epilogue::None, {}, {}});
+    m_be.matmul(y, x, Trans::N, W(p.weight), Trans::T, {1, 0, Epilogue::None, {}, {}});
 }
 
 void ModernBertForSequenceClassification::linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x,
-                                                          const std::string& w, const std::string& b) {
-  m_be.matmul(G(w), dy, Trans::T, x, Trans::N, {1, 1, Epilogue::None, {}, {}});
-  if (has(b)) m_be.bias_grad(G(b), dy);
-  if (dx.defined()) m_be.matmul(dx, dy, Trans::N, W(w), Trans::N, {1, 0, Epilogue::None, {}, {}});
+                                                          const Params& p, bool weight_gradient) {
+  if (weight_gradient) m_be.matmul(G(p.weight), dy, Trans::T, x, Trans::N, {1, 1, Epilogue::None, {}, {}});
+  if (p.bias) m_be.bias_grad(G(p.bias), dy);
+  if (dx.defined()) m_be.matmul(dx, dy, Trans::N, W(p.weight), Trans::N, {1, 0, Epilogue::None, {}, {}});
 }
 
-void ModernBertForSequenceClassification::norm_forward(const std::string& name, const Tensor& y, const Tensor& rstd,
+void ModernBertForSequenceClassification::norm_forward(const Params& p, const Tensor& y, const Tensor& rstd,
                                                        const Tensor& branch, const Tensor& residual,
                                                        const Tensor& sum) {
-  const Tensor beta = has(name + ".bias") ? M(name + ".bias") : m_acts->zero_beta;
+  const Tensor beta = p.bias ? M(p.bias) : m_acts->zero_beta;
   const Tensor mean = ParamLayout::range(m_acts->mean_scratch, 0, rstd.shape);
-  m_be.layernorm_forward(y, sum, mean, rstd, branch, residual, M(name + ".weight"), beta,
+  m_be.layernorm_forward(y, sum, mean, rstd, branch, residual, M(p.weight), beta,
                          static_cast<float>(m_cfg.layer_norm_eps), {});
 }
 
-void ModernBertForSequenceClassification::norm_backward(const std::string& name, const Tensor& dsum, const Tensor& dy,
+void ModernBertForSequenceClassification::norm_backward(const Params& p, const Tensor& dsum, const Tensor& dy,
                                                         const Tensor& y, const Tensor& rstd) {
-  const bool bias = has(name + ".bias");
-  const Tensor beta = bias ? M(name + ".bias") : m_acts->zero_beta;
-  const Tensor dbeta = bias ? G(name + ".bias") : m_acts->dbeta_scratch;
-  m_be.layernorm_backward(dsum, Tensor(), G(name + ".weight"), dbeta, dy, y, rstd, M(name + ".weight"), beta, {});
+  const Tensor beta = p.bias ? M(p.bias) : m_acts->zero_beta;
+  const Tensor dbeta = p.bias ? G(p.bias) : m_acts->dbeta_scratch;
+  m_be.layernorm_backward(dsum, Tensor(), G(p.weight), dbeta, dy, y, rstd, M(p.weight), beta, {});
 }
 
 // ---- forward ---------------------------------------------------------------------------------------
@@ -340,27 +481,27 @@ void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch
   const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
-  const std::string p = layer_prefix(l);
+  const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
   const Tensor x = shaped(A.x, {R, H});
   Tensor h = x;
   if (l > 0) {
     h = shaped(A.h, {R, H});
-    norm_forward(p + "attn_norm", h, shaped(A.rstd_a, {R}), x, Tensor(), Tensor());
+    norm_forward(P.attn_norm, h, shaped(A.rstd_a, {R}), x, Tensor(), Tensor());
   }
   const Tensor qkv = shaped(A.qkv, {B, T, 3 * H});
-  linear(shaped(A.qkv, {R, 3 * H}), h, p + "attn.Wqkv.weight", p + "attn.Wqkv.bias");
+  linear(shaped(A.qkv, {R, 3 * H}), h, P.wqkv);
   const bool global = m_cfg.is_global_layer(l);
   const ModernBertFields& m = m_cfg.modern;
   m_be.rotary_forward(qkv, qkv, heads, static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta));
   m_be.attention_forward(shaped(A.ctx, {B, T, H}), shaped(A.lse, {B, heads, T}), qkv, b.attention_mask, heads, {},
                          global ? 0 : static_cast<int>(m.local_attention / 2));
   const Tensor attn_out = shaped(m_acts->t1, {R, H});
-  linear(attn_out, shaped(A.ctx, {R, H}), p + "attn.Wo.weight", p + "attn.Wo.bias");
-  norm_forward(p + "mlp_norm", shaped(A.y, {R, H}), shaped(A.rstd_m, {R}), attn_out, x, shaped(A.x1, {R, H}));
-  linear(shaped(A.wi, {R, 2 * I}), shaped(A.y, {R, H}), p + "mlp.Wi.weight", p + "mlp.Wi.bias");
+  linear(attn_out, shaped(A.ctx, {R, H}), P.attn_wo);
+  norm_forward(P.mlp_norm, shaped(A.y, {R, H}), shaped(A.rstd_m, {R}), attn_out, x, shaped(A.x1, {R, H}));
+  linear(shaped(A.wi, {R, 2 * I}), shaped(A.y, {R, H}), P.wi);
   m_be.geglu_forward(shaped(A.g, {R, I}), shaped(A.wi, {R, 2 * I}));
   const Tensor mlp_out = shaped(m_acts->t2, {R, H});
-  linear(mlp_out, shaped(A.g, {R, I}), p + "mlp.Wo.weight", p + "mlp.Wo.bias");
+  linear(mlp_out, shaped(A.g, {R, I}), P.mlp_wo);
   const size_t next = static_cast<size_t>(l) + 1;
   const Tensor out = next < m_acts->layers.size() ? shaped(m_acts->layers[next].x, {R, H}) : shaped(m_acts->xl, {R, H});
   m_be.add(out, shaped(A.x1, {R, H}), mlp_out);
@@ -387,22 +528,22 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
                 m_shape.max_seq);
   Acts& A = *m_acts;
   const Tensor ids = ParamLayout::range(b.input_ids, 0, {R});
-  m_be.gather_rows(shaped(A.emb, {R, H}), W("model.embeddings.tok_embeddings.weight"), ids);
-  norm_forward("model.embeddings.norm", shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}), shaped(A.emb, {R, H}),
+  m_be.gather_rows(shaped(A.emb, {R, H}), W(m_tok_embeddings), ids);
+  norm_forward(m_emb_norm, shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}), shaped(A.emb, {R, H}),
                Tensor(), Tensor());
   for (int l = 0; l < m_cfg.num_hidden_layers; ++l) layer_forward(l, b);
-  norm_forward("model.final_norm", shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}), shaped(A.xl, {R, H}), Tensor(),
+  norm_forward(m_final_norm, shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}), shaped(A.xl, {R, H}), Tensor(),
                Tensor());
   m_hidden = shaped(A.xf, {B, T, H});
   const bool tokens = token_head(m_cfg);
   const int64_t N = tokens ? R : B;
   if (!tokens) pool_forward(b);
   const Tensor head_in = tokens ? shaped(A.xf, {R, H}) : shaped(A.pooled, {B, H});
-  linear(shaped(A.hd, {N, H}), head_in, "head.dense.weight", "head.dense.bias");
+  linear(shaped(A.hd, {N, H}), head_in, m_head_dense);
   m_be.gelu_forward(shaped(A.ga, {N, H}), shaped(A.hd, {N, H}));
-  norm_forward("head.norm", shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}), shaped(A.ga, {N, H}), Tensor(), Tensor());
+  norm_forward(m_head_norm, shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}), shaped(A.ga, {N, H}), Tensor(), Tensor());
   m_logits = shaped(A.logits, {N, C});
-  linear(m_logits, shaped(A.hh, {N, H}), output_weight(m_cfg), output_bias(m_cfg));
+  linear(m_logits, shaped(A.hh, {N, H}), m_head_out);
   m_losses = shaped(A.losses, {B});
 }
 
@@ -433,6 +574,15 @@ void ModernBertForSequenceClassification::loss(const DeviceBatch& b, const Tenso
 }
 
 // ---- backward --------------------------------------------------------------------------------------
+// Note [modernbert selective recompute]: under --gradient-checkpointing selective forward keeps
+// every tensor of a layer but its gated-GELU output g = gelu(in) * gate ([B*T, intermediate]:
+// in ModernBERT-base an eighth of a layer's saved bytes). Forward writes g into the scratch of
+// wi's gradient, where the MLP's output projection reads it at once; backward recomputes it
+// there from the saved wi before the projection's weight gradient reads it. That scratch is free
+// at both times: backward writes wi's gradient only after the projection's, when g is dead. One
+// element-wise op per layer, the same op on the same input as forward's, so the gradients are
+// those of the run that keeps everything, bit for bit. (BERT's selective also drops the first
+// layers' FFN input, Note [recomputed FFN input] in bert.cpp; ModernBERT keeps every wi.)
 // Note [layer recompute]: under --gradient-checkpointing layer forward keeps each layer's input
 // alone; backward first re-runs the layer's forward from it into the one set of layer tensors in
 // the scratch (Acts::work), the same ops on the same inputs, so the gradients are those of the
@@ -443,28 +593,29 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
   const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   Acts& S = *m_acts;
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
+  if (S.selective) m_be.geglu_forward(shaped(A.g, {R, I}), shaped(A.wi, {R, 2 * I}));  // Note [modernbert selective recompute]
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
-  const std::string p = layer_prefix(l);
+  const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
   const bool global = m_cfg.is_global_layer(l);
   const ModernBertFields& m = m_cfg.modern;
   // MLP branch: out = x1 + mlp(mlp_norm(x1)).
-  linear_backward(shaped(S.dg, {R, I}), dout, shaped(A.g, {R, I}), p + "mlp.Wo.weight", p + "mlp.Wo.bias");
+  linear_backward(shaped(S.dg, {R, I}), dout, shaped(A.g, {R, I}), P.mlp_wo);
   m_be.geglu_backward(shaped(S.dwi, {R, 2 * I}), shaped(S.dg, {R, I}), shaped(A.wi, {R, 2 * I}));
   const Tensor t1 = shaped(S.t1, {R, H}), t2 = shaped(S.t2, {R, H}), t3 = shaped(S.t3, {R, H});
-  linear_backward(t1, shaped(S.dwi, {R, 2 * I}), shaped(A.y, {R, H}), p + "mlp.Wi.weight", p + "mlp.Wi.bias");
-  norm_backward(p + "mlp_norm", t2, t1, shaped(A.y, {R, H}), shaped(A.rstd_m, {R}));
+  linear_backward(t1, shaped(S.dwi, {R, 2 * I}), shaped(A.y, {R, H}), P.wi);
+  norm_backward(P.mlp_norm, t2, t1, shaped(A.y, {R, H}), shaped(A.rstd_m, {R}));
   m_be.add(t3, t2, dout);  // d x1
   // Attention branch: x1 = x + Wo attention(rotary(Wqkv h)).
-  linear_backward(t1, t3, shaped(A.ctx, {R, H}), p + "attn.Wo.weight", p + "attn.Wo.bias");
+  linear_backward(t1, t3, shaped(A.ctx, {R, H}), P.attn_wo);
   const Tensor dqkv = shaped(S.dqkv, {B, T, 3 * H});
   m_be.attention_backward(dqkv, shaped(t1, {B, T, H}), shaped(A.qkv, {B, T, 3 * H}), shaped(A.ctx, {B, T, H}),
                           shaped(A.lse, {B, heads, T}), b.attention_mask, heads, {},
                           global ? 0 : static_cast<int>(m.local_attention / 2));
   m_be.rotary_backward(dqkv, dqkv, heads, static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta));
   const Tensor h = l > 0 ? shaped(A.h, {R, H}) : shaped(A.x, {R, H});
-  linear_backward(t2, shaped(S.dqkv, {R, 3 * H}), h, p + "attn.Wqkv.weight", p + "attn.Wqkv.bias");
+  linear_backward(t2, shaped(S.dqkv, {R, 3 * H}), h, P.wqkv);
   if (l > 0) {
-    norm_backward(p + "attn_norm", t1, t2, h, shaped(A.rstd_a, {R}));
+    norm_backward(P.attn_norm, t1, t2, h, shaped(A.rstd_a, {R}));
     m_be.add(din, t1, t3);
   } else {
     m_be.add(din, t2, t3);
@@ -476,16 +627,21 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
   const bool tokens = token_head(m_cfg);
   const int64_t N = tokens ? R : B;
-  const Tensor dlogits = shaped(A.dlogits, {N, C});
-  // Masked-LM: the tied decoder's gradient goes into the token embeddings' (their lookup's adds to it).
-  linear_backward(shaped(A.dhh, {N, H}), dlogits, shaped(A.hh, {N, H}), output_weight(m_cfg), output_bias(m_cfg));
-  norm_backward("head.norm", shaped(A.dhd, {N, H}), shaped(A.dhh, {N, H}), shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}));
+  const bool mlm = is_masked_lm(m_cfg), overlaid = m_act_block.data() != nullptr;
+  // Gradients in freed activations: each stage's range is zeroed just before it is written
+  // (Note [modernbert gradients in freed activations]); the tail first.
+  if (overlaid) zero_grad_range(m_grad_ranges.back());
+  const Tensor dlogits = shaped(A.dlogits, {N, C}), hh = shaped(A.hh, {N, H});
+  // Masked-LM: the tied decoder's weight gradient goes into the token embeddings', after their
+  // backward (Note [modernbert gradients in freed activations]).
+  linear_backward(shaped(A.dhh, {N, H}), dlogits, hh, m_head_out, !mlm);
+  norm_backward(m_head_norm, shaped(A.dhd, {N, H}), shaped(A.dhh, {N, H}), hh, shaped(A.rstd_h, {N}));
   m_be.gelu_backward(shaped(A.dhd, {N, H}), shaped(A.dhd, {N, H}), shaped(A.hd, {N, H}));
   // The token head's dense writes the encoder output's gradient itself; the sequence head's
   // goes through the pooling.
   const Tensor dpooled = tokens ? shaped(A.dxf, {R, H}) : shaped(A.dpooled, {B, H});
   const Tensor head_in = tokens ? shaped(A.xf, {R, H}) : shaped(A.pooled, {B, H});
-  linear_backward(dpooled, shaped(A.dhd, {N, H}), head_in, "head.dense.weight", "head.dense.bias");
+  linear_backward(dpooled, shaped(A.dhd, {N, H}), head_in, m_head_dense);
   const Tensor dxf = shaped(A.dxf, {B, T, H});
   if (tokens) {  // the head's dense wrote dxf
   } else if (mean_pooling(m_cfg))
@@ -493,17 +649,21 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   else
     m_be.select_token_backward(dxf, dpooled, 0);
   Tensor d = shaped(A.da, {R, H}), other = shaped(A.db, {R, H});
-  norm_backward("model.final_norm", d, shaped(A.dxf, {R, H}), shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}));
+  norm_backward(m_final_norm, d, shaped(A.dxf, {R, H}), shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}));
   for (int l = static_cast<int>(m_cfg.num_hidden_layers) - 1; l >= 0; --l) {
+    if (overlaid) zero_grad_range(m_grad_ranges[static_cast<size_t>(l) + 1]);
     layer_backward(l, b, d, other);
     std::swap(d, other);
     if (m_on_layer_grads) m_on_layer_grads(m_grad_ranges[static_cast<size_t>(l) + 1].first,
                                            m_grad_ranges[static_cast<size_t>(l) + 1].second);
   }
   const Tensor demb = other;
-  norm_backward("model.embeddings.norm", demb, d, shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}));
-  m_be.embedding_backward(G("model.embeddings.tok_embeddings.weight"), Tensor(), Tensor(), demb, b.input_ids,
+  if (overlaid) zero_grad_range(m_grad_ranges.front());
+  norm_backward(m_emb_norm, demb, d, shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}));
+  m_be.embedding_backward(G(m_tok_embeddings), Tensor(), Tensor(), demb, b.input_ids,
                           Tensor());
+  if (mlm) linear_backward(Tensor(), dlogits, hh, Params{m_head_out.weight, nullptr});
+  if (overlaid) m_hidden = Tensor();  // its memory now holds gradients
 }
 
 void ModernBertForSequenceClassification::forward_backward(const DeviceBatch& b, float grad_scale, uint64_t) {

@@ -5,12 +5,14 @@
 // transformers' names (ParamLayout::for_modernbert): fp32 master weights and gradients, and in
 // BF16/FP16 a compute-dtype copy; saved activations (compute dtype, statistics in F32) in one
 // arena, backward scratch in another, both sized by the carving that the planner runs dry
-// (modernbert_arena_bytes), so planned == allocated.
+// (modernbert_arena_bytes), so planned == allocated. With GradientPlacement::InActivations the
+// gradients live in activation memory that backward is done with (Note [modernbert gradients in
+// freed activations] in modernbert.cpp).
 //
-// Gradient checkpointing: none or layer (Note [layer recompute] in modernbert.cpp).
+// Gradient checkpointing: none, layer (Note [layer recompute] in modernbert.cpp) or selective
+// (Note [modernbert selective recompute]).
 // What it does not do (the BERT class does): dropout (config.json's dropouts must be 0),
-// selective recompute, packed batches (it trains and evaluates padded; a packing index is
-// ignored), gradients in freed activations (always a buffer of their own).
+// packed batches (it trains and evaluates padded; a packing index is ignored).
 // With config.json's architectures ModernBertForTokenClassification or ModernBertForMaskedLM the
 // same class is that model: the head on every token (Note [modernbert token head] in
 // modernbert.cpp), logits [B*T, num_labels or vocab_size].
@@ -31,8 +33,8 @@ namespace anatomy {
 
 class ModernBertForSequenceClassification : public EncoderModel {
  public:
-  // The config must be a validated ModernBERT config; the shape asks for no selective recompute,
-  // packing or shared gradients (refused naming the flag).
+  // The config must be a validated ModernBERT config; the shape asks for no packing (refused
+  // naming the flag).
   ModernBertForSequenceClassification(Backend& be, const BertConfig& cfg, const ModelShape& shape);
   // A training model in F32 for batches up to [max_batch, max_seq].
   ModernBertForSequenceClassification(Backend& be, const BertConfig& cfg, int64_t max_batch, int64_t max_seq)
@@ -46,7 +48,7 @@ class ModernBertForSequenceClassification : public EncoderModel {
   const Tensor& master() const override { return m_master.tensor(); }
   const Tensor& compute_params() const override { return m_compute_view; }
   const Tensor& grads() const override { return m_grads_view; }
-  bool gradients_in_activations() const override { return false; }
+  bool gradients_in_activations() const override { return m_act_block.data() != nullptr; }
 
   // transformers' initialization: matrices ~ N(0, initializer_range) (not truncated), norms 1,
   // biases 0.
@@ -59,7 +61,8 @@ class ModernBertForSequenceClassification : public EncoderModel {
   std::vector<std::string> layernorm_weights_below(float limit) override;
   void set_dropout_seed(uint64_t) override {}  // no dropout (Note [modernbert])
 
-  // One micro-batch: gradients accumulate (+=) scaled by grad_scale; per-sample losses F32 [B].
+  // One micro-batch: gradients accumulate (+=) scaled by grad_scale, or are written afresh when
+  // they live in the activations; per-sample losses F32 [B].
   // dropout_base is unused (no dropout).
   void forward_backward(const DeviceBatch& batch, float grad_scale, uint64_t dropout_base = 0) override;
   // [0] the token embeddings, [1 + l] layer l's four matrices (final when layer l's backward
@@ -81,28 +84,45 @@ class ModernBertForSequenceClassification : public EncoderModel {
   void loss(const DeviceBatch& b, const Tensor& dlogits, float grad_scale);
   void layer_forward(int l, const DeviceBatch& b);
   void layer_backward(int l, const DeviceBatch& b, const Tensor& dout, const Tensor& din);
-  void norm_forward(const std::string& name, const Tensor& y, const Tensor& rstd, const Tensor& branch,
-                    const Tensor& residual, const Tensor& sum);
-  void norm_backward(const std::string& name, const Tensor& dsum, const Tensor& dy, const Tensor& y,
-                     const Tensor& rstd);
-  void linear(const Tensor& y, const Tensor& x, const std::string& w, const std::string& b);
-  // dW += dy^T x, db += colsum(dy) (when the layout has b), dx = dy W (when dx is defined).
-  void linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const std::string& w, const std::string& b);
-  Tensor W(const std::string& name) const { return m_layout.view(m_compute_view, name); }
-  Tensor G(const std::string& name) const { return m_layout.view(m_grads_view, name); }
+  // A linear layer's or a LayerNorm's parameters in the layout, found once by the constructor
+  // so that a step builds no names and looks nothing up; bias is null where the config has none.
+  struct Params {
+    const ParamInfo* weight = nullptr;
+    const ParamInfo* bias = nullptr;
+  };
+  struct LayerParams {
+    Params attn_norm;  // none in layer 0 (an Identity, Note [modernbert])
+    Params wqkv, attn_wo, mlp_norm, wi, mlp_wo;
+  };
+  void norm_forward(const Params& p, const Tensor& y, const Tensor& rstd, const Tensor& branch, const Tensor& residual,
+                    const Tensor& sum);
+  void norm_backward(const Params& p, const Tensor& dsum, const Tensor& dy, const Tensor& y, const Tensor& rstd);
+  void linear(const Tensor& y, const Tensor& x, const Params& p);
+  // dW += dy^T x (unless !weight_gradient: the caller adds it later), db += colsum(dy) (when
+  // there is a bias), dx = dy W (when dx is defined).
+  void linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const Params& p,
+                       bool weight_gradient = true);
+  Tensor W(const ParamInfo* p) const { return m_layout.view(m_compute_view, *p); }
+  Tensor G(const ParamInfo* p) const { return m_layout.view(m_grads_view, *p); }
   // The F32 master weights: the norms read their parameters here in every precision (Note
   // [normalization parameters in fp32] in bert.cpp).
-  Tensor M(const std::string& name) const { return m_layout.view(m_master.tensor(), name); }
-  bool has(const std::string& name) const { return m_layout.find(name) != nullptr; }
+  Tensor M(const ParamInfo* p) const { return m_layout.view(m_master.tensor(), *p); }
+  void zero_grad_range(const std::pair<size_t, size_t>& range);  // elements of the flat gradients
 
   Backend& m_be;
   BertConfig m_cfg;
   ParamLayout m_layout;
   ModelShape m_shape;
+  std::vector<LayerParams> m_layer_params;
+  // The token embeddings, and the head's output layer: the classifier, or the masked-LM decoder
+  // whose weight is the token embeddings (Note [modernbert token head]).
+  const ParamInfo* m_tok_embeddings = nullptr;
+  Params m_emb_norm, m_final_norm, m_head_dense, m_head_norm, m_head_out;
   Buffer m_master, m_compute, m_grads;
   Tensor m_compute_view, m_grads_view;
   std::vector<std::pair<size_t, size_t>> m_grad_ranges;
   std::function<void(size_t, size_t)> m_on_layer_grads;
+  SharedBlock m_act_block;  // activations with the gradients inside (GradientPlacement::InActivations)
   Arena m_act_arena, m_tmp_arena;
   std::unique_ptr<Acts> m_acts;
   Tensor m_losses, m_logits, m_hidden;

@@ -34,10 +34,7 @@ PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch
                    resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps, zero == 2)};
   shape.packed_tokens = o.skip_padding && !o.train_file.empty() && shape.checkpointing != CheckpointPolicy::Layer &&
                         o.task == "text-classification";  // the per-token heads run padded (Note [masked LM head])
-  if (cfg.is_modernbert()) {  // trains padded, gradients in a buffer of their own (model/modernbert.h)
-    shape.packed_tokens = false;
-    if (o.gradient_placement == "auto") shape.gradients = GradientPlacement::Own;
-  }
+  if (cfg.is_modernbert()) shape.packed_tokens = false;  // it trains padded (model/modernbert.h)
   return PlanInput{cfg, shape, o.optim.kind, device, world, zero, rank, o.gradient_accumulation_steps};
 }
 

@@ -22,12 +22,16 @@ inline double modernbert_mean_loss(Backend& be, const ModernBertForSequenceClass
 }
 
 // Logits, loss and every gradient of one step within `tol` (relative; a gradient that is zero in
-// exact arithmetic in absolute terms against tol times the norm of all gradients).
-inline void check_modernbert_step(Backend& be, const std::string& name, double tol) {
+// exact arithmetic in absolute terms against tol times the norm of all gradients), with the
+// given gradient checkpointing and placement.
+inline void check_modernbert_step(Backend& be, const std::string& name, double tol,
+                                  CheckpointPolicy policy = CheckpointPolicy::None,
+                                  GradientPlacement placement = GradientPlacement::Own) {
   const std::string d = modernbert_dir(name);
   Fixture f(d);
   ASSERT_TRUE(f.cfg.is_modernbert());
-  ModernBertForSequenceClassification model(be, f.cfg, f.B, f.T);
+  ModernBertForSequenceClassification model(be, f.cfg, ModelShape{f.B, f.T, DType::F32, policy, true, placement});
+  EXPECT_EQ(model.gradients_in_activations(), placement == GradientPlacement::InActivations);
   const std::vector<std::string> unused = load_modernbert_weights(d, model);
   EXPECT_TRUE(unused.empty()) << unused.front();
   Batch batch(be, f);

@@ -21,6 +21,17 @@ TEST_P(GoldenModernBertCuda, Fp32MatchesTransformers) {
   check_modernbert_step(*be, GetParam(), 1e-4);
 }
 
+TEST_P(GoldenModernBertCuda, Fp32SelectiveCheckpointingMatchesTransformers) {
+  auto be = make_cuda_backend(0);
+  check_modernbert_step(*be, GetParam(), 1e-4, CheckpointPolicy::Selective);
+}
+
+TEST_P(GoldenModernBertCuda, Fp32GradientsInActivationsMatchTransformers) {
+  auto be = make_cuda_backend(0);
+  check_modernbert_step(*be, GetParam(), 1e-4, CheckpointPolicy::None, GradientPlacement::InActivations);
+  check_modernbert_step(*be, GetParam(), 1e-4, CheckpointPolicy::Selective, GradientPlacement::InActivations);
+}
+
 TEST_P(GoldenModernBertCuda, FiveAdamWStepsTrack) {
   auto be = make_cuda_backend(0);
   check_modernbert_adamw(*be, GetParam(), 1e-4);

@@ -22,6 +22,17 @@ TEST_P(GoldenModernBert, ForwardLossAndEveryGradientMatchTransformers) {
   check_modernbert_step(*be, GetParam(), 1e-4);
 }
 
+TEST_P(GoldenModernBert, SelectiveCheckpointingMatchesTransformers) {
+  auto be = make_cpu_backend();
+  check_modernbert_step(*be, GetParam(), 1e-4, CheckpointPolicy::Selective);
+}
+
+TEST_P(GoldenModernBert, GradientsInActivationsMatchTransformers) {
+  auto be = make_cpu_backend();
+  check_modernbert_step(*be, GetParam(), 1e-4, CheckpointPolicy::None, GradientPlacement::InActivations);
+  check_modernbert_step(*be, GetParam(), 1e-4, CheckpointPolicy::Selective, GradientPlacement::InActivations);
+}
+
 TEST_P(GoldenModernBert, FiveAdamWStepsTrackTransformers) {
   auto be = make_cpu_backend();
   check_modernbert_adamw(*be, GetParam(), 1e-4);
@@ -51,25 +62,33 @@ TEST_P(GoldenModernBert, SavesTheTensorNamesTransformersLoads) {
   EXPECT_EQ(static_cast<size_t>(f.cfg.num_parameters()), model.layout().num_parameters());
 }
 
-// --gradient-checkpointing layer (Note [layer recompute] in model/modernbert.cpp) gives the
-// gradients and losses of the run that keeps everything, bit for bit, with every head.
-TEST_P(GoldenModernBert, LayerCheckpointingGivesTheSameGradients) {
+// --gradient-checkpointing layer and selective (Notes [layer recompute] and [modernbert selective
+// recompute] in model/modernbert.cpp), and the gradients in freed activations (Note [modernbert
+// gradients in freed activations]) with each, give the gradients and losses of the run that
+// keeps everything in buffers of their own, bit for bit, with every head. In the activations
+// the gradients are written afresh by each call: the second call on the same batch gives the
+// first's (nothing accumulates, nothing of the previous step's is read as an activation).
+TEST_P(GoldenModernBert, CheckpointingAndPlacementGiveTheSameGradients) {
   const std::string d = modernbert_dir(GetParam());
   Fixture f(d);
   auto be = make_cpu_backend();
-  std::vector<float> grads[2], losses[2];
-  for (int k = 0; k < 2; ++k) {
-    ModernBertForSequenceClassification model(*be, f.cfg,
-                                              ModelShape{f.B, f.T, DType::F32, k ? CheckpointPolicy::Layer : CheckpointPolicy::None});
-    load_modernbert_weights(d, model);
-    Batch batch(*be, f);
-    model.zero_grads();
-    model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B));
-    grads[k] = model.grads_to_host();
-    losses[k] = to_f32(*be, model.losses());
-  }
-  EXPECT_TRUE(same_values<float>(grads[0], grads[1]));
-  EXPECT_TRUE(same_values<float>(losses[0], losses[1]));
+  std::vector<float> want_grads, want_losses;
+  for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Layer, CheckpointPolicy::Selective})
+    for (GradientPlacement placement : {GradientPlacement::Own, GradientPlacement::InActivations}) {
+      SCOPED_TRACE(std::string(checkpoint_policy_name(policy)) + " " + gradient_placement_name(placement));
+      ModernBertForSequenceClassification model(*be, f.cfg, ModelShape{f.B, f.T, DType::F32, policy, true, placement});
+      ASSERT_EQ(model.gradients_in_activations(), placement == GradientPlacement::InActivations);
+      load_modernbert_weights(d, model);
+      Batch batch(*be, f);
+      for (int call = 0; call < 2; ++call) {
+        if (!model.gradients_in_activations()) model.zero_grads();
+        model.forward_backward(batch.db, 1.0f / static_cast<float>(f.B));
+        const std::vector<float> grads = model.grads_to_host(), losses = to_f32(*be, model.losses());
+        if (want_grads.empty()) want_grads = grads, want_losses = losses;
+        EXPECT_TRUE(same_values<float>(want_grads, grads)) << "call " << call;
+        EXPECT_TRUE(same_values<float>(want_losses, losses)) << "call " << call;
+      }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBert, testing::Values("modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"),

@@ -607,12 +607,12 @@ TEST(TasksPlan, TokenClassificationPlanEqualsAllocated) {
 
 // The trainer's allocation is plan_memory's, category by category, for ModernBERT's per-token
 // heads (the head's [B*T, H] tensors, [B*T, labels or vocab] logits and their gradient, the
-// token labels), with and without layer checkpointing.
+// token labels), with no, layer and selective checkpointing.
 TEST(TasksPlan, ModernBertPerTokenPlanEqualsAllocated) {
   const std::string dir = testing_cli::fresh_dir("tasks_plan_modernbert");
   const std::string tagged = write_tagged(dir + "/tagged.jsonl", 24, 0);
   for (const char* task : {"mlm", "token-classification"})
-    for (const char* policy : {"none", "layer"}) {
+    for (const char* policy : {"none", "layer", "selective"}) {
       const bool mlm = std::string(task) == "mlm";
       TrainOptions o;
       o.task = task;
