@@ -167,7 +167,9 @@ TEST(ModernBertTrain, PlannedEqualsAllocated) {
           EXPECT_EQ(after[k] - before[k], p.bytes[k]) << what << " " << category_name(k);
         EXPECT_EQ(after.shared - before.shared, p.bytes.shared) << what;
         EXPECT_EQ(m->gradients_in_activations(), p.bytes.shared > 0) << what;
-        if (placement == GradientPlacement::InActivations) EXPECT_GT(p.bytes.shared, 0) << what;
+        if (placement == GradientPlacement::InActivations) {
+          EXPECT_GT(p.bytes.shared, 0) << what;
+        }
       }
 }
 
@@ -485,8 +487,11 @@ TEST(ModernBertTrain, LivenessFitsLiveActivationsAndWrittenGradientsInTheBlock) 
       for (size_t i = 0; i < t.size(); ++i) {
         const LivenessPoint& p = t[i];
         const bool forward = i <= static_cast<size_t>(cfg.num_hidden_layers) + 1;  // through "head forward"
-        if (forward) EXPECT_GT(p.activation_bytes, prev_acts) << p.label;
-        if (!forward) EXPECT_LE(p.activation_bytes, prev_acts) << p.label;
+        if (forward) {
+          EXPECT_GT(p.activation_bytes, prev_acts) << p.label;
+        } else {
+          EXPECT_LE(p.activation_bytes, prev_acts) << p.label;
+        }
         EXPECT_GE(p.gradient_bytes, prev_grads) << p.label;  // written once, kept to the end
         EXPECT_LE(p.activation_bytes + p.gradient_bytes, static_cast<int64_t>(a.block)) << p.label;
         prev_acts = p.activation_bytes, prev_grads = p.gradient_bytes;
