@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/rng.h"
+#include "model/freed_activations.h"
 #include "model/heads.h"
 
 namespace anatomy {
@@ -160,10 +161,10 @@ void carve_layer(Arena& ar, DType dt, int64_t R, int64_t B, int64_t T, int64_t H
 
 // Stages of backward, in the order it runs: when a saved tensor is read for the last time, and
 // when a parameter's gradient is first written (Note [gradients in freed activations]).
-constexpr int kStageHead = 0;
-int stage_of_layer(int64_t l, int64_t L) { return static_cast<int>(L - l); }
-int stage_of_embeddings(int64_t L) { return static_cast<int>(L + 1); }
-constexpr int kAfterBackward = 1 << 30;  // read after backward (losses, logits)
+using freed::kAfterBackward;
+using freed::kStageHead;
+using freed::stage_of_embeddings;
+using freed::stage_of_layer;
 
 // Note [recomputed FFN input]
 // Selective checkpointing saves, per layer of bert-large at batch 32 x 512 in bf16 (R = 16384
@@ -230,10 +231,7 @@ static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Are
 // so they get their own buffer (GradientPlacement::Own). For bert-large at seq 512 this puts
 // all but about one layer's worth of gradients (1.2 of 1.25 GiB) into memory that
 // activations already hold at the peak.
-struct GradRange {
-  size_t begin, end;  // elements of the flat buffer
-  int stage;          // the stage of backward that first writes it
-};
+using freed::GradRange;
 
 static std::vector<GradRange> gradient_ranges(const BertConfig& cfg, const ParamLayout& lay) {
   const int64_t L = cfg.num_hidden_layers;
@@ -247,23 +245,6 @@ static std::vector<GradRange> gradient_ranges(const BertConfig& cfg, const Param
   for (int64_t l = 0; l < L; ++l) out.push_back({first(l), first(l + 1), stage_of_layer(l, L)});
   out.push_back({first(L), lay.total(), kStageHead});
   return out;
-}
-
-// The lowest 256-byte aligned offset of the gradients in the activation arena (see the note).
-static size_t gradient_offset(const std::vector<ActRegion>& regions, const std::vector<GradRange>& grads) {
-  size_t q = 0;
-  for (bool moved = true; moved;) {
-    moved = false;
-    for (const GradRange& g : grads)
-      for (const ActRegion& r : regions) {
-        const size_t gb = 4 * g.begin, ge = 4 * g.end;
-        if (r.last_stage >= g.stage && q + gb < r.end && r.begin < q + ge) {
-          q = Arena::round_up(r.end - gb);
-          moved = true;
-        }
-      }
-  }
-  return q;
 }
 
 ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
@@ -289,7 +270,7 @@ ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   ArenaBytes out{acts, temps, 0, 0};
   if (s.training && s.gradients == GradientPlacement::InActivations) {
     const ParamLayout lay = ParamLayout::for_sequence_classification(cfg);
-    const size_t q = gradient_offset(regions, gradient_ranges(cfg, lay));
+    const size_t q = freed::gradient_offset(regions, gradient_ranges(cfg, lay));
     if (q < acts) {  // otherwise nothing would be shared: the gradients keep a buffer of their own
       out.gradient_offset = q;
       out.block = std::max(acts, q + 4 * lay.total());

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/freed_activations.h"
 #include "model/heads.h"
 #include "io/safetensors.h"
 #include <filesystem>
@@ -115,12 +116,10 @@ const char* output_bias(const BertConfig& cfg) { return is_masked_lm(cfg) ? "dec
 
 bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern.classifier_pooling != "cls"; }
 
-// Stages of backward in the order it runs: the head, layer l at L - l, the embeddings at L + 1;
-// kAfterBackward for what is read after backward (the losses and logits).
-constexpr int kStageHead = 0;
-int stage_of_layer(int64_t l, int64_t L) { return static_cast<int>(L - l); }
-int stage_of_embeddings(int64_t L) { return static_cast<int>(L + 1); }
-constexpr int kAfterBackward = 1 << 30;
+using freed::kAfterBackward;
+using freed::kStageHead;
+using freed::stage_of_embeddings;
+using freed::stage_of_layer;
 
 // A byte range of the activation arena: the step of forward that writes it (0 the embeddings,
 // 1 + l layer l, L + 1 the head) and the last stage of backward that reads it.
@@ -233,29 +232,23 @@ int stage_of_range(size_t i, int64_t L) {
 // activations] in bert.cpp) for ModernBERT's tensors: with one micro-batch per step the fp32
 // gradients live inside the activation arena, each of modernbert_stages' ranges over
 // activations that backward has read for the last time before the range's stage begins, at the
-// lowest 256-byte aligned offset where that holds for every range (below, the same search as
-// BERT's). Each range is zeroed just before its stage and then holds until the next forward. The arena is carved so that the freed memory is at the top and grows
+// lowest 256-byte aligned offset where that holds for every range (freed::gradient_offset, the
+// search BERT's placement runs). Each range is zeroed just before its stage and then holds until
+// the next forward. The arena is carved so that the freed memory is at the top and grows
 // downwards as backward walks down the layers: first what outlives backward (logits, losses),
 // then the head, the embeddings, and the layers in order, each with its output. One difference
 // from the order of the step: the masked-LM decoder's weight is the token embeddings, whose
 // range is written last, so the decoder's weight gradient (dlogits^T h) waits until after the
 // embeddings' backward, with dlogits and h kept until then (and so in every placement: the
 // gradients are the same bits in both).
-size_t gradient_offset(const std::vector<SavedRegion>& regions, const BertConfig& cfg, const ParamLayout& lay) {
+//
+// modernbert_stages' ranges with the stage that first writes each.
+std::vector<freed::GradRange> gradient_ranges(const BertConfig& cfg, const ParamLayout& lay) {
   const std::vector<std::pair<size_t, size_t>> ranges = modernbert_stages(cfg, lay);
-  size_t q = 0;
-  for (bool moved = true; moved;) {
-    moved = false;
-    for (size_t i = 0; i < ranges.size(); ++i)
-      for (const SavedRegion& r : regions) {
-        const size_t gb = 4 * ranges[i].first, ge = 4 * ranges[i].second;
-        if (r.last_stage >= stage_of_range(i, cfg.num_hidden_layers) && q + gb < r.end && r.begin < q + ge) {
-          q = Arena::round_up(r.end - gb);
-          moved = true;
-        }
-      }
-  }
-  return q;
+  std::vector<freed::GradRange> out;
+  for (size_t i = 0; i < ranges.size(); ++i)
+    out.push_back({ranges[i].first, ranges[i].second, stage_of_range(i, cfg.num_hidden_layers)});
+  return out;
 }
 
 }  // namespace
@@ -268,7 +261,7 @@ ArenaBytes modernbert_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   ArenaBytes out{act.used(), tmp.used(), 0, 0};
   if (s.training && s.gradients == GradientPlacement::InActivations) {
     const ParamLayout lay = ParamLayout::for_modernbert(cfg);
-    const size_t q = gradient_offset(regions, cfg, lay);
+    const size_t q = freed::gradient_offset(regions, gradient_ranges(cfg, lay));
     if (q < out.activations) {  // otherwise nothing would be shared: the gradients keep a buffer of their own
       out.gradient_offset = q;
       out.block = std::max(out.activations, q + 4 * lay.total());
