@@ -82,6 +82,9 @@ struct BertForSequenceClassification::Acts {
   // pk (R, 3H) is the packed q|k|v in forward and the packed dq|dk|dv in backward.
   bool packed_train = false;
   Tensor pk;
+  // This forward's batch attends on its packed rows (Note [packed attention]): decided once per
+  // forward, so that its backward reads the layout the forward wrote.
+  bool packed_attention = false;
   const Tensor& x_in(int l) const { return training ? xs[l] : xs[l % 2]; }
   const Tensor& x_out(int l) const { return training ? xs[l + 1] : xs[(l + 1) % 2]; }
 };
@@ -712,7 +715,7 @@ void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const 
   // Packed training (Note [packed training]): q|k|v of the token rows go to scratch, then into
   // the saved padded layout, and the context rows come back through t2 (free in forward). With
   // packed attention the saved q|k|v and context are the layer buffers' first N rows instead.
-  const bool pk = m_acts->packed_train, pa = attends_packed(b);
+  const bool pk = m_acts->packed_train, pa = m_acts->packed_attention;
   const int64_t n = x.dim(0);
   auto leading = [&](const Tensor& t, int64_t w) {
     return t.view({static_cast<int64_t>(t.numel()) / w, w}).slice(0, n);
@@ -799,7 +802,7 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
                           M(p.ln1_b),
                           drop(attn_out_dropout(m_cfg), base, site_attn_out(l), true));
   m_be.matmul(x2, x1, Trans::N, W(p.ao_w), Trans::N, put);  // dctx
-  if (attends_packed(b)) {  // Note [packed attention]: the saved q|k|v and context are packed rows
+  if (m_acts->packed_attention) {  // Note [packed attention]: the saved q|k|v and context are packed rows
     const Tensor qkv_rows = a.qkv.view({R, 3 * H}).slice(0, n), ctx_rows = a.ctx.view({R, H}).slice(0, n);
     const Tensor dqkv_rows = dqkv.slice(0, n);
     m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc_bias(G(p.ao_b)));
@@ -842,7 +845,7 @@ Tensor BertForSequenceClassification::qkv_backward(const LayerNames& p, const Te
   return dx;
 }
 
-bool BertForSequenceClassification::attends_packed(const DeviceBatch& b) const {
+bool BertForSequenceClassification::packed_attention_for(const DeviceBatch& b) const {
   return b.seq_offsets.defined() && b.packed() &&
          m_be.packed_attention_supported(m_shape.compute, b.seq(), m_cfg.hidden_size / m_cfg.num_attention_heads);
 }
@@ -881,6 +884,7 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
   const bool pk = training && b.packed();
   ANATOMY_CHECK(!pk || m_shape.packed_tokens, "internal error: a packed training batch for a model shaped without packed_tokens");
   carve(B, T, training);
+  m_acts->packed_attention = pk && packed_attention_for(b);
   m_be.set_phase(Phase::Forward);
   Acts& a = *m_acts;
   const int64_t n = pk ? static_cast<int64_t>(b.token_rows.numel()) : B * T;
@@ -993,7 +997,8 @@ void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
   m_be.set_phase(Phase::Forward);
   Acts& a = *m_acts;
   embeddings_forward(b, false, 0, N);
-  m_be.fill(a.qkv_pad, 0.0f);  // padding rows stay zero: the scatters write token rows only
+  a.packed_attention = packed_attention_for(b);
+  if (!a.packed_attention) m_be.fill(a.qkv_pad, 0.0f);  // padding rows stay zero: the scatters write token rows only
   // N-row views of the carved tensors (lse stays [B, heads, T]).
   LayerActs la = a.layers[0];
   for (Tensor* t : {&la.qkv, &la.ctx, &la.rstd1, &la.h1, &la.pre, &la.g, &la.rstd2})

@@ -84,8 +84,9 @@ class BertForSequenceClassification : public EncoderModel {
  private:
   void carve(int64_t B, int64_t T, bool training, bool packed = false);
   // Whether a packed batch's attention runs on its packed rows (Note [packed attention] in
-  // ops/cpu/attention.cpp): every sequence right-padded, and the backend has the kernels.
-  bool attends_packed(const DeviceBatch& b) const;
+  // ops/cpu/attention.cpp): every sequence right-padded, and the backend has the kernels. Each
+  // forward asks once and keeps the answer for its layers and its backward.
+  bool packed_attention_for(const DeviceBatch& b) const;
   void forward(const DeviceBatch& batch, bool training, uint64_t dropout_base);
   void forward_packed(const DeviceBatch& batch);
   void embeddings_forward(const DeviceBatch& b, bool training, uint64_t dropout_base, int64_t n);

@@ -303,7 +303,7 @@ void Backend::attention_packed_forward(const Tensor& ctx, const Tensor& lse, con
                                        int heads, const DropoutSpec& dropout, int64_t pairs, int window) {
   const Check c(*this, "attention_packed_forward");
   packed_attention(c, qkv, ctx, lse, offsets, heads, dropout, window);
-  observed("attention", [&] { return packed_attention_cost(qkv, ctx, heads, pairs, false); },
+  observed("attention", [&] { return packed_attention_cost(qkv, ctx, lse, heads, pairs, false); },
            [&] { attention_packed_forward_impl(ctx, lse, qkv, offsets, heads, dropout, window); });
 }
 void Backend::attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
@@ -313,7 +313,7 @@ void Backend::attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, 
   const DType dt = packed_attention(c, qkv, ctx, lse, offsets, heads, dropout, window);
   c.sized(dqkv, dt, qkv.numel(), "dqkv");
   c.sized(dctx, dt, ctx.numel(), "dctx");
-  observed("attention", [&] { return packed_attention_cost(qkv, ctx, heads, pairs, true); },
+  observed("attention", [&] { return packed_attention_cost(qkv, ctx, lse, heads, pairs, true); },
            [&] { attention_packed_backward_impl(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, window); });
 }
 

@@ -43,9 +43,10 @@ OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, bool back
   return {10 * B * heads * T * T * D, 2 * nbytes(qkv) + 2 * nbytes(ctx) + lse, OpClass::TensorContraction};
 }
 
-OpCost packed_attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, int64_t pairs, bool backward) {
+OpCost packed_attention_cost(const Tensor& qkv, const Tensor& ctx, const Tensor& lse_t, int heads, int64_t pairs,
+                             bool backward) {
   const double H = static_cast<double>(ctx.dim(-1)), D = H / heads, P = static_cast<double>(pairs);
-  const double lse = static_cast<double>(qkv.dim(0)) * heads * 4;  // the rows' statistics
+  const double lse = nbytes(lse_t);  // [B, heads, T], written whole (0 past a sequence's end)
   if (!backward) return {4 * heads * P * D, nbytes(qkv) + nbytes(ctx) + lse, OpClass::TensorContraction};
   return {10 * heads * P * D, 2 * nbytes(qkv) + 2 * nbytes(ctx) + lse, OpClass::TensorContraction};
 }

@@ -19,7 +19,8 @@ OpCost matmul_cost(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, 
 // products: 10 B h T^2 D.
 OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, bool backward);
 // The packed form over N rows: its FLOPs count the pairs = sum of len_b^2 (query, key) pairs.
-OpCost packed_attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, int64_t pairs, bool backward);
+OpCost packed_attention_cost(const Tensor& qkv, const Tensor& ctx, const Tensor& lse, int heads, int64_t pairs,
+                             bool backward);
 // Per element: LayerNorm forward ~8 flops (add, mean, var, normalize, scale, shift),
 // backward ~16 (xhat from the output); bytes of the tensors it reads and writes.
 OpCost layernorm_cost(const Tensor& y, bool has_residual, bool backward, bool stores_sum = false);

@@ -76,6 +76,19 @@ inline std::vector<Misuse> contract_misuses() {
          B qkv = buf(be, F32, {2, 4, 3 * 6}), ctx = buf(be, F32, {2, 4, 6}), lse = buf(be, F32, {2, 4, 4});
          be.attention_forward(ctx, lse, qkv, Tensor{}, 4, {});
        }},
+      // Packed rows (Note [packed attention] in ops/cpu/attention.cpp): offsets I32 [B + 1], lse [B, heads, T].
+      {"attention_packed offsets not B + 1",
+       [=](Backend& be) {
+         B qkv = buf(be, F32, {10, 3 * 8}), ctx = buf(be, F32, {10, 8}), lse = buf(be, F32, {2, 2, 6});
+         B offsets = buf(be, I32, {2});
+         be.attention_packed_forward(ctx, lse, qkv, offsets, 2, {}, 0);
+       }},
+      {"attention_packed lse not [B, heads, T]",
+       [=](Backend& be) {
+         B qkv = buf(be, F32, {10, 3 * 8}), ctx = buf(be, F32, {10, 8}), lse = buf(be, F32, {2, 12});
+         B offsets = buf(be, I32, {3}), dqkv = buf(be, F32, {10, 3 * 8}), dctx = buf(be, F32, {10, 8});
+         be.attention_packed_backward(dqkv, dctx, qkv, ctx, lse, offsets, 2, {}, 0);
+       }},
       {"cross_entropy labels in F32",
        [=](Backend& be) {
          B losses = buf(be, F32, {3}), logits = buf(be, F32, {3, 2}), labels = buf(be, F32, {3});

@@ -470,9 +470,10 @@ std::vector<OpEntry> build_registry() {
     attention_gradient(g, 0.3f);
     attention_gradient(g, 0.3f, 2);
   });
-  // Packed rows (Note [packed attention] in ops/cpu/attention.cpp): head dim 32 (64 at
-  // bert-base sizes), the flash kernels' on CUDA; sequence b holds T - 3b tokens (at least 1),
-  // and 3 rows follow the last sequence (the packing's padding rows).
+  // Packed rows (Note [packed attention] in ops/cpu/attention.cpp): head dim 32, 64 or 128 (the
+  // flash kernels' on CUDA), the largest that d.hidden / d.heads reaches; sequence b holds
+  // 1 + (T - 1)(B - b) / B tokens (the first all T), and 3 rows follow the last sequence (the
+  // packing's padding rows).
   struct Packed {
     int64_t B, T, H, N;
     int heads, window;
@@ -481,9 +482,10 @@ std::vector<OpEntry> build_registry() {
   };
   auto packed_dims = [](const OpDims& d) {
     Packed p{d.batch, d.seq, 0, 0, static_cast<int>(d.heads), static_cast<int>(d.window), {0.0}};
-    p.H = p.heads * (d.hidden / d.heads >= 64 ? 64 : 32);
+    const int64_t dh = d.hidden / d.heads;
+    p.H = p.heads * (dh >= 128 ? 128 : dh >= 64 ? 64 : 32);
     for (int64_t b = 0; b < p.B; ++b) {
-      const int64_t len = std::max<int64_t>(1, p.T - 3 * b);
+      const int64_t len = 1 + (p.T - 1) * (p.B - b) / p.B;
       p.offsets.push_back(p.offsets.back() + static_cast<double>(len));
       p.pairs += len * len;
     }

@@ -2,12 +2,14 @@
 // or padded, on any backend: shared by the CPU test and its GPU twin.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "model/bert.h"
 #include "ops/backend.h"
+#include "ops/observer.h"
 
 namespace anatomy::testing_packed {
 
@@ -82,6 +84,18 @@ struct Uploaded {
       }
     }
   }
+};
+
+// Counts the row copies (scatter_rows, gather_rows) and fills a backend issues.
+struct RowCopies : OpObserver {
+  int copies = 0, fills = 0, attention = 0;
+  void before(Backend&, const OpEvent& e) override {
+    const std::string n = e.name;
+    copies += n == "scatter_rows" || n == "gather_rows";
+    fills += n == "fill";
+    attention += n == "attention";
+  }
+  void after(Backend&, const OpEvent&) override {}
 };
 
 struct Step {

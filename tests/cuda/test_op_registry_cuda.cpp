@@ -7,6 +7,8 @@
 // passes. Also: the real CUDA backend fails the contract's misuses with the CPU's words.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "../common/contract_misuses.h"
 #include "../common/op_registry.h"
 #include "../unit/test_cpu_util.h"
@@ -60,6 +62,27 @@ TEST_P(OpTwin, CudaMatchesTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, OpTwin, ::testing::ValuesIn(entry_names()), [](const auto& info) { return info.param; });
+
+// The packed attention past one tile (Note [packed attention] in ops/cpu/attention.cpp): T 300
+// with sequences of 300, 240, 180, 120 and 60 tokens, so query tiles past a sequence's end exit
+// (forward tiles are 64 or 128 queries), keys span several tiles, a local window crosses them;
+// head dims 32, 64 and 128, both forward tile heights.
+TEST(OpTwinLong, PackedAttentionPastOneTile) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto cpu = make_cpu_backend();
+  auto gpu = make_cuda_backend(0);
+  for (const char* mt : {"2", "1"}) {
+    ::setenv("ANATOMY_ATTENTION_FWD_MT", mt, 1);
+    for (const char* op : {"attention_packed_forward", "attention_packed_backward"})
+      for (int64_t window : {0, 40})
+        for (int64_t hidden : {64, 128, 256}) {
+          OpDims d;
+          d.batch = 5, d.seq = 300, d.heads = 2, d.hidden = hidden, d.window = window;
+          run_twin(*cpu, *gpu, *find_op(op), DType::BF16, d, "long");
+        }
+  }
+  ::unsetenv("ANATOMY_ATTENTION_FWD_MT");
+}
 
 TEST(CudaContract, MisusesFailAsOnTheCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";

@@ -33,6 +33,8 @@ class ContractOnlyCuda final : public Backend {
   std::string name() const override { return "contract-only cuda"; }
   void synchronize() override {}
   bool computes_in(DType dt) const override { return dt == DType::F32 || dt == DType::BF16 || dt == DType::F16; }
+  // As CUDA: packed attention for BF16/F16 only.
+  bool packed_attention_supported(DType dt, int64_t, int64_t) const override { return dt != DType::F32; }
 
  protected:
   void upload_impl(const Tensor&, const void*) override { ++impl_calls; }
@@ -161,6 +163,28 @@ TEST(BackendContract, MessagesNameTheOpAndTheTensor) {
   EXPECT_EQ(message("matmul bias gradient with beta 0.5"),
             "matmul: the BiasGrad epilogue needs alpha 1 and beta 0 or 1, not alpha 1 beta 0.5");
   EXPECT_EQ(message("matmul bias gradient in C's memory"), "matmul: the bias gradient and C are one buffer");
+  EXPECT_EQ(message("attention_packed offsets not B + 1"),
+            "attention_packed_forward: offsets [2] has 2 elements, expected 3");
+  EXPECT_EQ(message("attention_packed lse not [B, heads, T]"),
+            "attention_packed_backward: lse [2, 12] is not [B, heads, T]");
+}
+
+// A backend without packed attention for the dtype refuses the call before any kernel runs,
+// naming the shape; the model asks packed_attention_supported first (Note [packed attention]).
+TEST(BackendContract, PackedAttentionWhereTheBackendHasNoneIsRefused) {
+  ContractOnlyCuda cuda;
+  Buffer qkv(cuda.allocator(), DType::F32, {10, 3 * 8}, Category::Temporary);
+  Buffer ctx(cuda.allocator(), DType::F32, {10, 8}, Category::Temporary);
+  Buffer lse(cuda.allocator(), DType::F32, {2, 2, 6}, Category::Temporary);
+  Buffer offsets(cuda.allocator(), DType::I32, {3}, Category::Temporary);
+  try {
+    cuda.attention_packed_forward(ctx, lse, qkv, offsets, 2, {}, 0);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "attention_packed_forward: the contract-only cuda backend has no packed attention for F32, T 6, head dim 4");
+  }
+  EXPECT_EQ(cuda.impl_calls, 0);
 }
 
 TEST(BackendContract, WrongDeviceAndDtypeNameTheBackend) {
