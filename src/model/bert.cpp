@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/rng.h"
 #include "model/freed_activations.h"
@@ -564,9 +565,6 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
   ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
                 " must be between 1 and ", cfg.max_sequence_length(), " (the positions of max_position_embeddings ",
                 cfg.max_position_embeddings, cfg.position_offset() ? " after pad_token_id + 1" : "", ")");
-  ANATOMY_CHECK(!(shape.packed_tokens && has_token_labels(cfg)),
-                "training on real tokens (--skip-padding) is not supported with a per-token head (--task mlm, "
-                "token-classification)");
   ANATOMY_CHECK(!(shape.packed_tokens && shape.checkpointing == CheckpointPolicy::Layer),
                 "training on real tokens does not combine with --gradient-checkpointing layer (use selective or none)");
   Allocator& al = be.allocator();
@@ -845,6 +843,22 @@ Tensor BertForSequenceClassification::qkv_backward(const LayerNames& p, const Te
   return dx;
 }
 
+// Packed training under a per-token head (Note [packed training]): the encoder's N output rows
+// scattered into the padded [B*T, H] layout the head and its loss read, zero on padding rows, in
+// the packed q|k|v scratch pk (free from the last layer's forward until the head's backward is
+// done: the layers use it, the heads do not). With no batch, the tensor alone (backward).
+Tensor BertForSequenceClassification::padded_head_input(const DeviceBatch* b) {
+  Acts& a = *m_acts;
+  const int64_t R = a.B * a.T, H = m_cfg.hidden_size;
+  const Tensor x = a.pk.view({static_cast<int64_t>(a.pk.numel())}).slice(0, R * H).view({R, H});
+  if (b) {
+    const int64_t n = static_cast<int64_t>(b->token_rows.numel());
+    m_be.fill(x, 0.0f);
+    m_be.scatter_rows(x, a.x_in(static_cast<int>(m_cfg.num_hidden_layers)).slice(0, n), b->token_rows);
+  }
+  return x;
+}
+
 bool BertForSequenceClassification::packed_attention_for(const DeviceBatch& b) const {
   return b.seq_offsets.defined() && b.packed() &&
          m_be.packed_attention_supported(m_shape.compute, b.seq(), m_cfg.hidden_size / m_cfg.num_attention_heads);
@@ -871,6 +885,12 @@ bool BertForSequenceClassification::packed_attention_for(const DeviceBatch& b) c
 // buffers, and none of the scatters, gathers and fills above happen, in forward or backward;
 // packed inference does the same, its context in ctx_pad's rows. The dropout masks of attention
 // are the padded run's, so the two attention layouts give the same step.
+// The per-token heads (token classification, masked LM) read the padded layout: the encoder's N
+// output rows are scattered into a zeroed [B*T, H] buffer (padded_head_input, in pk's memory),
+// the head, its loss over the labelled tokens and its backward run padded as in the padded step,
+// and the token rows of the head's input gradient are gathered back for the last layer. The
+// encoder, where the FLOPs are, computes on real tokens; the head's padding rows carry no label
+// and get no gradient.
 static BertForSequenceClassification::LayerActs token_rows_of(const BertForSequenceClassification::LayerActs& la,
                                                             int64_t n) {
   BertForSequenceClassification::LayerActs v = la;
@@ -899,11 +919,13 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
       layer_forward(l, a.x_in(l), a.x_out(l), la, b, training, base, a.t1);
     }
   }
-  // The head on the first token, or the masked-LM head on every token.
+  // The head on the first token, or a per-token head on every token (padded: Note [packed
+  // training] for the per-token heads).
+  const Tensor head_in = pk && has_token_labels(m_cfg) ? padded_head_input(&b) : a.x_in(static_cast<int>(L));
   if (is_masked_lm(m_cfg)) {
-    masked_lm_head_forward(a.x_in(static_cast<int>(L)));
+    masked_lm_head_forward(head_in);
   } else if (is_token_classification(m_cfg)) {
-    token_head_forward(a.x_in(static_cast<int>(L)), training, base);
+    token_head_forward(head_in, training, base);
   } else {
     if (pk)
       m_be.gather_rows(a.cls, rows(a.x_in(static_cast<int>(L))), b.first_rows);
@@ -936,22 +958,28 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   const auto& ranges = m_grad_ranges;  // [embeddings, layer 0 .. L-1, tail]
   if (overlaid) zero_grad_range(ranges.back().first, ranges.back().second);
 
+  // The encoder output's gradient in t1 (padded under a per-token head, else as the encoder ran).
+  const Tensor head_in = pk && tokens ? padded_head_input() : a.x_in(static_cast<int>(L));
   if (mlm) {
-    masked_lm_head_backward(a.x_in(static_cast<int>(L)), a.t1, a.t2, a.t3);
+    masked_lm_head_backward(head_in, a.t1, a.t2, a.t3);
   } else if (tokens) {
-    token_head_backward(a.x_in(static_cast<int>(L)), a.t1, base);
+    token_head_backward(head_in, a.t1, base);
   } else {
-  head_backward(base);
-  if (pk) {
-    m_be.fill(rows(a.t1), 0.0f);
-    m_be.scatter_rows(rows(a.t1), a.hd2, b.first_rows);
-  } else {
-    m_be.select_token_backward(a.t1.view({B, T, H}), a.hd2, 0);
-  }
+    head_backward(base);
+    if (pk) {
+      m_be.fill(rows(a.t1), 0.0f);
+      m_be.scatter_rows(rows(a.t1), a.hd2, b.first_rows);
+    } else {
+      m_be.select_token_backward(a.t1.view({B, T, H}), a.hd2, 0);
+    }
   }
 
   // Encoder layers in reverse; the gradient rotates through t1, t2, t3.
   Tensor X1 = a.t1, X2 = a.t2, X3 = a.t3;
+  if (pk && tokens) {  // the token rows of the per-token head's padded gradient
+    m_be.gather_rows(rows(a.t2), a.t1, b.token_rows);
+    std::swap(X1, X2);
+  }
   for (int l = static_cast<int>(L) - 1; l >= 0; --l) {
     LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : l];
     // Layer checkpointing: recompute this layer's forward from its saved input (X2 is free

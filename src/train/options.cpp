@@ -32,8 +32,7 @@ PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch
   const int zero = world > 1 ? o.zero_stage : 0;
   ModelShape shape{batch, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true,
                    resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps, zero == 2)};
-  shape.packed_tokens = o.skip_padding && !o.train_file.empty() && shape.checkpointing != CheckpointPolicy::Layer &&
-                        o.task == "text-classification";  // the per-token heads run padded (Note [masked LM head])
+  shape.packed_tokens = o.skip_padding && !o.train_file.empty() && shape.checkpointing != CheckpointPolicy::Layer;
   if (cfg.is_modernbert()) shape.packed_tokens = false;  // it trains padded (model/modernbert.h)
   return PlanInput{cfg, shape, o.optim.kind, device, world, zero, rank, o.gradient_accumulation_steps};
 }

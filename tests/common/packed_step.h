@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "model/bert.h"
+#include "model/heads.h"
 #include "ops/backend.h"
 #include "ops/observer.h"
 
@@ -29,8 +30,16 @@ inline BertConfig config(bool dropout) {
   return c;
 }
 
-// Sequence b has lengths[b] tokens ([CLS] words [SEP]), then padding.
-inline HostBatch batch_of(const std::vector<int64_t>& lengths, int64_t T, uint64_t seed) {
+// The same encoder with a per-token head: "BertForTokenClassification" or "BertForMaskedLM".
+inline BertConfig token_config(bool dropout, const std::string& architecture) {
+  BertConfig c = config(dropout);
+  c.architectures = {architecture};
+  return c;
+}
+
+// Sequence b has lengths[b] tokens ([CLS] words [SEP]), then padding; the per-token labels (for
+// a head of `classes` outputs) label every third token and leave the rest -100.
+inline HostBatch batch_of(const std::vector<int64_t>& lengths, int64_t T, uint64_t seed, int64_t classes = 3) {
   Rng rng(seed);
   HostBatch hb;
   hb.resize(static_cast<int64_t>(lengths.size()), T);
@@ -42,6 +51,10 @@ inline HostBatch batch_of(const std::vector<int64_t>& lengths, int64_t T, uint64
     }
     hb.labels[b] = static_cast<int32_t>(b % 3);
   }
+  hb.token_labels.assign(static_cast<size_t>(hb.batch * T), -100);
+  for (size_t b = 0; b < lengths.size(); ++b)
+    for (int64_t t = 1; t < lengths[b]; t += 3)
+      hb.token_labels[b * T + t] = static_cast<int32_t>(rng.randint(0, classes));
   return hb;
 }
 
@@ -56,18 +69,25 @@ struct Packing {
 struct Uploaded {
   Buffer ids, types, mask, labels, rows, first;
   DeviceBatch db;
-  Uploaded(Backend& be, const HostBatch& hb, bool packed, Packing how = {}) {
+  Uploaded(Backend& be, const HostBatch& hb, bool packed, Packing how = {}, bool per_token = false) {
     Allocator& al = be.allocator();
     const int64_t B = hb.batch, T = hb.seq;
     ids = Buffer(al, DType::I32, {B, T}, Category::Other);
     types = Buffer(al, DType::I32, {B, T}, Category::Other);
     mask = Buffer(al, DType::I32, {B, T}, Category::Other);
-    labels = Buffer(al, DType::I32, {B}, Category::Other);
     be.upload(ids, hb.input_ids.data());
     be.upload(types, hb.token_type_ids.data());
     be.upload(mask, hb.attention_mask.data());
-    be.upload(labels, hb.labels.data());
+    if (per_token) {  // I32 [B, T] with -100 where unlabelled (Note [masked LM head])
+      labels = Buffer(al, DType::I32, {B, T}, Category::Other);
+      be.upload(labels, hb.token_labels.data());
+    } else {
+      labels = Buffer(al, DType::I32, {B}, Category::Other);
+      be.upload(labels, hb.labels.data());
+    }
     db = DeviceBatch{ids.tensor(), types.tensor(), mask.tensor(), labels.tensor()};
+    if (per_token)
+      for (int32_t l : hb.token_labels) db.masked_tokens += l != -100;
     if (packed) {
       const PackedRows pr = pack_token_rows(hb.attention_mask.data(), B, T, how.multiple);
       rows = Buffer(al, DType::I32, {static_cast<int64_t>(pr.token_rows.size())}, Category::Other);
@@ -117,7 +137,7 @@ inline Step step(Backend& be_ref, const BertConfig& cfg, const HostBatch& hb, bo
   m.init_weights(7);
   m.set_dropout_seed(11);
   if (!m.gradients_in_activations()) m.zero_grads();
-  Uploaded up(*be, hb, packed, how);
+  Uploaded up(*be, hb, packed, how, has_token_labels(cfg));
   m.forward_backward(up.db, 1.0f / static_cast<float>(hb.batch), 0);
   Step s;
   s.losses.resize(static_cast<size_t>(hb.batch));

@@ -91,3 +91,25 @@ TEST(PackedTrainingCuda, PackedAttentionWithDropoutMatchesThePaddedLayoutsAttent
   EXPECT_TRUE(same_values<float>(rows.losses, layout.losses, 2e-2));
   EXPECT_TRUE(same_values<float>(rows.grads, layout.grads, 2e-2 * g));
 }
+
+// The per-token heads on the real-token encoder (Note [packed training] in model/bert.cpp):
+// bf16 on the flash kernels, against the padded step.
+TEST(PackedTrainingCuda, Bf16PerTokenHeadsMatchThePaddedStep) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  for (const char* arch : {"BertForTokenClassification", "BertForMaskedLM"}) {
+    SCOPED_TRACE(arch);
+    BertConfig cfg = token_config(false, arch);
+    cfg.hidden_size = 64;  // two heads of 32: the flash kernels
+    cfg.num_attention_heads = 2;
+    cfg.max_position_embeddings = 64;
+    const HostBatch hb = batch_of({5, 40, 3, 64, 33}, 64, 4, std::string(arch) == "BertForMaskedLM" ? cfg.vocab_size : 3);
+    const Step padded = step(*gpu, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16);
+    const Step packed = step(*gpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16,
+                             Packing{true, 128});
+    const double g = largest(padded.grads);
+    ASSERT_GT(g, 1e-4);
+    EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 2e-2));
+    EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 2e-2 * g));
+  }
+}

@@ -14,6 +14,7 @@
 #include "../common/packed_step.h"
 #include "core/error.h"
 #include "model/bert.h"
+#include "model/heads.h"
 #include "ops/backend.h"
 #include "ops/observer.h"
 
@@ -84,6 +85,30 @@ TEST(PackedTraining, OffsetsOnlyWhenEverySequenceIsRightPadded) {
   EXPECT_EQ(r.token_rows.size(), 8u);  // padded to the multiple with rows after the sequences
   EXPECT_TRUE(pack_token_rows(hole.data(), 2, 4).seq_offsets.empty());
   EXPECT_TRUE(pack_token_rows(empty.data(), 2, 4).seq_offsets.empty());  // sequence 1 attends to nothing
+}
+
+// The per-token heads (token classification, masked LM) run padded on the encoder's real-token
+// output (Note [packed training]): the losses and every gradient are the padded step's.
+TEST(PackedTraining, PerTokenHeadsEqualThePaddedStep) {
+  auto cpu = make_cpu_backend(1);
+  for (const char* arch : {"BertForTokenClassification", "BertForMaskedLM"}) {
+    const BertConfig cfg = token_config(false, arch);
+    ASSERT_TRUE(has_token_labels(cfg));
+    const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3, std::string(arch) == "BertForMaskedLM" ? cfg.vocab_size : 3);
+    for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective}) {
+      for (GradientPlacement place : {GradientPlacement::Own, GradientPlacement::InActivations}) {
+        const Step padded = step(*cpu, cfg, hb, false, policy, place);
+        ASSERT_GT(largest(padded.grads), 1e-4);
+        for (Packing how : {Packing{true, 16}, Packing{false, 1}}) {
+          SCOPED_TRACE(std::string(arch) + " / " + checkpoint_policy_name(policy) + " / " +
+                       gradient_placement_name(place) + (how.attention ? " / packed attention" : " / padded attention"));
+          const Step packed = step(*cpu, cfg, hb, true, policy, place, DType::F32, how);
+          EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 1e-6));
+          EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest(padded.grads)));
+        }
+      }
+    }
+  }
 }
 
 TEST(PackedTraining, IsBitForBitThePaddedStepWhenNothingIsPadding) {

@@ -229,6 +229,25 @@ TEST(TasksCli, LabelsThatContradictProblemTypeAreRefused) {
   testing_cli::expect_clean_error(r, "train.jsonl");
 }
 
+// Two CPU steps of batch 8 x 24 from `data` into dir/run (nothing saved): the TasksPlan runs,
+// whose peak memory is compared with plan_memory's categories.
+static TrainOptions plan_run_options(const std::string& dir, const std::string& data, const char* placement) {
+  TrainOptions o;
+  o.model_name_or_path = model_dir();
+  o.train_file = data;
+  o.device = DeviceChoice::Cpu;
+  o.seq_len = 24;
+  o.per_device_train_batch_size = 8;
+  o.max_steps = 2;
+  o.logging_steps = 0;
+  o.gradient_placement = placement;
+  o.output_dir = dir + "/run";
+  o.overwrite_output_dir = true;
+  o.save_model = false;
+  o.disable_progress_bar = true;
+  return o;
+}
+
 // plan_memory's categories are what training allocates with the regression and multi-label
 // heads (their F32 [B, num_labels] labels in Other), padded and on real tokens, for each
 // gradient placement.
@@ -238,21 +257,9 @@ TEST(TasksPlan, PlanEqualsAllocated) {
     const std::string data = write_data(dir, lists ? "multi.jsonl" : "reg.jsonl", lists, 40);
     for (bool skip_padding : {false, true})
       for (const char* place : {"own", "in-activations"}) {
-        TrainOptions o;
-        o.model_name_or_path = model_dir();
+        TrainOptions o = plan_run_options(dir, data, place);
         o.ignore_mismatched_sizes = !lists;
-        o.train_file = data;
-        o.device = DeviceChoice::Cpu;
-        o.seq_len = 24;
-        o.per_device_train_batch_size = 8;
-        o.max_steps = 2;
-        o.logging_steps = 0;
         o.skip_padding = skip_padding;
-        o.gradient_placement = place;
-        o.output_dir = dir + "/run";
-        o.overwrite_output_dir = true;
-        o.save_model = false;
-        o.disable_progress_bar = true;
         TrainResult r = train(o);
         BertConfig cfg = BertConfig::from_json_file(model_dir() + "/config.json");
         if (!lists) cfg.set_num_labels(1);
@@ -359,26 +366,17 @@ TEST(TasksPlan, MaskedLmPlanEqualsAllocated) {
   const std::string dir = testing_cli::fresh_dir("tasks_plan_mlm");
   for (const char* policy : {"none", "selective", "layer"})
     for (const char* place : {"own", "in-activations"}) {
-      TrainOptions o;
+      const std::string text = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
+      TrainOptions o = plan_run_options(dir, text, place);
       o.task = "mlm";
-      o.model_name_or_path = model_dir();
-      o.train_file = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
       o.dataset_cache_dir = dir;
-      o.device = DeviceChoice::Cpu;
-      o.seq_len = 24;
-      o.per_device_train_batch_size = 8;
-      o.max_steps = 2;
-      o.logging_steps = 0;
       o.gradient_checkpointing = parse_checkpoint_policy(policy);
-      o.gradient_placement = place;
-      o.output_dir = dir + "/run";
-      o.overwrite_output_dir = true;
-      o.save_model = false;
-      o.disable_progress_bar = true;
       TrainResult r = train(o);
       BertConfig cfg = BertConfig::from_json_file(model_dir() + "/config.json");
       cfg.architectures = {masked_lm_class(cfg)};
-      ModelShape s{8, 24, DType::F32, o.gradient_checkpointing, true, resolve_gradient_placement(place, 1), false};
+      // Training on real tokens (the default --skip-padding) with every policy but layer.
+      const bool packed = o.gradient_checkpointing != CheckpointPolicy::Layer;
+      ModelShape s{8, 24, DType::F32, o.gradient_checkpointing, true, resolve_gradient_placement(place, 1), packed};
       MemoryPlan plan = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CPU});
       for (int c = 0; c < kNumCategories; ++c)
         EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c)) << " " << policy << " "
@@ -574,35 +572,26 @@ TEST(TasksCli, TokenClassificationPredictsAnUntaggedTestFile) {
 }
 
 // plan_memory's categories are what --task token-classification allocates (logits [B*T, tags],
-// the token labels I32 [B, T] in Other), for each gradient placement.
+// the token labels I32 [B, T] in Other), for each gradient placement, on real tokens or padded.
 TEST(TasksPlan, TokenClassificationPlanEqualsAllocated) {
   const std::string dir = testing_cli::fresh_dir("tasks_plan_ner");
   const std::string data = write_tagged(dir + "/train.jsonl", 40, 0);
-  for (const char* place : {"own", "in-activations"}) {
-    TrainOptions o;
-    o.task = "token-classification";
-    o.model_name_or_path = model_dir();
-    o.train_file = data;
-    o.device = DeviceChoice::Cpu;
-    o.seq_len = 24;
-    o.per_device_train_batch_size = 8;
-    o.max_steps = 2;
-    o.logging_steps = 0;
-    o.gradient_placement = place;
-    o.output_dir = dir + "/run";
-    o.overwrite_output_dir = true;
-    o.save_model = false;
-    o.disable_progress_bar = true;
-    TrainResult r = train(o);
-    BertConfig cfg = BertConfig::from_json_file(model_dir() + "/config.json");
-    cfg.architectures = {token_classification_class(cfg)};
-    cfg.set_num_labels(5);
-    ModelShape s{8, 24, DType::F32, CheckpointPolicy::None, true, resolve_gradient_placement(place, 1), false};
-    MemoryPlan plan = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CPU});
-    for (int c = 0; c < kNumCategories; ++c)
-      EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c)) << " " << place;
-    EXPECT_TRUE(std::isfinite(r.last_loss));
-  }
+  for (bool skip_padding : {true, false})
+    for (const char* place : {"own", "in-activations"}) {
+      TrainOptions o = plan_run_options(dir, data, place);
+      o.skip_padding = skip_padding;
+      o.task = "token-classification";
+      TrainResult r = train(o);
+      BertConfig cfg = BertConfig::from_json_file(model_dir() + "/config.json");
+      cfg.architectures = {token_classification_class(cfg)};
+      cfg.set_num_labels(5);
+      ModelShape s{8, 24, DType::F32, CheckpointPolicy::None, true, resolve_gradient_placement(place, 1), skip_padding};
+      MemoryPlan plan = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CPU});
+      for (int c = 0; c < kNumCategories; ++c)
+        EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c])
+            << category_name(static_cast<Category>(c)) << " " << place << (skip_padding ? " real tokens" : " padded");
+      EXPECT_TRUE(std::isfinite(r.last_loss));
+    }
 }
 
 // The trainer's allocation is plan_memory's, category by category, for ModernBERT's per-token
