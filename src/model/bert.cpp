@@ -462,6 +462,21 @@ static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Are
   la.ctx = la.h1;
   la.rstd1 = act.take(DType::F32, {R});
   la.rstd2 = act.take(DType::F32, {R});
+  a.t1 = tmp.take(dt, {R, H});  // also the gathered embedding rows that ELECTRA projects
+  a.mean = tmp.take(DType::F32, {R});
+  if (!cfg.has_token_types()) a.zero_type = tmp.take(DType::F32, {1, E});
+  // A per-token head reads the padded layout (padded_head_input, in qkv_pad: Note [packed training]).
+  if (is_masked_lm(cfg)) {
+    auto none = [] {};
+    auto none_stage = [](int) {};
+    carve_masked_lm_head(a, act, dt, B, R, H, cfg.vocab_size, false, none, none_stage, 0);
+    return;
+  }
+  if (is_token_classification(cfg)) {
+    a.logits = act.take(dt, {R, C});
+    a.losses = act.take(DType::F32, {B});
+    return;
+  }
   a.cls = act.take(dt, {B, H});
   a.cls_d = a.cls;
   if (cfg.architecture == Architecture::Electra) a.head_pre = act.take(dt, {B, H});
@@ -470,9 +485,6 @@ static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Are
   a.logits = act.take(dt, {B, C});
   a.dlogits = act.take(dt, {B, C});
   a.losses = act.take(DType::F32, {B});
-  a.t1 = tmp.take(dt, {R, H});  // also the gathered embedding rows that ELECTRA projects
-  a.mean = tmp.take(DType::F32, {R});
-  if (!cfg.has_token_types()) a.zero_type = tmp.take(DType::F32, {1, E});
 }
 
 PackedRows pack_token_rows(const int32_t* mask, int64_t B, int64_t T, int64_t multiple) {
@@ -843,18 +855,22 @@ Tensor BertForSequenceClassification::qkv_backward(const LayerNames& p, const Te
   return dx;
 }
 
-// Packed training under a per-token head (Note [packed training]): the encoder's N output rows
-// scattered into the padded [B*T, H] layout the head and its loss read, zero on padding rows, in
-// the packed q|k|v scratch pk (free from the last layer's forward until the head's backward is
-// done: the layers use it, the heads do not). With no batch, the tensor alone (backward).
-Tensor BertForSequenceClassification::padded_head_input(const DeviceBatch* b) {
+// A per-token head on a packed batch (Note [packed training]): the encoder's N output rows
+// scattered into the padded [B*T, H] layout the head and its loss read, zero on padding rows. In
+// training the buffer is the packed q|k|v scratch pk (free from the last layer's forward until
+// the head's backward is done: the layers use it, the heads do not), in packed inference the
+// padded q|k|v qkv_pad (the layers are done with it). With no batch, the tensor alone
+// (backward); `out` is the encoder's output rows (default: training's last hidden state).
+Tensor BertForSequenceClassification::padded_head_input(const DeviceBatch* b, Tensor out) {
   Acts& a = *m_acts;
   const int64_t R = a.B * a.T, H = m_cfg.hidden_size;
-  const Tensor x = a.pk.view({static_cast<int64_t>(a.pk.numel())}).slice(0, R * H).view({R, H});
+  const Tensor& buf = a.packed ? a.qkv_pad : a.pk;
+  const Tensor x = buf.view({static_cast<int64_t>(buf.numel())}).slice(0, R * H).view({R, H});
   if (b) {
     const int64_t n = static_cast<int64_t>(b->token_rows.numel());
+    if (!out.defined()) out = a.x_in(static_cast<int>(m_cfg.num_hidden_layers)).slice(0, n);
     m_be.fill(x, 0.0f);
-    m_be.scatter_rows(x, a.x_in(static_cast<int>(m_cfg.num_hidden_layers)).slice(0, n), b->token_rows);
+    m_be.scatter_rows(x, out, b->token_rows);
   }
   return x;
 }
@@ -1014,7 +1030,6 @@ void BertForSequenceClassification::forward_eval(const DeviceBatch& b) {
 }
 
 void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
-  ANATOMY_CHECK(!has_token_labels(m_cfg), "internal error: packed batches are not supported with a per-token head");
   const int64_t B = b.batch(), T = b.seq(), L = m_cfg.num_hidden_layers;
   const int64_t N = static_cast<int64_t>(b.token_rows.numel());
   ANATOMY_CHECK(b.token_rows.dtype == DType::I32 && b.token_rows.shape.rank == 1 && N >= B && N <= B * T,
@@ -1036,9 +1051,18 @@ void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
     layer_forward(l, x, y, la, b, false, 0, a.t1.slice(0, N));
     std::swap(x, y);
   }
-  // The head on each sequence's first token (no dropout in eval).
-  m_be.gather_rows(a.cls, x, b.first_rows);
-  head_forward(false, 0);
+  // The head on each sequence's first token (no dropout in eval), or a per-token head on the
+  // padded layout.
+  if (has_token_labels(m_cfg)) {
+    const Tensor in = padded_head_input(&b, x);
+    if (is_masked_lm(m_cfg))
+      masked_lm_head_forward(in);
+    else
+      token_head_forward(in, false, 0);
+  } else {
+    m_be.gather_rows(a.cls, x, b.first_rows);
+    head_forward(false, 0);
+  }
   m_losses = a.losses;
   m_logits = a.logits;
   m_hidden = Tensor();  // no [B, T, H] encoder output on this path: the hidden state is packed

@@ -87,9 +87,9 @@ class BertForSequenceClassification : public EncoderModel {
   // ops/cpu/attention.cpp): every sequence right-padded, and the backend has the kernels. Each
   // forward asks once and keeps the answer for its layers and its backward.
   bool packed_attention_for(const DeviceBatch& b) const;
-  // The per-token heads' padded input under packed training: built from batch b's token rows
-  // (forward), or as built (backward, b null).
-  Tensor padded_head_input(const DeviceBatch* b = nullptr);
+  // The per-token heads' padded input on a packed batch: built from batch b's token rows (the
+  // encoder's output rows `out`, by default training's), or as built (backward, b null).
+  Tensor padded_head_input(const DeviceBatch* b = nullptr, Tensor out = {});
   void forward(const DeviceBatch& batch, bool training, uint64_t dropout_base);
   void forward_packed(const DeviceBatch& batch);
   void embeddings_forward(const DeviceBatch& b, bool training, uint64_t dropout_base, int64_t n);

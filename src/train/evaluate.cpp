@@ -90,6 +90,27 @@ int32_t argmax(std::span<const float> logits) {
 
 // ---- evaluation -------------------------------------------------------------------------------
 
+int64_t pack_evaluation_batch(Backend& be, const HostBatch& hb, DeviceBatch& db, const Buffer& rows_buffer,
+                              const Buffer& first_buffer, const EvalOptions& opt) {
+  const int64_t b = hb.batch, T = hb.seq;
+  const int64_t row_multiple = be.device() == Device::CUDA ? 128 : 1;  // Note [evaluation batches]
+  const PackedRows pr = pack_token_rows(hb.attention_mask.data(), b, T, row_multiple);
+  const int64_t rows = static_cast<int64_t>(pr.token_rows.size());
+  if (static_cast<double>(b * T - rows) < opt.skip_padding_min_fraction * static_cast<double>(b * T) || rows >= b * T)
+    return b * T;
+  db.token_rows = rows_buffer.tensor().slice(0, rows);
+  db.first_rows = first_buffer.tensor().slice(0, b);
+  be.upload(db.token_rows, pr.token_rows.data());
+  if (!pr.seq_offsets.empty()) {  // Note [packed attention] in ops/cpu/attention.cpp
+    db.seq_offsets = first_buffer.tensor().slice(0, b + 1);
+    db.attended_pairs = pr.attended_pairs;
+    be.upload(db.seq_offsets, pr.seq_offsets.data());
+  } else {
+    be.upload(db.first_rows, pr.first_rows.data());
+  }
+  return rows;
+}
+
 int64_t evaluation_buffer_bytes(int64_t batch, int64_t seq, bool skip_padding) {
   return 4 * (3 * batch * seq + batch) + (skip_padding ? 4 * (batch * seq + batch + 1) : 0);
 }
@@ -171,7 +192,6 @@ EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& o
   if (floats && r.labelled) r.targets.assign(n * C, 0.0f);
   HostBatch hb;
   std::vector<float> logits;
-  const int64_t row_multiple = be.device() == Device::CUDA ? 128 : 1;  // Note [evaluation batches]
   for (size_t begin = 0; begin < n; begin += static_cast<size_t>(B)) {
     const size_t end = std::min(n, begin + static_cast<size_t>(B));
     const int64_t b = static_cast<int64_t>(end - begin);
@@ -199,25 +219,8 @@ EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& o
     be.upload(db.token_type_ids, hb.token_type_ids.data());
     be.upload(db.attention_mask, hb.attention_mask.data());
     be.upload(db.labels, hb.labels.data());
-    int64_t computed = b * T;
-    if (opt.skip_padding) {
-      const PackedRows pr = pack_token_rows(hb.attention_mask.data(), b, T, row_multiple);
-      const int64_t rows = static_cast<int64_t>(pr.token_rows.size());
-      if (static_cast<double>(b * T - rows) >= opt.skip_padding_min_fraction * static_cast<double>(b * T) && rows < b * T) {
-        computed = rows;
-        db.token_rows = d_rows.tensor().slice(0, rows);
-        db.first_rows = d_first.tensor().slice(0, b);
-        be.upload(db.token_rows, pr.token_rows.data());
-        if (!pr.seq_offsets.empty()) {  // Note [packed attention] in ops/cpu/attention.cpp
-          db.seq_offsets = d_first.tensor().slice(0, b + 1);
-          db.attended_pairs = pr.attended_pairs;
-          be.upload(db.seq_offsets, pr.seq_offsets.data());
-        } else {
-          be.upload(db.first_rows, pr.first_rows.data());
-        }
-        ++r.packed_batches;
-      }
-    }
+    const int64_t computed = opt.skip_padding ? pack_evaluation_batch(be, hb, db, d_rows, d_first, opt) : b * T;
+    r.packed_batches += computed < b * T;
     model.forward_eval(db);
     be.set_phase(Phase::Data);
     download_logits(be, model.logits().slice(0, b), logits);

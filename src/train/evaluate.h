@@ -162,6 +162,12 @@ int64_t predict_into(const TrainOptions& opt, EncoderModel& model, const Dataset
 int64_t predict_tags_into(const TrainOptions& opt, EncoderModel& model, const Dataset& ds,
                           int64_t batch);
 
+// With --skip-padding: packs the uploaded batch db (hb's mask) into the index buffers I32
+// [B*T] and [B + 1] when that skips at least opt.skip_padding_min_fraction of its rows (Note
+// [evaluation batches]); returns the rows the forward computes (B*T when it stays padded).
+int64_t pack_evaluation_batch(Backend& be, const HostBatch& hb, DeviceBatch& db, const Buffer& rows_buffer,
+                              const Buffer& first_buffer, const EvalOptions& opt);
+
 // Device bytes evaluate() holds (Category::Other) for batches of `batch` x `seq`: ids, token
 // types and mask I32 [B, T], labels I32 [B], and with skip_padding the packing index I32 [B*T + B + 1].
 int64_t evaluation_buffer_bytes(int64_t batch, int64_t seq, bool skip_padding);

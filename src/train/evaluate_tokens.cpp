@@ -1,5 +1,6 @@
 // What the per-token evaluations (masked LM, token classification) share: the evaluation data in
-// padded batches through the inference forward, each batch's per-token logits read as floats.
+// batches through the inference forward (the encoder on the real tokens with --skip-padding, the
+// head on the padded layout), each batch's per-token logits read as floats.
 #include <algorithm>
 #include <chrono>
 
@@ -39,7 +40,11 @@ EvalResult evaluate_per_token(EncoderModel& model, const Dataset& ds, const Eval
   r.losses.assign(n, 0.0);
   Allocator& al = be.allocator();
   Buffer ids(al, DType::I32, {B * max_seq}, Category::Other), types(al, DType::I32, {B * max_seq}, Category::Other),
-      mask(al, DType::I32, {B * max_seq}, Category::Other);
+      mask(al, DType::I32, {B * max_seq}, Category::Other), rows, first;
+  if (opt.skip_padding) {  // the packing index (Note [packed training] in model/bert.cpp: the heads read padded)
+    rows = Buffer(al, DType::I32, {B * max_seq}, Category::Other);
+    first = Buffer(al, DType::I32, {B + 1}, Category::Other);
+  }
   HostBatch hb;
   std::vector<float> logits;
   for (size_t begin = 0; begin < n; begin += static_cast<size_t>(B)) {
@@ -59,11 +64,13 @@ EvalResult evaluate_per_token(EncoderModel& model, const Dataset& ds, const Eval
     be.upload(db.input_ids, hb.input_ids.data());
     be.upload(db.token_type_ids, hb.token_type_ids.data());
     be.upload(db.attention_mask, hb.attention_mask.data());
+    const int64_t computed = opt.skip_padding ? pack_evaluation_batch(be, hb, db, rows, first, opt) : b * T;
+    r.packed_batches += computed < b * T;
     model.forward_eval(db);
     be.set_phase(Phase::Data);
     download_logits(be, model.logits().slice(0, b * T), logits);
     r.padded_tokens += b * T;
-    r.computed_tokens += b * T;
+    r.computed_tokens += computed;
     for (int32_t m : hb.attention_mask) r.tokens += m != 0;
     visit(r, hb, logits, begin, T);
     ++r.batches;

@@ -146,4 +146,21 @@ inline Step step(Backend& be_ref, const BertConfig& cfg, const HostBatch& hb, bo
   return s;
 }
 
+// The inference forward's logits (forward_eval) of `hb` on a fresh inference model (seeded
+// weights), packed or padded: [B, C], or [B*T, C] under a per-token head.
+inline std::vector<float> eval_logits(Backend& be, const BertConfig& cfg, const HostBatch& hb, bool packed,
+                                      Packing how = {}) {
+  ModelShape shape;
+  shape.max_batch = hb.batch;
+  shape.max_seq = hb.seq;
+  shape.training = false;
+  BertForSequenceClassification m(be, cfg, shape);
+  m.init_weights(7);
+  Uploaded up(be, hb, packed, how, has_token_labels(cfg));
+  m.forward_eval(up.db);
+  std::vector<float> out(m.logits().numel());
+  be.download(out.data(), m.logits());
+  return out;
+}
+
 }  // namespace anatomy::testing_packed

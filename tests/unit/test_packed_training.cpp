@@ -111,6 +111,34 @@ TEST(PackedTraining, PerTokenHeadsEqualThePaddedStep) {
   }
 }
 
+// Their evaluation too: the packed inference forward's logits equal the padded one's on every
+// token (the padding rows' logits are read by nobody).
+TEST(PackedTraining, PerTokenHeadsEvaluateLikeThePaddedForward) {
+  auto cpu = make_cpu_backend(1);
+  for (const char* arch : {"BertForTokenClassification", "BertForMaskedLM"}) {
+    const BertConfig cfg = token_config(false, arch);
+    const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
+    const std::vector<float> padded = eval_logits(*cpu, cfg, hb, false);
+    const int64_t C = static_cast<int64_t>(padded.size()) / (hb.batch * hb.seq);
+    ASSERT_EQ(static_cast<size_t>(hb.batch * hb.seq * C), padded.size());
+    for (Packing how : {Packing{true, 16}, Packing{false, 1}}) {
+      SCOPED_TRACE(std::string(arch) + (how.attention ? " / packed attention" : " / padded attention"));
+      const std::vector<float> packed = eval_logits(*cpu, cfg, hb, true, how);
+      ASSERT_EQ(packed.size(), padded.size());
+      double worst = 0;
+      int64_t compared = 0;
+      for (int64_t r = 0; r < hb.batch * hb.seq; ++r) {
+        if (hb.attention_mask[static_cast<size_t>(r)] == 0) continue;
+        ++compared;
+        for (int64_t c = 0; c < C; ++c)
+          worst = std::max(worst, std::fabs(static_cast<double>(packed[r * C + c]) - padded[r * C + c]));
+      }
+      EXPECT_EQ(compared, 5 + 12 + 3 + 16 + 9);
+      EXPECT_LT(worst, 1e-5);
+    }
+  }
+}
+
 TEST(PackedTraining, IsBitForBitThePaddedStepWhenNothingIsPadding) {
   auto cpu = make_cpu_backend(1);
   const BertConfig cfg = config(false);
