@@ -33,6 +33,8 @@
 #             MiniLM shape, anatomy padded / grouped vs the Trainer random / grouped (~6 min)
 #   tokenprofile bert-base on real text (.carry/fortunes): the time anatomy (--profile-steps) of training
 #             on real tokens vs length-grouped padded batches, one epoch each (issue 16's real-token gap)
+#   packed    training on real tokens: the packed-attention and packed-training GPU tests (twins at the
+#             small, odd and long sizes; the per-token heads), then tokenprofile (needs .carry/fortunes)
 #   attention the attention table: ours vs PyTorch SDPA (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
@@ -281,6 +283,13 @@ print(r.make_model("bert-base", labels, sys.argv[2], "/tmp/tokenprofile/models")
     grep -A40 "Time anatomy" "$OUT/tokenprofile_$run.log" | head -45
     grep -E "Samples/second|steady" "$OUT/tokenprofile_$run.log" | head -3
   done | tee "$OUT/tokenprofile.md"
+}
+
+step_packed() {
+  GTEST_FILTER='Registry/OpTwin.*attention*:OpTwinLong.*:PackedTrainingCuda.*:RowsCuda.*' \
+    timeout 200 $b/anatomy_gpu_tests > "$OUT/gpu_tests_packed.log" 2>&1
+  passed "$OUT/gpu_tests_packed.log"
+  step_tokenprofile
 }
 
 step_bench() {
