@@ -505,12 +505,10 @@ PackedRows pack_token_rows(const int32_t* mask, int64_t B, int64_t T, int64_t mu
       }
     p.attended_pairs += len * len;
   }
-  if (prefixes) {
-    p.seq_offsets = p.first_rows;
-    p.seq_offsets.push_back(static_cast<int32_t>(p.token_rows.size()));
-  } else {
+  if (prefixes)
+    p.sequence_rows = static_cast<int32_t>(p.token_rows.size());
+  else
     p.attended_pairs = 0;
-  }
   if (multiple > 1) {
     const int64_t n = static_cast<int64_t>(p.token_rows.size());
     const int64_t want = std::min(B * T, (n + multiple - 1) / multiple * multiple);
@@ -588,19 +586,8 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
   } else {
     m_compute_view = m_master.tensor();
   }
-  ArenaBytes bytes = model_arena_bytes(cfg, shape);
-  if (bytes.block) {  // Note [gradients in freed activations]
-    m_act_block = SharedBlock(al, bytes.block, Category::Activations, bytes.activations, Category::Gradients,
-                              static_cast<size_t>(n) * 4);
-    m_act_arena = Arena::over(m_act_block.data(), bytes.activations, al.device(), Category::Activations);
-    m_grads_view = Tensor(m_act_block.data() + bytes.gradient_offset, DType::F32, {n}, al.device());
-  } else {
-    if (shape.training) {
-      m_grads = Buffer(al, DType::F32, {n}, Category::Gradients);
-      m_grads_view = m_grads.tensor();
-    }
-    m_act_arena = Arena(al, bytes.activations, Category::Activations);
-  }
+  const ArenaBytes bytes = model_arena_bytes(cfg, shape);  // Note [gradients in freed activations]
+  freed::place_activations(al, bytes, n, shape.training, m_act_block, m_grads, m_act_arena, m_grads_view);
   if (shape.training)
     for (const GradRange& g : gradient_ranges(cfg, m_layout)) m_grad_ranges.emplace_back(g.begin, g.end);
   m_tmp_arena = Arena(al, bytes.temporary, Category::Temporary);

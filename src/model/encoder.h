@@ -46,7 +46,7 @@ CheckpointPolicy parse_checkpoint_policy(const std::string& s);  // throws with 
 struct DeviceBatch {
   Tensor input_ids, token_type_ids, attention_mask, labels;
   Tensor token_rows{}, first_rows{};  // optional (an initializer: aggregates may leave them out)
-  // With the packing index, when every sequence is right-padded (PackedRows::seq_offsets):
+  // With the packing index, when every sequence is right-padded (PackedRows::right_padded()):
   // I32 [B + 1], sequence b the packed rows [seq_offsets[b], seq_offsets[b + 1]) (Note [packed
   // attention] in ops/cpu/attention.cpp), and the sum of the squared lengths (the attention's cost).
   Tensor seq_offsets{};
@@ -66,11 +66,20 @@ struct DeviceBatch {
 // fewer distinct GEMM shapes (cuBLASLt plans are made per shape); they are computed as the
 // padded forward computes them, and nothing reads them.
 // When every sequence is a prefix of valid tokens (mask 1...1 0...0, at least one 1), its rows
-// are consecutive in token_rows: seq_offsets (B + 1 entries) is first_rows followed by their
-// count, and attended_pairs the sum of the squared lengths; else seq_offsets is empty.
+// are consecutive in token_rows: sequence_rows counts them (the sequence offsets are first_rows
+// followed by it), and attended_pairs is the sum of the squared lengths; else sequence_rows is -1.
 struct PackedRows {
-  std::vector<int32_t> token_rows, first_rows, seq_offsets;
+  std::vector<int32_t> token_rows, first_rows;
+  int32_t sequence_rows = -1;
   int64_t attended_pairs = 0;
+  bool right_padded() const { return sequence_rows >= 0; }
+  // The B + 1 sequence offsets (DeviceBatch::seq_offsets), empty unless right_padded().
+  std::vector<int32_t> seq_offsets() const {
+    if (!right_padded()) return {};
+    std::vector<int32_t> o = first_rows;
+    o.push_back(sequence_rows);
+    return o;
+  }
 };
 PackedRows pack_token_rows(const int32_t* mask, int64_t batch, int64_t seq, int64_t multiple = 1);
 

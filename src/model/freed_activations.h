@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "memory/allocator.h"
+#include "model/encoder.h"
 
 namespace anatomy::freed {
 
@@ -41,6 +42,26 @@ size_t gradient_offset(const std::vector<Region>& regions, const std::vector<Gra
       }
   }
   return q;
+}
+
+// Allocates the activation arena and the fp32 gradients of `n` parameters as `bytes` (the
+// model's arena bytes) lays them out: with bytes.block, one block holding both, the gradients at
+// bytes.gradient_offset; else the arena alone and, when training, the gradients in a buffer of
+// their own (`grads`, left empty in the shared case). `grads_view` is where they are either way.
+inline void place_activations(Allocator& al, const ArenaBytes& bytes, int64_t n, bool training, SharedBlock& block,
+                              Buffer& grads, Arena& arena, Tensor& grads_view) {
+  if (bytes.block) {
+    block = SharedBlock(al, bytes.block, Category::Activations, bytes.activations, Category::Gradients,
+                        static_cast<size_t>(n) * 4);
+    arena = Arena::over(block.data(), bytes.activations, al.device(), Category::Activations);
+    grads_view = Tensor(block.data() + bytes.gradient_offset, DType::F32, {n}, al.device());
+    return;
+  }
+  if (training) {
+    grads = Buffer(al, DType::F32, {n}, Category::Gradients);
+    grads_view = grads.tensor();
+  }
+  arena = Arena(al, bytes.activations, Category::Activations);
 }
 
 }  // namespace anatomy::freed

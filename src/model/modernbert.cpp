@@ -292,12 +292,12 @@ std::vector<LivenessPoint> modernbert_liveness(const BertConfig& cfg, const Mode
     return n;
   };
   const bool in_acts = s.gradients == GradientPlacement::InActivations && modernbert_arena_bytes(cfg, s).block != 0;
-  const std::vector<std::pair<size_t, size_t>> ranges = modernbert_stages(cfg, ParamLayout::for_modernbert(cfg));
+  const std::vector<freed::GradRange> ranges = gradient_ranges(cfg, ParamLayout::for_modernbert(cfg));
   auto grads_by = [&](int stage) -> int64_t {  // ranges first written at or before `stage`
     if (!in_acts) return -1;
     int64_t n = 0;
-    for (size_t i = 0; i < ranges.size(); ++i)
-      if (stage_of_range(i, L) <= stage) n += static_cast<int64_t>(4 * (ranges[i].second - ranges[i].first));
+    for (const freed::GradRange& g : ranges)
+      if (g.stage <= stage) n += static_cast<int64_t>(4 * (g.end - g.begin));
     return n;
   };
   std::vector<LivenessPoint> out;
@@ -355,19 +355,8 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   } else {
     m_compute_view = m_master.tensor();
   }
-  const ArenaBytes bytes = modernbert_arena_bytes(cfg, shape);
-  if (bytes.block) {  // Note [modernbert gradients in freed activations]
-    m_act_block = SharedBlock(a, bytes.block, Category::Activations, bytes.activations, Category::Gradients,
-                              static_cast<size_t>(n) * 4);
-    m_act_arena = Arena::over(m_act_block.data(), bytes.activations, a.device(), Category::Activations);
-    m_grads_view = Tensor(m_act_block.data() + bytes.gradient_offset, DType::F32, {n}, a.device());
-  } else {
-    if (shape.training) {
-      m_grads = Buffer(a, DType::F32, {n}, Category::Gradients);
-      m_grads_view = m_grads.tensor();
-    }
-    m_act_arena = Arena(a, bytes.activations, Category::Activations);
-  }
+  const ArenaBytes bytes = modernbert_arena_bytes(cfg, shape);  // Note [modernbert gradients in freed activations]
+  freed::place_activations(a, bytes, n, shape.training, m_act_block, m_grads, m_act_arena, m_grads_view);
   if (shape.training) {
     be.fill(m_grads_view, 0.0f);
     m_grad_ranges = modernbert_stages(cfg, m_layout);

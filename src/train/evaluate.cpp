@@ -101,12 +101,11 @@ int64_t pack_evaluation_batch(Backend& be, const HostBatch& hb, DeviceBatch& db,
   db.token_rows = rows_buffer.tensor().slice(0, rows);
   db.first_rows = first_buffer.tensor().slice(0, b);
   be.upload(db.token_rows, pr.token_rows.data());
-  if (!pr.seq_offsets.empty()) {  // Note [packed attention] in ops/cpu/attention.cpp
+  be.upload(db.first_rows, pr.first_rows.data());
+  if (pr.right_padded()) {  // Note [packed attention] in ops/cpu/attention.cpp: the offsets end the first rows
     db.seq_offsets = first_buffer.tensor().slice(0, b + 1);
     db.attended_pairs = pr.attended_pairs;
-    be.upload(db.seq_offsets, pr.seq_offsets.data());
-  } else {
-    be.upload(db.first_rows, pr.first_rows.data());
+    be.upload(first_buffer.tensor().slice(b, b + 1), &pr.sequence_rows);
   }
   return rows;
 }

@@ -52,11 +52,11 @@ class UploadStaging {
       int32_t* first = rows + pr->token_rows.size();
       std::copy(pr->token_rows.begin(), pr->token_rows.end(), rows);
       m_be.upload_async(db.token_rows, rows);
-      if (db.seq_offsets.defined()) {
-        std::copy(pr->seq_offsets.begin(), pr->seq_offsets.end(), first);
+      std::copy(pr->first_rows.begin(), pr->first_rows.end(), first);
+      if (db.seq_offsets.defined()) {  // the first rows, then the count of the sequences' rows
+        first[pr->first_rows.size()] = pr->sequence_rows;
         m_be.upload_async(db.seq_offsets, first);
       } else {
-        std::copy(pr->first_rows.begin(), pr->first_rows.end(), first);
         m_be.upload_async(db.first_rows, first);
       }
     }

@@ -99,7 +99,7 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
       packing = pack_token_rows(m_hb.attention_mask.data(), b, t, m_row_multiple);
       db.token_rows = m_rows.tensor().slice(0, static_cast<int64_t>(packing.token_rows.size()));
       db.first_rows = m_first.tensor().slice(0, b);
-      if (!packing.seq_offsets.empty()) {  // Note [packed attention] in ops/cpu/attention.cpp
+      if (packing.right_padded()) {  // Note [packed attention] in ops/cpu/attention.cpp
         db.seq_offsets = m_first.tensor().slice(0, b + 1);
         db.attended_pairs = packing.attended_pairs;
       }

@@ -95,8 +95,8 @@ struct Uploaded {
       be.upload(rows, pr.token_rows.data());
       db.token_rows = rows.tensor();
       db.first_rows = first.tensor().slice(0, B);
-      if (how.attention && !pr.seq_offsets.empty()) {
-        be.upload(first, pr.seq_offsets.data());
+      if (how.attention && pr.right_padded()) {
+        be.upload(first, pr.seq_offsets().data());
         db.seq_offsets = first.tensor();
         db.attended_pairs = pr.attended_pairs;
       } else {

@@ -5,6 +5,7 @@
 
 #include "../common/compare.h"
 #include "../common/cli.h"
+#include "../common/shared_gradients.h"
 #include "test_cpu_util.h"
 #include "core/rng.h"
 #include "memory/planner.h"
@@ -119,16 +120,7 @@ TEST(GradientPlacement, BertLargeSharesNearlyAllGradientMemory) {
   for (const Case& k : {Case{4, DType::F32, CheckpointPolicy::None, 0.9}, Case{32, DType::BF16, CheckpointPolicy::None, 0.9},
                         Case{32, DType::BF16, CheckpointPolicy::Layer, 0.5}}) {
     SCOPED_TRACE(std::to_string(k.batch) + " " + checkpoint_policy_name(k.pol));
-    ModelShape s{k.batch, 512, k.dt, k.pol, true, GradientPlacement::InActivations};
-    const MemoryPlan in = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CUDA});
-    s.gradients = GradientPlacement::Own;
-    const MemoryPlan own = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CUDA});
-    const double grads = static_cast<double>(own.bytes[Category::Gradients]);
-    EXPECT_EQ(in.bytes[Category::Gradients], own.bytes[Category::Gradients]);
-    EXPECT_EQ(in.bytes[Category::Activations], own.bytes[Category::Activations]);
-    EXPECT_GE(static_cast<double>(in.bytes.shared), k.min_fraction * grads);
-    EXPECT_LE(in.bytes.shared, own.bytes[Category::Gradients]);
-    EXPECT_EQ(in.total(), own.total() - in.bytes.shared);
+    testing_plan::expect_gradients_shared(cfg, ModelShape{k.batch, 512, k.dt, k.pol, true}, k.min_fraction);
   }
 }
 

@@ -17,6 +17,7 @@
 #include "../common/cli.h"
 #include "../common/data_parallel.h"
 #include "../common/golden_modernbert.h"
+#include "../common/shared_gradients.h"
 #include "dist/communicator.h"
 #include "dist/zero.h"
 #include "io/atomic_file.h"
@@ -514,15 +515,6 @@ TEST(ModernBertTrain, PresetSharesNearlyAllGradientMemory) {
   const BertConfig cfg = BertConfig::preset("modernbert-base");
   for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective, CheckpointPolicy::Layer}) {
     SCOPED_TRACE(checkpoint_policy_name(policy));
-    ModelShape s{32, 512, DType::BF16, policy, true, GradientPlacement::InActivations};
-    const MemoryPlan in = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CUDA});
-    s.gradients = GradientPlacement::Own;
-    const MemoryPlan own = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CUDA});
-    const double grads = static_cast<double>(own.bytes[Category::Gradients]);
-    EXPECT_EQ(in.bytes[Category::Gradients], own.bytes[Category::Gradients]);
-    EXPECT_EQ(in.bytes[Category::Activations], own.bytes[Category::Activations]);
-    EXPECT_GE(static_cast<double>(in.bytes.shared), 0.9 * grads);
-    EXPECT_LE(in.bytes.shared, own.bytes[Category::Gradients]);
-    EXPECT_EQ(in.total(), own.total() - in.bytes.shared);
+    testing_plan::expect_gradients_shared(cfg, ModelShape{32, 512, DType::BF16, policy, true}, 0.9);
   }
 }
