@@ -117,7 +117,6 @@ int run_eval(EvalFlags f) {
 
   // The inference-only model: no gradients, no optimizer state, one layer's activations.
   const ModelShape shape{f.batch, f.max_seq_length, compute_dtype(precision), CheckpointPolicy::None, false};
-  if (cfg.is_modernbert()) f.skip_padding = false;  // it computes padded (model/modernbert.h)
   const MemoryPlan plan = plan_evaluation(cfg, shape, want_cuda ? Device::CUDA : Device::CPU, f.skip_padding);
   std::unique_ptr<Backend> be = want_cuda ? make_cuda_backend(0) : make_cpu_backend(f.threads);
   if (precision == Precision::Tf32) be->set_allow_tf32(true);

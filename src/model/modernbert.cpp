@@ -94,6 +94,12 @@ struct ModernBertForSequenceClassification::Acts {
     return v;
   }
   Tensor emb, rstd_e, xl, xf, rstd_f, pooled, hd, ga, hh, rstd_h, logits, dlogits, losses;
+  // Note [modernbert packed tokens]: this forward runs the encoder on the batch's n token rows
+  // (n = B*T when padded); ids holds their token ids (I32, packed batches only), enc the
+  // encoder's output as the head reads it.
+  bool packed = false;
+  int64_t n = 0;
+  Tensor ids, enc;
   // Scratch: forward's branch outputs (t1, t2), LayerNorm's mean, the zero beta of norms
   // without a bias and the sink of their beta gradient.
   Tensor t1, t2, mean_scratch, zero_beta, dbeta_scratch;
@@ -116,6 +122,10 @@ const char* output_bias(const BertConfig& cfg) { return is_masked_lm(cfg) ? "dec
 
 bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern.classifier_pooling != "cls"; }
 
+// Whether batches may come packed (Note [modernbert packed tokens]): training on real tokens, and
+// every inference model (evaluation packs its batches when padding is worth skipping).
+bool packs_tokens(const ModelShape& s) { return s.training ? s.packed_tokens : true; }
+
 using freed::kAfterBackward;
 using freed::kStageHead;
 using freed::stage_of_embeddings;
@@ -136,7 +146,7 @@ struct SavedRegion {
 // the embeddings, then layer by layer (each with its output, the next layer's input). `regions`
 // (optional) receives the arena's byte ranges with their writers and last readers.
 void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, Arena& tmp, const BertConfig& cfg,
-                      DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
+                      DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training, bool packed,
                       std::vector<SavedRegion>* regions = nullptr) {
   const int64_t R = B * T, H = cfg.hidden_size, I = cfg.intermediate_size, heads = cfg.num_attention_heads;
   const int64_t L = cfg.num_hidden_layers, C = head_outputs(cfg), N = token_head(cfg) ? R : B;  // the head's rows
@@ -169,6 +179,7 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
   open();
   A.rstd_e = act.take(F32, {R});
   A.layers[0].x = act.take(dt, {R, H});
+  if (packed) A.ids = act.take(DType::I32, {R});
   close(0, stage_of_embeddings(L));
   A.recompute = policy == CheckpointPolicy::Layer;
   A.selective = training && policy == CheckpointPolicy::Selective;
@@ -257,7 +268,8 @@ ArenaBytes modernbert_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
   std::vector<SavedRegion> regions;
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training, &regions);
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training,
+                   packs_tokens(s), &regions);
   ArenaBytes out{act.used(), tmp.used(), 0, 0};
   if (s.training && s.gradients == GradientPlacement::InActivations) {
     const ParamLayout lay = ParamLayout::for_modernbert(cfg);
@@ -277,7 +289,8 @@ std::vector<LivenessPoint> modernbert_liveness(const BertConfig& cfg, const Mode
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
   std::vector<SavedRegion> regions;
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, &regions);
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, packs_tokens(s),
+                   &regions);
   const int64_t L = cfg.num_hidden_layers;
   auto written_by = [&](int64_t step) {
     int64_t n = 0;
@@ -323,7 +336,8 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
   ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
                 " must be between 1 and ", cfg.max_sequence_length(), " (max_position_embeddings)");
-  ANATOMY_CHECK(!shape.packed_tokens, "training on real tokens (--skip-padding) is not implemented for ModernBERT");
+  ANATOMY_CHECK(!(shape.packed_tokens && shape.checkpointing == CheckpointPolicy::Layer),
+                "training on real tokens does not combine with --gradient-checkpointing layer (use selective or none)");
   // Where the step finds each parameter (transformers' names; a bias only where the config has it).
   auto params_of = [&](const std::string& name) {
     return Params{&m_layout.get(name + ".weight"), m_layout.find(name + ".bias")};
@@ -365,7 +379,7 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   m_tmp_arena = Arena(a, bytes.temporary, Category::Temporary);
   m_acts = std::make_unique<Acts>();
   carve_modernbert(*m_acts, m_act_arena, m_tmp_arena, cfg, shape.compute, shape.checkpointing, shape.max_batch,
-                   shape.max_seq, shape.training);
+                   shape.max_seq, shape.training, packs_tokens(shape));
   be.fill(m_acts->zero_beta, 0.0f);
 }
 
@@ -461,45 +475,75 @@ Tensor shaped(const Tensor& t, Shape s) { return ParamLayout::range(t, 0, s); }
 
 void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch& b) {
   const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
-  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
+  const int64_t B = b.batch(), T = b.seq(), n = m_acts->n, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
   const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
-  const Tensor x = shaped(A.x, {R, H});
+  auto rows = [n](const Tensor& t, int64_t width) { return shaped(t, {n, width}); };  // the encoder's rows
+  const Tensor x = rows(A.x, H);
   Tensor h = x;
   if (l > 0) {
-    h = shaped(A.h, {R, H});
-    norm_forward(P.attn_norm, h, shaped(A.rstd_a, {R}), x, Tensor(), Tensor());
+    h = rows(A.h, H);
+    norm_forward(P.attn_norm, h, shaped(A.rstd_a, {n}), x, Tensor(), Tensor());
   }
   const Tensor qkv = shaped(A.qkv, {B, T, 3 * H});
-  linear(shaped(A.qkv, {R, 3 * H}), h, P.wqkv);
+  linear(rows(A.qkv, 3 * H), h, P.wqkv);
   const bool global = m_cfg.is_global_layer(l);
   const ModernBertFields& m = m_cfg.modern;
-  m_be.rotary_forward(qkv, qkv, heads, static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta));
-  m_be.attention_forward(shaped(A.ctx, {B, T, H}), shaped(A.lse, {B, heads, T}), qkv, b.attention_mask, heads, {},
-                         global ? 0 : static_cast<int>(m.local_attention / 2));
-  const Tensor attn_out = shaped(m_acts->t1, {R, H});
-  linear(attn_out, shaped(A.ctx, {R, H}), P.attn_wo);
-  norm_forward(P.mlp_norm, shaped(A.y, {R, H}), shaped(A.rstd_m, {R}), attn_out, x, shaped(A.x1, {R, H}));
-  linear(shaped(A.wi, {R, 2 * I}), shaped(A.y, {R, H}), P.wi);
-  m_be.geglu_forward(shaped(A.g, {R, I}), shaped(A.wi, {R, 2 * I}));
-  const Tensor mlp_out = shaped(m_acts->t2, {R, H});
-  linear(mlp_out, shaped(A.g, {R, I}), P.mlp_wo);
+  const float theta = static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta);
+  const int window = global ? 0 : static_cast<int>(m.local_attention / 2);
+  if (m_acts->packed) {  // Note [modernbert packed tokens]
+    m_be.rotary_forward(qkv, qkv, heads, theta, b.token_rows);
+    m_be.attention_packed_forward(rows(A.ctx, H), shaped(A.lse, {B, heads, T}), rows(A.qkv, 3 * H), b.seq_offsets,
+                                  heads, {}, b.attended_pairs, window);
+  } else {
+    m_be.rotary_forward(qkv, qkv, heads, theta);
+    m_be.attention_forward(shaped(A.ctx, {B, T, H}), shaped(A.lse, {B, heads, T}), qkv, b.attention_mask, heads, {},
+                           window);
+  }
+  const Tensor attn_out = rows(m_acts->t1, H);
+  linear(attn_out, rows(A.ctx, H), P.attn_wo);
+  norm_forward(P.mlp_norm, rows(A.y, H), shaped(A.rstd_m, {n}), attn_out, x, rows(A.x1, H));
+  linear(rows(A.wi, 2 * I), rows(A.y, H), P.wi);
+  m_be.geglu_forward(rows(A.g, I), rows(A.wi, 2 * I));
+  const Tensor mlp_out = rows(m_acts->t2, H);
+  linear(mlp_out, rows(A.g, I), P.mlp_wo);
   const size_t next = static_cast<size_t>(l) + 1;
-  const Tensor out = next < m_acts->layers.size() ? shaped(m_acts->layers[next].x, {R, H}) : shaped(m_acts->xl, {R, H});
-  m_be.add(out, shaped(A.x1, {R, H}), mlp_out);
+  m_be.add(rows(next < m_acts->layers.size() ? m_acts->layers[next].x : m_acts->xl, H), rows(A.x1, H), mlp_out);
 }
 
-// The head's input: the first token (classifier_pooling "cls"), or the mean of xf over the tokens
-// the attention mask keeps ("mean"), on the device in fp32 (Note [empty mean pool] in
-// ops/cpu/pool.cpp: a sequence without a token pools to 0).
+// The head's input: the first token (classifier_pooling "cls"), or the mean of the encoder's
+// output over the tokens the attention mask keeps ("mean"), on the device in fp32 (Note [empty
+// mean pool] in ops/cpu/pool.cpp: a sequence without a token pools to 0).
 void ModernBertForSequenceClassification::pool_forward(const DeviceBatch& b) {
   Acts& A = *m_acts;
   const int64_t B = b.batch(), T = b.seq(), H = m_cfg.hidden_size;
-  const Tensor pooled = shaped(A.pooled, {B, H}), xf = shaped(A.xf, {B, T, H});
+  const Tensor pooled = shaped(A.pooled, {B, H});
   if (mean_pooling(m_cfg))
-    m_be.masked_mean_forward(pooled, xf, b.attention_mask);
+    m_be.masked_mean_forward(pooled, shaped(A.enc, {B, T, H}), b.attention_mask);
+  else if (A.packed)  // each sequence's first row
+    m_be.gather_rows(pooled, shaped(A.xf, {A.n, H}), b.first_rows);
   else
-    m_be.select_token(pooled, xf, 0);
+    m_be.select_token(pooled, shaped(A.xf, {B, T, H}), 0);
+}
+
+// Note [modernbert packed tokens]: ModernBERT on the batch's real tokens, as BERT (Note [packed
+// training] in bert.cpp) where the backend has the packed attention: the n token rows of
+// DeviceBatch::token_rows run every row-wise op (the embeddings' lookup of their ids, gathered
+// once into Acts::ids, every LayerNorm, GEMM and gated GELU), rotary embeddings at each row's
+// position in its sequence (Backend::rotary_forward's rows), and attention over the sequence
+// offsets, with the local window (Note [packed attention] in ops/cpu/attention.cpp). Every
+// tensor keeps its padded shape and the packed rows are its first n. The head reads the padded
+// layout, as the padded forward's: a per-token head runs on every position of the encoder's
+// output scattered into the zeroed [B, T, H] of xl (dead once final_norm has read it; the
+// padding rows' logits are never labelled), mean pooling averages the same scatter (no fill:
+// it reads the masked rows alone), and the first-token pooling gathers the first rows. Backward
+// takes the head's padded gradient back to the token rows (a gather; the first-token head
+// scatters into the zeroed rows). The padding rows that round n up (PackedRows' multiple)
+// carry a zero gradient, so the gradients are those of the padded step (to rounding: other
+// GEMM shapes). Layer recompute is refused (as BERT's), since it would rewrite xl.
+bool ModernBertForSequenceClassification::packs(const DeviceBatch& b) const {
+  return m_acts->ids.defined() && b.packed() && b.seq_offsets.defined() &&
+         m_be.packed_attention_supported(m_shape.compute, b.seq(), m_cfg.hidden_size / m_cfg.num_attention_heads);
 }
 
 void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
@@ -509,18 +553,29 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   ANATOMY_CHECK(T >= 1 && T <= m_shape.max_seq, "sequence length ", T, " exceeds the planned --seq-len ",
                 m_shape.max_seq);
   Acts& A = *m_acts;
-  const Tensor ids = ParamLayout::range(b.input_ids, 0, {R});
-  m_be.gather_rows(shaped(A.emb, {R, H}), W(m_tok_embeddings), ids);
-  norm_forward(m_emb_norm, shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}), shaped(A.emb, {R, H}),
-               Tensor(), Tensor());
+  A.packed = packs(b);
+  const int64_t n = A.n = A.packed ? b.token_rows.dim(0) : R;
+  auto rows = [n](const Tensor& t, int64_t width) { return shaped(t, {n, width}); };
+  if (A.packed) {
+    m_be.gather_rows(rows(A.ids, 1), shaped(b.input_ids, {R, 1}), b.token_rows);
+    m_be.gather_rows(rows(A.emb, H), W(m_tok_embeddings), shaped(A.ids, {n}));
+  } else {
+    m_be.gather_rows(rows(A.emb, H), W(m_tok_embeddings), shaped(b.input_ids, {R}));
+  }
+  norm_forward(m_emb_norm, rows(A.layers[0].x, H), shaped(A.rstd_e, {n}), rows(A.emb, H), Tensor(), Tensor());
   for (int l = 0; l < m_cfg.num_hidden_layers; ++l) layer_forward(l, b);
-  norm_forward(m_final_norm, shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}), shaped(A.xl, {R, H}), Tensor(),
-               Tensor());
-  m_hidden = shaped(A.xf, {B, T, H});
+  norm_forward(m_final_norm, rows(A.xf, H), shaped(A.rstd_f, {n}), rows(A.xl, H), Tensor(), Tensor());
   const bool tokens = token_head(m_cfg);
+  A.enc = shaped(A.xf, {R, H});
+  if (A.packed && (tokens || mean_pooling(m_cfg))) {  // the padded layout, in xl
+    A.enc = shaped(A.xl, {R, H});
+    if (tokens) m_be.fill(A.enc, 0.0f);
+    m_be.scatter_rows(A.enc, rows(A.xf, H), b.token_rows);
+  }
+  m_hidden = A.packed && !tokens ? Tensor() : shaped(A.enc, {B, T, H});
   const int64_t N = tokens ? R : B;
   if (!tokens) pool_forward(b);
-  const Tensor head_in = tokens ? shaped(A.xf, {R, H}) : shaped(A.pooled, {B, H});
+  const Tensor head_in = tokens ? A.enc : shaped(A.pooled, {B, H});
   linear(shaped(A.hd, {N, H}), head_in, m_head_dense);
   m_be.gelu_forward(shaped(A.ga, {N, H}), shaped(A.hd, {N, H}));
   norm_forward(m_head_norm, shaped(A.hh, {N, H}), shaped(A.rstd_h, {N}), shaped(A.ga, {N, H}), Tensor(), Tensor());
@@ -529,8 +584,8 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   m_losses = shaped(A.losses, {B});
 }
 
-// A packing index (Note [packed inference] in bert.cpp) is ignored: the padded forward gives
-// the same logits.
+// A packed batch runs on its token rows where the backend can (Note [modernbert packed tokens]),
+// else padded; the logits are the same.
 void ModernBertForSequenceClassification::forward_eval(const DeviceBatch& b) {
   m_be.set_phase(Phase::Forward);
   forward(b);
@@ -574,30 +629,38 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
   if (m_acts->recompute) layer_forward(l, b);  // Note [layer recompute]
   const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   Acts& S = *m_acts;
-  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
-  if (S.selective) m_be.geglu_forward(shaped(A.g, {R, I}), shaped(A.wi, {R, 2 * I}));  // Note [modernbert selective recompute]
+  const int64_t B = b.batch(), T = b.seq(), n = S.n, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
+  auto rows = [n](const Tensor& t, int64_t width) { return shaped(t, {n, width}); };  // the encoder's rows
+  if (S.selective) m_be.geglu_forward(rows(A.g, I), rows(A.wi, 2 * I));  // Note [modernbert selective recompute]
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
   const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
   const bool global = m_cfg.is_global_layer(l);
   const ModernBertFields& m = m_cfg.modern;
+  const float theta = static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta);
+  const int window = global ? 0 : static_cast<int>(m.local_attention / 2);
   // MLP branch: out = x1 + mlp(mlp_norm(x1)).
-  linear_backward(shaped(S.dg, {R, I}), dout, shaped(A.g, {R, I}), P.mlp_wo);
-  m_be.geglu_backward(shaped(S.dwi, {R, 2 * I}), shaped(S.dg, {R, I}), shaped(A.wi, {R, 2 * I}));
-  const Tensor t1 = shaped(S.t1, {R, H}), t2 = shaped(S.t2, {R, H}), t3 = shaped(S.t3, {R, H});
-  linear_backward(t1, shaped(S.dwi, {R, 2 * I}), shaped(A.y, {R, H}), P.wi);
-  norm_backward(P.mlp_norm, t2, t1, shaped(A.y, {R, H}), shaped(A.rstd_m, {R}));
+  linear_backward(rows(S.dg, I), dout, rows(A.g, I), P.mlp_wo);
+  m_be.geglu_backward(rows(S.dwi, 2 * I), rows(S.dg, I), rows(A.wi, 2 * I));
+  const Tensor t1 = rows(S.t1, H), t2 = rows(S.t2, H), t3 = rows(S.t3, H);
+  linear_backward(t1, rows(S.dwi, 2 * I), rows(A.y, H), P.wi);
+  norm_backward(P.mlp_norm, t2, t1, rows(A.y, H), shaped(A.rstd_m, {n}));
   m_be.add(t3, t2, dout);  // d x1
   // Attention branch: x1 = x + Wo attention(rotary(Wqkv h)).
-  linear_backward(t1, t3, shaped(A.ctx, {R, H}), P.attn_wo);
-  const Tensor dqkv = shaped(S.dqkv, {B, T, 3 * H});
-  m_be.attention_backward(dqkv, shaped(t1, {B, T, H}), shaped(A.qkv, {B, T, 3 * H}), shaped(A.ctx, {B, T, H}),
-                          shaped(A.lse, {B, heads, T}), b.attention_mask, heads, {},
-                          global ? 0 : static_cast<int>(m.local_attention / 2));
-  m_be.rotary_backward(dqkv, dqkv, heads, static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta));
-  const Tensor h = l > 0 ? shaped(A.h, {R, H}) : shaped(A.x, {R, H});
-  linear_backward(t2, shaped(S.dqkv, {R, 3 * H}), h, P.wqkv);
+  linear_backward(t1, t3, rows(A.ctx, H), P.attn_wo);
+  const Tensor dqkv = shaped(S.dqkv, {B, T, 3 * H}), lse = shaped(A.lse, {B, heads, T});
+  if (S.packed) {  // Note [modernbert packed tokens]
+    m_be.attention_packed_backward(rows(S.dqkv, 3 * H), t1, rows(A.qkv, 3 * H), rows(A.ctx, H), lse, b.seq_offsets,
+                                   heads, {}, b.attended_pairs, window);
+    m_be.rotary_backward(dqkv, dqkv, heads, theta, b.token_rows);
+  } else {
+    m_be.attention_backward(dqkv, shaped(S.t1, {B, T, H}), shaped(A.qkv, {B, T, 3 * H}), shaped(A.ctx, {B, T, H}), lse,
+                            b.attention_mask, heads, {}, window);
+    m_be.rotary_backward(dqkv, dqkv, heads, theta);
+  }
+  const Tensor h = l > 0 ? rows(A.h, H) : rows(A.x, H);
+  linear_backward(t2, rows(S.dqkv, 3 * H), h, P.wqkv);
   if (l > 0) {
-    norm_backward(P.attn_norm, t1, t2, h, shaped(A.rstd_a, {R}));
+    norm_backward(P.attn_norm, t1, t2, h, shaped(A.rstd_a, {n}));
     m_be.add(din, t1, t3);
   } else {
     m_be.add(din, t2, t3);
@@ -606,7 +669,8 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
 
 void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   Acts& A = *m_acts;
-  const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
+  const int64_t B = b.batch(), T = b.seq(), R = B * T, n = A.n, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
+  auto rows = [n](const Tensor& t, int64_t width) { return shaped(t, {n, width}); };  // the encoder's rows
   const bool tokens = token_head(m_cfg);
   const int64_t N = tokens ? R : B;
   const bool mlm = is_masked_lm(m_cfg), overlaid = m_act_block.data() != nullptr;
@@ -619,19 +683,27 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   linear_backward(shaped(A.dhh, {N, H}), dlogits, hh, m_head_out, !mlm);
   norm_backward(m_head_norm, shaped(A.dhd, {N, H}), shaped(A.dhh, {N, H}), hh, shaped(A.rstd_h, {N}));
   m_be.gelu_backward(shaped(A.dhd, {N, H}), shaped(A.dhd, {N, H}), shaped(A.hd, {N, H}));
-  // The token head's dense writes the encoder output's gradient itself; the sequence head's
-  // goes through the pooling.
+  // The token head's dense writes the (padded) encoder output's gradient itself; the sequence
+  // head's goes through the pooling.
   const Tensor dpooled = tokens ? shaped(A.dxf, {R, H}) : shaped(A.dpooled, {B, H});
-  const Tensor head_in = tokens ? shaped(A.xf, {R, H}) : shaped(A.pooled, {B, H});
-  linear_backward(dpooled, shaped(A.dhd, {N, H}), head_in, m_head_dense);
+  linear_backward(dpooled, shaped(A.dhd, {N, H}), tokens ? A.enc : shaped(A.pooled, {B, H}), m_head_dense);
   const Tensor dxf = shaped(A.dxf, {B, T, H});
-  if (tokens) {  // the head's dense wrote dxf
-  } else if (mean_pooling(m_cfg))
+  Tensor dx = shaped(A.dxf, {R, H});  // the encoder output's gradient, on the encoder's rows
+  if (mean_pooling(m_cfg))
     m_be.masked_mean_backward(dxf, dpooled, b.attention_mask);
-  else
+  else if (!tokens && !A.packed)
     m_be.select_token_backward(dxf, dpooled, 0);
-  Tensor d = shaped(A.da, {R, H}), other = shaped(A.db, {R, H});
-  norm_backward(m_final_norm, d, shaped(A.dxf, {R, H}), shaped(A.xf, {R, H}), shaped(A.rstd_f, {R}));
+  if (A.packed) {  // Note [modernbert packed tokens]: back to the token rows, in t3
+    dx = rows(A.t3, H);
+    if (tokens || mean_pooling(m_cfg)) {
+      m_be.gather_rows(dx, shaped(A.dxf, {R, H}), b.token_rows);
+    } else {
+      m_be.fill(dx, 0.0f);
+      m_be.scatter_rows(dx, dpooled, b.first_rows);
+    }
+  }
+  Tensor d = rows(A.da, H), other = rows(A.db, H);
+  norm_backward(m_final_norm, d, dx, rows(A.xf, H), shaped(A.rstd_f, {n}));
   for (int l = static_cast<int>(m_cfg.num_hidden_layers) - 1; l >= 0; --l) {
     if (overlaid) zero_grad_range(m_grad_ranges[static_cast<size_t>(l) + 1]);
     layer_backward(l, b, d, other);
@@ -641,9 +713,9 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   }
   const Tensor demb = other;
   if (overlaid) zero_grad_range(m_grad_ranges.front());
-  norm_backward(m_emb_norm, demb, d, shaped(A.layers[0].x, {R, H}), shaped(A.rstd_e, {R}));
-  m_be.embedding_backward(G(m_tok_embeddings), Tensor(), Tensor(), demb, b.input_ids,
-                          Tensor());
+  norm_backward(m_emb_norm, demb, d, rows(A.layers[0].x, H), shaped(A.rstd_e, {n}));
+  const Tensor ids = A.packed ? shaped(A.ids, {1, n}) : b.input_ids;
+  m_be.embedding_backward(G(m_tok_embeddings), Tensor(), Tensor(), demb, ids, Tensor());
   if (mlm) linear_backward(Tensor(), dlogits, hh, Params{m_head_out.weight, nullptr});
   if (overlaid) m_hidden = Tensor();  // its memory now holds gradients
 }

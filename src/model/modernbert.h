@@ -11,8 +11,9 @@
 //
 // Gradient checkpointing: none, layer (Note [layer recompute] in modernbert.cpp) or selective
 // (Note [modernbert selective recompute]).
-// What it does not do (the BERT class does): dropout (config.json's dropouts must be 0),
-// packed batches (it trains and evaluates padded; a packing index is ignored).
+// Packed batches (training on real tokens, packed evaluation) run the encoder on the token rows
+// where the backend has the packed attention, else padded (Note [modernbert packed tokens]).
+// What it does not do (the BERT class does): dropout (config.json's dropouts must be 0).
 // With config.json's architectures ModernBertForTokenClassification or ModernBertForMaskedLM the
 // same class is that model: the head on every token (Note [modernbert token head] in
 // modernbert.cpp), logits [B*T, num_labels or vocab_size].
@@ -33,8 +34,8 @@ namespace anatomy {
 
 class ModernBertForSequenceClassification : public EncoderModel {
  public:
-  // The config must be a validated ModernBERT config; the shape asks for no packing (refused
-  // naming the flag).
+  // The config must be a validated ModernBERT config; packed_tokens does not combine with layer
+  // checkpointing (refused naming the flag).
   ModernBertForSequenceClassification(Backend& be, const BertConfig& cfg, const ModelShape& shape);
   // A training model in F32 for batches up to [max_batch, max_seq].
   ModernBertForSequenceClassification(Backend& be, const BertConfig& cfg, int64_t max_batch, int64_t max_seq)
@@ -80,6 +81,8 @@ class ModernBertForSequenceClassification : public EncoderModel {
   void forward(const DeviceBatch& b);
   void backward(const DeviceBatch& b);
   void pool_forward(const DeviceBatch& b);
+  // Whether this batch runs on its packed token rows (Note [modernbert packed tokens]).
+  bool packs(const DeviceBatch& b) const;
   // Per-sample losses F32 [B] of the head's logits, and dlogits (when defined) scaled by grad_scale.
   void loss(const DeviceBatch& b, const Tensor& dlogits, float grad_scale);
   void layer_forward(int l, const DeviceBatch& b);

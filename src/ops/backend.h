@@ -142,9 +142,13 @@ class Backend {
   // position of a token its index t in the sequence: for head h and d < D/2, with
   // a = t * theta^(-2d/D), (x[d], x[d + D/2]) -> (x[d] cos a - x[d + D/2] sin a,
   // x[d + D/2] cos a + x[d] sin a); v is copied. y may be x.
-  void rotary_forward(const Tensor& y, const Tensor& x, int heads, float theta);
+  // With `rows` (I32 [N], N <= B*T: DeviceBatch::token_rows) the op runs on the packed layout
+  // (Note [packed training] in model/bert.cpp): only the first N rows of the [B*T, 3H] view,
+  // row r at position rows[r] mod T (its index in its padded sequence); the other rows of y are
+  // left as they are.
+  void rotary_forward(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows = Tensor());
   // The transposed (inverse) rotation of dy: dx = R^T dy. dx may be dy.
-  void rotary_backward(const Tensor& dx, const Tensor& dy, int heads, float theta);
+  void rotary_backward(const Tensor& dx, const Tensor& dy, int heads, float theta, const Tensor& rows = Tensor());
 
   // ---- statistical normalizations ------------------------------------------------------
   // sum = dropout(branch) + residual (residual may be undefined: then sum = dropout(branch));
@@ -282,8 +286,9 @@ class Backend {
   virtual void attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
                                               const Tensor& ctx, const Tensor& lse, const Tensor& offsets, int heads,
                                               const DropoutSpec& dropout, int window) = 0;
-  virtual void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) = 0;
-  virtual void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) = 0;
+  virtual void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows) = 0;
+  virtual void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta,
+                                    const Tensor& rows) = 0;
   virtual void layernorm_forward_impl(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,
                                       const Tensor& branch, const Tensor& residual, const Tensor& gamma,
                                       const Tensor& beta, float eps, const DropoutSpec& branch_dropout) = 0;

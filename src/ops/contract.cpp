@@ -317,22 +317,30 @@ void Backend::attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, 
            [&] { attention_packed_backward_impl(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, window); });
 }
 
-// qkv [B, T, 3H] with an even head dim; y the same.
-void rotary(const Check& c, const Tensor& y, const Tensor& x, int heads) {
+// qkv [B, T, 3H] with an even head dim; y the same; rows (optional) I32 [N], N <= B*T. The
+// cost counts the rows rotated: all of them, or the N packed ones.
+Tensor rotary(const Check& c, const Tensor& y, const Tensor& x, int heads, const Tensor& rows) {
   const DType dt = c.compute(x, "qkv");
   c.holds(x.shape.rank == 3 && x.dim(2) % 3 == 0, str_cat("qkv ", x.shape.str(), " is not [B, T, 3H]"));
   const int64_t h = x.dim(2) / 3;
   c.holds(heads > 0 && h % heads == 0 && (h / heads) % 2 == 0,
           str_cat("hidden ", h, " over ", heads, " heads does not give an even head dim"));
   c.sized(y, dt, x.numel(), "output");
+  if (!rows.defined()) return y;
+  c.dtype(rows, I32, "rows");
+  c.holds(rows.shape.rank == 1 && rows.dim(0) <= x.dim(0) * x.dim(1),
+          str_cat("rows ", rows.shape.str(), " is not [N] with N <= B*T = ", x.dim(0) * x.dim(1)));
+  return y.view({x.dim(0) * x.dim(1), 3 * h}).slice(0, rows.dim(0));
 }
-void Backend::rotary_forward(const Tensor& y, const Tensor& x, int heads, float theta) {
-  rotary(Check(*this, "rotary_forward"), y, x, heads);
-  observed("rotary", [&] { return elementwise_cost(y, 6, 1, 1); }, [&] { rotary_forward_impl(y, x, heads, theta); });
+void Backend::rotary_forward(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows) {
+  const Tensor done = rotary(Check(*this, "rotary_forward"), y, x, heads, rows);
+  observed("rotary", [&] { return elementwise_cost(done, 6, 1, 1); },
+           [&] { rotary_forward_impl(y, x, heads, theta, rows); });
 }
-void Backend::rotary_backward(const Tensor& dx, const Tensor& dy, int heads, float theta) {
-  rotary(Check(*this, "rotary_backward"), dx, dy, heads);
-  observed("rotary", [&] { return elementwise_cost(dx, 6, 1, 1); }, [&] { rotary_backward_impl(dx, dy, heads, theta); });
+void Backend::rotary_backward(const Tensor& dx, const Tensor& dy, int heads, float theta, const Tensor& rows) {
+  const Tensor done = rotary(Check(*this, "rotary_backward"), dx, dy, heads, rows);
+  observed("rotary", [&] { return elementwise_cost(done, 6, 1, 1); },
+           [&] { rotary_backward_impl(dx, dy, heads, theta, rows); });
 }
 
 // ---- statistical normalizations -------------------------------------------------------------------

@@ -99,7 +99,6 @@ EvalResult evaluate_over_ranks(EncoderModel& model, const Dataset& ds, const std
   EvalOptions eo;
   eo.batch_size = batch_size;
   eo.keep_probabilities = false;
-  eo.skip_padding = eo.skip_padding && !model.config().is_modernbert();  // ModernBERT computes padded
   if (!lengths.empty())
     eo.lengths.assign(lengths.begin() + static_cast<std::ptrdiff_t>(begin), lengths.begin() + static_cast<std::ptrdiff_t>(end));
   EvalResult part;

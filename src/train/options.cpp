@@ -33,7 +33,6 @@ PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch
   ModelShape shape{batch, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true,
                    resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps, zero == 2)};
   shape.packed_tokens = o.skip_padding && !o.train_file.empty() && shape.checkpointing != CheckpointPolicy::Layer;
-  if (cfg.is_modernbert()) shape.packed_tokens = false;  // it trains padded (model/modernbert.h)
   return PlanInput{cfg, shape, o.optim.kind, device, world, zero, rank, o.gradient_accumulation_steps};
 }
 

@@ -177,7 +177,7 @@ void RankRun::setup() {
   m_plan = plan_memory(plan_in);
   if ((m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end)) || m_data->test)  // evaluate() holds its batch while it runs
     m_plan.bytes[Category::Other] +=
-        evaluation_buffer_bytes(std::min(m_opt.per_device_eval_batch_size, m_B), m_shape.max_seq, !m_cfg.is_modernbert());
+        evaluation_buffer_bytes(std::min(m_opt.per_device_eval_batch_size, m_B), m_shape.max_seq, true);
   check_plan_fits(plan_in, m_plan, m_dev, m_accum);
 
   m_model = make_model(*m_dev.backend, m_cfg, m_shape);

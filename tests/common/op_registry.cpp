@@ -73,6 +73,16 @@ OpArg distinct_rows(Rng& rng, const char* name, int64_t n, int64_t r) {
 }
 // The hidden size nearest above d.hidden whose head dim is even (rotary embeddings pair columns).
 int64_t rotary_hidden(const OpDims& d) { return ((d.hidden / d.heads + 1) / 2) * 2 * d.heads; }
+// The packed layout's row index (Backend::rotary_forward): about two thirds of the B*T rows.
+OpArg rotary_rows(Rng& g, const OpDims& d) {
+  return distinct_rows(g, "rows", std::max<int64_t>(1, 2 * d.rows() / 3), d.rows());
+}
+// An output of which the op writes some rows: random on both sides, so the rows it leaves agree.
+OpArg packed_out(Rng& r, const char* name, Shape s) {
+  OpArg a{name, true, F32, s, Fill::Accumulate, 1.0, normal(r, s.numel(), 1.0)};
+  a.compared = true;
+  return a;
+}
 DropoutSpec dropout(Rng& r, float p) { return DropoutSpec{p, r.next(), r.next() % 1000}; }
 
 // A small BERT's parameter layout (the optimizers' segment tables come from it).
@@ -536,18 +546,35 @@ std::vector<OpEntry> build_registry() {
     };
     ref::rotary(dx.data(), w.data(), B, S, H, heads, 160000.0, true);
     expect_grad(x, dx, loss, "dx");
+    // The packed layout: packed row r is padded row rows[r], rotated at that row's position.
+    const std::vector<int32_t> rows{7, 0, 9, 3, 5, 1};
+    std::vector<double> padded(x.size()), packed(x.size(), 0.0), src(x.size(), 0.0);
+    ref::rotary(padded.data(), x.data(), B, S, H, heads, 160000.0, false);
+    for (size_t r = 0; r < rows.size(); ++r)
+      std::copy_n(x.begin() + rows[r] * 3 * H, 3 * H, src.begin() + static_cast<int64_t>(r) * 3 * H);
+    ref::rotary(packed.data(), src.data(), B, S, H, heads, 160000.0, false, rows.data(),
+                static_cast<int64_t>(rows.size()));
+    for (size_t r = 0; r < rows.size(); ++r)
+      for (int64_t c = 0; c < 3 * H; ++c)
+        EXPECT_NEAR(packed[r * 3 * H + c], padded[rows[r] * 3 * H + c], 1e-12) << "packed row " << r << " col " << c;
   };
   add("rotary_forward", [](const OpDims& d, Rng& g) {
     const int heads = static_cast<int>(d.heads);
-    const int64_t H = rotary_hidden(d);
-    return OpCase{{out("y", {d.batch, d.seq, 3 * H}), in(g, "x", {d.batch, d.seq, 3 * H})},
-                  [=](Backend& be, T t) { be.rotary_forward(t[0], t[1], heads, 10000.0f); }};
+    const Shape s{d.batch, d.seq, 3 * rotary_hidden(d)};
+    return OpCase{{out("y", s), in(g, "x", s), packed_out(g, "y_packed", s), rotary_rows(g, d)},
+                  [=](Backend& be, T t) {
+                    be.rotary_forward(t[0], t[1], heads, 10000.0f);
+                    be.rotary_forward(t[2], t[1], heads, 10000.0f, t[3]);
+                  }};
   }, rotary_grad);
   add("rotary_backward", [](const OpDims& d, Rng& g) {
     const int heads = static_cast<int>(d.heads);
-    const int64_t H = rotary_hidden(d);
-    return OpCase{{out("dx", {d.batch, d.seq, 3 * H}), in(g, "dy", {d.batch, d.seq, 3 * H})},
-                  [=](Backend& be, T t) { be.rotary_backward(t[0], t[1], heads, 160000.0f); }};
+    const Shape s{d.batch, d.seq, 3 * rotary_hidden(d)};
+    return OpCase{{out("dx", s), in(g, "dy", s), packed_out(g, "dx_packed", s), rotary_rows(g, d)},
+                  [=](Backend& be, T t) {
+                    be.rotary_backward(t[0], t[1], heads, 160000.0f);
+                    be.rotary_backward(t[2], t[1], heads, 160000.0f, t[3]);
+                  }};
   }, rotary_grad);
   auto geglu_grad = [](Rng& g) {
     const int64_t R = 3, I = 5;

@@ -1,13 +1,16 @@
-// One training step of a small irregular BERT, packed (Note [packed training] in model/bert.cpp)
-// or padded, on any backend: shared by the CPU test and its GPU twin.
+// One training step of a small irregular encoder (BERT, or ModernBERT: Note [modernbert packed
+// tokens]), packed (Note [packed training] in model/bert.cpp) or padded, on any backend: shared
+// by the CPU test and its GPU twin.
 #pragma once
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "model/bert.h"
+#include "model/encoder.h"
 #include "model/heads.h"
 #include "ops/backend.h"
 #include "ops/observer.h"
@@ -35,6 +38,21 @@ inline BertConfig token_config(bool dropout, const std::string& architecture) {
   BertConfig c = config(dropout);
   c.architectures = {architecture};
   return c;
+}
+
+// A small ModernBERT of the same sizes: hidden 32 over 4 heads (head dim 8), 3 layers (global,
+// local with a window of 2 either side, global), biases everywhere but the norms' (norm_bias
+// off, so their beta is the kernels' zero), the head on the mean of the tokens, or per token:
+// "ModernBertForSequenceClassification", "ModernBertForTokenClassification" or "ModernBertForMaskedLM".
+inline BertConfig modernbert_config(const std::string& architecture, const std::string& pooling = "mean") {
+  nlohmann::json j = {{"model_type", "modernbert"}, {"architectures", {architecture}}, {"vocab_size", 40},
+                      {"hidden_size", 32}, {"num_hidden_layers", 3}, {"num_attention_heads", 4},
+                      {"intermediate_size", 40}, {"max_position_embeddings", 32}, {"pad_token_id", 0},
+                      {"global_attn_every_n_layers", 2}, {"local_attention", 4}, {"attention_bias", true},
+                      {"mlp_bias", true}, {"norm_bias", false}, {"classifier_bias", true},
+                      {"classifier_pooling", pooling}, {"hidden_activation", "gelu"},
+                      {"classifier_activation", "gelu"}, {"id2label", {{"0", "a"}, {"1", "b"}, {"2", "c"}}}};
+  return BertConfig::from_json(j, "modernbert_config");
 }
 
 // Sequence b has lengths[b] tokens ([CLS] words [SEP]), then padding; the per-token labels (for
@@ -133,16 +151,16 @@ inline Step step(Backend& be_ref, const BertConfig& cfg, const HostBatch& hb, bo
   shape.checkpointing = policy;
   shape.gradients = place;
   shape.packed_tokens = packed;
-  BertForSequenceClassification m(*be, cfg, shape);
-  m.init_weights(7);
-  m.set_dropout_seed(11);
-  if (!m.gradients_in_activations()) m.zero_grads();
+  const std::unique_ptr<EncoderModel> m = make_model(*be, cfg, shape);
+  m->init_weights(7);
+  m->set_dropout_seed(11);
+  if (!m->gradients_in_activations()) m->zero_grads();
   Uploaded up(*be, hb, packed, how, has_token_labels(cfg));
-  m.forward_backward(up.db, 1.0f / static_cast<float>(hb.batch), 0);
+  m->forward_backward(up.db, 1.0f / static_cast<float>(hb.batch), 0);
   Step s;
   s.losses.resize(static_cast<size_t>(hb.batch));
-  be->download(s.losses.data(), m.losses());
-  s.grads = m.grads_to_host();
+  be->download(s.losses.data(), m->losses());
+  s.grads = m->grads_to_host();
   return s;
 }
 
@@ -154,12 +172,12 @@ inline std::vector<float> eval_logits(Backend& be, const BertConfig& cfg, const 
   shape.max_batch = hb.batch;
   shape.max_seq = hb.seq;
   shape.training = false;
-  BertForSequenceClassification m(be, cfg, shape);
-  m.init_weights(7);
+  const std::unique_ptr<EncoderModel> m = make_model(be, cfg, shape);
+  m->init_weights(7);
   Uploaded up(be, hb, packed, how, has_token_labels(cfg));
-  m.forward_eval(up.db);
-  std::vector<float> out(m.logits().numel());
-  be.download(out.data(), m.logits());
+  m->forward_eval(up.db);
+  std::vector<float> out(m->logits().numel());
+  be.download(out.data(), m->logits());
   return out;
 }
 

@@ -113,3 +113,42 @@ TEST(PackedTrainingCuda, Bf16PerTokenHeadsMatchThePaddedStep) {
     EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 2e-2 * g));
   }
 }
+
+// ModernBERT on the real tokens (Note [modernbert packed tokens] in model/modernbert.cpp): bf16 on
+// the flash kernels with the local window, rotary at the packed rows' positions, each head,
+// against the padded step; the rotary op's FLOPs show the packed path ran (the token rows alone).
+TEST(PackedTrainingCuda, Bf16ModernBertMatchesThePaddedStep) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  struct RotaryFlops : OpObserver {
+    double flops = 0;
+    void before(Backend&, const OpEvent& e) override { flops += std::string(e.name) == "rotary" ? e.cost.flops : 0; }
+    void after(Backend&, const OpEvent&) override {}
+  };
+  const std::vector<int64_t> lengths{5, 40, 3, 64, 33};
+  for (const char* arch : {"ModernBertForSequenceClassification", "ModernBertForTokenClassification",
+                           "ModernBertForMaskedLM"}) {
+    for (const char* pooling : {"mean", "cls"}) {
+      if (std::string(pooling) == "cls" && std::string(arch) != "ModernBertForSequenceClassification") continue;
+      SCOPED_TRACE(std::string(arch) + " / " + pooling);
+      BertConfig cfg = modernbert_config(arch, pooling);
+      cfg.hidden_size = 64;  // two heads of 32: the flash kernels
+      cfg.num_attention_heads = 2;
+      cfg.max_position_embeddings = 64;
+      const HostBatch hb = batch_of(lengths, 64, 4, is_masked_lm(cfg) ? cfg.vocab_size : 3);
+      RotaryFlops padded_flops, packed_flops;
+      gpu->set_observer(&padded_flops);
+      const Step padded = step(*gpu, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16);
+      gpu->set_observer(&packed_flops);
+      const Step packed = step(*gpu, cfg, hb, true, CheckpointPolicy::Selective, GradientPlacement::InActivations,
+                               DType::BF16, Packing{true, 128});
+      gpu->set_observer(nullptr);
+      // 145 token rows, padded to the multiple 128: 256 of the 320 padded rows.
+      EXPECT_NEAR(packed_flops.flops / padded_flops.flops, 256.0 / 320.0, 1e-9);
+      const double g = largest(padded.grads);
+      ASSERT_GT(g, 1e-4);
+      EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 2e-2));
+      EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 2e-2 * g));
+    }
+  }
+}

@@ -60,8 +60,8 @@ class ContractOnlyCuda final : public Backend {
                                       const Tensor&, int, const DropoutSpec&, int) override {
     ++impl_calls;
   }
-  void rotary_forward_impl(const Tensor&, const Tensor&, int, float) override { ++impl_calls; }
-  void rotary_backward_impl(const Tensor&, const Tensor&, int, float) override { ++impl_calls; }
+  void rotary_forward_impl(const Tensor&, const Tensor&, int, float, const Tensor&) override { ++impl_calls; }
+  void rotary_backward_impl(const Tensor&, const Tensor&, int, float, const Tensor&) override { ++impl_calls; }
   void geglu_forward_impl(const Tensor&, const Tensor&) override { ++impl_calls; }
   void geglu_backward_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
   void layernorm_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,

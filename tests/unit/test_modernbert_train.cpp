@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <string>
 
@@ -101,7 +102,7 @@ TEST(ModernBertTrain, LossFallsAndTheSavedModelReloadsAndEvaluates) {
   for (Category k : {Category::Weights, Category::Gradients, Category::Activations, Category::Temporary})
     EXPECT_EQ(r.peak_bytes[k], plan.bytes[k]) << category_name(k);
   EXPECT_EQ(r.peak_bytes[Category::Other],
-            plan.bytes[Category::Other] + evaluation_buffer_bytes(8, 32, false));  // evaluation's padded batch
+            plan.bytes[Category::Other] + evaluation_buffer_bytes(8, 32, true));  // evaluation's batch and packing
 
   const std::string saved = o.output_dir + "/model.safetensors";
   EXPECT_EQ(tensor_names(saved), tensor_names(kFixture + "/model.safetensors"));
@@ -171,6 +172,26 @@ TEST(ModernBertTrain, PlannedEqualsAllocated) {
         if (placement == GradientPlacement::InActivations) {
           EXPECT_GT(p.bytes.shared, 0) << what;
         }
+      }
+  // Training on real tokens (Note [modernbert packed tokens]): the packed token ids are planned too.
+  for (const char* name : {"modernbert-bias-mean", "modernbert-mlm"})
+    for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective})
+      for (GradientPlacement placement : {GradientPlacement::Own, GradientPlacement::InActivations}) {
+        const BertConfig c = BertConfig::from_json_file(golden::modernbert_dir(name) + "/config.json");
+        ModelShape shape{6, 17, DType::BF16, policy, true, placement};
+        shape.packed_tokens = true;
+        const MemoryPlan p = plan_memory(PlanInput{c, shape, OptimizerKind::AdamW, Device::CPU});
+        ModelShape padded = shape;
+        padded.packed_tokens = false;
+        const MemoryPlan q = plan_memory(PlanInput{c, padded, OptimizerKind::AdamW, Device::CPU});
+        EXPECT_GE(p.bytes[Category::Activations], q.bytes[Category::Activations] + 4 * 6 * 17) << name;
+        auto be = make_cpu_backend(1);
+        const CategoryBytes before = be->allocator().stats().current();
+        auto m = make_model(*be, c, shape);
+        const CategoryBytes after = be->allocator().stats().current();
+        for (Category k : {Category::Weights, Category::Gradients, Category::Activations, Category::Temporary})
+          EXPECT_EQ(after[k] - before[k], p.bytes[k]) << name << " packed " << category_name(k);
+        EXPECT_EQ(after.shared - before.shared, p.bytes.shared) << name;
       }
 }
 
@@ -294,11 +315,27 @@ TEST(ModernBertTrain, TextTrainingThenAnatomyEval) {
       "train --device cpu --threads 1 --model-name-or-path " + dir + " --train-file " + dir +
       "/data.jsonl --max-seq-length 32 --max-steps 3 --save-strategy final --disable-tqdm --output-dir " + dir + "/out");
   ASSERT_EQ(t.status, 0) << t.output;
-  const testing_cli::CmdResult e = testing_cli::run_anatomy("eval --device cpu --threads 1 --model-name-or-path " + dir +
-                                                            "/out --validation-file " + dir + "/data.jsonl");
+  // In file order (no length sorting) most batches hold enough padding to run on their real
+  // tokens (Note [modernbert packed tokens]); the loss is the padded evaluation's.
+  const std::string eval = "eval --device cpu --threads 1 --no-sort-by-length --model-name-or-path " + dir +
+                           "/out --validation-file " + dir + "/data.jsonl";
+  const testing_cli::CmdResult e = testing_cli::run_anatomy(eval);
+  const testing_cli::CmdResult padded = testing_cli::run_anatomy(eval + " --no-skip-padding");
   ASSERT_EQ(e.status, 0) << e.output;
+  ASSERT_EQ(padded.status, 0) << padded.output;
+  auto loss_line = [](const std::string& out) {
+    std::smatch r;
+    return std::regex_search(out, r, std::regex("eval_loss: [0-9.]+")) ? r[0].str() : std::string("no eval_loss");
+  };
+  EXPECT_EQ(loss_line(e.output), loss_line(padded.output));
   EXPECT_NE(e.output.find("eval_accuracy:"), std::string::npos) << e.output;
-  EXPECT_NE(e.output.find(" 0 of 25 batches packed"), std::string::npos) << e.output;  // it computes padded
+  const std::smatch m = [&] {
+    std::smatch r;
+    std::regex_search(e.output, r, std::regex(" ([0-9]+) of 25 batches packed"));
+    return r;
+  }();
+  ASSERT_FALSE(m.empty()) << e.output;
+  EXPECT_GT(std::stoi(m[1].str()), 12) << e.output;
 }
 
 // Regression (MSE) and multi-label (BCE with logits) through ModernBERT's head, the losses

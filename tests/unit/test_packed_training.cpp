@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "model/bert.h"
 #include "model/heads.h"
+#include "model/modernbert.h"
 #include "ops/backend.h"
 #include "ops/observer.h"
 
@@ -166,4 +167,107 @@ TEST(PackedTraining, RefusesLayerCheckpointing) {
   shape.checkpointing = CheckpointPolicy::Layer;
   shape.packed_tokens = true;
   EXPECT_THROW(BertForSequenceClassification(*be, config(false), shape), Error);
+  EXPECT_THROW(ModernBertForSequenceClassification(*be, modernbert_config("ModernBertForSequenceClassification"), shape),
+               Error);
+}
+
+// ---- ModernBERT (Note [modernbert packed tokens] in model/modernbert.cpp) --------------------------
+
+namespace {
+
+// Sums the FLOPs the encoder's ops report by name (attention, rotary, the GEMMs): on the packed
+// rows they count the real tokens alone.
+struct Flops : OpObserver {
+  double attention = 0, rotary = 0, all = 0;
+  void before(Backend&, const OpEvent& e) override {
+    const std::string n = e.name;
+    attention += n == "attention" ? e.cost.flops : 0;
+    rotary += n == "rotary" ? e.cost.flops : 0;
+    all += e.cost.flops;
+  }
+  void after(Backend&, const OpEvent&) override {}
+};
+
+struct Head {
+  const char* architecture;
+  const char* pooling;
+};
+constexpr Head kModernHeads[] = {{"ModernBertForSequenceClassification", "mean"},
+                                 {"ModernBertForSequenceClassification", "cls"},
+                                 {"ModernBertForTokenClassification", "mean"},
+                                 {"ModernBertForMaskedLM", "mean"}};
+
+}  // namespace
+
+// Each head (mean and first-token pooling, per token, masked LM), each checkpointing policy that
+// packs and each gradient placement, attention on the packed rows with and without padding rows
+// after the tokens: the losses and every gradient are the padded step's. Without the offsets
+// (Packing{false}) the model computes padded: the same again.
+TEST(PackedTraining, ModernBertEqualsThePaddedStep) {
+  auto cpu = make_cpu_backend(1);
+  const HostBatch base = batch_of({5, 12, 3, 16, 9}, 16, 3);
+  for (const Head& head : kModernHeads) {
+    const BertConfig cfg = modernbert_config(head.architecture, head.pooling);
+    const HostBatch hb = is_masked_lm(cfg) ? batch_of({5, 12, 3, 16, 9}, 16, 3, cfg.vocab_size) : base;
+    for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective}) {
+      for (GradientPlacement place : {GradientPlacement::Own, GradientPlacement::InActivations}) {
+        const Step padded = step(*cpu, cfg, hb, false, policy, place);
+        ASSERT_GT(largest(padded.grads), 1e-4);
+        for (Packing how : {Packing{true, 1}, Packing{true, 16}, Packing{false, 1}}) {
+          SCOPED_TRACE(std::string(head.architecture) + " / " + head.pooling + " / " + checkpoint_policy_name(policy) +
+                       " / " + gradient_placement_name(place) + (how.attention ? " / packed" : " / no offsets") +
+                       " / multiple " + std::to_string(how.multiple));
+          const Step packed = step(*cpu, cfg, hb, true, policy, place, DType::F32, how);
+          EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 1e-6));
+          EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest(padded.grads)));
+        }
+      }
+    }
+  }
+}
+
+// The packed step does the work of the real tokens: attention's and rotary's FLOPs shrink with
+// the tokens (5 + 12 + 3 + 16 + 9 = 45 token rows of B*T = 5 x 16).
+TEST(PackedTraining, ModernBertComputesOnTheRealTokens) {
+  auto cpu = make_cpu_backend(1);
+  const BertConfig cfg = modernbert_config("ModernBertForSequenceClassification");
+  const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
+  Flops packed, padded;
+  cpu->set_observer(&packed);
+  step(*cpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own);
+  cpu->set_observer(&padded);
+  step(*cpu, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own);
+  cpu->set_observer(nullptr);
+  ASSERT_GT(padded.rotary, 0);
+  EXPECT_NEAR(packed.rotary / padded.rotary, 45.0 / 80.0, 1e-9);
+  EXPECT_LT(packed.attention, 0.75 * padded.attention);
+  EXPECT_LT(packed.all, 0.75 * padded.all);
+}
+
+// Evaluation packs too: the inference forward's logits are the padded forward's (every sample's,
+// or every token's under the per-token heads).
+TEST(PackedTraining, ModernBertEvaluatesLikeThePaddedForward) {
+  auto cpu = make_cpu_backend(1);
+  const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
+  for (const Head& head : kModernHeads) {
+    const BertConfig cfg = modernbert_config(head.architecture, head.pooling);
+    const std::vector<float> padded = eval_logits(*cpu, cfg, hb, false);
+    const bool tokens = has_token_labels(cfg);
+    const int64_t rows = tokens ? hb.batch * hb.seq : hb.batch, C = static_cast<int64_t>(padded.size()) / rows;
+    for (Packing how : {Packing{true, 1}, Packing{true, 16}}) {
+      SCOPED_TRACE(std::string(head.architecture) + " / " + head.pooling + " / multiple " + std::to_string(how.multiple));
+      const std::vector<float> packed = eval_logits(*cpu, cfg, hb, true, how);
+      ASSERT_EQ(packed.size(), padded.size());
+      double worst = 0, largest_logit = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (tokens && hb.attention_mask[static_cast<size_t>(r)] == 0) continue;
+        for (int64_t c = 0; c < C; ++c) {
+          worst = std::max(worst, std::fabs(static_cast<double>(packed[r * C + c]) - padded[r * C + c]));
+          largest_logit = std::max(largest_logit, std::fabs(static_cast<double>(padded[r * C + c])));
+        }
+      }
+      ASSERT_GT(largest_logit, 1e-3);
+      EXPECT_LT(worst, 1e-5 * std::max(1.0, largest_logit));
+    }
+  }
 }

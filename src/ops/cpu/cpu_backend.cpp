@@ -101,11 +101,13 @@ class CpuBackend final : public Backend {
     ref::attention_packed_backward(f32(dqkv), f32(dctx), f32(qkv), f32(lse), i32(offsets), qkv.dim(0), lse.dim(0),
                                    lse.dim(2), qkv.dim(1) / 3, heads, dropout, window);
   }
-  void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) override {
-    ref::rotary(f32(y), f32(x), x.dim(0), x.dim(1), x.dim(2) / 3, heads, theta, false);
+  void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows) override {
+    ref::rotary(f32(y), f32(x), x.dim(0), x.dim(1), x.dim(2) / 3, heads, theta, false, i32(rows),
+                rows.defined() ? rows.dim(0) : 0);
   }
-  void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) override {
-    ref::rotary(f32(dx), f32(dy), dy.dim(0), dy.dim(1), dy.dim(2) / 3, heads, theta, true);
+  void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta, const Tensor& rows) override {
+    ref::rotary(f32(dx), f32(dy), dy.dim(0), dy.dim(1), dy.dim(2) / 3, heads, theta, true, i32(rows),
+                rows.defined() ? rows.dim(0) : 0);
   }
 
   // ---- statistical normalizations ----------------------------------------------------

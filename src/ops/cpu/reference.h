@@ -67,8 +67,11 @@ void check_packed_offsets(const int32_t* offsets, int64_t rows, int64_t batch, i
 // On q and k of qkv [B, T, 3H] (head dim D even; v copied): for token t, head h, d < D/2 and
 // a = t * theta^(-2d/D), (x[d], x[d + D/2]) -> (x[d] cos a - x[d+D/2] sin a,
 // x[d+D/2] cos a + x[d] sin a). inverse: the transposed rotation (backward). y may be x.
+// With rows (n of them): the first n rows of [batch*seq, 3*hidden] only, row r at position
+// rows[r] mod seq (Backend::rotary_forward's packed layout).
 template <class T>
-void rotary(T* y, const T* x, int64_t batch, int64_t seq, int64_t hidden, int heads, double theta, bool inverse);
+void rotary(T* y, const T* x, int64_t batch, int64_t seq, int64_t hidden, int heads, double theta, bool inverse,
+            const int32_t* rows = nullptr, int64_t n = 0);
 // x [rows, 2i] = [input | gate]: y [rows, i] = gelu(input) * gate;
 // dx = [dy * gate * gelu'(input) | dy * gelu(input)].
 template <class T>

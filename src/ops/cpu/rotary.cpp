@@ -8,8 +8,9 @@
 namespace anatomy::ref {
 
 template <class T>
-void rotary(T* y, const T* x, int64_t batch, int64_t seq, int64_t hidden, int heads, double theta, bool inverse) {
-  const int64_t d = hidden / heads, half = d / 2, rows = batch * seq;
+void rotary(T* y, const T* x, int64_t batch, int64_t seq, int64_t hidden, int heads, double theta, bool inverse,
+            const int32_t* packed, int64_t n) {
+  const int64_t d = hidden / heads, half = d / 2, rows = packed ? n : batch * seq;
   std::vector<double> freq(static_cast<size_t>(half));
   for (int64_t j = 0; j < half; ++j)
     freq[j] = std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(d));
@@ -17,7 +18,7 @@ void rotary(T* y, const T* x, int64_t batch, int64_t seq, int64_t hidden, int he
   const double sign = inverse ? -1.0 : 1.0;
 #pragma omp parallel for if (rows * hidden > kParallelWork)
   for (int64_t r = 0; r < rows; ++r) {
-    const double t = static_cast<double>(r % seq);
+    const double t = static_cast<double>((packed ? packed[r] : r) % seq);
     const T* xr = x + r * 3 * hidden;
     T* yr = y + r * 3 * hidden;
     for (int64_t part = 0; part < 2; ++part)  // q, then k
@@ -58,7 +59,7 @@ void geglu_backward(T* dx, const T* dy, const T* x, int64_t rows, int64_t i) {
 }
 
 #define ANATOMY_INSTANTIATE(T)                                                                  \
-  template void rotary<T>(T*, const T*, int64_t, int64_t, int64_t, int, double, bool);       \
+  template void rotary<T>(T*, const T*, int64_t, int64_t, int64_t, int, double, bool, const int32_t*, int64_t); \
   template void geglu_forward<T>(T*, const T*, int64_t, int64_t);                            \
   template void geglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);
 ANATOMY_INSTANTIATE(float)

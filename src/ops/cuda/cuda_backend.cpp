@@ -364,11 +364,11 @@ void CudaBackend::bce_with_logits_impl(const Tensor& losses, const Tensor& dlogi
 }
 
 // ---- element-wise --------------------------------------------------------------------------------
-void CudaBackend::rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) {
-  cuda::rotary(y, x, heads, theta, false, m_stream);
+void CudaBackend::rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows) {
+  cuda::rotary(y, x, heads, theta, false, rows, m_stream);
 }
-void CudaBackend::rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) {
-  cuda::rotary(dx, dy, heads, theta, true, m_stream);
+void CudaBackend::rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta, const Tensor& rows) {
+  cuda::rotary(dx, dy, heads, theta, true, rows, m_stream);
 }
 void CudaBackend::geglu_forward_impl(const Tensor& y, const Tensor& x) { cuda::geglu_forward(y, x, m_stream); }
 void CudaBackend::geglu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) {

@@ -96,8 +96,8 @@ class CudaBackend final : public Backend {
   void attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                       const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& dropout,
                                       int window) override;
-  void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta) override;
-  void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta) override;
+  void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows) override;
+  void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta, const Tensor& rows) override;
 
   // ---- statistical normalizations --------------------------------------------------------------
   void layernorm_forward_impl(const Tensor& y, const Tensor& sum, const Tensor& mean, const Tensor& rstd,

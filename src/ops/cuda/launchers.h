@@ -20,7 +20,9 @@ struct ReduceScratch {
 };
 
 // ---- rotary.cu (ModernBERT) --------------------------------------------------------------------
-void rotary(const Tensor& y, const Tensor& x, int heads, float theta, bool inverse, cudaStream_t s);
+// rows (optional, I32 [N]): the packed layout of Backend::rotary_forward.
+void rotary(const Tensor& y, const Tensor& x, int heads, float theta, bool inverse, const Tensor& rows,
+            cudaStream_t s);
 void geglu_forward(const Tensor& y, const Tensor& x, cudaStream_t s);
 void geglu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, cudaStream_t s);
 

@@ -14,8 +14,8 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 // One thread per (row, q|k, head, pair d < D/2); v columns are copied by the (row, c) threads
 // of a second grid-stride range. In place is safe: each pair is read and written by one thread.
 template <class T>
-__global__ void rotary_kernel(T* y, const T* x, int64_t rows, int64_t seq, int64_t hidden, int d, float log_theta,
-                              float sign, bool copy_v) {
+__global__ void rotary_kernel(T* y, const T* x, const int32_t* packed, int64_t rows, int64_t seq, int64_t hidden,
+                              int d, float log_theta, float sign, bool copy_v) {
   const int half = d / 2;
   const int64_t pairs = rows * hidden;  // rows * 2 parts * hidden/2 pairs
   const int64_t copies = copy_v ? rows * hidden : 0;
@@ -31,7 +31,7 @@ __global__ void rotary_kernel(T* y, const T* x, int64_t rows, int64_t seq, int64
     const int64_t h = in_part / half, j = in_part % half;
     const float freq = expf(-2.0f * static_cast<float>(j) / static_cast<float>(d) * log_theta);
     float sn, cs;
-    sincosf(static_cast<float>(r % seq) * freq, &sn, &cs);
+    sincosf(static_cast<float>((packed ? packed[r] : r) % seq) * freq, &sn, &cs);
     sn *= sign;
     const int64_t base = r * 3 * hidden + part * hidden + h * d;
     const float x1 = to_f32(x[base + j]), x2 = to_f32(x[base + j + half]);
@@ -65,14 +65,17 @@ __global__ void geglu_backward_kernel(T* dx, const T* dy, const T* x, int64_t ro
 
 }  // namespace
 
-void rotary(const Tensor& y, const Tensor& x, int heads, float theta, bool inverse, cudaStream_t s) {
-  const int64_t rows = x.dim(0) * x.dim(1), seq = x.dim(1), hidden = x.dim(2) / 3;
+void rotary(const Tensor& y, const Tensor& x, int heads, float theta, bool inverse, const Tensor& packed,
+            cudaStream_t s) {
+  const int64_t rows = packed.defined() ? packed.dim(0) : x.dim(0) * x.dim(1), seq = x.dim(1), hidden = x.dim(2) / 3;
   const bool copy_v = y.data != x.data;
   const size_t n = static_cast<size_t>(rows * hidden * (copy_v ? 2 : 1));
   if (n == 0) return;
   dispatch_float(x.dtype, "rotary", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    rotary_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(y.ptr<T>(), x.ptr<const T>(), rows, seq, hidden,
+    rotary_kernel<T><<<grid_for(n, kThreads), kThreads, 0, s>>>(y.ptr<T>(), x.ptr<const T>(),
+                                                               packed.defined() ? packed.ptr<const int32_t>() : nullptr,
+                                                               rows, seq, hidden,
                                                                static_cast<int>(hidden / heads), logf(theta),
                                                                inverse ? -1.0f : 1.0f, copy_v);
   });
