@@ -10,6 +10,9 @@ topic) and saved with VOCAB as a model directory, so every run starts from the s
 
   bert-base  12 layers, hidden 768, 12 heads of 64, FFN 3072
   minilm     6 layers, hidden 384, 12 heads of 32, FFN 1536 (the MiniLM shape)
+  modernbert ModernBertForSequenceClassification in modernbert-base's shape (22 layers, hidden 768,
+             12 heads of 64, gated FFN 1152, a global layer every 3rd, local window 128, mean pooling)
+             with the same WordPiece vocabulary
 
 Runs (bf16, batch 32, max length 256, AdamW lr 1e-4, linear schedule, --epochs epochs, seed 0):
   trainer random   Trainer, random order, dynamic padding (DataCollatorWithPadding)
@@ -35,6 +38,8 @@ SHAPES = {
     "bert-base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
     "minilm": dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536),
     "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),  # smoke test
+    "modernbert": dict(num_hidden_layers=22, hidden_size=768, num_attention_heads=12, intermediate_size=1152),
+    "modernbert-tiny": dict(num_hidden_layers=3, hidden_size=128, num_attention_heads=2, intermediate_size=192),
 }
 BATCH, MAX_LEN, LR = 32, 256, 1e-4
 
@@ -46,17 +51,29 @@ def read_jsonl(path):
 
 def make_model(name, labels, vocab, root):
     import torch
-    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+    import transformers
+    from transformers import BertTokenizerFast
     out = os.path.join(root, name)
     if os.path.exists(os.path.join(out, "model.safetensors")):
         return out
-    cfg = BertConfig(vocab_size=sum(1 for _ in open(vocab, encoding="utf-8")), max_position_embeddings=512,
-                     num_labels=len(labels), id2label=dict(enumerate(labels)),
-                     label2id={l: i for i, l in enumerate(labels)}, **SHAPES[name])
+    words = [w.rstrip("\n") for w in open(vocab, encoding="utf-8")]
+    common = dict(vocab_size=len(words), max_position_embeddings=512, num_labels=len(labels),
+                  id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)}, **SHAPES[name])
+    tok = BertTokenizerFast(vocab_file=vocab, do_lower_case=True)
+    if name.startswith("modernbert"):
+        ids = {w: words.index(w) for w in ("[PAD]", "[CLS]", "[SEP]")}
+        cfg = transformers.ModernBertConfig(pad_token_id=ids["[PAD]"], bos_token_id=ids["[CLS]"], cls_token_id=ids["[CLS]"],
+                                            eos_token_id=ids["[SEP]"], sep_token_id=ids["[SEP]"],
+                                            global_attn_every_n_layers=3, local_attention=128,
+                                            classifier_pooling="mean", **common)
+        model = transformers.ModernBertForSequenceClassification
+        tok.model_input_names = ["input_ids", "attention_mask"]  # no token types
+    else:
+        cfg, model = transformers.BertConfig(**common), transformers.BertForSequenceClassification
     torch.manual_seed(0)
-    BertForSequenceClassification(cfg).save_pretrained(out, safe_serialization=True)
+    model(cfg).save_pretrained(out, safe_serialization=True)
     shutil.copy(vocab, os.path.join(out, "vocab.txt"))
-    BertTokenizerFast(vocab_file=vocab, do_lower_case=True).save_pretrained(out)
+    tok.save_pretrained(out)
     return out
 
 
@@ -73,10 +90,10 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda):
     tok = AutoTokenizer.from_pretrained(model_dir)
     lid = {l: i for i, l in enumerate(labels)}
 
-    def encode(rows):
+    def encode(rows):  # the tokenizer's model inputs (ModernBERT's: no token types), and the label
         enc = tok([r["text"] for r in rows], truncation=True, max_length=MAX_LEN)
-        return [{"input_ids": ids, "token_type_ids": tt, "attention_mask": am, "labels": lid[r["label"]]}
-                for ids, tt, am, r in zip(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], rows)]
+        keys = [k for k in enc.keys() if k in tok.model_input_names]
+        return [dict({k: enc[k][i] for k in keys}, labels=lid[r["label"]]) for i, r in enumerate(rows)]
 
     train, valid = encode(data["train"]), encode(data["validation"])
     model = AutoModelForSequenceClassification.from_pretrained(model_dir)

@@ -31,6 +31,8 @@
 #   probe     attention vs PyTorch SDPA, one step eager vs CUDA graph, NVML growth by op
 #   realtext  real text of varied length (.carry/fortunes from bench/fortunes_dataset.py): bert-base and the
 #             MiniLM shape, anatomy padded / grouped vs the Trainer random / grouped (~6 min)
+#   mbtext    ModernBERT (modernbert-base's shape, WordPiece vocabulary) on the same real text, 2 epochs: anatomy on
+#             real tokens / padded / grouped vs the Trainer random / grouped (~6 min; needs .carry/fortunes)
 #   tokenprofile bert-base on real text (.carry/fortunes): the time anatomy (--profile-steps) of training
 #             on real tokens vs length-grouped padded batches, one epoch each (issue 16's real-token gap)
 #   packed    training on real tokens: the packed-attention and packed-training GPU tests (twins at the
@@ -264,6 +266,12 @@ step_realtext() {
     --out "$OUT/smoke" --models tiny --epochs 1 --limit 256 2>&1 | tail -8
   timeout 520 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
     --out "$OUT" 2>&1 | tail -20
+}
+
+step_mbtext() {
+  [ -f .carry/fortunes/train.jsonl ] || { echo "mbtext: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
+  timeout 560 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
+    --out "$OUT/modernbert" --models modernbert --epochs 2 2>&1 | tail -12
 }
 
 step_tokenprofile() {

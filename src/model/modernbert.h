@@ -100,11 +100,14 @@ class ModernBertForSequenceClassification : public EncoderModel {
   void norm_forward(const Params& p, const Tensor& y, const Tensor& rstd, const Tensor& branch, const Tensor& residual,
                     const Tensor& sum);
   void norm_backward(const Params& p, const Tensor& dsum, const Tensor& dy, const Tensor& y, const Tensor& rstd);
+  // y = x W^T (+ b), with the compute copy of the weights, or with the fp32 master weights when x
+  // is F32 (the pooled head: Note [modernbert fp32 pooled head]).
   void linear(const Tensor& y, const Tensor& x, const Params& p);
   // dW += dy^T x (unless !weight_gradient: the caller adds it later), db += colsum(dy) (when
-  // there is a bias), dx = dy W (when dx is defined).
+  // there is a bias), dx = dy W (when dx is defined); W as linear's.
   void linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const Params& p,
                        bool weight_gradient = true);
+  Tensor weights_for(const ParamInfo* p, const Tensor& x) const { return x.dtype == DType::F32 ? M(p) : W(p); }
   Tensor W(const ParamInfo* p) const { return m_layout.view(m_compute_view, *p); }
   Tensor G(const ParamInfo* p) const { return m_layout.view(m_grads_view, *p); }
   // The F32 master weights: the norms read their parameters here in every precision (Note
