@@ -110,24 +110,31 @@ inline double abs_err(const float* a, const float* b, size_t n) {
   return std::sqrt(s);
 }
 
+// labels holds integer labels (I64 in the file); float_labels the F32 [B, num_labels] ones of
+// regression and multi-label (Note [problem types] in model/heads.h), the other one empty.
 struct Fixture {
   BertConfig cfg;
   int64_t B = 0, T = 0;
   std::vector<int32_t> ids, types, mask, labels;
+  std::vector<float> float_labels;
   SafetensorsReader ref;
   explicit Fixture(const std::string& d)
       : cfg(BertConfig::from_json_file(d + "/config.json")), ref(SafetensorsReader::open(d + "/golden.safetensors")) {
     ids = read_i32(ref, "input_ids");
     types = read_i32(ref, "token_type_ids");
     mask = read_i32(ref, "attention_mask");
-    labels = read_i32(ref, "labels");
+    if (ref.info("labels").dtype == DType::F32)
+      float_labels = read_f32(ref, "labels");
+    else
+      labels = read_i32(ref, "labels");
     B = ref.info("input_ids").shape[0];
     T = ref.info("input_ids").shape[1];
   }
 };
 
-// The device batch, uploaded into buffers the caller keeps alive: labels I32 [B], or per token
-// I32 [B, T] (masked-LM, token classification) with the count of labelled tokens.
+// The device batch, uploaded into buffers the caller keeps alive: labels I32 [B], F32 [B, C]
+// (regression, multi-label), or per token I32 [B, T] (masked-LM, token classification) with the
+// count of labelled tokens.
 struct Batch {
   Buffer ids, types, mask, labels;
   DeviceBatch db;
@@ -135,11 +142,19 @@ struct Batch {
       : ids(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
         types(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
         mask(be.allocator(), DType::I32, {f.B, f.T}, Category::Other),
-        labels(be.allocator(), DType::I32, has_token_labels(f.cfg) ? Shape{f.B, f.T} : Shape{f.B}, Category::Other) {
+        labels(be.allocator(), label_dtype(f.cfg), label_shape(f.cfg, f.B, f.T), Category::Other) {
     be.upload(ids, f.ids.data());
     be.upload(types, f.types.data());
     be.upload(mask, f.mask.data());
-    be.upload(labels, f.labels.data());
+    if (label_dtype(f.cfg) == DType::F32) {
+      ANATOMY_CHECK(f.float_labels.size() == labels.tensor().numel(), "fixture: ", f.float_labels.size(),
+                    " float labels for a batch of ", labels.tensor().numel());
+      be.upload(labels, f.float_labels.data());
+    } else {
+      ANATOMY_CHECK(f.labels.size() == labels.tensor().numel(), "fixture: ", f.labels.size(),
+                    " labels for a batch of ", labels.tensor().numel());
+      be.upload(labels, f.labels.data());
+    }
     db = {ids, types, mask, labels};
     if (has_token_labels(f.cfg))
       for (int32_t l : f.labels) db.masked_tokens += l != -100;
