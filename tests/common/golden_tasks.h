@@ -16,8 +16,11 @@ inline std::string task_dir(const std::string& name) {
 }
 
 inline const std::vector<const char*>& task_cases() {
-  static const std::vector<const char*> cases{"bert-regression", "roberta-regression2", "roberta-multilabel",
-                                              "distilbert-multilabel"};
+  static const std::vector<const char*> cases{"bert-regression",        "roberta-regression2",
+                                              "roberta-multilabel",     "distilbert-multilabel",
+                                              "bert-multilabel",        "xlm-roberta-regression",
+                                              "xlm-roberta-multilabel", "electra-regression",
+                                              "electra-multilabel",     "distilbert-regression3"};
   return cases;
 }
 

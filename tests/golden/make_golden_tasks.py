@@ -2,8 +2,11 @@
 """Write the golden fixtures of the sequence-classification problem types on float labels
 (transformers' regression and multi-label heads) in the form of make_golden_family.py's.
 
-    /work/.venv-hf/bin/python tests/golden/make_golden_tasks.py [OUT_DIR]
-                                                    (default: tests/data/golden_tasks)
+    /work/.venv-hf/bin/python tests/golden/make_golden_tasks.py [OUT_DIR [CASE ...]]
+                                                    (default: tests/data/golden_tasks, every case)
+
+CASE names a directory below: only those are written, so adding a case leaves the others' files
+as they were.
 
 Cases (OUT_DIR/CASE/, the files make_golden_family.py writes; "labels" is F32 [B, num_labels]):
   bert-regression        BertForSequenceClassification, num_labels 1, problem_type unset (so
@@ -13,6 +16,14 @@ Cases (OUT_DIR/CASE/, the files make_golden_family.py writes; "labels" is F32 [B
   roberta-multilabel     RobertaForSequenceClassification, num_labels 5, problem_type
                          multi_label_classification: BCEWithLogitsLoss over a multi-hot B x 5.
   distilbert-multilabel  DistilBertForSequenceClassification, num_labels 3, multi-label.
+  bert-multilabel        BertForSequenceClassification, num_labels 4, multi-label.
+  xlm-roberta-regression XLMRobertaForSequenceClassification, num_labels 1, problem_type
+                         regression written out (not inferred): MSE over B.
+  xlm-roberta-multilabel XLMRobertaForSequenceClassification, num_labels 3, multi-label.
+  electra-regression     ElectraForSequenceClassification, num_labels 1, problem_type unset.
+  electra-multilabel     ElectraForSequenceClassification, num_labels 4, multi-label.
+  distilbert-regression3 DistilBertForSequenceClassification, num_labels 3, problem_type
+                         regression: MSE over B x 3.
 Sizes, padding, perturbation and the AdamW recipe are make_golden_family.py's.
 """
 import json
@@ -32,6 +43,12 @@ CASES = {
     "roberta-regression2": ("roberta", 2, "regression"),
     "roberta-multilabel": ("roberta", 5, "multi_label_classification"),
     "distilbert-multilabel": ("distilbert", 3, "multi_label_classification"),
+    "bert-multilabel": ("bert", 4, "multi_label_classification"),
+    "xlm-roberta-regression": ("xlm-roberta", 1, "regression"),
+    "xlm-roberta-multilabel": ("xlm-roberta", 3, "multi_label_classification"),
+    "electra-regression": ("electra", 1, None),
+    "electra-multilabel": ("electra", 4, "multi_label_classification"),
+    "distilbert-regression3": ("distilbert", 3, "regression"),
 }
 
 
@@ -120,7 +137,12 @@ def main():
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float32)
+    only = sys.argv[2:]
+    unknown = [c for c in only if c not in CASES]
+    assert not unknown, ("unknown cases", unknown)
     for name in CASES:
+        if only and name not in only:
+            continue
         print(json.dumps(write_case(name, os.path.join(os.path.normpath(out), name))))
 
 

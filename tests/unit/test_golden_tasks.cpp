@@ -1,7 +1,8 @@
 // The sequence-classification problem types on float labels (Note [problem types] in
 // model/heads.h) against transformers on the same weights and batch (tests/data/golden_tasks/CASE,
-// written by tests/golden/make_golden_tasks.py): regression with one and two outputs, multi-label
-// on RoBERTa and DistilBERT. Logits, loss, every gradient, 5 AdamW steps.
+// written by tests/golden/make_golden_tasks.py; the cases in task_cases()): regression with one,
+// two and three outputs and multi-label on BERT, RoBERTa, XLM-R, DistilBERT and ELECTRA (ModernBERT's
+// are in test_golden_modernbert.cpp). Logits, loss, every gradient, 5 AdamW steps.
 #include <gtest/gtest.h>
 
 #include "../common/golden_tasks.h"
