@@ -15,6 +15,15 @@ inline std::string modernbert_dir(const std::string& name) {
   return std::string(env ? env : ANATOMY_SOURCE_DIR) + "/tests/data/golden_family/" + name;
 }
 
+// The fixtures, shared by the CPU and GPU tests: sequence classification (no biases with cls
+// pooling; every bias with mean pooling), token classification, masked LM, regression (num_labels
+// 1) and multi-label (num_labels 4).
+inline const std::vector<const char*>& modernbert_cases() {
+  static const std::vector<const char*> cases{"modernbert",     "modernbert-bias-mean",  "modernbert-ner",
+                                              "modernbert-mlm", "modernbert-regression", "modernbert-multilabel"};
+  return cases;
+}
+
 inline double modernbert_mean_loss(Backend& be, const ModernBertForSequenceClassification& m, int64_t B) {
   double s = 0;
   for (float v : to_f32(be, m.losses())) s += v / static_cast<double>(B);

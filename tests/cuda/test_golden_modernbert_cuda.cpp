@@ -37,5 +37,5 @@ TEST_P(GoldenModernBertCuda, FiveAdamWStepsTrack) {
   check_modernbert_adamw(*be, GetParam(), 1e-4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBertCuda, testing::Values("modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBertCuda, testing::ValuesIn(modernbert_cases()),
                          modernbert_test_name);

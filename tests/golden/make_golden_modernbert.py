@@ -25,6 +25,12 @@ Layer 0 has no attn_norm (transformers' Identity). Two variants:
                          I64 [B, T], a random token id on about a third of the tokens between the
                          special ones, -100 elsewhere; logits F32 [B, T, V]; the embeddings'
                          gradient includes the tied decoder's.
+  modernbert-regression  ModernBertForSequenceClassification, no biases, classifier_pooling "cls",
+                         num_labels 1, problem_type unset (so transformers infers regression):
+                         labels F32 [B, 1] as make_golden_tasks.py writes them; MSE over B.
+  modernbert-multilabel  ModernBertForSequenceClassification, every bias on, classifier_pooling
+                         "mean", num_labels 4, problem_type multi_label_classification: labels
+                         F32 [B, 4] multi-hot (make_golden_tasks.py's); BCEWithLogitsLoss.
 
 Dropout is 0; LayerNorm gammas and every bias are perturbed away from 1 and 0. AdamW as in
 make_golden_family.py, except that the no-decay set is the HF Trainer's for this model: every
@@ -42,12 +48,13 @@ from transformers import (ModernBertConfig, ModernBertForMaskedLM, ModernBertFor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_golden_family as fam  # noqa: E402  (its AdamW run, its tensor conversion)
+import make_golden_tasks as tasks  # noqa: E402  (its float labels)
 
 B, T, V, C = 3, 11, 96, 3
 PAD, CLS, SEP = 0, 1, 2
 
 
-def make_model(biases, pooling, cls=ModernBertForSequenceClassification, num_labels=C):
+def make_model(biases, pooling, cls=ModernBertForSequenceClassification, num_labels=C, problem_type=None):
     cfg = ModernBertConfig(vocab_size=V, hidden_size=24, intermediate_size=21, num_hidden_layers=3,
                            num_attention_heads=3, global_attn_every_n_layers=2, local_attention=4,
                            global_rope_theta=160000.0, local_rope_theta=10000.0, max_position_embeddings=64,
@@ -56,6 +63,7 @@ def make_model(biases, pooling, cls=ModernBertForSequenceClassification, num_lab
                            mlp_bias=biases, norm_bias=biases, classifier_bias=biases, classifier_pooling=pooling,
                            embedding_dropout=0.0, attention_dropout=0.0, mlp_dropout=0.0, classifier_dropout=0.0,
                            num_labels=num_labels)
+    cfg.problem_type = problem_type
     cfg._attn_implementation = "eager"
     return cfg, cls(cfg).to(torch.float32)
 
@@ -111,10 +119,11 @@ def no_decay(name):
     return "bias" in name or "norm" in name
 
 
-def write(name, biases, pooling, out_dir, cls=ModernBertForSequenceClassification, num_labels=C):
+def write(name, biases, pooling, out_dir, cls=ModernBertForSequenceClassification, num_labels=C, problem_type=None,
+          float_labels=False):
     os.makedirs(out_dir, exist_ok=True)
     torch.manual_seed(0)
-    cfg, model = make_model(biases, pooling, cls, num_labels)
+    cfg, model = make_model(biases, pooling, cls, num_labels, problem_type)
     assert isinstance(model.model.layers[0].attn_norm, torch.nn.Identity)
     assert model.config.layer_types == ["full_attention", "sliding_attention", "full_attention"]
     perturb(model, torch.Generator().manual_seed(1234))
@@ -124,6 +133,10 @@ def write(name, biases, pooling, out_dir, cls=ModernBertForSequenceClassificatio
     if cls is ModernBertForMaskedLM:
         assert model.decoder.weight is model.model.embeddings.tok_embeddings.weight
         batch["labels"] = masked_labels(batch["input_ids"], batch["attention_mask"], torch.Generator().manual_seed(7))
+    labels = None
+    if float_labels:  # F32 [B, num_labels]; transformers squeezes both sides for num_labels 1
+        labels = tasks.labels_for(problem_type, num_labels, torch.Generator().manual_seed(7))
+        batch["labels"] = labels.squeeze(-1) if num_labels == 1 else labels
     model.save_pretrained(out_dir)
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     _, info = type(model).from_pretrained(out_dir, output_loading_info=True, attn_implementation="eager")
@@ -134,7 +147,11 @@ def write(name, biases, pooling, out_dir, cls=ModernBertForSequenceClassificatio
     model.zero_grad(set_to_none=True)
     out = model(**batch)
     out.loss.backward()
+    if float_labels:
+        assert model.config.problem_type == (problem_type or "regression"), model.config.problem_type
     tensors = {k: v.clone().contiguous() for k, v in batch.items()}
+    if float_labels:
+        tensors["labels"] = fam.f32(labels)
     tensors["token_type_ids"] = torch.zeros(B, T, dtype=torch.long)
     tensors["logits"] = fam.f32(out.logits.detach())
     tensors["loss"] = fam.f32(out.loss.detach()).reshape(1)
@@ -156,7 +173,8 @@ def write(name, biases, pooling, out_dir, cls=ModernBertForSequenceClassificatio
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "config": json.loads(cfg.to_json_string(use_diff=False)),
         "batch": {"B": B, "T": T, "input_ids": batch["input_ids"].tolist(),
-                  "attention_mask": batch["attention_mask"].tolist(), "labels": batch["labels"].tolist()},
+                  "attention_mask": batch["attention_mask"].tolist(),
+                  "labels": (labels if float_labels else batch["labels"]).tolist()},
         "loss": out.loss.item(),
         "logits": out.logits.detach().tolist() if cls is not ModernBertForMaskedLM else "golden.safetensors",
         "adamw": {"losses": losses, "final_loss": final}, "parameters": names,
@@ -177,9 +195,17 @@ def main():
              ("modernbert-bias-mean", True, "mean", ModernBertForSequenceClassification, C),
              ("modernbert-ner", True, "mean", ModernBertForTokenClassification, 5),
              ("modernbert-mlm", True, "cls", ModernBertForMaskedLM, C))
+    float_cases = (("modernbert-regression", False, "cls", 1, None),
+                   ("modernbert-multilabel", True, "mean", 4, "multi_label_classification"))
+    unknown = only - {c[0] for c in cases + float_cases}
+    assert not unknown, ("unknown cases", unknown)
     for name, biases, pooling, cls, labels in cases:
         if not only or name in only:
             print(json.dumps(write(name, biases, pooling, os.path.join(os.path.normpath(out), name), cls, labels)))
+    for name, biases, pooling, labels, problem_type in float_cases:
+        if not only or name in only:
+            print(json.dumps(write(name, biases, pooling, os.path.join(os.path.normpath(out), name),
+                                   ModernBertForSequenceClassification, labels, problem_type, float_labels=True)))
 
 
 if __name__ == "__main__":

@@ -91,12 +91,12 @@ TEST_P(GoldenModernBert, CheckpointingAndPlacementGiveTheSameGradients) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBert, testing::Values("modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenModernBert, testing::ValuesIn(modernbert_cases()),
                          modernbert_test_name);
 
 // What the model allocates is what modernbert_bytes plans, category by category.
 TEST(ModernBertMemory, PlannedEqualsAllocated) {
-  for (const char* name : {"modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"}) {
+  for (const char* name : modernbert_cases()) {
     Fixture f(modernbert_dir(name));
     auto be = make_cpu_backend();
     const CategoryBytes before = be->allocator().stats().current();
