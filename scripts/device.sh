@@ -33,8 +33,11 @@
 #             MiniLM shape, anatomy padded / grouped vs the Trainer random / grouped (~6 min)
 #   mbtext    ModernBERT (modernbert-base's shape, WordPiece vocabulary) on the same real text, 2 epochs: anatomy on
 #             real tokens / padded / grouped vs the Trainer random / grouped (~6 min; needs .carry/fortunes)
-#   tokenprofile bert-base on real text (.carry/fortunes): the time anatomy (--profile-steps) of training
+#   tokenprofile bert-base (TOKENPROFILE_MODEL: another bench/real_text.py model) on real text (.carry/fortunes):
+#             the time anatomy (--profile-steps) of training
 #             on real tokens vs length-grouped padded batches, one epoch each (issue 16's real-token gap)
+#   kernels   where a small model's step goes on the GPU: every kernel's duration (ncu, serialized) over a window of
+#             1000 launches of one epoch of TOKENPROFILE_MODEL (default minilm) on real text, summed by kernel
 #   packed    training on real tokens: the packed-attention and packed-training GPU tests (twins at the
 #             small, odd and long sizes; the per-token heads), then tokenprofile (needs .carry/fortunes)
 #   attention the attention table: ours vs PyTorch SDPA (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
@@ -276,21 +279,38 @@ step_mbtext() {
 
 step_tokenprofile() {
   [ -f .carry/fortunes/train.jsonl ] || { echo "tokenprofile: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
-  local model  # bench/real_text.py's bert-base: transformers' initialization, seed 0, the topics as labels
+  # bench/real_text.py's model (TOKENPROFILE_MODEL, default bert-base): transformers' initialization,
+  # seed 0, the topics as labels. Logs tokenprofile[_MODEL]_{tokens,grouped}.log, table tokenprofile[_MODEL].md.
+  local name=${TOKENPROFILE_MODEL:-bert-base} model sfx=""
+  [ "$name" = bert-base ] || sfx="_$name"
   model=$(python3 -c 'import json, sys; sys.path.insert(0, "bench"); import real_text as r
 labels = sorted({json.loads(l)["label"] for l in open(sys.argv[1])})
-print(r.make_model("bert-base", labels, sys.argv[2], "/tmp/tokenprofile/models"))' \
-    .carry/fortunes/train.jsonl tests/data/tokenizer/vocab.txt 2>/dev/null | tail -1)
+print(r.make_model(sys.argv[3], labels, sys.argv[2], "/tmp/tokenprofile/models"))' \
+    .carry/fortunes/train.jsonl tests/data/tokenizer/vocab.txt "$name" 2>/dev/null | tail -1)
   for run in tokens grouped; do
     local flags=()
     [ $run = grouped ] && flags=(--group-by-length --no-skip-padding)
     timeout 150 $a train --model-name-or-path "$model" --train-file .carry/fortunes/train.jsonl --max-seq-length 256 \
       --per-device-train-batch-size 32 --precision bf16 --num-train-epochs 1 --seed 0 "${quiet[@]}" --profile-steps 20 \
-      --output-dir /tmp/tokenprofile/$run "${flags[@]}" > "$OUT/tokenprofile_$run.log" 2>&1
-    echo "== $run: exit $?"
-    grep -A40 "Time anatomy" "$OUT/tokenprofile_$run.log" | head -45
-    grep -E "Samples/second|steady" "$OUT/tokenprofile_$run.log" | head -3
-  done | tee "$OUT/tokenprofile.md"
+      --output-dir /tmp/tokenprofile/$name/$run "${flags[@]}" > "$OUT/tokenprofile${sfx}_$run.log" 2>&1
+    echo "== $name $run: exit $?"
+    grep -A40 "Time anatomy" "$OUT/tokenprofile${sfx}_$run.log" | head -45
+    grep -E "Samples/second|steady" "$OUT/tokenprofile${sfx}_$run.log" | head -3
+  done | tee "$OUT/tokenprofile${sfx}.md"
+}
+
+step_kernels() {
+  [ -f .carry/fortunes/train.jsonl ] || { echo "kernels: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
+  local name=${TOKENPROFILE_MODEL:-minilm} model
+  model=$(python3 -c 'import json, sys; sys.path.insert(0, "bench"); import real_text as r
+labels = sorted({json.loads(l)["label"] for l in open(sys.argv[1])})
+print(r.make_model(sys.argv[3], labels, sys.argv[2], "/tmp/kernels/models"))' \
+    .carry/fortunes/train.jsonl tests/data/tokenizer/vocab.txt "$name" 2>/dev/null | tail -1)
+  timeout 200 ncu --launch-skip 20000 --launch-count 1000 --metrics gpu__time_duration.sum --csv --print-units base \
+    $PWD/$a train --model-name-or-path "$model" --train-file .carry/fortunes/train.jsonl --max-seq-length 256 \
+    --per-device-train-batch-size 32 --precision bf16 --num-train-epochs 1 --seed 0 "${quiet[@]}" \
+    --output-dir /tmp/kernels/out --overwrite-output-dir > "$OUT/kernels_$name.csv" 2> "$OUT/kernels_$name.log"
+  python3 scripts/kernel_times.py "$OUT/kernels_$name.csv" | tee "$OUT/kernels_$name.md"
 }
 
 step_packed() {
