@@ -53,11 +53,11 @@ std::string masked_lm_class(const BertConfig& cfg) {
     case Architecture::Roberta: return "RobertaForMaskedLM";
     case Architecture::XlmRoberta: return "XLMRobertaForMaskedLM";
     case Architecture::ModernBert: return "ModernBertForMaskedLM";
-    case Architecture::DistilBert:
+    case Architecture::DistilBert: return "DistilBertForMaskedLM";
     case Architecture::Electra: break;
   }
-  fail("--task mlm: model_type '", cfg.model_type(), "' has no masked-LM head in anatomy (BERT, RoBERTa, XLM-R and ModernBERT do; "
-       "DistilBERT's vocab_projector and ELECTRA's generator are not built)");
+  fail("--task mlm: model_type '", cfg.model_type(), "' has no masked-LM head in anatomy (BERT, RoBERTa, XLM-R, DistilBERT and "
+       "ModernBERT do; ELECTRA's masked LM is its generator, a model of its own, not built)");
 }
 
 DType label_dtype(const BertConfig& cfg) {

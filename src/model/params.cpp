@@ -19,14 +19,21 @@ ParamNames param_names(const BertConfig& cfg) {
   }
   if (is_masked_lm(cfg)) {
     masked_lm_class(cfg);  // refuses the variants without one
-    const std::string p = cfg.architecture == Architecture::Bert ? "cls.predictions." : "lm_head.";
-    const std::string dense = p + (cfg.architecture == Architecture::Bert ? "transform.dense." : "dense.");
-    const std::string ln = cfg.architecture == Architecture::Bert ? p + "transform.LayerNorm." : p + "layer_norm.";
+    // The same head under three sets of names: dense -> GELU -> LayerNorm -> the decoder tied to
+    // the word embeddings, plus its bias.
+    const Architecture a = cfg.architecture;
+    const std::string p = a == Architecture::Bert ? "cls.predictions." : a == Architecture::DistilBert ? "" : "lm_head.";
+    const std::string dense = a == Architecture::Bert         ? p + "transform.dense."
+                              : a == Architecture::DistilBert ? "vocab_transform."
+                                                              : p + "dense.";
+    const std::string ln = a == Architecture::Bert         ? p + "transform.LayerNorm."
+                           : a == Architecture::DistilBert ? "vocab_layer_norm."
+                                                           : p + "layer_norm.";
     n.head_dense_w = dense + "weight";
     n.head_dense_b = dense + "bias";
     n.head_ln_w = ln + "weight";
     n.head_ln_b = ln + "bias";
-    n.head_out_b = p + "bias";
+    n.head_out_b = a == Architecture::DistilBert ? "vocab_projector.bias" : p + "bias";
     return n;
   }
   if (is_token_classification(cfg)) {  // Note [token classification head]: classifier only

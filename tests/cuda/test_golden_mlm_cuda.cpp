@@ -78,7 +78,7 @@ TEST_P(GoldenMlmCuda, MatchesTransformersAndTheCpuTwin) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenMlmCuda,
-                         testing::Values("bert-mlm", "roberta-mlm", "xlm-roberta-mlm", "bert-ner", "roberta-ner",
+                         testing::Values("bert-mlm", "roberta-mlm", "xlm-roberta-mlm", "distilbert-mlm", "bert-ner", "roberta-ner",
                                          "xlm-roberta-ner", "distilbert-ner", "electra-ner"),
                          [](const testing::TestParamInfo<const char*>& i) {
                            std::string s = i.param;

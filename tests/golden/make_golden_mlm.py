@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the golden fixtures of the per-token heads: masked-LM (Bert/Roberta/XLMRobertaForMaskedLM)
+"""Write the golden fixtures of the per-token heads: masked-LM (Bert/Roberta/XLMRoberta/DistilBertForMaskedLM)
 and token classification (Bert/Roberta/XLMRoberta/DistilBert/ElectraForTokenClassification), in
 the form of make_golden_family.py's.
 
@@ -13,7 +13,7 @@ Token classification cases (OUT_DIR/{bert,roberta,xlm-roberta,distilbert,electra
 -100 on the special tokens, padding and about a third of the other tokens (the later
 sub-tokens of a word); logits F32 [B, T, 5]; the rest as below.
 
-OUT_DIR/{bert-mlm,roberta-mlm,xlm-roberta-mlm}/ hold config.json and model.safetensors as save_pretrained()
+OUT_DIR/{bert,roberta,xlm-roberta,distilbert}-mlm/ hold config.json and model.safetensors as save_pretrained()
 writes them (the decoder tied to the word embeddings, so not in the file; from_pretrained
 must report nothing missing or unexpected) and golden.safetensors: input_ids, token_type_ids,
 attention_mask, labels I64 [B, T] (-100 where a token is not scored; never a padding token),
@@ -29,7 +29,8 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import (BertConfig, BertForMaskedLM, BertForTokenClassification, DistilBertForTokenClassification,
+from transformers import (BertConfig, BertForMaskedLM, BertForTokenClassification, DistilBertConfig,
+                          DistilBertForMaskedLM, DistilBertForTokenClassification,
                           ElectraForTokenClassification, RobertaConfig, RobertaForMaskedLM,
                           RobertaForTokenClassification, XLMRobertaConfig, XLMRobertaForMaskedLM,
                           XLMRobertaForTokenClassification)
@@ -44,6 +45,11 @@ def make_model(arch):
     if arch == "bert":
         cfg = BertConfig(**COMMON, max_position_embeddings=fam.T + 2, type_vocab_size=2, pad_token_id=0)
         cls = BertForMaskedLM
+    elif arch == "distilbert":  # make_golden_family.py's DistilBERT sizes
+        cfg = DistilBertConfig(vocab_size=fam.V, dim=24, n_heads=3, n_layers=2, hidden_dim=40,
+                               max_position_embeddings=fam.T + 2, dropout=0.0, attention_dropout=0.0,
+                               initializer_range=0.2, pad_token_id=0)
+        cls = DistilBertForMaskedLM
     else:
         cfg_cls, cls = ((RobertaConfig, RobertaForMaskedLM) if arch == "roberta" else
                         (XLMRobertaConfig, XLMRobertaForMaskedLM))
@@ -56,8 +62,11 @@ def make_model(arch):
 def perturb_head(model, gen):
     """The head's bias (a Parameter, not a Linear's) away from 0 too."""
     with torch.no_grad():
-        head = model.cls.predictions if hasattr(model, "cls") else model.lm_head
-        head.bias.copy_(0.1 * torch.randn(head.bias.shape, generator=gen))
+        if hasattr(model, "vocab_projector"):  # DistilBERT: the projector's bias
+            bias = model.vocab_projector.bias
+        else:
+            bias = (model.cls.predictions if hasattr(model, "cls") else model.lm_head).bias
+        bias.copy_(0.1 * torch.randn(bias.shape, generator=gen))
 
 
 def write_case(arch, out_dir):
@@ -169,7 +178,7 @@ def main():
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float32)
     only = set(sys.argv[2:])
-    for arch in ("bert", "roberta", "xlm-roberta"):
+    for arch in ("bert", "roberta", "xlm-roberta", "distilbert"):
         if not only or arch + "-mlm" in only:
             print(json.dumps(write_case(arch, os.path.join(os.path.normpath(out), arch + "-mlm"))))
     for arch in ("bert", "roberta", "xlm-roberta", "distilbert", "electra"):

@@ -156,7 +156,7 @@ TEST_P(GoldenMlm, PlanEqualsAllocated) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenMlm,
-                         testing::Values("bert-mlm", "roberta-mlm", "xlm-roberta-mlm", "bert-ner", "roberta-ner",
+                         testing::Values("bert-mlm", "roberta-mlm", "xlm-roberta-mlm", "distilbert-mlm", "bert-ner", "roberta-ner",
                                          "xlm-roberta-ner", "distilbert-ner", "electra-ner"),
                          [](const testing::TestParamInfo<const char*>& i) {
                            std::string s = i.param;
