@@ -1010,6 +1010,7 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
 }
 
 void BertForSequenceClassification::forward_eval(const DeviceBatch& b) {
+  m_last_packed = b.packed();  // both packed layouts: Note [packed inference]
   if (b.packed())
     forward_packed(b);
   else

@@ -70,6 +70,7 @@ class BertForSequenceClassification : public EncoderModel {
   // With batch.packed(), the encoder runs on the batch's tokens alone (no padding rows;
   // hidden_states() is then undefined).
   void forward_eval(const DeviceBatch& batch) override;
+  bool last_forward_packed() const override { return m_last_packed; }
 
   const Tensor& losses() const override { return m_losses; }  // F32 [B] of the last call
   const Tensor& logits() const override { return m_logits; }  // [B, num_labels] of the last call; masked-LM [B*T, vocab]
@@ -135,6 +136,7 @@ class BertForSequenceClassification : public EncoderModel {
   Arena m_act_arena, m_tmp_arena;
   std::unique_ptr<Acts> m_acts;
   Tensor m_losses, m_logits, m_hidden;
+  bool m_last_packed = false;
 };
 
 }  // namespace anatomy

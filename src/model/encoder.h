@@ -181,6 +181,9 @@ class EncoderModel {
   virtual void on_layer_gradients(std::function<void(size_t begin, size_t end)> f) = 0;
   // Forward only (no dropout): logits in the compute dtype.
   virtual void forward_eval(const DeviceBatch& batch) = 0;
+  // Whether the last forward ran on the batch's packed token rows (a packing index may be
+  // ignored: the logits are the same), so that evaluation reports the work it skipped.
+  virtual bool last_forward_packed() const = 0;
 
   virtual const Tensor& losses() const = 0;  // F32 [B] of the last call
   virtual const Tensor& logits() const = 0;  // [B, num_labels] of the last call; masked-LM [B*T, vocab]

@@ -95,7 +95,7 @@ struct ModernBertForSequenceClassification::Acts {
   }
   Tensor emb, rstd_e, xl, xf, rstd_f, pooled, hd, ga, hh, rstd_h, logits, dlogits, losses;
   // Note [modernbert packed tokens]: this forward runs the encoder on the batch's n token rows
-  // (n = B*T when padded); ids holds their token ids (I32, packed batches only), enc the
+  // (n = B*T when padded); ids holds their token ids (I32, used by packed batches), enc the
   // encoder's output as the head reads it.
   bool packed = false;
   int64_t n = 0;
@@ -125,9 +125,6 @@ const char* output_bias(const BertConfig& cfg) { return is_masked_lm(cfg) ? "dec
 
 bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern.classifier_pooling != "cls"; }
 
-// Whether batches may come packed (Note [modernbert packed tokens]): training on real tokens, and
-// every inference model (evaluation packs its batches when padding is worth skipping).
-bool packs_tokens(const ModelShape& s) { return s.training ? s.packed_tokens : true; }
 
 using freed::kAfterBackward;
 using freed::kStageHead;
@@ -149,7 +146,7 @@ struct SavedRegion {
 // the embeddings, then layer by layer (each with its output, the next layer's input). `regions`
 // (optional) receives the arena's byte ranges with their writers and last readers.
 void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, Arena& tmp, const BertConfig& cfg,
-                      DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training, bool packed,
+                      DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
                       std::vector<SavedRegion>* regions = nullptr) {
   const int64_t R = B * T, H = cfg.hidden_size, I = cfg.intermediate_size, heads = cfg.num_attention_heads;
   const int64_t L = cfg.num_hidden_layers, C = head_outputs(cfg), N = token_head(cfg) ? R : B;  // the head's rows
@@ -183,7 +180,7 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
   open();
   A.rstd_e = act.take(F32, {R});
   A.layers[0].x = act.take(dt, {R, H});
-  if (packed) A.ids = act.take(DType::I32, {R});
+  A.ids = act.take(DType::I32, {R});  // a packed batch's token ids (any model may evaluate packed batches)
   close(0, stage_of_embeddings(L));
   A.recompute = policy == CheckpointPolicy::Layer;
   A.selective = training && policy == CheckpointPolicy::Selective;
@@ -276,8 +273,7 @@ ArenaBytes modernbert_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
   std::vector<SavedRegion> regions;
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training,
-                   packs_tokens(s), &regions);
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training, &regions);
   ArenaBytes out{act.used(), tmp.used(), 0, 0};
   if (s.training && s.gradients == GradientPlacement::InActivations) {
     const ParamLayout lay = ParamLayout::for_modernbert(cfg);
@@ -297,8 +293,7 @@ std::vector<LivenessPoint> modernbert_liveness(const BertConfig& cfg, const Mode
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
   std::vector<SavedRegion> regions;
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, packs_tokens(s),
-                   &regions);
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, &regions);
   const int64_t L = cfg.num_hidden_layers;
   auto written_by = [&](int64_t step) {
     int64_t n = 0;
@@ -387,7 +382,7 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   m_tmp_arena = Arena(a, bytes.temporary, Category::Temporary);
   m_acts = std::make_unique<Acts>();
   carve_modernbert(*m_acts, m_act_arena, m_tmp_arena, cfg, shape.compute, shape.checkpointing, shape.max_batch,
-                   shape.max_seq, shape.training, packs_tokens(shape));
+                   shape.max_seq, shape.training);
   be.fill(m_acts->zero_beta, 0.0f);
 }
 
@@ -481,12 +476,22 @@ namespace {
 Tensor shaped(const Tensor& t, Shape s) { return ParamLayout::range(t, 0, s); }
 }  // namespace
 
+Tensor ModernBertForSequenceClassification::rows(const Tensor& t, int64_t width) const {
+  return shaped(t, {m_acts->n, width});
+}
+
+std::pair<float, int> ModernBertForSequenceClassification::attention_of(int l) const {
+  const bool global = m_cfg.is_global_layer(l);
+  const ModernBertFields& m = m_cfg.modern;
+  return {static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta),
+          global ? 0 : static_cast<int>(m.local_attention / 2)};
+}
+
 void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch& b) {
   const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   const int64_t B = b.batch(), T = b.seq(), n = m_acts->n, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
   const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
-  auto rows = [n](const Tensor& t, int64_t width) { return shaped(t, {n, width}); };  // the encoder's rows
   const Tensor x = rows(A.x, H);
   Tensor h = x;
   if (l > 0) {
@@ -495,10 +500,7 @@ void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch
   }
   const Tensor qkv = shaped(A.qkv, {B, T, 3 * H});
   linear(rows(A.qkv, 3 * H), h, P.wqkv);
-  const bool global = m_cfg.is_global_layer(l);
-  const ModernBertFields& m = m_cfg.modern;
-  const float theta = static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta);
-  const int window = global ? 0 : static_cast<int>(m.local_attention / 2);
+  const auto [theta, window] = attention_of(l);
   if (m_acts->packed) {  // Note [modernbert packed tokens]
     m_be.rotary_forward(qkv, qkv, heads, theta, b.token_rows);
     m_be.attention_packed_forward(rows(A.ctx, H), shaped(A.lse, {B, heads, T}), rows(A.qkv, 3 * H), b.seq_offsets,
@@ -549,9 +551,10 @@ void ModernBertForSequenceClassification::pool_forward(const DeviceBatch& b) {
 // takes the head's padded gradient back to the token rows (a gather; the first-token head
 // scatters into the zeroed rows). The padding rows that round n up (PackedRows' multiple)
 // carry a zero gradient, so the gradients are those of the padded step (to rounding: other
-// GEMM shapes). Layer recompute is refused (as BERT's), since it would rewrite xl.
+// GEMM shapes). Packed training with layer recompute is refused, as BERT's (the options drop
+// packing under --gradient-checkpointing layer; that combination has no test).
 bool ModernBertForSequenceClassification::packs(const DeviceBatch& b) const {
-  return m_acts->ids.defined() && b.packed() && b.seq_offsets.defined() &&
+  return b.packed() && b.seq_offsets.defined() &&
          m_be.packed_attention_supported(m_shape.compute, b.seq(), m_cfg.hidden_size / m_cfg.num_attention_heads);
 }
 
@@ -564,7 +567,6 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   Acts& A = *m_acts;
   A.packed = packs(b);
   const int64_t n = A.n = A.packed ? b.token_rows.dim(0) : R;
-  auto rows = [n](const Tensor& t, int64_t width) { return shaped(t, {n, width}); };
   if (A.packed) {
     m_be.gather_rows(rows(A.ids, 1), shaped(b.input_ids, {R, 1}), b.token_rows);
     m_be.gather_rows(rows(A.emb, H), W(m_tok_embeddings), shaped(A.ids, {n}));
@@ -595,6 +597,8 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
 
 // A packed batch runs on its token rows where the backend can (Note [modernbert packed tokens]),
 // else padded; the logits are the same.
+bool ModernBertForSequenceClassification::last_forward_packed() const { return m_acts->packed; }
+
 void ModernBertForSequenceClassification::forward_eval(const DeviceBatch& b) {
   m_be.set_phase(Phase::Forward);
   forward(b);
@@ -649,14 +653,10 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
   const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   Acts& S = *m_acts;
   const int64_t B = b.batch(), T = b.seq(), n = S.n, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
-  auto rows = [n](const Tensor& t, int64_t width) { return shaped(t, {n, width}); };  // the encoder's rows
   if (S.selective) m_be.geglu_forward(rows(A.g, I), rows(A.wi, 2 * I));  // Note [modernbert selective recompute]
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
   const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
-  const bool global = m_cfg.is_global_layer(l);
-  const ModernBertFields& m = m_cfg.modern;
-  const float theta = static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta);
-  const int window = global ? 0 : static_cast<int>(m.local_attention / 2);
+  const auto [theta, window] = attention_of(l);
   // MLP branch: out = x1 + mlp(mlp_norm(x1)).
   linear_backward(rows(S.dg, I), dout, rows(A.g, I), P.mlp_wo);
   m_be.geglu_backward(rows(S.dwi, 2 * I), rows(S.dg, I), rows(A.wi, 2 * I));
@@ -689,7 +689,6 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
 void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   Acts& A = *m_acts;
   const int64_t B = b.batch(), T = b.seq(), R = B * T, n = A.n, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
-  auto rows = [n](const Tensor& t, int64_t width) { return shaped(t, {n, width}); };  // the encoder's rows
   const bool tokens = token_head(m_cfg);
   const int64_t N = tokens ? R : B;
   const bool mlm = is_masked_lm(m_cfg), overlaid = m_act_block.data() != nullptr;

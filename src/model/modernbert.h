@@ -3,7 +3,8 @@
 // Backend interface with its own forward and backward, behind the EncoderModel interface
 // (model/encoder.h) that the trainer uses. Parameters live in one flat buffer with
 // transformers' names (ParamLayout::for_modernbert): fp32 master weights and gradients, and in
-// BF16/FP16 a compute-dtype copy; saved activations (compute dtype, statistics in F32) in one
+// BF16/FP16 a compute-dtype copy; saved activations (compute dtype, statistics and the pooled
+// head in F32: Note [modernbert fp32 pooled head]) in one
 // arena, backward scratch in another, both sized by the carving that the planner runs dry
 // (modernbert_arena_bytes), so planned == allocated. With GradientPlacement::InActivations the
 // gradients live in activation memory that backward is done with (Note [modernbert gradients in
@@ -71,9 +72,12 @@ class ModernBertForSequenceClassification : public EncoderModel {
   const std::vector<std::pair<size_t, size_t>>& gradient_stages() const override { return m_grad_ranges; }
   void on_layer_gradients(std::function<void(size_t begin, size_t end)> f) override { m_on_layer_grads = std::move(f); }
   void forward_eval(const DeviceBatch& batch) override;
+  bool last_forward_packed() const override;
   const Tensor& losses() const override { return m_losses; }
   const Tensor& logits() const override { return m_logits; }
-  const Tensor& hidden_states() const override { return m_hidden; }  // final_norm's output [B, T, H]
+  // final_norm's output [B, T, H]; after a packed forward the padded copy the per-token heads read
+  // (padding positions 0 or a padding row's output), undefined under a pooled head.
+  const Tensor& hidden_states() const override { return m_hidden; }
 
   struct Acts;  // modernbert.cpp
 
@@ -83,6 +87,10 @@ class ModernBertForSequenceClassification : public EncoderModel {
   void pool_forward(const DeviceBatch& b);
   // Whether this batch runs on its packed token rows (Note [modernbert packed tokens]).
   bool packs(const DeviceBatch& b) const;
+  // The first Acts::n rows of a [B*T, width] tensor: the rows the encoder runs on.
+  Tensor rows(const Tensor& t, int64_t width) const;
+  // Layer l's rotary theta and local attention window (0: global).
+  std::pair<float, int> attention_of(int l) const;
   // Per-sample losses F32 [B] of the head's logits, and dlogits (when defined) scaled by grad_scale.
   void loss(const DeviceBatch& b, const Tensor& dlogits, float grad_scale);
   void layer_forward(int l, const DeviceBatch& b);

@@ -218,9 +218,11 @@ EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& o
     be.upload(db.token_type_ids, hb.token_type_ids.data());
     be.upload(db.attention_mask, hb.attention_mask.data());
     be.upload(db.labels, hb.labels.data());
-    const int64_t computed = opt.skip_padding ? pack_evaluation_batch(be, hb, db, d_rows, d_first, opt) : b * T;
-    r.packed_batches += computed < b * T;
+    const int64_t packing = opt.skip_padding ? pack_evaluation_batch(be, hb, db, d_rows, d_first, opt) : b * T;
     model.forward_eval(db);
+    // The model may compute padded all the same (Note [modernbert packed tokens]).
+    const int64_t computed = packing < b * T && model.last_forward_packed() ? packing : b * T;
+    r.packed_batches += computed < b * T;
     be.set_phase(Phase::Data);
     download_logits(be, model.logits().slice(0, b), logits);
     // An argmax over NaN is meaningless and the loss would be NaN: no accuracy is reported

@@ -119,6 +119,16 @@ inline std::vector<Misuse> contract_misuses() {
          B out = buf(be, F32, {2, 4}), x = buf(be, F32, {6, 4});
          be.masked_mean_forward(out, x, Tensor{});
        }},
+      {"rotary rows in F32",
+       [=](Backend& be) {
+         B x = buf(be, F32, {2, 4, 12}), rows = buf(be, F32, {5});
+         be.rotary_forward(x, x, 2, 10000.0f, rows);
+       }},
+      {"rotary rows more than B*T",
+       [=](Backend& be) {
+         B x = buf(be, F32, {2, 4, 12}), rows = buf(be, I32, {9});
+         be.rotary_backward(x, x, 2, 10000.0f, rows);
+       }},
       {"gather_rows across dtypes",
        [=](Backend& be) {
          B out = buf(be, F32, {2, 4}), in = buf(be, I32, {5, 4}), idx = buf(be, I32, {2});

@@ -87,9 +87,7 @@ TEST_P(ModernBertCuda, Bf16FiveAdamWStepsTrack) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, ModernBertCuda,
-                         testing::Values("modernbert", "modernbert-bias-mean", "modernbert-ner", "modernbert-mlm"),
-                         modernbert_test_name);
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModernBertCuda, testing::ValuesIn(modernbert_cases()), modernbert_test_name);
 
 // `anatomy train --precision bf16` on the GPU allocates what it planned, category by category.
 TEST(ModernBertCudaTrain, Bf16PlannedEqualsAllocated) {

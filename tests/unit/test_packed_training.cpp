@@ -256,7 +256,15 @@ TEST(PackedTraining, ModernBertEvaluatesLikeThePaddedForward) {
     const int64_t rows = tokens ? hb.batch * hb.seq : hb.batch, C = static_cast<int64_t>(padded.size()) / rows;
     for (Packing how : {Packing{true, 1}, Packing{true, 16}}) {
       SCOPED_TRACE(std::string(head.architecture) + " / " + head.pooling + " / multiple " + std::to_string(how.multiple));
+      Flops ran;  // the packed rows ran: rotary's FLOPs are those of the 45 token rows (or 48), not 80
+      cpu->set_observer(&ran);
       const std::vector<float> packed = eval_logits(*cpu, cfg, hb, true, how);
+      cpu->set_observer(nullptr);
+      Flops all;
+      cpu->set_observer(&all);
+      eval_logits(*cpu, cfg, hb, false);
+      cpu->set_observer(nullptr);
+      EXPECT_NEAR(ran.rotary / all.rotary, (how.multiple == 1 ? 45.0 : 48.0) / 80.0, 1e-9);
       ASSERT_EQ(packed.size(), padded.size());
       double worst = 0, largest_logit = 0;
       for (int64_t r = 0; r < rows; ++r) {
