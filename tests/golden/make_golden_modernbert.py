@@ -135,7 +135,7 @@ def write(name, biases, pooling, out_dir, cls=ModernBertForSequenceClassificatio
         batch["labels"] = masked_labels(batch["input_ids"], batch["attention_mask"], torch.Generator().manual_seed(7))
     labels = None
     if float_labels:  # F32 [B, num_labels]; transformers squeezes both sides for num_labels 1
-        labels = tasks.labels_for(problem_type, num_labels, torch.Generator().manual_seed(7))
+        labels = tasks.labels_for(problem_type, num_labels, torch.Generator().manual_seed(7), B)
         batch["labels"] = labels.squeeze(-1) if num_labels == 1 else labels
     model.save_pretrained(out_dir)
     init_state = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -67,13 +67,15 @@ def make_model(arch, num_labels, problem_type):
     return cfg, cls(cfg).to(torch.float32)
 
 
-def labels_for(problem_type, num_labels, gen):
+def labels_for(problem_type, num_labels, gen, batch=None):
+    """Labels F32 [batch (make_golden_family's B by default), num_labels]."""
+    batch = fam.B if batch is None else batch
     if problem_type == "multi_label_classification":
-        hot = (torch.rand(fam.B, num_labels, generator=gen) < 0.4).to(torch.float32)
+        hot = (torch.rand(batch, num_labels, generator=gen) < 0.4).to(torch.float32)
         hot[0, 0] = 1.0  # at least one positive and one negative
         hot[1, 0] = 0.0
         return hot
-    return torch.randn(fam.B, num_labels, generator=gen) * 1.5 + 0.5
+    return torch.randn(batch, num_labels, generator=gen) * 1.5 + 0.5
 
 
 def write_case(name, out_dir):
