@@ -862,9 +862,13 @@ Tensor BertForSequenceClassification::padded_head_input(const DeviceBatch* b, Te
   return x;
 }
 
-bool BertForSequenceClassification::packed_attention_for(const DeviceBatch& b) const {
+bool packed_attention_applies(const Backend& be, DType compute, const BertConfig& cfg, const DeviceBatch& b) {
   return b.seq_offsets.defined() && b.packed() &&
-         m_be.packed_attention_supported(m_shape.compute, b.seq(), m_cfg.hidden_size / m_cfg.num_attention_heads);
+         be.packed_attention_supported(compute, b.seq(), cfg.hidden_size / cfg.num_attention_heads);
+}
+
+bool BertForSequenceClassification::packed_attention_for(const DeviceBatch& b) const {
+  return packed_attention_applies(m_be, m_shape.compute, m_cfg, b);
 }
 
 // Note [packed training]: training on the batch's real tokens. As in packed inference (Note

@@ -83,6 +83,11 @@ struct PackedRows {
 };
 PackedRows pack_token_rows(const int32_t* mask, int64_t batch, int64_t seq, int64_t multiple = 1);
 
+// Whether a batch's attention runs on its packed rows (Note [packed attention] in
+// ops/cpu/attention.cpp): it comes packed with sequence offsets, and the backend has the kernels
+// for the compute dtype, the batch's length and the config's head dim.
+bool packed_attention_applies(const Backend& be, DType compute, const BertConfig& cfg, const DeviceBatch& b);
+
 // Where the fp32 gradients live (Note [gradients in freed activations] in bert.cpp).
 //   Own:           a buffer of their own; forward_backward adds to them (accumulation).
 //   InActivations: inside the activation arena, each layer's gradients in the memory of

@@ -554,8 +554,7 @@ void ModernBertForSequenceClassification::pool_forward(const DeviceBatch& b) {
 // GEMM shapes). Packed training with layer recompute is refused, as BERT's (the options drop
 // packing under --gradient-checkpointing layer; that combination has no test).
 bool ModernBertForSequenceClassification::packs(const DeviceBatch& b) const {
-  return b.packed() && b.seq_offsets.defined() &&
-         m_be.packed_attention_supported(m_shape.compute, b.seq(), m_cfg.hidden_size / m_cfg.num_attention_heads);
+  return packed_attention_applies(m_be, m_shape.compute, m_cfg, b);
 }
 
 void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
