@@ -277,16 +277,22 @@ step_mbtext() {
     --out "$OUT/modernbert" --models modernbert --epochs 2 2>&1 | tail -12
 }
 
+# real_text_model NAME DIR: bench/real_text.py's model NAME (transformers' initialization, seed 0,
+# the fortunes topics as labels, the test vocabulary) written under DIR; prints its directory.
+real_text_model() {
+  python3 -c 'import json, sys; sys.path.insert(0, "bench"); import real_text as r
+labels = sorted({json.loads(l)["label"] for l in open(sys.argv[1])})
+print(r.make_model(sys.argv[3], labels, sys.argv[2], sys.argv[4]))' \
+    .carry/fortunes/train.jsonl tests/data/tokenizer/vocab.txt "$1" "$2" 2>/dev/null | tail -1
+}
+
 step_tokenprofile() {
   [ -f .carry/fortunes/train.jsonl ] || { echo "tokenprofile: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
   # bench/real_text.py's model (TOKENPROFILE_MODEL, default bert-base): transformers' initialization,
   # seed 0, the topics as labels. Logs tokenprofile[_MODEL]_{tokens,grouped}.log, table tokenprofile[_MODEL].md.
   local name=${TOKENPROFILE_MODEL:-bert-base} model sfx=""
   [ "$name" = bert-base ] || sfx="_$name"
-  model=$(python3 -c 'import json, sys; sys.path.insert(0, "bench"); import real_text as r
-labels = sorted({json.loads(l)["label"] for l in open(sys.argv[1])})
-print(r.make_model(sys.argv[3], labels, sys.argv[2], "/tmp/tokenprofile/models"))' \
-    .carry/fortunes/train.jsonl tests/data/tokenizer/vocab.txt "$name" 2>/dev/null | tail -1)
+  model=$(real_text_model "$name" /tmp/tokenprofile/models)
   for run in tokens grouped; do
     local flags=()
     [ $run = grouped ] && flags=(--group-by-length --no-skip-padding)
@@ -302,10 +308,7 @@ print(r.make_model(sys.argv[3], labels, sys.argv[2], "/tmp/tokenprofile/models")
 step_kernels() {
   [ -f .carry/fortunes/train.jsonl ] || { echo "kernels: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
   local name=${TOKENPROFILE_MODEL:-minilm} model
-  model=$(python3 -c 'import json, sys; sys.path.insert(0, "bench"); import real_text as r
-labels = sorted({json.loads(l)["label"] for l in open(sys.argv[1])})
-print(r.make_model(sys.argv[3], labels, sys.argv[2], "/tmp/kernels/models"))' \
-    .carry/fortunes/train.jsonl tests/data/tokenizer/vocab.txt "$name" 2>/dev/null | tail -1)
+  model=$(real_text_model "$name" /tmp/kernels/models)
   timeout 200 ncu --launch-skip 20000 --launch-count 1000 --metrics gpu__time_duration.sum --csv --print-units base \
     $PWD/$a train --model-name-or-path "$model" --train-file .carry/fortunes/train.jsonl --max-seq-length 256 \
     --per-device-train-batch-size 32 --precision bf16 --num-train-epochs 1 --seed 0 "${quiet[@]}" \

@@ -867,10 +867,6 @@ bool packed_attention_applies(const Backend& be, DType compute, const BertConfig
          be.packed_attention_supported(compute, b.seq(), cfg.hidden_size / cfg.num_attention_heads);
 }
 
-bool BertForSequenceClassification::packed_attention_for(const DeviceBatch& b) const {
-  return packed_attention_applies(m_be, m_shape.compute, m_cfg, b);
-}
-
 // Note [packed training]: training on the batch's real tokens. As in packed inference (Note
 // [packed inference]), every row-wise op of the encoder (the GEMMs, bias, GELU, dropout,
 // LayerNorm with its residual) runs on the N token rows of DeviceBatch::token_rows instead of
@@ -911,7 +907,7 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
   const bool pk = training && b.packed();
   ANATOMY_CHECK(!pk || m_shape.packed_tokens, "internal error: a packed training batch for a model shaped without packed_tokens");
   carve(B, T, training);
-  m_acts->packed_attention = pk && packed_attention_for(b);
+  m_acts->packed_attention = pk && packed_attention_applies(m_be, m_shape.compute, m_cfg, b);
   m_be.set_phase(Phase::Forward);
   Acts& a = *m_acts;
   const int64_t n = pk ? static_cast<int64_t>(b.token_rows.numel()) : B * T;
@@ -1013,8 +1009,10 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
   if (overlaid) m_hidden = Tensor();  // its memory now holds gradients
 }
 
+// Both packed layouts compute on the token rows (Note [packed inference]); carve_packed marks them.
+bool BertForSequenceClassification::last_forward_packed() const { return m_acts->packed; }
+
 void BertForSequenceClassification::forward_eval(const DeviceBatch& b) {
-  m_last_packed = b.packed();  // both packed layouts: Note [packed inference]
   if (b.packed())
     forward_packed(b);
   else
@@ -1032,7 +1030,7 @@ void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
   m_be.set_phase(Phase::Forward);
   Acts& a = *m_acts;
   embeddings_forward(b, false, 0, N);
-  a.packed_attention = packed_attention_for(b);
+  a.packed_attention = packed_attention_applies(m_be, m_shape.compute, m_cfg, b);
   if (!a.packed_attention) m_be.fill(a.qkv_pad, 0.0f);  // padding rows stay zero: the scatters write token rows only
   // N-row views of the carved tensors (lse stays [B, heads, T]).
   LayerActs la = a.layers[0];

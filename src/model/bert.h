@@ -70,7 +70,7 @@ class BertForSequenceClassification : public EncoderModel {
   // With batch.packed(), the encoder runs on the batch's tokens alone (no padding rows;
   // hidden_states() is then undefined).
   void forward_eval(const DeviceBatch& batch) override;
-  bool last_forward_packed() const override { return m_last_packed; }
+  bool last_forward_packed() const override;
 
   const Tensor& losses() const override { return m_losses; }  // F32 [B] of the last call
   const Tensor& logits() const override { return m_logits; }  // [B, num_labels] of the last call; masked-LM [B*T, vocab]
@@ -84,10 +84,6 @@ class BertForSequenceClassification : public EncoderModel {
 
  private:
   void carve(int64_t B, int64_t T, bool training, bool packed = false);
-  // Whether a packed batch's attention runs on its packed rows (Note [packed attention] in
-  // ops/cpu/attention.cpp): every sequence right-padded, and the backend has the kernels. Each
-  // forward asks once and keeps the answer for its layers and its backward.
-  bool packed_attention_for(const DeviceBatch& b) const;
   // The per-token heads' padded input on a packed batch: built from batch b's token rows (the
   // encoder's output rows `out`, by default training's), or as built (backward, b null).
   Tensor padded_head_input(const DeviceBatch* b = nullptr, Tensor out = {});
@@ -136,7 +132,6 @@ class BertForSequenceClassification : public EncoderModel {
   Arena m_act_arena, m_tmp_arena;
   std::unique_ptr<Acts> m_acts;
   Tensor m_losses, m_logits, m_hidden;
-  bool m_last_packed = false;
 };
 
 }  // namespace anatomy

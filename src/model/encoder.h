@@ -186,7 +186,7 @@ class EncoderModel {
   virtual void on_layer_gradients(std::function<void(size_t begin, size_t end)> f) = 0;
   // Forward only (no dropout): logits in the compute dtype.
   virtual void forward_eval(const DeviceBatch& batch) = 0;
-  // Whether the last forward ran on the batch's packed token rows (a packing index may be
+  // Whether the last forward_eval ran on the batch's packed token rows (a packing index may be
   // ignored: the logits are the same), so that evaluation reports the work it skipped.
   virtual bool last_forward_packed() const = 0;
 

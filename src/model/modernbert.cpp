@@ -553,9 +553,6 @@ void ModernBertForSequenceClassification::pool_forward(const DeviceBatch& b) {
 // carry a zero gradient, so the gradients are those of the padded step (to rounding: other
 // GEMM shapes). Packed training with layer recompute is refused, as BERT's (the options drop
 // packing under --gradient-checkpointing layer; that combination has no test).
-bool ModernBertForSequenceClassification::packs(const DeviceBatch& b) const {
-  return packed_attention_applies(m_be, m_shape.compute, m_cfg, b);
-}
 
 void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
@@ -564,7 +561,7 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   ANATOMY_CHECK(T >= 1 && T <= m_shape.max_seq, "sequence length ", T, " exceeds the planned --seq-len ",
                 m_shape.max_seq);
   Acts& A = *m_acts;
-  A.packed = packs(b);
+  A.packed = packed_attention_applies(m_be, m_shape.compute, m_cfg, b);  // Note [modernbert packed tokens]
   const int64_t n = A.n = A.packed ? b.token_rows.dim(0) : R;
   if (A.packed) {
     m_be.gather_rows(rows(A.ids, 1), shaped(b.input_ids, {R, 1}), b.token_rows);

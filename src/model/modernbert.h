@@ -85,8 +85,6 @@ class ModernBertForSequenceClassification : public EncoderModel {
   void forward(const DeviceBatch& b);
   void backward(const DeviceBatch& b);
   void pool_forward(const DeviceBatch& b);
-  // Whether this batch runs on its packed token rows (Note [modernbert packed tokens]).
-  bool packs(const DeviceBatch& b) const;
   // The first Acts::n rows of a [B*T, width] tensor: the rows the encoder runs on.
   Tensor rows(const Tensor& t, int64_t width) const;
   // Layer l's rotary theta and local attention window (0: global).

@@ -124,14 +124,20 @@ struct Uploaded {
   }
 };
 
-// Counts the row copies (scatter_rows, gather_rows) and fills a backend issues.
-struct RowCopies : OpObserver {
+// What a backend ran, by op: the row copies (scatter_rows, gather_rows), fills and attention
+// calls, and the FLOPs the ops report (attention's, rotary's, all): on the packed rows they
+// count the real tokens alone.
+struct OpTally : OpObserver {
   int copies = 0, fills = 0, attention = 0;
+  double attention_flops = 0, rotary_flops = 0, flops = 0;
   void before(Backend&, const OpEvent& e) override {
     const std::string n = e.name;
     copies += n == "scatter_rows" || n == "gather_rows";
     fills += n == "fill";
     attention += n == "attention";
+    attention_flops += n == "attention" ? e.cost.flops : 0;
+    rotary_flops += n == "rotary" ? e.cost.flops : 0;
+    flops += e.cost.flops;
   }
   void after(Backend&, const OpEvent&) override {}
 };

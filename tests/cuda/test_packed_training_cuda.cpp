@@ -59,7 +59,7 @@ TEST(PackedTrainingCuda, Bf16FlashPathMatchesThePaddedStep) {
   for (Packing how : {Packing{true, 1}, Packing{true, 128}, Packing{false, 1}}) {
     SCOPED_TRACE(std::string(how.attention ? "packed attention" : "padded attention") + ", multiple " +
                  std::to_string(how.multiple));
-    RowCopies ops;  // which attention ran: the padded layout's copies 5 per layer (2 layers)
+    OpTally ops;  // which attention ran: the padded layout's copies 5 per layer (2 layers)
     gpu->set_observer(&ops);
     const Step packed = step(*gpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16, how);
     gpu->set_observer(nullptr);
@@ -120,11 +120,6 @@ TEST(PackedTrainingCuda, Bf16PerTokenHeadsMatchThePaddedStep) {
 TEST(PackedTrainingCuda, Bf16ModernBertMatchesThePaddedStep) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   auto gpu = make_cuda_backend(0);
-  struct RotaryFlops : OpObserver {
-    double flops = 0;
-    void before(Backend&, const OpEvent& e) override { flops += std::string(e.name) == "rotary" ? e.cost.flops : 0; }
-    void after(Backend&, const OpEvent&) override {}
-  };
   const std::vector<int64_t> lengths{5, 40, 3, 64, 33};
   for (const char* arch : {"ModernBertForSequenceClassification", "ModernBertForTokenClassification",
                            "ModernBertForMaskedLM"}) {
@@ -136,7 +131,7 @@ TEST(PackedTrainingCuda, Bf16ModernBertMatchesThePaddedStep) {
       cfg.num_attention_heads = 2;
       cfg.max_position_embeddings = 64;
       const HostBatch hb = batch_of(lengths, 64, 4, is_masked_lm(cfg) ? cfg.vocab_size : 3);
-      RotaryFlops padded_flops, packed_flops;
+      OpTally padded_flops, packed_flops;
       gpu->set_observer(&padded_flops);
       const Step padded = step(*gpu, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16);
       gpu->set_observer(&packed_flops);
@@ -144,7 +139,7 @@ TEST(PackedTrainingCuda, Bf16ModernBertMatchesThePaddedStep) {
                                DType::BF16, Packing{true, 128});
       gpu->set_observer(nullptr);
       // 145 token rows, padded to the multiple 128: 256 of the 320 padded rows.
-      EXPECT_NEAR(packed_flops.flops / padded_flops.flops, 256.0 / 320.0, 1e-9);
+      EXPECT_NEAR(packed_flops.rotary_flops / padded_flops.rotary_flops, 256.0 / 320.0, 1e-9);
       const double g = largest(padded.grads);
       ASSERT_GT(g, 1e-4);
       EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 2e-2));

@@ -63,7 +63,7 @@ TEST(PackedTraining, PackedAttentionDropsTheRowCopiesAroundAttention) {
   auto cpu = make_cpu_backend(1);
   const BertConfig cfg = config(false);
   const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
-  RowCopies rows, layout;
+  OpTally rows, layout;
   cpu->set_observer(&rows);
   step(*cpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own, DType::F32, Packing{true, 1});
   cpu->set_observer(&layout);
@@ -175,19 +175,6 @@ TEST(PackedTraining, RefusesLayerCheckpointing) {
 
 namespace {
 
-// Sums the FLOPs the encoder's ops report by name (attention, rotary, the GEMMs): on the packed
-// rows they count the real tokens alone.
-struct Flops : OpObserver {
-  double attention = 0, rotary = 0, all = 0;
-  void before(Backend&, const OpEvent& e) override {
-    const std::string n = e.name;
-    attention += n == "attention" ? e.cost.flops : 0;
-    rotary += n == "rotary" ? e.cost.flops : 0;
-    all += e.cost.flops;
-  }
-  void after(Backend&, const OpEvent&) override {}
-};
-
 struct Head {
   const char* architecture;
   const char* pooling;
@@ -232,16 +219,16 @@ TEST(PackedTraining, ModernBertComputesOnTheRealTokens) {
   auto cpu = make_cpu_backend(1);
   const BertConfig cfg = modernbert_config("ModernBertForSequenceClassification");
   const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
-  Flops packed, padded;
+  OpTally packed, padded;
   cpu->set_observer(&packed);
   step(*cpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own);
   cpu->set_observer(&padded);
   step(*cpu, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own);
   cpu->set_observer(nullptr);
-  ASSERT_GT(padded.rotary, 0);
-  EXPECT_NEAR(packed.rotary / padded.rotary, 45.0 / 80.0, 1e-9);
-  EXPECT_LT(packed.attention, 0.75 * padded.attention);
-  EXPECT_LT(packed.all, 0.75 * padded.all);
+  ASSERT_GT(padded.rotary_flops, 0);
+  EXPECT_NEAR(packed.rotary_flops / padded.rotary_flops, 45.0 / 80.0, 1e-9);
+  EXPECT_LT(packed.attention_flops, 0.75 * padded.attention_flops);
+  EXPECT_LT(packed.flops, 0.75 * padded.flops);
 }
 
 // Evaluation packs too: the inference forward's logits are the padded forward's (every sample's,
@@ -256,15 +243,15 @@ TEST(PackedTraining, ModernBertEvaluatesLikeThePaddedForward) {
     const int64_t rows = tokens ? hb.batch * hb.seq : hb.batch, C = static_cast<int64_t>(padded.size()) / rows;
     for (Packing how : {Packing{true, 1}, Packing{true, 16}}) {
       SCOPED_TRACE(std::string(head.architecture) + " / " + head.pooling + " / multiple " + std::to_string(how.multiple));
-      Flops ran;  // the packed rows ran: rotary's FLOPs are those of the 45 token rows (or 48), not 80
+      OpTally ran;  // the packed rows ran: rotary's FLOPs are those of the 45 token rows (or 48), not 80
       cpu->set_observer(&ran);
       const std::vector<float> packed = eval_logits(*cpu, cfg, hb, true, how);
       cpu->set_observer(nullptr);
-      Flops all;
+      OpTally all;
       cpu->set_observer(&all);
       eval_logits(*cpu, cfg, hb, false);
       cpu->set_observer(nullptr);
-      EXPECT_NEAR(ran.rotary / all.rotary, (how.multiple == 1 ? 45.0 : 48.0) / 80.0, 1e-9);
+      EXPECT_NEAR(ran.rotary_flops / all.rotary_flops, (how.multiple == 1 ? 45.0 : 48.0) / 80.0, 1e-9);
       ASSERT_EQ(packed.size(), padded.size());
       double worst = 0, largest_logit = 0;
       for (int64_t r = 0; r < rows; ++r) {

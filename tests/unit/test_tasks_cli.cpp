@@ -622,21 +622,12 @@ TEST(TasksPlan, ModernBertPerTokenPlanEqualsAllocated) {
   for (const char* task : {"mlm", "token-classification"})
     for (const char* policy : {"none", "layer", "selective"}) {
       const bool mlm = std::string(task) == "mlm";
-      TrainOptions o;
+      TrainOptions o =
+          plan_run_options(dir, mlm ? std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl" : tagged, "auto");
       o.task = task;
       o.model_name_or_path = tiny_modernbert(dir + "/start_" + task + policy, mlm ? "modernbert-mlm" : "modernbert-ner");
-      o.train_file = mlm ? std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl" : tagged;
       o.dataset_cache_dir = dir;
-      o.device = DeviceChoice::Cpu;
-      o.seq_len = 24;
-      o.per_device_train_batch_size = 8;
-      o.max_steps = 2;
-      o.logging_steps = 0;
       o.gradient_checkpointing = parse_checkpoint_policy(policy);
-      o.output_dir = dir + "/run";
-      o.overwrite_output_dir = true;
-      o.save_model = false;
-      o.disable_progress_bar = true;
       const TrainResult r = train(o);
       const MemoryPlan plan = plan_memory(plan_input(o, model_config(o), 8, Device::CPU, 1));
       for (int c = 0; c < kNumCategories; ++c)
