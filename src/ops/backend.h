@@ -87,12 +87,16 @@ class Backend {
   void upload(const Tensor& dst, const void* host);  // host bytes -> dst
   // Note [asynchronous uploads]: the trainer's batches go through page-locked staging memory
   // (host_alloc) and upload_async, which enqueues the copy in stream order and returns at once;
-  // the staging block may be rewritten only after wait_upload(token) returns. So a step never
-  // waits for the device between micro-batches. The CPU copies synchronously (token 0).
+  // the staging block may be rewritten only after wait_copy(token) returns. So a step never
+  // waits for the device between micro-batches. download_async is the way back: the step's
+  // figures reach page-locked memory in stream order, readable once wait_copy(token) returns,
+  // while later work queued behind them runs on (Note [a step in flight] in train/trainer.cpp).
+  // The CPU copies synchronously (token 0).
   virtual void* host_alloc(size_t bytes) { return ::operator new(bytes); }
   virtual void host_free(void* p) { ::operator delete(p); }
   int upload_async(const Tensor& dst, const void* host);
-  virtual void wait_upload(int /*token*/) {}
+  int download_async(void* host, const Tensor& src);
+  virtual void wait_copy(int /*token*/) {}
   void download(void* host, const Tensor& src);     // src -> host bytes
   void copy(const Tensor& dst, const Tensor& src);  // same dtype and size
   void cast(const Tensor& dst, const Tensor& src);  // between float dtypes
@@ -269,6 +273,10 @@ class Backend {
     return 0;
   }
   virtual void download_impl(void* host, const Tensor& src) = 0;
+  virtual int download_async_impl(void* host, const Tensor& src) {
+    download_impl(host, src);
+    return 0;
+  }
   virtual void copy_impl(const Tensor& dst, const Tensor& src) = 0;
   virtual void cast_impl(const Tensor& dst, const Tensor& src) = 0;
   virtual void fill_impl(const Tensor& dst, float value) = 0;

@@ -183,6 +183,13 @@ int Backend::upload_async(const Tensor& dst, const void* host) {
            [&] { token = upload_async_impl(dst, host); });
   return token;
 }
+int Backend::download_async(void* host, const Tensor& src) {
+  Check(*this, "download_async").on_device(src, "src");
+  int token = 0;
+  observed("download", [&] { return elementwise_cost(src, 0, 1, 0, OpClass::Data); },
+           [&] { token = download_async_impl(host, src); });
+  return token;
+}
 void Backend::download(void* host, const Tensor& src) {
   Check(*this, "download").on_device(src, "src");
   observed("download", [&] { return elementwise_cost(src, 0, 1, 0, OpClass::Data); },

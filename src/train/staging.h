@@ -34,7 +34,7 @@ class UploadStaging {
   // defined, starts where db.first_rows does: the offsets begin with the first rows).
   void upload(const HostBatch& hb, const DeviceBatch& db, int64_t micro, const PackedRows* pr = nullptr) {
     const int slot = static_cast<int>(micro % 2);
-    if (m_token[slot] >= 0) m_be.wait_upload(m_token[slot]);
+    if (m_token[slot] >= 0) m_be.wait_copy(m_token[slot]);
     const int64_t n = hb.batch * hb.seq;
     int32_t* ids = m_p[slot];
     int32_t* types = ids + n;

@@ -21,7 +21,8 @@ TrainStep::TrainStep(const TrainOptions& opt, EncoderModel& model, Backend& be, 
       m_types(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
       m_mask(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
       m_labels(be.allocator(), label_dtype(model.config()), label_shape(model.config(), m_B, m_T), Category::Other),
-      m_loss_sums(be.allocator(), DType::F32, {m_B}, Category::Other), m_host_losses(static_cast<size_t>(m_B)),
+      m_loss_sums(be.allocator(), DType::F32, {m_B}, Category::Other),
+      m_host(static_cast<float*>(be.host_alloc(2 * static_cast<size_t>(m_B + 1) * sizeof(float)))),
       m_staging(be, m_B, m_T, label_width(model.config(), m_T)) {
   if (opt.precision == Precision::Fp16) m_scaler.scale = opt.fp16_initial_scale;
   if (model.shape().packed_tokens) {
@@ -30,6 +31,8 @@ TrainStep::TrainStep(const TrainOptions& opt, EncoderModel& model, Backend& be, 
     m_row_multiple = be.device() == Device::CUDA ? 128 : 1;
   }
 }
+
+TrainStep::~TrainStep() { m_be.host_free(m_host); }
 
 // Note [labelled tokens per step]
 // transformers' Trainer (4.46 on) scores a per-token task as the sum of the token losses of the
@@ -60,9 +63,10 @@ int64_t TrainStep::labelled_tokens_of_step(Prefetcher& source, int64_t micro, do
   return static_cast<int64_t>(count);
 }
 
-StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait, int signal) {
+TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double& data_wait, int signal) {
   const int64_t accum = m_opt.gradient_accumulation_steps, N = m_comm.size(), r = m_comm.rank();
-  StepOutcome out;
+  Launched out;
+  out.signal = signal;
   m_be.set_phase(Phase::Optimizer);  // clearing the gradients is the update's bookkeeping, not data
   // In activation memory, backward clears each gradient range itself, just before writing it;
   // a buffer of their own is cleared once per step, or per micro-batch when ZeRO-2 reduces each.
@@ -129,23 +133,36 @@ StepOutcome TrainStep::run(Prefetcher& source, int64_t& micro, double& data_wait
                         m_opt.warmup(m_total_steps));
   m_dps.step(m_model, out.lr, m_opt.max_grad_norm, m_scaler.scale);
   m_be.set_phase(Phase::Data);
-  float norm_sq = 0;
-  m_be.download(&norm_sq, m_dps.norm_sq());  // also the end of this rank's step
+  // The figures leave in stream order, before the next step's work can overwrite them.
+  out.slot = m_launched++ % 2;
+  float* host = m_host + static_cast<size_t>(out.slot) * static_cast<size_t>(m_B + 1);
+  out.token = m_be.download_async(host, m_dps.norm_sq());
+  if (widest > 0) out.token = m_be.download_async(host + 1, m_loss_sums.tensor().slice(0, widest));
+  out.widest = widest;
+  out.mine = mine;
+  out.scale = m_scaler.scale;
+  out.micro_end = micro;
+  return out;
+}
+
+StepOutcome TrainStep::finish(const Launched& l) {
+  m_be.wait_copy(l.token);  // the end of this rank's step
+  const float* host = m_host + static_cast<size_t>(l.slot) * static_cast<size_t>(m_B + 1);
+  const float norm_sq = host[0];
   double local = 0;
-  if (widest > 0) {
-    m_be.download(m_host_losses.data(), m_loss_sums.tensor().slice(0, widest));
-    for (int64_t i = 0; i < widest; ++i) local += m_host_losses[static_cast<size_t>(i)];
-  }
+  for (int64_t i = 0; i < l.widest; ++i) local += host[1 + i];
+  StepOutcome out;
+  out.lr = l.lr;
   // The step's global figures and decisions, in one exchange.
-  double v[4] = {local, static_cast<double>(mine), signal == SIGINT ? 1.0 : 0.0, signal == SIGTERM ? 1.0 : 0.0};
+  double v[4] = {local, static_cast<double>(l.mine), l.signal == SIGINT ? 1.0 : 0.0, l.signal == SIGTERM ? 1.0 : 0.0};
   m_comm.all_reduce_host(v, Communicator::Op::Sum);
   out.loss_sum = v[0];
   out.samples = static_cast<int64_t>(v[1]);
   // Per-token tasks: v[0] is the step's mean over its labelled tokens, transformers' logged loss;
   // as a sum over the samples it reads back as that mean (StepOutcome::loss_sum / samples).
-  if (per_token) out.loss_sum = v[0] * static_cast<double>(out.samples);
+  if (has_token_labels(m_model.config())) out.loss_sum = v[0] * static_cast<double>(out.samples);
   out.stop_signal = v[2] > 0 ? SIGINT : v[3] > 0 ? SIGTERM : 0;
-  out.grad_norm = std::sqrt(static_cast<double>(norm_sq)) / m_scaler.scale;
+  out.grad_norm = std::sqrt(static_cast<double>(norm_sq)) / l.scale;
   // Note [non-finite steps]: a non-finite loss comes from non-finite logits, whose gradient is
   // non-finite too, so the update kernels have skipped such a step on every rank (dist/zero.h)
   // whichever quantity the check names first.

@@ -55,9 +55,31 @@ class TrainStep {
   // plan: the global batches (per-device batch x ranks); this rank trains on its slice of each.
   TrainStep(const TrainOptions& opt, EncoderModel& model, Backend& be, Communicator& comm,
             const BatchPlan& plan, int64_t total_steps);
-  // One step from `source` (this rank's slices, from micro-batch `micro` on); `micro` advances by
-  // the accumulation steps. `signal` is this rank's pending SIGINT/SIGTERM (0: none).
-  StepOutcome run(Prefetcher& source, int64_t& micro, double& data_wait, int signal);
+  ~TrainStep();
+  TrainStep(const TrainStep&) = delete;
+  TrainStep& operator=(const TrainStep&) = delete;
+
+  // A step whose device work is queued and whose figures are on their way to the host.
+  struct Launched {
+    float lr = 0, scale = 1;       // the learning rate and the loss scale it ran with
+    int64_t widest = 0, mine = 0;  // the most real rows of a micro-batch, and this rank's samples
+    int64_t micro_end = 0;         // the micro-batches done once it has run
+    int signal = 0;
+    int slot = 0, token = 0;       // its figures' host block, and the copy to wait for
+  };
+  // Queues one step from `source` (this rank's slices, from micro-batch `micro` on); `micro`
+  // advances by the accumulation steps. `signal` is this rank's pending SIGINT/SIGTERM (0: none).
+  // At most two steps may be launched and not finished; finish them in order.
+  Launched launch(Prefetcher& source, int64_t& micro, double& data_wait, int signal);
+  // Waits for a launched step's figures and agrees the step's outcome with the other ranks.
+  StepOutcome finish(const Launched& l);
+  StepOutcome run(Prefetcher& source, int64_t& micro, double& data_wait, int signal) {
+    return finish(launch(source, micro, data_wait, signal));
+  }
+  // Whether the next step may be launched before this one's outcome is read: only where no
+  // outcome changes what the next step does (fp16's loss scaler halves its scale on an overflow;
+  // a skipped non-finite step leaves the optimizer's step count behind).
+  bool can_run_ahead() const { return m_opt.precision != Precision::Fp16 && !m_opt.skip_nonfinite_steps; }
   LossScaler& scaler() { return m_scaler; }
   Optimizer& optimizer() { return m_dps.optimizer(); }
   const ShardRange& shard() const { return m_dps.shard(); }
@@ -86,7 +108,8 @@ class TrainStep {
   int64_t m_row_multiple = 1;
   HostBatch m_hb;
   std::vector<HostBatch> m_ahead;  // the step's micro-batches, read ahead (per-token tasks)
-  std::vector<float> m_host_losses;
+  float* m_host = nullptr;  // page-locked: per slot, the squared gradient norm then the loss sums
+  int m_launched = 0;       // steps launched, for the slot
   UploadStaging m_staging;
 };
 

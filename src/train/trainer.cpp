@@ -116,7 +116,7 @@ class RankRun {
   void finish();
   void evaluate_now(int64_t step);
   void save_checkpoint(int64_t step);
-  void account(int64_t done, const StepOutcome& s);
+  void account(int64_t done, const StepOutcome& s, int64_t micro_end);
   void profile();
   void load_best_model();
   bool epoch_ends_at(int64_t step) const {  // does optimizer step `step` (1-based) finish an epoch?
@@ -301,7 +301,7 @@ void RankRun::evaluate_now(int64_t step) {
 
 // The step's figures into the totals; a non-finite step stops the run (every rank alike: the
 // figures are global) or, with --skip-nonfinite-steps, is counted and left out.
-void RankRun::account(int64_t done, const StepOutcome& s) {
+void RankRun::account(int64_t done, const StepOutcome& s, int64_t micro_end) {
   if (s.nonfinite) {
     ANATOMY_CHECK(m_opt.skip_nonfinite_steps, "step ", done, ": the ", s.nonfinite, " is not finite (",
                   s.nonfinite == std::string("loss") ? s.loss_sum : s.grad_norm, "); the run stops here, keeping ",
@@ -325,7 +325,7 @@ void RankRun::account(int64_t done, const StepOutcome& s) {
   }
   if (m_lead) {
     const double now = m_stamps.back();
-    m_log->step(done, counted ? s.loss_sum : 0.0, counted ? s.samples : 0, s.grad_norm, s.lr, epoch_of(m_p.micro), now,
+    m_log->step(done, counted ? s.loss_sum : 0.0, counted ? s.samples : 0, s.grad_norm, s.lr, epoch_of(micro_end), now,
                 (done - m_start_step) * m_B * m_accum * m_comm.size(), m_data_wait, m_step->scaler().scale);
   }
 }
@@ -370,8 +370,38 @@ bool RankRun::loop() {
   const int64_t eval_every = m_opt.eval_steps > 0 ? m_opt.eval_steps : std::max<int64_t>(1, m_opt.logging_steps);
   const auto t0 = Clock::now();
   int64_t last_eval = -1;
+  auto evaluates_at = [&](int64_t done) {
+    return (m_opt.eval_strategy == Cadence::Steps && done % eval_every == 0) ||
+           (m_opt.eval_strategy == Cadence::Epoch && epoch_ends_at(done));
+  };
+  auto saves_at = [&](int64_t done) {
+    return (m_opt.checkpoint_strategy == Cadence::Steps && done % m_opt.save_steps == 0) ||
+           (m_opt.checkpoint_strategy == Cadence::Epoch && epoch_ends_at(done));
+  };
+  // Note [a step in flight]
+  // Reading a step's figures waits for its device work; with nothing queued behind it, the GPU
+  // would then idle while the host packs, uploads and launches the next step (22% of a MiniLM
+  // step on real tokens, bench/results/2026-11-26-h200). So the next step is launched before this
+  // one's figures are read, wherever nothing done after this step reads the model or could
+  // change the next one: not after the first step (its memory is probed), an evaluation or a
+  // checkpoint, nor once a stop was agreed, and only where TrainStep::can_run_ahead. Every input
+  // of that decision is global (the schedule and agreed outcomes), so every rank launches the
+  // same steps. A stop agreed while a step is in flight ends after that step: the checkpoint
+  // then holds the weights of the last step accounted. A non-finite step still stops the run
+  // naming its own step; the step launched behind it is left to end, and nothing more is written.
+  const bool run_ahead = m_step->can_run_ahead() && m_opt.run_ahead;
+  std::optional<TrainStep::Launched> ahead;
+  int stop_signal = 0;
   for (int64_t step = m_start_step; step < m_total_steps; ++step) {
-    const StepOutcome s = m_step->run(loader, m_p.micro, m_data_wait, stop.pending());
+    const TrainStep::Launched cur = ahead ? *ahead : m_step->launch(loader, m_p.micro, m_data_wait, stop.pending());
+    ahead.reset();
+    const int64_t done = step + 1;
+    if (run_ahead && stop_signal == 0 && done < m_total_steps && step > m_start_step && !evaluates_at(done) &&
+        !saves_at(done)) {
+      ahead = m_step->launch(loader, m_p.micro, m_data_wait, stop.pending());
+      ++m_res.steps_launched_ahead;
+    }
+    const StepOutcome s = m_step->finish(cur);
     m_stamps.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     if (m_dev.cuda && step == m_start_step) {
       m_res.nvml_after_first_step_mb = used() >> 20;
@@ -379,22 +409,19 @@ bool RankRun::loop() {
       for (const auto& g : m_prof.memory_growth())
         m_res.memory_growth.emplace_back(str_cat(phase_name(g.phase), " ", g.op), g.bytes);
     }
-    const int64_t done = step + 1;
-    account(done, s);
-    if ((m_opt.eval_strategy == Cadence::Steps && done % eval_every == 0) ||
-        (m_opt.eval_strategy == Cadence::Epoch && epoch_ends_at(done))) {
+    account(done, s, cur.micro_end);
+    if (evaluates_at(done)) {
       evaluate_now(done);
       last_eval = done;
     }
-    if ((m_opt.checkpoint_strategy == Cadence::Steps && done % m_opt.save_steps == 0) ||
-        (m_opt.checkpoint_strategy == Cadence::Epoch && epoch_ends_at(done)))
-      save_checkpoint(done);
-    if (s.stop_signal != 0 && done < m_total_steps) {
+    if (saves_at(done)) save_checkpoint(done);
+    if (s.stop_signal != 0) stop_signal = s.stop_signal;
+    if (stop_signal != 0 && done < m_total_steps && !ahead) {
       if (m_last_save != done) save_checkpoint(done);
       if (m_lead)
         std::fprintf(stderr, "%sanatomy: stopped by %s after step %lld of %lld; checkpoint: %s\nresume with: %s "
                      "--resume-from-checkpoint latest\n",
-                     m_log->tty() ? "\n" : "", s.stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+                     m_log->tty() ? "\n" : "", stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
                      static_cast<long long>(done), static_cast<long long>(m_total_steps), m_res.last_checkpoint.c_str(),
                      m_opt.command_line.empty() ? "anatomy train ..." : m_opt.command_line.c_str());
       m_res.interrupted = true;

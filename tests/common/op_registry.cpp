@@ -407,7 +407,17 @@ std::vector<OpEntry> build_registry() {
   add("upload_async", [](const OpDims& d, Rng& g) {
     auto host = std::make_shared<std::vector<float>>(test::to_float(normal(g, d.rows() * d.hidden, 1.0)));
     return OpCase{{out("dst", {d.rows(), d.hidden}, false)},
-                  [host](Backend& be, T t) { be.wait_upload(be.upload_async(t[0], host->data())); }, 0, 0};
+                  [host](Backend& be, T t) { be.wait_copy(be.upload_async(t[0], host->data())); }, 0, 0};
+  }, nullptr, false);
+  add("download_async", [](const OpDims& d, Rng& g) {
+    return OpCase{{in_f32(g, "src", {d.rows(), d.hidden}), out("dst", {d.rows(), d.hidden}, false)},
+                  [](Backend& be, T t) {
+                    float* h = static_cast<float*>(be.host_alloc(t[0].bytes()));  // page-locked on the GPU
+                    be.wait_copy(be.download_async(h, t[0]));
+                    be.upload(t[1], h);
+                    be.host_free(h);
+                  },
+                  0, 0};
   }, nullptr, false);
   add("download", [](const OpDims& d, Rng& g) {
     return OpCase{{in_f32(g, "src", {d.rows(), d.hidden}), out("dst", {d.rows(), d.hidden}, false)},

@@ -250,3 +250,78 @@ TEST(TrainRanks, LossScalerHalvesToItsFloorAndGrowsAfterCleanSteps) {
   EXPECT_EQ(s.scale, 2.0f);
   EXPECT_EQ(s.clean, 0);
 }
+
+// Note [a step in flight]: the next step is launched before a step's figures are read wherever
+// nothing after that step reads the model. The schedule below has evaluations at steps 3, 6 and
+// 9 and checkpoints at 4 and 8 in 10 steps: steps 2, 5 and 7 launch the one after them early
+// (not step 1, whose memory is probed, nor the last). Logged losses, evaluations, checkpoints and
+// final weights are those of the run that reads each step first, bit for bit, at 1 and 2 ranks.
+TEST(TrainRanks, TheNextStepLaunchedBeforeThisOneIsReadChangesNothing) {
+  const std::string model = dropout_free_model("ahead_model");
+  const std::string data_dir = fresh_dir("ahead_data");
+  fs::copy_file(kData, data_dir + "/data.jsonl");
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(std::to_string(world) + " ranks");
+    auto run = [&](bool ahead) {
+      TrainOptions o = options("cpu", model, str_cat("ahead_", world, ahead ? "_on" : "_off"), world, 4 / world, 1);
+      o.train_file = data_dir + "/data.jsonl";
+      o.tokenizer = kTokenizer;
+      o.validation_split = 0.25;
+      o.max_steps = 10;
+      o.eval_strategy = Cadence::Steps;
+      o.eval_steps = 3;
+      o.checkpoint_strategy = Cadence::Steps;
+      o.save_steps = 4;
+      o.logging_steps = 1;
+      o.threads = world;
+      o.run_ahead = ahead;
+      return std::make_pair(o.output_dir, train(o));
+    };
+    const auto [off_dir, off] = run(false);
+    const auto [on_dir, on] = run(true);
+    EXPECT_EQ(off.steps_launched_ahead, 0);
+    EXPECT_EQ(on.steps_launched_ahead, 3);
+    EXPECT_EQ(on.steps, 10);
+    EXPECT_EQ(on.samples, off.samples);
+    EXPECT_EQ(on.train_loss, off.train_loss);
+    EXPECT_EQ(on.eval_loss, off.eval_loss);
+    EXPECT_EQ(loss_curve(on_dir), loss_curve(off_dir));
+    EXPECT_EQ(loss_curve(on_dir).size(), 10u);
+    EXPECT_EQ(max_abs_diff(saved_weights(off_dir), saved_weights(on_dir)), 0.0);
+    for (const char* ckpt : {"checkpoint-4", "checkpoint-8"})
+      EXPECT_EQ(max_abs_diff(saved_weights((fs::path(off_dir) / ckpt).string()),
+                             saved_weights((fs::path(on_dir) / ckpt).string())), 0.0) << ckpt;
+    // The epoch logged with each step is that step's, not the one launched behind it.
+    const std::vector<json> a = read_jsonl(fs::path(on_dir) / "metrics.jsonl"), b = read_jsonl(fs::path(off_dir) / "metrics.jsonl");
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i].contains("loss")) EXPECT_EQ(a[i]["epoch"], b[i]["epoch"]) << "line " << i;
+  }
+}
+
+// A non-finite step found while the step behind it is in flight stops the run naming its own
+// step, and writes nothing more; where an outcome changes the next step (skipped non-finite
+// steps), nothing runs ahead.
+TEST(TrainRanks, ANonFiniteStepStopsTheRunWithTheNextStepInFlight) {
+  const std::string model = dropout_free_model("ahead_nan_model");
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(std::to_string(world) + " ranks");
+    TrainOptions o = options("cpu", model, str_cat("ahead_nan", world), world, 4 / world, 1);
+    o.learning_rate = 1e38f;  // as in NonFiniteStepStopsTheRunKeepingTheLastCheckpoint: step 2's loss overflows
+    o.max_grad_norm = 0;
+    try {
+      train(o);
+      ADD_FAILURE() << "the run did not stop";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("step 2: the loss is not finite"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / "train_results.json"));
+    EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / "model.safetensors"));
+
+    o.output_dir = fresh_dir(str_cat("ahead_nan_skip", world));
+    o.skip_nonfinite_steps = true;
+    const TrainResult r = train(o);
+    EXPECT_EQ(r.steps_launched_ahead, 0);
+    EXPECT_EQ(r.nonfinite_steps, 3);
+  }
+}

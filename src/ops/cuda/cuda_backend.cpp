@@ -69,7 +69,7 @@ CudaBackend::~CudaBackend() {
     (void)cudaStreamDestroy(m_stream);
   }
   for (cudaEvent_t e : m_events) (void)cudaEventDestroy(e);
-  for (cudaEvent_t e : m_upload_events) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : m_copy_events) (void)cudaEventDestroy(e);
 }
 
 int CudaBackend::timing_mark() {
@@ -173,24 +173,34 @@ void CudaBackend::host_free(void* p) {
   if (p) (void)cudaFreeHost(p);
 }
 
-// The copy runs in stream order; an event after it tells when `host` may be rewritten. Tokens
-// index a ring of 64 events, more than the copies a caller keeps in flight (4 per micro-batch,
-// two staging blocks).
-int CudaBackend::upload_async_impl(const Tensor& dst, const void* host) {
-  ANATOMY_CHECK(!m_capturing, "upload_async: not allowed while the backend records a graph");
-  if (m_upload_events.empty()) {
-    m_upload_events.resize(64);
-    for (cudaEvent_t& e : m_upload_events) ANATOMY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+// The copies run in stream order; an event after each tells when its host block may be
+// rewritten (upload) or read (download). Tokens index a ring of 64 events, more than the copies
+// a caller keeps in flight (4 per micro-batch, two staging blocks; 2 per step, two steps).
+int CudaBackend::record_copy() {
+  if (m_copy_events.empty()) {
+    m_copy_events.resize(64);
+    for (cudaEvent_t& e : m_copy_events) ANATOMY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
-  if (dst.bytes()) ANATOMY_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, m_stream));
-  const int token = static_cast<int>(m_upload_next++ % m_upload_events.size());
-  ANATOMY_CUDA_CHECK(cudaEventRecord(m_upload_events[token], m_stream));
+  const int token = static_cast<int>(m_copy_next++ % m_copy_events.size());
+  ANATOMY_CUDA_CHECK(cudaEventRecord(m_copy_events[token], m_stream));
   return token;
 }
 
-void CudaBackend::wait_upload(int token) {
-  ANATOMY_CHECK(token >= 0 && static_cast<size_t>(token) < m_upload_events.size(), "wait_upload: unknown token ", token);
-  ANATOMY_CUDA_CHECK(cudaEventSynchronize(m_upload_events[token]));
+int CudaBackend::upload_async_impl(const Tensor& dst, const void* host) {
+  ANATOMY_CHECK(!m_capturing, "upload_async: not allowed while the backend records a graph");
+  if (dst.bytes()) ANATOMY_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, m_stream));
+  return record_copy();
+}
+
+int CudaBackend::download_async_impl(void* host, const Tensor& src) {
+  ANATOMY_CHECK(!m_capturing, "download_async: not allowed while the backend records a graph");
+  if (src.bytes()) ANATOMY_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, m_stream));
+  return record_copy();
+}
+
+void CudaBackend::wait_copy(int token) {
+  ANATOMY_CHECK(token >= 0 && static_cast<size_t>(token) < m_copy_events.size(), "wait_copy: unknown token ", token);
+  ANATOMY_CUDA_CHECK(cudaEventSynchronize(m_copy_events[token]));
 }
 
 void CudaBackend::download_impl(void* host, const Tensor& src) {

@@ -69,13 +69,14 @@ class CudaBackend final : public Backend {
   // Page-locked staging for upload_async (Note [asynchronous uploads] in ops/backend.h).
   void* host_alloc(size_t bytes) override;
   void host_free(void* p) override;
-  void wait_upload(int token) override;
+  void wait_copy(int token) override;
 
  protected:
   // The ops (Note [backend contract] in ops/backend.h): the contract has checked their arguments.
   // ---- data movement (upload/download return when the host buffer may be reused/read) ---------
   void upload_impl(const Tensor& dst, const void* host) override;
   int upload_async_impl(const Tensor& dst, const void* host) override;
+  int download_async_impl(void* host, const Tensor& src) override;
   void download_impl(void* host, const Tensor& src) override;
   void copy_impl(const Tensor& dst, const Tensor& src) override;
   void cast_impl(const Tensor& dst, const Tensor& src) override;
@@ -158,6 +159,7 @@ class CudaBackend final : public Backend {
                         int64_t k, const MatmulArgs& args);
   void* attention_scratch(size_t bytes);
   AttentionOptions attention_options() const;  // cuBLAS workspace and TF32 switch for the F32 path
+  int record_copy();  // an event of the copy ring after the copy just enqueued: its token
 
   int m_device;
   std::string m_name;
@@ -170,8 +172,8 @@ class CudaBackend final : public Backend {
   Buffer m_attn_scratch;   // U8, Category::Temporary, sized by attention_scratch_bytes
   std::unique_ptr<LtMatmul> m_matmul;
   bool m_capturing = false;
-  std::vector<cudaEvent_t> m_upload_events;  // a ring: upload_async's tokens index it
-  size_t m_upload_next = 0;
+  std::vector<cudaEvent_t> m_copy_events;  // a ring: the tokens of upload_async and download_async index it
+  size_t m_copy_next = 0;
   cudaGraphExec_t m_graph_exec = nullptr;
   size_t m_graph_nodes = 0;
   int64_t m_bias_grad_unfused = 0;
