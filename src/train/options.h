@@ -81,7 +81,11 @@ struct TrainOptions {
   bool skip_nonfinite_steps = false;  // a step with a non-finite loss or gradient norm: skipped and counted, not fatal
   bool overwrite_output_dir = false;  // an output directory holding a run may be replaced (once the new run writes)
   int64_t fail_last_rank_at_step = -1;  // tests only (no flag): the last rank throws before this step's update
-  bool run_ahead = true;  // tests only (no flag): false reads each step's outcome before the next is launched
+  int64_t sigterm_at_step = -1;  // tests only (no flag): the last rank has a SIGTERM pending from this step's launch on
+  // Tests only (no flag): whether the next step is launched before this one is read (Note [a step
+  // in flight] in train/trainer.cpp). Auto: where the device runs asynchronously (the GPU; on the
+  // CPU a launch is the whole step, and running ahead gains nothing); On: also on the CPU.
+  enum class RunAhead { Auto, On, Off } run_ahead = RunAhead::Auto;
   int threads = 0;              // CPU threads (0: all)
   // Evaluation on the validation data: no, steps (every eval_steps) or epoch.
   Cadence eval_strategy = Cadence::No;

@@ -147,7 +147,8 @@ class RankRun {
   double m_eval_metric = 0, m_best_metric = 0;
   int64_t m_eval_step = -1;
   std::string m_best_ckpt;
-  std::vector<double> m_stamps;
+  std::vector<double> m_stamps;         // seconds from the loop's start to each step's end
+  std::vector<double> m_train_stamps;   // the same, less the evaluations and checkpoints before it
   nlohmann::json m_fingerprint;
   Progress m_p;
   TrainResult m_res;
@@ -381,28 +382,37 @@ bool RankRun::loop() {
   // Note [a step in flight]
   // Reading a step's figures waits for its device work; with nothing queued behind it, the GPU
   // would then idle while the host packs, uploads and launches the next step (22% of a MiniLM
-  // step on real tokens, bench/results/2026-11-26-h200). So the next step is launched before this
-  // one's figures are read, wherever nothing done after this step reads the model or could
-  // change the next one: not after the first step (its memory is probed), an evaluation or a
-  // checkpoint, nor once a stop was agreed, and only where TrainStep::can_run_ahead. Every input
-  // of that decision is global (the schedule and agreed outcomes), so every rank launches the
-  // same steps. A stop agreed while a step is in flight ends after that step: the checkpoint
-  // then holds the weights of the last step accounted. A non-finite step still stops the run
-  // naming its own step; the step launched behind it is left to end, and nothing more is written.
-  const bool run_ahead = m_step->can_run_ahead() && m_opt.run_ahead;
+  // step on real tokens, bench/results/2026-11-26-h200). So on the GPU the next step is launched
+  // before this one's figures are read (the CPU computes a step as it launches it), wherever
+  // nothing done after this step reads the model or could change the next one: not after the
+  // first step (its memory is probed), an evaluation or a checkpoint, nor once a stop was
+  // agreed, and only where TrainStep::can_run_ahead. Every input of that decision is global (the
+  // schedule and agreed outcomes), so every rank launches the same steps. A stop agreed while a
+  // step is in flight ends after that step: the checkpoint then holds the weights of the last
+  // step accounted. A non-finite step still stops the run naming its own step; the step launched
+  // behind it is left to end, and nothing more is written.
+  const bool run_ahead = m_step->can_run_ahead() && (m_opt.run_ahead == TrainOptions::RunAhead::On ||
+                                                      (m_opt.run_ahead == TrainOptions::RunAhead::Auto && m_dev.cuda));
   std::optional<TrainStep::Launched> ahead;
   int stop_signal = 0;
+  double paused = 0;  // seconds of evaluations and checkpoints between steps
+  const bool last_rank = m_comm.rank() == m_comm.size() - 1;
+  auto launch = [&](int64_t step) {  // step: 0-based
+    const bool injected = m_opt.sigterm_at_step > 0 && last_rank && step + 1 >= m_opt.sigterm_at_step;
+    return m_step->launch(loader, m_p.micro, m_data_wait, injected ? SIGTERM : stop.pending());
+  };
   for (int64_t step = m_start_step; step < m_total_steps; ++step) {
-    const TrainStep::Launched cur = ahead ? *ahead : m_step->launch(loader, m_p.micro, m_data_wait, stop.pending());
+    const TrainStep::Launched cur = ahead ? *ahead : launch(step);
     ahead.reset();
     const int64_t done = step + 1;
     if (run_ahead && stop_signal == 0 && done < m_total_steps && step > m_start_step && !evaluates_at(done) &&
         !saves_at(done)) {
-      ahead = m_step->launch(loader, m_p.micro, m_data_wait, stop.pending());
+      ahead = launch(step + 1);
       ++m_res.steps_launched_ahead;
     }
     const StepOutcome s = m_step->finish(cur);
     m_stamps.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    m_train_stamps.push_back(m_stamps.back() - paused);
     if (m_dev.cuda && step == m_start_step) {
       m_res.nvml_after_first_step_mb = used() >> 20;
       m_prof.probe_memory({});
@@ -410,11 +420,13 @@ bool RankRun::loop() {
         m_res.memory_growth.emplace_back(str_cat(phase_name(g.phase), " ", g.op), g.bytes);
     }
     account(done, s, cur.micro_end);
+    const auto between = Clock::now();
     if (evaluates_at(done)) {
       evaluate_now(done);
       last_eval = done;
     }
     if (saves_at(done)) save_checkpoint(done);
+    paused += std::chrono::duration<double>(Clock::now() - between).count();
     if (s.stop_signal != 0) stop_signal = s.stop_signal;
     if (stop_signal != 0 && done < m_total_steps && !ahead) {
       if (m_last_save != done) save_checkpoint(done);
@@ -459,11 +471,11 @@ void RankRun::finish() {
   res.train_samples_per_second = static_cast<double>(res.samples - m_samples_before) / std::max(m_runtime, 1e-9);
   res.train_steps_per_second = static_cast<double>(steps_here) / std::max(m_runtime, 1e-9);
   res.train_loss = m_p.loss_sum / static_cast<double>(std::max<int64_t>(1, res.samples));
-  const size_t half = m_stamps.size() / 2;
+  const std::vector<double>& t = m_train_stamps;
+  const size_t half = t.size() / 2;
   const int64_t per_step = m_B * m_accum * N;
-  res.steady_samples_per_second = m_stamps.size() > 3 ? static_cast<double>((m_stamps.size() - 1 - half) * per_step) /
-                                                            (m_stamps.back() - m_stamps[half])
-                                                      : res.train_samples_per_second;
+  res.steady_samples_per_second =
+      t.size() > 3 ? static_cast<double>((t.size() - 1 - half) * per_step) / (t.back() - t[half]) : res.train_samples_per_second;
   res.data_wait_s = m_data_wait;
   res.num_parameters = static_cast<int64_t>(m_model->layout().num_parameters());
   res.peak_bytes = m_dev.backend->allocator().stats().peak();

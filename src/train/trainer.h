@@ -22,7 +22,9 @@ struct TrainResult {
   double train_runtime = 0;              // seconds, the whole loop
   double train_samples_per_second = 0;   // samples / train_runtime
   double train_steps_per_second = 0;
-  double steady_samples_per_second = 0;  // second half of the steps (warm-up excluded)
+  // The second half of the steps (warm-up excluded), over their training time: evaluations and
+  // checkpoints between them are not counted (train_samples_per_second counts everything).
+  double steady_samples_per_second = 0;
   double train_loss = 0;                 // mean over all samples seen
   double first_loss = 0, last_loss = 0;  // mean of the first and last optimizer step
   int64_t steps = 0, samples = 0, skipped_steps = 0;  // skipped: fp16 overflows, and non-finite steps with skip_nonfinite_steps

@@ -274,7 +274,7 @@ TEST(TrainRanks, TheNextStepLaunchedBeforeThisOneIsReadChangesNothing) {
       o.save_steps = 4;
       o.logging_steps = 1;
       o.threads = world;
-      o.run_ahead = ahead;
+      o.run_ahead = ahead ? TrainOptions::RunAhead::On : TrainOptions::RunAhead::Off;
       return std::make_pair(o.output_dir, train(o));
     };
     const auto [off_dir, off] = run(false);
@@ -309,6 +309,7 @@ TEST(TrainRanks, ANonFiniteStepStopsTheRunWithTheNextStepInFlight) {
     TrainOptions o = options("cpu", model, str_cat("ahead_nan", world), world, 4 / world, 1);
     o.learning_rate = 1e38f;  // as in NonFiniteStepStopsTheRunKeepingTheLastCheckpoint: step 2's loss overflows
     o.max_grad_norm = 0;
+    o.run_ahead = TrainOptions::RunAhead::On;
     try {
       train(o);
       ADD_FAILURE() << "the run did not stop";
@@ -323,5 +324,62 @@ TEST(TrainRanks, ANonFiniteStepStopsTheRunWithTheNextStepInFlight) {
     const TrainResult r = train(o);
     EXPECT_EQ(r.steps_launched_ahead, 0);
     EXPECT_EQ(r.nonfinite_steps, 3);
+  }
+}
+
+// Steady samples/s is training throughput: an evaluation after every step, over a validation set
+// many times a training batch, is left out of it (and counted in the whole run's figure).
+TEST(TrainRanks, SteadyThroughputLeavesOutTheEvaluationsBetweenSteps) {
+  const std::string model = dropout_free_model("steady_model");
+  const std::string data_dir = fresh_dir("steady_data");
+  fs::copy_file(kData, data_dir + "/data.jsonl");
+  TrainOptions o = options("cpu", model, "steady_run", 1, 2, 0);
+  o.train_file = data_dir + "/data.jsonl";
+  o.tokenizer = kTokenizer;
+  o.validation_split = 0.75;  // the evaluation reads many times the 2 samples a step trains on
+  o.max_steps = 8;
+  o.eval_strategy = Cadence::Steps;
+  o.eval_steps = 1;
+  o.threads = 1;
+  const TrainResult r = train(o);
+  ASSERT_GT(r.eval_samples, 10 * 2);
+  std::printf("[steady] steady %.1f samples/s, whole run %.1f samples/s\n", r.steady_samples_per_second,
+              r.train_samples_per_second);
+  EXPECT_GT(r.steady_samples_per_second, 1.5 * r.train_samples_per_second);  // ~2.7x here; ~1x when counted
+}
+
+// A SIGTERM (on the last rank only) pending from step 3's launch: read one step at a time, the run
+// stops after step 3; with step 4 launched behind step 3, it stops after step 4, whose weights its
+// checkpoint holds. Either way, resuming ends where the uninterrupted run ends.
+TEST(TrainRanks, AStopAgreedWithAStepInFlightEndsAfterThatStep) {
+  const std::string model = dropout_free_model("ahead_stop_model");
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(std::to_string(world) + " ranks");
+    auto opts = [&](const std::string& out, TrainOptions::RunAhead ahead) {
+      TrainOptions o = options("cpu", model, str_cat(out, world), world, 4 / world, 1);
+      o.max_steps = 6;
+      o.threads = world;
+      o.run_ahead = ahead;
+      return o;
+    };
+    TrainOptions whole = opts("ahead_stop_whole", TrainOptions::RunAhead::Off);
+    train(whole);
+    for (auto ahead : {TrainOptions::RunAhead::Off, TrainOptions::RunAhead::On}) {
+      const bool on = ahead == TrainOptions::RunAhead::On;
+      SCOPED_TRACE(on ? "running ahead" : "one step at a time");
+      TrainOptions o = opts(on ? "ahead_stop_on" : "ahead_stop_off", ahead);
+      o.sigterm_at_step = 3;
+      const TrainResult r = train(o);
+      EXPECT_TRUE(r.interrupted);
+      const int64_t last = on ? 4 : 3;
+      EXPECT_EQ(r.steps, last);
+      EXPECT_TRUE(fs::exists(fs::path(o.output_dir) / str_cat("checkpoint-", last)));
+      EXPECT_FALSE(fs::exists(fs::path(o.output_dir) / str_cat("checkpoint-", last + 1)));
+      o.sigterm_at_step = -1;
+      o.resume_from_checkpoint = "latest";
+      const TrainResult resumed = train(o);
+      EXPECT_EQ(resumed.start_step, last);
+      EXPECT_EQ(max_abs_diff(saved_weights(whole.output_dir), saved_weights(o.output_dir)), 0.0);
+    }
   }
 }
