@@ -31,6 +31,8 @@
 #   probe     attention vs PyTorch SDPA, one step eager vs CUDA graph, NVML growth by op
 #   realtext  real text of varied length (.carry/fortunes from bench/fortunes_dataset.py): bert-base and the
 #             MiniLM shape, anatomy padded / grouped vs the Trainer random / grouped (~6 min)
+#   tokenruns MiniLM (4 runs, then 2 pinned to cores 2-5 with taskset) and bert-base on real tokens, 3 epochs,
+#             no evaluation: steady samples/s per run, and each run's metrics.jsonl (samples/s every 25 steps)
 #   mbtext    ModernBERT (modernbert-base's shape, WordPiece vocabulary) on the same real text, 2 epochs: anatomy on
 #             real tokens / padded / grouped vs the Trainer random / grouped (~6 min; needs .carry/fortunes)
 #   tokenprofile bert-base (TOKENPROFILE_MODEL: another bench/real_text.py model) on real text (.carry/fortunes):
@@ -269,6 +271,31 @@ step_realtext() {
     --out "$OUT/smoke" --models tiny --epochs 1 --limit 256 2>&1 | tail -8
   timeout 520 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
     --out "$OUT" 2>&1 | tail -20
+}
+
+step_tokenruns() {
+  [ -f .carry/fortunes/train.jsonl ] || { echo "tokenruns: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
+  local mini base
+  mini=$(real_text_model minilm /tmp/tokenruns/models)
+  base=$(real_text_model bert-base /tmp/tokenruns/models)
+  one() {  # tag model [prefix...]
+    local tag=$1 model=$2
+    shift 2
+    timeout 120 "$@" $a train --model-name-or-path "$model" --train-file .carry/fortunes/train.jsonl --max-seq-length 256 \
+      --per-device-train-batch-size 32 --precision bf16 --num-train-epochs 3 --learning-rate 1e-4 --seed 0 --device cuda \
+      --save-strategy no --logging-steps 25 --disable-tqdm --output-dir "/tmp/tokenruns/$tag" \
+      --dataset-cache-dir /tmp/tokenruns/cache > "$OUT/$tag.log" 2>&1
+    cp "/tmp/tokenruns/$tag/metrics.jsonl" "$OUT/$tag.metrics.jsonl"
+    python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
+print(sys.argv[2], round(r["steady_samples_per_second"]), round(r["train_samples_per_second"]), round(r["data_wait_s"], 3))' \
+      "/tmp/tokenruns/$tag/train_results.json" "$tag"
+  }
+  {
+    echo "run steady_samples_per_second train_samples_per_second data_wait_s"
+    for i in 1 2 3 4; do one "minilm_$i" "$mini"; done
+    for i in 1 2; do one "minilm_pin_$i" "$mini" taskset -c 2-5; done
+    one bertbase_1 "$base"
+  } | tee "$OUT/tokenruns.txt"
 }
 
 step_mbtext() {
