@@ -30,7 +30,8 @@
 #   eval      inference, sorted vs file order, skipping padding or not
 #   probe     attention vs PyTorch SDPA, one step eager vs CUDA graph, NVML growth by op
 #   realtext  real text of varied length (.carry/fortunes from bench/fortunes_dataset.py): bert-base and the
-#             MiniLM shape, anatomy padded / grouped vs the Trainer random / grouped (~6 min)
+#             MiniLM shape, anatomy on real tokens / padded / grouped (3 runs each) vs the Trainer random /
+#             grouped (~7.5 min; alone in a call)
 #   tokenruns MiniLM (4 runs, then 2 pinned to cores 2-5 with taskset) and bert-base on real tokens, 3 epochs,
 #             no evaluation: steady samples/s per run, and each run's metrics.jsonl (samples/s every 25 steps)
 #   mbtext    ModernBERT (modernbert-base's shape, WordPiece vocabulary) on the same real text, 2 epochs: anatomy on
@@ -268,8 +269,8 @@ step_attention() {
 step_realtext() {
   [ -f .carry/fortunes/train.jsonl ] || { echo "realtext: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
   timeout 60 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
-    --out "$OUT/smoke" --models tiny --epochs 1 --limit 256 2>&1 | tail -8
-  timeout 520 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
+    --out "$OUT/smoke" --models tiny --epochs 1 --limit 256 --repeat 1 2>&1 | tail -8
+  timeout 540 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
     --out "$OUT" 2>&1 | tail -20
 }
 
