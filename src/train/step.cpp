@@ -142,6 +142,7 @@ TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double
   out.mine = mine;
   out.scale = m_scaler.scale;
   out.micro_end = micro;
+  out.data_wait_end = data_wait;
   return out;
 }
 

@@ -64,6 +64,7 @@ class TrainStep {
     float lr = 0, scale = 1;       // the learning rate and the loss scale it ran with
     int64_t widest = 0, mine = 0;  // the most real rows of a micro-batch, and this rank's samples
     int64_t micro_end = 0;         // the micro-batches done once it has run
+    double data_wait_end = 0;      // the data wait so far, its own included
     int signal = 0;
     int slot = 0, token = 0;       // its figures' host block, and the copy to wait for
   };

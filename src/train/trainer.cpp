@@ -116,7 +116,7 @@ class RankRun {
   void finish();
   void evaluate_now(int64_t step);
   void save_checkpoint(int64_t step);
-  void account(int64_t done, const StepOutcome& s, int64_t micro_end);
+  void account(int64_t done, const StepOutcome& s, const TrainStep::Launched& l);
   void profile();
   void load_best_model();
   bool epoch_ends_at(int64_t step) const {  // does optimizer step `step` (1-based) finish an epoch?
@@ -302,7 +302,7 @@ void RankRun::evaluate_now(int64_t step) {
 
 // The step's figures into the totals; a non-finite step stops the run (every rank alike: the
 // figures are global) or, with --skip-nonfinite-steps, is counted and left out.
-void RankRun::account(int64_t done, const StepOutcome& s, int64_t micro_end) {
+void RankRun::account(int64_t done, const StepOutcome& s, const TrainStep::Launched& l) {
   if (s.nonfinite) {
     ANATOMY_CHECK(m_opt.skip_nonfinite_steps, "step ", done, ": the ", s.nonfinite, " is not finite (",
                   s.nonfinite == std::string("loss") ? s.loss_sum : s.grad_norm, "); the run stops here, keeping ",
@@ -326,8 +326,8 @@ void RankRun::account(int64_t done, const StepOutcome& s, int64_t micro_end) {
   }
   if (m_lead) {
     const double now = m_stamps.back();
-    m_log->step(done, counted ? s.loss_sum : 0.0, counted ? s.samples : 0, s.grad_norm, s.lr, epoch_of(micro_end), now,
-                (done - m_start_step) * m_B * m_accum * m_comm.size(), m_data_wait, m_step->scaler().scale);
+    m_log->step(done, counted ? s.loss_sum : 0.0, counted ? s.samples : 0, s.grad_norm, s.lr, epoch_of(l.micro_end), now,
+                (done - m_start_step) * m_B * m_accum * m_comm.size(), l.data_wait_end, m_step->scaler().scale);
   }
 }
 
@@ -390,9 +390,13 @@ bool RankRun::loop() {
   // schedule and agreed outcomes), so every rank launches the same steps. A stop agreed while a
   // step is in flight ends after that step: the checkpoint then holds the weights of the last
   // step accounted. A non-finite step still stops the run naming its own step; the step launched
-  // behind it is left to end, and nothing more is written.
+  // behind it is left to end, and nothing more is written. Over several GPUs the step's host
+  // exchange (all_reduce_host) goes through NCCL on the stream that already holds the next step,
+  // so reading step N would wait for step N + 1: there it runs one step at a time, as before
+  // (the logic itself is tested at every world size on the CPU, where tests force it on).
   const bool run_ahead = m_step->can_run_ahead() && (m_opt.run_ahead == TrainOptions::RunAhead::On ||
-                                                      (m_opt.run_ahead == TrainOptions::RunAhead::Auto && m_dev.cuda));
+                                                      (m_opt.run_ahead == TrainOptions::RunAhead::Auto && m_dev.cuda &&
+                                                       m_comm.size() == 1));
   std::optional<TrainStep::Launched> ahead;
   int stop_signal = 0;
   double paused = 0;  // seconds of evaluations and checkpoints between steps
@@ -419,7 +423,7 @@ bool RankRun::loop() {
       for (const auto& g : m_prof.memory_growth())
         m_res.memory_growth.emplace_back(str_cat(phase_name(g.phase), " ", g.op), g.bytes);
     }
-    account(done, s, cur.micro_end);
+    account(done, s, cur);
     const auto between = Clock::now();
     if (evaluates_at(done)) {
       evaluate_now(done);

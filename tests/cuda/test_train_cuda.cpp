@@ -3,7 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "model/bert.h"
 #include "ops/backend.h"
@@ -65,4 +70,54 @@ TEST(TrainCuda, LearnsTheLearnableTaskInBf16) {
   o.learning_rate = 1e-3f;
   TrainResult r = train(o);
   EXPECT_LT(r.last_loss, 0.2) << "first " << r.first_loss;
+}
+
+// Note [a step in flight] on the GPU, where it matters: the next step queued behind this one's
+// figure downloads, on text data (packed rows: 6 uploads a micro-batch) with 12 micro-batches a
+// step (more copies in flight than an upload ring's wrap would allow the step's own waits), bf16,
+// evaluations and a checkpoint in between. Every logged loss and the evaluation match the run that
+// reads each step first (up to the embedding gradient's atomic adds, which make two GPU runs differ
+// in the last bits); a step reading another step's figures would be off by far more.
+TEST(TrainCuda, TheNextStepLaunchedBeforeThisOneIsReadGivesTheSameLosses) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const char* env = std::getenv("ANATOMY_SOURCE_DIR");
+  const std::string src = env ? env : ANATOMY_SOURCE_DIR;
+  auto run = [&](TrainOptions::RunAhead ahead, const std::string& out) {
+    TrainOptions o = tiny_gpu(out);
+    std::filesystem::remove_all(o.output_dir);
+    o.train_file = src + "/tests/data/text/sentiment.jsonl";
+    o.tokenizer = src + "/tests/data/tokenizer";
+    o.validation_split = 0.2;
+    o.dataset_cache_dir = o.output_dir + "_cache";
+    o.seq_len = 64;
+    o.per_device_train_batch_size = 1;
+    o.gradient_accumulation_steps = 12;
+    o.precision = Precision::Bf16;
+    o.learning_rate = 1e-3f;
+    o.max_steps = 9;
+    o.logging_steps = 1;
+    o.eval_strategy = Cadence::Steps;
+    o.eval_steps = 4;
+    o.checkpoint_strategy = Cadence::Steps;
+    o.save_steps = 6;
+    o.run_ahead = ahead;
+    const TrainResult r = train(o);
+    std::vector<double> losses;
+    std::ifstream in(std::filesystem::path(o.output_dir) / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
+    }
+    return std::make_pair(r, losses);
+  };
+  const auto [off, off_losses] = run(TrainOptions::RunAhead::Off, "cuda_ahead_off");
+  const auto [on, on_losses] = run(TrainOptions::RunAhead::Auto, "cuda_ahead_on");
+  EXPECT_EQ(off.steps_launched_ahead, 0);
+  EXPECT_EQ(on.steps_launched_ahead, 4);  // after steps 2, 3, 5 and 7 (not 1, 4: eval, 6: save, 8: eval, 9: last)
+  ASSERT_EQ(on_losses.size(), 9u);
+  ASSERT_EQ(off_losses.size(), on_losses.size());
+  for (size_t i = 0; i < on_losses.size(); ++i)
+    EXPECT_NEAR(on_losses[i], off_losses[i], 2e-3 * std::abs(off_losses[i])) << "step " << i + 1;
+  EXPECT_NEAR(on.eval_loss, off.eval_loss, 2e-3 * std::abs(off.eval_loss));
+  EXPECT_EQ(on.samples, off.samples);
 }

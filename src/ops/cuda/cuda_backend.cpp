@@ -69,7 +69,8 @@ CudaBackend::~CudaBackend() {
     (void)cudaStreamDestroy(m_stream);
   }
   for (cudaEvent_t e : m_events) (void)cudaEventDestroy(e);
-  for (cudaEvent_t e : m_copy_events) (void)cudaEventDestroy(e);
+  for (const auto& ring : m_copy_events)
+    for (cudaEvent_t e : ring) (void)cudaEventDestroy(e);
 }
 
 int CudaBackend::timing_mark() {
@@ -174,33 +175,39 @@ void CudaBackend::host_free(void* p) {
 }
 
 // The copies run in stream order; an event after each tells when its host block may be
-// rewritten (upload) or read (download). Tokens index a ring of 64 events, more than the copies
-// a caller keeps in flight (4 per micro-batch, two staging blocks; 2 per step, two steps).
-int CudaBackend::record_copy() {
-  if (m_copy_events.empty()) {
-    m_copy_events.resize(64);
-    for (cudaEvent_t& e : m_copy_events) ANATOMY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+// rewritten (upload) or read (download). Uploads and downloads each have a ring of 64 events,
+// their tokens 0-63 and 64-127: a token must be waited for before its ring wraps (later waits
+// for a later point). Uploads keep a micro-batch's 6 copies in flight, two staging blocks deep;
+// downloads 2 per step, two steps deep, however many micro-batches a step has.
+int CudaBackend::record_copy(bool download) {
+  std::vector<cudaEvent_t>& ring = m_copy_events[download];
+  if (ring.empty()) {
+    ring.resize(kCopyRing);
+    for (cudaEvent_t& e : ring) ANATOMY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
-  const int token = static_cast<int>(m_copy_next++ % m_copy_events.size());
-  ANATOMY_CUDA_CHECK(cudaEventRecord(m_copy_events[token], m_stream));
-  return token;
+  const int slot = static_cast<int>(m_copy_next[download]++ % kCopyRing);
+  ANATOMY_CUDA_CHECK(cudaEventRecord(ring[slot], m_stream));
+  return (download ? kCopyRing : 0) + slot;
 }
 
 int CudaBackend::upload_async_impl(const Tensor& dst, const void* host) {
   ANATOMY_CHECK(!m_capturing, "upload_async: not allowed while the backend records a graph");
   if (dst.bytes()) ANATOMY_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.bytes(), cudaMemcpyHostToDevice, m_stream));
-  return record_copy();
+  return record_copy(false);
 }
 
 int CudaBackend::download_async_impl(void* host, const Tensor& src) {
   ANATOMY_CHECK(!m_capturing, "download_async: not allowed while the backend records a graph");
   if (src.bytes()) ANATOMY_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.bytes(), cudaMemcpyDeviceToHost, m_stream));
-  return record_copy();
+  return record_copy(true);
 }
 
 void CudaBackend::wait_copy(int token) {
-  ANATOMY_CHECK(token >= 0 && static_cast<size_t>(token) < m_copy_events.size(), "wait_copy: unknown token ", token);
-  ANATOMY_CUDA_CHECK(cudaEventSynchronize(m_copy_events[token]));
+  const bool download = token >= kCopyRing;
+  const std::vector<cudaEvent_t>& ring = m_copy_events[download];
+  const int slot = token - (download ? kCopyRing : 0);
+  ANATOMY_CHECK(token >= 0 && slot < static_cast<int>(ring.size()), "wait_copy: unknown token ", token);
+  ANATOMY_CUDA_CHECK(cudaEventSynchronize(ring[slot]));
 }
 
 void CudaBackend::download_impl(void* host, const Tensor& src) {

@@ -159,7 +159,7 @@ class CudaBackend final : public Backend {
                         int64_t k, const MatmulArgs& args);
   void* attention_scratch(size_t bytes);
   AttentionOptions attention_options() const;  // cuBLAS workspace and TF32 switch for the F32 path
-  int record_copy();  // an event of the copy ring after the copy just enqueued: its token
+  int record_copy(bool download);  // an event of that ring after the copy just enqueued: its token
 
   int m_device;
   std::string m_name;
@@ -172,8 +172,9 @@ class CudaBackend final : public Backend {
   Buffer m_attn_scratch;   // U8, Category::Temporary, sized by attention_scratch_bytes
   std::unique_ptr<LtMatmul> m_matmul;
   bool m_capturing = false;
-  std::vector<cudaEvent_t> m_copy_events;  // a ring: the tokens of upload_async and download_async index it
-  size_t m_copy_next = 0;
+  static constexpr int kCopyRing = 64;
+  std::vector<cudaEvent_t> m_copy_events[2];  // rings of events: [0] upload_async's, [1] download_async's
+  size_t m_copy_next[2] = {0, 0};
   cudaGraphExec_t m_graph_exec = nullptr;
   size_t m_graph_nodes = 0;
   int64_t m_bias_grad_unfused = 0;
