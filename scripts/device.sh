@@ -33,7 +33,8 @@
 #             MiniLM shape, anatomy on real tokens / padded / grouped (3 runs each) vs the Trainer random /
 #             grouped (~7.5 min; alone in a call)
 #   tokenruns MiniLM (4 runs, then 2 pinned to cores 2-5 with taskset) and bert-base on real tokens, 3 epochs,
-#             no evaluation: steady samples/s per run, and each run's metrics.jsonl (samples/s every 25 steps)
+#             no evaluation: steady samples/s per run (tokenruns.txt), every run's metrics.jsonl lines (samples/s
+#             every 25 steps) in tokenruns.metrics.jsonl
 #   mbtext    ModernBERT (modernbert-base's shape, WordPiece vocabulary) on the same real text, 2 epochs: anatomy on
 #             real tokens / padded / grouped vs the Trainer random / grouped (~6 min; needs .carry/fortunes)
 #   tokenprofile bert-base (TOKENPROFILE_MODEL: another bench/real_text.py model) on real text (.carry/fortunes):
@@ -285,12 +286,16 @@ step_tokenruns() {
     timeout 120 "$@" $a train --model-name-or-path "$model" --train-file .carry/fortunes/train.jsonl --max-seq-length 256 \
       --per-device-train-batch-size 32 --precision bf16 --num-train-epochs 3 --learning-rate 1e-4 --seed 0 --device cuda \
       --save-strategy no --logging-steps 25 --disable-tqdm --output-dir "/tmp/tokenruns/$tag" \
-      --dataset-cache-dir /tmp/tokenruns/cache > "$OUT/$tag.log" 2>&1
-    cp "/tmp/tokenruns/$tag/metrics.jsonl" "$OUT/$tag.metrics.jsonl"
+      --dataset-cache-dir /tmp/tokenruns/cache > "/tmp/tokenruns/$tag.log" 2>&1 || cp "/tmp/tokenruns/$tag.log" "$OUT/"
+    # One file for every run's metrics (the device tool brings back a few files only).
+    python3 -c 'import json, sys
+for line in open(sys.argv[1]): print(json.dumps(dict(json.loads(line), run=sys.argv[2])))' \
+      "/tmp/tokenruns/$tag/metrics.jsonl" "$tag" >> "$OUT/tokenruns.metrics.jsonl"
     python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))
 print(sys.argv[2], round(r["steady_samples_per_second"]), round(r["train_samples_per_second"]), round(r["data_wait_s"], 3))' \
       "/tmp/tokenruns/$tag/train_results.json" "$tag"
   }
+  rm -f "$OUT/tokenruns.metrics.jsonl"
   {
     echo "run steady_samples_per_second train_samples_per_second data_wait_s"
     for i in 1 2 3 4; do one "minilm_$i" "$mini"; done
