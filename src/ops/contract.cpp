@@ -7,7 +7,13 @@
 // observer instead of wrapping it; each op reports its profile name, the backend's current
 // phase and its declared cost (telemetry/op_cost.h). Without an observer an op costs one
 // branch more than its implementation.
+//
+// Note [contract cost]: the contract runs on every call, ~200 a step for a small model whose
+// step is ~1.6 ms of GPU work with the host's launches just keeping up, so a passing check
+// builds nothing: messages are formatted only on failure (ANATOMY_CHECK's arguments, and
+// Check::holds's lambdas), never str_cat'ed up front.
 #include <cmath>
+#include <type_traits>
 
 #include "ops/backend.h"
 #include "telemetry/op_cost.h"
@@ -64,7 +70,16 @@ class Check {
     on_device(t, what);
     ANATOMY_CHECK(is_float(t.dtype), m_op, ": ", what, " is ", dtype_name(t.dtype), "; expected F32, BF16 or F16");
   }
-  void holds(bool ok, const std::string& message) const { ANATOMY_CHECK(ok, m_op, ": ", message); }
+  // message: a string, or a callable that builds it only when the check fails (a contract runs on
+  // every op call: Note [contract cost]).
+  template <class M>
+  void holds(bool ok, const M& message) const {
+    if (ok) return;
+    if constexpr (std::is_invocable_v<const M&>)
+      fail(m_op, ": ", message());
+    else
+      fail(m_op, ": ", message);
+  }
   void dropout(const DropoutSpec& d) const {
     ANATOMY_CHECK(d.p >= 0.0f && d.p < 1.0f, m_op, ": dropout probability ", d.p, " is not in [0, 1)");
   }
@@ -93,9 +108,9 @@ void elementwise(const Check& c, const Tensor& y, const Tensor& x, const Tensor*
 DType attention(const Check& c, const Tensor& qkv, const Tensor& ctx, const Tensor& lse, const Tensor& mask,
                 int heads, const DropoutSpec& d) {
   const DType dt = c.compute(qkv, "qkv");
-  c.holds(qkv.shape.rank == 3 && qkv.dim(2) % 3 == 0, str_cat("qkv ", qkv.shape.str(), " is not [B, T, 3H]"));
+  c.holds(qkv.shape.rank == 3 && qkv.dim(2) % 3 == 0, [&] { return str_cat("qkv ", qkv.shape.str(), " is not [B, T, 3H]"); });
   const int64_t b = qkv.dim(0), t = qkv.dim(1), h = qkv.dim(2) / 3;
-  c.holds(heads > 0 && h % heads == 0, str_cat("hidden ", h, " is not divisible by heads ", heads));
+  c.holds(heads > 0 && h % heads == 0, [&] { return str_cat("hidden ", h, " is not divisible by heads ", heads); });
   c.sized(ctx, dt, static_cast<size_t>(b * t * h), "ctx");
   c.sized(lse, F32, static_cast<size_t>(b * heads * t), "lse");
   c.optional(mask, I32, static_cast<size_t>(b * t), "mask");
@@ -117,27 +132,27 @@ void embedding(const Check& c, const Tensor& e, const Tensor& ids, const Tensor&
                std::initializer_list<std::pair<const Tensor*, const char*>> tables, DType table_dtype,
                bool tables_required) {
   c.dtype(ids, I32, "ids");
-  c.holds(ids.shape.rank == 2, str_cat("ids ", ids.shape.str(), " is not [B, T]"));
+  c.holds(ids.shape.rank == 2, [&] { return str_cat("ids ", ids.shape.str(), " is not [B, T]"); });
   c.optional(type_ids, I32, ids.numel(), "type_ids");
   const int64_t h = e.dim(-1);
   c.holds(e.numel() == ids.numel() * static_cast<size_t>(h),
-          str_cat("embeddings ", e.shape.str(), " do not match ids ", ids.shape.str()));
+          [&] { return str_cat("embeddings ", e.shape.str(), " do not match ids ", ids.shape.str()); });
   for (const auto& [t, what] : tables) {
     if (!tables_required && !t->defined()) continue;
     c.dtype(*t, table_dtype, what);
     c.holds(t->shape.rank == 2 && t->dim(1) == h,
-            str_cat("table ", what, " ", t->shape.str(), " does not have width ", h));
+            [&] { return str_cat("table ", what, " ", t->shape.str(), " does not have width ", h); });
   }
   const Tensor& pos = *tables.begin()[1].first;
   c.holds(!pos.defined() || ids.dim(1) <= pos.dim(0),
-          str_cat("sequence length ", ids.dim(1), " exceeds max_position_embeddings ", pos.dim(0)));
+          [&] { return str_cat("sequence length ", ids.dim(1), " exceeds max_position_embeddings ", pos.dim(0)); });
 }
 
 // x [B, T, H] with t < T; out [B, H] of x's dtype.
 void select(const Check& c, const Tensor& x, const Tensor& out, int64_t t) {
   const DType dt = c.compute(x, "x");
   c.holds(x.shape.rank == 3 && t >= 0 && t < x.dim(1),
-          str_cat("x ", x.shape.str(), " is not [B, T, H] with token ", t, " < T"));
+          [&] { return str_cat("x ", x.shape.str(), " is not [B, T, H] with token ", t, " < T"); });
   c.sized(out, dt, static_cast<size_t>(x.dim(0) * x.dim(2)), "out");
 }
 
@@ -146,11 +161,11 @@ void row_copy(const Check& c, const Tensor& out, const Tensor& in, const Tensor&
   c.on_device(out, "out");
   c.on_device(in, "in");
   const Mat p = as_matrix(gather ? out : in), q = as_matrix(gather ? in : out);
-  c.holds(out.dtype == in.dtype && p.cols == q.cols, str_cat("out ", dtype_name(out.dtype), out.shape.str(), " and in ",
+  c.holds(out.dtype == in.dtype && p.cols == q.cols, [&] { return str_cat("out ", dtype_name(out.dtype), out.shape.str(), " and in ",
                                                              dtype_name(in.dtype), in.shape.str(),
-                                                             " differ in dtype or row width"));
+                                                             " differ in dtype or row width"); });
   c.sized(idx, I32, static_cast<size_t>(p.rows), "idx");
-  c.holds(idx.shape.rank == 1, str_cat("idx ", idx.shape.str(), " is not [N]"));
+  c.holds(idx.shape.rank == 1, [&] { return str_cat("idx ", idx.shape.str(), " is not [N]"); });
 }
 
 // The optimizers' shared part: F32 params [n] and grads [n], the half copy, the norm.
@@ -162,7 +177,7 @@ size_t update(const Check& c, const Tensor& params, const Tensor& grads, const T
   if (half_copy.defined()) {
     c.floating(half_copy, "half_copy");
     c.holds(half_copy.numel() == n,
-            str_cat("half_copy ", half_copy.shape.str(), " does not match params ", params.shape.str()));
+            [&] { return str_cat("half_copy ", half_copy.shape.str(), " does not match params ", params.shape.str()); });
   }
   if (g.max_norm > 0) c.sized(g.norm_sq, F32, 1, "norm_sq (clipping is on)");
   if (g.skip_nonfinite) c.sized(g.norm_sq, F32, 1, "norm_sq (skip_nonfinite is on)");
@@ -200,15 +215,15 @@ void Backend::copy(const Tensor& dst, const Tensor& src) {
   c.on_device(dst, "dst");
   c.on_device(src, "src");
   c.holds(dst.dtype == src.dtype && dst.numel() == src.numel(),
-          str_cat("dst ", dtype_name(dst.dtype), dst.shape.str(), " and src ", dtype_name(src.dtype), src.shape.str(),
-                  " differ in dtype or size"));
+          [&] { return str_cat("dst ", dtype_name(dst.dtype), dst.shape.str(), " and src ", dtype_name(src.dtype), src.shape.str(),
+                  " differ in dtype or size"); });
   observed("copy", [&] { return elementwise_cost(dst, 0, 1, 1); }, [&] { copy_impl(dst, src); });
 }
 void Backend::cast(const Tensor& dst, const Tensor& src) {
   const Check c(*this, "cast");
   c.floating(dst, "dst");
   c.floating(src, "src");
-  c.holds(dst.numel() == src.numel(), str_cat("dst ", dst.shape.str(), " and src ", src.shape.str(), " differ in size"));
+  c.holds(dst.numel() == src.numel(), [&] { return str_cat("dst ", dst.shape.str(), " and src ", src.shape.str(), " differ in size"); });
   observed("cast",
            [&] {
              return OpCost{static_cast<double>(dst.numel()), static_cast<double>(dst.bytes() + src.bytes()),
@@ -227,20 +242,20 @@ void Backend::matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b
   const DType dt = k.compute(a, "A");
   k.dtype(b, dt, "B");
   k.on_device(c, "C");
-  k.holds(c.dtype == dt || c.dtype == F32, str_cat("C is ", dtype_name(c.dtype), "; expected ", dtype_name(dt), " or F32"));
+  k.holds(c.dtype == dt || c.dtype == F32, [&] { return str_cat("C is ", dtype_name(c.dtype), "; expected ", dtype_name(dt), " or F32"); });
   const Mat mc = as_matrix(c), ma = as_matrix(a), mb = as_matrix(b);
   const int64_t m = mc.rows, n = mc.cols, kk = ta == Trans::N ? ma.cols : ma.rows;
   const bool ok = (ta == Trans::N ? ma.rows : ma.cols) == m && (tb == Trans::N ? mb.cols : mb.rows) == n &&
                   (tb == Trans::N ? mb.rows : mb.cols) == kk;
-  k.holds(ok, str_cat("shapes do not agree: C ", c.shape.str(), ", A ", a.shape.str(), ta == Trans::T ? "^T" : "",
-                      ", B ", b.shape.str(), tb == Trans::T ? "^T" : ""));
+  k.holds(ok, [&] { return str_cat("shapes do not agree: C ", c.shape.str(), ", A ", a.shape.str(), ta == Trans::T ? "^T" : "",
+                      ", B ", b.shape.str(), tb == Trans::T ? "^T" : ""); });
   const bool weight_grad = c.dtype == F32 && a.dtype != F32;
   const char* name = weight_grad ? "matmul (weight grad)" : "matmul";
   if (args.epilogue == Epilogue::BiasGrad) {  // Note [fused bias gradient] in ops/op_args.h
     k.holds(ta == Trans::T, "the BiasGrad epilogue sums the columns of A, the weight gradient's dY: A must be "
                             "transposed (C = A^T B)");
     k.holds(args.alpha == 1.0f && (args.beta == 0.0f || args.beta == 1.0f),
-            str_cat("the BiasGrad epilogue needs alpha 1 and beta 0 or 1, not alpha ", args.alpha, " beta ", args.beta));
+            [&] { return str_cat("the BiasGrad epilogue needs alpha 1 and beta 0 or 1, not alpha ", args.alpha, " beta ", args.beta); });
     k.sized(args.bias, F32, static_cast<size_t>(m), "bias gradient");
     k.holds(args.bias.data != c.data, "the bias gradient and C are one buffer");
     name = weight_grad ? "matmul (wgrad+bgrad)" : "matmul+bias grad";
@@ -249,7 +264,7 @@ void Backend::matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b
     name = "matmul+bias";
   }
   if (args.epilogue == Epilogue::BiasGelu) {
-    k.holds(c.dtype == dt, str_cat("the BiasGelu epilogue writes C in the compute dtype, not ", dtype_name(c.dtype)));
+    k.holds(c.dtype == dt, [&] { return str_cat("the BiasGelu epilogue writes C in the compute dtype, not ", dtype_name(c.dtype)); });
     k.sized(args.gelu_in, dt, c.numel(), "gelu_in");
     name = "matmul+bias+gelu";
   }
@@ -272,7 +287,7 @@ void Backend::attention_forward(const Tensor& ctx, const Tensor& lse, const Tens
                                 const DropoutSpec& dropout, int window) {
   const Check c(*this, "attention_forward");
   attention(c, qkv, ctx, lse, mask, heads, dropout);
-  c.holds(window >= 0, str_cat("window ", window, " is negative"));
+  c.holds(window >= 0, [&] { return str_cat("window ", window, " is negative"); });
   observed("attention", [&] { return attention_cost(qkv, ctx, heads, false); },
            [&] { attention_forward_impl(ctx, lse, qkv, mask, heads, dropout, window); });
 }
@@ -283,7 +298,7 @@ void Backend::attention_backward(const Tensor& dqkv, const Tensor& dctx, const T
   const DType dt = attention(c, qkv, ctx, lse, mask, heads, dropout);
   c.sized(dqkv, dt, qkv.numel(), "dqkv");
   c.sized(dctx, dt, ctx.numel(), "dctx");
-  c.holds(window >= 0, str_cat("window ", window, " is negative"));
+  c.holds(window >= 0, [&] { return str_cat("window ", window, " is negative"); });
   observed("attention", [&] { return attention_cost(qkv, ctx, heads, true); },
            [&] { attention_backward_impl(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, window); });
 }
@@ -292,18 +307,18 @@ void Backend::attention_backward(const Tensor& dqkv, const Tensor& dctx, const T
 DType packed_attention(const Check& c, const Tensor& qkv, const Tensor& ctx, const Tensor& lse,
                        const Tensor& offsets, int heads, const DropoutSpec& d, int window) {
   const DType dt = c.compute(qkv, "qkv");
-  c.holds(qkv.shape.rank == 2 && qkv.dim(1) % 3 == 0, str_cat("qkv ", qkv.shape.str(), " is not [N, 3H]"));
+  c.holds(qkv.shape.rank == 2 && qkv.dim(1) % 3 == 0, [&] { return str_cat("qkv ", qkv.shape.str(), " is not [N, 3H]"); });
   const int64_t n = qkv.dim(0), h = qkv.dim(1) / 3;
-  c.holds(heads > 0 && h % heads == 0, str_cat("hidden ", h, " is not divisible by heads ", heads));
+  c.holds(heads > 0 && h % heads == 0, [&] { return str_cat("hidden ", h, " is not divisible by heads ", heads); });
   c.sized(ctx, dt, static_cast<size_t>(n * h), "ctx");
   c.dtype(lse, F32, "lse");
-  c.holds(lse.shape.rank == 3 && lse.dim(1) == heads, str_cat("lse ", lse.shape.str(), " is not [B, heads, T]"));
+  c.holds(lse.shape.rank == 3 && lse.dim(1) == heads, [&] { return str_cat("lse ", lse.shape.str(), " is not [B, heads, T]"); });
   c.sized(offsets, I32, static_cast<size_t>(lse.dim(0) + 1), "offsets");
   c.dropout(d);
-  c.holds(window >= 0, str_cat("window ", window, " is negative"));
+  c.holds(window >= 0, [&] { return str_cat("window ", window, " is negative"); });
   c.holds(c.backend().packed_attention_supported(dt, lse.dim(2), h / heads),
-          str_cat("the ", c.backend().name(), " backend has no packed attention for ", dtype_name(dt), ", T ",
-                  lse.dim(2), ", head dim ", h / heads));
+          [&] { return str_cat("the ", c.backend().name(), " backend has no packed attention for ", dtype_name(dt), ", T ",
+                  lse.dim(2), ", head dim ", h / heads); });
   return dt;
 }
 void Backend::attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets,
@@ -328,15 +343,15 @@ void Backend::attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, 
 // cost counts the rows rotated: all of them, or the N packed ones.
 Tensor rotary(const Check& c, const Tensor& y, const Tensor& x, int heads, const Tensor& rows) {
   const DType dt = c.compute(x, "qkv");
-  c.holds(x.shape.rank == 3 && x.dim(2) % 3 == 0, str_cat("qkv ", x.shape.str(), " is not [B, T, 3H]"));
+  c.holds(x.shape.rank == 3 && x.dim(2) % 3 == 0, [&] { return str_cat("qkv ", x.shape.str(), " is not [B, T, 3H]"); });
   const int64_t h = x.dim(2) / 3;
   c.holds(heads > 0 && h % heads == 0 && (h / heads) % 2 == 0,
-          str_cat("hidden ", h, " over ", heads, " heads does not give an even head dim"));
+          [&] { return str_cat("hidden ", h, " over ", heads, " heads does not give an even head dim"); });
   c.sized(y, dt, x.numel(), "output");
   if (!rows.defined()) return y;
   c.dtype(rows, I32, "rows");
   c.holds(rows.shape.rank == 1 && rows.dim(0) <= x.dim(0) * x.dim(1),
-          str_cat("rows ", rows.shape.str(), " is not [N] with N <= B*T = ", x.dim(0) * x.dim(1)));
+          [&] { return str_cat("rows ", rows.shape.str(), " is not [N] with N <= B*T = ", x.dim(0) * x.dim(1)); });
   return y.view({x.dim(0) * x.dim(1), 3 * h}).slice(0, rows.dim(0));
 }
 void Backend::rotary_forward(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows) {
@@ -404,8 +419,8 @@ void Backend::token_cross_entropy(const Tensor& losses, const Tensor& dlogits, c
   const Mat m = as_matrix(logits);
   c.dtype(losses, F32, "losses");
   c.holds(losses.numel() > 0 && m.rows % static_cast<int64_t>(losses.numel()) == 0,
-          str_cat("logits' ", m.rows, " rows are not a whole number of rows per sequence for ", losses.numel(),
-                  " losses"));
+          [&] { return str_cat("logits' ", m.rows, " rows are not a whole number of rows per sequence for ", losses.numel(),
+                  " losses"); });
   c.sized(labels, I32, static_cast<size_t>(m.rows), "labels");
   c.optional(dlogits, dt, logits.numel(), "dlogits");
   observed("token_cross_entropy", [&] { return cross_entropy_cost(logits); },
@@ -449,7 +464,7 @@ void geglu(const Check& c, const Tensor& y, const Tensor& x) {
   const DType dt = c.compute(x, "x");
   const Mat mx = as_matrix(x), my = as_matrix(y);
   c.holds(mx.cols % 2 == 0 && my.rows == mx.rows && my.cols * 2 == mx.cols,
-          str_cat("x ", x.shape.str(), " is not [R, 2I] for y ", y.shape.str()));
+          [&] { return str_cat("x ", x.shape.str(), " is not [R, 2I] for y ", y.shape.str()); });
   c.sized(y, dt, y.numel(), "y");
 }
 void Backend::geglu_forward(const Tensor& y, const Tensor& x) {
@@ -525,7 +540,7 @@ void Backend::select_token_backward(const Tensor& dx, const Tensor& dout, int64_
 static void masked_mean(const Check& c, const Tensor& x, const Tensor& out, const Tensor& mask, bool backward) {
   const char* xn = backward ? "dx" : "x";
   const DType dt = c.compute(x, xn);
-  c.holds(x.shape.rank == 3, str_cat(xn, " ", x.shape.str(), " is not [B, T, H]"));
+  c.holds(x.shape.rank == 3, [&] { return str_cat(xn, " ", x.shape.str(), " is not [B, T, H]"); });
   c.sized(out, dt, static_cast<size_t>(x.dim(0) * x.dim(2)), backward ? "dout" : "out");
   c.optional(mask, I32, static_cast<size_t>(x.dim(0) * x.dim(1)), "mask");
 }
