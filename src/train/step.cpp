@@ -65,6 +65,7 @@ int64_t TrainStep::labelled_tokens_of_step(Prefetcher& source, int64_t micro, do
 
 TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double& data_wait, int signal) {
   const int64_t accum = m_opt.gradient_accumulation_steps, N = m_comm.size(), r = m_comm.rank();
+  ANATOMY_ASSERT(m_launched - m_finished < 2);  // at most two steps in flight: two figure slots
   Launched out;
   out.signal = signal;
   m_be.set_phase(Phase::Optimizer);  // clearing the gradients is the update's bookkeeping, not data
@@ -134,7 +135,8 @@ TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double
   m_dps.step(m_model, out.lr, m_opt.max_grad_norm, m_scaler.scale);
   m_be.set_phase(Phase::Data);
   // The figures leave in stream order, before the next step's work can overwrite them.
-  out.slot = m_launched++ % 2;
+  out.index = m_launched;
+  out.slot = static_cast<int>(m_launched++ % 2);
   float* host = m_host + static_cast<size_t>(out.slot) * static_cast<size_t>(m_B + 1);
   out.token = m_be.download_async(host, m_dps.norm_sq());
   if (widest > 0) out.token = m_be.download_async(host + 1, m_loss_sums.tensor().slice(0, widest));
@@ -147,6 +149,8 @@ TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double
 }
 
 StepOutcome TrainStep::finish(const Launched& l) {
+  ANATOMY_ASSERT(l.index == m_finished);  // in launch order, each once
+  ++m_finished;
   m_be.wait_copy(l.token);  // the end of this rank's step
   const float* host = m_host + static_cast<size_t>(l.slot) * static_cast<size_t>(m_B + 1);
   const float norm_sq = host[0];

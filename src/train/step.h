@@ -67,6 +67,7 @@ class TrainStep {
     double data_wait_end = 0;      // the data wait so far, its own included
     int signal = 0;
     int slot = 0, token = 0;       // its figures' host block, and the copy to wait for
+    int64_t index = 0;             // launches before it
   };
   // Queues one step from `source` (this rank's slices, from micro-batch `micro` on); `micro`
   // advances by the accumulation steps. `signal` is this rank's pending SIGINT/SIGTERM (0: none).
@@ -110,7 +111,7 @@ class TrainStep {
   HostBatch m_hb;
   std::vector<HostBatch> m_ahead;  // the step's micro-batches, read ahead (per-token tasks)
   float* m_host = nullptr;  // page-locked: per slot, the squared gradient norm then the loss sums
-  int m_launched = 0;       // steps launched, for the slot
+  int64_t m_launched = 0, m_finished = 0;  // steps launched and finished (the slot: launched % 2)
   UploadStaging m_staging;
 };
 
