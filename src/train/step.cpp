@@ -135,9 +135,8 @@ TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double
   m_dps.step(m_model, out.lr, m_opt.max_grad_norm, m_scaler.scale);
   m_be.set_phase(Phase::Data);
   // The figures leave in stream order, before the next step's work can overwrite them.
-  out.index = m_launched;
-  out.slot = static_cast<int>(m_launched++ % 2);
-  float* host = m_host + static_cast<size_t>(out.slot) * static_cast<size_t>(m_B + 1);
+  out.index = m_launched++;
+  float* host = figures(out.index);
   out.token = m_be.download_async(host, m_dps.norm_sq());
   if (widest > 0) out.token = m_be.download_async(host + 1, m_loss_sums.tensor().slice(0, widest));
   out.widest = widest;
@@ -152,7 +151,7 @@ StepOutcome TrainStep::finish(const Launched& l) {
   ANATOMY_ASSERT(l.index == m_finished);  // in launch order, each once
   ++m_finished;
   m_be.wait_copy(l.token);  // the end of this rank's step
-  const float* host = m_host + static_cast<size_t>(l.slot) * static_cast<size_t>(m_B + 1);
+  const float* host = figures(l.index);
   const float norm_sq = host[0];
   double local = 0;
   for (int64_t i = 0; i < l.widest; ++i) local += host[1 + i];

@@ -66,8 +66,8 @@ class TrainStep {
     int64_t micro_end = 0;         // the micro-batches done once it has run
     double data_wait_end = 0;      // the data wait so far, its own included
     int signal = 0;
-    int slot = 0, token = 0;       // its figures' host block, and the copy to wait for
-    int64_t index = 0;             // launches before it
+    int token = 0;                 // the copy of its figures to wait for
+    int64_t index = 0;             // launches before it (its figures' host block: index % 2)
   };
   // Queues one step from `source` (this rank's slices, from micro-batch `micro` on); `micro`
   // advances by the accumulation steps. `signal` is this rank's pending SIGINT/SIGTERM (0: none).
@@ -110,8 +110,9 @@ class TrainStep {
   int64_t m_row_multiple = 1;
   HostBatch m_hb;
   std::vector<HostBatch> m_ahead;  // the step's micro-batches, read ahead (per-token tasks)
-  float* m_host = nullptr;  // page-locked: per slot, the squared gradient norm then the loss sums
-  int64_t m_launched = 0, m_finished = 0;  // steps launched and finished (the slot: launched % 2)
+  float* m_host = nullptr;  // page-locked, two blocks: the squared gradient norm, then the loss sums
+  float* figures(int64_t index) const { return m_host + (index % 2) * (m_B + 1); }  // a launch's block
+  int64_t m_launched = 0, m_finished = 0;  // steps launched and finished
   UploadStaging m_staging;
 };
 

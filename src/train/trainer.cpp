@@ -147,8 +147,8 @@ class RankRun {
   double m_eval_metric = 0, m_best_metric = 0;
   int64_t m_eval_step = -1;
   std::string m_best_ckpt;
-  std::vector<double> m_stamps;         // seconds from the loop's start to each step's end
-  std::vector<double> m_train_stamps;   // the same, less the evaluations and checkpoints before it
+  double m_now = 0;                     // seconds from the loop's start to the last step's end
+  std::vector<double> m_train_stamps;   // each step's end, less the evaluations and checkpoints before it
   nlohmann::json m_fingerprint;
   Progress m_p;
   TrainResult m_res;
@@ -325,8 +325,7 @@ void RankRun::account(int64_t done, const StepOutcome& s, const TrainStep::Launc
     m_p.samples += s.samples;
   }
   if (m_lead) {
-    const double now = m_stamps.back();
-    m_log->step(done, counted ? s.loss_sum : 0.0, counted ? s.samples : 0, s.grad_norm, s.lr, epoch_of(l.micro_end), now,
+    m_log->step(done, counted ? s.loss_sum : 0.0, counted ? s.samples : 0, s.grad_norm, s.lr, epoch_of(l.micro_end), m_now,
                 (done - m_start_step) * m_B * m_accum * m_comm.size(), l.data_wait_end, m_step->scaler().scale);
   }
 }
@@ -415,8 +414,8 @@ bool RankRun::loop() {
       ++m_res.steps_launched_ahead;
     }
     const StepOutcome s = m_step->finish(cur);
-    m_stamps.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    m_train_stamps.push_back(m_stamps.back() - paused);
+    m_now = std::chrono::duration<double>(Clock::now() - t0).count();
+    m_train_stamps.push_back(m_now - paused);
     if (m_dev.cuda && step == m_start_step) {
       m_res.nvml_after_first_step_mb = used() >> 20;
       m_prof.probe_memory({});

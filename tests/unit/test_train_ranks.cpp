@@ -53,6 +53,25 @@ std::set<std::string> training_keys(const std::string& dir) {
 const std::string kData = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
 const std::string kTokenizer = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/tokenizer";
 
+// A copy of kData in a directory of its own (its token cache goes beside it).
+std::string text_data(const std::string& name) {
+  const std::string dir = fresh_dir(name);
+  fs::copy_file(kData, dir + "/data.jsonl");
+  return dir + "/data.jsonl";
+}
+
+// Training on text file `data` with kTokenizer, `validation` of it held out, ZeRO 1 and one thread
+// per rank.
+TrainOptions text_options(const std::string& model, const std::string& data, const std::string& out, int world,
+                          int64_t batch, double validation) {
+  TrainOptions o = options("cpu", model, out, world, batch, 1);
+  o.train_file = data;
+  o.tokenizer = kTokenizer;
+  o.validation_split = validation;
+  o.threads = world;
+  return o;
+}
+
 }  // namespace
 
 // 22 samples in global batches of 6: the fourth is 4 long, so with 3 ranks of 2 the last rank
@@ -96,18 +115,13 @@ TEST(TrainRanks, WorldsTwoAndThreeTrainLikeOneProcessWithTheCombinedBatch) {
 // combined batch ends.
 TEST(TrainRanks, TextEvaluationCheckpointAndResumeOnAnotherWorldSize) {
   const std::string model = dropout_free_model("ranks_text_model");
-  const std::string data_dir = fresh_dir("ranks_text_data");
-  fs::copy_file(kData, data_dir + "/data.jsonl");
+  const std::string data = text_data("ranks_text_data");
   auto text = [&](const std::string& out, int world) {
-    TrainOptions o = options("cpu", model, out, world, 6 / world, 1);
-    o.train_file = data_dir + "/data.jsonl";
-    o.tokenizer = kTokenizer;
-    o.validation_split = 0.25;
+    TrainOptions o = text_options(model, data, out, world, 6 / world, 0.25);
     o.seq_len = 32;
     o.eval_strategy = Cadence::Steps;
     o.eval_steps = 2;
     o.logging_steps = 1;
-    o.threads = world;
     o.learning_rate = 1e-4f;  // as above
     return o;
   };
@@ -258,22 +272,17 @@ TEST(TrainRanks, LossScalerHalvesToItsFloorAndGrowsAfterCleanSteps) {
 // final weights are those of the run that reads each step first, bit for bit, at 1 and 2 ranks.
 TEST(TrainRanks, TheNextStepLaunchedBeforeThisOneIsReadChangesNothing) {
   const std::string model = dropout_free_model("ahead_model");
-  const std::string data_dir = fresh_dir("ahead_data");
-  fs::copy_file(kData, data_dir + "/data.jsonl");
+  const std::string data = text_data("ahead_data");
   for (int world : {1, 2}) {
     SCOPED_TRACE(std::to_string(world) + " ranks");
     auto run = [&](bool ahead) {
-      TrainOptions o = options("cpu", model, str_cat("ahead_", world, ahead ? "_on" : "_off"), world, 4 / world, 1);
-      o.train_file = data_dir + "/data.jsonl";
-      o.tokenizer = kTokenizer;
-      o.validation_split = 0.25;
+      TrainOptions o = text_options(model, data, str_cat("ahead_", world, ahead ? "_on" : "_off"), world, 4 / world, 0.25);
       o.max_steps = 10;
       o.eval_strategy = Cadence::Steps;
       o.eval_steps = 3;
       o.checkpoint_strategy = Cadence::Steps;
       o.save_steps = 4;
       o.logging_steps = 1;
-      o.threads = world;
       o.run_ahead = ahead ? TrainOptions::RunAhead::On : TrainOptions::RunAhead::Off;
       return std::make_pair(o.output_dir, train(o));
     };
@@ -333,16 +342,11 @@ TEST(TrainRanks, ANonFiniteStepStopsTheRunWithTheNextStepInFlight) {
 // many times a training batch, is left out of it (and counted in the whole run's figure).
 TEST(TrainRanks, SteadyThroughputLeavesOutTheEvaluationsBetweenSteps) {
   const std::string model = dropout_free_model("steady_model");
-  const std::string data_dir = fresh_dir("steady_data");
-  fs::copy_file(kData, data_dir + "/data.jsonl");
-  TrainOptions o = options("cpu", model, "steady_run", 1, 2, 0);
-  o.train_file = data_dir + "/data.jsonl";
-  o.tokenizer = kTokenizer;
-  o.validation_split = 0.75;  // the evaluation reads many times the 2 samples a step trains on
+  // 3/4 of the data held out: the evaluation reads many times the 2 samples a step trains on.
+  TrainOptions o = text_options(model, text_data("steady_data"), "steady_run", 1, 2, 0.75);
   o.max_steps = 16;
   o.eval_strategy = Cadence::Steps;
   o.eval_steps = 1;
-  o.threads = 1;
   const TrainResult r = train(o);
   ASSERT_GT(r.eval_samples, 10 * 2);
   std::printf("[steady] steady %.1f samples/s, whole run %.1f samples/s\n", r.steady_samples_per_second,
