@@ -44,7 +44,9 @@
 #             1000 launches of one epoch of TOKENPROFILE_MODEL (default minilm) on real text, summed by kernel
 #   packed    training on real tokens: the packed-attention and packed-training GPU tests (twins at the
 #             small, odd and long sizes; the per-token heads), then tokenprofile (needs .carry/fortunes)
-#   attention the attention table: ours vs PyTorch SDPA (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
+#   attention the attention table: ours (the default forward, then the mma.sync one) vs PyTorch SDPA
+#             (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
+#   wgmmatiles the wgmma forward with and without its overlap, and the mma.sync forward, on the same shapes
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
@@ -159,7 +161,7 @@ step_sanitize() {
   timeout 240 compute-sanitizer --tool memcheck $b/anatomy_gpu_tests --gtest_filter='-*Bench*:*Golden*' 2>&1 \
     | grep -E "ERROR SUMMARY|PASSED|FAILED" | tee "$OUT/memcheck.txt"
   timeout 150 compute-sanitizer --tool racecheck $b/anatomy_gpu_tests \
-    --gtest_filter='Attention.Bf16FastPath:Attention.Fp32*:CudaOps.LayerNorm*:CudaOps.BiasGrad*:DropoutBitsCuda.*Attention*' 2>&1 \
+    --gtest_filter='Attention.Bf16FastPath:Attention.HopperTakesTheWgmmaForward:Attention.Fp32*:CudaOps.LayerNorm*:CudaOps.BiasGrad*:DropoutBitsCuda.*Attention*' 2>&1 \
     | grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" | tee "$OUT/racecheck.txt"
 }
 
@@ -262,9 +264,20 @@ step_probe() {
 step_attention() {
   local shape=(--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64)
   { timeout 200 $b/anatomy_bench_attention "${shape[@]}"
+    ANATOMY_ATTENTION_FWD=mma timeout 200 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy"
     for be in flash cudnn; do timeout 200 python3 bench/attention_sdpa.py "${shape[@]}" --backend $be; done
   } > "$OUT/attention_table.md" 2>&1
   grep -E "^\| (anatomy|torch)" "$OUT/attention_table.md"
+}
+
+# The wgmma forward with and without its overlap (ANATOMY_ATTENTION_WGMMA=sync), and the mma.sync
+# forward, on the attention table's shapes.
+step_wgmmatiles() {
+  local shape=(--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64)
+  for mode in overlap sync mma; do
+    ANATOMY_ATTENTION_WGMMA=$mode ANATOMY_ATTENTION_FWD=$mode timeout 200 $b/anatomy_bench_attention "${shape[@]}" |
+      grep "^| anatomy" | sed "s/^| anatomy [a-z]*/| $mode/"
+  done | tee "$OUT/wgmma_tiles.md"
 }
 
 step_realtext() {

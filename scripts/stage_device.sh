@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Builds the CUDA binaries here (sm_90) and stages them, with the few shared libraries the GPU
+# Builds the CUDA binaries here (sm_90a) and stages them, with the few shared libraries the GPU
 # machine lacks (OpenBLAS and its Fortran runtime, utf8proc, Gloo), into .carry/ for the device tool:
 # that machine has the CUDA toolkit and driver but none of our Debian build dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-# BUILD_DIR=build reuses the test build (same flags: Release, CUDA on, sm_90) instead of a second tree.
+# BUILD_DIR=build reuses the test build (same flags: Release, CUDA on, sm_90a) instead of a second tree.
 dir=${BUILD_DIR:-build-gpu}
-cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 "$@" >/dev/null
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a "$@" >/dev/null
 cmake --build "$dir" -j "$(nproc)"
 rm -rf .carry && mkdir -p .carry/bin .carry/lib
 cp "$dir/anatomy" "$dir/anatomy_tests" "$dir/anatomy_gpu_tests" .carry/bin/
@@ -31,7 +31,7 @@ if [ -n "${BEFORE:-}" ]; then
   # Beside the checkout, so that ccache (CCACHE_BASEDIR above both) reuses the objects of the same sources.
   wt=$(mktemp -d "$(dirname "$PWD")/anatomy-before.XXXX")
   git worktree add -q --detach "$wt" "$BEFORE"
-  cmake -S "$wt" -B "$wt/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  cmake -S "$wt" -B "$wt/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DANATOMY_TESTS=OFF "$@" >/dev/null
   cmake --build "$wt/build" -j "$(nproc)" --target anatomy anatomy_bench_step
   mkdir -p .carry/before && cp "$wt/build/anatomy" "$wt/build/anatomy_bench_step" .carry/before/ && strip .carry/before/*

@@ -7,7 +7,7 @@
 // includes its small pre- and post-passes (Dsum = rowsum(dO*O), the dQ conversion).
 // bench/attention_sdpa.py prints the same table for PyTorch's scaled_dot_product_attention.
 // --window w (ModernBERT's local layers: w = 64) limits each query to the keys within w of it
-// (rows named "anatomy flash, window w"); their TFLOP/s still count the full T^2 products, so
+// (rows named "anatomy <forward kernel>, window w"); their TFLOP/s still count the full T^2 products, so
 // compare times, not TFLOP/s, across windows.
 //
 //   anatomy_bench_attention [--batch 32 --batch 4] [--seq 512 --seq 128] [--head-dim 64 --head-dim 32]
@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "ops/backend.h"
+#include "ops/cuda/attention.h"
 
 using namespace anatomy;
 
@@ -155,7 +156,9 @@ int main(int argc, char** argv) {
     for (const Row& r : rows) {
       const Shape4& q = r.sh;
       const double fl = 4.0 * static_cast<double>(q.B) * q.heads * static_cast<double>(q.T) * q.T * q.D;
-      const std::string impl = r.window > 0 ? "anatomy flash, window " + std::to_string(r.window) : "anatomy flash";
+      // The forward's kernel family (the backward is always the mma.sync flash kernel).
+      const std::string impl = std::string("anatomy ") + cuda::attention_forward_kernel(dt, q.D, r.window) +
+                               (r.window > 0 ? ", window " + std::to_string(r.window) : "");
       std::printf("| %s | %lld | %lld | %lld | %lld | %.1f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f |\n", impl.c_str(),
                   static_cast<long long>(q.B), static_cast<long long>(q.T), static_cast<long long>(q.heads),
                   static_cast<long long>(q.D), r.p, r.fwd_ms, fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9,

@@ -432,8 +432,8 @@ TEST(Attention, Fp32ReferenceKernels) {
 TEST(Attention, Bf16FastPath) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-  for (const char* mt : {"2", "1"}) {
-    EnvGuard g("ANATOMY_ATTENTION_FWD_MT", mt);
+  for (const char* mt : {"wgmma", "mma", "mma64"}) {
+    EnvGuard g("ANATOMY_ATTENTION_FWD", mt);
     for (float p : {0.0f, 0.1f}) {
       check_case({2, 100, 2, 64, DType::BF16, p}, test_seed());
       check_case({3, 256, 2, 64, DType::BF16, p}, test_seed());
@@ -450,11 +450,52 @@ TEST(Attention, Bf16FastPath) {
 TEST(Attention, Fp16FastPath) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
-  for (float p : {0.0f, 0.1f}) {
-    check_case({2, 100, 2, 64, DType::F16, p}, test_seed());
-    check_case({2, 384, 2, 64, DType::F16, p}, test_seed());
-    check_case({2, 200, 3, 32, DType::F16, p}, test_seed());
-    check_case({1, 130, 2, 128, DType::F16, p}, test_seed());
+  for (const char* fwd : {"wgmma", "mma"}) {
+    EnvGuard g("ANATOMY_ATTENTION_FWD", fwd);
+    for (float p : {0.0f, 0.1f}) {
+      check_case({2, 100, 2, 64, DType::F16, p}, test_seed());
+      check_case({2, 384, 2, 64, DType::F16, p}, test_seed());
+      check_case({2, 200, 3, 32, DType::F16, p}, test_seed());
+      check_case({1, 130, 2, 128, DType::F16, p}, test_seed());
+    }
+  }
+}
+
+// The wgmma forward (Note [wgmma forward]) is what Hopper runs for head dims 32 and 64 without a
+// window, with and without its overlap of softmax and P V; the cases cover one tile and many, T odd, masks with padding
+// and a fully masked batch, dropout.
+TEST(Attention, HopperTakesTheWgmmaForward) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+#if defined(ANATOMY_WITH_SM90A)
+  const std::string hopper = major == 9 && minor == 0 ? "wgmma" : "mma";
+#else
+  const std::string hopper = "mma";
+#endif
+  using anatomy::cuda::attention_forward_kernel;
+  EXPECT_EQ(attention_forward_kernel(DType::BF16, 64, 0), hopper);
+  EXPECT_EQ(attention_forward_kernel(DType::F16, 32, 0), hopper);
+  EXPECT_EQ(attention_forward_kernel(DType::BF16, 128, 0), std::string("mma"));
+  EXPECT_EQ(attention_forward_kernel(DType::BF16, 64, 64), std::string("mma"));
+  EXPECT_EQ(attention_forward_kernel(DType::F32, 64, 0), std::string("gemm"));
+  EXPECT_EQ(attention_forward_kernel(DType::BF16, 40, 0), std::string("reference"));
+  {
+    EnvGuard g("ANATOMY_ATTENTION_FWD", "mma");
+    EXPECT_EQ(attention_forward_kernel(DType::BF16, 64, 0), std::string("mma"));
+  }
+  for (const char* mode : {"overlap", "sync"}) {
+    EnvGuard g("ANATOMY_ATTENTION_WGMMA", mode);
+    SCOPED_TRACE(std::string("wgmma ") + mode);
+    for (float p : {0.0f, 0.1f}) {
+      check_case({2, 100, 2, 64, DType::BF16, p}, test_seed());
+      check_case({1, 512, 3, 64, DType::BF16, p}, test_seed());
+      check_case({3, 77, 2, 64, DType::F16, p, MaskKind::Gaps}, test_seed());
+      check_case({2, 257, 2, 32, DType::BF16, p, MaskKind::AllMaskedBatch}, test_seed());
+      check_case({2, 130, 4, 32, DType::F16, p, MaskKind::None}, test_seed());
+    }
   }
 }
 
@@ -494,7 +535,7 @@ TEST(Attention, Bf16WindowFastPath) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
   check_window_cases(DType::BF16, {11, 128, 512});
-  EnvGuard g("ANATOMY_ATTENTION_FWD_MT", "1");
+  EnvGuard g("ANATOMY_ATTENTION_FWD", "mma64");
   check_window_cases(DType::BF16, {128, 512});
 }
 
@@ -606,9 +647,9 @@ TEST(AttentionBench, BertLarge) {
   const int B = 32, T = 512, heads = 16, D = 64;
   for (DType dt : {DType::BF16, DType::F16}) {
     for (float p : {0.0f, 0.1f}) {
-      for (const char* mt : {"2", "1"}) {
-        if (dt == DType::F16 && mt[0] == '1') continue;
-        EnvGuard g("ANATOMY_ATTENTION_FWD_MT", mt);
+      for (const char* mt : {"wgmma", "mma", "mma64"}) {
+        if (dt == DType::F16 && std::string(mt) == "mma64") continue;
+        EnvGuard g("ANATOMY_ATTENTION_FWD", mt);
         Case c{B, T, heads, D, dt, p, MaskKind::Padded};
         check_case(c, test_seed(), {{0, 0}, {1, 7}, {B - 1, heads - 1}});
         Problem pr(c);
@@ -618,7 +659,7 @@ TEST(AttentionBench, BertLarge) {
         d.seed = 1234;
         const auto [mf, mb] = time_fwd_bwd(pr, d, 20);
         const double fl = 4.0 * B * heads * static_cast<double>(T) * T * D;
-        std::printf("BENCH %s p=%.1f fwd_mt=%s: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms %.1f TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
+        std::printf("BENCH %s p=%.1f fwd=%s: fwd %.3f ms %.1f TFLOP/s | bwd %.3f ms %.1f TFLOP/s | fwd+bwd %.1f TFLOP/s\n",
                     std::string(anatomy::dtype_name(dt)).c_str(), p, mt, mf, fl / mf / 1e9, mb, 2.5 * fl / mb / 1e9,
                     3.5 * fl / (mf + mb) / 1e9);
       }

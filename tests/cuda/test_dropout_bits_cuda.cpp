@@ -130,9 +130,9 @@ TEST(DropoutBitsCuda, AttentionMaskMatchesTheCpuFunction) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const DropoutSpec d{0.3f, 1234, 5678};
   for (int T : {64, 200, 255, 33}) {
-    for (const char* mt : {"2", "1"}) {
-      EnvGuard g("ANATOMY_ATTENTION_FWD_MT", mt);
-      SCOPED_TRACE("bf16 flash T " + std::to_string(T) + " fwd_mt " + mt);
+    for (const char* mt : {"wgmma", "mma", "mma64"}) {
+      EnvGuard g("ANATOMY_ATTENTION_FWD", mt);
+      SCOPED_TRACE("bf16 flash T " + std::to_string(T) + " fwd " + mt);
       EXPECT_EQ(attention_mask_errors(DType::BF16, 2, T, 2, d), 0);
     }
     {

@@ -71,8 +71,8 @@ TEST(OpTwinLong, PackedAttentionPastOneTile) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   auto cpu = make_cpu_backend();
   auto gpu = make_cuda_backend(0);
-  for (const char* mt : {"2", "1"}) {
-    ::setenv("ANATOMY_ATTENTION_FWD_MT", mt, 1);
+  for (const char* mt : {"wgmma", "mma", "mma64"}) {
+    ::setenv("ANATOMY_ATTENTION_FWD", mt, 1);
     for (const char* op : {"attention_packed_forward", "attention_packed_backward"})
       for (int64_t window : {0, 40})
         for (int64_t hidden : {64, 128, 256}) {
@@ -81,7 +81,7 @@ TEST(OpTwinLong, PackedAttentionPastOneTile) {
           run_twin(*cpu, *gpu, *find_op(op), DType::BF16, d, "long");
         }
   }
-  ::unsetenv("ANATOMY_ATTENTION_FWD_MT");
+  ::unsetenv("ANATOMY_ATTENTION_FWD");
 }
 
 TEST(CudaContract, MisusesFailAsOnTheCpu) {

@@ -477,6 +477,16 @@ void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, 
   }
 }
 
+const char* attention_forward_kernel(DType dt, int64_t head_dim, int window) {
+  if (attn::force_reference()) return "reference";
+  if (dt == DType::F32) return window > 0 ? "reference" : "gemm";
+  if ((dt != DType::BF16 && dt != DType::F16) || (head_dim != 32 && head_dim != 64 && head_dim != 128)) return "reference";
+  attn::Params p;
+  p.D = static_cast<int>(head_dim);
+  p.window = window;
+  return attn::flash_forward_kernel(p);
+}
+
 void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
                         cudaStream_t s, const AttentionOptions& opt, int window) {

@@ -34,6 +34,11 @@ void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qk
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
                         cudaStream_t s, const AttentionOptions& opt = {}, int window = 0);
 
+// The kernel family attention_forward takes on the current device for this dtype, head dim and
+// window: "wgmma" (Hopper, attention_wgmma.cu), "mma" (attention_flash.cu), "gemm" (F32 through
+// cuBLAS) or "reference" (ANATOMY_ATTENTION=reference, or what the others do not cover).
+const char* attention_forward_kernel(DType dt, int64_t head_dim, int window);
+
 // Packed rows (Note [packed attention] in ops/cpu/attention.cpp), on the flash kernels only:
 // BF16/F16, head dim 32, 64 or 128, not under ANATOMY_ATTENTION=reference. qkv [N, 3H],
 // offsets I32 [B + 1], lse [B, heads, T]; the backward's scratch as attention_scratch_bytes(B, T, ...).

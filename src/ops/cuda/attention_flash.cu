@@ -9,230 +9,15 @@
 //   C (16x8, fp32):        c0,c1 = C[g][2t..2t+1] c2,c3 = C[g+8][2t..2t+1]
 // so the C fragments of two adjacent n-tiles, packed to 16 bits, are the A fragment of one
 // 16-wide k-step: the probabilities go from the S = QK^T accumulators straight into P V.
-//
-// Shared-memory tiles are [rows][D] of 16-bit elements, D / 8 chunks of 16 bytes per row.
-// With D >= 64 (8 or 16 chunks, a row covers all 8 bank groups), chunk c of row r is stored at
-// chunk position c ^ (r & 7) (XOR swizzle); with D = 32 (4 chunks: rows 2i and 2i+1 share one
-// 128-byte line, halves 0-3 and 4-7), at c ^ ((r >> 1) & 3). Either way the 8 rows an ldmatrix
-// phase reads at one chunk, and the 8 rows a cp.async phase writes, hit 8 distinct bank groups.
-//
-// Note [paired rows]
-// Dropout decides a 2x2 block (queries {q, q+1} x keys {k, k+1}, q and k even) with one hash
-// (Note [attention dropout index] in core/rng.h). The C fragment gives a thread two adjacent
-// columns (2t, 2t+1) but rows g and g+8, eight apart. So the tile on the row side of the S
-// product (Q in the forward, K and V in the backward) is loaded with its rows permuted within
-// each 16-row slice: fragment row r holds token perm16(r), perm16(r) = 2r for r < 8 and
-// 2(r-8)+1 above, and a thread's rows g, g+8 are the tokens 2g, 2g+1 of the slice. A thread
-// then holds whole 2x2 blocks: one hash for its four elements of each n-tile, no exchange
-// between lanes. Only the token of a fragment row changes (key bias, dropout counter, output
-// row); every product pairs rows of the same permuted tile, so nothing else notices.
+// Tiles, swizzle and Note [paired rows]: attention_tiles.cuh.
 #include <cmath>
 #include <cstdlib>
+#include <string>
 
-#include "ops/cuda/attention_common.cuh"
+#include "ops/cuda/attention_tiles.cuh"
 
 namespace anatomy::cuda::attn {
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// ---- PTX wrappers ------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; when !pred, writes 16 zero bytes (src not read).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool pred) {
-  const int n = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-// 4-byte async copy (for lse / dsum), zero when !pred.
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool pred) {
-  const int n = pred ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c += a * b (16x16 * 16x8, fp32 accumulate).
-template <bool BF16>
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (BF16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two floats -> one register of two 16-bit values (lo in the low half).
-template <bool BF16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t r;
-  if constexpr (BF16) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    r = *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    r = *reinterpret_cast<uint32_t*>(&v);
-  }
-  return r;
-}
-
-__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Byte offset of 16-byte chunk c of row r in a swizzled [rows][D] 16-bit tile.
-template <int D>
-__device__ __forceinline__ uint32_t swz(int r, int c) {
-  static_assert(D == 32 || D == 64 || D == 128, "tiles are 4, 8 or 16 chunks wide");
-  const int x = D == 32 ? (r >> 1) & 3 : r & 7;
-  return static_cast<uint32_t>(r * (D * 2) + ((c ^ x) << 4));
-}
-
-// Fragment row r of a 16-row slice holds token perm16(r) of the slice (Note [paired rows]).
-__device__ __forceinline__ int perm16(int r) { return (r & ~15) | ((r & 7) << 1) | ((r >> 3) & 1); }
-
-// Async copy of rows [row0, row0 + R) of a strided [T][D] 16-bit matrix into a swizzled tile
-// (PAIRED: tile row r holds token row0 + perm16(r)); rows at or past T are zero-filled.
-template <int R, int D, int NTH, bool PAIRED = false>
-__device__ __forceinline__ void load_tile(uint32_t tile, const uint16_t* base, size_t stride, int row0, int T) {
-  constexpr int CPR = D / 8;  // chunks per row
-#pragma unroll
-  for (int i = threadIdx.x; i < R * CPR; i += NTH) {
-    const int r = i / CPR, c = i % CPR, t = row0 + (PAIRED ? perm16(r) : r);
-    const bool ok = t < T;
-    const uint16_t* src = base + static_cast<size_t>(ok ? t : 0) * stride + c * 8;
-    cp_async16(tile + swz<D>(r, c), src, ok);
-  }
-}
-
-// One past the last valid key of batch b (T without a mask; 0 when no key is valid). Keys at or
-// past it are masked: their probabilities are exactly 0, so tiles of them contribute nothing to
-// O, dK, dV or dQ and are skipped (Note [masked key tiles]). Every thread of the CTA must call it.
-template <int NTH>
-__device__ int valid_key_end(const int32_t* mask, int b, int T) {
-  if (mask == nullptr) return T;
-  __shared__ int end;
-  if (threadIdx.x == 0) end = 0;
-  __syncthreads();
-  int last = 0;
-  for (int k = threadIdx.x; k < T; k += NTH)
-    if (mask[static_cast<size_t>(b) * T + k] != 0) last = k + 1;
-  if (last > 0) atomicMax(&end, last);
-  __syncthreads();
-  return end;
-}
-
-// Note [masked key tiles]
-// A padded batch of real text is mostly padding keys. The forward's loop over key tiles stops
-// at the tile holding the batch's last valid key, and a backward CTA whose 64 keys all lie past
-// it writes dK = dV = 0 (their exact value: P = 0 there) and leaves. The skipped terms are exact
-// zeros (exp2(-inf) = 0 in the running sums; no dQ contribution), so results are bit for bit
-// those of the full loops; attention costs B * T * (valid keys) rather than B * T^2. A batch
-// with no valid key attends uniformly to all T keys and skips nothing. Query rows are never
-// skipped: padding rows get their (unread) outputs as before.
-
-// Note [window tiles]
-// With a local window w (Note [local attention window], ops/cpu/attention.cpp), query q keeps
-// key k only when |q - k| <= w and the mask keeps k, and a query whose window holds no valid
-// key ("uniform row") scores 0 against every key below T, as a fully padded batch does. The
-// kernels keep a bit per key (valid or not) in shared memory, find the uniform rows from it
-// (O(w / 32) words per row), and then:
-// - score tiles: an element outside its query's window gets -inf (a uniform row: 0 below T),
-//   only on tiles that are not wholly inside every window of the warp's rows and columns;
-// - forward: a CTA without uniform rows loads only the key tiles that meet the union of its
-//   rows' windows (and lie before the last valid key); one with a uniform row, all. A warp
-//   computes only the tiles that meet its own rows' windows (all, when it has a uniform row);
-// - backward: a key CTA visits the query tiles whose windows meet its keys, plus every query
-//   tile holding a uniform row (those see all keys); with all its keys masked, only the latter.
-// Skipped tiles hold only -inf scores for the rows that see them, so, as in Note [masked key
-// tiles], results are those of the full loops. Dropout groups are indexed by the tile, not by
-// the visit, so the kept elements are the reference kernels'.
-
-// bits[i] bit l: key 32i + l is valid (below T, kept by the mask or no mask), for keys [0, n),
-// n a multiple of 32. Every thread of the CTA must call it; a barrier must follow.
-template <int NTH>
-__device__ void build_valid_bits(uint32_t* bits, const int32_t* mask, int b, int T, int n) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int base = warp * 32; base < n; base += NTH) {
-    const int k = base + lane;
-    const bool v = k < T && (mask == nullptr || mask[static_cast<size_t>(b) * T + k] != 0);
-    const uint32_t word = __ballot_sync(0xffffffffu, v);
-    if (lane == 0) bits[base >> 5] = word;
-  }
-}
-
-// Whether query q (< T) has no valid key in its window [q - w, q + w] (Note [window tiles]).
-__device__ __forceinline__ bool window_uniform(const uint32_t* bits, int q, int T, int w) {
-  if (q >= T) return false;
-  const int lo = q - w > 0 ? q - w : 0, hi = q + w < T - 1 ? q + w : T - 1;
-  for (int i = lo >> 5; i <= hi >> 5; ++i) {
-    uint32_t x = bits[i];
-    if (i == lo >> 5) x &= 0xffffffffu << (lo & 31);
-    if (i == hi >> 5) x &= 0xffffffffu >> (31 - (hi & 31));
-    if (x != 0) return false;
-  }
-  return true;
-}
-
-// Score (log2 domain) of an element of a windowed tile: `x` as computed with the key bias,
-// -inf outside the query's window, 0 (below T) in a uniform row.
-__device__ __forceinline__ float window_score(float x, int q, int k, int T, int w, bool uniform) {
-  if (uniform) return k < T ? 0.0f : -INFINITY;
-  const int d = k - q;
-  return (d > w || d < -w) ? -INFINITY : x;
-}
-
-// Per-key additive bias (log2 domain) for keys [0, nk): 0 for a valid key, -inf for a
-// masked key or a key at or past T. When batch b has no valid key, every key below T gets 0
-// and the caller multiplies the scores by 0 (uniform row). Returns "b has a valid key".
-template <int NTH>
-__device__ bool build_key_bias(float* kb, const int32_t* mask, int b, int T, int k_begin, int nk) {
-  int any = 0;
-  if (mask == nullptr) {
-    any = 1;
-  } else {
-    for (int k = threadIdx.x; k < T; k += NTH) any |= mask[static_cast<size_t>(b) * T + k] != 0;
-  }
-  any = __syncthreads_or(any);
-  for (int i = threadIdx.x; i < nk; i += NTH) {
-    const int k = k_begin + i;
-    float v = -INFINITY;
-    if (k < T) {
-      const bool valid = mask == nullptr || mask[static_cast<size_t>(b) * T + k] != 0;
-      v = (valid || !any) ? 0.0f : -INFINITY;
-    }
-    kb[i] = v;
-  }
-  return any != 0;
-}
 
 // ---- forward -----------------------------------------------------------------------------
 // Grid (ceil(T / BR), heads, B); 4 warps; warp w owns query rows [w*16*MT, (w+1)*16*MT) of
@@ -274,14 +59,8 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
   // TK: the sequence's tokens, T when padded (Note [packed attention] in ops/cpu/attention.cpp).
   const SeqRows sq = seq_rows(p, b);
   const int TK = sq.len;
-  if (q0 >= TK) {  // packed: no query of this tile exists; its lse entries are 0
-    for (int i = threadIdx.x; i < BR && q0 + i < T; i += NTH) p.lse[(static_cast<size_t>(b) * p.heads + h) * T + q0 + i] = 0.0f;
-    return;
-  }
-  const size_t rs = 3 * static_cast<size_t>(p.H);
-  const uint16_t* qg = static_cast<const uint16_t*>(p.qkv) + sq.row0 * rs + h * D;
-  const uint16_t* kg = qg + p.H;
-  const uint16_t* vg = qg + 2 * p.H;
+  if (forward_tile_absent<BR, NTH>(p, b, h, q0, TK)) return;
+  const auto [qg, kg, vg, rs] = head_qkv(p, sq, h);
   const int nkv_all = (T + BC - 1) / BC;
   const int kend = valid_key_end<NTH>(p.mask, b, TK);
   const int jvalid = kend > 0 ? (kend + BC - 1) / BC : nkv_all;  // Note [masked key tiles]
@@ -530,15 +309,7 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
             pack2<BF16>(o[mt][n][2 * hf] * inv, o[mt][n][2 * hf + 1] * inv);
     }
   __syncwarp();
-  uint16_t* ctx = static_cast<uint16_t*>(p.ctx);
-  constexpr int CPR = D / 8;
-#pragma unroll
-  for (int i = lane; i < 16 * MT * CPR; i += 32) {
-    const int row = warp * 16 * MT + i / CPR, c = i % CPR, q = q0 + perm16(row);
-    if (q < TK)
-      *reinterpret_cast<uint4*>(ctx + (sq.row0 + q) * p.H + h * D + c * 8) =
-          *reinterpret_cast<const uint4*>(q_tile + swz<D>(row, c));
-  }
+  store_o_rows<D>(q_tile, warp * 16 * MT, 16 * MT, q0, TK, p, sq, h, lane);
 }
 
 // ---- backward ----------------------------------------------------------------------------
@@ -864,41 +635,33 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
 }
 
 // ---- launchers ---------------------------------------------------------------------------
-// ANATOMY_ATTENTION_FWD_MT=1 selects 64-query forward tiles (16 rows per warp) instead of
-// 128 (32 rows per warp); for tuning.
-int fwd_mt() {
-  const char* e = std::getenv("ANATOMY_ATTENTION_FWD_MT");
-  return (e != nullptr && e[0] == '1') ? 1 : 2;
+// The forward kernel: ANATOMY_ATTENTION_FWD=mma64 selects 64-query mma.sync tiles (16 rows per
+// warp), "mma" 128 (32 rows per warp, their default), anything else the wgmma kernel where it
+// applies (flash_forward).
+enum class FwdKernel { Wgmma, Mma, Mma64 };
+FwdKernel fwd_kernel() {
+  const char* e = std::getenv("ANATOMY_ATTENTION_FWD");
+  const std::string v = e != nullptr ? e : "";
+  return v == "mma64" ? FwdKernel::Mma64 : v == "mma" ? FwdKernel::Mma : FwdKernel::Wgmma;
 }
+int fwd_mt() { return fwd_kernel() == FwdKernel::Mma64 ? 1 : 2; }
 
 template <bool BF16, int D, int MT>
 bool launch_fwd(const Params& p, int smem_limit, cudaStream_t s) {
   using C = FwdCfg<BF16, D, MT>;
   const bool win = p.window > 0;
-  const size_t bytes = C::smem_bytes(p.T, win);
-  if (bytes > static_cast<size_t>(smem_limit)) return false;
   auto kernel = p.drop ? (win ? flash_fwd_kernel<BF16, D, MT, true, true> : flash_fwd_kernel<BF16, D, MT, true, false>)
                        : (win ? flash_fwd_kernel<BF16, D, MT, false, true> : flash_fwd_kernel<BF16, D, MT, false, false>);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
-    return false;
-  dim3 grid(static_cast<unsigned>((p.T + C::BR - 1) / C::BR), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.B));
-  kernel<<<grid, C::kThreads, bytes, s>>>(p);
-  return true;
+  return launch_tiles(kernel, p, C::BR, C::kThreads, C::smem_bytes(p.T, win), smem_limit, s);
 }
 
 template <bool BF16, int D>
 bool launch_bwd(const Params& p, int smem_limit, cudaStream_t s) {
   using C = BwdCfg<BF16, D>;
   const bool win = p.window > 0;
-  const size_t bytes = C::smem_bytes(p.T, win);
-  if (bytes > static_cast<size_t>(smem_limit)) return false;
   auto kernel = p.drop ? (win ? flash_bwd_kernel<BF16, D, true, true> : flash_bwd_kernel<BF16, D, true, false>)
                        : (win ? flash_bwd_kernel<BF16, D, false, true> : flash_bwd_kernel<BF16, D, false, false>);
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
-    return false;
-  dim3 grid(static_cast<unsigned>((p.T + C::BC - 1) / C::BC), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.B));
-  kernel<<<grid, C::kThreads, bytes, s>>>(p);
-  return true;
+  return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(p.T, win), smem_limit, s);
 }
 
 }  // namespace
@@ -946,8 +709,13 @@ bool flash_fits(int T, int D, int smem_limit) {
   }
 }
 
+const char* flash_forward_kernel(const Params& p) {
+  return fwd_kernel() == FwdKernel::Wgmma && wgmma_forward_supported(p) ? "wgmma" : "mma";
+}
+
 bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s) {
   if (!flash_supports(p)) return false;
+  if (fwd_kernel() == FwdKernel::Wgmma && wgmma_forward(p, is_bf16, smem_limit, s)) return true;
   return is_bf16 ? forward_for<true>(p, smem_limit, s) : forward_for<false>(p, smem_limit, s);
 }
 

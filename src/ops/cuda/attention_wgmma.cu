@@ -1,0 +1,407 @@
+// Attention forward for Hopper (sm_90a): the tensor-core products through wgmma, one warpgroup
+// (4 warps, 128 threads) per 64 query rows, operands read by the tensor cores straight from
+// shared memory. Head dims 32 and 64, no local window (those stay on attention_flash.cu's
+// mma.sync kernels, which also do the whole backward). The math is attention_common.cuh's;
+// the tiles, their swizzle and the paired rows of dropout are attention_tiles.cuh's.
+//
+// Note [wgmma forward]
+// Per warpgroup and key tile of BC keys: S = Q K^T is wgmma m64nBCk16 with both operands in
+// shared memory (Q [64][D] and K [BC][D], each K-major: the head dim contiguous); the online
+// softmax and the dropout run on S's accumulators, whose layout per warp is mma.sync's C layout
+// (warp w of the group holds rows 16w..16w+15, a thread rows g, g+8 and columns 8n + 2t, +1), so
+// the paired rows carry over: Q is loaded with its rows permuted (perm16) and a thread's four
+// elements of an n-tile are one 2x2 dropout block, one hash. The probabilities, packed to 16 bits,
+// are already the A fragments of O += P V (wgmma m64nDk16, A from registers, V [BC][D] read
+// MN-major through the transpose bit). A product's registers are read, and its A registers
+// rewritten, only after its wait (wgmma_wait, then a compiler fence on them); the softmax of one
+// tile runs while the tensor cores do the previous tile's P V (see the kernel).
+//
+// Shared memory descriptors (PTX "matrix descriptor"): start address >> 4 in bits 0-13, the
+// leading byte offset >> 4 in 16-29, the stride byte offset >> 4 in 32-45, the swizzle in 62-63
+// (1: 128-byte, D = 64; 2: 64-byte, D = 32). The tiles of attention_tiles.cuh are the canonical
+// swizzled layouts when 1024-byte aligned: 8-row atoms of 8 * 2D bytes one after the other. For
+// the K-major operands the stride offset is that atom (the leading one is unused); for V
+// (MN-major, the head dim one swizzle row wide) the atom is the stride between 8-key groups and
+// the leading offset is unused; both fields get the atom. A k-step of 16 moves the start 32 bytes
+// along the row (K-major) or 16 rows down (V).
+#include <cstdlib>
+#include <string>
+
+#include "ops/cuda/attention_tiles.cuh"
+
+namespace anatomy::cuda::attn {
+namespace {
+
+// m64n32k16, A and B from shared memory (K-major descriptors): d = A B, or d += A B when accumulate.
+template <bool BF16>
+__device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ANATOMY_WGMMA_SS(TY)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"                                          \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                                                                         \
+               : "l"(a), "l"(b), "r"(accumulate))
+  if constexpr (BF16) ANATOMY_WGMMA_SS("bf16"); else ANATOMY_WGMMA_SS("f16");
+#undef ANATOMY_WGMMA_SS
+#endif
+}
+
+// m64n32k16, A from registers (the accumulator layout packed to 16 bits), B from shared memory,
+// MN-major (trans-b): d += A B.
+template <bool BF16>
+__device__ __forceinline__ void wgmma_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ANATOMY_WGMMA_RS(TY)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n"                    \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                                                                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+  if constexpr (BF16) ANATOMY_WGMMA_RS("bf16"); else ANATOMY_WGMMA_RS("f16");
+#undef ANATOMY_WGMMA_RS
+#endif
+}
+
+// m64n64k16, A and B from shared memory (K-major descriptors): d = A B, or d += A B when accumulate.
+template <bool BF16>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ANATOMY_WGMMA_SS(TY)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                          \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                                         \
+               : "l"(a), "l"(b), "r"(accumulate))
+  if constexpr (BF16) ANATOMY_WGMMA_SS("bf16"); else ANATOMY_WGMMA_SS("f16");
+#undef ANATOMY_WGMMA_SS
+#endif
+}
+
+// m64n64k16, A from registers (the accumulator layout packed to 16 bits), B from shared memory,
+// MN-major (trans-b): d += A B.
+template <bool BF16>
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ANATOMY_WGMMA_RS(TY)                                                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                    \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+  if constexpr (BF16) ANATOMY_WGMMA_RS("bf16"); else ANATOMY_WGMMA_RS("f16");
+#undef ANATOMY_WGMMA_RS
+#endif
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// The registers of an async product are read (or, for its A operand, rewritten) only after its
+// wait: the compiler may neither move their uses above this point nor reuse them before it.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+// Shared memory written by ordinary stores (cp.async included) becomes visible to the tensor
+// cores' async reads (each writer fences its own writes; a barrier follows).
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Descriptor of a swizzled [rows][D] tile at shared address `addr` (Note [wgmma forward]).
+template <int D>
+__device__ __forceinline__ uint64_t tile_desc(uint32_t addr) {
+  constexpr uint64_t atom = 8 * 2 * D, swizzle = D == 64 ? 1 : 2;
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | ((atom >> 4) << 16) | ((atom >> 4) << 32) | (swizzle << 62);
+}
+
+// ---- one key tile on S's accumulators ------------------------------------------------------
+// The thread's element (n, e) of a 64 x BC tile is s[4n + e]: row g + 8 (e >> 1) of its warp's
+// 16, column 8n + 2 t4 + (e & 1); a row's 4 threads are lanes 4g..4g+3.
+
+// Scale and key bias (log2 domain), the running max m and sum l (undropped) of rows g, g + 8;
+// s becomes exp2(s - m_new), corr the factor for what was accumulated before.
+template <int NS>
+__device__ __forceinline__ void online_softmax(float (&s)[4 * NS], const float* kb, float scale_mul, int t4,
+                                               float (&m)[2], float (&l)[2], float (&corr)[2]) {
+#pragma unroll
+  for (int n = 0; n < NS; ++n) {
+    const float2 bias = *reinterpret_cast<const float2*>(kb + n * 8 + 2 * t4);
+    s[4 * n + 0] = fmaf(s[4 * n + 0], scale_mul, bias.x);
+    s[4 * n + 1] = fmaf(s[4 * n + 1], scale_mul, bias.y);
+    s[4 * n + 2] = fmaf(s[4 * n + 2], scale_mul, bias.x);
+    s[4 * n + 3] = fmaf(s[4 * n + 3], scale_mul, bias.y);
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = m[hf];
+#pragma unroll
+    for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hf], s[4 * n + 2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mu = mx == -INFINITY ? 0.0f : mx;  // no finite score yet: exp2(-inf - 0) = 0
+    corr[hf] = fast_exp2(m[hf] - mu);
+    m[hf] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      const float e0 = fast_exp2(s[4 * n + 2 * hf] - mu), e1 = fast_exp2(s[4 * n + 2 * hf + 1] - mu);
+      s[4 * n + 2 * hf] = e0;
+      s[4 * n + 2 * hf + 1] = e1;
+      sum += e0 + e1;
+    }
+    l[hf] = l[hf] * corr[hf] + sum;  // thread-partial row sum; reduced at the end
+  }
+}
+
+// Zeroes the dropped elements: n-tile n is the 2x2 block of group bits mix64(z + 4n kGolden)
+// (Note [paired rows]).
+template <int NS>
+__device__ __forceinline__ void drop_tile(float (&s)[4 * NS], uint64_t z, uint32_t thr_m1) {
+#pragma unroll
+  for (int n = 0; n < NS; ++n) {
+    bool keep[4];
+    keep4(keep, mix64(z + static_cast<uint64_t>(n) * (4 * kGolden)), thr_m1);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (!keep[e]) s[4 * n + e] = 0.0f;
+  }
+}
+
+template <int NO>
+__device__ __forceinline__ void rescale(float (&o)[4 * NO], const float (&corr)[2]) {
+#pragma unroll
+  for (int n = 0; n < NO; ++n) {
+    o[4 * n + 0] *= corr[0];
+    o[4 * n + 1] *= corr[0];
+    o[4 * n + 2] *= corr[1];
+    o[4 * n + 3] *= corr[1];
+  }
+}
+
+// P as the A fragments of O += P V: key step kk is n-tiles 2kk and 2kk + 1, packed to 16 bits.
+template <bool BF16, int KK>
+__device__ __forceinline__ void pack_p(uint32_t (&a)[KK][4], const float (&s)[8 * KK]) {
+#pragma unroll
+  for (int kk = 0; kk < KK; ++kk) {
+    a[kk][0] = pack2<BF16>(s[8 * kk + 0], s[8 * kk + 1]);
+    a[kk][1] = pack2<BF16>(s[8 * kk + 2], s[8 * kk + 3]);
+    a[kk][2] = pack2<BF16>(s[8 * kk + 4], s[8 * kk + 5]);
+    a[kk][3] = pack2<BF16>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// ---- the kernel ----------------------------------------------------------------------------
+// Grid (ceil(T / BR), heads, B); 2 warpgroups, each 64 query rows of the CTA's BR = 128; K/V
+// tiles of BC = 64 keys streamed by cp.async, kAhead tiles ahead of the one computed, in STAGES
+// buffers. Shared memory (1024-byte aligned): Q [BR][D] | K [STAGES][BC][D] | V [STAGES][BC][D] |
+// key bias [ceil(T/BC)*BC] f32.
+//
+// OVL (the default): tile j's S = Q K_j^T is issued together with tile j-1's O += P V_{j-1},
+// and tile j's softmax and dropout run while the tensor cores do that P V; O is rescaled once it
+// lands (FlashAttention-3's overlap within a warpgroup). V_{j-1} is still read while tile j +
+// kAhead loads, so one buffer more. Without OVL each product is waited for at once.
+template <int D, bool OVL>
+struct WgFwdCfg {
+  static constexpr int kThreads = 256, BR = 128, BC = 64, kAhead = 1, STAGES = kAhead + (OVL ? 2 : 1);
+  static constexpr int kQBytes = BR * D * 2, kKVBytes = BC * D * 2;
+  static constexpr int kBiasOffset = kQBytes + 2 * STAGES * kKVBytes;
+  static size_t smem_bytes(int T) { return 1024 + kBiasOffset + static_cast<size_t>((T + BC - 1) / BC) * BC * 4; }
+};
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <bool BF16, int D, bool OVL, bool DROP>
+__global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = WgFwdCfg<D, OVL>;
+  constexpr int BR = C::BR, BC = C::BC, NTH = C::kThreads, ST = C::STAGES, AHEAD = C::kAhead;
+  constexpr int KS = D / 16;  // k-steps of Q K^T
+  constexpr int NS = BC / 8;  // n-tiles of S
+  constexpr int KK = BC / 16;  // k-steps of P V
+  constexpr uint32_t kRow = D * 2;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
+  const uint32_t q_s = smem_addr(smem);
+  const uint32_t k_s = q_s + C::kQBytes;  // tile j at k_s + (j % ST) * kKVBytes
+  const uint32_t v_s = k_s + ST * C::kKVBytes;
+  float* kb = reinterpret_cast<float*>(smem + C::kBiasOffset);
+
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * BR;
+  const int T = p.T;
+  const SeqRows sq = seq_rows(p, b);  // TK: the sequence's tokens, T when padded
+  const int TK = sq.len;
+  if (forward_tile_absent<BR, NTH>(p, b, h, q0, TK)) return;
+  const auto [qg, kg, vg, rs] = head_qkv(p, sq, h);
+  const int nkv_all = (T + BC - 1) / BC;
+  const int kend = valid_key_end<NTH>(p.mask, b, TK);
+  const int jend = kend > 0 ? (kend + BC - 1) / BC : nkv_all;  // Note [masked key tiles]
+  // One cp.async group per tile (empty past the last): tile j is in shared memory once at most
+  // AHEAD - 1 younger groups are pending.
+  auto load_kv = [&](int j) {
+    if (j < jend) {
+      load_tile<BC, D, NTH>(k_s + (j % ST) * C::kKVBytes, kg, rs, j * BC, TK);
+      load_tile<BC, D, NTH>(v_s + (j % ST) * C::kKVBytes, vg, rs, j * BC, TK);
+    }
+    cp_async_commit();
+  };
+  auto next_tile_ready = [] {  // for every thread and for the tensor cores' reads
+    cp_async_wait<AHEAD - 1>();
+    fence_proxy_async();
+    __syncthreads();
+  };
+
+  load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, TK);
+#pragma unroll
+  for (int j = 0; j < AHEAD; ++j) load_kv(j);
+  const bool any_valid = build_key_bias<NTH>(kb, p.mask, b, TK, 0, nkv_all * BC);
+  const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;  // s2 = s * scale_mul + kb
+  next_tile_ready();
+
+  const int row0 = wg * 64 + warp * 16;  // the warp's 16 rows of the CTA's tile (paired)
+  const uint64_t q_desc = tile_desc<D>(q_s + wg * 64 * kRow);
+  float s[BC / 2], o[D / 2];
+  uint32_t a[KK][4] = {};
+  auto issue_s = [&](int j) {
+#pragma unroll
+    for (int i = 0; i < BC / 2; ++i) s[i] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) wgmma_ss<BF16>(s, q_desc + 2 * ks, tile_desc<D>(k_s + (j % ST) * C::kKVBytes) + 2 * ks, ks);
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int j) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KK; ++kk) wgmma_rs<BF16>(o, a[kk], tile_desc<D>(v_s + (j % ST) * C::kKVBytes + kk * 16 * kRow));
+    wgmma_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
+  // Dropout counter of the thread's 2x2 block at n-tile 0 of key tile j (as attention_flash.cu's
+  // forward): rows 2g, 2g+1 of the warp's slice, keys j*BC + 2*t4 + {0, 1}.
+  const uint64_t tp = (static_cast<uint64_t>(T) + 1) >> 1;
+  const uint64_t qpair = static_cast<uint64_t>((q0 + row0) / 2 + g);
+  const uint64_t z0 = p.rng_key + (((static_cast<uint64_t>(b) * p.heads + h) * tp + qpair) * tp + t4) * kGolden;
+
+  for (int j = 0; j < jend; ++j) {
+    load_kv(j + AHEAD);
+    issue_s(j);
+    if (OVL && j > 0) {
+      issue_pv(j - 1);
+      wgmma_wait<1>();  // S_j landed; P_{j-1} V_{j-1} may still run
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_regs(s);
+    online_softmax<NS>(s, kb + j * BC, scale_mul, t4, m, l, corr);
+    if constexpr (DROP) drop_tile<NS>(s, z0 + static_cast<uint64_t>(j) * (BC / 2) * kGolden, p.thr_m1);
+    if constexpr (OVL) wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(a);
+    rescale<D / 8>(o, corr);
+    pack_p<BF16>(a, s);
+    if constexpr (!OVL) {
+      issue_pv(j);
+      wgmma_wait<0>();
+      fence_regs(o);
+    }
+    next_tile_ready();
+  }
+  if constexpr (OVL) {
+    issue_pv(jend - 1);
+    wgmma_wait<0>();
+    fence_regs(o);
+  }
+
+  // Epilogue: normalize, write lse, stage O through the warp's own rows of the Q tile (whose last
+  // reader, this warpgroup's final S, has completed), then 16-byte coalesced stores.
+  const float out_mul = DROP ? p.inv_keep : 1.0f;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float sum = l[hf];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float mu = m[hf] == -INFINITY ? 0.0f : m[hf];
+    const int row = row0 + g + 8 * hf, q = q0 + perm16(row);
+    if (t4 == 0 && q < T)
+      p.lse[(static_cast<size_t>(b) * p.heads + h) * T + q] = q < TK ? (mu + __log2f(sum)) * kLn2 : 0.0f;
+    const float inv = out_mul / sum;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<uint32_t*>(smem + swz<D>(row, n) + 4 * t4) = pack2<BF16>(o[4 * n + 2 * hf] * inv, o[4 * n + 2 * hf + 1] * inv);
+  }
+  __syncwarp();
+  store_o_rows<D>(smem, row0, 16, q0, TK, p, sq, h, lane);
+#endif
+}
+
+template <bool BF16, int D, bool OVL>
+bool launch(const Params& p, int smem_limit, cudaStream_t s) {
+  using C = WgFwdCfg<D, OVL>;
+  auto kernel = p.drop ? wgmma_fwd_kernel<BF16, D, OVL, true> : wgmma_fwd_kernel<BF16, D, OVL, false>;
+  return launch_tiles(kernel, p, C::BR, C::kThreads, C::smem_bytes(p.T), smem_limit, s);
+}
+
+// ANATOMY_ATTENTION_WGMMA=sync: each product waited for at once (no overlap); for measuring.
+template <bool BF16, int D>
+bool launch_for(const Params& p, int smem_limit, cudaStream_t s) {
+  const char* e = std::getenv("ANATOMY_ATTENTION_WGMMA");
+  if (e != nullptr && std::string(e) == "sync") return launch<BF16, D, false>(p, smem_limit, s);
+  return launch<BF16, D, true>(p, smem_limit, s);
+}
+
+bool device_is_sm90() {
+  static const bool yes = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;
+  }();
+  return yes;
+}
+
+}  // namespace
+
+bool wgmma_forward_supported(const Params& p) {
+#if defined(ANATOMY_WITH_SM90A)
+  return (p.D == 32 || p.D == 64) && p.window == 0 && device_is_sm90();
+#else
+  return false;
+#endif
+}
+
+bool wgmma_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s) {
+  if (!wgmma_forward_supported(p)) return false;
+  if (p.D == 32) return is_bf16 ? launch_for<true, 32>(p, smem_limit, s) : launch_for<false, 32>(p, smem_limit, s);
+  return is_bf16 ? launch_for<true, 64>(p, smem_limit, s) : launch_for<false, 64>(p, smem_limit, s);
+}
+
+}  // namespace anatomy::cuda::attn
