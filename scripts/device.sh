@@ -47,6 +47,7 @@
 #   attention the attention table: ours (the default forward, then the mma.sync one) vs PyTorch SDPA
 #             (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
 #   wgmmatiles the wgmma forward with and without its overlap, and the mma.sync forward, on the same shapes
+#   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
@@ -275,9 +276,22 @@ step_attention() {
 step_wgmmatiles() {
   local shape=(--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64)
   for mode in overlap sync mma; do
-    ANATOMY_ATTENTION_WGMMA=$mode ANATOMY_ATTENTION_FWD=$mode timeout 200 $b/anatomy_bench_attention "${shape[@]}" |
+    ANATOMY_ATTENTION_WGMMA=$mode ANATOMY_ATTENTION_FWD=$([ $mode = mma ] && echo mma || echo wgmma) timeout 200 $b/anatomy_bench_attention "${shape[@]}" |
       grep "^| anatomy" | sed "s/^| anatomy [a-z]*/| $mode/"
   done | tee "$OUT/wgmma_tiles.md"
+}
+
+# bert-large bf16 batch 32 seq 512, 60 steps, with the mma.sync forward and with the default
+# (wgmma) forward, alternated twice in one call: steady samples/s from train_results.json.
+step_fwdab() {
+  for round in 1 2; do
+    for fwd in mma wgmma; do
+      ANATOMY_ATTENTION_FWD=$fwd timeout 150 $a train --preset bert-large --max-seq-length 512 --precision bf16 \
+        --per-device-train-batch-size 32 --num-samples 1920 "${quiet[@]}" --overwrite-output-dir --output-dir /tmp/fwdab > "$OUT/fwdab_${fwd}_$round.log" 2>&1
+      python3 -c 'import json,sys; r=json.load(open("/tmp/fwdab/train_results.json")); print(sys.argv[1], round(r["steady_samples_per_second"], 1))' \
+        "$fwd round $round: steady samples/s" 2>&1
+    done
+  done | tee "$OUT/fwdab.txt"
 }
 
 step_realtext() {

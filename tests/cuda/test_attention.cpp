@@ -461,8 +461,8 @@ TEST(Attention, Fp16FastPath) {
   }
 }
 
-// The wgmma forward (Note [wgmma forward]) is what Hopper runs for head dims 32 and 64 without a
-// window, with and without its overlap of softmax and P V; the cases cover one tile and many, T odd, masks with padding
+// The wgmma forward (Note [wgmma forward]) is what Hopper runs for head dim 64 without a window
+// (and head dim 32 when asked), with and without its overlap of softmax and P V; the cases cover one tile and many, T odd, masks with padding
 // and a fully masked batch, dropout.
 TEST(Attention, HopperTakesTheWgmmaForward) {
   int n = 0;
@@ -477,7 +477,8 @@ TEST(Attention, HopperTakesTheWgmmaForward) {
 #endif
   using anatomy::cuda::attention_forward_kernel;
   EXPECT_EQ(attention_forward_kernel(DType::BF16, 64, 0), hopper);
-  EXPECT_EQ(attention_forward_kernel(DType::F16, 32, 0), hopper);
+  EXPECT_EQ(attention_forward_kernel(DType::F16, 64, 0), hopper);
+  EXPECT_EQ(attention_forward_kernel(DType::BF16, 32, 0), std::string("mma"));  // measured faster there
   EXPECT_EQ(attention_forward_kernel(DType::BF16, 128, 0), std::string("mma"));
   EXPECT_EQ(attention_forward_kernel(DType::BF16, 64, 64), std::string("mma"));
   EXPECT_EQ(attention_forward_kernel(DType::F32, 64, 0), std::string("gemm"));
@@ -486,6 +487,8 @@ TEST(Attention, HopperTakesTheWgmmaForward) {
     EnvGuard g("ANATOMY_ATTENTION_FWD", "mma");
     EXPECT_EQ(attention_forward_kernel(DType::BF16, 64, 0), std::string("mma"));
   }
+  EnvGuard all("ANATOMY_ATTENTION_FWD", "wgmma");  // head dim 32 too
+  EXPECT_EQ(attention_forward_kernel(DType::F16, 32, 0), hopper);
   for (const char* mode : {"overlap", "sync"}) {
     EnvGuard g("ANATOMY_ATTENTION_WGMMA", mode);
     SCOPED_TRACE(std::string("wgmma ") + mode);

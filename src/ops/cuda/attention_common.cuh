@@ -116,9 +116,9 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 // Fast path (attention_flash.cu). Each returns false (launching nothing) when the shape or
 // dtype is not one it handles; then the caller uses the reference kernels.
 // is_bf16: element type is bf16 (else fp16). smem_limit: the device's opt-in maximum.
-// On Hopper builds (sm_90a) and devices, head dims 32 and 64 without a window take the wgmma
-// kernel (attention_wgmma.cu), unless ANATOMY_ATTENTION_FWD names an mma.sync one ("mma": 128
-// queries a CTA, "mma64": 64).
+// On Hopper builds (sm_90a) and devices, head dim 64 without a window takes the wgmma kernel
+// (attention_wgmma.cu); ANATOMY_ATTENTION_FWD=wgmma also head dim 32, "mma" / "mma64" the
+// mma.sync kernel (128 / 64 queries a CTA) everywhere.
 bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);
 const char* flash_forward_kernel(const Params& p);  // "wgmma" or "mma" (by p.D, p.window)
 bool wgmma_forward_supported(const Params& p);

@@ -636,13 +636,18 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
 
 // ---- launchers ---------------------------------------------------------------------------
 // The forward kernel: ANATOMY_ATTENTION_FWD=mma64 selects 64-query mma.sync tiles (16 rows per
-// warp), "mma" 128 (32 rows per warp, their default), anything else the wgmma kernel where it
-// applies (flash_forward).
-enum class FwdKernel { Wgmma, Mma, Mma64 };
+// warp), "mma" 128 (32 rows per warp, their default), "wgmma" the wgmma kernel wherever it
+// applies; unset, the wgmma kernel at head dim 64 only (at 32 it measured 3-5% slower with
+// dropout, bench/results/2026-11-27-h200/session13-wgmma).
+enum class FwdKernel { Auto, Wgmma, Mma, Mma64 };
 FwdKernel fwd_kernel() {
   const char* e = std::getenv("ANATOMY_ATTENTION_FWD");
   const std::string v = e != nullptr ? e : "";
-  return v == "mma64" ? FwdKernel::Mma64 : v == "mma" ? FwdKernel::Mma : FwdKernel::Wgmma;
+  return v == "mma64" ? FwdKernel::Mma64 : v == "mma" ? FwdKernel::Mma : v == "wgmma" ? FwdKernel::Wgmma : FwdKernel::Auto;
+}
+bool takes_wgmma(const Params& p) {
+  const FwdKernel k = fwd_kernel();
+  return (k == FwdKernel::Wgmma || (k == FwdKernel::Auto && p.D == 64)) && wgmma_forward_supported(p);
 }
 int fwd_mt() { return fwd_kernel() == FwdKernel::Mma64 ? 1 : 2; }
 
@@ -710,12 +715,12 @@ bool flash_fits(int T, int D, int smem_limit) {
 }
 
 const char* flash_forward_kernel(const Params& p) {
-  return fwd_kernel() == FwdKernel::Wgmma && wgmma_forward_supported(p) ? "wgmma" : "mma";
+  return takes_wgmma(p) ? "wgmma" : "mma";
 }
 
 bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s) {
   if (!flash_supports(p)) return false;
-  if (fwd_kernel() == FwdKernel::Wgmma && wgmma_forward(p, is_bf16, smem_limit, s)) return true;
+  if (takes_wgmma(p) && wgmma_forward(p, is_bf16, smem_limit, s)) return true;
   return is_bf16 ? forward_for<true>(p, smem_limit, s) : forward_for<false>(p, smem_limit, s);
 }
 

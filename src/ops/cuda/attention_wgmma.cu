@@ -1,7 +1,8 @@
 // Attention forward for Hopper (sm_90a): the tensor-core products through wgmma, one warpgroup
 // (4 warps, 128 threads) per 64 query rows, operands read by the tensor cores straight from
-// shared memory. Head dims 32 and 64, no local window (those stay on attention_flash.cu's
-// mma.sync kernels, which also do the whole backward). The math is attention_common.cuh's;
+// shared memory. Head dims 32 and 64 (by default only 64: see fwd_kernel in attention_flash.cu), no
+// local window (those stay on attention_flash.cu's mma.sync kernels, which also do the whole
+// backward). The math is attention_common.cuh's;
 // the tiles, their swizzle and the paired rows of dropout are attention_tiles.cuh's.
 //
 // Note [wgmma forward]
