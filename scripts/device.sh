@@ -47,6 +47,7 @@
 #   attention the attention table: ours (the default forward, then the mma.sync one) vs PyTorch SDPA
 #             (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
 #   wgmmatiles the wgmma forward with and without its overlap, and the mma.sync forward, on the same shapes
+#   bwdab     the wgmma backward vs the mma.sync one, on the attention table's shapes
 #   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
@@ -265,7 +266,7 @@ step_probe() {
 step_attention() {
   local shape=(--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64)
   { timeout 200 $b/anatomy_bench_attention "${shape[@]}"
-    ANATOMY_ATTENTION_FWD=mma timeout 200 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy"
+    ANATOMY_ATTENTION_FWD=mma ANATOMY_ATTENTION_BWD=mma timeout 200 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy"
     for be in flash cudnn; do timeout 200 python3 bench/attention_sdpa.py "${shape[@]}" --backend $be; done
   } > "$OUT/attention_table.md" 2>&1
   grep -E "^\| (anatomy|torch)" "$OUT/attention_table.md"
@@ -277,8 +278,17 @@ step_wgmmatiles() {
   local shape=(--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64)
   for mode in overlap sync mma; do
     ANATOMY_ATTENTION_WGMMA=$mode ANATOMY_ATTENTION_FWD=$([ $mode = mma ] && echo mma || echo wgmma) timeout 200 $b/anatomy_bench_attention "${shape[@]}" |
-      grep "^| anatomy" | sed "s/^| anatomy [a-z]*/| $mode/"
+      grep "^| anatomy" | sed "s/^| anatomy [a-z]*\/[a-z]*/| $mode/"
   done | tee "$OUT/wgmma_tiles.md"
+}
+
+# The wgmma backward (the default) against the mma.sync one (ANATOMY_ATTENTION_BWD=mma) on the attention
+# table's shapes.
+step_bwdab() {
+  local shape=(--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64)
+  for bwd in mma wgmma; do
+    ANATOMY_ATTENTION_BWD=$bwd timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy"
+  done | tee "$OUT/bwdab.md"
 }
 
 # bert-large bf16 batch 32 seq 512, 60 steps, with the mma.sync forward and with the default

@@ -7,7 +7,7 @@
 // includes its small pre- and post-passes (Dsum = rowsum(dO*O), the dQ conversion).
 // bench/attention_sdpa.py prints the same table for PyTorch's scaled_dot_product_attention.
 // --window w (ModernBERT's local layers: w = 64) limits each query to the keys within w of it
-// (rows named "anatomy <forward kernel>, window w"); their TFLOP/s still count the full T^2 products, so
+// (rows named "anatomy <forward>/<backward kernel>, window w"); their TFLOP/s still count the full T^2 products, so
 // compare times, not TFLOP/s, across windows.
 //
 //   anatomy_bench_attention [--batch 32 --batch 4] [--seq 512 --seq 128] [--head-dim 64 --head-dim 32]
@@ -156,8 +156,9 @@ int main(int argc, char** argv) {
     for (const Row& r : rows) {
       const Shape4& q = r.sh;
       const double fl = 4.0 * static_cast<double>(q.B) * q.heads * static_cast<double>(q.T) * q.T * q.D;
-      // The forward's kernel family (the backward is always the mma.sync flash kernel).
-      const std::string impl = std::string("anatomy ") + cuda::attention_forward_kernel(dt, q.D, r.window) +
+      // The kernel families, forward/backward.
+      const std::string impl = std::string("anatomy ") + cuda::attention_forward_kernel(dt, q.D, r.window) + "/" +
+                               cuda::attention_backward_kernel(dt, q.D, r.window) +
                                (r.window > 0 ? ", window " + std::to_string(r.window) : "");
       std::printf("| %s | %lld | %lld | %lld | %lld | %.1f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f |\n", impl.c_str(),
                   static_cast<long long>(q.B), static_cast<long long>(q.T), static_cast<long long>(q.heads),

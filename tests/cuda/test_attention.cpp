@@ -461,20 +461,38 @@ TEST(Attention, Fp16FastPath) {
   }
 }
 
-// The wgmma forward (Note [wgmma forward]) is what Hopper runs for head dim 64 without a window
-// (and head dim 32 when asked), with and without its overlap of softmax and P V; the cases cover one tile and many, T odd, masks with padding
-// and a fully masked batch, dropout.
-TEST(Attention, HopperTakesTheWgmmaForward) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+// The kernel family of the wgmma paths on this device: "wgmma" on Hopper with an sm_90a build,
+// else "mma".
+static std::string hopper_family() {
   int major = 0, minor = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
 #if defined(ANATOMY_WITH_SM90A)
-  const std::string hopper = major == 9 && minor == 0 ? "wgmma" : "mma";
+  return major == 9 && minor == 0 ? "wgmma" : "mma";
 #else
-  const std::string hopper = "mma";
+  return "mma";
 #endif
+}
+
+// The wgmma kernels' cases: one key tile and many, T odd, key padding, gaps in the mask, a fully
+// masked batch, no mask; bf16 and fp16, head dims 32 and 64, dropout 0 and 0.1.
+static void check_wgmma_cases() {
+  for (float p : {0.0f, 0.1f}) {
+    check_case({2, 100, 2, 64, DType::BF16, p}, test_seed());
+    check_case({1, 512, 3, 64, DType::BF16, p}, test_seed());
+    check_case({3, 77, 2, 64, DType::F16, p, MaskKind::Gaps}, test_seed());
+    check_case({2, 257, 2, 32, DType::BF16, p, MaskKind::AllMaskedBatch}, test_seed());
+    check_case({2, 130, 4, 32, DType::F16, p, MaskKind::None}, test_seed());
+    check_case({2, 200, 2, 64, DType::BF16, p, MaskKind::Padded}, test_seed());
+  }
+}
+
+// The wgmma forward (Note [wgmma forward]) is what Hopper runs for head dim 64 without a window
+// (and head dim 32 when asked), with and without its overlap of softmax and P V.
+TEST(Attention, HopperTakesTheWgmmaForward) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string hopper = hopper_family();
   using anatomy::cuda::attention_forward_kernel;
   EXPECT_EQ(attention_forward_kernel(DType::BF16, 64, 0), hopper);
   EXPECT_EQ(attention_forward_kernel(DType::F16, 64, 0), hopper);
@@ -492,13 +510,29 @@ TEST(Attention, HopperTakesTheWgmmaForward) {
   for (const char* mode : {"overlap", "sync"}) {
     EnvGuard g("ANATOMY_ATTENTION_WGMMA", mode);
     SCOPED_TRACE(std::string("wgmma ") + mode);
-    for (float p : {0.0f, 0.1f}) {
-      check_case({2, 100, 2, 64, DType::BF16, p}, test_seed());
-      check_case({1, 512, 3, 64, DType::BF16, p}, test_seed());
-      check_case({3, 77, 2, 64, DType::F16, p, MaskKind::Gaps}, test_seed());
-      check_case({2, 257, 2, 32, DType::BF16, p, MaskKind::AllMaskedBatch}, test_seed());
-      check_case({2, 130, 4, 32, DType::F16, p, MaskKind::None}, test_seed());
-    }
+    check_wgmma_cases();
+  }
+}
+
+// The wgmma backward (Note [wgmma backward]), Hopper's default at head dims 32 and 64 without a
+// window, and the mma.sync backward it replaces.
+TEST(Attention, HopperWgmmaBackward) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  const std::string hopper = hopper_family();
+  using anatomy::cuda::attention_backward_kernel;
+  EXPECT_EQ(attention_backward_kernel(DType::BF16, 64, 0), hopper);
+  EXPECT_EQ(attention_backward_kernel(DType::F16, 32, 0), hopper);
+  EXPECT_EQ(attention_backward_kernel(DType::BF16, 128, 0), std::string("mma"));
+  EXPECT_EQ(attention_backward_kernel(DType::BF16, 64, 64), std::string("mma"));
+  {
+    EnvGuard g("ANATOMY_ATTENTION_BWD", "mma");
+    EXPECT_EQ(attention_backward_kernel(DType::BF16, 64, 0), std::string("mma"));
+  }
+  for (const char* bwd : {"wgmma", "mma"}) {
+    EnvGuard g("ANATOMY_ATTENTION_BWD", bwd);
+    SCOPED_TRACE(std::string("backward ") + bwd);
+    check_wgmma_cases();
   }
 }
 

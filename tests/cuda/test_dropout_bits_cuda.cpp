@@ -140,6 +140,11 @@ TEST(DropoutBitsCuda, AttentionMaskMatchesTheCpuFunction) {
       EXPECT_EQ(attention_mask_errors(DType::F16, 1, T, 3, d), 0);
     }
     {
+      EnvGuard g("ANATOMY_ATTENTION_BWD", "mma");
+      SCOPED_TRACE("bf16 mma.sync backward T " + std::to_string(T));
+      EXPECT_EQ(attention_mask_errors(DType::BF16, 2, T, 2, d), 0);
+    }
+    {
       SCOPED_TRACE("f32 cuBLAS path T " + std::to_string(T));
       EXPECT_EQ(attention_mask_errors(DType::F32, 2, T, 2, d), 0);
     }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "../common/contract_misuses.h"
 #include "../common/op_registry.h"
@@ -71,8 +72,11 @@ TEST(OpTwinLong, PackedAttentionPastOneTile) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   auto cpu = make_cpu_backend();
   auto gpu = make_cuda_backend(0);
-  for (const char* mt : {"wgmma", "mma", "mma64"}) {
-    ::setenv("ANATOMY_ATTENTION_FWD", mt, 1);
+  for (const char* mt : {"wgmma", "mma", "mma64", "mma-bwd"}) {
+    // "mma-bwd": the default forward with the mma.sync backward (the others: the default backward).
+    const bool bwd = std::string(mt) == "mma-bwd";
+    ::setenv("ANATOMY_ATTENTION_FWD", bwd ? "" : mt, 1);
+    ::setenv("ANATOMY_ATTENTION_BWD", bwd ? "mma" : "", 1);
     for (const char* op : {"attention_packed_forward", "attention_packed_backward"})
       for (int64_t window : {0, 40})
         for (int64_t hidden : {64, 128, 256}) {
@@ -82,6 +86,7 @@ TEST(OpTwinLong, PackedAttentionPastOneTile) {
         }
   }
   ::unsetenv("ANATOMY_ATTENTION_FWD");
+  ::unsetenv("ANATOMY_ATTENTION_BWD");
 }
 
 TEST(CudaContract, MisusesFailAsOnTheCpu) {

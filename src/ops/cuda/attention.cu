@@ -477,14 +477,23 @@ void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, 
   }
 }
 
-const char* attention_forward_kernel(DType dt, int64_t head_dim, int window) {
+namespace {
+const char* kernel_family(DType dt, int64_t head_dim, int window, bool forward) {
   if (attn::force_reference()) return "reference";
   if (dt == DType::F32) return window > 0 ? "reference" : "gemm";
   if ((dt != DType::BF16 && dt != DType::F16) || (head_dim != 32 && head_dim != 64 && head_dim != 128)) return "reference";
   attn::Params p;
   p.D = static_cast<int>(head_dim);
   p.window = window;
-  return attn::flash_forward_kernel(p);
+  return forward ? attn::flash_forward_kernel(p) : attn::flash_backward_kernel(p);
+}
+}  // namespace
+
+const char* attention_forward_kernel(DType dt, int64_t head_dim, int window) {
+  return kernel_family(dt, head_dim, window, true);
+}
+const char* attention_backward_kernel(DType dt, int64_t head_dim, int window) {
+  return kernel_family(dt, head_dim, window, false);
 }
 
 void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,

@@ -1,7 +1,10 @@
-// Fused multi-head self-attention on the GPU (attention.cu, attention_flash.cu,
-// attention_gemm.cu). The math and the masking convention are in attention_common.cuh.
+// Fused multi-head self-attention on the GPU (attention.cu, attention_flash.cu, attention_wgmma.cu,
+// attention_wgmma_bwd.cu, attention_gemm.cu). The math and the masking convention are in
+// attention_common.cuh.
 //
-// Paths: BF16/F16 with head_dim 32, 64 or 128 take the flash kernels; F32 takes the cuBLAS path (strided
+// Paths: BF16/F16 with head_dim 32, 64 or 128 take the flash kernels (on Hopper, head dims 32 and 64
+// without a window on wgmma: the backward at both, the forward at 64; see
+// attention_forward_kernel); F32 takes the cuBLAS path (strided
 // batched GEMMs per sample with the [heads, T, T] score matrix in scratch); everything else,
 // and every dtype under ANATOMY_ATTENTION=reference, takes the scalar reference kernels.
 // `scratch` must hold attention_scratch_bytes(...) bytes (ops/backend_memory.h).
@@ -38,6 +41,7 @@ void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qk
 // window: "wgmma" (Hopper, attention_wgmma.cu), "mma" (attention_flash.cu), "gemm" (F32 through
 // cuBLAS) or "reference" (ANATOMY_ATTENTION=reference, or what the others do not cover).
 const char* attention_forward_kernel(DType dt, int64_t head_dim, int window);
+const char* attention_backward_kernel(DType dt, int64_t head_dim, int window);  // likewise
 
 // Packed rows (Note [packed attention] in ops/cpu/attention.cpp), on the flash kernels only:
 // BF16/F16, head dim 32, 64 or 128, not under ANATOMY_ATTENTION=reference. qkv [N, 3H],

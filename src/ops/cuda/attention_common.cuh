@@ -120,12 +120,14 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 // (attention_wgmma.cu); ANATOMY_ATTENTION_FWD=wgmma also head dim 32, "mma" / "mma64" the
 // mma.sync kernel (128 / 64 queries a CTA) everywhere.
 bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);
-const char* flash_forward_kernel(const Params& p);  // "wgmma" or "mma" (by p.D, p.window)
+const char* flash_forward_kernel(const Params& p);   // "wgmma" or "mma" (by p.D, p.window)
+const char* flash_backward_kernel(const Params& p);  // likewise: wgmma at 32 and 64 unless ANATOMY_ATTENTION_BWD=mma
 bool wgmma_forward_supported(const Params& p);
 bool wgmma_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);
 // Needs p.dsum filled and p.dq_acc zeroed beforehand; leaves unscaled dQ in p.dq_acc and
 // writes dK, dV into p.dqkv.
 bool flash_backward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);
+bool wgmma_backward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);  // attention_wgmma_bwd.cu
 bool flash_supports(const Params& p);
 // Whether the flash kernels' shared memory holds batches padded to T at head dim D (32, 64, 128).
 bool flash_fits(int T, int D, int smem_limit);

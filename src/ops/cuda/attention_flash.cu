@@ -359,11 +359,9 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   // TK: the sequence's tokens, T when padded (Note [packed attention] in ops/cpu/attention.cpp).
   const SeqRows sq = seq_rows(p, b);
   const int TK = sq.len;
-  const size_t rs = 3 * static_cast<size_t>(p.H);
+  const HeadQkv qkv = head_qkv(p, sq, h);
+  const auto [qg, kg, vg, rs] = qkv;
   const size_t bh = static_cast<size_t>(b) * p.heads + h;
-  const uint16_t* qg = static_cast<const uint16_t*>(p.qkv) + sq.row0 * rs + h * D;
-  const uint16_t* kg = qg + p.H;
-  const uint16_t* vg = qg + 2 * p.H;
   const uint16_t* dog = static_cast<const uint16_t*>(p.dctx) + sq.row0 * p.H + h * D;
   const float* lse_g = p.lse + bh * T;
   const float* dsum_g = p.dsum + bh * T;
@@ -402,27 +400,13 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   // Note [masked key tiles]: 64 masked keys have dK = dV = 0 and no share in dQ (unless a
   // uniform row sees them).
   if (keys_dead && !any_uni) {
-    uint16_t* dqkv = static_cast<uint16_t*>(p.dqkv);
-    constexpr int CPR = D / 8;
-    for (int i = threadIdx.x; i < BC * CPR; i += NTH) {
-      const int k = k0 + i / CPR, c = i % CPR;
-      if (k >= TK) continue;
-      uint16_t* dst = dqkv + (sq.row0 + k) * rs + h * D + c * 8;
-      *reinterpret_cast<uint4*>(dst + p.H) = make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(dst + 2 * p.H) = make_uint4(0, 0, 0, 0);
-    }
+    zero_key_grads<D, BC, NTH>(p, sq, h, k0, TK);
     return;
   }
 
   auto load_q_tile = [&](int jt, int st) {
-    load_tile<BR, D, NTH>(q_s + st * C::kQBytes, qg, rs, jt * BR, TK);
-    load_tile<BR, D, NTH>(do_s + st * C::kQBytes, dog, p.H, jt * BR, TK);
-    const int i = threadIdx.x & (BR - 1), q = jt * BR + i;
-    const bool ok = q < TK;
-    if (threadIdx.x < BR)
-      cp_async4(base + C::kLse + (st * BR + i) * 4, lse_g + (ok ? q : 0), ok);
-    else
-      cp_async4(base + C::kDsum + (st * BR + i) * 4, dsum_g + (ok ? q : 0), ok);
+    load_query_tile<BR, D, NTH>(q_s + st * C::kQBytes, do_s + st * C::kQBytes, base + C::kLse + st * BR * 4,
+                                base + C::kDsum + st * BR * 4, qkv, dog, p, lse_g, dsum_g, jt, TK);
   };
 
   int j = next_tile(-1);
@@ -433,26 +417,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
 
   // Key bias of this thread's two key rows (fragment rows g, g+8 = keys 2g, 2g+1 of the warp's 16).
   float kbias[2];
-  bool any_valid;
-  {
-    int any = 0;
-    if (p.mask == nullptr) {
-      any = 1;
-    } else {
-      for (int k = threadIdx.x; k < T; k += NTH) any |= p.mask[static_cast<size_t>(b) * T + k] != 0;
-    }
-    any_valid = __syncthreads_or(any) != 0;
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int k = k0 + warp * 16 + 2 * g + hf;
-      float v = -INFINITY;
-      if (k < TK) {
-        const bool valid = p.mask == nullptr || p.mask[static_cast<size_t>(b) * T + k] != 0;
-        v = (valid || !any_valid) ? 0.0f : -INFINITY;
-      }
-      kbias[hf] = v;
-    }
-  }
+  const bool any_valid = key_pair_bias<NTH>(kbias, p, b, k0 + warp * 16 + 2 * g, TK);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
   // Dropout: the thread's 2x2 block of n-tile n of query tile j is the keys
   // k0 + warp*16 + 2g + {0, 1} x queries j*BR + n*8 + 2*t4 + {0, 1}, group (bh*tp + q/2)*tp + k/2;
@@ -608,30 +573,8 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
 
   // Epilogue: dK * scale and dV * inv_keep, staged through this warp's own rows of the K and
   // V tiles (no other warp reads them after the last barrier), then 16-byte stores.
-  const float dv_mul = DROP ? p.inv_keep : 1.0f;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int row = warp * 16 + g + 8 * hf;
-#pragma unroll
-    for (int n = 0; n < NO; ++n) {
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(k_s + swz<D>(row, n) + 4 * t4),
-                   "r"(pack2<BF16>(dk[n][2 * hf] * p.scale, dk[n][2 * hf + 1] * p.scale)));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(v_s + swz<D>(row, n) + 4 * t4),
-                   "r"(pack2<BF16>(dv[n][2 * hf] * dv_mul, dv[n][2 * hf + 1] * dv_mul)));
-    }
-  }
-  __syncwarp();
-  uint16_t* dqkv = static_cast<uint16_t*>(p.dqkv);
-  constexpr int CPR = D / 8;
-#pragma unroll
-  for (int i = lane; i < 16 * CPR; i += 32) {
-    const int row = warp * 16 + i / CPR, c = i % CPR, k = k0 + perm16(row);
-    if (k < TK) {
-      uint16_t* dst = dqkv + (sq.row0 + k) * rs + h * D + c * 8;
-      *reinterpret_cast<uint4*>(dst + p.H) = *reinterpret_cast<const uint4*>(smem + C::kK + swz<D>(row, c));
-      *reinterpret_cast<uint4*>(dst + 2 * p.H) = *reinterpret_cast<const uint4*>(smem + C::kV + swz<D>(row, c));
-    }
-  }
+  store_key_grads<BF16, D>(reinterpret_cast<const float(&)[4 * NO]>(dk), reinterpret_cast<const float(&)[4 * NO]>(dv),
+                           p.scale, DROP ? p.inv_keep : 1.0f, smem + C::kK, smem + C::kV, p, sq, h, k0, TK);
 }
 
 // ---- launchers ---------------------------------------------------------------------------
@@ -650,6 +593,12 @@ bool takes_wgmma(const Params& p) {
   return (k == FwdKernel::Wgmma || (k == FwdKernel::Auto && p.D == 64)) && wgmma_forward_supported(p);
 }
 int fwd_mt() { return fwd_kernel() == FwdKernel::Mma64 ? 1 : 2; }
+// The backward: attention_wgmma_bwd.cu's kernel where it applies (head dims 32 and 64, no window,
+// Hopper), unless ANATOMY_ATTENTION_BWD=mma; the mma.sync kernel everywhere else.
+bool bwd_takes_wgmma(const Params& p) {
+  const char* e = std::getenv("ANATOMY_ATTENTION_BWD");
+  return !(e != nullptr && std::string(e) == "mma") && wgmma_forward_supported(p);
+}
 
 template <bool BF16, int D, int MT>
 bool launch_fwd(const Params& p, int smem_limit, cudaStream_t s) {
@@ -714,9 +663,8 @@ bool flash_fits(int T, int D, int smem_limit) {
   }
 }
 
-const char* flash_forward_kernel(const Params& p) {
-  return takes_wgmma(p) ? "wgmma" : "mma";
-}
+const char* flash_forward_kernel(const Params& p) { return takes_wgmma(p) ? "wgmma" : "mma"; }
+const char* flash_backward_kernel(const Params& p) { return bwd_takes_wgmma(p) ? "wgmma" : "mma"; }
 
 bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s) {
   if (!flash_supports(p)) return false;
@@ -726,6 +674,7 @@ bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s
 
 bool flash_backward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s) {
   if (!flash_supports(p)) return false;
+  if (bwd_takes_wgmma(p) && wgmma_backward(p, is_bf16, smem_limit, s)) return true;
   return is_bf16 ? backward_for<true>(p, smem_limit, s) : backward_for<false>(p, smem_limit, s);
 }
 

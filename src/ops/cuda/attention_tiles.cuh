@@ -264,6 +264,98 @@ __device__ __forceinline__ void store_o_rows(const unsigned char* tile, int row0
   }
 }
 
+// ---- the backward's key tile ----------------------------------------------------------------
+// The backward kernels (attention_flash.cu, attention_wgmma_bwd.cu): a CTA owns BC = 64 keys from
+// k0, a warp 16 of them, a thread the fragment rows g, g + 8 = keys 2g, 2g + 1 of its warp's 16.
+
+// Note [masked key tiles]: keys that are all masked have dK = dV = 0 (stored here, below TK).
+template <int D, int BC, int NTH>
+__device__ void zero_key_grads(const Params& p, const SeqRows& sq, int h, int k0, int TK) {
+  uint16_t* dqkv = static_cast<uint16_t*>(p.dqkv);
+  const size_t rs = 3 * static_cast<size_t>(p.H);
+  constexpr int CPR = D / 8;
+  for (int i = threadIdx.x; i < BC * CPR; i += NTH) {
+    const int k = k0 + i / CPR, c = i % CPR;
+    if (k >= TK) continue;
+    uint16_t* dst = dqkv + (sq.row0 + k) * rs + h * D + c * 8;
+    *reinterpret_cast<uint4*>(dst + p.H) = make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(dst + 2 * p.H) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The key bias (0 or -inf, as build_key_bias) of keys k and k + 1 into kbias; returns whether
+// batch b has a valid key. Every thread of the CTA must call it.
+template <int NTH>
+__device__ bool key_pair_bias(float (&kbias)[2], const Params& p, int b, int k, int TK) {
+  int any = 0;
+  if (p.mask == nullptr) {
+    any = 1;
+  } else {
+    for (int i = threadIdx.x; i < p.T; i += NTH) any |= p.mask[static_cast<size_t>(b) * p.T + i] != 0;
+  }
+  const bool any_valid = __syncthreads_or(any) != 0;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float v = -INFINITY;
+    if (k + hf < TK) {
+      const bool valid = p.mask == nullptr || p.mask[static_cast<size_t>(b) * p.T + k + hf] != 0;
+      v = (valid || !any_valid) ? 0.0f : -INFINITY;
+    }
+    kbias[hf] = v;
+  }
+  return any_valid;
+}
+
+// Async copies of query tile jt (BR queries): Q and dO into swizzled tiles, lse and Dsum (the
+// first BR threads, the next BR) into f32 arrays; rows at or past TK zero.
+template <int BR, int D, int NTH>
+__device__ __forceinline__ void load_query_tile(uint32_t q_dst, uint32_t do_dst, uint32_t lse_dst, uint32_t dsum_dst,
+                                                const HeadQkv& x, const uint16_t* dog, const Params& p,
+                                                const float* lse_g, const float* dsum_g, int jt, int TK) {
+  load_tile<BR, D, NTH>(q_dst, x.q, x.rs, jt * BR, TK);
+  load_tile<BR, D, NTH>(do_dst, dog, p.H, jt * BR, TK);
+  const int i = threadIdx.x & (BR - 1), q = jt * BR + i;
+  const bool ok = q < TK;
+  if (threadIdx.x < BR)
+    cp_async4(lse_dst + i * 4, lse_g + (ok ? q : 0), ok);
+  else if (threadIdx.x < 2 * BR)
+    cp_async4(dsum_dst + i * 4, dsum_g + (ok ? q : 0), ok);
+}
+
+// Stores dK * dk_mul and dV * dv_mul of the warp's 16 keys (accumulators: element e of n-tile n
+// at [4n + e], rows g, g + 8, columns 8n + 2 t4 + {0, 1}), staged through the warp's own rows of
+// the K and V tiles (whose readers must be done), 16 bytes a lane.
+template <bool BF16, int D>
+__device__ __forceinline__ void store_key_grads(const float (&dk)[D / 2], const float (&dv)[D / 2], float dk_mul,
+                                                float dv_mul, unsigned char* k_tile, unsigned char* v_tile,
+                                                const Params& p, const SeqRows& sq, int h, int k0, int TK) {
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = warp * 16 + g + 8 * hf;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(k_tile + swz<D>(row, n) + 4 * t4) =
+          pack2<BF16>(dk[4 * n + 2 * hf] * dk_mul, dk[4 * n + 2 * hf + 1] * dk_mul);
+      *reinterpret_cast<uint32_t*>(v_tile + swz<D>(row, n) + 4 * t4) =
+          pack2<BF16>(dv[4 * n + 2 * hf] * dv_mul, dv[4 * n + 2 * hf + 1] * dv_mul);
+    }
+  }
+  __syncwarp();
+  uint16_t* dqkv = static_cast<uint16_t*>(p.dqkv);
+  const size_t rs = 3 * static_cast<size_t>(p.H);
+  constexpr int CPR = D / 8;
+#pragma unroll
+  for (int i = lane; i < 16 * CPR; i += 32) {
+    const int row = warp * 16 + i / CPR, c = i % CPR, k = k0 + perm16(row);
+    if (k < TK) {
+      uint16_t* dst = dqkv + (sq.row0 + k) * rs + h * D + c * 8;
+      *reinterpret_cast<uint4*>(dst + p.H) = *reinterpret_cast<const uint4*>(k_tile + swz<D>(row, c));
+      *reinterpret_cast<uint4*>(dst + 2 * p.H) = *reinterpret_cast<const uint4*>(v_tile + swz<D>(row, c));
+    }
+  }
+}
+
 // Launches kernel(p) on a grid of (ceil(T / rows_per_cta), heads, B) CTAs with `bytes` of dynamic
 // shared memory; false (nothing launched) when that is more than the device allows.
 template <class Kernel>
