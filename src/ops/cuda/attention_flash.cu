@@ -573,8 +573,8 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
 
   // Epilogue: dK * scale and dV * inv_keep, staged through this warp's own rows of the K and
   // V tiles (no other warp reads them after the last barrier), then 16-byte stores.
-  store_key_grads<BF16, D>(reinterpret_cast<const float(&)[4 * NO]>(dk), reinterpret_cast<const float(&)[4 * NO]>(dv),
-                           p.scale, DROP ? p.inv_keep : 1.0f, smem + C::kK, smem + C::kV, p, sq, h, k0, TK);
+  store_key_grads<BF16, D, NTH>([&](int n, int e) { return dk[n][e]; }, [&](int n, int e) { return dv[n][e]; },
+                                p.scale, DROP ? p.inv_keep : 1.0f, smem + C::kK, smem + C::kV, p, sq, h, k0, TK);
 }
 
 // ---- launchers ---------------------------------------------------------------------------

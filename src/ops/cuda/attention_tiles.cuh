@@ -312,33 +312,36 @@ template <int BR, int D, int NTH>
 __device__ __forceinline__ void load_query_tile(uint32_t q_dst, uint32_t do_dst, uint32_t lse_dst, uint32_t dsum_dst,
                                                 const HeadQkv& x, const uint16_t* dog, const Params& p,
                                                 const float* lse_g, const float* dsum_g, int jt, int TK) {
+  static_assert(NTH == 2 * BR, "lse by the first BR threads, Dsum by the next BR");
   load_tile<BR, D, NTH>(q_dst, x.q, x.rs, jt * BR, TK);
   load_tile<BR, D, NTH>(do_dst, dog, p.H, jt * BR, TK);
   const int i = threadIdx.x & (BR - 1), q = jt * BR + i;
   const bool ok = q < TK;
   if (threadIdx.x < BR)
     cp_async4(lse_dst + i * 4, lse_g + (ok ? q : 0), ok);
-  else if (threadIdx.x < 2 * BR)
+  else
     cp_async4(dsum_dst + i * 4, dsum_g + (ok ? q : 0), ok);
 }
 
-// Stores dK * dk_mul and dV * dv_mul of the warp's 16 keys (accumulators: element e of n-tile n
-// at [4n + e], rows g, g + 8, columns 8n + 2 t4 + {0, 1}), staged through the warp's own rows of
-// the K and V tiles (whose readers must be done), 16 bytes a lane.
-template <bool BF16, int D>
-__device__ __forceinline__ void store_key_grads(const float (&dk)[D / 2], const float (&dv)[D / 2], float dk_mul,
-                                                float dv_mul, unsigned char* k_tile, unsigned char* v_tile,
-                                                const Params& p, const SeqRows& sq, int h, int k0, int TK) {
-  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+// Stores dK * dk_mul and dV * dv_mul of the warp's 16 keys (dk(n, e), dv(n, e): element e of
+// n-tile n of the accumulators, rows g, g + 8, columns 8n + 2 t4 + {0, 1}), staged through the
+// warp's own rows of the K and V tiles (whose readers must be done), 16 bytes a lane. The CTA is
+// the 4 warps of NTH = 128 threads.
+template <bool BF16, int D, int NTH, class AccK, class AccV>
+__device__ __forceinline__ void store_key_grads(AccK dk, AccV dv, float dk_mul, float dv_mul, unsigned char* k_tile,
+                                                unsigned char* v_tile, const Params& p, const SeqRows& sq, int h,
+                                                int k0, int TK) {
+  static_assert(NTH == 128, "warp w stores keys [16 w, 16 w + 16) of the 64");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int row = warp * 16 + g + 8 * hf;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       *reinterpret_cast<uint32_t*>(k_tile + swz<D>(row, n) + 4 * t4) =
-          pack2<BF16>(dk[4 * n + 2 * hf] * dk_mul, dk[4 * n + 2 * hf + 1] * dk_mul);
+          pack2<BF16>(dk(n, 2 * hf) * dk_mul, dk(n, 2 * hf + 1) * dk_mul);
       *reinterpret_cast<uint32_t*>(v_tile + swz<D>(row, n) + 4 * t4) =
-          pack2<BF16>(dv[4 * n + 2 * hf] * dv_mul, dv[4 * n + 2 * hf + 1] * dv_mul);
+          pack2<BF16>(dv(n, 2 * hf) * dv_mul, dv(n, 2 * hf + 1) * dv_mul);
     }
   }
   __syncwarp();

@@ -23,10 +23,6 @@
 namespace anatomy::cuda::attn {
 namespace {
 
-__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
-}
-
 // Shared memory (1024-byte aligned): K [64][D] | V [64][D] | Q [2][64][D] | dO [2][64][D] |
 // dS^T [64][64] | lse [2][64] | Dsum [2][64] f32.
 template <int D>
@@ -208,7 +204,8 @@ __global__ void __launch_bounds__(128, 2) wgmma_bwd_kernel(Params p) {
 
   // Epilogue: dK * scale and dV * inv_keep, staged through this warp's own rows of the K and
   // V tiles (all their readers have completed), then 16-byte stores.
-  store_key_grads<BF16, D>(dk, dv, p.scale, DROP ? p.inv_keep : 1.0f, smem + C::kK, smem + C::kV, p, sq, h, k0, TK);
+  store_key_grads<BF16, D, NTH>([&](int n, int e) { return dk[4 * n + e]; }, [&](int n, int e) { return dv[4 * n + e]; },
+                                p.scale, DROP ? p.inv_keep : 1.0f, smem + C::kK, smem + C::kV, p, sq, h, k0, TK);
 #endif
 }
 
