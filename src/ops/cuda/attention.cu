@@ -16,6 +16,11 @@
 
 namespace anatomy::cuda {
 namespace attn {
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
 namespace {
 
 // ---- reference kernels -------------------------------------------------------------------
@@ -367,10 +372,7 @@ void check_launch(const char* what) {
 size_t align_up(size_t n) { return (n + 255) & ~static_cast<size_t>(255); }
 
 // ANATOMY_ATTENTION=reference forces the reference kernels (tests, debugging).
-bool force_reference() {
-  const char* v = std::getenv("ANATOMY_ATTENTION");
-  return v != nullptr && std::strcmp(v, "reference") == 0;
-}
+bool force_reference() { return env_is("ANATOMY_ATTENTION", "reference"); }
 
 int smem_optin_limit() {
   int dev = 0, v = 0;

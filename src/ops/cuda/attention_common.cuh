@@ -113,6 +113,10 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { re
 template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 
+// Whether environment variable `name` is set to `value` (the kernel switches; read on every call
+// so that tests can flip them; no allocation). In attention.cu.
+bool env_is(const char* name, const char* value);
+
 // Fast path (attention_flash.cu). Each returns false (launching nothing) when the shape or
 // dtype is not one it handles; then the caller uses the reference kernels.
 // is_bf16: element type is bf16 (else fp16). smem_limit: the device's opt-in maximum.

@@ -11,8 +11,6 @@
 // 16-wide k-step: the probabilities go from the S = QK^T accumulators straight into P V.
 // Tiles, swizzle and Note [paired rows]: attention_tiles.cuh.
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "ops/cuda/attention_tiles.cuh"
 
@@ -419,13 +417,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
   float kbias[2];
   const bool any_valid = key_pair_bias<NTH>(kbias, p, b, k0 + warp * 16 + 2 * g, TK);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
-  // Dropout: the thread's 2x2 block of n-tile n of query tile j is the keys
-  // k0 + warp*16 + 2g + {0, 1} x queries j*BR + n*8 + 2*t4 + {0, 1}, group (bh*tp + q/2)*tp + k/2;
-  // zk + j * (BR/2) * zstep = rng_key + (its group at n = 0 of tile j) * kGolden, one query
-  // pair further is zstep.
-  const uint64_t tp = (static_cast<uint64_t>(T) + 1) >> 1;
-  const uint64_t zstep = tp * kGolden;
-  const uint64_t zk = p.rng_key + ((bh * tp + t4) * tp + static_cast<uint64_t>(k0 / 2 + warp * 8 + g)) * kGolden;
+  const auto [zk, zstep] = key_row_dropout(p, bh, k0, warp, g, t4);
 
   cp_async_wait_all();
   __syncthreads();
@@ -465,9 +457,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
         mma<BF16>(dp[2 * np + 1], vf[ks], bo[2], bo[3]);
       }
 
-    // Element-wise: s <- P Z' (for dV), dp <- dS. Thread holds key rows 2g, 2g+1 and query
-    // columns n*8 + 2t + {0,1}: element (n, e) is key 2g + (e >> 1), query n*8 + 2t + (e & 1),
-    // field 2*(e & 1) + (e >> 1) of the bits of n-tile n (one hash each, Note [paired rows]).
+    // Element-wise: s <- P Z' (for dV), dp <- dS (backward_elements), n-tile by n-tile.
     [[maybe_unused]] const uint64_t zj = zk + static_cast<uint64_t>(j) * (BR / 2) * zstep;
     // Window: this warp's keys [k0 + warp*16, +16) against the tile's queries.
     [[maybe_unused]] bool win_tile = false;
@@ -477,32 +467,18 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
     }
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
-      [[maybe_unused]] bool keep[4] = {true, true, true, true};
-      if constexpr (DROP) keep4(keep, mix64(zj + static_cast<uint64_t>(n) * 4 * zstep), p.thr_m1);
       const int c = n * 8 + 2 * t4;
-      const float2 L = *reinterpret_cast<const float2*>(lse_s + st * BR + c);
-      const float2 Dv = *reinterpret_cast<const float2*>(dsum_s + st * BR + c);
-      const float lse2[2] = {L.x * kLog2e, L.y * kLog2e};
-      const float dsv[2] = {Dv.x, Dv.y};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = fmaf(s[n][e], scale_mul, kbias[e >> 1]);
+      auto window = [&](float x, int e) {
         if constexpr (WIN) {
           if (win_tile) {
             const int q = j * BR + c + (e & 1);
             x = window_score(x, q, k0 + warp * 16 + 2 * g + (e >> 1), T, w, (ubits[q >> 5] >> (q & 31)) & 1u);
           }
         }
-        const float pr = fast_exp2(x - lse2[e & 1]);
-        float dpv = dp[n][e], pz = pr;
-        if constexpr (DROP) {
-          const bool kp = keep[2 * (e & 1) + (e >> 1)];
-          pz = kp ? pr : 0.0f;
-          dpv = kp ? dpv * p.inv_keep : 0.0f;
-        }
-        s[n][e] = pz;
-        dp[n][e] = pr * (dpv - dsv[e & 1]);
-      }
+        return x;
+      };
+      const uint64_t bits = DROP ? mix64(zj + static_cast<uint64_t>(n) * 4 * zstep) : 0;
+      backward_elements<DROP>(s[n], dp[n], bits, lse_s + st * BR + c, dsum_s + st * BR + c, scale_mul, kbias, p, window);
     }
 
     // dV += (P Z')^T dO and dK += dS^T Q: A from the registers above (rows = keys,
@@ -584,9 +560,9 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
 // dropout, bench/results/2026-11-27-h200/session13-wgmma).
 enum class FwdKernel { Auto, Wgmma, Mma, Mma64 };
 FwdKernel fwd_kernel() {
-  const char* e = std::getenv("ANATOMY_ATTENTION_FWD");
-  const std::string v = e != nullptr ? e : "";
-  return v == "mma64" ? FwdKernel::Mma64 : v == "mma" ? FwdKernel::Mma : v == "wgmma" ? FwdKernel::Wgmma : FwdKernel::Auto;
+  const char* v = "ANATOMY_ATTENTION_FWD";
+  return env_is(v, "mma64") ? FwdKernel::Mma64 : env_is(v, "mma") ? FwdKernel::Mma
+                                                  : env_is(v, "wgmma") ? FwdKernel::Wgmma : FwdKernel::Auto;
 }
 bool takes_wgmma(const Params& p) {
   const FwdKernel k = fwd_kernel();
@@ -596,8 +572,7 @@ int fwd_mt() { return fwd_kernel() == FwdKernel::Mma64 ? 1 : 2; }
 // The backward: attention_wgmma_bwd.cu's kernel where it applies (head dims 32 and 64, no window,
 // Hopper), unless ANATOMY_ATTENTION_BWD=mma; the mma.sync kernel everywhere else.
 bool bwd_takes_wgmma(const Params& p) {
-  const char* e = std::getenv("ANATOMY_ATTENTION_BWD");
-  return !(e != nullptr && std::string(e) == "mma") && wgmma_forward_supported(p);
+  return !env_is("ANATOMY_ATTENTION_BWD", "mma") && wgmma_forward_supported(p);
 }
 
 template <bool BF16, int D, int MT>

@@ -323,6 +323,47 @@ __device__ __forceinline__ void load_query_tile(uint32_t q_dst, uint32_t do_dst,
     cp_async4(dsum_dst + i * 4, dsum_g + (ok ? q : 0), ok);
 }
 
+// Dropout counters of a backward thread (Note [paired rows]): its 2x2 block of n-tile n of query
+// tile j (keys k0 + 16 warp + 2g + {0, 1} x queries j*BR + 8n + 2 t4 + {0, 1}) is the group
+// (bh*tp + q/2)*tp + k/2; zk + j (BR/2) zstep is rng_key + (that group at n = 0) * kGolden, and
+// one query pair further is zstep.
+struct KeyRowDropout {
+  uint64_t zk, zstep;
+};
+__device__ __forceinline__ KeyRowDropout key_row_dropout(const Params& p, size_t bh, int k0, int warp, int g, int t4) {
+  const uint64_t tp = (static_cast<uint64_t>(p.T) + 1) >> 1;
+  return {p.rng_key + ((bh * tp + t4) * tp + static_cast<uint64_t>(k0 / 2 + warp * 8 + g)) * kGolden, tp * kGolden};
+}
+
+// The backward's element-wise step on one n-tile of the transposed frame (the thread's key rows
+// 2g, 2g + 1 x query columns c, c + 1; element e is key 2g + (e >> 1), query c + (e & 1)): the
+// scores s (K Q^T) become P Z' (for dV), dp (V dO^T) becomes dS = P (Z dP / (1 - p) - Dsum).
+// bits: the block's dropout bits, element e field 2 (e & 1) + (e >> 1); lse, dsum: the query
+// tile's rows from column c; window(x, e): element e's log2 score x after a local window.
+template <bool DROP, class Window>
+__device__ __forceinline__ void backward_elements(float* s, float* dp, uint64_t bits, const float* lse,
+                                                  const float* dsum, float scale_mul, const float (&kbias)[2],
+                                                  const Params& p, Window window) {
+  [[maybe_unused]] bool keep[4] = {true, true, true, true};
+  if constexpr (DROP) keep4(keep, bits, p.thr_m1);
+  const float2 L = *reinterpret_cast<const float2*>(lse);
+  const float2 Dv = *reinterpret_cast<const float2*>(dsum);
+  const float lse2[2] = {L.x * kLog2e, L.y * kLog2e};
+  const float dsv[2] = {Dv.x, Dv.y};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float pr = fast_exp2(window(fmaf(s[e], scale_mul, kbias[e >> 1]), e) - lse2[e & 1]);
+    float dpv = dp[e], pz = pr;
+    if constexpr (DROP) {
+      const bool kp = keep[2 * (e & 1) + (e >> 1)];
+      pz = kp ? pr : 0.0f;
+      dpv = kp ? dpv * p.inv_keep : 0.0f;
+    }
+    s[e] = pz;
+    dp[e] = pr * (dpv - dsv[e & 1]);
+  }
+}
+
 // Stores dK * dk_mul and dV * dv_mul of the warp's 16 keys (dk(n, e), dv(n, e): element e of
 // n-tile n of the accumulators, rows g, g + 8, columns 8n + 2 t4 + {0, 1}), staged through the
 // warp's own rows of the K and V tiles (whose readers must be done), 16 bytes a lane. The CTA is

@@ -16,9 +16,6 @@
 // MN-major through the transpose bit). A product's registers are read, and its A registers
 // rewritten, only after its wait (wgmma_wait, then a compiler fence on them); the softmax of one
 // tile runs while the tensor cores do the previous tile's P V (see the kernel).
-#include <cstdlib>
-#include <string>
-
 #include "ops/cuda/attention_tiles.cuh"
 #include "ops/cuda/wgmma.cuh"
 
@@ -257,8 +254,7 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
 // ANATOMY_ATTENTION_WGMMA=sync: each product waited for at once (no overlap); for measuring.
 template <bool BF16, int D>
 bool launch_for(const Params& p, int smem_limit, cudaStream_t s) {
-  const char* e = std::getenv("ANATOMY_ATTENTION_WGMMA");
-  if (e != nullptr && std::string(e) == "sync") return launch<BF16, D, false>(p, smem_limit, s);
+  if (env_is("ANATOMY_ATTENTION_WGMMA", "sync")) return launch<BF16, D, false>(p, smem_limit, s);
   return launch<BF16, D, true>(p, smem_limit, s);
 }
 

@@ -14,9 +14,6 @@
 //   dQ = dS K                             A = dS^T in shared memory read MN-major (the transpose
 //                                         bit), B = K read MN-major; added to the F32 accumulator.
 // dK and dV stay in registers across the query tiles.
-#include <cstdlib>
-#include <string>
-
 #include "ops/cuda/attention_tiles.cuh"
 #include "ops/cuda/wgmma.cuh"
 
@@ -85,11 +82,7 @@ __global__ void __launch_bounds__(128, 2) wgmma_bwd_kernel(Params p) {
   float kbias[2];
   const bool any_valid = key_pair_bias<NTH>(kbias, p, b, k0 + warp * 16 + 2 * g, TK);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
-  // Dropout (as attention_flash.cu's backward): the thread's 2x2 block of n-tile n of query tile
-  // j is keys k0 + warp*16 + 2g + {0, 1} x queries j*BR + n*8 + 2*t4 + {0, 1}.
-  const uint64_t tp = (static_cast<uint64_t>(T) + 1) >> 1;
-  const uint64_t zstep = tp * kGolden;
-  const uint64_t zk = p.rng_key + ((bh * tp + t4) * tp + static_cast<uint64_t>(k0 / 2 + warp * 8 + g)) * kGolden;
+  const auto [zk, zstep] = key_row_dropout(p, bh, k0, warp, g, t4);
 
   cp_async_wait_all();
   fence_proxy_async();
@@ -121,29 +114,14 @@ __global__ void __launch_bounds__(128, 2) wgmma_bwd_kernel(Params p) {
     fence_regs(s);
     fence_regs(dp);
 
-    // Element-wise: s <- P Z' (for dV), dp <- dS; field 2 (e & 1) + (e >> 1) of n-tile n's bits.
+    // Element-wise: s <- P Z' (for dV), dp <- dS (backward_elements), n-tile by n-tile.
     const uint64_t zj = zk + static_cast<uint64_t>(j) * (BR / 2) * zstep;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
-      [[maybe_unused]] bool keep[4] = {true, true, true, true};
-      if constexpr (DROP) keep4(keep, mix64(zj + static_cast<uint64_t>(n) * 4 * zstep), p.thr_m1);
       const int c = n * 8 + 2 * t4;
-      const float2 L = *reinterpret_cast<const float2*>(lse_s + st * BR + c);
-      const float2 Dv = *reinterpret_cast<const float2*>(dsum_s + st * BR + c);
-      const float lse2[2] = {L.x * kLog2e, L.y * kLog2e};
-      const float dsv[2] = {Dv.x, Dv.y};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float pr = fast_exp2(fmaf(s[4 * n + e], scale_mul, kbias[e >> 1]) - lse2[e & 1]);
-        float dpv = dp[4 * n + e], pz = pr;
-        if constexpr (DROP) {
-          const bool kp = keep[2 * (e & 1) + (e >> 1)];
-          pz = kp ? pr : 0.0f;
-          dpv = kp ? dpv * p.inv_keep : 0.0f;
-        }
-        s[4 * n + e] = pz;
-        dp[4 * n + e] = pr * (dpv - dsv[e & 1]);
-      }
+      const uint64_t bits = DROP ? mix64(zj + static_cast<uint64_t>(n) * 4 * zstep) : 0;
+      backward_elements<DROP>(&s[4 * n], &dp[4 * n], bits, lse_s + st * BR + c, dsum_s + st * BR + c, scale_mul, kbias,
+                              p, [](float x, int) { return x; });
     }
 
     // A fragments (rows = keys, k = queries) of P Z' and dS; dS^T also to shared memory for dQ.
@@ -180,7 +158,7 @@ __global__ void __launch_bounds__(128, 2) wgmma_bwd_kernel(Params p) {
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < BC / 16; ++ks)
-      wgmma_ss_mn<BF16>(dq, tile_desc<BR>(ds_s + ks * 16 * BR * 2), tile_desc<D>(k_s + ks * 16 * kRow), ks);
+      wgmma_ss<BF16, true>(dq, tile_desc<BR>(ds_s + ks * 16 * BR * 2), tile_desc<D>(k_s + ks * 16 * kRow), ks);
     wgmma_commit();
     wgmma_wait<0>();  // this tile's dV, dK and dQ products
     fence_regs(dq);
