@@ -143,14 +143,14 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda):
                 steps=steps, wall_s=wall)
 
 
-def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda):
+def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda, precision="bf16", logging_steps=0):
     out = os.path.join(workdir, "out")
     cmd = [binary, "train", "--model-name-or-path", model_dir, "--train-file", os.path.join(data_dir, "train.jsonl"),
            "--validation-file", os.path.join(data_dir, "validation.jsonl"), "--eval-strategy", "epoch",
            "--max-seq-length", str(MAX_LEN), "--per-device-train-batch-size", str(BATCH),
-           "--per-device-eval-batch-size", "64", "--precision", "bf16" if cuda else "fp32", "--num-train-epochs", str(epochs),
+           "--per-device-eval-batch-size", "64", "--precision", precision if cuda else "fp32", "--num-train-epochs", str(epochs),
            "--learning-rate", str(LR), "--seed", "0", "--device", "cuda" if cuda else "cpu", "--save-strategy", "no",
-           "--logging-steps", "0", "--disable-tqdm", "--output-dir", out,
+           "--logging-steps", str(logging_steps), "--disable-tqdm", "--output-dir", out,
            "--dataset-cache-dir", os.path.join(workdir, "cache")]
     cmd += flags
     t0 = time.perf_counter()
@@ -174,6 +174,10 @@ def main():
     ap.add_argument("--only", choices=("all", "hf", "anatomy"), default="all")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: fp32, a smoke test of this script")
     ap.add_argument("--limit", type=int, default=0, help="use the first N train samples only (smoke test)")
+    ap.add_argument("--anatomy-runs", default="tokens,padded,grouped", help="which anatomy configurations to run")
+    ap.add_argument("--precision", default="bf16", help="anatomy's --precision on the GPU (bf16 or fp8)")
+    ap.add_argument("--logging-steps", type=int, default=0,
+                    help="anatomy's --logging-steps; > 0 keeps each run's metrics.jsonl (the loss curve) in --out")
     ap.add_argument("--repeat", type=int, default=3,
                     help="run each anatomy configuration N times; its row is the run of median steady samples/s")
     args = ap.parse_args()
@@ -204,10 +208,13 @@ def main():
             runs += [("trainer random", lambda w: run_trainer(model_dir, data, labels, False, args.epochs, w, cuda)),
                      ("trainer grouped", lambda w: run_trainer(model_dir, data, labels, True, args.epochs, w, cuda))]
         if args.only in ("all", "anatomy"):
+            chosen = args.anatomy_runs.split(",")
             for run_name, flags in (("anatomy tokens", []), ("anatomy padded", ["--no-skip-padding"]),
                                     ("anatomy grouped", ["--group-by-length", "--no-skip-padding"])):
+                if run_name.split()[1] not in chosen:
+                    continue
                 runs.append((run_name, lambda w, f=flags: run_anatomy(args.anatomy_bin, model_dir, data_dir, f, args.epochs, w,
-                                                                     cuda)))
+                                                                     cuda, args.precision, args.logging_steps)))
         for run_name, fn in runs:
             w = os.path.join(work, name, run_name.replace(" ", "_"))
             shutil.rmtree(w, ignore_errors=True)
@@ -218,6 +225,9 @@ def main():
                 os.makedirs(wi)
                 try:
                     repeats.append(fn(wi))
+                    curve = os.path.join(wi, "out", "metrics.jsonl")  # with --logging-steps: the loss curve
+                    if os.path.exists(curve):
+                        shutil.copy(curve, os.path.join(args.out, f"{name}_{args.precision}_{run_name.split()[1]}_{i}.metrics.jsonl"))
                 except Exception as e:  # one failed run must not lose the others
                     repeats = [dict(error=str(e))]
                     break
@@ -231,7 +241,8 @@ def main():
             jsonl.flush()
             rows.append(r)
     with open(os.path.join(args.out, "real_text.md"), "w") as f:
-        f.write(f"bf16, batch {BATCH}, max length {MAX_LEN}, {args.epochs} epochs, lr {LR}, same initial weights\n\n")
+        f.write(f"anatomy --precision {args.precision} (the Trainer: bf16), batch {BATCH}, max length {MAX_LEN}, "
+                f"{args.epochs} epochs, lr {LR}, same initial weights\n\n")
         f.write("| model | run | steady samples/s (each run) | samples/s (whole run) | validation accuracy |\n"
                 "|---|---|---:|---:|---:|\n")
         for r in rows:

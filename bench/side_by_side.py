@@ -20,6 +20,7 @@ Configurations (--configs):
   tf32      tf32 batch 4, 512 samples             (HF: Trainer tf32)              [optional]
   bf16_bs4  bf16 batch 4, 512 samples             (HF: Trainer bf16)
   bf16_bs32 bf16 batch 32, 1024 samples           (HF: Trainer bf16 fused AdamW, torch loop)
+  fp8_bs32  anatomy fp8 and bf16 at batch 32, alternated twice (HF: the torch loop in bf16)
   best      bf16, every batch in --batches        (HF: torch loop; anatomy: max(1024, 32*BS) samples)
 The ratio column is anatomy's steady samples/s over the best HF steady samples/s of the
 same configuration (for "best": over HF's best batch). MFU = steady samples/s x 1.005e12
@@ -59,6 +60,7 @@ CONFIG_TITLES = {
     "bf16_bs32": "(c) bf16 bs32",
     "best": "(d) bf16 best batch",
     "layer_bs32": "(e) bf16 bs32, layer gradient checkpointing",
+    "fp8_bs32": "(f) bs32: anatomy --precision fp8 (the encoder's Linear layers in fp8) next to its bf16, vs the PyTorch loop in bf16",
 }
 
 
@@ -262,6 +264,12 @@ class Bench:
                         self.add(config, self.hf("bf16_bs32_fused", 32, n=n32 if q else None))
                     self.add(config, self.hf("torch_bf16_bs32", 32, steps=steps))
                 if do_an: self.add(config, self.anatomy("bf16", 32, n32))
+            elif config == "fp8_bs32":  # fp8 next to bf16, twice each alternated, against PyTorch's bf16 loop
+                if do_hf: self.add(config, self.hf("torch_bf16_bs32", 32, steps=steps))
+                if do_an:
+                    for n in (n32, n32 + 32):  # two sample counts: distinct runs, not the cache
+                        self.add(config, self.anatomy("bf16", 32, n))
+                        self.add(config, self.anatomy("fp8", 32, n))
             elif config == "best":
                 if do_hf:
                     for bs in a.hf_batches:

@@ -49,6 +49,8 @@
 #   wgmmatiles the wgmma forward with and without its overlap, and the mma.sync forward, on the same shapes
 #   bwdab     the wgmma backward vs the mma.sync one, on the attention table's shapes
 #   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
+#   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
+#             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
@@ -391,6 +393,24 @@ step_packed() {
     timeout 200 $b/anatomy_gpu_tests > "$OUT/gpu_tests_packed.log" 2>&1
   passed "$OUT/gpu_tests_packed.log"
   step_tokenprofile
+}
+
+step_fp8() {  # issue 16 point 5 (Note [fp8 training]): tests, the per-op profile, the side-by-side, real-text loss curves
+  GTEST_FILTER="${GTEST_FILTER:-*Fp8*:*fp8*}" CUBLASLT_LOG_LEVEL=1 timeout 240 $b/anatomy_gpu_tests > "$OUT/fp8_tests.log" 2>&1
+  passed "$OUT/fp8_tests.log"
+  grep -E "bert-tiny 60 steps|cublasLt|Failure|Expected|Which is|fallback" "$OUT/fp8_tests.log" | head -30
+  timeout 150 $a train --preset bert-large --max-seq-length 512 --precision fp8 --per-device-train-batch-size 32 \
+    --num-samples 640 "${quiet[@]}" --output-dir /tmp/fp8prof --profile-steps 3 > "$OUT/profile_fp8_bs32.log" 2>&1
+  grep -E "tensor_contraction|statistical|elementwise|optimizer|^Time|^Samples|^ +(fp8 matmul|matmul|bias_grad)" \
+    "$OUT/profile_fp8_bs32.log"
+  timeout 320 python3 bench/side_by_side.py --out "$OUT/side" --anatomy-bin "$a" --configs fp8_bs32 --timeout 150 \
+    --budget 300 2>&1 | tail -10
+  [ -f .carry/fortunes/train.jsonl ] || { echo "fp8: no .carry/fortunes for the loss curves"; return; }
+  for p in bf16 fp8; do
+    timeout 150 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
+      --out "$OUT/text_$p" --models bert-base --only anatomy --anatomy-runs tokens --repeat 1 --epochs 3 --precision $p \
+      --logging-steps 25 2>&1 | tail -3
+  done
 }
 
 step_bench() {

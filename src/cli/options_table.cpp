@@ -189,8 +189,11 @@ std::vector<OptionSpec> build() {
   add({"max-grad-norm", {}, OptType::Float, kTrainPlan, "1", "Gradient clipping norm (0: off)", 0, 1e6, false, false,
        false, false, {}, [](R& r, const V& v) { r.train.max_grad_norm = static_cast<float>(v.d); }, "same"});
   // ---- precision, memory, device ----
-  add({"precision", {}, OptType::Choice, kAll, "fp32", "Compute precision (mixed precision keeps fp32 master weights)", 0,
-       0, false, false, false, false, {{"fp32", "fp32"}, {"tf32", "tf32"}, {"bf16", "bf16"}, {"fp16", "fp16"}},
+  add({"precision", {}, OptType::Choice, kAll, "fp32",
+       "Compute precision (mixed precision keeps fp32 master weights; fp8: the encoder layers' Linear layers in "
+       "E4M3/E5M2 with delayed scaling, the rest in bf16, on Hopper GPUs)",
+       0, 0, false, false, false, false,
+       {{"fp32", "fp32"}, {"tf32", "tf32"}, {"bf16", "bf16"}, {"fp16", "fp16"}, {"fp8", "fp8"}},
        [](R& r, const V& v) { r.precision = v.s; }});
   add({"bf16", {}, OptType::Bool, kAll, "false", "bf16 mixed precision (same as --precision bf16)", 0, 0, false, false,
        false, false, {}, [](R& r, const V& v) { r.bf16 = v.b; }, "same"});

@@ -87,7 +87,8 @@ MemoryPlan plan_categories(const PlanInput& in) {
   if (s.training) {
     p.bytes[Category::Gradients] = 4 * n;  // the full gradients (one micro-batch's, under ZeRO-2)
     p.bytes[Category::OptimizerState] =
-        static_cast<int64_t>(zero_optimizer_state_bytes(in.optimizer, lay, in.world_size, in.zero_stage, in.rank));
+        static_cast<int64_t>(zero_optimizer_state_bytes(in.optimizer, lay, in.world_size, in.zero_stage, in.rank) +
+                             fp8_meta_bytes(c, s));
   }
   const ArenaBytes a = model_arena_bytes(c, s);
   p.bytes[Category::Activations] = static_cast<int64_t>(a.activations);
@@ -101,8 +102,10 @@ MemoryPlan plan_categories(const PlanInput& in) {
     p.bytes[Category::Workspace] = static_cast<int64_t>(kCudaLtWorkspaceBytes);
     p.bytes[Category::Temporary] += static_cast<int64_t>(kCudaReduceScratchBytes);
     if (s.training)
-      p.bytes[Category::Temporary] += static_cast<int64_t>(attention_scratch_bytes(
-          s.max_batch, s.max_seq, static_cast<int>(c.num_attention_heads), static_cast<int>(c.head_dim()), s.compute));
+      p.bytes[Category::Temporary] += static_cast<int64_t>(
+          attention_scratch_bytes(s.max_batch, s.max_seq, static_cast<int>(c.num_attention_heads),
+                                  static_cast<int>(c.head_dim()), s.compute) +
+          fp8_layer_scratch_bytes(c, s));
   }
   // The trainer's device batch: ids, token types, mask [B, T] in I32 and labels (I32 [B], or
   // F32 [B, num_labels] for regression and multi-label, I32 [B, T] for masked-LM: model/heads.h), the gradient norm with

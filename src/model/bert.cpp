@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "model/freed_activations.h"
 #include "model/heads.h"
+#include "ops/backend_memory.h"
 
 namespace anatomy {
 
@@ -249,6 +250,23 @@ static std::vector<GradRange> gradient_ranges(const BertConfig& cfg, const Param
   for (int64_t l = 0; l < L; ++l) out.push_back({first(l), first(l + 1), stage_of_layer(l, L)});
   out.push_back({first(L), lay.total(), kStageHead});
   return out;
+}
+
+size_t fp8_meta_bytes(const BertConfig& cfg, const ModelShape& s) {
+  if (!s.fp8 || !s.training) return 0;
+  return static_cast<size_t>(cfg.num_hidden_layers) * kFp8Sites * kFp8Roles * kFp8MetaWidth * sizeof(float);
+}
+
+// The largest operand pair of a layer's fp8 GEMMs (forward, data and weight gradient of each
+// Linear [in -> out] over all of the batch's rows): what the backend's scratch grows to.
+size_t fp8_layer_scratch_bytes(const BertConfig& cfg, const ModelShape& s) {
+  if (!s.fp8 || !s.training) return 0;
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, rows = s.max_batch * s.max_seq;
+  size_t most = 0;
+  for (auto [in, out] : {std::pair{H, 3 * H}, std::pair{H, H}, std::pair{H, I}, std::pair{I, H}})
+    most = std::max({most, fp8_scratch_bytes(rows, out, in), fp8_scratch_bytes(rows, in, out),
+                     fp8_scratch_bytes(out, in, rows)});
+  return most;
 }
 
 ArenaBytes model_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
@@ -592,6 +610,36 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
     for (const GradRange& g : gradient_ranges(cfg, m_layout)) m_grad_ranges.emplace_back(g.begin, g.end);
   m_tmp_arena = Arena(al, bytes.temporary, Category::Temporary);
   m_acts = std::make_unique<Acts>();
+  if (const size_t fp8_bytes = fp8_meta_bytes(cfg, shape)) {  // Note [fp8 training]: scale 1 to start
+    ANATOMY_CHECK(shape.compute == DType::BF16 || be.device() == Device::CPU,
+                  "--precision fp8 computes in BF16 around its fp8 GEMMs; this shape asks for ", dtype_name(shape.compute));
+    const int64_t rows = static_cast<int64_t>(fp8_bytes / sizeof(float)) / kFp8MetaWidth;
+    m_fp8 = Buffer(al, DType::F32, {rows, kFp8MetaWidth}, Category::OptimizerState);
+    std::vector<float> init(static_cast<size_t>(rows) * kFp8MetaWidth, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = init.data() + r * kFp8MetaWidth;
+      row[Fp8Meta::kScale] = row[Fp8Meta::kScaleInv] = 1.0f;
+      row[Fp8Meta::kFormatMax] = fp8_max(r % kFp8Roles == kFp8Grad ? Fp8Format::E5M2 : Fp8Format::E4M3);
+    }
+    m_be.upload(m_fp8.tensor(), init.data());
+  }
+}
+
+MatmulArgs BertForSequenceClassification::fp8(MatmulArgs args, int l, Fp8Site site, Fp8Role ra, Fp8Role rb,
+                                              bool training) const {
+  if (!m_fp8.data() || !training) return args;
+  const int64_t first = (static_cast<int64_t>(l) * kFp8Sites + site) * kFp8Roles;
+  auto operand = [&](Fp8Role r) {
+    return Fp8Operand{m_fp8.tensor().slice(first + r, first + r + 1).view({kFp8MetaWidth}),
+                      r == kFp8Grad ? Fp8Format::E5M2 : Fp8Format::E4M3};
+  };
+  args.fp8_a = operand(ra);
+  args.fp8_b = operand(rb);
+  return args;
+}
+
+void BertForSequenceClassification::fp8_scale_update() {
+  if (m_fp8.data()) m_be.fp8_scale_update(m_fp8.tensor());
 }
 
 BertForSequenceClassification::~BertForSequenceClassification() = default;
@@ -719,7 +767,8 @@ void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const 
   };
   const Tensor qkv_rows = pa ? leading(a.qkv, 3 * H) : pk ? m_acts->pk.slice(0, n) : a.qkv;
   Tensor ctx_rows = pa && !m_acts->packed ? leading(a.ctx, H) : a.ctx;
-  m_be.matmul(qkv_rows, x, Trans::N, wqkv, Trans::T, {1, 0, Epilogue::Bias, bqkv, {}});
+  m_be.matmul(qkv_rows, x, Trans::N, wqkv, Trans::T,
+              fp8({1, 0, Epilogue::Bias, bqkv, {}}, l, kFp8Qkv, kFp8Input, kFp8Weight, training));
   if (pa) {  // the packed inference layout's context overlays its q|k|v: it goes to ctx_pad's rows
     if (m_acts->packed) ctx_rows = m_acts->ctx_pad.slice(0, n);
     m_be.attention_packed_forward(ctx_rows, a.lse, qkv_rows, b.seq_offsets, static_cast<int>(nh),
@@ -743,14 +792,14 @@ void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const 
     }
   }
   m_be.matmul(branch, ctx_rows, Trans::N, W(p.ao_w), Trans::T,
-              {1, 0, Epilogue::Bias, W(p.ao_b), {}});
+              fp8({1, 0, Epilogue::Bias, W(p.ao_b), {}}, l, kFp8AttnOut, kFp8Input, kFp8Weight, training));
   const Tensor mean = m_acts->mean.slice(0, a.h1.dim(0));  // scratch: backward reads the outputs
   m_be.layernorm_forward(a.h1, Tensor(), mean, a.rstd1, branch, x, M(p.ln1_w),
                          M(p.ln1_b), eps, drop(attn_out_dropout(m_cfg), base, site_attn_out(l), training));
   m_be.matmul(a.g, a.h1, Trans::N, W(p.ff1_w), Trans::T,
-              {1, 0, Epilogue::BiasGelu, W(p.ff1_b), a.pre});
+              fp8({1, 0, Epilogue::BiasGelu, W(p.ff1_b), a.pre}, l, kFp8FfnIn, kFp8Input, kFp8Weight, training));
   m_be.matmul(branch, a.g, Trans::N, W(p.ff2_w), Trans::T,
-              {1, 0, Epilogue::Bias, W(p.ff2_b), {}});
+              fp8({1, 0, Epilogue::Bias, W(p.ff2_b), {}}, l, kFp8FfnOut, kFp8Input, kFp8Weight, training));
   m_be.layernorm_forward(out, Tensor(), mean, a.rstd2, branch, a.h1, M(p.ln2_w),
                          M(p.ln2_b), eps, drop(hp, base, site_ffn_out(l), training));
 }
@@ -778,7 +827,8 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   Tensor dqkv = big.slice(0, R * 3 * H).view({R, 3 * H});
 
   if (l < recomputed_pre_layers(m_cfg, m_shape.checkpointing, true))  // Note [recomputed FFN input]
-    m_be.matmul(a.g, a.h1, Trans::N, W(p.ff1_w), Trans::T, {1, 0, Epilogue::BiasGelu, W(p.ff1_b), a.pre});
+    m_be.matmul(a.g, a.h1, Trans::N, W(p.ff1_w), Trans::T,
+                fp8({1, 0, Epilogue::BiasGelu, W(p.ff1_b), a.pre}, l, kFp8FfnIn, kFp8Input, kFp8Weight));
   else if (m_shape.checkpointing != CheckpointPolicy::None)
     m_be.gelu_forward(a.g, a.pre);
   // LayerNorm 2: ds2 (X2) reaches h1 through the residual; df2 (X3) reaches the FFN output.
@@ -787,32 +837,33 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
                           drop(hp, base, site_ffn_out(l), true));
   // FFN out: y = g W2^T + b2, W2 (H, I). dW2 first: under selective checkpointing g shares
   // its memory with dI.
-  m_be.matmul(G(p.ff2_w), x3, Trans::T, a.g, Trans::N, acc_bias(G(p.ff2_b)));
-  m_be.matmul(dI, x3, Trans::N, W(p.ff2_w), Trans::N, put);
+  m_be.matmul(G(p.ff2_w), x3, Trans::T, a.g, Trans::N, fp8(acc_bias(G(p.ff2_b)), l, kFp8FfnOut, kFp8Grad, kFp8Input));
+  m_be.matmul(dI, x3, Trans::N, W(p.ff2_w), Trans::N, fp8(put, l, kFp8FfnOut, kFp8Grad, kFp8Weight));
   m_be.gelu_backward(dI, dI, a.pre);
   // FFN in: pre = h1 W1^T + b1, W1 (I, H); dh1 = dpre W1 + ds2.
-  m_be.matmul(x2, dI, Trans::N, W(p.ff1_w), Trans::N, acc);
-  m_be.matmul(G(p.ff1_w), dI, Trans::T, a.h1, Trans::N, acc_bias(G(p.ff1_b)));
+  m_be.matmul(x2, dI, Trans::N, W(p.ff1_w), Trans::N, fp8(acc, l, kFp8FfnIn, kFp8Grad, kFp8Weight));
+  m_be.matmul(G(p.ff1_w), dI, Trans::T, a.h1, Trans::N, fp8(acc_bias(G(p.ff1_b)), l, kFp8FfnIn, kFp8Grad, kFp8Input));
   // LayerNorm 1: ds1 (X3) reaches x; dao (X1) reaches the attention output projection.
   m_be.layernorm_backward(x3, x1, G(p.ln1_w), G(p.ln1_b),
                           x2, a.h1, a.rstd1, M(p.ln1_w),
                           M(p.ln1_b),
                           drop(attn_out_dropout(m_cfg), base, site_attn_out(l), true));
-  m_be.matmul(x2, x1, Trans::N, W(p.ao_w), Trans::N, put);  // dctx
+  m_be.matmul(x2, x1, Trans::N, W(p.ao_w), Trans::N, fp8(put, l, kFp8AttnOut, kFp8Grad, kFp8Weight));  // dctx
   if (m_acts->packed_attention) {  // Note [packed attention]: the saved q|k|v and context are packed rows
     const Tensor qkv_rows = a.qkv.view({R, 3 * H}).slice(0, n), ctx_rows = a.ctx.view({R, H}).slice(0, n);
     const Tensor dqkv_rows = dqkv.slice(0, n);
-    m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc_bias(G(p.ao_b)));
+    m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N,
+                fp8(acc_bias(G(p.ao_b)), l, kFp8AttnOut, kFp8Grad, kFp8Input));
     m_be.attention_packed_backward(dqkv_rows, x2, qkv_rows, ctx_rows, a.lse, b.seq_offsets, static_cast<int>(nh),
                                    drop(ap, base, site_attn(l), true), b.attended_pairs);
-    return qkv_backward(p, dqkv_rows, x, X3);
+    return qkv_backward(l, dqkv_rows, x, X3);
   }
   Tensor ctx_rows = a.ctx, dctx = x2;
   if (pk) {  // the context's token rows, in dI's dead memory
     ctx_rows = big.slice(0, n * H).view({n, H});
     m_be.gather_rows(ctx_rows, a.ctx, b.token_rows);
   }
-  m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc_bias(G(p.ao_b)));
+  m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, fp8(acc_bias(G(p.ao_b)), l, kFp8AttnOut, kFp8Grad, kFp8Input));
   if (pk) {  // dao is consumed: X1's whole buffer takes dctx in the padded layout, zero on padding
     m_be.fill(X1, 0.0f);
     m_be.scatter_rows(X1, x2, b.token_rows);
@@ -826,19 +877,21 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
     dqkv_rows = m_acts->pk.slice(0, n);
     m_be.gather_rows(dqkv_rows, dqkv, b.token_rows);
   }
-  return qkv_backward(p, dqkv_rows, x, X3);
+  return qkv_backward(l, dqkv_rows, x, X3);
 }
 
 // QKV: qkv = x Wqkv^T + bqkv; dx (+= into dx, which holds ds1) = dqkv Wqkv; returns dx.
-Tensor BertForSequenceClassification::qkv_backward(const LayerNames& p, const Tensor& dqkv, const Tensor& x,
-                                                   const Tensor& dx) {
+Tensor BertForSequenceClassification::qkv_backward(int l, const Tensor& dqkv, const Tensor& x, const Tensor& dx) {
+  const LayerNames& p = m_layer_names[static_cast<size_t>(l)];
   const int64_t H = m_cfg.hidden_size;
   const ParamInfo& wq = m_layout.get(p.q_w);
   const ParamInfo& bq = m_layout.get(p.q_b);
   Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
-  m_be.matmul(dx.slice(0, x.dim(0)), dqkv, Trans::N, wqkv, Trans::N, {1, 1, Epilogue::None, {}, {}});
+  m_be.matmul(dx.slice(0, x.dim(0)), dqkv, Trans::N, wqkv, Trans::N,
+              fp8({1, 1, Epilogue::None, {}, {}}, l, kFp8Qkv, kFp8Grad, kFp8Weight));
   m_be.matmul(ParamLayout::range(m_grads_view, wq.offset, {3 * H, H}), dqkv, Trans::T, x, Trans::N,
-              {1, 1, Epilogue::BiasGrad, ParamLayout::range(m_grads_view, bq.offset, {3 * H}), {}});
+              fp8({1, 1, Epilogue::BiasGrad, ParamLayout::range(m_grads_view, bq.offset, {3 * H}), {}}, l, kFp8Qkv,
+                  kFp8Grad, kFp8Input));
   return dx;
 }
 

@@ -43,6 +43,7 @@ class BertForSequenceClassification : public EncoderModel {
   std::vector<float> grads_to_host() override;
   // Refresh the compute-dtype copy from the master weights (no-op in F32).
   void sync_compute_copy() override;
+  void fp8_scale_update() override;
   void zero_grads() override;
   // Names of LayerNorm weights with an element below `limit` in magnitude: LayerNorm backward
   // divides by them (Note [layernorm backward from its output], ops/cpu/layernorm.cpp).
@@ -106,8 +107,11 @@ class BertForSequenceClassification : public EncoderModel {
                         uint64_t dropout_base, const Tensor& t1, const Tensor& t2, const Tensor& t3);
   // The q|k|v projection's backward from dqkv [N, 3H]: its weight and bias gradients, and
   // dx[:N] += dqkv Wqkv; returns dx.
-  Tensor qkv_backward(const LayerNames& p, const Tensor& dqkv, const Tensor& x, const Tensor& dx);
+  Tensor qkv_backward(int l, const Tensor& dqkv, const Tensor& x, const Tensor& dx);
   DropoutSpec drop(float p, uint64_t base, int site, bool training) const;
+  // args with layer l's fp8 rows of `site` for A (role ra) and B (role rb) when the step runs in
+  // fp8 (Note [fp8 training]); unchanged otherwise.
+  MatmulArgs fp8(MatmulArgs args, int l, Fp8Site site, Fp8Role ra, Fp8Role rb, bool training = true) const;
   Tensor W(const std::string& name) const { return m_layout.view(m_compute_view, name); }
   // The F32 master weights: the normalizations' parameters and the embedding tables read these
   // in every precision (Note [normalization parameters in fp32] in bert.cpp).
@@ -123,6 +127,7 @@ class BertForSequenceClassification : public EncoderModel {
   uint64_t m_seed = 0;
   void zero_grad_range(size_t begin, size_t end);  // elements of the flat gradients
   Buffer m_master, m_compute, m_grads;
+  Buffer m_fp8;  // F32 [layers * kFp8Sites * kFp8Roles, kFp8MetaWidth] with shape.fp8
   SharedBlock m_act_block;  // activations with the gradients inside (GradientPlacement::InActivations)
   // The flat gradient ranges backward writes stage by stage (elements): the embeddings, each
   // layer, and the tail (pooler, classifier, every vector); with m_act_block each is zeroed first.

@@ -113,7 +113,19 @@ struct ModelShape {
   // Training on the batch's real tokens (Note [packed training] in bert.cpp): forward_backward
   // takes packed batches; the arenas gain the packed q|k|v scratch. Not with layer checkpointing.
   bool packed_tokens = false;
+  // --precision fp8 (Note [fp8 training] in core/fp8.h): the encoder layers' Linear layers
+  // multiply in fp8 in training; compute stays BF16.
+  bool fp8 = false;
 };
+
+// fp8 scaling rows (Note [fp8 training]): for each layer, each of its fp8 Linear sites x the
+// three tensors a site quantizes; one row of kFp8MetaWidth F32 each (Category::OptimizerState).
+enum Fp8Site : int { kFp8Qkv, kFp8AttnOut, kFp8FfnIn, kFp8FfnOut, kFp8Sites };
+enum Fp8Role : int { kFp8Input, kFp8Weight, kFp8Grad, kFp8Roles };
+size_t fp8_meta_bytes(const BertConfig& cfg, const ModelShape& shape);
+// The CUDA backend's fp8 operand scratch for the largest of the layers' fp8 GEMMs at `rows`
+// token rows (ops/backend_memory.h's fp8_scratch_bytes); 0 without fp8.
+size_t fp8_layer_scratch_bytes(const BertConfig& cfg, const ModelShape& shape);
 
 // Exact bytes of the model's arenas for a shape, any architecture: the planner and the model
 // share this (model/bert.cpp; ModernBERT's in model/modernbert.cpp).
@@ -166,6 +178,8 @@ class EncoderModel {
   virtual std::vector<float> grads_to_host() = 0;
   // Refresh the compute-dtype copy from the master weights (no-op in F32).
   virtual void sync_compute_copy() = 0;
+  // After each optimizer step with fp8 (Note [fp8 training]): the delayed scaling's update.
+  virtual void fp8_scale_update() {}
   virtual void zero_grads() = 0;
   // Names of LayerNorm weights with an element below `limit` in magnitude: LayerNorm backward
   // divides by them (Note [layernorm backward from its output], ops/cpu/layernorm.cpp).

@@ -341,6 +341,8 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
                 " must be between 1 and ", cfg.max_sequence_length(), " (max_position_embeddings)");
   ANATOMY_CHECK(!(shape.packed_tokens && shape.checkpointing == CheckpointPolicy::Layer),
                 "training on real tokens does not combine with --gradient-checkpointing layer (use selective or none)");
+  ANATOMY_CHECK(!shape.fp8, "--precision fp8 covers the BERT family (bert, roberta, xlm-roberta, distilbert, electra); "
+                            "train ModernBERT with --precision bf16");
   // Where the step finds each parameter (transformers' names; a bias only where the config has it).
   auto params_of = [&](const std::string& name) {
     return Params{&m_layout.get(name + ".weight"), m_layout.find(name + ".bias")};

@@ -111,6 +111,10 @@ class Backend {
   void matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, const MatmulArgs& args);
   // db[N] += sum over rows of dy[M, N].
   void bias_grad(const Tensor& db, const Tensor& dy);
+  // The delayed scaling's step (Note [fp8 training] in core/fp8.h): for each row of meta F32
+  // [rows, kFp8MetaWidth], the scale (and its inverse) from the largest finite amax of the
+  // history, then the history shifted by one with this step's amax cleared.
+  void fp8_scale_update(const Tensor& meta);
 
   // ---- attention -----------------------------------------------------------------------
   // qkv [B, T, 3H] with per token [q | k | v], head h at columns [h*D, (h+1)*D) of each.
@@ -282,6 +286,7 @@ class Backend {
   virtual void fill_impl(const Tensor& dst, float value) = 0;
   virtual void matmul_impl(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb,
                            const MatmulArgs& args) = 0;
+  virtual void fp8_scale_update_impl(const Tensor& meta) = 0;
   virtual void bias_grad_impl(const Tensor& db, const Tensor& dy) = 0;
   virtual void attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask,
                                       int heads, const DropoutSpec& dropout, int window) = 0;

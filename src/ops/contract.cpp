@@ -36,6 +36,17 @@ Mat as_matrix(const Tensor& t) {
   return {cols ? static_cast<int64_t>(t.numel()) / cols : 0, cols};
 }
 
+// The profile name of a matmul's fp8 form (string literals: the observer keeps the pointer).
+const char* fp8_name(const char* name) {
+  const std::string_view n(name);
+  if (n == "matmul") return "fp8 matmul";
+  if (n == "matmul (weight grad)") return "fp8 matmul (weight grad)";
+  if (n == "matmul (wgrad+bgrad)") return "fp8 matmul (wgrad+bgrad)";
+  if (n == "matmul+bias grad") return "fp8 matmul+bias grad";
+  if (n == "matmul+bias") return "fp8 matmul+bias";
+  return "fp8 matmul+bias+gelu";
+}
+
 // The checks of one op call: `op` names it in every message.
 class Check {
  public:
@@ -268,7 +279,25 @@ void Backend::matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b
     k.sized(args.gelu_in, dt, c.numel(), "gelu_in");
     name = "matmul+bias+gelu";
   }
+  if (args.fp8_a.defined() || args.fp8_b.defined()) {  // Note [fp8 training] in core/fp8.h
+    k.holds(args.fp8_a.defined() && args.fp8_b.defined(), "fp8 needs the scaling rows of both A and B");
+    k.holds(dt == DType::BF16 || dt == F32,
+            [&] { return str_cat("fp8 operands are quantized from BF16 (or F32 on the CPU), not ", dtype_name(dt)); });
+    k.holds(!(args.fp8_a.format == Fp8Format::E5M2 && args.fp8_b.format == Fp8Format::E5M2),
+            "fp8 GEMMs take at most one E5M2 operand");
+    k.sized(args.fp8_a.meta, F32, kFp8MetaWidth, "A's fp8 scaling row");
+    k.sized(args.fp8_b.meta, F32, kFp8MetaWidth, "B's fp8 scaling row");
+    name = fp8_name(name);
+  }
   observed(name, [&] { return matmul_cost(c, a, ta, b, args); }, [&] { matmul_impl(c, a, ta, b, tb, args); });
+}
+void Backend::fp8_scale_update(const Tensor& meta) {
+  const Check c(*this, "fp8_scale_update");
+  c.dtype(meta, F32, "meta");
+  c.holds(meta.shape.rank == 2 && meta.dim(1) == kFp8MetaWidth,
+          [&] { return str_cat("meta ", meta.shape.str(), " is not [rows, ", kFp8MetaWidth, "]"); });
+  observed("fp8_scale_update", [&] { return elementwise_cost(meta, 1, 1, 1, OpClass::Optimizer); },
+           [&] { fp8_scale_update_impl(meta); });
 }
 void Backend::bias_grad(const Tensor& db, const Tensor& dy) {
   const Check c(*this, "bias_grad");

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/fp8.h"
 #include "core/tensor.h"
 
 namespace anatomy {
@@ -29,12 +30,27 @@ struct DropoutSpec {
   uint64_t offset = 0;
 };
 
+// One operand of an fp8 GEMM (Note [fp8 training] in core/fp8.h): its scaling row, F32
+// [kFp8MetaWidth] on the op's device (read for the scale, its amax raised), and its format.
+struct Fp8Operand {
+  Tensor meta;
+  Fp8Format format = Fp8Format::E4M3;
+  bool defined() const { return meta.data != nullptr; }
+};
+
 struct MatmulArgs {
+  // {alpha, beta, epilogue, bias, gelu_in}, as the call sites spell it; fp8 operands set apart.
+  MatmulArgs(float alpha_ = 1.0f, float beta_ = 0.0f, Epilogue epilogue_ = Epilogue::None, Tensor bias_ = {},
+             Tensor gelu_in_ = {})
+      : alpha(alpha_), beta(beta_), epilogue(epilogue_), bias(bias_), gelu_in(gelu_in_) {}
   float alpha = 1.0f;
   float beta = 0.0f;  // C = alpha * op(A) op(B) + beta * C
   Epilogue epilogue = Epilogue::None;
   Tensor bias;     // [N], compute dtype; with Bias / BiasGelu. BiasGrad: F32 [M], the bias gradient
   Tensor gelu_in;  // [M, N], compute dtype; with BiasGelu: receives the pre-activation
+  // Both defined: op(A) and op(B) are quantized to fp8 with these rows and multiplied in fp8
+  // (Note [fp8 training]); the epilogue and C are as without them.
+  Fp8Operand fp8_a, fp8_b;
 };
 
 struct AdamWArgs {

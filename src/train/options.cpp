@@ -9,7 +9,8 @@ Precision parse_precision(const std::string& s) {
   if (s == "tf32") return Precision::Tf32;
   if (s == "bf16") return Precision::Bf16;
   if (s == "fp16") return Precision::Fp16;
-  fail("--precision: unknown precision '", s, "' (expected fp32, tf32, bf16 or fp16)");
+  if (s == "fp8") return Precision::Fp8;
+  fail("--precision: unknown precision '", s, "' (expected fp32, tf32, bf16, fp16 or fp8)");
 }
 
 const char* precision_name(Precision p) {
@@ -18,12 +19,13 @@ const char* precision_name(Precision p) {
     case Precision::Tf32: return "tf32";
     case Precision::Bf16: return "bf16";
     case Precision::Fp16: return "fp16";
+    case Precision::Fp8: return "fp8";
   }
   return "?";
 }
 
 DType compute_dtype(Precision p) {
-  return p == Precision::Bf16 ? DType::BF16 : p == Precision::Fp16 ? DType::F16 : DType::F32;
+  return p == Precision::Bf16 || p == Precision::Fp8 ? DType::BF16 : p == Precision::Fp16 ? DType::F16 : DType::F32;
 }
 
 const char* cadence_name(Cadence c) { return c == Cadence::Steps ? "steps" : c == Cadence::Epoch ? "epoch" : "no"; }
@@ -33,6 +35,7 @@ PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch
   ModelShape shape{batch, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true,
                    resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps, zero == 2)};
   shape.packed_tokens = o.skip_padding && !o.train_file.empty() && shape.checkpointing != CheckpointPolicy::Layer;
+  shape.fp8 = o.precision == Precision::Fp8;
   return PlanInput{cfg, shape, o.optim.kind, device, world, zero, rank, o.gradient_accumulation_steps};
 }
 

@@ -12,7 +12,7 @@
 
 namespace anatomy {
 
-enum class Precision : uint8_t { Fp32, Tf32, Bf16, Fp16 };
+enum class Precision : uint8_t { Fp32, Tf32, Bf16, Fp16, Fp8 };  // Fp8: Note [fp8 training] in core/fp8.h
 Precision parse_precision(const std::string& s);  // throws naming --precision
 const char* precision_name(Precision p);
 DType compute_dtype(Precision p);

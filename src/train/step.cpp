@@ -133,6 +133,7 @@ TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double
   out.lr = scheduled_lr(m_opt.lr_scheduler_type, m_opt.learning_rate, m_dps.optimizer().steps(), m_total_steps,
                         m_opt.warmup(m_total_steps));
   m_dps.step(m_model, out.lr, m_opt.max_grad_norm, m_scaler.scale);
+  m_model.fp8_scale_update();  // Note [fp8 training]: the next step's scales from this step's amax
   m_be.set_phase(Phase::Data);
   // The figures leave in stream order, before the next step's work can overwrite them.
   out.index = m_launched++;

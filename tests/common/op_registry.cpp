@@ -455,6 +455,23 @@ std::vector<OpEntry> build_registry() {
   }, [](Rng& g) {
     for (Epilogue e : {Epilogue::None, Epilogue::Bias, Epilogue::BiasGelu}) linear_gradient(g, e);
   });
+  add("fp8_scale_update", [](const OpDims&, Rng& g) {
+    // Three rows (Note [fp8 training]): E4M3 and E5M2 over amax histories spanning decades, and
+    // one with no amax yet (its scale, 4, stays).
+    std::vector<double> v;
+    for (int r = 0; r < 3; ++r) {
+      std::vector<double> row(kFp8MetaWidth, 0.0);
+      row[Fp8Meta::kScale] = r == 2 ? 4.0 : 1.0;
+      row[Fp8Meta::kScaleInv] = 1.0 / row[Fp8Meta::kScale];
+      row[Fp8Meta::kFormatMax] = r == 1 ? 57344.0 : 448.0;
+      if (r < 2)
+        for (int i = 0; i < kFp8History; ++i) row[Fp8Meta::kAmax + i] = std::exp(3.0 * g.normal() - (r ? 8.0 : 0.0));
+      v.insert(v.end(), row.begin(), row.end());
+    }
+    OpArg meta = given("meta", F32, {3, kFp8MetaWidth}, std::move(v));
+    meta.compared = true;
+    return OpCase{{meta}, [](Backend& be, T t) { be.fp8_scale_update(t[0]); }, 0, 0};
+  }, nullptr, false);
   add("bias_grad", [](const OpDims& d, Rng& g) {
     return OpCase{{acc_f32(g, "db", {d.hidden}), in(g, "dy", {d.rows(), d.hidden})},
                   [](Backend& be, T t) { be.bias_grad(t[0], t[1]); }};

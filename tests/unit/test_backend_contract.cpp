@@ -44,6 +44,7 @@ class ContractOnlyCuda final : public Backend {
   void fill_impl(const Tensor&, float) override { ++impl_calls; }
   void matmul_impl(const Tensor&, const Tensor&, Trans, const Tensor&, Trans, const MatmulArgs&) override { ++impl_calls; }
   void bias_grad_impl(const Tensor&, const Tensor&) override { ++impl_calls; }
+  void fp8_scale_update_impl(const Tensor&) override { ++impl_calls; }
   void attention_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int, const DropoutSpec&,
                               int) override {
     ++impl_calls;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "ops/backend.h"
 #include "ops/cpu/convert.h"
@@ -60,8 +61,20 @@ class CpuBackend final : public Backend {
                    const MatmulArgs& args) override {
     const Mat mc = as_matrix(c), ma = as_matrix(a);
     const int64_t k = ta == Trans::N ? ma.cols : ma.rows;
+    // fp8: the GEMM multiplies the operands' fp8 values (Note [fp8 training]); the bias gradient
+    // still sums the unquantized dY, as the GPU's does.
+    std::vector<float> qa, qb;
+    const float *pa = f32(a), *pb = f32(b);
+    if (args.fp8_a.defined()) {
+      qa.resize(a.numel());
+      qb.resize(b.numel());
+      ref::fp8_quantize(qa.data(), pa, static_cast<int64_t>(a.numel()), f32(args.fp8_a.meta), args.fp8_a.format);
+      ref::fp8_quantize(qb.data(), pb, static_cast<int64_t>(b.numel()), f32(args.fp8_b.meta), args.fp8_b.format);
+      pa = qa.data();
+      pb = qb.data();
+    }
     if (args.epilogue == Epilogue::BiasGrad) {  // the GEMM, then bias_grad(bias, A) (Note [fused bias gradient])
-      ref::matmul(f32(c), f32(a), ta, f32(b), tb, mc.rows, mc.cols, k, args.alpha, args.beta, Epilogue::None,
+      ref::matmul(f32(c), pa, ta, pb, tb, mc.rows, mc.cols, k, args.alpha, args.beta, Epilogue::None,
                   static_cast<const float*>(nullptr), static_cast<float*>(nullptr));
       float* db = f32(args.bias);
       if (args.beta == 0.0f) std::fill(db, db + args.bias.numel(), 0.0f);
@@ -70,9 +83,9 @@ class CpuBackend final : public Backend {
     }
     const float* bias = args.epilogue != Epilogue::None ? f32(args.bias) : nullptr;
     float* gelu_in = args.epilogue == Epilogue::BiasGelu ? f32(args.gelu_in) : nullptr;
-    ref::matmul(f32(c), f32(a), ta, f32(b), tb, mc.rows, mc.cols, k, args.alpha, args.beta, args.epilogue, bias,
-                gelu_in);
+    ref::matmul(f32(c), pa, ta, pb, tb, mc.rows, mc.cols, k, args.alpha, args.beta, args.epilogue, bias, gelu_in);
   }
+  void fp8_scale_update_impl(const Tensor& meta) override { ref::fp8_scale_update(f32(meta), meta.dim(0)); }
   void bias_grad_impl(const Tensor& db, const Tensor& dy) override {
     const Mat md = as_matrix(dy);
     ref::bias_grad(f32(db), f32(dy), md.rows, md.cols);

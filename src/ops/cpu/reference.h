@@ -29,6 +29,13 @@ void matmul(T* c, const T* a, Trans ta, const T* b, Trans tb, int64_t m, int64_t
 template <class T>
 void bias_grad(T* db, const T* dy, int64_t rows, int64_t n);
 
+// ---- fp8 (fp8.cpp; Note [fp8 training] in core/fp8.h) ------------------------------------
+// out[i] = fp8_round(in[i] * scale) / scale with meta's scale (the value the fp8 GEMM sees, back
+// on the input's scale); meta's amax of this step raised to max |in[i]|.
+void fp8_quantize(float* out, const float* in, int64_t n, float* meta, Fp8Format format);
+// The delayed scaling's step for rows x kFp8MetaWidth values (Backend::fp8_scale_update).
+void fp8_scale_update(float* meta, int64_t rows);
+
 // ---- attention (attention.cpp) ----------------------------------------------------------
 // qkv [B, T, 3H] (per token [q | k | v], head h at columns [h*D, (h+1)*D) of each), mask
 // I32 [B, T] (nullptr: attend everywhere), ctx [B, T, H], lse [B, heads, T].

@@ -230,8 +230,45 @@ void CudaBackend::matmul_impl(const Tensor& c, const Tensor& a, Trans ta, const 
                               const MatmulArgs& args) {
   const Mat mc = as_matrix(c), ma = as_matrix(a);
   const int64_t k = ta == Trans::N ? ma.cols : ma.rows;
+  if (args.fp8_a.defined()) return matmul_fp8(c, a, ta, b, tb, mc.rows, mc.cols, k, args);
   if (args.epilogue == Epilogue::BiasGrad) return matmul_bias_grad(c, a, ta, b, tb, mc.rows, mc.cols, k, args);
   m_matmul->run(c, a, ta, b, tb, mc.rows, mc.cols, k, args, m_stream);
+}
+
+// Note [fp8 training] in core/fp8.h: op(A) and op(B)^T quantized K-major into the scratch, one
+// cuBLASLt fp8 GEMM with the operands' scale_inv, the epilogue as in bf16 (BiasGelu: the bias
+// epilogue into the pre-activation, then the exact GELU; BiasGrad: the bias gradient from the
+// unquantized dY, as the CPU twin's). Without an fp8 kernel for the problem: the bf16 GEMM.
+void CudaBackend::matmul_fp8(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m,
+                             int64_t n, int64_t k, const MatmulArgs& args) {
+  if (m == 0 || n == 0) return;
+  const int64_t kp = (k + 15) / 16 * 16;
+  auto* qa = static_cast<uint8_t*>(scratch(m_fp8_scratch, fp8_scratch_bytes(m, n, k), "fp8 matmul"));
+  uint8_t* qb = qa + fp8_scratch_bytes(m, 0, k);
+  float* meta_a = args.fp8_a.meta.ptr<float>();
+  float* meta_b = args.fp8_b.meta.ptr<float>();
+  cuda::fp8_quantize(qa, kp, a, m, k, ta == Trans::T, meta_a, args.fp8_a.format, m_stream);
+  cuda::fp8_quantize(qb, kp, b, n, k, tb == Trans::N, meta_b, args.fp8_b.format, m_stream);
+  const bool gelu = args.epilogue == Epilogue::BiasGelu, grad = args.epilogue == Epilogue::BiasGrad;
+  const Tensor& d = gelu ? args.gelu_in : c;
+  const Tensor bias = args.epilogue == Epilogue::Bias || gelu ? args.bias : Tensor();
+  if (k == 0 || !m_matmul->run_fp8(c, d, qa, args.fp8_a.format, qb, args.fp8_b.format, m, n, kp, args.alpha,
+                                   args.beta, bias, meta_a + Fp8Meta::kScaleInv, meta_b + Fp8Meta::kScaleInv,
+                                   m_stream)) {
+    ++m_fp8_fallback;
+    MatmulArgs plain = args;
+    plain.fp8_a = plain.fp8_b = {};
+    return matmul_impl(c, a, ta, b, tb, plain);
+  }
+  if (gelu) cuda::gelu_forward(c, args.gelu_in, m_stream);
+  if (grad) {
+    if (args.beta == 0.0f) ANATOMY_CUDA_CHECK(cudaMemsetAsync(args.bias.data, 0, args.bias.bytes(), m_stream));
+    cuda::bias_grad(args.bias, a, reduce_scratch(), m_stream);
+  }
+}
+
+void CudaBackend::fp8_scale_update_impl(const Tensor& meta) {
+  cuda::fp8_scale_update(meta.ptr<float>(), meta.dim(0), m_stream);
 }
 
 // Note [fused bias gradient] in ops/op_args.h. cuBLASLt writes the column sums of A: straight
@@ -277,17 +314,18 @@ AttentionOptions CudaBackend::attention_options() const {
 // The scratch grows when the kernels ask for more than it has. Shapes are fixed for a run, so
 // this happens on the first step only and the Temporary peak is reached there (Note [allocation
 // policy] in memory/allocator.h).
-void* CudaBackend::attention_scratch(size_t bytes) {
+void* CudaBackend::scratch(Buffer& buf, size_t bytes, const char* what) {
   if (bytes == 0) return nullptr;
-  if (bytes > m_attn_scratch.bytes()) {
-    ANATOMY_CHECK(!m_capturing, "attention: the scratch must grow (", bytes,
+  if (bytes > buf.bytes()) {
+    ANATOMY_CHECK(!m_capturing, what, ": the scratch must grow (", bytes,
                   " bytes), which a graph recording cannot do: run the step once before capturing it");
     synchronize();  // the old scratch may still be in use on the stream
-    m_attn_scratch.reset();
-    m_attn_scratch = Buffer(m_alloc, DType::U8, Shape{static_cast<int64_t>(bytes)}, Category::Temporary);
+    buf.reset();
+    buf = Buffer(m_alloc, DType::U8, Shape{static_cast<int64_t>(bytes)}, Category::Temporary);
   }
-  return m_attn_scratch.data();
+  return buf.data();
 }
+void* CudaBackend::attention_scratch(size_t bytes) { return scratch(m_attn_scratch, bytes, "attention"); }
 
 void CudaBackend::attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask,
                                          int heads, const DropoutSpec& dropout, int window) {

@@ -66,6 +66,10 @@ class CudaBackend final : public Backend {
   // kernel. anatomy_bench_ops times both in one build.
   void set_fused_bias_grad(bool on) { m_fused_bias_grad = on; }
 
+  // fp8 matmul calls that ran in bf16 because cuBLASLt had no fp8 kernel for the problem
+  // (Note [fp8 training] in core/fp8.h).
+  int64_t fp8_fallback_calls() const { return m_fp8_fallback; }
+
   // Page-locked staging for upload_async (Note [asynchronous uploads] in ops/backend.h).
   void* host_alloc(size_t bytes) override;
   void host_free(void* p) override;
@@ -85,6 +89,7 @@ class CudaBackend final : public Backend {
   // ---- tensor contractions ---------------------------------------------------------------------
   void matmul_impl(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, const MatmulArgs& args) override;
   void bias_grad_impl(const Tensor& db, const Tensor& dy) override;
+  void fp8_scale_update_impl(const Tensor& meta) override;
 
   // ---- attention -------------------------------------------------------------------------------
   void attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
@@ -157,6 +162,10 @@ class CudaBackend final : public Backend {
   ReduceScratch reduce_scratch() const;
   void matmul_bias_grad(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n,
                         int64_t k, const MatmulArgs& args);
+  void matmul_fp8(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n,
+                  int64_t k, const MatmulArgs& args);
+  // A scratch buffer at least `bytes` long (grown, never shrunk; `what` names it in errors).
+  void* scratch(Buffer& buf, size_t bytes, const char* what);
   void* attention_scratch(size_t bytes);
   AttentionOptions attention_options() const;  // cuBLAS workspace and TF32 switch for the F32 path
   int record_copy(bool download);  // an event of that ring after the copy just enqueued: its token
@@ -170,6 +179,7 @@ class CudaBackend final : public Backend {
   Buffer m_workspace;      // [kWorkspaceBytes] U8, Category::Workspace
   Buffer m_reduce;         // [kReduceScratchBytes / 4] F32, Category::Temporary
   Buffer m_attn_scratch;   // U8, Category::Temporary, sized by attention_scratch_bytes
+  Buffer m_fp8_scratch;    // U8, Category::Temporary, sized by fp8_scratch_bytes
   std::unique_ptr<LtMatmul> m_matmul;
   bool m_capturing = false;
   static constexpr int kCopyRing = 64;
@@ -178,6 +188,7 @@ class CudaBackend final : public Backend {
   cudaGraphExec_t m_graph_exec = nullptr;
   size_t m_graph_nodes = 0;
   int64_t m_bias_grad_unfused = 0;
+  int64_t m_fp8_fallback = 0;
   bool m_fused_bias_grad = false;
   bool m_allow_tf32 = false;  // set_allow_tf32 (also read by the F32 attention path)
 };

@@ -26,6 +26,14 @@ void rotary(const Tensor& y, const Tensor& x, int heads, float theta, bool inver
 void geglu_forward(const Tensor& y, const Tensor& x, cudaStream_t s);
 void geglu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, cudaStream_t s);
 
+// ---- fp8.cu (Note [fp8 training] in core/fp8.h) -------------------------------------------------
+// dst [rows, ld] bytes (ld a multiple of 16, >= k; columns k.. zero) = fp8(x * meta's scale) of
+// src seen as [rows, k] (transposed false: src is [rows, k]) or its transpose (src is [k, rows]);
+// meta's amax raised to max |x|. meta: one F32 row of kFp8MetaWidth.
+void fp8_quantize(uint8_t* dst, int64_t ld, const Tensor& src, int64_t rows, int64_t k, bool transposed,
+                  float* meta, Fp8Format format, cudaStream_t s);
+void fp8_scale_update(float* meta, int64_t rows, cudaStream_t s);
+
 // ---- elementwise.cu ---------------------------------------------------------------------------
 void gelu_forward(const Tensor& y, const Tensor& x, cudaStream_t s);
 void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, cudaStream_t s);

@@ -19,6 +19,13 @@ cudaDataType_t lt_type(DType t) {
   }
 }
 
+// A Key's type code: a DType, or kFp8Type | format.
+cudaDataType_t lt_code_type(uint8_t code, uint8_t fp8_flag) {
+  if (code & fp8_flag)
+    return static_cast<Fp8Format>(code & ~fp8_flag) == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+  return lt_type(static_cast<DType>(code));
+}
+
 // Largest power of two dividing the address, capped at 256 (cuBLASLt's default assumption).
 uint16_t alignment(const void* p) {
   const uintptr_t u = reinterpret_cast<uintptr_t>(p);
@@ -46,7 +53,7 @@ size_t LtMatmul::KeyHash::operator()(const Key& k) const {
   mix(static_cast<uint64_t>(k.n));
   mix(static_cast<uint64_t>(k.k));
   mix(k.ta | k.tb << 1 | k.tf32 << 2 | k.epilogue << 3 | k.a_type << 8 | k.c_type << 16 |
-      static_cast<uint64_t>(k.bias_type) << 24);
+      static_cast<uint64_t>(k.bias_type) << 24 | static_cast<uint64_t>(k.b_type) << 32);
   mix(k.align_a | k.align_b << 9 | static_cast<uint64_t>(k.align_c) << 18 | static_cast<uint64_t>(k.align_bias) << 27);
   return h;
 }
@@ -67,14 +74,26 @@ LtMatmul::~LtMatmul() {
 }
 
 // Descriptors, layouts and the heuristic's first algorithm for one problem, built once.
-LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* bias) {
+// cuBLASLt's A is our B: its scale is B's.
+void LtMatmul::set_scales(cublasLtMatmulDesc_t desc, const float* scale_a, const float* scale_b) {
+  set_attr(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, scale_b);
+  set_attr(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, scale_a);
+}
+
+LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* bias, const float* scale_a, const float* scale_b) {
   auto it = m_plans.find(key);
   if (it != m_plans.end()) return it->second;
   Plan p;
-  const auto a_type = static_cast<DType>(key.a_type), c_type = static_cast<DType>(key.c_type);
+  const auto c_type = static_cast<DType>(key.c_type);
+  const bool fp8 = key.a_type & kFp8Type;
   const cublasComputeType_t compute =
-      a_type == DType::F32 && key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      !fp8 && static_cast<DType>(key.a_type) == DType::F32 && key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   ANATOMY_CUDA_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  if (fp8) {  // the forward (E4M3 x E4M3) accumulates in the tensor cores' fast mode, gradients in F32
+    const int8_t fast = key.a_type == key.b_type;
+    set_attr(p.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
+    set_scales(p.desc, scale_a, scale_b);  // before the heuristic, which may read them
+  }
   // cuBLASLt's A is our B (op tb), its B is our A (op ta): C^T = op(B)^T op(A)^T.
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, op(key.tb));
   set_attr(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, op(key.ta));
@@ -89,13 +108,14 @@ LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* bias) {
              static_cast<int32_t>(lt_type(static_cast<DType>(key.bias_type))));
     set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);  // the heuristic reads its alignment
   }
-  const cudaDataType_t at = lt_type(a_type), ct = lt_type(c_type);
+  const cudaDataType_t at = lt_code_type(key.a_type, kFp8Type), bt = lt_code_type(key.b_type, kFp8Type),
+                       ct = lt_type(c_type);
   const uint64_t m = key.m, n = key.n, k = key.k;
   // Our B: [K,N] row-major (N) = col-major N x K, ld N; [N,K] row-major (T) = col-major K x N, ld K.
   if (key.tb)
-    ANATOMY_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lt_a, at, k, n, static_cast<int64_t>(k)));
+    ANATOMY_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lt_a, bt, k, n, static_cast<int64_t>(k)));
   else
-    ANATOMY_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lt_a, at, n, k, static_cast<int64_t>(n)));
+    ANATOMY_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lt_a, bt, n, k, static_cast<int64_t>(n)));
   // Our A: [M,K] row-major (N) = col-major K x M, ld K; [K,M] row-major (T) = col-major M x K, ld M.
   if (key.ta)
     ANATOMY_CUDA_CHECK(cublasLtMatrixLayoutCreate(&p.lt_b, at, m, k, static_cast<int64_t>(m)));
@@ -138,6 +158,7 @@ bool LtMatmul::try_run(const Tensor& c, const Tensor& d, const Tensor& a, Trans 
           static_cast<uint8_t>(epilogue != kLtPlain ? bias_type : DType::F32),
           epilogue,
           static_cast<uint8_t>(a.dtype == DType::F32 && m_tf32),
+          static_cast<uint8_t>(a.dtype),
           alignment(a.data),
           alignment(b.data),
           std::min(alignment(c.data), alignment(d.data)),
@@ -145,8 +166,48 @@ bool LtMatmul::try_run(const Tensor& c, const Tensor& d, const Tensor& a, Trans 
   Plan& p = plan_for(key, bias);
   if (!p.has_algo) return false;
   if (epilogue != kLtPlain) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  ANATOMY_CUDA_CHECK(cublasLtMatmul(m_handle, p.desc, &alpha, b.data, p.lt_a, a.data, p.lt_b, &beta, c.data, p.lt_c,
-                                    d.data, p.lt_c, &p.algo, m_workspace, m_workspace_bytes, s));
+  launch(p, c, d, a.data, b.data, alpha, beta, s);
+  return true;
+}
+
+void LtMatmul::launch(Plan& p, const Tensor& c, const Tensor& d, const void* a, const void* b, float alpha, float beta,
+                      cudaStream_t s) {
+  ANATOMY_CUDA_CHECK(cublasLtMatmul(m_handle, p.desc, &alpha, b, p.lt_a, a, p.lt_b, &beta, c.data, p.lt_c, d.data,
+                                    p.lt_c, &p.algo, m_workspace, m_workspace_bytes, s));
+}
+
+bool LtMatmul::run_fp8(const Tensor& c, const Tensor& d, const void* qa, Fp8Format fa, const void* qb, Fp8Format fb,
+                       int64_t m, int64_t n, int64_t kp, float alpha, float beta, const Tensor& bias,
+                       const float* scale_a, const float* scale_b, cudaStream_t s) {
+  const uint8_t epilogue = bias.defined() ? kLtBias : kLtPlain;
+  Key key{m,
+          n,
+          kp,
+          0,  // qa [M, kp]: our A untransposed; qb [N, kp]: our B transposed (cuBLASLt's "TN")
+          1,
+          static_cast<uint8_t>(kFp8Type | static_cast<uint8_t>(fa)),
+          static_cast<uint8_t>(d.dtype),
+          static_cast<uint8_t>(bias.defined() ? bias.dtype : DType::F32),
+          epilogue,
+          0,
+          static_cast<uint8_t>(kFp8Type | static_cast<uint8_t>(fb)),
+          alignment(qa),
+          alignment(qb),
+          std::min(alignment(c.data), alignment(d.data)),
+          alignment(bias.data)};
+  Plan& p = plan_for(key, bias.data, scale_a, scale_b);
+  if (!p.has_algo) return false;
+  if (bias.defined()) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.data);
+  set_scales(p.desc, scale_a, scale_b);
+  // A launch the library refuses (a problem its heuristic accepted) disables the plan: the
+  // caller's bf16 path runs, and counts it.
+  const cublasStatus_t st = cublasLtMatmul(m_handle, p.desc, &alpha, qb, p.lt_a, qa, p.lt_b, &beta, c.data, p.lt_c,
+                                           d.data, p.lt_c, &p.algo, m_workspace, m_workspace_bytes, s);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+    p.has_algo = false;
+    return false;
+  }
+  ANATOMY_CUDA_CHECK(st);
   return true;
 }
 

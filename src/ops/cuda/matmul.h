@@ -43,6 +43,14 @@ class LtMatmul {
   // with the BGRADB epilogue for this problem, or M, N or K is 0.
   bool run_bias_grad(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n,
                      int64_t k, float alpha, float beta, float* bias_grad, cudaStream_t s);
+  // The fp8 GEMM (Note [fp8 training] in core/fp8.h): C [M, N] = alpha * scale_a * scale_b *
+  // qa [M, kp] qb [N, kp]^T + beta C (+ bias [N] into D with `bias`), qa and qb fp8 bytes of the
+  // formats fa, fb; scale_a, scale_b device F32 (the operands' scale_inv). D = C, or the BiasGelu
+  // pre-activation. Fast (fp8) accumulation when both are E4M3 (the forward), F32 otherwise.
+  // false: cuBLASLt has no kernel for it (nothing ran).
+  bool run_fp8(const Tensor& c, const Tensor& d, const void* qa, Fp8Format fa, const void* qb, Fp8Format fb, int64_t m,
+               int64_t n, int64_t kp, float alpha, float beta, const Tensor& bias, const float* scale_a,
+               const float* scale_b, cudaStream_t s);
   // How many calls went to the tiled fallback kernel because cuBLASLt had no algorithm.
   int64_t fallback_calls() const { return m_fallback_calls; }
   size_t cached_plans() const { return m_plans.size(); }
@@ -51,6 +59,7 @@ class LtMatmul {
   struct Key {
     int64_t m, n, k;
     uint8_t ta, tb, a_type, c_type, bias_type, epilogue, tf32;
+    uint8_t b_type;  // a_type but for fp8 (an E4M3 x E5M2 product); fp8 types are kFp8Type | format
     uint16_t align_a, align_b, align_c, align_bias;  // bytes, power of two <= 256
     bool operator==(const Key&) const = default;
   };
@@ -63,9 +72,14 @@ class LtMatmul {
     cublasLtMatmulAlgo_t algo{};
     bool has_algo = false;  // false: cuBLASLt declined; use the fallback kernel
   };
-  Plan& plan_for(const Key& key, const void* bias);
+  Plan& plan_for(const Key& key, const void* bias, const float* scale_a = nullptr, const float* scale_b = nullptr);
+  static void set_scales(cublasLtMatmulDesc_t desc, const float* scale_a, const float* scale_b);
+  // Sets the call's pointers on a cached plan and runs it.
+  void launch(Plan& p, const Tensor& c, const Tensor& d, const void* a, const void* b, float alpha, float beta,
+              cudaStream_t s);
   // Key::epilogue: no epilogue, CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_BGRADB.
   static constexpr uint8_t kLtPlain = 0, kLtBias = 1, kLtBiasGrad = 2;
+  static constexpr uint8_t kFp8Type = 0x80;
   // One cuBLASLt call D = alpha op(A) op(B) + beta C with the epilogue; false when the heuristic
   // found no algorithm (nothing ran).
   bool try_run(const Tensor& c, const Tensor& d, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m,
