@@ -257,15 +257,15 @@ size_t fp8_meta_bytes(const BertConfig& cfg, const ModelShape& s) {
   return static_cast<size_t>(cfg.num_hidden_layers) * kFp8Sites * kFp8Roles * kFp8MetaWidth * sizeof(float);
 }
 
-// The largest operand pair of a layer's fp8 GEMMs (forward, data and weight gradient of each
-// Linear [in -> out] over all of the batch's rows): what the backend's scratch grows to.
+// The largest operand pair of a layer's fp8 GEMMs (the forward and the data gradient of each
+// Linear [in -> out] over all of the batch's rows; weight gradients run in bf16, Note [fp8
+// training]): what the backend's scratch grows to.
 size_t fp8_layer_scratch_bytes(const BertConfig& cfg, const ModelShape& s) {
   if (!s.fp8 || !s.training) return 0;
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, rows = s.max_batch * s.max_seq;
   size_t most = 0;
   for (auto [in, out] : {std::pair{H, 3 * H}, std::pair{H, H}, std::pair{H, I}, std::pair{I, H}})
-    most = std::max({most, fp8_scratch_bytes(rows, out, in), fp8_scratch_bytes(rows, in, out),
-                     fp8_scratch_bytes(out, in, rows)});
+    most = std::max({most, fp8_scratch_bytes(rows, out, in), fp8_scratch_bytes(rows, in, out)});
   return most;
 }
 
@@ -837,12 +837,12 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
                           drop(hp, base, site_ffn_out(l), true));
   // FFN out: y = g W2^T + b2, W2 (H, I). dW2 first: under selective checkpointing g shares
   // its memory with dI.
-  m_be.matmul(G(p.ff2_w), x3, Trans::T, a.g, Trans::N, fp8(acc_bias(G(p.ff2_b)), l, kFp8FfnOut, kFp8Grad, kFp8Input));
+  m_be.matmul(G(p.ff2_w), x3, Trans::T, a.g, Trans::N, acc_bias(G(p.ff2_b)));
   m_be.matmul(dI, x3, Trans::N, W(p.ff2_w), Trans::N, fp8(put, l, kFp8FfnOut, kFp8Grad, kFp8Weight));
   m_be.gelu_backward(dI, dI, a.pre);
   // FFN in: pre = h1 W1^T + b1, W1 (I, H); dh1 = dpre W1 + ds2.
   m_be.matmul(x2, dI, Trans::N, W(p.ff1_w), Trans::N, fp8(acc, l, kFp8FfnIn, kFp8Grad, kFp8Weight));
-  m_be.matmul(G(p.ff1_w), dI, Trans::T, a.h1, Trans::N, fp8(acc_bias(G(p.ff1_b)), l, kFp8FfnIn, kFp8Grad, kFp8Input));
+  m_be.matmul(G(p.ff1_w), dI, Trans::T, a.h1, Trans::N, acc_bias(G(p.ff1_b)));
   // LayerNorm 1: ds1 (X3) reaches x; dao (X1) reaches the attention output projection.
   m_be.layernorm_backward(x3, x1, G(p.ln1_w), G(p.ln1_b),
                           x2, a.h1, a.rstd1, M(p.ln1_w),
@@ -852,8 +852,7 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   if (m_acts->packed_attention) {  // Note [packed attention]: the saved q|k|v and context are packed rows
     const Tensor qkv_rows = a.qkv.view({R, 3 * H}).slice(0, n), ctx_rows = a.ctx.view({R, H}).slice(0, n);
     const Tensor dqkv_rows = dqkv.slice(0, n);
-    m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N,
-                fp8(acc_bias(G(p.ao_b)), l, kFp8AttnOut, kFp8Grad, kFp8Input));
+    m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc_bias(G(p.ao_b)));
     m_be.attention_packed_backward(dqkv_rows, x2, qkv_rows, ctx_rows, a.lse, b.seq_offsets, static_cast<int>(nh),
                                    drop(ap, base, site_attn(l), true), b.attended_pairs);
     return qkv_backward(l, dqkv_rows, x, X3);
@@ -863,7 +862,7 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
     ctx_rows = big.slice(0, n * H).view({n, H});
     m_be.gather_rows(ctx_rows, a.ctx, b.token_rows);
   }
-  m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, fp8(acc_bias(G(p.ao_b)), l, kFp8AttnOut, kFp8Grad, kFp8Input));
+  m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc_bias(G(p.ao_b)));
   if (pk) {  // dao is consumed: X1's whole buffer takes dctx in the padded layout, zero on padding
     m_be.fill(X1, 0.0f);
     m_be.scatter_rows(X1, x2, b.token_rows);
@@ -890,8 +889,7 @@ Tensor BertForSequenceClassification::qkv_backward(int l, const Tensor& dqkv, co
   m_be.matmul(dx.slice(0, x.dim(0)), dqkv, Trans::N, wqkv, Trans::N,
               fp8({1, 1, Epilogue::None, {}, {}}, l, kFp8Qkv, kFp8Grad, kFp8Weight));
   m_be.matmul(ParamLayout::range(m_grads_view, wq.offset, {3 * H, H}), dqkv, Trans::T, x, Trans::N,
-              fp8({1, 1, Epilogue::BiasGrad, ParamLayout::range(m_grads_view, bq.offset, {3 * H}), {}}, l, kFp8Qkv,
-                  kFp8Grad, kFp8Input));
+              {1, 1, Epilogue::BiasGrad, ParamLayout::range(m_grads_view, bq.offset, {3 * H}), {}});
   return dx;
 }
 

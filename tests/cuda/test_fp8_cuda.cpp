@@ -106,7 +106,6 @@ struct GemmCase {
   Epilogue epilogue;
   bool f32_out;  // the weight gradient: F32 C, accumulated (beta 1)
   Fp8Format fa, fb;
-  bool may_fall_back = false;
 };
 
 void check_gemm(const GemmCase& gc, Rng& g) {
@@ -175,15 +174,10 @@ void check_gemm(const GemmCase& gc, Rng& g) {
     }
     return std::sqrt(e / std::max(n, 1e-30));
   };
-  // bf16 outputs carry their rounding (2^-9); F32 ones only the summation order. The forward
-  // accumulates in the tensor cores' fast mode.
   const int64_t fallbacks = static_cast<cuda::CudaBackend&>(*gpu).fp8_fallback_calls();
-  if (gc.may_fall_back) {  // any row count: fp8, or bf16 where cuBLASLt has no fp8 kernel (near, not equal)
-    std::printf("%s, %lld rows: %s\n", gc.name, static_cast<long long>(gc.m), fallbacks ? "bf16 fallback" : "fp8");
-    EXPECT_LT(err(got.c, want.c), 0.1);
-    return;
-  }
-  EXPECT_LT(err(got.c, want.c), gc.f32_out ? 1e-5 : 1e-2);
+  // bf16 outputs carry their rounding (2^-9). F32 ones carry the fp8 tensor cores' own
+  // accumulation, narrower than F32 between cuBLASLt's promotions (measured 2.5e-5 to 7.9e-5).
+  EXPECT_LT(err(got.c, want.c), gc.f32_out ? 5e-4 : 1e-2);
   if (gc.epilogue == Epilogue::BiasGrad) {
     EXPECT_LT(err(got.bias, want.bias), 1e-5);
   }
@@ -198,12 +192,13 @@ TEST(Fp8Cuda, TheLinearLayersGemmsAgreeWithTheCpuTwin) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   Rng g(11);
   constexpr Fp8Format E4 = Fp8Format::E4M3, E5 = Fp8Format::E5M2;
-  // Row counts that are multiples of 16 run in fp8; 37 (packed real tokens: any count) may not.
+  // Any row count (packed real tokens): 208, 48 and 37 all run in fp8 (measured on the H200).
   for (int64_t rows : {208, 48, 37}) {
-    const bool odd = rows % 16 != 0;
-    check_gemm({"forward x W^T + b", rows, 96, 64, Trans::N, Trans::T, Epilogue::Bias, false, E4, E4, odd}, g);
-    check_gemm({"forward, bias + GELU", rows, 256, 64, Trans::N, Trans::T, Epilogue::BiasGelu, false, E4, E4, odd}, g);
-    check_gemm({"data gradient dY W", rows, 64, 256, Trans::N, Trans::N, Epilogue::None, false, E5, E4, odd}, g);
+    check_gemm({"forward x W^T + b", rows, 96, 64, Trans::N, Trans::T, Epilogue::Bias, false, E4, E4}, g);
+    check_gemm({"forward, bias + GELU", rows, 256, 64, Trans::N, Trans::T, Epilogue::BiasGelu, false, E4, E4}, g);
+    check_gemm({"data gradient dY W", rows, 64, 256, Trans::N, Trans::N, Epilogue::None, false, E5, E4}, g);
+    // Not used by the model (its weight gradients run in bf16), but the op takes it: the
+    // transposing quantizer for both operands and an F32 C accumulated into.
     check_gemm({"weight gradient dY^T X + db", 96, 64, rows, Trans::T, Trans::N, Epilogue::BiasGrad, true, E5, E4}, g);
   }
 }

@@ -285,16 +285,16 @@ TEST(Fp8, BertTrainsNearF32WithItsLinearsInFp8) {
   EXPECT_EQ(a.peak[Category::OptimizerState], 0);
 }
 
-// The CUDA plan counts the fp8 operand scratch: bert-large's largest is the FFN-out weight
-// gradient's dY^T [1024, 16384] and X^T [4096, 16384] bytes.
+// The CUDA plan counts the fp8 operand scratch: bert-large's largest is the FFN-out forward's
+// X [16384, 4096] and W [1024, 4096] bytes (and the FFN-in data gradient's, the same size).
 TEST(Fp8, TheCudaPlanHoldsTheLargestOperandPair) {
   const BertConfig cfg = BertConfig::preset("bert-large");
   ModelShape s{32, 512, DType::BF16, CheckpointPolicy::None, true, GradientPlacement::Own};
   const MemoryPlan bf16 = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CUDA});
   s.fp8 = true;
   const MemoryPlan fp8 = plan_memory({cfg, s, OptimizerKind::AdamW, Device::CUDA});
-  EXPECT_EQ(fp8_layer_scratch_bytes(cfg, s), size_t{(1024 + 4096)} * 16384);
-  EXPECT_EQ(fp8.bytes[Category::Temporary] - bf16.bytes[Category::Temporary], (1024 + 4096) * int64_t{16384});
+  EXPECT_EQ(fp8_layer_scratch_bytes(cfg, s), size_t{16384 + 1024} * 4096);
+  EXPECT_EQ(fp8.bytes[Category::Temporary] - bf16.bytes[Category::Temporary], (16384 + 1024) * int64_t{4096});
   EXPECT_EQ(fp8.bytes[Category::OptimizerState] - bf16.bytes[Category::OptimizerState],
             int64_t{24} * 4 * 3 * kFp8MetaWidth * 4);
 }
