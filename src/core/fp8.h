@@ -54,6 +54,14 @@ struct Fp8Meta {
 };
 inline constexpr int kFp8MetaWidth = Fp8Meta::kWidth;
 
+// A fresh scaling row: `scale`, its inverse, the format's max, no amax recorded.
+inline void fp8_meta_init(float* row, float scale, Fp8Format f) {
+  std::fill(row, row + kFp8MetaWidth, 0.0f);
+  row[Fp8Meta::kScale] = scale;
+  row[Fp8Meta::kScaleInv] = 1.0f / scale;
+  row[Fp8Meta::kFormatMax] = fp8_max(f);
+}
+
 // The delayed scale for amax (the history's max): a power of two with amax * scale <= max.
 // Returns `old` when amax is not a finite positive number.
 ANATOMY_HD float fp8_scale_for(float amax, float format_max, float old) {

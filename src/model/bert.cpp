@@ -615,12 +615,9 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
                   "--precision fp8 computes in BF16 around its fp8 GEMMs; this shape asks for ", dtype_name(shape.compute));
     const int64_t rows = static_cast<int64_t>(fp8_bytes / sizeof(float)) / kFp8MetaWidth;
     m_fp8 = Buffer(al, DType::F32, {rows, kFp8MetaWidth}, Category::OptimizerState);
-    std::vector<float> init(static_cast<size_t>(rows) * kFp8MetaWidth, 0.0f);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = init.data() + r * kFp8MetaWidth;
-      row[Fp8Meta::kScale] = row[Fp8Meta::kScaleInv] = 1.0f;
-      row[Fp8Meta::kFormatMax] = fp8_max(r % kFp8Roles == kFp8Grad ? Fp8Format::E5M2 : Fp8Format::E4M3);
-    }
+    std::vector<float> init(static_cast<size_t>(rows) * kFp8MetaWidth);
+    for (int64_t r = 0; r < rows; ++r)
+      fp8_meta_init(init.data() + r * kFp8MetaWidth, 1.0f, fp8_format(static_cast<Fp8Role>(r % kFp8Roles)));
     m_be.upload(m_fp8.tensor(), init.data());
   }
 }
@@ -630,8 +627,7 @@ MatmulArgs BertForSequenceClassification::fp8(MatmulArgs args, int l, Fp8Site si
   if (!m_fp8.data() || !training) return args;
   const int64_t first = (static_cast<int64_t>(l) * kFp8Sites + site) * kFp8Roles;
   auto operand = [&](Fp8Role r) {
-    return Fp8Operand{m_fp8.tensor().slice(first + r, first + r + 1).view({kFp8MetaWidth}),
-                      r == kFp8Grad ? Fp8Format::E5M2 : Fp8Format::E4M3};
+    return Fp8Operand{m_fp8.tensor().slice(first + r, first + r + 1).view({kFp8MetaWidth}), fp8_format(r)};
   };
   args.fp8_a = operand(ra);
   args.fp8_b = operand(rb);

@@ -122,6 +122,7 @@ struct ModelShape {
 // three tensors a site quantizes; one row of kFp8MetaWidth F32 each (Category::OptimizerState).
 enum Fp8Site : int { kFp8Qkv, kFp8AttnOut, kFp8FfnIn, kFp8FfnOut, kFp8Sites };
 enum Fp8Role : int { kFp8Input, kFp8Weight, kFp8Grad, kFp8Roles };
+inline Fp8Format fp8_format(Fp8Role r) { return r == kFp8Grad ? Fp8Format::E5M2 : Fp8Format::E4M3; }
 size_t fp8_meta_bytes(const BertConfig& cfg, const ModelShape& shape);
 // The CUDA backend's fp8 operand scratch for the largest of the layers' fp8 GEMMs at `rows`
 // token rows (ops/backend_memory.h's fp8_scratch_bytes); 0 without fp8.

@@ -36,16 +36,12 @@ Mat as_matrix(const Tensor& t) {
   return {cols ? static_cast<int64_t>(t.numel()) / cols : 0, cols};
 }
 
-// The profile name of a matmul's fp8 form (string literals: the observer keeps the pointer).
-const char* fp8_name(const char* name) {
-  const std::string_view n(name);
-  if (n == "matmul") return "fp8 matmul";
-  if (n == "matmul (weight grad)") return "fp8 matmul (weight grad)";
-  if (n == "matmul (wgrad+bgrad)") return "fp8 matmul (wgrad+bgrad)";
-  if (n == "matmul+bias grad") return "fp8 matmul+bias grad";
-  if (n == "matmul+bias") return "fp8 matmul+bias";
-  return "fp8 matmul+bias+gelu";
-}
+// A matmul's profile names by kind, plain and fp8 (literals: the observer keeps the pointer).
+enum MatmulKind { kMatmul, kWeightGrad, kWgradBgrad, kBiasGradOnly, kMatmulBias, kMatmulBiasGelu, kMatmulKinds };
+constexpr const char* kMatmulNames[2][kMatmulKinds] = {
+    {"matmul", "matmul (weight grad)", "matmul (wgrad+bgrad)", "matmul+bias grad", "matmul+bias", "matmul+bias+gelu"},
+    {"fp8 matmul", "fp8 matmul (weight grad)", "fp8 matmul (wgrad+bgrad)", "fp8 matmul+bias grad", "fp8 matmul+bias",
+     "fp8 matmul+bias+gelu"}};
 
 // The checks of one op call: `op` names it in every message.
 class Check {
@@ -261,7 +257,7 @@ void Backend::matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b
   k.holds(ok, [&] { return str_cat("shapes do not agree: C ", c.shape.str(), ", A ", a.shape.str(), ta == Trans::T ? "^T" : "",
                       ", B ", b.shape.str(), tb == Trans::T ? "^T" : ""); });
   const bool weight_grad = c.dtype == F32 && a.dtype != F32;
-  const char* name = weight_grad ? "matmul (weight grad)" : "matmul";
+  MatmulKind kind = weight_grad ? kWeightGrad : kMatmul;
   if (args.epilogue == Epilogue::BiasGrad) {  // Note [fused bias gradient] in ops/op_args.h
     k.holds(ta == Trans::T, "the BiasGrad epilogue sums the columns of A, the weight gradient's dY: A must be "
                             "transposed (C = A^T B)");
@@ -269,17 +265,18 @@ void Backend::matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b
             [&] { return str_cat("the BiasGrad epilogue needs alpha 1 and beta 0 or 1, not alpha ", args.alpha, " beta ", args.beta); });
     k.sized(args.bias, F32, static_cast<size_t>(m), "bias gradient");
     k.holds(args.bias.data != c.data, "the bias gradient and C are one buffer");
-    name = weight_grad ? "matmul (wgrad+bgrad)" : "matmul+bias grad";
+    kind = weight_grad ? kWgradBgrad : kBiasGradOnly;
   } else if (args.epilogue != Epilogue::None) {
     k.sized(args.bias, dt, static_cast<size_t>(n), "bias");
-    name = "matmul+bias";
+    kind = kMatmulBias;
   }
   if (args.epilogue == Epilogue::BiasGelu) {
     k.holds(c.dtype == dt, [&] { return str_cat("the BiasGelu epilogue writes C in the compute dtype, not ", dtype_name(c.dtype)); });
     k.sized(args.gelu_in, dt, c.numel(), "gelu_in");
-    name = "matmul+bias+gelu";
+    kind = kMatmulBiasGelu;
   }
-  if (args.fp8_a.defined() || args.fp8_b.defined()) {  // Note [fp8 training] in core/fp8.h
+  const bool fp8 = args.fp8_a.defined() || args.fp8_b.defined();
+  if (fp8) {  // Note [fp8 training] in core/fp8.h
     k.holds(args.fp8_a.defined() && args.fp8_b.defined(), "fp8 needs the scaling rows of both A and B");
     k.holds(dt == DType::BF16 || dt == F32,
             [&] { return str_cat("fp8 operands are quantized from BF16 (or F32 on the CPU), not ", dtype_name(dt)); });
@@ -287,9 +284,9 @@ void Backend::matmul(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b
             "fp8 GEMMs take at most one E5M2 operand");
     k.sized(args.fp8_a.meta, F32, kFp8MetaWidth, "A's fp8 scaling row");
     k.sized(args.fp8_b.meta, F32, kFp8MetaWidth, "B's fp8 scaling row");
-    name = fp8_name(name);
   }
-  observed(name, [&] { return matmul_cost(c, a, ta, b, args); }, [&] { matmul_impl(c, a, ta, b, tb, args); });
+  observed(kMatmulNames[fp8][kind], [&] { return matmul_cost(c, a, ta, b, args); },
+           [&] { matmul_impl(c, a, ta, b, tb, args); });
 }
 void Backend::fp8_scale_update(const Tensor& meta) {
   const Check c(*this, "fp8_scale_update");

@@ -460,10 +460,9 @@ std::vector<OpEntry> build_registry() {
     // one with no amax yet (its scale, 4, stays).
     std::vector<double> v;
     for (int r = 0; r < 3; ++r) {
-      std::vector<double> row(kFp8MetaWidth, 0.0);
-      row[Fp8Meta::kScale] = r == 2 ? 4.0 : 1.0;
-      row[Fp8Meta::kScaleInv] = 1.0 / row[Fp8Meta::kScale];
-      row[Fp8Meta::kFormatMax] = r == 1 ? 57344.0 : 448.0;
+      std::vector<float> fresh(kFp8MetaWidth);
+      fp8_meta_init(fresh.data(), r == 2 ? 4.0f : 1.0f, r == 1 ? Fp8Format::E5M2 : Fp8Format::E4M3);
+      std::vector<double> row(fresh.begin(), fresh.end());
       if (r < 2)
         for (int i = 0; i < kFp8History; ++i) row[Fp8Meta::kAmax + i] = std::exp(3.0 * g.normal() - (r ? 8.0 : 0.0));
       v.insert(v.end(), row.begin(), row.end());

@@ -28,10 +28,8 @@ using namespace anatomy;
 namespace {
 
 std::vector<float> meta_row(float scale, Fp8Format f) {
-  std::vector<float> m(kFp8MetaWidth, 0.0f);
-  m[Fp8Meta::kScale] = scale;
-  m[Fp8Meta::kScaleInv] = 1.0f / scale;
-  m[Fp8Meta::kFormatMax] = fp8_max(f);
+  std::vector<float> m(kFp8MetaWidth);
+  fp8_meta_init(m.data(), scale, f);
   return m;
 }
 

@@ -24,10 +24,8 @@ namespace {
 constexpr Fp8Format E4 = Fp8Format::E4M3, E5 = Fp8Format::E5M2;
 
 std::vector<float> meta_row(float scale, Fp8Format f) {
-  std::vector<float> m(kFp8MetaWidth, 0.0f);
-  m[Fp8Meta::kScale] = scale;
-  m[Fp8Meta::kScaleInv] = 1.0f / scale;
-  m[Fp8Meta::kFormatMax] = fp8_max(f);
+  std::vector<float> m(kFp8MetaWidth);
+  fp8_meta_init(m.data(), scale, f);
   return m;
 }
 

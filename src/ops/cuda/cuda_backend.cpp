@@ -261,10 +261,14 @@ void CudaBackend::matmul_fp8(const Tensor& c, const Tensor& a, Trans ta, const T
     return matmul_impl(c, a, ta, b, tb, plain);
   }
   if (gelu) cuda::gelu_forward(c, args.gelu_in, m_stream);
-  if (grad) {
-    if (args.beta == 0.0f) ANATOMY_CUDA_CHECK(cudaMemsetAsync(args.bias.data, 0, args.bias.bytes(), m_stream));
-    cuda::bias_grad(args.bias, a, reduce_scratch(), m_stream);
-  }
+  if (grad) bias_grad_after_gemm(args, a);
+}
+
+// BiasGrad's vector from A [K, M] on its own, after the GEMM: zeroed first when the call
+// overwrites (beta 0), then the bias_grad kernel.
+void CudaBackend::bias_grad_after_gemm(const MatmulArgs& args, const Tensor& a) {
+  if (args.beta == 0.0f) ANATOMY_CUDA_CHECK(cudaMemsetAsync(args.bias.data, 0, args.bias.bytes(), m_stream));
+  cuda::bias_grad(args.bias, a, reduce_scratch(), m_stream);
 }
 
 void CudaBackend::fp8_scale_update_impl(const Tensor& meta) {
@@ -291,8 +295,7 @@ void CudaBackend::matmul_bias_grad(const Tensor& c, const Tensor& a, Trans ta, c
   }
   ++m_bias_grad_unfused;
   m_matmul->run(c, a, ta, b, tb, m, n, k, MatmulArgs{args.alpha, args.beta, Epilogue::None, {}, {}}, m_stream);
-  if (overwrite) ANATOMY_CUDA_CHECK(cudaMemsetAsync(db.data, 0, db.bytes(), m_stream));
-  cuda::bias_grad(db, a, scratch, m_stream);
+  bias_grad_after_gemm(args, a);
 }
 
 void CudaBackend::bias_grad_impl(const Tensor& db, const Tensor& dy) {
@@ -311,9 +314,11 @@ AttentionOptions CudaBackend::attention_options() const {
 }
 #endif
 
-// The scratch grows when the kernels ask for more than it has. Shapes are fixed for a run, so
-// this happens on the first step only and the Temporary peak is reached there (Note [allocation
-// policy] in memory/allocator.h).
+// The scratch grows when the kernels ask for more than it has. The attention's follows the
+// padded batch shape, fixed for a run, so it grows on the first step only and the Temporary peak
+// is reached there (Note [allocation policy] in memory/allocator.h). The fp8 operands' follows
+// the rows of the call: on real tokens (packed batches) a batch longer than every one before it
+// grows it again, with a synchronize, up to the planned size (the padded batch's rows).
 void* CudaBackend::scratch(Buffer& buf, size_t bytes, const char* what) {
   if (bytes == 0) return nullptr;
   if (bytes > buf.bytes()) {

@@ -162,6 +162,7 @@ class CudaBackend final : public Backend {
   ReduceScratch reduce_scratch() const;
   void matmul_bias_grad(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n,
                         int64_t k, const MatmulArgs& args);
+  void bias_grad_after_gemm(const MatmulArgs& args, const Tensor& a);
   void matmul_fp8(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, Trans tb, int64_t m, int64_t n,
                   int64_t k, const MatmulArgs& args);
   // A scratch buffer at least `bytes` long (grown, never shrunk; `what` names it in errors).

@@ -166,14 +166,14 @@ bool LtMatmul::try_run(const Tensor& c, const Tensor& d, const Tensor& a, Trans 
   Plan& p = plan_for(key, bias);
   if (!p.has_algo) return false;
   if (epilogue != kLtPlain) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  launch(p, c, d, a.data, b.data, alpha, beta, s);
+  ANATOMY_CUDA_CHECK(launch(p, c, d, a.data, b.data, alpha, beta, s));
   return true;
 }
 
-void LtMatmul::launch(Plan& p, const Tensor& c, const Tensor& d, const void* a, const void* b, float alpha, float beta,
-                      cudaStream_t s) {
-  ANATOMY_CUDA_CHECK(cublasLtMatmul(m_handle, p.desc, &alpha, b, p.lt_a, a, p.lt_b, &beta, c.data, p.lt_c, d.data,
-                                    p.lt_c, &p.algo, m_workspace, m_workspace_bytes, s));
+cublasStatus_t LtMatmul::launch(const Plan& p, const Tensor& c, const Tensor& d, const void* a, const void* b,
+                                float alpha, float beta, cudaStream_t s) {
+  return cublasLtMatmul(m_handle, p.desc, &alpha, b, p.lt_a, a, p.lt_b, &beta, c.data, p.lt_c, d.data, p.lt_c, &p.algo,
+                        m_workspace, m_workspace_bytes, s);
 }
 
 bool LtMatmul::run_fp8(const Tensor& c, const Tensor& d, const void* qa, Fp8Format fa, const void* qb, Fp8Format fb,
@@ -201,8 +201,7 @@ bool LtMatmul::run_fp8(const Tensor& c, const Tensor& d, const void* qa, Fp8Form
   set_scales(p.desc, scale_a, scale_b);
   // A launch the library refuses (a problem its heuristic accepted) disables the plan: the
   // caller's bf16 path runs, and counts it.
-  const cublasStatus_t st = cublasLtMatmul(m_handle, p.desc, &alpha, qb, p.lt_a, qa, p.lt_b, &beta, c.data, p.lt_c,
-                                           d.data, p.lt_c, &p.algo, m_workspace, m_workspace_bytes, s);
+  const cublasStatus_t st = launch(p, c, d, qa, qb, alpha, beta, s);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
     p.has_algo = false;
     return false;

@@ -74,9 +74,9 @@ class LtMatmul {
   };
   Plan& plan_for(const Key& key, const void* bias, const float* scale_a = nullptr, const float* scale_b = nullptr);
   static void set_scales(cublasLtMatmulDesc_t desc, const float* scale_a, const float* scale_b);
-  // Sets the call's pointers on a cached plan and runs it.
-  void launch(Plan& p, const Tensor& c, const Tensor& d, const void* a, const void* b, float alpha, float beta,
-              cudaStream_t s);
+  // One cublasLtMatmul of a plan: D = alpha op(A) op(B) + beta C (our A and B), its status.
+  cublasStatus_t launch(const Plan& p, const Tensor& c, const Tensor& d, const void* a, const void* b, float alpha,
+                        float beta, cudaStream_t s);
   // Key::epilogue: no epilogue, CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_BGRADB.
   static constexpr uint8_t kLtPlain = 0, kLtBias = 1, kLtBiasGrad = 2;
   static constexpr uint8_t kFp8Type = 0x80;
