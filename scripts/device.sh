@@ -47,7 +47,7 @@
 #   attention the attention table: ours (the default forward, then the mma.sync one) vs PyTorch SDPA
 #             (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
 #   wgmmatiles the wgmma forward with and without its overlap, and the mma.sync forward, on the same shapes
-#   bwdab     the wgmma backward vs the mma.sync one, on the attention table's shapes
+#   bwdab     the backward kernels (mma.sync, wgmma with one and two warpgroups a CTA), alternated twice
 #   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
 #             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
@@ -284,12 +284,15 @@ step_wgmmatiles() {
   done | tee "$OUT/wgmma_tiles.md"
 }
 
-# The wgmma backward (the default) against the mma.sync one (ANATOMY_ATTENTION_BWD=mma) on the attention
-# table's shapes.
+# The backward kernels on the attention table's shapes, alternated twice: the mma.sync one
+# (ANATOMY_ATTENTION_BWD=mma), wgmma with one warpgroup a CTA (=wgmma64) and with two (the default).
 step_bwdab() {
   local shape=(--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64)
-  for bwd in mma wgmma; do
-    ANATOMY_ATTENTION_BWD=$bwd timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy"
+  for round in 1 2; do
+    for bwd in mma wgmma64 wgmma; do
+      ANATOMY_ATTENTION_BWD=$bwd timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
+        sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| $bwd/"
+    done
   done | tee "$OUT/bwdab.md"
 }
 

@@ -23,8 +23,10 @@ for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libutf8proc.so.3 l
   [ -n "$path" ] && cp -L "$path" .carry/lib/
 done
 # The working tree that travels is limited to 64 MiB: strip and compress (OpenBLAS alone is 36 MB).
+# xz -9's 64 MiB dictionary spans several binaries, so the kernels every one of them links are
+# stored once: 46 MB at xz's default level, 15 MB at -9.
 strip .carry/bin/*
-tar -C .carry -cJf .carry/bundle.tar.xz bin lib && rm -rf .carry/bin .carry/lib
+XZ_OPT=-9 tar -C .carry -cJf .carry/bundle.tar.xz bin lib && rm -rf .carry/bin .carry/lib
 # BEFORE=<rev>: also build that revision (a temporary worktree) and stage its binaries as
 # .carry/before.tar.xz, for same-call before/after timings (scripts/device.sh stepab).
 if [ -n "${BEFORE:-}" ]; then
@@ -35,7 +37,7 @@ if [ -n "${BEFORE:-}" ]; then
     -DANATOMY_TESTS=OFF "$@" >/dev/null
   cmake --build "$wt/build" -j "$(nproc)" --target anatomy anatomy_bench_step
   mkdir -p .carry/before && cp "$wt/build/anatomy" "$wt/build/anatomy_bench_step" .carry/before/ && strip .carry/before/*
-  tar -C .carry -cJf .carry/before.tar.xz before && rm -rf .carry/before
+  XZ_OPT=-9 tar -C .carry -cJf .carry/before.tar.xz before && rm -rf .carry/before
   git worktree remove --force "$wt"
 fi
 du -sh .carry

@@ -515,7 +515,7 @@ TEST(Attention, HopperTakesTheWgmmaForward) {
 }
 
 // The wgmma backward (Note [wgmma backward]), Hopper's default at head dims 32 and 64 without a
-// window, and the mma.sync backward it replaces.
+// window, with two warpgroups a CTA and one (wgmma64), and the mma.sync backward it replaces.
 TEST(Attention, HopperWgmmaBackward) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
@@ -529,7 +529,7 @@ TEST(Attention, HopperWgmmaBackward) {
     EnvGuard g("ANATOMY_ATTENTION_BWD", "mma");
     EXPECT_EQ(attention_backward_kernel(DType::BF16, 64, 0), std::string("mma"));
   }
-  for (const char* bwd : {"wgmma", "mma"}) {
+  for (const char* bwd : {"wgmma", "wgmma64", "mma"}) {
     EnvGuard g("ANATOMY_ATTENTION_BWD", bwd);
     SCOPED_TRACE(std::string("backward ") + bwd);
     check_wgmma_cases();

@@ -570,7 +570,8 @@ bool takes_wgmma(const Params& p) {
 }
 int fwd_mt() { return fwd_kernel() == FwdKernel::Mma64 ? 1 : 2; }
 // The backward: attention_wgmma_bwd.cu's kernel where it applies (head dims 32 and 64, no window,
-// Hopper), unless ANATOMY_ATTENTION_BWD=mma; the mma.sync kernel everywhere else.
+// Hopper), unless ANATOMY_ATTENTION_BWD=mma (=wgmma64: its one-warpgroup CTAs); the mma.sync
+// kernel everywhere else.
 bool bwd_takes_wgmma(const Params& p) {
   return !env_is("ANATOMY_ATTENTION_BWD", "mma") && wgmma_forward_supported(p);
 }

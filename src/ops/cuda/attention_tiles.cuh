@@ -94,6 +94,12 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
 }
+// Four floats at a 16-byte aligned address (sm_90).
+__device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+#endif
+}
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -145,7 +151,7 @@ __device__ int valid_key_end(const int32_t* mask, int b, int T) {
 
 // Note [masked key tiles]
 // A padded batch of real text is mostly padding keys. The forward's loop over key tiles stops
-// at the tile holding the batch's last valid key, and a backward CTA whose 64 keys all lie past
+// at the tile holding the batch's last valid key, and a backward CTA whose keys all lie past
 // it writes dK = dV = 0 (their exact value: P = 0 there) and leaves. The skipped terms are exact
 // zeros (exp2(-inf) = 0 in the running sums; no dQ contribution), so results are bit for bit
 // those of the full loops; attention costs B * T * (valid keys) rather than B * T^2. A batch
@@ -265,8 +271,9 @@ __device__ __forceinline__ void store_o_rows(const unsigned char* tile, int row0
 }
 
 // ---- the backward's key tile ----------------------------------------------------------------
-// The backward kernels (attention_flash.cu, attention_wgmma_bwd.cu): a CTA owns BC = 64 keys from
-// k0, a warp 16 of them, a thread the fragment rows g, g + 8 = keys 2g, 2g + 1 of its warp's 16.
+// The backward kernels (attention_flash.cu, attention_wgmma_bwd.cu): a CTA owns BC keys from k0
+// (64, or 128 for two warpgroups), a warp 16 of them, a thread the fragment rows g, g + 8 = keys
+// 2g, 2g + 1 of its warp's 16.
 
 // Note [masked key tiles]: keys that are all masked have dK = dV = 0 (stored here, below TK).
 template <int D, int BC, int NTH>
@@ -312,14 +319,14 @@ template <int BR, int D, int NTH>
 __device__ __forceinline__ void load_query_tile(uint32_t q_dst, uint32_t do_dst, uint32_t lse_dst, uint32_t dsum_dst,
                                                 const HeadQkv& x, const uint16_t* dog, const Params& p,
                                                 const float* lse_g, const float* dsum_g, int jt, int TK) {
-  static_assert(NTH == 2 * BR, "lse by the first BR threads, Dsum by the next BR");
+  static_assert(NTH >= 2 * BR, "lse by the first BR threads, Dsum by the next BR");
   load_tile<BR, D, NTH>(q_dst, x.q, x.rs, jt * BR, TK);
   load_tile<BR, D, NTH>(do_dst, dog, p.H, jt * BR, TK);
   const int i = threadIdx.x & (BR - 1), q = jt * BR + i;
   const bool ok = q < TK;
   if (threadIdx.x < BR)
     cp_async4(lse_dst + i * 4, lse_g + (ok ? q : 0), ok);
-  else
+  else if (threadIdx.x < 2 * BR)
     cp_async4(dsum_dst + i * 4, dsum_g + (ok ? q : 0), ok);
 }
 
@@ -366,13 +373,13 @@ __device__ __forceinline__ void backward_elements(float* s, float* dp, uint64_t 
 
 // Stores dK * dk_mul and dV * dv_mul of the warp's 16 keys (dk(n, e), dv(n, e): element e of
 // n-tile n of the accumulators, rows g, g + 8, columns 8n + 2 t4 + {0, 1}), staged through the
-// warp's own rows of the K and V tiles (whose readers must be done), 16 bytes a lane. The CTA is
-// the 4 warps of NTH = 128 threads.
+// warp's own rows of the K and V tiles (whose readers must be done), 16 bytes a lane. Warp w of
+// the CTA's NTH / 32 stores keys [16 w, 16 w + 16).
 template <bool BF16, int D, int NTH, class AccK, class AccV>
 __device__ __forceinline__ void store_key_grads(AccK dk, AccV dv, float dk_mul, float dv_mul, unsigned char* k_tile,
                                                 unsigned char* v_tile, const Params& p, const SeqRows& sq, int h,
                                                 int k0, int TK) {
-  static_assert(NTH == 128, "warp w stores keys [16 w, 16 w + 16) of the 64");
+  static_assert(NTH % 128 == 0, "whole warpgroups");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {

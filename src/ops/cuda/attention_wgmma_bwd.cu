@@ -4,41 +4,84 @@
 // wgmma instructions and descriptors wgmma.cuh's.
 //
 // Note [wgmma backward]
-// One warpgroup a CTA owns 64 keys (K and V loaded with their rows paired, perm16) and streams
-// 64-query tiles of Q, dO, lse and Dsum, as the mma.sync kernel does. Per query tile, in the
-// transposed frame (rows = keys, columns = queries), each from shared memory:
+// A CTA of WG warpgroups owns 64 WG keys (K and V loaded with their rows paired, perm16), warpgroup
+// w the 64 from k0 + 64 w, and streams 64-query tiles of Q, dO, lse and Dsum, as the mma.sync
+// kernel does. Per query tile, in the transposed frame (rows = keys, columns = queries), each
+// warpgroup from shared memory:
 //   S^T = K Q^T and dP^T = V dO^T     wgmma m64n64k16, A = K / V, B = Q / dO, all K-major;
 // the element-wise step (P, dropout, dS) is the mma.sync kernel's, on accumulators of the same
 // layout (a thread's four elements of an n-tile are one 2x2 dropout block); then
 //   dV += (P Z')^T dO and dK += dS^T Q   A from registers, B = dO / Q read MN-major;
-//   dQ = dS K                             A = dS^T in shared memory read MN-major (the transpose
-//                                         bit), B = K read MN-major; added to the F32 accumulator.
+//   dQ = dS K                             A = dS^T of all the CTA's keys in shared memory read
+//                                         MN-major (the transpose bit), B = K read MN-major,
+//                                         warpgroup w the columns [w D / WG, (w + 1) D / WG);
+//                                         added to the F32 accumulator.
 // dK and dV stay in registers across the query tiles.
+//
+// Note [wgmma backward pipeline]
+// One wait for the tensor cores per query tile: after the barrier that publishes dS^T (and the
+// next query tile, loaded one tile ahead), the warpgroup issues dQ of tile j and then the scores
+// of tile j + 1, waits for everything but the scores, adds dQ into global memory 16 bytes a lane
+// (red.v4) while the scores run, and starts the load of tile j + 2. So the query tiles rotate
+// through three stages (tile j + 2's stage was read by tile j - 1, whose products every thread
+// waited for before the barrier) and dS^T through two (its writer, tile j + 1, runs after a
+// barrier that follows every thread's wait for dQ of tile j - 1).
+//
+// Two warpgroups (the default) halve the
+// dQ additions into global memory (each dQ element gets T / 128 of them, not T / 64) and the
+// Q and dO tiles loaded per key; ANATOMY_ATTENTION_BWD=wgmma64 takes one (64 keys a CTA).
+#include <type_traits>
+
 #include "ops/cuda/attention_tiles.cuh"
 #include "ops/cuda/wgmma.cuh"
 
 namespace anatomy::cuda::attn {
 namespace {
 
-// Shared memory (1024-byte aligned): K [64][D] | V [64][D] | Q [2][64][D] | dO [2][64][D] |
-// dS^T [64][64] | lse [2][64] | Dsum [2][64] f32.
-template <int D>
+// Shared memory (1024-byte aligned): K [BC][D] | V [BC][D] | Q [3][64][D] | dO [3][64][D] |
+// dS^T [2][BC][64] | lse [3][64] | Dsum [3][64] f32 (Note [wgmma backward pipeline]).
+template <int D, int WG>
 struct WgBwdCfg {
-  static constexpr int kThreads = 128, BC = 64, BR = 64;
+  static constexpr int kThreads = 128 * WG, BC = 64 * WG, BR = 64, kStages = 3;
   static constexpr int kKBytes = BC * D * 2, kQBytes = BR * D * 2, kSBytes = BC * BR * 2;
-  static constexpr int kK = 0, kV = kKBytes, kQ = 2 * kKBytes, kDO = kQ + 2 * kQBytes, kS = kDO + 2 * kQBytes;
-  static constexpr int kLse = kS + kSBytes, kDsum = kLse + 2 * BR * 4;
-  static constexpr int kBytes = kDsum + 2 * BR * 4;
+  static constexpr int kK = 0, kV = kKBytes, kQ = 2 * kKBytes, kDO = kQ + kStages * kQBytes;
+  static constexpr int kS = kDO + kStages * kQBytes;
+  static constexpr int kLse = kS + 2 * kSBytes, kDsum = kLse + kStages * BR * 4;
+  static constexpr int kBytes = kDsum + kStages * BR * 4;
   static size_t smem_bytes() { return 1024 + kBytes; }
 };
 
-template <bool BF16, int D, bool DROP>
-__global__ void __launch_bounds__(128, 2) wgmma_bwd_kernel(Params p) {
+// Adds this thread's dQ fragment (rows g, g + 8 of the warp's 16 from query q0, columns
+// 8n + 2 t4 + {0, 1} of `row0`'s) into the F32 accumulator 16 bytes at a time: lanes t4 and t4 ^ 1
+// swap halves, so the even lane adds row g's four columns from 8n + 2 t4 and the odd one row
+// g + 8's from 8n + 2 (t4 - 1). Rows at or past TK are not added.
+template <int N>
+__device__ __forceinline__ void add_dq_rows(const float (&dq)[N], float* row0, size_t row_stride, int q0, int g,
+                                            int t4, int TK) {
+  const bool odd = t4 & 1;
+  const int q = q0 + g + (odd ? 8 : 0);
+  float* row = row0 + static_cast<size_t>(q) * row_stride + 2 * (t4 & ~1);
+#pragma unroll
+  for (int n = 0; n < N / 4; ++n) {
+    const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * n] : dq[4 * n + 2], 1);
+    const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[4 * n + 1] : dq[4 * n + 3], 1);
+    if (q < TK) {
+      if (odd)
+        red_add_f32x4(row + n * 8, r0, r1, dq[4 * n + 2], dq[4 * n + 3]);
+      else
+        red_add_f32x4(row + n * 8, dq[4 * n], dq[4 * n + 1], r0, r1);
+    }
+  }
+}
+
+template <bool BF16, int D, int WG, bool DROP>
+__global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = WgBwdCfg<D>;
+  using C = WgBwdCfg<D, WG>;
   constexpr int BR = C::BR, BC = C::BC, NTH = C::kThreads;
   constexpr int KS = D / 16;  // k-steps over the head dim
   constexpr int NS = BR / 8;  // n-tiles of S^T (queries)
+  constexpr int DQ = D / WG;  // dQ columns of a warpgroup
   constexpr uint32_t kRow = D * 2;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
@@ -48,7 +91,8 @@ __global__ void __launch_bounds__(128, 2) wgmma_bwd_kernel(Params p) {
   const float* lse_s = reinterpret_cast<const float*>(smem + C::kLse);
   const float* dsum_s = reinterpret_cast<const float*>(smem + C::kDsum);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  // gw: the warp's 16 keys of the CTA's BC; warp: its 16 rows of the warpgroup's products.
+  const int gw = threadIdx.x / 32, wg = gw / 4, warp = gw % 4, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
   const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * BC;
   const int T = p.T;
   const SeqRows sq = seq_rows(p, b);  // TK: the sequence's tokens, T when padded
@@ -61,7 +105,7 @@ __global__ void __launch_bounds__(128, 2) wgmma_bwd_kernel(Params p) {
   const float* dsum_g = p.dsum + bh * T;
   const int nq = (TK + BR - 1) / BR;
 
-  // Note [masked key tiles]: 64 masked keys have dK = dV = 0 and no share in dQ.
+  // Note [masked key tiles]: BC masked keys have dK = dV = 0 and no share in dQ.
   const int kend = valid_key_end<NTH>(p.mask, b, TK);
   if (kend > 0 && k0 >= kend) {
     zero_key_grads<D, BC, NTH>(p, sq, h, k0, TK);
@@ -72,45 +116,50 @@ __global__ void __launch_bounds__(128, 2) wgmma_bwd_kernel(Params p) {
     load_query_tile<BR, D, NTH>(q_s + st * C::kQBytes, do_s + st * C::kQBytes, base + C::kLse + st * BR * 4,
                                 base + C::kDsum + st * BR * 4, qkv, dog, p, lse_g, dsum_g, jt, TK);
   };
+  // S^T = K Q^T, dP^T = V dO^T of the query tile in stage st. Element (n, e): s[4n + e], key row
+  // g + 8 (e >> 1) of the warp's 16, query 8n + 2 t4 + (e & 1).
+  const uint64_t k_desc = tile_desc<D>(k_s + wg * 64 * kRow), v_desc = tile_desc<D>(v_s + wg * 64 * kRow);
+  float s[BR / 2], dp[BR / 2];
+  auto issue_scores = [&](int st) {
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      wgmma_ss<BF16>(s, k_desc + 2 * ks, tile_desc<D>(q_s + st * C::kQBytes) + 2 * ks, ks);
+      wgmma_ss<BF16>(dp, v_desc + 2 * ks, tile_desc<D>(do_s + st * C::kQBytes) + 2 * ks, ks);
+    }
+    wgmma_commit();
+  };
 
   load_tile<BC, D, NTH, true>(k_s, kg, rs, k0, TK);
   load_tile<BC, D, NTH, true>(v_s, vg, rs, k0, TK);
   if (nq > 0) load_q_tile(0, 0);
   cp_async_commit();
+  if (nq > 1) load_q_tile(1, 1);
+  cp_async_commit();
 
   // Key bias of this thread's two key rows (fragment rows g, g+8 = keys 2g, 2g+1 of the warp's 16).
   float kbias[2];
-  const bool any_valid = key_pair_bias<NTH>(kbias, p, b, k0 + warp * 16 + 2 * g, TK);
+  const bool any_valid = key_pair_bias<NTH>(kbias, p, b, k0 + gw * 16 + 2 * g, TK);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
-  const auto [zk, zstep] = key_row_dropout(p, bh, k0, warp, g, t4);
+  const auto [zk, zstep] = key_row_dropout(p, bh, k0, gw, g, t4);
 
-  cp_async_wait_all();
+  cp_async_wait<1>();
   fence_proxy_async();
   __syncthreads();
 
-  const uint64_t k_desc = tile_desc<D>(k_s), v_desc = tile_desc<D>(v_s);
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+  if (nq > 0) issue_scores(0);
 
-  for (int j = 0, st = 0; j < nq; ++j, st ^= 1) {
-    if (j + 1 < nq) load_q_tile(j + 1, st ^ 1);
-    cp_async_commit();
-    const uint32_t qt = q_s + st * C::kQBytes, dot = do_s + st * C::kQBytes;
-
-    // S^T = K Q^T, dP^T = V dO^T. Element (n, e): s[4n + e], key row g + 8 (e >> 1) of the
-    // warp's 16, query 8n + 2 t4 + (e & 1).
-    float s[BR / 2], dp[BR / 2];
-#pragma unroll
-    for (int i = 0; i < BR / 2; ++i) s[i] = dp[i] = 0.0f;
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      wgmma_ss<BF16>(s, k_desc + 2 * ks, tile_desc<D>(qt) + 2 * ks, ks);
-      wgmma_ss<BF16>(dp, v_desc + 2 * ks, tile_desc<D>(dot) + 2 * ks, ks);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
+  // Query tile j; LAST: no next tile's scores to issue behind dQ. (Two bodies, so that every
+  // wait retires the same groups on every path: a conditional issue made ptxas serialize the
+  // products.)
+  auto tile = [&](int j, auto last) {
+    constexpr bool LAST = decltype(last)::value;
+    const int st = j % C::kStages;
+    const uint32_t qt = q_s + st * C::kQBytes, dot = do_s + st * C::kQBytes, dst = ds_s + (j & 1) * C::kSBytes;
+    wgmma_wait<0>();  // this tile's scores
     fence_regs(s);
     fence_regs(dp);
 
@@ -133,11 +182,11 @@ __global__ void __launch_bounds__(128, 2) wgmma_bwd_kernel(Params p) {
         ap[kk][r] = pack2<BF16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
         as[kk][r] = pack2<BF16>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
       }
-      const int kr = warp * 16 + g;  // a[0]: row g, queries 16kk + 2t4; a[1] row g + 8; a[2], a[3] +8 queries
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_s + swz<BR>(kr, 2 * kk) + 4 * t4), "r"(as[kk][0]));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_s + swz<BR>(kr + 8, 2 * kk) + 4 * t4), "r"(as[kk][1]));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_s + swz<BR>(kr, 2 * kk + 1) + 4 * t4), "r"(as[kk][2]));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_s + swz<BR>(kr + 8, 2 * kk + 1) + 4 * t4), "r"(as[kk][3]));
+      const int kr = gw * 16 + g;  // a[0]: row g, queries 16kk + 2t4; a[1] row g + 8; a[2], a[3] +8 queries
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr, 2 * kk) + 4 * t4), "r"(as[kk][0]));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr + 8, 2 * kk) + 4 * t4), "r"(as[kk][1]));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr, 2 * kk + 1) + 4 * t4), "r"(as[kk][2]));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr + 8, 2 * kk + 1) + 4 * t4), "r"(as[kk][3]));
     }
     // dV += (P Z')^T dO, dK += dS^T Q: B = dO / Q [query][d], 16 queries a k-step.
     wgmma_fence();
@@ -147,38 +196,40 @@ __global__ void __launch_bounds__(128, 2) wgmma_bwd_kernel(Params p) {
       wgmma_rs<BF16>(dk, as[kk], tile_desc<D>(qt + kk * 16 * kRow));
     }
     wgmma_commit();
-    fence_proxy_async();  // dS^T: this thread's stores, before the barrier and the dQ product
+    cp_async_wait_all();  // the next query tile
+    fence_proxy_async();  // dS^T and the next tile: this thread's stores, before the barrier and the products
     __syncthreads();
 
-    // dQ (64 queries x D) = dS K: A = dS^T [key][query] read MN-major, B = K [key][d] MN-major,
-    // 16 keys a k-step. Row (query) 16 warp + g + 8 hf, columns 8n + 2 t4 + {0, 1}.
-    float dq[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
+    // dQ (64 queries x DQ columns from wg DQ) = dS K: A = dS^T [key][query] read MN-major, B = K
+    // [key][d] MN-major from column wg DQ (the start moves wg DQ * 2 bytes along the swizzled row),
+    // 16 keys a k-step. Row (query) 16 warp + g + 8 hf, columns wg DQ + 8n + 2 t4 + {0, 1}. The
+    // next tile's scores go to the tensor cores behind it.
+    float dq[DQ / 2];  // written by the first k-step (no accumulate)
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < BC / 16; ++ks)
-      wgmma_ss<BF16, true>(dq, tile_desc<BR>(ds_s + ks * 16 * BR * 2), tile_desc<D>(k_s + ks * 16 * kRow), ks);
+      wgmma_ss<BF16, true>(dq, tile_desc<BR>(dst + ks * 16 * BR * 2), tile_desc<D>(k_s + ks * 16 * kRow + wg * DQ * 2),
+                           ks);
     wgmma_commit();
-    wgmma_wait<0>();  // this tile's dV, dK and dQ products
+    if constexpr (!LAST) issue_scores((j + 1) % C::kStages);
+    wgmma_wait<LAST ? 0 : 1>();  // this tile's dV, dK and dQ products
     fence_regs(dq);
     fence_regs(dv);
     fence_regs(dk);
     fence_regs(ap);
     fence_regs(as);
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int q = j * BR + warp * 16 + g + 8 * hf;
-      if (q < TK) {
-        float* row = p.dq_acc + (sq.row0 + q) * p.H + h * D + 2 * t4;
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) red_add_f32x2(row + n * 8, dq[4 * n + 2 * hf], dq[4 * n + 2 * hf + 1]);
-      }
-    }
-    cp_async_wait_all();
-    fence_proxy_async();
-    __syncthreads();  // next stage landed; every read of this stage and of dS^T is done
-  }
+    add_dq_rows(dq, p.dq_acc + sq.row0 * p.H + h * D + wg * DQ, p.H, j * BR + warp * 16, g, t4, TK);
+    // Stage (j + 2) % 3 was last read by tile j - 1's products, which every thread waited for
+    // before the barrier above.
+    if (j + 2 < nq) load_q_tile(j + 2, (j + 2) % C::kStages);
+    cp_async_commit();
+  };
+  for (int j = 0; j + 1 < nq; ++j) tile(j, std::false_type{});
+  if (nq > 0) tile(nq - 1, std::true_type{});
+  wgmma_wait<0>();  // (nothing pending; tells ptxas that dK and dV are final on every path)
+  fence_regs(dk);
+  fence_regs(dv);
+  __syncthreads();  // every warp's last dQ product, which reads all of K, is done
 
   // Epilogue: dK * scale and dV * inv_keep, staged through this warp's own rows of the K and
   // V tiles (all their readers have completed), then 16-byte stores.
@@ -187,11 +238,17 @@ __global__ void __launch_bounds__(128, 2) wgmma_bwd_kernel(Params p) {
 #endif
 }
 
+template <bool BF16, int D, int WG>
+bool launch(const Params& p, int smem_limit, cudaStream_t s) {
+  using C = WgBwdCfg<D, WG>;
+  auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, WG, true> : wgmma_bwd_kernel<BF16, D, WG, false>;
+  return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(), smem_limit, s);
+}
+
 template <bool BF16, int D>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
-  using C = WgBwdCfg<D>;
-  auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, true> : wgmma_bwd_kernel<BF16, D, false>;
-  return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(), smem_limit, s);
+  if (env_is("ANATOMY_ATTENTION_BWD", "wgmma64")) return launch<BF16, D, 1>(p, smem_limit, s);
+  return launch<BF16, D, 2>(p, smem_limit, s);
 }
 
 }  // namespace

@@ -16,6 +16,22 @@
 
 namespace anatomy::cuda::attn {
 
+// m64n16k16, A and B from shared memory: d = A B, or d += A B when accumulate. Both operands
+// K-major, or with MN both MN-major (the transpose bits).
+template <bool BF16, bool MN = false>
+__device__ __forceinline__ void wgmma_ss(float (&d)[8], uint64_t a, uint64_t b, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ANATOMY_WGMMA(TY) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n" \
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7}, " \
+               "%8, %9, p, 1, 1, %11, %11;\n}\n" \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+               : "l"(a), "l"(b), "r"(accumulate), "n"(MN ? 1 : 0))
+  if constexpr (BF16) ANATOMY_WGMMA("bf16"); else ANATOMY_WGMMA("f16");
+#undef ANATOMY_WGMMA
+#endif
+}
+
 // m64n32k16, A and B from shared memory: d = A B, or d += A B when accumulate. Both operands
 // K-major, or with MN both MN-major (the transpose bits).
 template <bool BF16, bool MN = false>
