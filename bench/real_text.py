@@ -14,7 +14,7 @@ topic) and saved with VOCAB as a model directory, so every run starts from the s
              12 heads of 64, gated FFN 1152, a global layer every 3rd, local window 128, mean pooling)
              with the same WordPiece vocabulary
 
-Runs (bf16, batch 32, max length 256, AdamW lr 1e-4, linear schedule, --epochs epochs, seed 0):
+Runs (bf16, batch 32, max length 256, AdamW lr 1e-4 (--lr), linear schedule (--warmup-ratio), --epochs epochs, seed 0):
   trainer random   Trainer, random order, dynamic padding (DataCollatorWithPadding)
   trainer grouped  Trainer, group_by_length=True
   anatomy tokens   anatomy, random order, on the batch's real tokens (its default with a text file)
@@ -43,7 +43,7 @@ SHAPES = {
     "modernbert": dict(num_hidden_layers=22, hidden_size=768, num_attention_heads=12, intermediate_size=1152),
     "modernbert-tiny": dict(num_hidden_layers=3, hidden_size=128, num_attention_heads=2, intermediate_size=192),
 }
-BATCH, MAX_LEN, LR = 32, 256, 1e-4
+BATCH, MAX_LEN = 32, 256
 
 
 def read_jsonl(path):
@@ -85,7 +85,7 @@ def token_lengths(model_dir, texts):
     return sorted(len(ids) for ids in tok(texts, truncation=True, max_length=MAX_LEN)["input_ids"])
 
 
-def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda):
+def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, warmup=0.0):
     import torch
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
                               TrainerCallback, TrainingArguments)
@@ -112,7 +112,7 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda):
     clock = Clock()
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     kw = dict(output_dir=workdir, per_device_train_batch_size=BATCH, per_device_eval_batch_size=64,
-              num_train_epochs=epochs, learning_rate=LR, bf16=cuda, use_cpu=not cuda, logging_steps=10**9,
+              num_train_epochs=epochs, learning_rate=lr, warmup_ratio=warmup, bf16=cuda, use_cpu=not cuda, logging_steps=10**9,
               save_strategy="no", eval_strategy="no", report_to=[], seed=0, disable_tqdm=True)
     # Length grouping: `group_by_length` in transformers 4; its replacement is found by name.
     if "group_by_length" in fields:
@@ -143,13 +143,14 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda):
                 steps=steps, wall_s=wall)
 
 
-def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda, precision="bf16", logging_steps=0):
+def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda, lr, precision="bf16", logging_steps=0,
+                warmup=0.0):
     out = os.path.join(workdir, "out")
     cmd = [binary, "train", "--model-name-or-path", model_dir, "--train-file", os.path.join(data_dir, "train.jsonl"),
            "--validation-file", os.path.join(data_dir, "validation.jsonl"), "--eval-strategy", "epoch",
            "--max-seq-length", str(MAX_LEN), "--per-device-train-batch-size", str(BATCH),
            "--per-device-eval-batch-size", "64", "--precision", precision if cuda else "fp32", "--num-train-epochs", str(epochs),
-           "--learning-rate", str(LR), "--seed", "0", "--device", "cuda" if cuda else "cpu", "--save-strategy", "no",
+           "--learning-rate", str(lr), "--warmup-ratio", str(warmup), "--seed", "0", "--device", "cuda" if cuda else "cpu", "--save-strategy", "no",
            "--logging-steps", str(logging_steps), "--disable-tqdm", "--output-dir", out,
            "--dataset-cache-dir", os.path.join(workdir, "cache")]
     cmd += flags
@@ -171,6 +172,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results/tmp"))
     ap.add_argument("--models", default="bert-base,minilm")
     ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (AdamW, linear decay), both trainers")
+    ap.add_argument("--warmup-ratio", type=float, default=0.0, help="linear warm-up, a fraction of the steps, both trainers")
     ap.add_argument("--only", choices=("all", "hf", "anatomy"), default="all")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: fp32, a smoke test of this script")
     ap.add_argument("--limit", type=int, default=0, help="use the first N train samples only (smoke test)")
@@ -205,8 +208,8 @@ def main():
               f"median {lens[len(lens) // 2]}, max {lens[-1]}", flush=True)
         runs = []
         if args.only in ("all", "hf"):
-            runs += [("trainer random", lambda w: run_trainer(model_dir, data, labels, False, args.epochs, w, cuda)),
-                     ("trainer grouped", lambda w: run_trainer(model_dir, data, labels, True, args.epochs, w, cuda))]
+            runs += [("trainer random", lambda w: run_trainer(model_dir, data, labels, False, args.epochs, w, cuda, args.lr, args.warmup_ratio)),
+                     ("trainer grouped", lambda w: run_trainer(model_dir, data, labels, True, args.epochs, w, cuda, args.lr, args.warmup_ratio))]
         if args.only in ("all", "anatomy"):
             chosen = args.anatomy_runs.split(",")
             for run_name, flags in (("anatomy tokens", []), ("anatomy padded", ["--no-skip-padding"]),
@@ -214,7 +217,8 @@ def main():
                 if run_name.split()[1] not in chosen:
                     continue
                 runs.append((run_name, lambda w, f=flags: run_anatomy(args.anatomy_bin, model_dir, data_dir, f, args.epochs, w,
-                                                                     cuda, args.precision, args.logging_steps)))
+                                                                     cuda, args.lr, args.precision, args.logging_steps,
+                                                                     args.warmup_ratio)))
         for run_name, fn in runs:
             w = os.path.join(work, name, run_name.replace(" ", "_"))
             shutil.rmtree(w, ignore_errors=True)
@@ -242,7 +246,7 @@ def main():
             rows.append(r)
     with open(os.path.join(args.out, "real_text.md"), "w") as f:
         f.write(f"anatomy --precision {args.precision} (the Trainer: bf16), batch {BATCH}, max length {MAX_LEN}, "
-                f"{args.epochs} epochs, lr {LR}, same initial weights\n\n")
+                f"{args.epochs} epochs, lr {args.lr}, warm-up ratio {args.warmup_ratio}, same initial weights\n\n")
         f.write("| model | run | steady samples/s (each run) | samples/s (whole run) | validation accuracy |\n"
                 "|---|---|---:|---:|---:|\n")
         for r in rows:

@@ -51,6 +51,7 @@
 #   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
 #             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
+#   fp8curves fp8 vs bf16 loss curves and accuracy on the real text where the model learns (~3 min)
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
@@ -315,6 +316,9 @@ step_realtext() {
     --out "$OUT/smoke" --models tiny --epochs 1 --limit 256 --repeat 1 2>&1 | tail -8
   timeout 540 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
     --out "$OUT" 2>&1 | tail -20
+  rm -rf "$OUT/smoke"
+  # The device tool returns about eight files: the runs' metrics go back as one archive.
+  (cd "$OUT" && ls *.metrics.jsonl > /dev/null 2>&1 && tar -czf realtext_metrics.tgz *.metrics.jsonl && rm -f *.metrics.jsonl)
 }
 
 step_tokenruns() {
@@ -413,6 +417,25 @@ step_fp8() {  # issue 16 point 5 (Note [fp8 training]): tests, the per-op profil
     timeout 150 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
       --out "$OUT/text_$p" --models bert-base --only anatomy --anatomy-runs tokens --repeat 1 --epochs 3 --precision $p \
       --logging-steps 25 2>&1 | tail -3
+  done
+}
+
+# fp8 against bf16 on the real text (.carry/fortunes), anatomy on real tokens, one run each:
+# FP8CURVES="model:lr:epochs:warmup_ratio ..." (default MiniLM lr 5e-4 and bert-base lr 1e-4, 10
+# epochs, warm-up 0.1; bert-base from these random weights stays in the majority class at lr 1e-4
+# or 2e-4 without warm-up); the table and the loss every 25 steps in text_<model>_<lr>_<precision>/.
+step_fp8curves() {
+  [ -f .carry/fortunes/train.jsonl ] || { echo "fp8curves: no .carry/fortunes"; return; }
+  for spec in ${FP8CURVES:-minilm:5e-4:10:0.1 bert-base:1e-4:10:0.1}; do
+    IFS=: read -r model lr epochs warmup <<< "$spec"
+    for p in bf16 fp8; do
+      local dir="$OUT/text_${model}_${lr}_$p"
+      timeout 200 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
+        --out "$dir" --models $model --only anatomy --anatomy-runs tokens --repeat 1 --epochs $epochs --lr $lr \
+        --warmup-ratio "${warmup:-0}" --precision $p --logging-steps 25 > /dev/null 2>&1
+      rm -f "$dir/real_text.jsonl"  # (the table has it; the device tool returns few files)
+      tail -1 "$dir/real_text.md"
+    done
   done
 }
 
