@@ -5,6 +5,8 @@
 #
 #   OUT=$OUT scripts/device.sh STEP...
 #
+# More than eight files under $OUT at the end go back as one archive, $OUT/out.tgz.
+#
 #   info      GPU, driver, torch and transformers versions
 #   tests     every GPU test (CUDA ops vs the CPU twin, golden fixture on the GPU, training)
 #   unit      the CPU golden tests, on this machine's CPU
@@ -543,3 +545,9 @@ for s in "$@"; do
   echo "== $s ($(date +%T))"
   "step_$s"
 done
+# The device tool brings back about eight files of $OUT: past that, everything goes back as one
+# archive (out.tgz; `tar -xzf` it into the results folder).
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+  tar -C "$OUT" -czf /tmp/device_out.tgz . && find "$OUT" -mindepth 1 -delete && mv /tmp/device_out.tgz "$OUT/out.tgz"
+  echo "(more than 8 files: all in $OUT/out.tgz)"
+fi
