@@ -16,7 +16,11 @@
 //                                         MN-major (the transpose bit), B = K read MN-major,
 //                                         warpgroup w the columns [w D / WG, (w + 1) D / WG);
 //                                         added to the F32 accumulator.
-// dK and dV stay in registers across the query tiles.
+// dK and dV stay in registers across the query tiles. Two warpgroups (the default) halve the dQ
+// additions into global memory (each dQ element gets T / 128 of them, not T / 64) and the Q and
+// dO tiles loaded per key; ANATOMY_ATTENTION_BWD=wgmma64 takes one (64 keys a CTA). The epilogue
+// stages dK and dV through the K and V tiles after a barrier: every warp's last dQ product reads
+// all of K.
 //
 // Note [wgmma backward pipeline]
 // One wait for the tensor cores per query tile: after the barrier that publishes dS^T (and the
@@ -26,10 +30,6 @@
 // through three stages (tile j + 2's stage was read by tile j - 1, whose products every thread
 // waited for before the barrier) and dS^T through two (its writer, tile j + 1, runs after a
 // barrier that follows every thread's wait for dQ of tile j - 1).
-//
-// Two warpgroups (the default) halve the
-// dQ additions into global memory (each dQ element gets T / 128 of them, not T / 64) and the
-// Q and dO tiles loaded per key; ANATOMY_ATTENTION_BWD=wgmma64 takes one (64 keys a CTA).
 #include <type_traits>
 
 #include "ops/cuda/attention_tiles.cuh"
