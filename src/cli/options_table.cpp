@@ -191,7 +191,7 @@ std::vector<OptionSpec> build() {
   // ---- precision, memory, device ----
   add({"precision", {}, OptType::Choice, kAll, "fp32",
        "Compute precision (mixed precision keeps fp32 master weights; fp8: the encoder layers' Linear layers in "
-       "E4M3/E5M2 with delayed scaling, the rest in bf16, on Hopper GPUs)",
+       "E4M3/E5M2 with delayed scaling, the rest in bf16, on Hopper GPUs; on the CPU the same rounding, in fp32)",
        0, 0, false, false, false, false,
        {{"fp32", "fp32"}, {"tf32", "tf32"}, {"bf16", "bf16"}, {"fp16", "fp16"}, {"fp8", "fp8"}},
        [](R& r, const V& v) { r.precision = v.s; }});

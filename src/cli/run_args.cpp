@@ -114,8 +114,8 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
     probe.seq_len = 2;
     o.seq_len = std::min<int64_t>(128, model_config(probe).max_sequence_length());
   }
-  if (cmd == kTrain && !gpu && o.precision != Precision::Fp32)
-    usage("--precision ", a.precision, " needs a GPU (--device cuda); the CPU backend computes in fp32");
+  if (cmd == kTrain && !gpu && o.precision != Precision::Fp32 && o.precision != Precision::Fp8)
+    usage("--precision ", a.precision, " needs a GPU (--device cuda); the CPU backend computes in fp32 (fp8: its twin)");
   return o;
 }
 

@@ -24,15 +24,16 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
-DType compute_dtype(Precision p) {
-  return p == Precision::Bf16 || p == Precision::Fp8 ? DType::BF16 : p == Precision::Fp16 ? DType::F16 : DType::F32;
+DType compute_dtype(Precision p, Device device) {
+  if (p == Precision::Fp8) return device == Device::CUDA ? DType::BF16 : DType::F32;
+  return p == Precision::Bf16 ? DType::BF16 : p == Precision::Fp16 ? DType::F16 : DType::F32;
 }
 
 const char* cadence_name(Cadence c) { return c == Cadence::Steps ? "steps" : c == Cadence::Epoch ? "epoch" : "no"; }
 
 PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch, Device device, int world, int rank) {
   const int zero = world > 1 ? o.zero_stage : 0;
-  ModelShape shape{batch, o.seq_len, compute_dtype(o.precision), o.gradient_checkpointing, true,
+  ModelShape shape{batch, o.seq_len, compute_dtype(o.precision, device), o.gradient_checkpointing, true,
                    resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps, zero == 2)};
   shape.packed_tokens = o.skip_padding && !o.train_file.empty() && shape.checkpointing != CheckpointPolicy::Layer;
   shape.fp8 = o.precision == Precision::Fp8;

@@ -15,7 +15,9 @@ namespace anatomy {
 enum class Precision : uint8_t { Fp32, Tf32, Bf16, Fp16, Fp8 };  // Fp8: Note [fp8 training] in core/fp8.h
 Precision parse_precision(const std::string& s);  // throws naming --precision
 const char* precision_name(Precision p);
-DType compute_dtype(Precision p);
+// The activations' dtype: bf16 for fp8 on the GPU; on the CPU (fp32 only) fp8 is its twin
+// arithmetic, the Linears' operands quantized and multiplied in fp32 (Note [fp8 training]).
+DType compute_dtype(Precision p, Device device);
 
 // Run options the command line parses once into enums (cli/options_table.cpp); the library never
 // compares their spellings.

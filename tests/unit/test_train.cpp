@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/fp8.h"
 #include "core/rng.h"
 #include "model/bert.h"
 #include "io/checkpoint.h"
@@ -116,6 +117,28 @@ TEST(Train, LossFallsOnTheLearnableTask) {
   TrainResult r = train(o);
   EXPECT_GT(r.first_loss, 0.6);
   EXPECT_LT(r.last_loss, 0.2) << "first " << r.first_loss;
+}
+
+// --precision fp8 on the CPU is its twin arithmetic (Note [fp8 training]): the encoder's Linears
+// multiply E4M3/E5M2-rounded operands in fp32. It learns the learnable task as fp32 does, its
+// losses are not fp32's, and the scaling rows are its only extra memory (optimizer state).
+TEST(Train, Fp8OnTheCpuIsTheTwinArithmetic) {
+  TrainOptions o = tiny("anatomy_fp8_cpu");
+  o.dataset = "learnable";
+  o.num_samples = 1024;
+  o.per_device_train_batch_size = 16;
+  o.max_steps = 120;
+  o.learning_rate = 1e-3f;
+  const TrainResult f32 = train(o);
+  o.output_dir = anatomy::testing_dirs::fresh_dir("anatomy_fp8_cpu_b");
+  o.precision = Precision::Fp8;
+  const TrainResult f8 = train(o);
+  EXPECT_NE(f8.last_loss, f32.last_loss);
+  EXPECT_LT(f8.last_loss, 0.3) << "first " << f8.first_loss;
+  EXPECT_NEAR(f8.first_loss, f32.first_loss, 0.02 * f32.first_loss);
+  EXPECT_EQ(f32.peak_bytes[Category::OptimizerState] + static_cast<int64_t>(2 * 4 * 3 * kFp8MetaWidth * 4),
+            f8.peak_bytes[Category::OptimizerState]);  // bert-tiny: 2 layers x 4 Linears x 3 roles
+  EXPECT_EQ(f32.peak_bytes[Category::Weights], f8.peak_bytes[Category::Weights]);
 }
 
 TEST(Train, ResultsFileWrittenOnlyAtTheEnd) {
