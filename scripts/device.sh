@@ -319,8 +319,6 @@ step_realtext() {
   timeout 540 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
     --out "$OUT" 2>&1 | tail -20
   rm -rf "$OUT/smoke"
-  # The device tool returns about eight files: the runs' metrics go back as one archive.
-  (cd "$OUT" && ls *.metrics.jsonl > /dev/null 2>&1 && tar -czf realtext_metrics.tgz *.metrics.jsonl && rm -f *.metrics.jsonl)
 }
 
 step_tokenruns() {

@@ -116,9 +116,9 @@ int run_eval(EvalFlags f) {
   const Dataset& data = *eval_data;
 
   // The inference-only model: no gradients, no optimizer state, one layer's activations.
-  const ModelShape shape{f.batch, f.max_seq_length, compute_dtype(precision, want_cuda ? Device::CUDA : Device::CPU),
-                         CheckpointPolicy::None, false};
-  const MemoryPlan plan = plan_evaluation(cfg, shape, want_cuda ? Device::CUDA : Device::CPU, f.skip_padding);
+  const Device device = want_cuda ? Device::CUDA : Device::CPU;
+  const ModelShape shape{f.batch, f.max_seq_length, compute_dtype(precision, device), CheckpointPolicy::None, false};
+  const MemoryPlan plan = plan_evaluation(cfg, shape, device, f.skip_padding);
   std::unique_ptr<Backend> be = want_cuda ? make_cuda_backend(0) : make_cpu_backend(f.threads);
   if (precision == Precision::Tf32) be->set_allow_tf32(true);
   const std::unique_ptr<EncoderModel> owned = make_model(*be, cfg, shape);

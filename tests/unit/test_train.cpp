@@ -37,6 +37,17 @@ TrainOptions tiny(const std::string& out) {
   return o;
 }
 
+// tiny() on the learnable task: 1024 samples, batch 16, lr 1e-3.
+TrainOptions learnable(const std::string& out, int64_t steps) {
+  TrainOptions o = tiny(out);
+  o.dataset = "learnable";
+  o.num_samples = 1024;
+  o.per_device_train_batch_size = 16;
+  o.max_steps = steps;
+  o.learning_rate = 1e-3f;
+  return o;
+}
+
 }  // namespace
 
 TEST(Train, MemoryAnatomyMatchesTheArithmetic) {
@@ -108,12 +119,7 @@ TEST(Planner, LeversThatFitAreCheaperThanThePlan) {
 }
 
 TEST(Train, LossFallsOnTheLearnableTask) {
-  TrainOptions o = tiny("anatomy_conv");
-  o.dataset = "learnable";
-  o.num_samples = 1024;
-  o.per_device_train_batch_size = 16;
-  o.max_steps = 200;
-  o.learning_rate = 1e-3f;
+  TrainOptions o = learnable("anatomy_conv", 200);
   TrainResult r = train(o);
   EXPECT_GT(r.first_loss, 0.6);
   EXPECT_LT(r.last_loss, 0.2) << "first " << r.first_loss;
@@ -123,12 +129,7 @@ TEST(Train, LossFallsOnTheLearnableTask) {
 // multiply E4M3/E5M2-rounded operands in fp32. It learns the learnable task as fp32 does, its
 // losses are not fp32's, and the scaling rows are its only extra memory (optimizer state).
 TEST(Train, Fp8OnTheCpuIsTheTwinArithmetic) {
-  TrainOptions o = tiny("anatomy_fp8_cpu");
-  o.dataset = "learnable";
-  o.num_samples = 1024;
-  o.per_device_train_batch_size = 16;
-  o.max_steps = 120;
-  o.learning_rate = 1e-3f;
+  TrainOptions o = learnable("anatomy_fp8_cpu", 120);
   const TrainResult f32 = train(o);
   o.output_dir = anatomy::testing_dirs::fresh_dir("anatomy_fp8_cpu_b");
   o.precision = Precision::Fp8;
