@@ -149,10 +149,12 @@ def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda, lr, p
     cmd = [binary, "train", "--model-name-or-path", model_dir, "--train-file", os.path.join(data_dir, "train.jsonl"),
            "--validation-file", os.path.join(data_dir, "validation.jsonl"), "--eval-strategy", "epoch",
            "--max-seq-length", str(MAX_LEN), "--per-device-train-batch-size", str(BATCH),
-           "--per-device-eval-batch-size", "64", "--precision", precision if cuda else "fp32", "--num-train-epochs", str(epochs),
+           "--per-device-eval-batch-size", "64", "--num-train-epochs", str(epochs),
            "--learning-rate", str(lr), "--warmup-ratio", str(warmup), "--seed", "0", "--device", "cuda" if cuda else "cpu", "--save-strategy", "no",
            "--logging-steps", str(logging_steps), "--disable-tqdm", "--output-dir", out,
            "--dataset-cache-dir", os.path.join(workdir, "cache")]
+    # fp8-e4m3: --precision fp8 with E4M3 output gradients (--fp8-format e4m3)
+    cmd += ["--precision", "fp8", "--fp8-format", "e4m3"] if precision == "fp8-e4m3" else ["--precision", precision if cuda else "fp32"]
     cmd += flags
     t0 = time.perf_counter()
     with open(os.path.join(workdir, "anatomy.log"), "w") as log:
@@ -178,7 +180,7 @@ def main():
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: fp32, a smoke test of this script")
     ap.add_argument("--limit", type=int, default=0, help="use the first N train samples only (smoke test)")
     ap.add_argument("--anatomy-runs", default="tokens,padded,grouped", help="which anatomy configurations to run")
-    ap.add_argument("--precision", default="bf16", help="anatomy's --precision on the GPU (bf16 or fp8)")
+    ap.add_argument("--precision", default="bf16", help="anatomy's --precision on the GPU: bf16, fp8 or fp8-e4m3 (fp8 with --fp8-format e4m3)")
     ap.add_argument("--logging-steps", type=int, default=0,
                     help="anatomy's --logging-steps; > 0 keeps each run's metrics.jsonl (the loss curve) in --out")
     ap.add_argument("--repeat", type=int, default=3,

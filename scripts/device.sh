@@ -423,12 +423,13 @@ step_fp8() {  # issue 16 point 5 (Note [fp8 training]): tests, the per-op profil
 # fp8 against bf16 on the real text (.carry/fortunes), anatomy on real tokens, one run each:
 # FP8CURVES="model:lr:epochs:warmup_ratio ..." (default MiniLM lr 5e-4 and bert-base lr 1e-4, 10
 # epochs, warm-up 0.1; bert-base from these random weights stays in the majority class at lr 1e-4
-# or 2e-4 without warm-up); the table and the loss every 25 steps in text_<model>_<lr>_<precision>/.
+# or 2e-4 without warm-up); FP8CURVES_PRECISIONS (default "bf16 fp8 fp8-e4m3": fp8 with E5M2 and
+# with E4M3 output gradients); the table and the loss every 25 steps in text_<model>_<lr>_<precision>/.
 step_fp8curves() {
   [ -f .carry/fortunes/train.jsonl ] || { echo "fp8curves: no .carry/fortunes"; return; }
   for spec in ${FP8CURVES:-minilm:5e-4:10:0.1 bert-base:1e-4:10:0.1}; do
     IFS=: read -r model lr epochs warmup <<< "$spec"
-    for p in bf16 fp8; do
+    for p in ${FP8CURVES_PRECISIONS:-bf16 fp8 fp8-e4m3}; do
       local dir="$OUT/text_${model}_${lr}_$p"
       timeout 200 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
         --out "$dir" --models $model --only anatomy --anatomy-runs tokens --repeat 1 --epochs $epochs --lr $lr \

@@ -195,6 +195,11 @@ std::vector<OptionSpec> build() {
        0, 0, false, false, false, false,
        {{"fp32", "fp32"}, {"tf32", "tf32"}, {"bf16", "bf16"}, {"fp16", "fp16"}, {"fp8", "fp8"}},
        [](R& r, const V& v) { r.precision = v.s; }});
+  add({"fp8-format", {}, OptType::Choice, kTrain, "hybrid",
+       "With --precision fp8, the output gradients' format: hybrid (E5M2, the inputs and weights E4M3) or e4m3 "
+       "(every operand E4M3); Transformer Engine's Format.HYBRID and Format.E4M3",
+       0, 0, false, false, false, false, {{"hybrid", "hybrid"}, {"e4m3", "e4m3"}},
+       [](R& r, const V& v) { r.train.fp8_grads = v.s == "e4m3" ? Fp8Format::E4M3 : Fp8Format::E5M2; }});
   add({"bf16", {}, OptType::Bool, kAll, "false", "bf16 mixed precision (same as --precision bf16)", 0, 0, false, false,
        false, false, {}, [](R& r, const V& v) { r.bf16 = v.b; }, "same"});
   add({"fp16", {}, OptType::Bool, kAll, "false", "fp16 mixed precision with a dynamic loss scale", 0, 0, false, false,

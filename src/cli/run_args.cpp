@@ -62,6 +62,8 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   o.num_labels_given = a.was_given("num-labels");
   a.precision = precision_of(a);
   o.precision = parse_precision(a.precision);
+  if (a.was_given("fp8-format") && o.precision != Precision::Fp8)
+    usage("--fp8-format applies to --precision fp8 only (this run: ", a.precision, ")");
   o.gradient_checkpointing = parse_checkpoint_policy(a.checkpointing);
   o.optim.kind = parse_optimizer(a.optim);
   resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps,

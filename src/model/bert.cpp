@@ -617,7 +617,7 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
     m_fp8 = Buffer(al, DType::F32, {rows, kFp8MetaWidth}, Category::OptimizerState);
     std::vector<float> init(static_cast<size_t>(rows) * kFp8MetaWidth);
     for (int64_t r = 0; r < rows; ++r)
-      fp8_meta_init(init.data() + r * kFp8MetaWidth, 1.0f, fp8_format(static_cast<Fp8Role>(r % kFp8Roles)));
+      fp8_meta_init(init.data() + r * kFp8MetaWidth, 1.0f, fp8_format(static_cast<Fp8Role>(r % kFp8Roles), shape.fp8_grads));
     m_be.upload(m_fp8.tensor(), init.data());
   }
 }
@@ -627,7 +627,7 @@ MatmulArgs BertForSequenceClassification::fp8(MatmulArgs args, int l, Fp8Site si
   if (!m_fp8.data() || !training) return args;
   const int64_t first = (static_cast<int64_t>(l) * kFp8Sites + site) * kFp8Roles;
   auto operand = [&](Fp8Role r) {
-    return Fp8Operand{m_fp8.tensor().slice(first + r, first + r + 1).view({kFp8MetaWidth}), fp8_format(r)};
+    return Fp8Operand{m_fp8.tensor().slice(first + r, first + r + 1).view({kFp8MetaWidth}), fp8_format(r, m_shape.fp8_grads)};
   };
   args.fp8_a = operand(ra);
   args.fp8_b = operand(rb);

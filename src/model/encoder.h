@@ -116,13 +116,15 @@ struct ModelShape {
   // --precision fp8 (Note [fp8 training] in core/fp8.h): the encoder layers' Linear layers
   // multiply in fp8 in training; compute stays BF16.
   bool fp8 = false;
+  // The output gradients' fp8 format (--fp8-format): E5M2 ("hybrid", the default) or E4M3.
+  Fp8Format fp8_grads = Fp8Format::E5M2;
 };
 
 // fp8 scaling rows (Note [fp8 training]): for each layer, each of its fp8 Linear sites x the
 // three tensors a site quantizes; one row of kFp8MetaWidth F32 each (Category::OptimizerState).
 enum Fp8Site : int { kFp8Qkv, kFp8AttnOut, kFp8FfnIn, kFp8FfnOut, kFp8Sites };
 enum Fp8Role : int { kFp8Input, kFp8Weight, kFp8Grad, kFp8Roles };
-inline Fp8Format fp8_format(Fp8Role r) { return r == kFp8Grad ? Fp8Format::E5M2 : Fp8Format::E4M3; }
+inline Fp8Format fp8_format(Fp8Role r, Fp8Format grads) { return r == kFp8Grad ? grads : Fp8Format::E4M3; }
 size_t fp8_meta_bytes(const BertConfig& cfg, const ModelShape& shape);
 // The CUDA backend's fp8 operand scratch for the largest of the layers' fp8 GEMMs at `rows`
 // token rows (ops/backend_memory.h's fp8_scratch_bytes); 0 without fp8.

@@ -24,6 +24,8 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
+const char* fp8_format_name(Fp8Format grads) { return grads == Fp8Format::E4M3 ? "e4m3" : "hybrid"; }
+
 DType compute_dtype(Precision p, Device device) {
   if (p == Precision::Fp8) return device == Device::CUDA ? DType::BF16 : DType::F32;
   return p == Precision::Bf16 ? DType::BF16 : p == Precision::Fp16 ? DType::F16 : DType::F32;
@@ -37,6 +39,7 @@ PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch
                    resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps, zero == 2)};
   shape.packed_tokens = o.skip_padding && !o.train_file.empty() && shape.checkpointing != CheckpointPolicy::Layer;
   shape.fp8 = o.precision == Precision::Fp8;
+  shape.fp8_grads = o.fp8_grads;
   return PlanInput{cfg, shape, o.optim.kind, device, world, zero, rank, o.gradient_accumulation_steps};
 }
 

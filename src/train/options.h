@@ -15,6 +15,8 @@ namespace anatomy {
 enum class Precision : uint8_t { Fp32, Tf32, Bf16, Fp16, Fp8 };  // Fp8: Note [fp8 training] in core/fp8.h
 Precision parse_precision(const std::string& s);  // throws naming --precision
 const char* precision_name(Precision p);
+// --fp8-format's name for the output gradients' format: "hybrid" (E5M2) or "e4m3".
+const char* fp8_format_name(Fp8Format grads);
 // The activations' dtype: bf16 for fp8 on the GPU; on the CPU (fp32 only) fp8 is its twin
 // arithmetic, the Linears' operands quantized and multiplied in fp32 (Note [fp8 training]).
 DType compute_dtype(Precision p, Device device);
@@ -74,6 +76,7 @@ struct TrainOptions {
   float max_grad_norm = 1.0f;
   // Precision, memory, device.
   Precision precision = Precision::Fp32;
+  Fp8Format fp8_grads = Fp8Format::E5M2;  // --fp8-format: hybrid (E5M2 gradients) or e4m3
   CheckpointPolicy gradient_checkpointing = CheckpointPolicy::None;
   std::string gradient_placement = "auto";  // auto | own | in-activations (resolve_gradient_placement)
   DeviceChoice device = DeviceChoice::Auto;

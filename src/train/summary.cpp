@@ -48,6 +48,7 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
                         {"nvml_after_setup_mb", res.nvml_after_setup_mb},
                         {"nvml_after_first_step_mb", res.nvml_after_first_step_mb},
                         {"process_peak_rss_mb", res.process_peak_rss_mb}};
+  if (opt.precision == Precision::Fp8) out["fp8_format"] = fp8_format_name(opt.fp8_grads);
   // run_glue.py's files beside anatomy's own: eval_results.json (the last evaluation) and
   // all_results.json (the train_ and eval_ keys together).
   nlohmann::json all = {{"epoch", res.epoch},

@@ -49,7 +49,7 @@ namespace {
 // same run: flag name -> value. The batch is the global one, so a run may resume on another
 // number of ranks with the same per-device batch times ranks.
 nlohmann::json run_fingerprint(const TrainOptions& o, int64_t global_batch) {
-  return {{"--per-device-train-batch-size", global_batch},
+  nlohmann::json fp = {{"--per-device-train-batch-size", global_batch},
           {"--gradient-accumulation-steps", o.gradient_accumulation_steps},
           {"--seed", o.seed},
           {"--precision", precision_name(o.precision)},
@@ -60,6 +60,8 @@ nlohmann::json run_fingerprint(const TrainOptions& o, int64_t global_batch) {
           {"--num-samples", o.train_file.empty() ? o.num_samples : 0},
           {"--validation-split", o.validation_split},
           {"--group-by-length", o.group_by_length}};
+  if (o.precision == Precision::Fp8) fp["--fp8-format"] = fp8_format_name(o.fp8_grads);
+  return fp;
 }
 
 // One value per rank, in rank order, on every rank.
@@ -210,10 +212,14 @@ void RankRun::resume(const std::string& dir) {
   if (m_step->zero_stage() >= 1) part = {true, m_step->shard().begin, m_step->shard().end};
   const nlohmann::json st = load_training_checkpoint(dir, *m_model, m_step->optimizer(), part);
   const nlohmann::json& then = st.at("fingerprint");
-  for (auto it = m_fingerprint.begin(); it != m_fingerprint.end(); ++it)
-    ANATOMY_CHECK(then.contains(it.key()) && then[it.key()] == it.value(), "--resume-from-checkpoint ", dir,
-                  ": the checkpoint was trained with ", it.key(), " ", then.value(it.key(), nlohmann::json()).dump(),
-                  ", this run has ", it.value().dump(), " (per-device batch x ranks)");
+  for (auto it = m_fingerprint.begin(); it != m_fingerprint.end(); ++it) {
+    // fp8 checkpoints written before --fp8-format existed used the hybrid format
+    const nlohmann::json was = then.contains(it.key()) ? then[it.key()]
+                               : it.key() == "--fp8-format" ? nlohmann::json("hybrid")
+                                                            : nlohmann::json();
+    ANATOMY_CHECK(was == it.value(), "--resume-from-checkpoint ", dir, ": the checkpoint was trained with ", it.key(), " ",
+                  was.dump(), ", this run has ", it.value().dump(), " (per-device batch x ranks)");
+  }
   m_start_step = st.at("global_step").get<int64_t>();
   m_p.micro = st.value("micro_batches", m_start_step * m_accum);
   m_p.loss_sum = st.at("loss_sum").get<double>();

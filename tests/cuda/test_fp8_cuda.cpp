@@ -195,6 +195,7 @@ TEST(Fp8Cuda, TheLinearLayersGemmsAgreeWithTheCpuTwin) {
     check_gemm({"forward x W^T + b", rows, 96, 64, Trans::N, Trans::T, Epilogue::Bias, false, E4, E4}, g);
     check_gemm({"forward, bias + GELU", rows, 256, 64, Trans::N, Trans::T, Epilogue::BiasGelu, false, E4, E4}, g);
     check_gemm({"data gradient dY W", rows, 64, 256, Trans::N, Trans::N, Epilogue::None, false, E5, E4}, g);
+    check_gemm({"data gradient dY W, --fp8-format e4m3", rows, 64, 256, Trans::N, Trans::N, Epilogue::None, false, E4, E4}, g);
     // Not used by the model (its weight gradients run in bf16), but the op takes it: the
     // transposing quantizer for both operands and an F32 C accumulated into.
     check_gemm({"weight gradient dY^T X + db", 96, 64, rows, Trans::T, Trans::N, Epilogue::BiasGrad, true, E5, E4}, g);
@@ -203,7 +204,7 @@ TEST(Fp8Cuda, TheLinearLayersGemmsAgreeWithTheCpuTwin) {
 
 TEST(Fp8Cuda, TrainingInFp8LearnsLikeBf16AndPlansItsMemory) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  auto options = [](Precision p, const char* dir) {
+  auto options = [](Precision p, const char* dir, Fp8Format grads = Fp8Format::E5M2) {
     TrainOptions o;
     o.preset = "bert-tiny";
     o.device = DeviceChoice::Cuda;
@@ -216,14 +217,19 @@ TEST(Fp8Cuda, TrainingInFp8LearnsLikeBf16AndPlansItsMemory) {
     o.save_model = false;
     o.disable_progress_bar = true;
     o.precision = p;
+    o.fp8_grads = grads;
     o.output_dir = (std::filesystem::path(testing::TempDir()) / dir).string();
     return o;
   };
-  const TrainResult bf = train(options(Precision::Bf16, "fp8_bf16")), f8 = train(options(Precision::Fp8, "fp8_fp8"));
-  std::printf("bert-tiny 60 steps: loss first/last bf16 %.4f/%.4f fp8 %.4f/%.4f\n", bf.first_loss, bf.last_loss,
-              f8.first_loss, f8.last_loss);
-  EXPECT_LT(f8.last_loss, f8.first_loss * 0.9);
-  EXPECT_NEAR(f8.last_loss, bf.last_loss, 0.1 * bf.first_loss);
+  const TrainResult bf = train(options(Precision::Bf16, "fp8_bf16")), f8 = train(options(Precision::Fp8, "fp8_fp8")),
+                    e4 = train(options(Precision::Fp8, "fp8_e4m3", Fp8Format::E4M3));
+  std::printf("bert-tiny 60 steps: loss first/last bf16 %.4f/%.4f fp8 %.4f/%.4f fp8 e4m3 %.4f/%.4f\n", bf.first_loss,
+              bf.last_loss, f8.first_loss, f8.last_loss, e4.first_loss, e4.last_loss);
+  for (const TrainResult* r : {&f8, &e4}) {
+    EXPECT_LT(r->last_loss, r->first_loss * 0.9);
+    EXPECT_NEAR(r->last_loss, bf.last_loss, 0.1 * bf.first_loss);
+  }
+  EXPECT_NE(e4.last_loss, f8.last_loss);  // the gradients' format reached the GEMMs
   // The scaling rows are optimizer state; the operand scratch is temporary and planned.
   const int64_t meta = 2 * 4 * 3 * kFp8MetaWidth * 4;
   EXPECT_EQ(f8.peak_bytes[Category::OptimizerState] - bf.peak_bytes[Category::OptimizerState], meta);

@@ -87,6 +87,15 @@ TEST(Cli, BadPrecisionOnCpu) {
   expect_clean_error(run(std::string(kTiny) + "--precision fp16"), "--precision");
   const CmdResult r = run(std::string(kTiny) + "--precision fp8 --max-steps 1 --output-dir " + tmp("cli_fp8_cpu"));
   EXPECT_EQ(r.status, 0) << r.output;
+  // --fp8-format: only with fp8, one of its two names; e4m3 is recorded in the results.
+  expect_clean_error(run(std::string(kTiny) + "--fp8-format e4m3"), "--fp8-format");
+  expect_clean_error(run(std::string(kTiny) + "--precision fp8 --fp8-format e5m2"), "--fp8-format");
+  const std::string e4 = tmp("cli_fp8_e4m3");
+  const CmdResult r4 = run(std::string(kTiny) + "--precision fp8 --fp8-format e4m3 --max-steps 1 --output-dir " + e4);
+  ASSERT_EQ(r4.status, 0) << r4.output;
+  std::ifstream results(fs::path(e4) / "train_results.json");
+  const std::string text((std::istreambuf_iterator<char>(results)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"fp8_format\": \"e4m3\""), std::string::npos) << text;
 }
 
 TEST(Cli, TrainsAndPrintsTheSeedSummary) {

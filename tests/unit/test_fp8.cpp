@@ -268,12 +268,19 @@ TEST(Fp8, BertTrainsNearF32WithItsLinearsInFp8) {
   const ModelShape f32{4, 16, DType::F32, CheckpointPolicy::None, true, GradientPlacement::Own};
   ModelShape f8 = f32;
   f8.fp8 = true;
-  const Fp8Run a = two_calls(f32), b = two_calls(f8);
+  ModelShape e4 = f8;
+  e4.fp8_grads = Fp8Format::E4M3;  // --fp8-format e4m3
+  const Fp8Run a = two_calls(f32), b = two_calls(f8), c = two_calls(e4);
   const double loss_err = rel_error(b.losses, a.losses), grad_err = rel_error(b.grads, a.grads);
-  std::printf("fp8 vs f32: loss %.2e, gradients %.2e (relative)\n", loss_err, grad_err);
+  const double e4_grad_err = rel_error(c.grads, a.grads);
+  std::printf("fp8 vs f32: loss %.2e, gradients %.2e (relative); with E4M3 gradients %.2e\n", loss_err, grad_err,
+              e4_grad_err);
   EXPECT_GT(grad_err, 0.0);  // fp8 changed something
   EXPECT_LT(loss_err, 0.005) << loss_err;
   EXPECT_LT(grad_err, 0.05) << grad_err;
+  // One more mantissa bit in the output gradients: the data gradients land closer to F32's.
+  EXPECT_GT(e4_grad_err, 0.0);
+  EXPECT_LT(e4_grad_err, grad_err);
   const BertConfig cfg = BertConfig::preset("bert-tiny");
   EXPECT_EQ(fp8_meta_bytes(cfg, f8), size_t{2} * 4 * 3 * kFp8MetaWidth * 4);  // 2 layers x 4 sites x 3 roles
   const MemoryPlan plan = plan_memory({cfg, f8, OptimizerKind::AdamW, Device::CPU});
