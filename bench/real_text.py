@@ -10,6 +10,7 @@ topic) and saved with VOCAB as a model directory, so every run starts from the s
 
   bert-base  12 layers, hidden 768, 12 heads of 64, FFN 3072
   minilm     6 layers, hidden 384, 12 heads of 32, FFN 1536 (the MiniLM shape)
+  small      4 layers, hidden 512, 8 heads of 64, FFN 2048 (tiny: 2 layers, hidden 128)
   modernbert ModernBertForSequenceClassification in modernbert-base's shape (22 layers, hidden 768,
              12 heads of 64, gated FFN 1152, a global layer every 3rd, local window 128, mean pooling)
              with the same WordPiece vocabulary
@@ -40,6 +41,8 @@ SHAPES = {
     "bert-base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
     "minilm": dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536),
     "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512),  # smoke test
+    # learns this task from random weights at lr 1e-3 (the larger shapes barely move): fp8 vs bf16 curves
+    "small": dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8, intermediate_size=2048),
     "modernbert": dict(num_hidden_layers=22, hidden_size=768, num_attention_heads=12, intermediate_size=1152),
     "modernbert-tiny": dict(num_hidden_layers=3, hidden_size=128, num_attention_heads=2, intermediate_size=192),
 }
@@ -144,13 +147,13 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, war
 
 
 def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda, lr, precision="bf16", logging_steps=0,
-                warmup=0.0):
+                warmup=0.0, seed=0):
     out = os.path.join(workdir, "out")
     cmd = [binary, "train", "--model-name-or-path", model_dir, "--train-file", os.path.join(data_dir, "train.jsonl"),
            "--validation-file", os.path.join(data_dir, "validation.jsonl"), "--eval-strategy", "epoch",
            "--max-seq-length", str(MAX_LEN), "--per-device-train-batch-size", str(BATCH),
            "--per-device-eval-batch-size", "64", "--num-train-epochs", str(epochs),
-           "--learning-rate", str(lr), "--warmup-ratio", str(warmup), "--seed", "0", "--device", "cuda" if cuda else "cpu", "--save-strategy", "no",
+           "--learning-rate", str(lr), "--warmup-ratio", str(warmup), "--seed", str(seed), "--device", "cuda" if cuda else "cpu", "--save-strategy", "no",
            "--logging-steps", str(logging_steps), "--disable-tqdm", "--output-dir", out,
            "--dataset-cache-dir", os.path.join(workdir, "cache")]
     # fp8-e4m3: --precision fp8 with E4M3 output gradients (--fp8-format e4m3)
@@ -163,7 +166,8 @@ def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda, lr, p
         raise RuntimeError(f"anatomy exited {rc}; see {workdir}/anatomy.log")
     r = json.load(open(os.path.join(out, "train_results.json")))
     return dict(samples_per_second=r["train_samples_per_second"], steady_samples_per_second=r["steady_samples_per_second"],
-                accuracy=r.get("eval_accuracy"), steps=r.get("steps"), wall_s=time.perf_counter() - t0)
+                accuracy=r.get("eval_accuracy"), eval_loss=r.get("eval_loss"), steps=r.get("steps"),
+                wall_s=time.perf_counter() - t0)
 
 
 def main():
@@ -180,6 +184,7 @@ def main():
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: fp32, a smoke test of this script")
     ap.add_argument("--limit", type=int, default=0, help="use the first N train samples only (smoke test)")
     ap.add_argument("--anatomy-runs", default="tokens,padded,grouped", help="which anatomy configurations to run")
+    ap.add_argument("--seed", type=int, default=0, help="anatomy's --seed (data order, dropout); the weights stay seed 0's")
     ap.add_argument("--precision", default="bf16", help="anatomy's --precision on the GPU: bf16, fp8 or fp8-e4m3 (fp8 with --fp8-format e4m3)")
     ap.add_argument("--logging-steps", type=int, default=0,
                     help="anatomy's --logging-steps; > 0 keeps each run's metrics.jsonl (the loss curve) in --out")
@@ -220,7 +225,7 @@ def main():
                     continue
                 runs.append((run_name, lambda w, f=flags: run_anatomy(args.anatomy_bin, model_dir, data_dir, f, args.epochs, w,
                                                                      cuda, args.lr, args.precision, args.logging_steps,
-                                                                     args.warmup_ratio)))
+                                                                     args.warmup_ratio, args.seed)))
         for run_name, fn in runs:
             w = os.path.join(work, name, run_name.replace(" ", "_"))
             shutil.rmtree(w, ignore_errors=True)
@@ -248,18 +253,20 @@ def main():
             rows.append(r)
     with open(os.path.join(args.out, "real_text.md"), "w") as f:
         f.write(f"anatomy --precision {args.precision} (the Trainer: bf16), batch {BATCH}, max length {MAX_LEN}, "
-                f"{args.epochs} epochs, lr {args.lr}, warm-up ratio {args.warmup_ratio}, same initial weights\n\n")
-        f.write("| model | run | steady samples/s (each run) | samples/s (whole run) | validation accuracy |\n"
-                "|---|---|---:|---:|---:|\n")
+                f"{args.epochs} epochs, lr {args.lr}, warm-up ratio {args.warmup_ratio}, same initial weights, "
+                f"anatomy --seed {args.seed}\n\n")
+        f.write("| model | run | steady samples/s (each run) | samples/s (whole run) | validation accuracy | validation loss |\n"
+                "|---|---|---:|---:|---:|---:|\n")
         for r in rows:
             if "error" in r:
-                f.write(f"| {r['model']} | {r['run']} | failed: {r['error']} | | |\n")
+                f.write(f"| {r['model']} | {r['run']} | failed: {r['error']} | | | |\n")
             else:
                 acc = "-" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
+                loss = "-" if r.get("eval_loss") is None else f"{r['eval_loss']:.4f}"
                 runs = r.get("steady_runs", [])
                 spread = f" ({' / '.join(str(x) for x in runs)})" if len(runs) > 1 else ""
                 f.write(f"| {r['model']} | {r['run']} | {r['steady_samples_per_second']:.0f}{spread} | "
-                        f"{r['samples_per_second']:.0f} | {acc} |\n")
+                        f"{r['samples_per_second']:.0f} | {acc} | {loss} |\n")
     print(open(os.path.join(args.out, "real_text.md")).read())
     return 0
 

@@ -23,6 +23,7 @@
 #             modernbert-base bf16 seq 512 batch 32 for 20 steps (and with layer checkpointing):
 #             samples/s, planned vs allocated vs NVML (~10 min at most; alone in a call)
 #   familybench each variant at base size, bf16 batch 32 seq 512: anatomy vs the Trainer (~8 min; alone in a call)
+#   aheadab   the wgmma forward with key tiles 1 or 2 (the default) tiles ahead (ANATOMY_ATTENTION_FWD_AHEAD), alternated twice
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
 #   profile   bert-large bf16 batch 32 with --profile-steps 3 (time by op class)
@@ -299,6 +300,18 @@ step_bwdab() {
   done | tee "$OUT/bwdab.md"
 }
 
+# The wgmma forward's key-tile prefetch distance (ANATOMY_ATTENTION_FWD_AHEAD=1 against the default,
+# 2), alternated twice in one call: the attention table's rows at head dim 64.
+step_aheadab() {
+  local shape=(--batch 32 --seq 128 --seq 512 --head-dim 64)
+  for round in 1 2; do
+    for ahead in 1 2; do
+      ANATOMY_ATTENTION_FWD_AHEAD=$ahead timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
+        sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| ahead $ahead/"
+    done
+  done | tee "$OUT/aheadab.md"
+}
+
 # bert-large bf16 batch 32 seq 512, 60 steps, with the mma.sync forward and with the default
 # (wgmma) forward, alternated twice in one call: steady samples/s from train_results.json.
 step_fwdab() {
@@ -424,18 +437,21 @@ step_fp8() {  # issue 16 point 5 (Note [fp8 training]): tests, the per-op profil
 # FP8CURVES="model:lr:epochs:warmup_ratio ..." (default MiniLM lr 5e-4 and bert-base lr 1e-4, 10
 # epochs, warm-up 0.1; bert-base from these random weights stays in the majority class at lr 1e-4
 # or 2e-4 without warm-up); FP8CURVES_PRECISIONS (default "bf16 fp8 fp8-e4m3": fp8 with E5M2 and
-# with E4M3 output gradients); the table and the loss every 25 steps in text_<model>_<lr>_<precision>/.
+# with E4M3 output gradients), FP8CURVES_SEEDS (anatomy's --seed, default "0"); the table and the loss
+# every 25 steps in text_<model>_<lr>_<precision>_s<seed>/.
 step_fp8curves() {
   [ -f .carry/fortunes/train.jsonl ] || { echo "fp8curves: no .carry/fortunes"; return; }
   for spec in ${FP8CURVES:-minilm:5e-4:10:0.1 bert-base:1e-4:10:0.1}; do
     IFS=: read -r model lr epochs warmup <<< "$spec"
-    for p in ${FP8CURVES_PRECISIONS:-bf16 fp8 fp8-e4m3}; do
-      local dir="$OUT/text_${model}_${lr}_$p"
-      timeout 200 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
-        --out "$dir" --models $model --only anatomy --anatomy-runs tokens --repeat 1 --epochs $epochs --lr $lr \
-        --warmup-ratio "${warmup:-0}" --precision $p --logging-steps 25 > /dev/null 2>&1
-      rm -f "$dir/real_text.jsonl"  # (the table has it; the device tool returns few files)
-      tail -1 "$dir/real_text.md"
+    for seed in ${FP8CURVES_SEEDS:-0}; do
+      for p in ${FP8CURVES_PRECISIONS:-bf16 fp8 fp8-e4m3}; do
+        local dir="$OUT/text_${model}_${lr}_${p}_s$seed"
+        timeout 200 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
+          --out "$dir" --models $model --only anatomy --anatomy-runs tokens --repeat 1 --epochs $epochs --lr $lr \
+          --warmup-ratio "${warmup:-0}" --precision $p --seed $seed --logging-steps 25 > /dev/null 2>&1
+        rm -f "$dir/real_text.jsonl"  # (the table has it; the device tool returns few files)
+        echo "$p seed $seed $(tail -1 "$dir/real_text.md")"
+      done
     done
   done
 }

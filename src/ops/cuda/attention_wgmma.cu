@@ -100,26 +100,26 @@ __device__ __forceinline__ void pack_p(uint32_t (&a)[KK][4], const float (&s)[8 
 
 // ---- the kernel ----------------------------------------------------------------------------
 // Grid (ceil(T / BR), heads, B); 2 warpgroups, each 64 query rows of the CTA's BR = 128; K/V
-// tiles of BC = 64 keys streamed by cp.async, kAhead tiles ahead of the one computed, in STAGES
-// buffers. Shared memory (1024-byte aligned): Q [BR][D] | K [STAGES][BC][D] | V [STAGES][BC][D] |
+// tiles of BC = 64 keys streamed by cp.async, kAhead tiles ahead of the one computed (2 by
+// default: launch_for), in STAGES buffers. Shared memory (1024-byte aligned): Q [BR][D] | K [STAGES][BC][D] | V [STAGES][BC][D] |
 // key bias [ceil(T/BC)*BC] f32.
 //
 // OVL (the default): tile j's S = Q K_j^T is issued together with tile j-1's O += P V_{j-1},
 // and tile j's softmax and dropout run while the tensor cores do that P V; O is rescaled once it
 // lands (FlashAttention-3's overlap within a warpgroup). V_{j-1} is still read while tile j +
 // kAhead loads, so one buffer more. Without OVL each product is waited for at once.
-template <int D, bool OVL>
+template <int D, bool OVL, int AHEAD>
 struct WgFwdCfg {
-  static constexpr int kThreads = 256, BR = 128, BC = 64, kAhead = 1, STAGES = kAhead + (OVL ? 2 : 1);
+  static constexpr int kThreads = 256, BR = 128, BC = 64, kAhead = AHEAD, STAGES = kAhead + (OVL ? 2 : 1);
   static constexpr int kQBytes = BR * D * 2, kKVBytes = BC * D * 2;
   static constexpr int kBiasOffset = kQBytes + 2 * STAGES * kKVBytes;
   static size_t smem_bytes(int T) { return 1024 + kBiasOffset + static_cast<size_t>((T + BC - 1) / BC) * BC * 4; }
 };
 
-template <bool BF16, int D, bool OVL, bool DROP>
+template <bool BF16, int D, bool OVL, bool DROP, int AHEAD_>
 __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using C = WgFwdCfg<D, OVL>;
+  using C = WgFwdCfg<D, OVL, AHEAD_>;
   constexpr int BR = C::BR, BC = C::BC, NTH = C::kThreads, ST = C::STAGES, AHEAD = C::kAhead;
   constexpr int KS = D / 16;  // k-steps of Q K^T
   constexpr int NS = BC / 8;  // n-tiles of S
@@ -244,18 +244,23 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p) {
 #endif
 }
 
-template <bool BF16, int D, bool OVL>
+template <bool BF16, int D, bool OVL, int AHEAD>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
-  using C = WgFwdCfg<D, OVL>;
-  auto kernel = p.drop ? wgmma_fwd_kernel<BF16, D, OVL, true> : wgmma_fwd_kernel<BF16, D, OVL, false>;
+  using C = WgFwdCfg<D, OVL, AHEAD>;
+  auto kernel = p.drop ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD> : wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD>;
   return launch_tiles(kernel, p, C::BR, C::kThreads, C::smem_bytes(p.T), smem_limit, s);
 }
 
 // ANATOMY_ATTENTION_WGMMA=sync: each product waited for at once (no overlap); for measuring.
+// Key tiles load two tiles ahead: at B 32, T 512, D 64 (H200) the forward runs 184.5-186 TFLOP/s
+// with dropout 0.1 and 244 without, against 181 and 238 one tile ahead, and three ahead gains
+// nothing more (bench/results/2026-11-27-h200/session16/aheadab.md). ANATOMY_ATTENTION_FWD_AHEAD=1
+// keeps one tile ahead, for measuring.
 template <bool BF16, int D>
 bool launch_for(const Params& p, int smem_limit, cudaStream_t s) {
-  if (env_is("ANATOMY_ATTENTION_WGMMA", "sync")) return launch<BF16, D, false>(p, smem_limit, s);
-  return launch<BF16, D, true>(p, smem_limit, s);
+  if (env_is("ANATOMY_ATTENTION_WGMMA", "sync")) return launch<BF16, D, false, 1>(p, smem_limit, s);
+  if (env_is("ANATOMY_ATTENTION_FWD_AHEAD", "1")) return launch<BF16, D, true, 1>(p, smem_limit, s);
+  return launch<BF16, D, true, 2>(p, smem_limit, s);
 }
 
 bool device_is_sm90() {
