@@ -23,7 +23,7 @@
 #             modernbert-base bf16 seq 512 batch 32 for 20 steps (and with layer checkpointing):
 #             samples/s, planned vs allocated vs NVML (~10 min at most; alone in a call)
 #   familybench each variant at base size, bf16 batch 32 seq 512: anatomy vs the Trainer (~8 min; alone in a call)
-#   aheadab   the wgmma forward with key tiles 1 or 2 (the default) tiles ahead (ANATOMY_ATTENTION_FWD_AHEAD), alternated twice
+#   loadab    the wgmma forward's key-tile loads: cp.async 1 or 2 tiles ahead, TMA 2 ahead (the default), alternated twice
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
 #   profile   bert-large bf16 batch 32 with --profile-steps 3 (time by op class)
@@ -300,16 +300,17 @@ step_bwdab() {
   done | tee "$OUT/bwdab.md"
 }
 
-# The wgmma forward's key-tile prefetch distance (ANATOMY_ATTENTION_FWD_AHEAD=1 against the default,
-# 2), alternated twice in one call: the attention table's rows at head dim 64.
-step_aheadab() {
+# The wgmma forward's key-tile loads, alternated twice in one call: cp.async one tile ahead
+# (ANATOMY_ATTENTION_FWD_AHEAD=1), cp.async two ahead (ANATOMY_ATTENTION_FWD_LOAD=cp.async) and the
+# default, TMA two ahead; the attention table's rows at head dim 64.
+step_loadab() {
   local shape=(--batch 32 --seq 128 --seq 512 --head-dim 64)
   for round in 1 2; do
-    for ahead in 1 2; do
-      ANATOMY_ATTENTION_FWD_AHEAD=$ahead timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
-        sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| ahead $ahead/"
+    for v in AHEAD=1 LOAD=cp.async LOAD=tma; do
+      env ANATOMY_ATTENTION_FWD_$v timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
+        sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| $v/"
     done
-  done | tee "$OUT/aheadab.md"
+  done | tee "$OUT/loadab.md"
 }
 
 # bert-large bf16 batch 32 seq 512, 60 steps, with the mma.sync forward and with the default

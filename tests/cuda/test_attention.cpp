@@ -507,9 +507,14 @@ TEST(Attention, HopperTakesTheWgmmaForward) {
   }
   EnvGuard all("ANATOMY_ATTENTION_FWD", "wgmma");  // head dim 32 too
   EXPECT_EQ(attention_forward_kernel(DType::F16, 32, 0), hopper);
-  for (const char* mode : {"overlap", "sync"}) {
-    EnvGuard g("ANATOMY_ATTENTION_WGMMA", mode);
-    SCOPED_TRACE(std::string("wgmma ") + mode);
+  // The default (overlap, TMA key tiles two ahead), then each of its alternatives.
+  const std::pair<const char*, const char*> variants[] = {{"ANATOMY_ATTENTION_WGMMA", "overlap"},
+                                                          {"ANATOMY_ATTENTION_WGMMA", "sync"},
+                                                          {"ANATOMY_ATTENTION_FWD_LOAD", "cp.async"},
+                                                          {"ANATOMY_ATTENTION_FWD_AHEAD", "1"}};
+  for (const auto& [var, value] : variants) {
+    EnvGuard g(var, value);
+    SCOPED_TRACE(std::string(var) + "=" + value);
     check_wgmma_cases();
   }
 }

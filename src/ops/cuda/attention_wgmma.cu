@@ -16,7 +16,10 @@
 // MN-major through the transpose bit). A product's registers are read, and its A registers
 // rewritten, only after its wait (wgmma_wait, then a compiler fence on them); the softmax of one
 // tile runs while the tensor cores do the previous tile's P V (see the kernel).
+#include <cudaTypedefs.h>
+
 #include "ops/cuda/attention_tiles.cuh"
+#include "ops/cuda/tma.cuh"
 #include "ops/cuda/wgmma.cuh"
 
 namespace anatomy::cuda::attn {
@@ -108,18 +111,25 @@ __device__ __forceinline__ void pack_p(uint32_t (&a)[KK][4], const float (&s)[8 
 // and tile j's softmax and dropout run while the tensor cores do that P V; O is rescaled once it
 // lands (FlashAttention-3's overlap within a warpgroup). V_{j-1} is still read while tile j +
 // kAhead loads, so one buffer more. Without OVL each product is waited for at once.
+//
+// TMA (the default with OVL): thread 0 issues each K/V tile as two TMA copies (Note [tma key
+// tiles]) and the warpgroups wait on the stage's barrier instead of a CTA-wide __syncthreads per
+// tile, so the two warpgroups drift apart and one's softmax runs while the other's products do.
+// Its barriers follow the key bias: full [STAGES] | empty [STAGES], 8 bytes each.
 template <int D, bool OVL, int AHEAD>
 struct WgFwdCfg {
   static constexpr int kThreads = 256, BR = 128, BC = 64, kAhead = AHEAD, STAGES = kAhead + (OVL ? 2 : 1);
   static constexpr int kQBytes = BR * D * 2, kKVBytes = BC * D * 2;
   static constexpr int kBiasOffset = kQBytes + 2 * STAGES * kKVBytes;
-  static size_t smem_bytes(int T) { return 1024 + kBiasOffset + static_cast<size_t>((T + BC - 1) / BC) * BC * 4; }
+  __host__ __device__ static int bias_floats(int T) { return (T + BC - 1) / BC * BC; }
+  static size_t smem_bytes(int T) { return 1024 + kBiasOffset + static_cast<size_t>(bias_floats(T)) * 4 + 16 * STAGES; }
 };
 
-template <bool BF16, int D, bool OVL, bool DROP, int AHEAD_>
-__global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p) {
+template <bool BF16, int D, bool OVL, bool DROP, int AHEAD_, bool TMA>
+__global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgFwdCfg<D, OVL, AHEAD_>;
+  static_assert(!TMA || OVL, "the TMA loads are written for the overlapped loop");
   constexpr int BR = C::BR, BC = C::BC, NTH = C::kThreads, ST = C::STAGES, AHEAD = C::kAhead;
   constexpr int KS = D / 16;  // k-steps of Q K^T
   constexpr int NS = BC / 8;  // n-tiles of S
@@ -131,6 +141,8 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p) {
   const uint32_t k_s = q_s + C::kQBytes;  // tile j at k_s + (j % ST) * kKVBytes
   const uint32_t v_s = k_s + ST * C::kKVBytes;
   float* kb = reinterpret_cast<float*>(smem + C::kBiasOffset);
+  const uint32_t full_bar = smem_addr(smem) + C::kBiasOffset + C::bias_floats(p.T) * 4;  // stage s: + 8 s
+  const uint32_t empty_bar = full_bar + 8 * ST;
 
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane >> 2, t4 = lane & 3;
@@ -143,26 +155,63 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p) {
   const int nkv_all = (T + BC - 1) / BC;
   const int kend = valid_key_end<NTH>(p.mask, b, TK);
   const int jend = kend > 0 ? (kend + BC - 1) / BC : nkv_all;  // Note [masked key tiles]
-  // One cp.async group per tile (empty past the last): tile j is in shared memory once at most
-  // AHEAD - 1 younger groups are pending.
+  // cp.async: one group per tile (empty past the last): tile j is in shared memory once at most
+  // AHEAD - 1 younger groups are pending. TMA: thread 0 issues tile j once every consumer warp
+  // has released the stage's previous tile (j - ST).
   auto load_kv = [&](int j) {
-    if (j < jend) {
-      load_tile<BC, D, NTH>(k_s + (j % ST) * C::kKVBytes, kg, rs, j * BC, TK);
-      load_tile<BC, D, NTH>(v_s + (j % ST) * C::kKVBytes, vg, rs, j * BC, TK);
+    if constexpr (TMA) {
+      if (threadIdx.x != 0 || j >= jend) return;
+      const int s = j % ST;
+      if (j >= ST) mbar_wait(empty_bar + 8 * s, (j / ST - 1) & 1);
+      mbar_arrive_expect_tx(full_bar + 8 * s, 2 * C::kKVBytes);
+      const int row = static_cast<int>(sq.row0) + j * BC, col = h * D;
+      tma_load_2d(k_s + s * C::kKVBytes, &kv_map, p.H + col, row, full_bar + 8 * s);
+      tma_load_2d(v_s + s * C::kKVBytes, &kv_map, 2 * p.H + col, row, full_bar + 8 * s);
+    } else {
+      if (j < jend) {
+        load_tile<BC, D, NTH>(k_s + (j % ST) * C::kKVBytes, kg, rs, j * BC, TK);
+        load_tile<BC, D, NTH>(v_s + (j % ST) * C::kKVBytes, vg, rs, j * BC, TK);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
   };
-  auto next_tile_ready = [] {  // for every thread and for the tensor cores' reads
-    cp_async_wait<AHEAD - 1>();
-    fence_proxy_async();
-    __syncthreads();
+  auto next_tile_ready = [] {  // cp.async: for every thread and for the tensor cores' reads
+    if constexpr (!TMA) {
+      cp_async_wait<AHEAD - 1>();
+      fence_proxy_async();
+      __syncthreads();
+    }
+  };
+  auto wait_tile = [&](int j) {
+    if constexpr (TMA) mbar_wait(full_bar + 8 * (j % ST), (j / ST) & 1);
+  };
+  auto release_tile = [&](int j) {  // TMA: this warp's products on tile j have completed
+    if constexpr (TMA) {
+      if (lane == 0) mbar_arrive(empty_bar + 8 * (j % ST));
+    }
   };
 
+  if constexpr (TMA) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < ST; ++s) {
+        mbar_init(full_bar + 8 * s, 1);
+        mbar_init(empty_bar + 8 * s, NTH / 32);
+      }
+      mbar_init_fence();
+    }
+    __syncthreads();
+  }
   load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, TK);
+  if constexpr (TMA) cp_async_commit();
 #pragma unroll
   for (int j = 0; j < AHEAD; ++j) load_kv(j);
   const bool any_valid = build_key_bias<NTH>(kb, p.mask, b, TK, 0, nkv_all * BC);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;  // s2 = s * scale_mul + kb
+  if constexpr (TMA) {  // the query tile, for every thread and the tensor cores
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+  }
   next_tile_ready();
 
   const int row0 = wg * 64 + warp * 16;  // the warp's 16 rows of the CTA's tile (paired)
@@ -194,6 +243,7 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p) {
 
   for (int j = 0; j < jend; ++j) {
     load_kv(j + AHEAD);
+    wait_tile(j);
     issue_s(j);
     if (OVL && j > 0) {
       issue_pv(j - 1);
@@ -204,7 +254,10 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p) {
     fence_regs(s);
     online_softmax<NS>(s, kb + j * BC, scale_mul, t4, m, l, corr);
     if constexpr (DROP) drop_tile<NS>(s, z0 + static_cast<uint64_t>(j) * (BC / 2) * kGolden, p.thr_m1);
-    if constexpr (OVL) wgmma_wait<0>();
+    if constexpr (OVL) {
+      wgmma_wait<0>();
+      if (j > 0) release_tile(j - 1);
+    }
     fence_regs(o);
     fence_regs(a);
     rescale<D / 8>(o, corr);
@@ -244,23 +297,37 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p) {
 #endif
 }
 
-template <bool BF16, int D, bool OVL, int AHEAD>
+template <bool BF16, int D, bool OVL, int AHEAD, bool TMA = false>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   using C = WgFwdCfg<D, OVL, AHEAD>;
-  auto kernel = p.drop ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD> : wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD>;
-  return launch_tiles(kernel, p, C::BR, C::kThreads, C::smem_bytes(p.T), smem_limit, s);
+  CUtensorMap map{};
+  if constexpr (TMA) {
+    const uint64_t rows = p.offsets != nullptr ? static_cast<uint64_t>(p.rows) : static_cast<uint64_t>(p.B) * p.T;
+    if (!make_tile_map(&map, p.qkv, rows, 3 * static_cast<uint64_t>(p.H), C::BC, D)) return launch<BF16, D, OVL, AHEAD>(p, smem_limit, s);
+  }
+  auto kernel = p.drop ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA> : wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD, TMA>;
+  const size_t bytes = C::smem_bytes(p.T);
+  if (bytes > static_cast<size_t>(smem_limit)) return false;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
+    return false;
+  const dim3 grid(static_cast<unsigned>((p.T + C::BR - 1) / C::BR), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.B));
+  kernel<<<grid, C::kThreads, bytes, s>>>(p, map);
+  return true;
 }
 
 // ANATOMY_ATTENTION_WGMMA=sync: each product waited for at once (no overlap); for measuring.
 // Key tiles load two tiles ahead: at B 32, T 512, D 64 (H200) the forward runs 184.5-186 TFLOP/s
 // with dropout 0.1 and 244 without, against 181 and 238 one tile ahead, and three ahead gains
-// nothing more (bench/results/2026-11-27-h200/session16/aheadab.md). ANATOMY_ATTENTION_FWD_AHEAD=1
-// keeps one tile ahead, for measuring.
+// nothing more (bench/results/2026-11-27-h200/session16/aheadab.md, an earlier form of
+// scripts/device.sh loadab). ANATOMY_ATTENTION_FWD_AHEAD=1
+// keeps one tile ahead, for measuring; ANATOMY_ATTENTION_FWD_LOAD=cp.async loads the key tiles
+// with cp.async and a CTA barrier per tile instead of TMA.
 template <bool BF16, int D>
 bool launch_for(const Params& p, int smem_limit, cudaStream_t s) {
   if (env_is("ANATOMY_ATTENTION_WGMMA", "sync")) return launch<BF16, D, false, 1>(p, smem_limit, s);
   if (env_is("ANATOMY_ATTENTION_FWD_AHEAD", "1")) return launch<BF16, D, true, 1>(p, smem_limit, s);
-  return launch<BF16, D, true, 2>(p, smem_limit, s);
+  if (env_is("ANATOMY_ATTENTION_FWD_LOAD", "cp.async")) return launch<BF16, D, true, 2>(p, smem_limit, s);
+  return launch<BF16, D, true, 2, true>(p, smem_limit, s);
 }
 
 bool device_is_sm90() {
@@ -275,6 +342,25 @@ bool device_is_sm90() {
 }
 
 }  // namespace
+
+bool make_tile_map(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows,
+                   uint32_t box_cols) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr || (box_cols != 32 && box_cols != 64)) return false;
+  const cuuint64_t dims[2] = {cols, rows}, strides[1] = {cols * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows}, elem[2] = {1, 1};
+  const CUtensorMapSwizzle swizzle = box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 
 bool wgmma_forward_supported(const Params& p) {
 #if defined(ANATOMY_WITH_SM90A)
