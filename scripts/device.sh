@@ -23,6 +23,7 @@
 #             modernbert-base bf16 seq 512 batch 32 for 20 steps (and with layer checkpointing):
 #             samples/s, planned vs allocated vs NVML (~10 min at most; alone in a call)
 #   familybench each variant at base size, bf16 batch 32 seq 512: anatomy vs the Trainer (~8 min; alone in a call)
+#   fwd32ab   the forward at head dim 32: mma.sync (the default there) against wgmma, alternated twice
 #   loadab    the wgmma forward's key-tile loads: cp.async 1 or 2 tiles ahead, TMA 2 ahead (the default), alternated twice
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
@@ -311,6 +312,18 @@ step_loadab() {
         sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| $v/"
     done
   done | tee "$OUT/loadab.md"
+}
+
+# The forward at head dim 32 (the MiniLM shape's): mma.sync (the default there) against the wgmma
+# kernel (ANATOMY_ATTENTION_FWD=wgmma), alternated twice in one call.
+step_fwd32ab() {
+  local shape=(--batch 32 --seq 128 --seq 512 --head-dim 32)
+  for round in 1 2; do
+    for fwd in mma wgmma; do
+      ANATOMY_ATTENTION_FWD=$fwd timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
+        sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| $fwd/"
+    done
+  done | tee "$OUT/fwd32ab.md"
 }
 
 # bert-large bf16 batch 32 seq 512, 60 steps, with the mma.sync forward and with the default

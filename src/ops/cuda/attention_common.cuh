@@ -120,9 +120,9 @@ bool env_is(const char* name, const char* value);
 // Fast path (attention_flash.cu). Each returns false (launching nothing) when the shape or
 // dtype is not one it handles; then the caller uses the reference kernels.
 // is_bf16: element type is bf16 (else fp16). smem_limit: the device's opt-in maximum.
-// On Hopper builds (sm_90a) and devices, head dim 64 without a window takes the wgmma kernel
-// (attention_wgmma.cu); ANATOMY_ATTENTION_FWD=wgmma also head dim 32, "mma" / "mma64" the
-// mma.sync kernel (128 / 64 queries a CTA) everywhere.
+// On Hopper builds (sm_90a) and devices, head dims 32 and 64 without a window take the wgmma
+// kernel (attention_wgmma.cu); ANATOMY_ATTENTION_FWD="mma" / "mma64" the mma.sync kernel (128 /
+// 64 queries a CTA) everywhere.
 bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);
 const char* flash_forward_kernel(const Params& p);   // "wgmma" or "mma" (by p.D, p.window)
 const char* flash_backward_kernel(const Params& p);  // likewise: wgmma at 32 and 64 unless ANATOMY_ATTENTION_BWD=mma

@@ -556,8 +556,9 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
 // ---- launchers ---------------------------------------------------------------------------
 // The forward kernel: ANATOMY_ATTENTION_FWD=mma64 selects 64-query mma.sync tiles (16 rows per
 // warp), "mma" 128 (32 rows per warp, their default), "wgmma" the wgmma kernel wherever it
-// applies; unset, the wgmma kernel at head dim 64 only (at 32 it measured 3-5% slower with
-// dropout, bench/results/2026-11-27-h200/session13-wgmma).
+// applies, which is also the default (head dims 32 and 64 without a window on Hopper: with its key
+// tiles by TMA it beats mma.sync at 32 as well, 129 against 111 TFLOP/s at B 32, T 512, p 0.1;
+// bench/results/2026-11-27-h200/session16/fwd32ab.md).
 enum class FwdKernel { Auto, Wgmma, Mma, Mma64 };
 FwdKernel fwd_kernel() {
   const char* v = "ANATOMY_ATTENTION_FWD";
@@ -566,7 +567,7 @@ FwdKernel fwd_kernel() {
 }
 bool takes_wgmma(const Params& p) {
   const FwdKernel k = fwd_kernel();
-  return (k == FwdKernel::Wgmma || (k == FwdKernel::Auto && p.D == 64)) && wgmma_forward_supported(p);
+  return (k == FwdKernel::Wgmma || k == FwdKernel::Auto) && wgmma_forward_supported(p);
 }
 int fwd_mt() { return fwd_kernel() == FwdKernel::Mma64 ? 1 : 2; }
 // The backward: attention_wgmma_bwd.cu's kernel where it applies (head dims 32 and 64, no window,

@@ -1,6 +1,6 @@
 // Attention forward for Hopper (sm_90a): the tensor-core products through wgmma, one warpgroup
 // (4 warps, 128 threads) per 64 query rows, operands read by the tensor cores straight from
-// shared memory. Head dims 32 and 64 (by default only 64: see fwd_kernel in attention_flash.cu), no
+// shared memory, key tiles brought by TMA (Note [tma key tiles]). Head dims 32 and 64, no
 // local window (that stays on attention_flash.cu's mma.sync kernels). The math is
 // attention_common.cuh's; the tiles, their swizzle and the paired rows of dropout are
 // attention_tiles.cuh's; the wgmma instructions and descriptors wgmma.cuh's.

@@ -13,6 +13,8 @@
 // thread arms it with the byte count), `empty` when every consumer warp has finished with the
 // tile (one arrival per warp, after its last product on the tile completed). A barrier completes
 // phase n on its n-th round; waiting for parity n & 1 waits for that phase.
+// Measured against cp.async with a CTA barrier per tile (B 32, T 512, D 64, H200): 185 -> 220
+// TFLOP/s with dropout 0.1, 243 -> 306 without (bench/results/2026-11-27-h200/session16/loadab.md).
 #pragma once
 #include <cuda.h>
 
