@@ -23,7 +23,7 @@
 #             modernbert-base bf16 seq 512 batch 32 for 20 steps (and with layer checkpointing):
 #             samples/s, planned vs allocated vs NVML (~10 min at most; alone in a call)
 #   familybench each variant at base size, bf16 batch 32 seq 512: anatomy vs the Trainer (~8 min; alone in a call)
-#   fwd32ab   the forward at head dim 32: mma.sync (the default there) against wgmma, alternated twice
+#   fwd32ab   the forward at head dim 32: mma.sync against wgmma (the default), alternated twice
 #   loadab    the wgmma forward's key-tile loads: cp.async 1 or 2 tiles ahead, TMA 2 ahead (the default), alternated twice
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
@@ -289,41 +289,37 @@ step_wgmmatiles() {
   done | tee "$OUT/wgmma_tiles.md"
 }
 
-# The backward kernels on the attention table's shapes, alternated twice: the mma.sync one
-# (ANATOMY_ATTENTION_BWD=mma), wgmma with one warpgroup a CTA (=wgmma64) and with two (the default).
+# The attention table's anatomy rows under each setting (NAME=VALUE of the environment), the
+# settings alternated twice in one call, each row labelled with its setting:
+#   attention_ab FILE "BENCH ARGS" SETTING...
+attention_ab() {
+  local file=$1 shape=($2)
+  shift 2
+  for round in 1 2; do
+    for v in "$@"; do
+      env "$v" timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
+        sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| ${v#ANATOMY_ATTENTION_}/"
+    done
+  done | tee "$OUT/$file"
+}
+
+# The backward kernels on the attention table's shapes: the mma.sync one, wgmma with one warpgroup
+# a CTA (wgmma64) and with two (the default).
 step_bwdab() {
-  local shape=(--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64)
-  for round in 1 2; do
-    for bwd in mma wgmma64 wgmma; do
-      ANATOMY_ATTENTION_BWD=$bwd timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
-        sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| $bwd/"
-    done
-  done | tee "$OUT/bwdab.md"
+  attention_ab bwdab.md "--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64" \
+    ANATOMY_ATTENTION_BWD=mma ANATOMY_ATTENTION_BWD=wgmma64 ANATOMY_ATTENTION_BWD=wgmma
 }
 
-# The wgmma forward's key-tile loads, alternated twice in one call: cp.async one tile ahead
-# (ANATOMY_ATTENTION_FWD_AHEAD=1), cp.async two ahead (ANATOMY_ATTENTION_FWD_LOAD=cp.async) and the
-# default, TMA two ahead; the attention table's rows at head dim 64.
+# The wgmma forward's key-tile loads at head dim 64: cp.async one tile ahead, cp.async two ahead
+# and the default, TMA two ahead.
 step_loadab() {
-  local shape=(--batch 32 --seq 128 --seq 512 --head-dim 64)
-  for round in 1 2; do
-    for v in AHEAD=1 LOAD=cp.async LOAD=tma; do
-      env ANATOMY_ATTENTION_FWD_$v timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
-        sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| $v/"
-    done
-  done | tee "$OUT/loadab.md"
+  attention_ab loadab.md "--batch 32 --seq 128 --seq 512 --head-dim 64" \
+    ANATOMY_ATTENTION_FWD_AHEAD=1 ANATOMY_ATTENTION_FWD_LOAD=cp.async ANATOMY_ATTENTION_FWD_LOAD=tma
 }
 
-# The forward at head dim 32 (the MiniLM shape's): mma.sync (the default there) against the wgmma
-# kernel (ANATOMY_ATTENTION_FWD=wgmma), alternated twice in one call.
+# The forward at head dim 32 (the MiniLM shape's): mma.sync against the wgmma kernel (the default).
 step_fwd32ab() {
-  local shape=(--batch 32 --seq 128 --seq 512 --head-dim 32)
-  for round in 1 2; do
-    for fwd in mma wgmma; do
-      ANATOMY_ATTENTION_FWD=$fwd timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
-        sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| $fwd/"
-    done
-  done | tee "$OUT/fwd32ab.md"
+  attention_ab fwd32ab.md "--batch 32 --seq 128 --seq 512 --head-dim 32" ANATOMY_ATTENTION_FWD=mma ANATOMY_ATTENTION_FWD=wgmma
 }
 
 # bert-large bf16 batch 32 seq 512, 60 steps, with the mma.sync forward and with the default
