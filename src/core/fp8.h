@@ -4,7 +4,8 @@
 // With --precision fp8 the encoder layers' four Linear layers (q|k|v, attention output, FFN in
 // and out) multiply in fp8, in the style of NVIDIA's Transformer Engine "hybrid" recipe: inputs
 // and weights in E4M3 (4 exponent bits, 3 mantissa bits, largest 448), output gradients in E5M2
-// (5 and 2, largest 57344); products accumulate in F32 (the forward in the tensor cores' fast
+// (5 and 2, largest 57344), or in E4M3 too with --fp8-format e4m3 (the recipe's "E4M3" format;
+// ModelShape::fp8_grads); products accumulate in F32 (the forward in the tensor cores' fast
 // mode) and the results come out in bf16. So the forward (x W^T) and the data gradient (dY W)
 // run in fp8; the weight gradients (dY^T X) stay in bf16: their operands would need transposed
 // fp8 copies (cuBLASLt's fp8 GEMMs on Hopper take K-major operands only), and with this
