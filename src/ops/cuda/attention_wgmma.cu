@@ -103,9 +103,9 @@ __device__ __forceinline__ void pack_p(uint32_t (&a)[KK][4], const float (&s)[8 
 
 // ---- the kernel ----------------------------------------------------------------------------
 // Grid (ceil(T / BR), heads, B); 2 warpgroups, each 64 query rows of the CTA's BR = 128; K/V
-// tiles of BC = 64 keys streamed by cp.async, kAhead tiles ahead of the one computed (2 by
-// default: launch_for), in STAGES buffers. Shared memory (1024-byte aligned): Q [BR][D] | K [STAGES][BC][D] | V [STAGES][BC][D] |
-// key bias [ceil(T/BC)*BC] f32.
+// tiles of BC = 64 keys streamed (by TMA, or cp.async), kAhead tiles ahead of the one computed
+// (2 by default: launch_for), in STAGES buffers. Shared memory (1024-byte aligned): Q [BR][D] |
+// K [STAGES][BC][D] | V [STAGES][BC][D] | key bias [ceil(T/BC)*BC] f32.
 //
 // OVL (the default): tile j's S = Q K_j^T is issued together with tile j-1's O += P V_{j-1},
 // and tile j's softmax and dropout run while the tensor cores do that P V; O is rescaled once it
