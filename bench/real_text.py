@@ -157,7 +157,12 @@ def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda, lr, p
            "--logging-steps", str(logging_steps), "--disable-tqdm", "--output-dir", out,
            "--dataset-cache-dir", os.path.join(workdir, "cache")]
     # fp8-e4m3: --precision fp8 with E4M3 output gradients (--fp8-format e4m3)
-    cmd += ["--precision", "fp8", "--fp8-format", "e4m3"] if precision == "fp8-e4m3" else ["--precision", precision if cuda else "fp32"]
+    if not cuda:
+        cmd += ["--precision", "fp32"]
+    elif precision == "fp8-e4m3":
+        cmd += ["--precision", "fp8", "--fp8-format", "e4m3"]
+    else:
+        cmd += ["--precision", precision]
     cmd += flags
     t0 = time.perf_counter()
     with open(os.path.join(workdir, "anatomy.log"), "w") as log:

@@ -26,7 +26,8 @@
 // quantize-then-multiply equals the GPU's multiply-then-rescale), and shifts the history.
 // Rows whose history holds no finite positive amax keep their scale. The first step runs at
 // scale 1 (Transformer Engine's start as well): gradients below E5M2's smallest subnormal
-// (2^-16) are lost in that step only. Scaling state is per process (not reduced across
+// (2^-16; E4M3's, 2^-9, with --fp8-format e4m3, which loses most of them) are lost in that step
+// only. Scaling state is per process (not reduced across
 // data-parallel ranks: each rank scales its own activations and gradients) and is not saved in
 // checkpoints (a resumed run starts again from scale 1).
 #pragma once

@@ -218,7 +218,8 @@ void RankRun::resume(const std::string& dir) {
                                : it.key() == "--fp8-format" ? nlohmann::json("hybrid")
                                                             : nlohmann::json();
     ANATOMY_CHECK(was == it.value(), "--resume-from-checkpoint ", dir, ": the checkpoint was trained with ", it.key(), " ",
-                  was.dump(), ", this run has ", it.value().dump(), " (per-device batch x ranks)");
+                  was.dump(), ", this run has ", it.value().dump(),
+                  it.key() == "--per-device-train-batch-size" ? " (per-device batch x ranks)" : "");
   }
   m_start_step = st.at("global_step").get<int64_t>();
   m_p.micro = st.value("micro_batches", m_start_step * m_accum);

@@ -484,11 +484,13 @@ static void check_wgmma_cases() {
     check_case({2, 257, 2, 32, DType::BF16, p, MaskKind::AllMaskedBatch}, test_seed());
     check_case({2, 130, 4, 32, DType::F16, p, MaskKind::None}, test_seed());
     check_case({2, 200, 2, 64, DType::BF16, p, MaskKind::Padded}, test_seed());
+    // 16 key tiles: every stage's barriers go through more than two phases (4 stages).
+    check_case({1, 1000, 2, 64, DType::BF16, p}, test_seed());
   }
 }
 
-// The wgmma forward (Note [wgmma forward]) is what Hopper runs for head dim 64 without a window
-// (and head dim 32 when asked), with and without its overlap of softmax and P V.
+// The wgmma forward (Note [wgmma forward]) is what Hopper runs for head dims 32 and 64 without a
+// window, with and without its overlap of softmax and P V, its key tiles by TMA or cp.async.
 TEST(Attention, HopperTakesTheWgmmaForward) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
@@ -512,11 +514,13 @@ TEST(Attention, HopperTakesTheWgmmaForward) {
                                                           {"ANATOMY_ATTENTION_WGMMA", "sync"},
                                                           {"ANATOMY_ATTENTION_FWD_LOAD", "cp.async"},
                                                           {"ANATOMY_ATTENTION_FWD_AHEAD", "1"}};
+  const int64_t fallbacks = anatomy::cuda::attention_tma_fallbacks();
   for (const auto& [var, value] : variants) {
     EnvGuard g(var, value);
     SCOPED_TRACE(std::string(var) + "=" + value);
     check_wgmma_cases();
   }
+  EXPECT_EQ(anatomy::cuda::attention_tma_fallbacks(), fallbacks) << "the TMA key tiles fell back to cp.async";
 }
 
 // The wgmma backward (Note [wgmma backward]), Hopper's default at head dims 32 and 64 without a

@@ -222,6 +222,26 @@ TEST(Resume, ACheckpointOfAnotherConfigurationIsRefused) {
   EXPECT_NE(log.find("--resume-from-checkpoint"), std::string::npos) << log;
 }
 
+// fp8's gradient format is part of the run: a hybrid checkpoint does not resume as e4m3, and
+// resumes as itself.
+TEST(Resume, AnFp8CheckpointResumesOnlyInItsFormat) {
+  const std::string out = tmp("resume_fp8_format");
+  std::vector<std::string> args = train_args(out);
+  set_flag(args, "--max-steps", "2");
+  args.insert(args.end(), {"--precision", "fp8"});
+  ASSERT_EQ(wait_exit(spawn(args, out + "/log.txt")), 0) << slurp(out + "/log.txt");
+  std::vector<std::string> e4 = args;
+  set_flag(e4, "--max-steps", "3");
+  e4.insert(e4.end(), {"--fp8-format", "e4m3", "--resume-from-checkpoint", "latest"});
+  EXPECT_EQ(wait_exit(spawn(e4, out + "/log2.txt")), 2);
+  const std::string log = slurp(out + "/log2.txt");
+  EXPECT_NE(log.find("--fp8-format \"hybrid\", this run has \"e4m3\""), std::string::npos) << log;
+  std::vector<std::string> same = args;
+  set_flag(same, "--max-steps", "3");
+  same.insert(same.end(), {"--resume-from-checkpoint", "latest"});
+  EXPECT_EQ(wait_exit(spawn(same, out + "/log3.txt")), 0) << slurp(out + "/log3.txt");
+}
+
 // Note [stopping cleanly] at two ranks: a SIGTERM reaches the process, every rank finishes the
 // step, saves its part of the checkpoint, and the run exits 0 without results; one process then
 // resumes it (the same global batch) to the end.

@@ -497,6 +497,7 @@ const char* attention_forward_kernel(DType dt, int64_t head_dim, int window) {
 const char* attention_backward_kernel(DType dt, int64_t head_dim, int window) {
   return kernel_family(dt, head_dim, window, false);
 }
+int64_t attention_tma_fallbacks() { return attn::tma_fallbacks(); }
 
 void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,

@@ -127,6 +127,7 @@ bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s
 const char* flash_forward_kernel(const Params& p);   // "wgmma" or "mma" (by p.D, p.window)
 const char* flash_backward_kernel(const Params& p);  // likewise: wgmma at 32 and 64 unless ANATOMY_ATTENTION_BWD=mma
 bool wgmma_forward_supported(const Params& p);
+int64_t tma_fallbacks();  // attention.h's attention_tma_fallbacks
 bool wgmma_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);
 // Needs p.dsum filled and p.dq_acc zeroed beforehand; leaves unscaled dQ in p.dq_acc and
 // writes dK, dV into p.dqkv.

@@ -18,6 +18,8 @@
 // tile runs while the tensor cores do the previous tile's P V (see the kernel).
 #include <cudaTypedefs.h>
 
+#include <atomic>
+
 #include "ops/cuda/attention_tiles.cuh"
 #include "ops/cuda/tma.cuh"
 #include "ops/cuda/wgmma.cuh"
@@ -243,6 +245,7 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
 
   for (int j = 0; j < jend; ++j) {
     load_kv(j + AHEAD);
+    if constexpr (TMA) __syncwarp();  // thread 0's loads done: warp 0 whole again for the wgmma
     wait_tile(j);
     issue_s(j);
     if (OVL && j > 0) {
@@ -297,13 +300,18 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
 #endif
 }
 
+std::atomic<int64_t> g_tma_fallbacks{0};
+
 template <bool BF16, int D, bool OVL, int AHEAD, bool TMA = false>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   using C = WgFwdCfg<D, OVL, AHEAD>;
   CUtensorMap map{};
   if constexpr (TMA) {
     const uint64_t rows = p.offsets != nullptr ? static_cast<uint64_t>(p.rows) : static_cast<uint64_t>(p.B) * p.T;
-    if (!make_tile_map(&map, p.qkv, rows, 3 * static_cast<uint64_t>(p.H), C::BC, D)) return launch<BF16, D, OVL, AHEAD>(p, smem_limit, s);
+    if (!make_tile_map(&map, p.qkv, rows, 3 * static_cast<uint64_t>(p.H), C::BC, D)) {
+      g_tma_fallbacks.fetch_add(1, std::memory_order_relaxed);
+      return launch<BF16, D, OVL, AHEAD>(p, smem_limit, s);
+    }
   }
   auto kernel = p.drop ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA> : wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD, TMA>;
   const size_t bytes = C::smem_bytes(p.T);
@@ -319,9 +327,9 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
 // Key tiles load two tiles ahead: at B 32, T 512, D 64 (H200) the forward runs 184.5-186 TFLOP/s
 // with dropout 0.1 and 244 without, against 181 and 238 one tile ahead, and three ahead gains
 // nothing more (bench/results/2026-11-27-h200/session16/aheadab.md, an earlier form of
-// scripts/device.sh loadab). ANATOMY_ATTENTION_FWD_AHEAD=1
-// keeps one tile ahead, for measuring; ANATOMY_ATTENTION_FWD_LOAD=cp.async loads the key tiles
-// with cp.async and a CTA barrier per tile instead of TMA.
+// scripts/device.sh loadab). For measuring: ANATOMY_ATTENTION_FWD_AHEAD=1 loads one tile ahead
+// by cp.async, ANATOMY_ATTENTION_FWD_LOAD=cp.async two ahead by cp.async (with a CTA barrier
+// per tile), instead of TMA (the default; "tma" names it).
 template <bool BF16, int D>
 bool launch_for(const Params& p, int smem_limit, cudaStream_t s) {
   if (env_is("ANATOMY_ATTENTION_WGMMA", "sync")) return launch<BF16, D, false, 1>(p, smem_limit, s);
@@ -361,6 +369,8 @@ bool make_tile_map(CUtensorMap* map, const void* base, uint64_t rows, uint64_t c
                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
+
+int64_t tma_fallbacks() { return g_tma_fallbacks.load(std::memory_order_relaxed); }
 
 bool wgmma_forward_supported(const Params& p) {
 #if defined(ANATOMY_WITH_SM90A)

@@ -8,7 +8,9 @@
 // attention_tiles.cuh's swz<D> (128-byte rows at D = 64, 64-byte rows at D = 32), so the tensor
 // cores read it as before. Rows past the tensor's end arrive as zeros; rows past a sequence's end
 // (the next sequence's keys in the packed layout, the next batch's in the padded one) arrive as
-// they are and get probability 0 from the key bias (-inf past the sequence's tokens).
+// they are and get probability 0 from the key bias (-inf past the sequence's tokens). Unlike
+// cp.async's zero fill, a non-finite value there (an fp16 overflow) would reach this sequence
+// as NaN (0 x inf); the batch's loss is then non-finite anyway, and the step is skipped.
 // Each stage has two barriers: `full` completes when its tile's bytes have landed (the issuing
 // thread arms it with the byte count), `empty` when every consumer warp has finished with the
 // tile (one arrival per warp, after its last product on the tile completed). A barrier completes
