@@ -64,6 +64,13 @@ nlohmann::json run_fingerprint(const TrainOptions& o, int64_t global_batch) {
   return fp;
 }
 
+// Fingerprint flags added after checkpoints already existed: the value a checkpoint without the
+// flag ran with.
+const nlohmann::json& fingerprint_defaults() {
+  static const nlohmann::json d = {{"--fp8-format", "hybrid"}};
+  return d;
+}
+
 // One value per rank, in rank order, on every rank.
 std::vector<int64_t> gather_per_rank(Communicator& comm, int64_t mine) {
   std::vector<double> v(static_cast<size_t>(comm.size()), 0.0);
@@ -213,10 +220,8 @@ void RankRun::resume(const std::string& dir) {
   const nlohmann::json st = load_training_checkpoint(dir, *m_model, m_step->optimizer(), part);
   const nlohmann::json& then = st.at("fingerprint");
   for (auto it = m_fingerprint.begin(); it != m_fingerprint.end(); ++it) {
-    // fp8 checkpoints written before --fp8-format existed used the hybrid format
     const nlohmann::json was = then.contains(it.key()) ? then[it.key()]
-                               : it.key() == "--fp8-format" ? nlohmann::json("hybrid")
-                                                            : nlohmann::json();
+                                                       : fingerprint_defaults().value(it.key(), nlohmann::json());
     ANATOMY_CHECK(was == it.value(), "--resume-from-checkpoint ", dir, ": the checkpoint was trained with ", it.key(), " ",
                   was.dump(), ", this run has ", it.value().dump(),
                   it.key() == "--per-device-train-batch-size" ? " (per-device batch x ranks)" : "");

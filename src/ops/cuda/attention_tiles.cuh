@@ -407,17 +407,17 @@ __device__ __forceinline__ void store_key_grads(AccK dk, AccV dv, float dk_mul, 
   }
 }
 
-// Launches kernel(p) on a grid of (ceil(T / rows_per_cta), heads, B) CTAs with `bytes` of dynamic
-// shared memory; false (nothing launched) when that is more than the device allows.
-template <class Kernel>
+// Launches kernel(p, extra...) on a grid of (ceil(T / rows_per_cta), heads, B) CTAs with `bytes`
+// of dynamic shared memory; false (nothing launched) when that is more than the device allows.
+template <class Kernel, class... Extra>
 bool launch_tiles(Kernel kernel, const Params& p, int rows_per_cta, int threads, size_t bytes, int smem_limit,
-                  cudaStream_t s) {
+                  cudaStream_t s, const Extra&... extra) {
   if (bytes > static_cast<size_t>(smem_limit)) return false;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
     return false;
   const dim3 grid(static_cast<unsigned>((p.T + rows_per_cta - 1) / rows_per_cta), static_cast<unsigned>(p.heads),
                   static_cast<unsigned>(p.B));
-  kernel<<<grid, threads, bytes, s>>>(p);
+  kernel<<<grid, threads, bytes, s>>>(p, extra...);
   return true;
 }
 

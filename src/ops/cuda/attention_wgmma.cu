@@ -204,17 +204,15 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
     __syncthreads();
   }
   load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, TK);
-  if constexpr (TMA) cp_async_commit();
+  if constexpr (TMA) cp_async_commit();  // the query tile alone (cp.async: with key tile 0)
 #pragma unroll
   for (int j = 0; j < AHEAD; ++j) load_kv(j);
   const bool any_valid = build_key_bias<NTH>(kb, p.mask, b, TK, 0, nkv_all * BC);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;  // s2 = s * scale_mul + kb
-  if constexpr (TMA) {  // the query tile, for every thread and the tensor cores
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
-  }
-  next_tile_ready();
+  // The query tile (cp.async: and key tile 0) and the key bias, for every thread and the tensor cores.
+  cp_async_wait<TMA ? 0 : AHEAD - 1>();
+  fence_proxy_async();
+  __syncthreads();
 
   const int row0 = wg * 64 + warp * 16;  // the warp's 16 rows of the CTA's tile (paired)
   const uint64_t q_desc = tile_desc<D>(q_s + wg * 64 * kRow);
@@ -314,13 +312,7 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
     }
   }
   auto kernel = p.drop ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA> : wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD, TMA>;
-  const size_t bytes = C::smem_bytes(p.T);
-  if (bytes > static_cast<size_t>(smem_limit)) return false;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
-    return false;
-  const dim3 grid(static_cast<unsigned>((p.T + C::BR - 1) / C::BR), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.B));
-  kernel<<<grid, C::kThreads, bytes, s>>>(p, map);
-  return true;
+  return launch_tiles(kernel, p, C::BR, C::kThreads, C::smem_bytes(p.T), smem_limit, s, map);
 }
 
 // ANATOMY_ATTENTION_WGMMA=sync: each product waited for at once (no overlap); for measuring.
