@@ -484,6 +484,7 @@ static void check_wgmma_cases() {
     check_case({2, 257, 2, 32, DType::BF16, p, MaskKind::AllMaskedBatch}, test_seed());
     check_case({2, 130, 4, 32, DType::F16, p, MaskKind::None}, test_seed());
     check_case({2, 200, 2, 64, DType::BF16, p, MaskKind::Padded}, test_seed());
+    check_case({3, 33, 2, 64, DType::BF16, p}, test_seed());  // odd T: tiles start at any row
     // 16 key tiles: every stage's barriers go through more than two phases (4 stages).
     check_case({1, 1000, 2, 64, DType::BF16, p}, test_seed());
   }
@@ -524,7 +525,8 @@ TEST(Attention, HopperTakesTheWgmmaForward) {
 }
 
 // The wgmma backward (Note [wgmma backward]), Hopper's default at head dims 32 and 64 without a
-// window, with two warpgroups a CTA and one (wgmma64), and the mma.sync backward it replaces.
+// window, with two warpgroups a CTA (query tiles by TMA or cp.async) and one (wgmma64), and the
+// mma.sync backward it replaces.
 TEST(Attention, HopperWgmmaBackward) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
@@ -538,11 +540,18 @@ TEST(Attention, HopperWgmmaBackward) {
     EnvGuard g("ANATOMY_ATTENTION_BWD", "mma");
     EXPECT_EQ(attention_backward_kernel(DType::BF16, 64, 0), std::string("mma"));
   }
-  for (const char* bwd : {"wgmma", "wgmma64", "mma"}) {
-    EnvGuard g("ANATOMY_ATTENTION_BWD", bwd);
-    SCOPED_TRACE(std::string("backward ") + bwd);
+  // The default (two warpgroups, query tiles by TMA), then each of its alternatives.
+  const std::pair<const char*, const char*> variants[] = {{"ANATOMY_ATTENTION_BWD", "wgmma"},
+                                                          {"ANATOMY_ATTENTION_BWD_LOAD", "cp.async"},
+                                                          {"ANATOMY_ATTENTION_BWD", "wgmma64"},
+                                                          {"ANATOMY_ATTENTION_BWD", "mma"}};
+  const int64_t fallbacks = anatomy::cuda::attention_tma_fallbacks();
+  for (const auto& [var, value] : variants) {
+    EnvGuard g(var, value);
+    SCOPED_TRACE(std::string(var) + "=" + value);
     check_wgmma_cases();
   }
+  EXPECT_EQ(anatomy::cuda::attention_tma_fallbacks(), fallbacks) << "TMA tiles fell back to cp.async";
 }
 
 TEST(Attention, HalfReferenceKernels) {

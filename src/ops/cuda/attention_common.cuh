@@ -128,6 +128,7 @@ const char* flash_forward_kernel(const Params& p);   // "wgmma" or "mma" (by p.D
 const char* flash_backward_kernel(const Params& p);  // likewise: wgmma at 32 and 64 unless ANATOMY_ATTENTION_BWD=mma
 bool wgmma_forward_supported(const Params& p);
 int64_t tma_fallbacks();  // attention.h's attention_tma_fallbacks
+void count_tma_fallback();  // a kernel that loads by TMA fell back to cp.async (no tensor map)
 bool wgmma_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);
 // Needs p.dsum filled and p.dq_acc zeroed beforehand; leaves unscaled dQ in p.dq_acc and
 // writes dK, dV into p.dqkv.

@@ -313,8 +313,21 @@ __device__ bool key_pair_bias(float (&kbias)[2], const Params& p, int b, int k, 
   return any_valid;
 }
 
-// Async copies of query tile jt (BR queries): Q and dO into swizzled tiles, lse and Dsum (the
-// first BR threads, the next BR) into f32 arrays; rows at or past TK zero.
+// Async copies of query tile jt's lse and Dsum (BR each, by the first BR threads and the next BR)
+// into f32 arrays; rows at or past TK zero.
+template <int BR>
+__device__ __forceinline__ void load_query_stats(uint32_t lse_dst, uint32_t dsum_dst, const float* lse_g,
+                                                 const float* dsum_g, int jt, int TK) {
+  const int i = threadIdx.x & (BR - 1), q = jt * BR + i;
+  const bool ok = q < TK;
+  if (threadIdx.x < BR)
+    cp_async4(lse_dst + i * 4, lse_g + (ok ? q : 0), ok);
+  else if (threadIdx.x < 2 * BR)
+    cp_async4(dsum_dst + i * 4, dsum_g + (ok ? q : 0), ok);
+}
+
+// Async copies of query tile jt (BR queries): Q and dO into swizzled tiles, lse and Dsum
+// (load_query_stats); rows at or past TK zero.
 template <int BR, int D, int NTH>
 __device__ __forceinline__ void load_query_tile(uint32_t q_dst, uint32_t do_dst, uint32_t lse_dst, uint32_t dsum_dst,
                                                 const HeadQkv& x, const uint16_t* dog, const Params& p,
@@ -322,12 +335,7 @@ __device__ __forceinline__ void load_query_tile(uint32_t q_dst, uint32_t do_dst,
   static_assert(NTH >= 2 * BR, "lse by the first BR threads, Dsum by the next BR");
   load_tile<BR, D, NTH>(q_dst, x.q, x.rs, jt * BR, TK);
   load_tile<BR, D, NTH>(do_dst, dog, p.H, jt * BR, TK);
-  const int i = threadIdx.x & (BR - 1), q = jt * BR + i;
-  const bool ok = q < TK;
-  if (threadIdx.x < BR)
-    cp_async4(lse_dst + i * 4, lse_g + (ok ? q : 0), ok);
-  else if (threadIdx.x < 2 * BR)
-    cp_async4(dsum_dst + i * 4, dsum_g + (ok ? q : 0), ok);
+  load_query_stats<BR>(lse_dst, dsum_dst, lse_g, dsum_g, jt, TK);
 }
 
 // Dropout counters of a backward thread (Note [paired rows]): its 2x2 block of n-tile n of query

@@ -307,7 +307,7 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   if constexpr (TMA) {
     const uint64_t rows = p.offsets != nullptr ? static_cast<uint64_t>(p.rows) : static_cast<uint64_t>(p.B) * p.T;
     if (!make_tile_map(&map, p.qkv, rows, 3 * static_cast<uint64_t>(p.H), C::BC, D)) {
-      g_tma_fallbacks.fetch_add(1, std::memory_order_relaxed);
+      count_tma_fallback();
       return launch<BF16, D, OVL, AHEAD>(p, smem_limit, s);
     }
   }
@@ -363,6 +363,7 @@ bool make_tile_map(CUtensorMap* map, const void* base, uint64_t rows, uint64_t c
 }
 
 int64_t tma_fallbacks() { return g_tma_fallbacks.load(std::memory_order_relaxed); }
+void count_tma_fallback() { g_tma_fallbacks.fetch_add(1, std::memory_order_relaxed); }
 
 bool wgmma_forward_supported(const Params& p) {
 #if defined(ANATOMY_WITH_SM90A)

@@ -33,13 +33,22 @@
 #include <type_traits>
 
 #include "ops/cuda/attention_tiles.cuh"
+#include "ops/cuda/tma.cuh"
 #include "ops/cuda/wgmma.cuh"
 
 namespace anatomy::cuda::attn {
 namespace {
 
 // Shared memory (1024-byte aligned): K [BC][D] | V [BC][D] | Q [3][64][D] | dO [3][64][D] |
-// dS^T [2][BC][64] | lse [3][64] | Dsum [3][64] f32 (Note [wgmma backward pipeline]).
+// dS^T [2][BC][64] | lse [3][64] | Dsum [3][64] f32 (Note [wgmma backward pipeline]) | with TMA, a
+// barrier per query-tile stage.
+//
+// TMA (the default): thread 0 brings each query tile's Q and dO as two TMA copies onto its stage's
+// barrier, where the threads wait; lse and Dsum (rows of T floats, not 16-byte aligned in general)
+// stay cp.async. The stage a copy overwrites was released by the CTA barrier every tile already
+// has (Note [wgmma backward pipeline]). Rows past the sequence arrive as they are (Note [tma key
+// tiles]), so the last query tile gives its queries at or past TK probability 0.
+// ANATOMY_ATTENTION_BWD_LOAD=cp.async: Q and dO by every thread too.
 template <int D, int WG>
 struct WgBwdCfg {
   static constexpr int kThreads = 128 * WG, BC = 64 * WG, BR = 64, kStages = 3;
@@ -47,8 +56,14 @@ struct WgBwdCfg {
   static constexpr int kK = 0, kV = kKBytes, kQ = 2 * kKBytes, kDO = kQ + kStages * kQBytes;
   static constexpr int kS = kDO + kStages * kQBytes;
   static constexpr int kLse = kS + 2 * kSBytes, kDsum = kLse + kStages * BR * 4;
-  static constexpr int kBytes = kDsum + kStages * BR * 4;
+  static constexpr int kBar = kDsum + kStages * BR * 4;
+  static constexpr int kBytes = kBar + 8 * kStages;
   static size_t smem_bytes() { return 1024 + kBytes; }
+};
+
+// The backward's TMA maps: Q (qkv) and dO (dctx).
+struct BwdMaps {
+  CUtensorMap q, d_o;
 };
 
 // Adds this thread's dQ fragment (rows g, g + 8 of the warp's 16 from query q0, columns
@@ -74,8 +89,8 @@ __device__ __forceinline__ void add_dq_rows(const float (&dq)[N], float* row0, s
   }
 }
 
-template <bool BF16, int D, int WG, bool DROP>
-__global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p) {
+template <bool BF16, int D, int WG, bool DROP, bool TMA>
+__global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, const __grid_constant__ BwdMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgBwdCfg<D, WG>;
   constexpr int BR = C::BR, BC = C::BC, NTH = C::kThreads;
@@ -112,9 +127,23 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p) {
     return;
   }
 
+  const uint32_t bar = base + C::kBar;  // stage st's at bar + 8 st
   auto load_q_tile = [&](int jt, int st) {
-    load_query_tile<BR, D, NTH>(q_s + st * C::kQBytes, do_s + st * C::kQBytes, base + C::kLse + st * BR * 4,
-                                base + C::kDsum + st * BR * 4, qkv, dog, p, lse_g, dsum_g, jt, TK);
+    if constexpr (TMA) {
+      load_query_stats<BR>(base + C::kLse + st * BR * 4, base + C::kDsum + st * BR * 4, lse_g, dsum_g, jt, TK);
+      if (threadIdx.x != 0) return;
+      const uint32_t full = bar + 8 * st;
+      const int row = static_cast<int>(sq.row0) + jt * BR;
+      mbar_arrive_expect_tx(full, 2 * C::kQBytes);
+      tma_load_2d(q_s + st * C::kQBytes, &maps.q, h * D, row, full);
+      tma_load_2d(do_s + st * C::kQBytes, &maps.d_o, h * D, row, full);
+    } else {
+      load_query_tile<BR, D, NTH>(q_s + st * C::kQBytes, do_s + st * C::kQBytes, base + C::kLse + st * BR * 4,
+                                  base + C::kDsum + st * BR * 4, qkv, dog, p, lse_g, dsum_g, jt, TK);
+    }
+  };
+  auto wait_q_tile = [&](int jt) {
+    if constexpr (TMA) mbar_wait(bar + 8 * (jt % C::kStages), (jt / C::kStages) & 1);
   };
   // S^T = K Q^T, dP^T = V dO^T of the query tile in stage st. Element (n, e): s[4n + e], key row
   // g + 8 (e >> 1) of the warp's 16, query 8n + 2 t4 + (e & 1).
@@ -130,6 +159,13 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p) {
     wgmma_commit();
   };
 
+  if constexpr (TMA) {
+    if (threadIdx.x == 0) {
+      for (int st = 0; st < C::kStages; ++st) mbar_init(bar + 8 * st, 1);
+      mbar_init_fence();
+    }
+    __syncthreads();
+  }
   load_tile<BC, D, NTH, true>(k_s, kg, rs, k0, TK);
   load_tile<BC, D, NTH, true>(v_s, vg, rs, k0, TK);
   if (nq > 0) load_q_tile(0, 0);
@@ -143,7 +179,8 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p) {
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
   const auto [zk, zstep] = key_row_dropout(p, bh, k0, gw, g, t4);
 
-  cp_async_wait<1>();
+  cp_async_wait<1>();  // K, V and query tile 0 (TMA: its lse and Dsum)
+  if (nq > 0) wait_q_tile(0);
   fence_proxy_async();
   __syncthreads();
 
@@ -169,8 +206,10 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p) {
     for (int n = 0; n < NS; ++n) {
       const int c = n * 8 + 2 * t4;
       const uint64_t bits = DROP ? mix64(zj + static_cast<uint64_t>(n) * 4 * zstep) : 0;
+      // TMA: the last tile's queries past the sequence are another's rows; probability 0.
+      const int q_end = TMA && LAST ? TK - j * BR - c : BR;
       backward_elements<DROP>(&s[4 * n], &dp[4 * n], bits, lse_s + st * BR + c, dsum_s + st * BR + c, scale_mul, kbias,
-                              p, [](float x, int) { return x; });
+                              p, [q_end](float x, int e) { return (e & 1) < q_end ? x : -INFINITY; });
     }
 
     // A fragments (rows = keys, k = queries) of P Z' and dS; dS^T also to shared memory for dQ.
@@ -196,7 +235,8 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p) {
       wgmma_rs<BF16>(dk, as[kk], tile_desc<D>(qt + kk * 16 * kRow));
     }
     wgmma_commit();
-    cp_async_wait_all();  // the next query tile
+    if constexpr (!LAST) wait_q_tile(j + 1);
+    cp_async_wait_all();  // the next query tile (TMA: its lse and Dsum)
     fence_proxy_async();  // dS^T and the next tile: this thread's stores, before the barrier and the products
     __syncthreads();
 
@@ -238,17 +278,27 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p) {
 #endif
 }
 
-template <bool BF16, int D, int WG>
+template <bool BF16, int D, int WG, bool TMA>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   using C = WgBwdCfg<D, WG>;
-  auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, WG, true> : wgmma_bwd_kernel<BF16, D, WG, false>;
-  return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(), smem_limit, s);
+  BwdMaps maps{};
+  if constexpr (TMA) {
+    const uint64_t rows = p.offsets != nullptr ? static_cast<uint64_t>(p.rows) : static_cast<uint64_t>(p.B) * p.T;
+    const uint64_t H = static_cast<uint64_t>(p.H);
+    if (!make_tile_map(&maps.q, p.qkv, rows, 3 * H, C::BR, D) || !make_tile_map(&maps.d_o, p.dctx, rows, H, C::BR, D)) {
+      count_tma_fallback();
+      return launch<BF16, D, WG, false>(p, smem_limit, s);
+    }
+  }
+  auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, WG, true, TMA> : wgmma_bwd_kernel<BF16, D, WG, false, TMA>;
+  return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(), smem_limit, s, maps);
 }
 
 template <bool BF16, int D>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
-  if (env_is("ANATOMY_ATTENTION_BWD", "wgmma64")) return launch<BF16, D, 1>(p, smem_limit, s);
-  return launch<BF16, D, 2>(p, smem_limit, s);
+  if (env_is("ANATOMY_ATTENTION_BWD", "wgmma64")) return launch<BF16, D, 1, false>(p, smem_limit, s);
+  if (env_is("ANATOMY_ATTENTION_BWD_LOAD", "cp.async")) return launch<BF16, D, 2, false>(p, smem_limit, s);
+  return launch<BF16, D, 2, true>(p, smem_limit, s);
 }
 
 }  // namespace

@@ -73,9 +73,9 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 #endif
 }
 
-// Host: the tensor map of a row-major 16-bit matrix [rows][cols] (row stride `cols` elements),
-// boxes of box_rows x box_cols, swizzled for rows of box_cols * 2 bytes (64 or 128). False when
-// the driver has no TMA (then the caller loads another way). In attention_wgmma.cu.
+// Host (in attention_wgmma.cu), false when the driver has no TMA (then the caller loads another
+// way): a row-major 16-bit matrix [rows][cols] (row stride `cols` elements) in boxes of
+// box_rows x box_cols, swizzled for rows of box_cols * 2 bytes (64 or 128).
 bool make_tile_map(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows,
                    uint32_t box_cols);
 
