@@ -172,6 +172,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   cp_async_commit();
   if (nq > 1) load_q_tile(1, 1);
   cp_async_commit();
+  if constexpr (TMA) __syncwarp();
 
   // Key bias of this thread's two key rows (fragment rows g, g+8 = keys 2g, 2g+1 of the warp's 16).
   float kbias[2];
@@ -263,6 +264,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     // before the barrier above.
     if (j + 2 < nq) load_q_tile(j + 2, (j + 2) % C::kStages);
     cp_async_commit();
+    if constexpr (TMA) __syncwarp();  // thread 0's copies issued: warp 0 whole again for the wgmma
   };
   for (int j = 0; j + 1 < nq; ++j) tile(j, std::false_type{});
   if (nq > 0) tile(nq - 1, std::true_type{});
