@@ -24,7 +24,6 @@
 #             samples/s, planned vs allocated vs NVML (~10 min at most; alone in a call)
 #   familybench each variant at base size, bf16 batch 32 seq 512: anatomy vs the Trainer (~8 min; alone in a call)
 #   fwd32ab   the forward at head dim 32: mma.sync against wgmma (the default), alternated twice
-#   dropab    the wgmma forward's dropout bits hashed under the S product or after the softmax (the default), alternated twice
 #   loadab    the wgmma forward's key-tile loads: cp.async 1 or 2 tiles ahead, TMA 2 ahead (the default), alternated twice
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
@@ -317,12 +316,6 @@ step_bwdab() {
 step_loadab() {
   attention_ab loadab.md "--batch 32 --seq 128 --seq 512 --head-dim 64" \
     ANATOMY_ATTENTION_FWD_AHEAD=1 ANATOMY_ATTENTION_FWD_LOAD=cp.async ANATOMY_ATTENTION_FWD_LOAD=tma
-}
-
-# The wgmma forward's dropout bits hashed under the S product (early) or after the softmax (the default).
-step_dropab() {
-  attention_ab dropab.md "--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64" \
-    ANATOMY_ATTENTION_FWD_DROP=early ANATOMY_ATTENTION_FWD_DROP=late
 }
 
 # The forward at head dim 32 (the MiniLM shape's): mma.sync against the wgmma kernel (the default).

@@ -80,28 +80,6 @@ __device__ __forceinline__ void drop_tile(float (&s)[4 * NS], uint64_t z, uint32
   }
 }
 
-// drop_tile's keep bits computed ahead of the scores (element 4n + e of the tile: bit 4n + e of
-// the pair), so that the hashing runs under the tile's S product.
-template <int NS>
-__device__ __forceinline__ void keep_mask(uint32_t (&km)[NS / 8], uint64_t z, uint32_t thr_m1) {
-#pragma unroll
-  for (int i = 0; i < NS / 8; ++i) km[i] = 0;
-#pragma unroll
-  for (int n = 0; n < NS; ++n) {
-    bool keep[4];
-    keep4(keep, mix64(z + static_cast<uint64_t>(n) * (4 * kGolden)), thr_m1);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) km[n / 8] |= keep[e] ? 1u << ((4 * n + e) % 32) : 0u;
-  }
-}
-
-template <int NS>
-__device__ __forceinline__ void drop_by_mask(float (&s)[4 * NS], const uint32_t (&km)[NS / 8]) {
-#pragma unroll
-  for (int i = 0; i < 4 * NS; ++i)
-    if (((km[i / 32] >> (i % 32)) & 1u) == 0) s[i] = 0.0f;
-}
-
 template <int NO>
 __device__ __forceinline__ void rescale(float (&o)[4 * NO], const float (&corr)[2]) {
 #pragma unroll
@@ -149,7 +127,7 @@ struct WgFwdCfg {
   static size_t smem_bytes(int T) { return 1024 + kBiasOffset + static_cast<size_t>(bias_floats(T)) * 4 + 16 * STAGES; }
 };
 
-template <bool BF16, int D, bool OVL, bool DROP, int AHEAD_, bool TMA, bool EARLY>
+template <bool BF16, int D, bool OVL, bool DROP, int AHEAD_, bool TMA>
 __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgFwdCfg<D, OVL, AHEAD_>;
@@ -263,28 +241,20 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
   const uint64_t qpair = static_cast<uint64_t>((q0 + row0) / 2 + g);
   const uint64_t z0 = p.rng_key + (((static_cast<uint64_t>(b) * p.heads + h) * tp + qpair) * tp + t4) * kGolden;
 
-  [[maybe_unused]] uint32_t km[NS / 8];  // EARLY: tile j's keep bits
   for (int j = 0; j < jend; ++j) {
     load_kv(j + AHEAD);
     if constexpr (TMA) __syncwarp();  // thread 0's loads done: warp 0 whole again for the wgmma
     wait_tile(j);
     issue_s(j);
-    const uint64_t zj = z0 + static_cast<uint64_t>(j) * (BC / 2) * kGolden;
-    auto hash_early = [&] {  // under the products just issued
-      if constexpr (DROP && EARLY) keep_mask<NS>(km, zj, p.thr_m1);
-    };
     if (OVL && j > 0) {
       issue_pv(j - 1);
-      hash_early();
       wgmma_wait<1>();  // S_j landed; P_{j-1} V_{j-1} may still run
     } else {
-      hash_early();
       wgmma_wait<0>();
     }
     fence_regs(s);
     online_softmax<NS>(s, kb + j * BC, scale_mul, t4, m, l, corr);
-    if constexpr (DROP && EARLY) drop_by_mask<NS>(s, km);
-    if constexpr (DROP && !EARLY) drop_tile<NS>(s, zj, p.thr_m1);
+    if constexpr (DROP) drop_tile<NS>(s, z0 + static_cast<uint64_t>(j) * (BC / 2) * kGolden, p.thr_m1);
     if constexpr (OVL) {
       wgmma_wait<0>();
       if (j > 0) release_tile(j - 1);
@@ -330,7 +300,7 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
 
 std::atomic<int64_t> g_tma_fallbacks{0};
 
-template <bool BF16, int D, bool OVL, int AHEAD, bool TMA = false, bool EARLY = false>
+template <bool BF16, int D, bool OVL, int AHEAD, bool TMA = false>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   using C = WgFwdCfg<D, OVL, AHEAD>;
   CUtensorMap map{};
@@ -341,8 +311,7 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
       return launch<BF16, D, OVL, AHEAD>(p, smem_limit, s);
     }
   }
-  auto kernel = p.drop ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA, EARLY>
-                       : wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD, TMA, EARLY>;
+  auto kernel = p.drop ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA> : wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD, TMA>;
   return launch_tiles(kernel, p, C::BR, C::kThreads, C::smem_bytes(p.T), smem_limit, s, map);
 }
 
@@ -358,7 +327,6 @@ bool launch_for(const Params& p, int smem_limit, cudaStream_t s) {
   if (env_is("ANATOMY_ATTENTION_WGMMA", "sync")) return launch<BF16, D, false, 1>(p, smem_limit, s);
   if (env_is("ANATOMY_ATTENTION_FWD_AHEAD", "1")) return launch<BF16, D, true, 1>(p, smem_limit, s);
   if (env_is("ANATOMY_ATTENTION_FWD_LOAD", "cp.async")) return launch<BF16, D, true, 2>(p, smem_limit, s);
-  if (env_is("ANATOMY_ATTENTION_FWD_DROP", "early")) return launch<BF16, D, true, 2, true, true>(p, smem_limit, s);
   return launch<BF16, D, true, 2, true>(p, smem_limit, s);
 }
 
