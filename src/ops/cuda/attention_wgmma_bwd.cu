@@ -296,6 +296,9 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(), smem_limit, s, maps);
 }
 
+// Two warpgroups a CTA with TMA query tiles: at B 32, T 512, p 0.1 (H200) 186.9 TFLOP/s at D 64
+// and 134.2 at D 32, against 178.7 and 125.3 with the tiles by cp.async, 158.1 and 115.0 with one
+// warpgroup (bench/results/2026-11-27-h200/session17/call1/bwdab.md, scripts/device.sh bwdab).
 template <bool BF16, int D>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   if (env_is("ANATOMY_ATTENTION_BWD", "wgmma64")) return launch<BF16, D, 1, false>(p, smem_limit, s);
