@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -493,6 +494,17 @@ static void check_wgmma_cases() {
   }
 }
 
+// check_wgmma_cases under each (variable, value) in turn; no call may fall back from TMA tiles.
+static void check_wgmma_variants(std::initializer_list<std::pair<const char*, const char*>> variants) {
+  const int64_t fallbacks = anatomy::cuda::attention_tma_fallbacks();
+  for (const auto& [var, value] : variants) {
+    EnvGuard g(var, value);
+    SCOPED_TRACE(std::string(var) + "=" + value);
+    check_wgmma_cases();
+  }
+  EXPECT_EQ(anatomy::cuda::attention_tma_fallbacks(), fallbacks) << "TMA tiles fell back to cp.async";
+}
+
 // The wgmma forward (Note [wgmma forward]) is what Hopper runs for head dims 32 and 64 without a
 // window, with and without its overlap of softmax and P V, its key tiles by TMA or cp.async.
 TEST(Attention, HopperTakesTheWgmmaForward) {
@@ -514,17 +526,10 @@ TEST(Attention, HopperTakesTheWgmmaForward) {
   EnvGuard all("ANATOMY_ATTENTION_FWD", "wgmma");  // the default, named
   EXPECT_EQ(attention_forward_kernel(DType::F16, 32, 0), hopper);
   // The default (overlap, TMA key tiles two ahead), then each of its alternatives.
-  const std::pair<const char*, const char*> variants[] = {{"ANATOMY_ATTENTION_WGMMA", "overlap"},
-                                                          {"ANATOMY_ATTENTION_WGMMA", "sync"},
-                                                          {"ANATOMY_ATTENTION_FWD_LOAD", "cp.async"},
-                                                          {"ANATOMY_ATTENTION_FWD_AHEAD", "1"}};
-  const int64_t fallbacks = anatomy::cuda::attention_tma_fallbacks();
-  for (const auto& [var, value] : variants) {
-    EnvGuard g(var, value);
-    SCOPED_TRACE(std::string(var) + "=" + value);
-    check_wgmma_cases();
-  }
-  EXPECT_EQ(anatomy::cuda::attention_tma_fallbacks(), fallbacks) << "the TMA key tiles fell back to cp.async";
+  check_wgmma_variants({{"ANATOMY_ATTENTION_WGMMA", "overlap"},
+                        {"ANATOMY_ATTENTION_WGMMA", "sync"},
+                        {"ANATOMY_ATTENTION_FWD_LOAD", "cp.async"},
+                        {"ANATOMY_ATTENTION_FWD_AHEAD", "1"}});
 }
 
 // The wgmma backward (Note [wgmma backward]), Hopper's default at head dims 32 and 64 without a
@@ -546,21 +551,14 @@ TEST(Attention, HopperWgmmaBackward) {
   // Batch 0 fully masked, batch 1 one key long (this seed): dQ = dK = 0 up to rounding.
   check_case({2, 257, 2, 32, DType::BF16, 0.1f, MaskKind::AllMaskedBatch}, 0x5eed002c);
   // The default (two warpgroups, query tiles by TMA), then each of its alternatives.
-  const std::pair<const char*, const char*> variants[] = {{"ANATOMY_ATTENTION_BWD", "wgmma"},
-                                                          {"ANATOMY_ATTENTION_BWD_LOAD", "cp.async"},
-                                                          {"ANATOMY_ATTENTION_BWD", "wgmma64"},
-                                                          {"ANATOMY_ATTENTION_BWD", "mma"}};
-  const int64_t fallbacks = anatomy::cuda::attention_tma_fallbacks();
-  for (const auto& [var, value] : variants) {
-    EnvGuard g(var, value);
-    SCOPED_TRACE(std::string(var) + "=" + value);
-    check_wgmma_cases();
-  }
-  EXPECT_EQ(anatomy::cuda::attention_tma_fallbacks(), fallbacks) << "TMA tiles fell back to cp.async";
+  check_wgmma_variants({{"ANATOMY_ATTENTION_BWD", "wgmma"},
+                        {"ANATOMY_ATTENTION_BWD_LOAD", "cp.async"},
+                        {"ANATOMY_ATTENTION_BWD", "wgmma64"},
+                        {"ANATOMY_ATTENTION_BWD", "mma"}});
 }
 
-// The default wgmma kernels (TMA tiles; the forward's warpgroups drift apart) on the same inputs
-// again and again: a race would show as a rare wrong tile, which one run may miss.
+// The default wgmma kernels (TMA tiles; the forward's warpgroups drift apart) again and again on
+// fresh inputs: a race would show as a rare wrong tile, which one run may miss.
 TEST(Attention, WgmmaRepeatsAgree) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
