@@ -1,6 +1,7 @@
 // Hopper's tensor memory accelerator (TMA) and shared-memory barriers (mbarrier), for the wgmma
-// attention forward (attention_wgmma.cu) and backward (attention_wgmma_bwd.cu). Built for sm_90a only: on other architectures the device
-// bodies are empty and the kernels that use them are never launched.
+// attention forward (attention_wgmma.cu) and backward (attention_wgmma_bwd.cu). Built for sm_90a
+// only: on other architectures the device bodies are empty and the kernels that use them are
+// never launched.
 //
 // Note [tma key tiles]
 // A K or V tile is one TMA copy: a box of BC rows x D columns of qkv viewed as a 2-D tensor
