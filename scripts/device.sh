@@ -305,10 +305,12 @@ attention_ab() {
 }
 
 # The backward kernels on the attention table's shapes: the mma.sync one, wgmma with one warpgroup
-# a CTA (wgmma64), and with two whose query tiles load by cp.async or by TMA (the default).
+# a CTA (wgmma64), and with two whose query tiles load by cp.async or by TMA (the default), the last
+# also with dQ added by TMA reduces (Note [tma dq reduce]).
 step_bwdab() {
   attention_ab bwdab.md "--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64" \
-    ANATOMY_ATTENTION_BWD=mma ANATOMY_ATTENTION_BWD=wgmma64 ANATOMY_ATTENTION_BWD_LOAD=cp.async ANATOMY_ATTENTION_BWD_LOAD=tma
+    ANATOMY_ATTENTION_BWD=mma ANATOMY_ATTENTION_BWD=wgmma64 ANATOMY_ATTENTION_BWD_LOAD=cp.async ANATOMY_ATTENTION_BWD_LOAD=tma \
+    ANATOMY_ATTENTION_BWD_DQ=tma
 }
 
 # The wgmma forward's key-tile loads at head dim 64: cp.async one tile ahead, cp.async two ahead

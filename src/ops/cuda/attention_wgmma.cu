@@ -344,7 +344,7 @@ bool device_is_sm90() {
 }  // namespace
 
 bool make_tile_map(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows,
-                   uint32_t box_cols) {
+                   uint32_t box_cols, bool f32) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -353,11 +353,13 @@ bool make_tile_map(CUtensorMap* map, const void* base, uint64_t rows, uint64_t c
       fn = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
-  if (encode == nullptr || (box_cols != 32 && box_cols != 64)) return false;
-  const cuuint64_t dims[2] = {cols, rows}, strides[1] = {cols * 2};
+  const uint32_t elem_bytes = f32 ? 4 : 2, width = box_cols * elem_bytes;
+  if (encode == nullptr || (width != 64 && width != 128)) return false;
+  const cuuint64_t dims[2] = {cols, rows}, strides[1] = {cols * elem_bytes};
   const cuuint32_t box[2] = {box_cols, box_rows}, elem[2] = {1, 1};
-  const CUtensorMapSwizzle swizzle = box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, elem,
+  const CUtensorMapSwizzle swizzle = width == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  const CUtensorMapDataType type = f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode(map, type, 2, const_cast<void*>(base), dims, strides, box, elem,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }

@@ -49,6 +49,14 @@ namespace {
 // has (Note [wgmma backward pipeline]). Rows past the sequence arrive as they are (Note [tma key
 // tiles]), so the last query tile gives its queries at or past TK probability 0.
 // ANATOMY_ATTENTION_BWD_LOAD=cp.async: Q and dO by every thread too.
+//
+// Note [tma dq reduce] (ANATOMY_ATTENTION_BWD_DQ=tma): instead of every thread adding its dQ
+// fragment into the f32 accumulator with vector atomics, each warpgroup stages its 64 x D/2 tile
+// in shared memory (in the TMA's swizzle) and one thread adds it with one
+// cp.reduce.async.bulk.tensor (atomic per element). Rows past the sequence add 0: their dS is 0,
+// since the TMA query tiles give them probability 0, so this goes with TMA loads only. A
+// warpgroup barrier comes before the staging (the issuing thread has waited until its previous
+// reduce read the tile) and one after (every fragment written and fenced for the async proxy).
 template <int D, int WG>
 struct WgBwdCfg {
   static constexpr int kThreads = 128 * WG, BC = 64 * WG, BR = 64, kStages = 3;
@@ -58,13 +66,31 @@ struct WgBwdCfg {
   static constexpr int kLse = kS + 2 * kSBytes, kDsum = kLse + kStages * BR * 4;
   static constexpr int kBar = kDsum + kStages * BR * 4;
   static constexpr int kBytes = kBar + 8 * kStages;
-  static size_t smem_bytes() { return 1024 + kBytes; }
+  // DQT: each warpgroup's f32 dQ tile [BR][D / WG], staged for the TMA reduce (1024-aligned).
+  static constexpr int kDQ = (kBytes + 1023) / 1024 * 1024, kDQBytes = BR * (D / WG) * 4;
+  static size_t smem_bytes(bool dqt) { return 1024 + (dqt ? kDQ + WG * kDQBytes : kBytes); }
 };
 
-// The backward's TMA maps: Q (qkv) and dO (dctx).
+// The backward's TMA maps: Q (qkv) and dO (dctx); DQT: the f32 dQ accumulator.
 struct BwdMaps {
-  CUtensorMap q, d_o;
+  CUtensorMap q, d_o, dq;
 };
+
+// Writes this thread's dQ fragment (rows 16 warp + g + 8 hf, columns 8n + 2 t4 + {0, 1} of the
+// warpgroup's DQ) into the warpgroup's f32 tile [64][DQ] at `buf`, in the TMA's swizzle for rows of
+// DQ * 4 bytes (64 or 128: chunk bits 4-5 or 4-6 of the offset XOR its bits from 7).
+template <int DQ>
+__device__ __forceinline__ void stage_dq(unsigned char* buf, const float (&dq)[DQ / 2], int warp, int g, int t4) {
+  constexpr uint32_t kMask = DQ * 4 == 128 ? 7 : 3;
+#pragma unroll
+  for (int n = 0; n < DQ / 8; ++n)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const uint32_t row = warp * 16 + g + 8 * hf, off = row * (DQ * 4) + (8 * n + 2 * t4) * 4;
+      *reinterpret_cast<float2*>(buf + (off ^ (((off >> 7) & kMask) << 4))) =
+          make_float2(dq[4 * n + 2 * hf], dq[4 * n + 2 * hf + 1]);
+    }
+}
 
 // Adds this thread's dQ fragment (rows g, g + 8 of the warp's 16 from query q0, columns
 // 8n + 2 t4 + {0, 1} of `row0`'s) into the F32 accumulator 16 bytes at a time: lanes t4 and t4 ^ 1
@@ -89,7 +115,7 @@ __device__ __forceinline__ void add_dq_rows(const float (&dq)[N], float* row0, s
   }
 }
 
-template <bool BF16, int D, int WG, bool DROP, bool TMA>
+template <bool BF16, int D, int WG, bool DROP, bool TMA, bool DQT>
 __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, const __grid_constant__ BwdMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgBwdCfg<D, WG>;
@@ -259,7 +285,18 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     fence_regs(dk);
     fence_regs(ap);
     fence_regs(as);
-    add_dq_rows(dq, p.dq_acc + sq.row0 * p.H + h * D + wg * DQ, p.H, j * BR + warp * 16, g, t4, TK);
+    if constexpr (DQT) {
+      // Note [tma dq reduce]: the warpgroup's tile once its last reduce has read it, then one add.
+      const uint32_t buf = base + C::kDQ + wg * C::kDQBytes;
+      if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
+      named_barrier(1 + wg, 128);
+      stage_dq<DQ>(smem + C::kDQ + wg * C::kDQBytes, dq, warp, g, t4);
+      fence_proxy_async();
+      named_barrier(1 + wg, 128);
+      if (threadIdx.x % 128 == 0) tma_reduce_add_2d(buf, &maps.dq, h * D + wg * DQ, static_cast<int>(sq.row0) + j * BR);
+    } else {
+      add_dq_rows(dq, p.dq_acc + sq.row0 * p.H + h * D + wg * DQ, p.H, j * BR + warp * 16, g, t4, TK);
+    }
     // Stage (j + 2) % 3 was last read by tile j - 1's products, which every thread waited for
     // before the barrier above.
     if (j + 2 < nq) load_q_tile(j + 2, (j + 2) % C::kStages);
@@ -272,6 +309,9 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   fence_regs(dk);
   fence_regs(dv);
   __syncthreads();  // every warp's last dQ product, which reads all of K, is done
+  if constexpr (DQT) {
+    if (threadIdx.x % 128 == 0) bulk_wait<0, false>();  // the last reduce, before the tile is freed
+  }
 
   // Epilogue: dK * scale and dV * inv_keep, staged through this warp's own rows of the K and
   // V tiles (all their readers have completed), then 16-byte stores.
@@ -280,20 +320,22 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
 #endif
 }
 
-template <bool BF16, int D, int WG, bool TMA>
+template <bool BF16, int D, int WG, bool TMA, bool DQT = false>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
+  static_assert(TMA || !DQT, "the dQ reduce relies on the TMA loads' zero rows past the sequence");
   using C = WgBwdCfg<D, WG>;
   BwdMaps maps{};
   if constexpr (TMA) {
     const uint64_t rows = p.offsets != nullptr ? static_cast<uint64_t>(p.rows) : static_cast<uint64_t>(p.B) * p.T;
     const uint64_t H = static_cast<uint64_t>(p.H);
-    if (!make_tile_map(&maps.q, p.qkv, rows, 3 * H, C::BR, D) || !make_tile_map(&maps.d_o, p.dctx, rows, H, C::BR, D)) {
+    if (!make_tile_map(&maps.q, p.qkv, rows, 3 * H, C::BR, D) || !make_tile_map(&maps.d_o, p.dctx, rows, H, C::BR, D) ||
+        (DQT && !make_tile_map(&maps.dq, p.dq_acc, rows, H, C::BR, D / WG, true))) {
       count_tma_fallback();
       return launch<BF16, D, WG, false>(p, smem_limit, s);
     }
   }
-  auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, WG, true, TMA> : wgmma_bwd_kernel<BF16, D, WG, false, TMA>;
-  return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(), smem_limit, s, maps);
+  auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, WG, true, TMA, DQT> : wgmma_bwd_kernel<BF16, D, WG, false, TMA, DQT>;
+  return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(DQT), smem_limit, s, maps);
 }
 
 // Two warpgroups a CTA with TMA query tiles: at B 32, T 512, p 0.1 (H200) 186.9 TFLOP/s at D 64
@@ -303,6 +345,7 @@ template <bool BF16, int D>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   if (env_is("ANATOMY_ATTENTION_BWD", "wgmma64")) return launch<BF16, D, 1, false>(p, smem_limit, s);
   if (env_is("ANATOMY_ATTENTION_BWD_LOAD", "cp.async")) return launch<BF16, D, 2, false>(p, smem_limit, s);
+  if (env_is("ANATOMY_ATTENTION_BWD_DQ", "tma")) return launch<BF16, D, 2, true, true>(p, smem_limit, s);
   return launch<BF16, D, 2, true>(p, smem_limit, s);
 }
 

@@ -74,10 +74,39 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 #endif
 }
 
+// Adds the f32 box at shared address src (swizzled as the map says) into the tensor at box
+// (col, row), element by element atomically, as one bulk group of this thread.
+__device__ __forceinline__ void tma_reduce_add_2d(uint32_t src, const CUtensorMap* map, int col, int row) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n"
+               "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+               "r"(col), "r"(row), "r"(src)
+               : "memory");
+#endif
+}
+
+// This thread's bulk groups: all but the newest N have finished reading shared memory (READ) or
+// completed.
+template <int N, bool READ>
+__device__ __forceinline__ void bulk_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (READ)
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+  else
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Barrier `id` (1-15; 0 is __syncthreads') over `threads` threads, whole warps.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Host (in attention_wgmma.cu), false when the driver has no TMA (then the caller loads another
-// way): a row-major 16-bit matrix [rows][cols] (row stride `cols` elements) in boxes of
-// box_rows x box_cols, swizzled for rows of box_cols * 2 bytes (64 or 128).
+// way): a row-major matrix [rows][cols] of 16-bit elements (of f32 ones with `f32`; row stride
+// `cols` elements) in boxes of box_rows x box_cols, swizzled for rows of the box's width in bytes
+// (64 or 128).
 bool make_tile_map(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, uint32_t box_rows,
-                   uint32_t box_cols);
+                   uint32_t box_cols, bool f32 = false);
 
 }  // namespace anatomy::cuda::attn
