@@ -52,7 +52,7 @@
 #             (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
 #   wgmmatiles the wgmma forward with and without its overlap, and the mma.sync forward, on the same shapes
 #   bwdab     the backward kernels (mma.sync, wgmma with one warpgroup a CTA, two with query tiles by cp.async or
-#             TMA, the default), alternated twice
+#             TMA, the default, and dQ by atomics or TMA reduces), alternated twice
 #   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
 #             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
@@ -305,12 +305,12 @@ attention_ab() {
 }
 
 # The backward kernels on the attention table's shapes: the mma.sync one, wgmma with one warpgroup
-# a CTA (wgmma64), and with two whose query tiles load by cp.async or by TMA (the default), the last
-# also with dQ added by TMA reduces (Note [tma dq reduce]).
+# a CTA (wgmma64), with two whose query tiles load by cp.async, and by TMA (the default) with dQ
+# added by atomics or by TMA reduces (Note [tma dq reduce]; the default at D 64).
 step_bwdab() {
   attention_ab bwdab.md "--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64" \
-    ANATOMY_ATTENTION_BWD=mma ANATOMY_ATTENTION_BWD=wgmma64 ANATOMY_ATTENTION_BWD_LOAD=cp.async ANATOMY_ATTENTION_BWD_LOAD=tma \
-    ANATOMY_ATTENTION_BWD_DQ=tma
+    ANATOMY_ATTENTION_BWD=mma ANATOMY_ATTENTION_BWD=wgmma64 ANATOMY_ATTENTION_BWD_LOAD=cp.async \
+    ANATOMY_ATTENTION_BWD_DQ=atomics ANATOMY_ATTENTION_BWD_DQ=tma
 }
 
 # The wgmma forward's key-tile loads at head dim 64: cp.async one tile ahead, cp.async two ahead

@@ -533,8 +533,8 @@ TEST(Attention, HopperTakesTheWgmmaForward) {
 }
 
 // The wgmma backward (Note [wgmma backward]), Hopper's default at head dims 32 and 64 without a
-// window, with two warpgroups a CTA (query tiles by TMA or cp.async) and one (wgmma64), and the
-// mma.sync backward it replaces.
+// window, with two warpgroups a CTA (query tiles by TMA or cp.async; dQ by TMA reduces or by
+// atomics) and one (wgmma64), and the mma.sync backward it replaces.
 TEST(Attention, HopperWgmmaBackward) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
@@ -554,6 +554,7 @@ TEST(Attention, HopperWgmmaBackward) {
   check_wgmma_variants({{"ANATOMY_ATTENTION_BWD", "wgmma"},
                         {"ANATOMY_ATTENTION_BWD_LOAD", "cp.async"},
                         {"ANATOMY_ATTENTION_BWD_DQ", "tma"},
+                        {"ANATOMY_ATTENTION_BWD_DQ", "atomics"},
                         {"ANATOMY_ATTENTION_BWD", "wgmma64"},
                         {"ANATOMY_ATTENTION_BWD", "mma"}});
 }

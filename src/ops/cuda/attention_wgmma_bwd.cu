@@ -50,7 +50,7 @@ namespace {
 // tiles]), so the last query tile gives its queries at or past TK probability 0.
 // ANATOMY_ATTENTION_BWD_LOAD=cp.async: Q and dO by every thread too.
 //
-// Note [tma dq reduce] (ANATOMY_ATTENTION_BWD_DQ=tma): instead of every thread adding its dQ
+// Note [tma dq reduce] (the default at D 64): instead of every thread adding its dQ
 // fragment into the f32 accumulator with vector atomics, each warpgroup stages its 64 x D/2 tile
 // in shared memory (in the TMA's swizzle) and one thread adds it with one
 // cp.reduce.async.bulk.tensor (atomic per element). Rows past the sequence add 0: their dS is 0,
@@ -341,11 +341,15 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
 // Two warpgroups a CTA with TMA query tiles: at B 32, T 512, p 0.1 (H200) 186.9 TFLOP/s at D 64
 // and 134.2 at D 32, against 178.7 and 125.3 with the tiles by cp.async, 158.1 and 115.0 with one
 // warpgroup (bench/results/2026-11-27-h200/session17/call1/bwdab.md, scripts/device.sh bwdab).
+// dQ by TMA reduces (Note [tma dq reduce]) is the default at D 64 only: 188.3 -> 197.5 there,
+// 135.2 -> 129.7 at D 32, where each tile's two warpgroup barriers cost more than its 4 KB of
+// atomics (session17/call9/dqab.md). ANATOMY_ATTENTION_BWD_DQ=tma or =atomics picks either.
 template <bool BF16, int D>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   if (env_is("ANATOMY_ATTENTION_BWD", "wgmma64")) return launch<BF16, D, 1, false>(p, smem_limit, s);
   if (env_is("ANATOMY_ATTENTION_BWD_LOAD", "cp.async")) return launch<BF16, D, 2, false>(p, smem_limit, s);
-  if (env_is("ANATOMY_ATTENTION_BWD_DQ", "tma")) return launch<BF16, D, 2, true, true>(p, smem_limit, s);
+  const bool dq_tma = env_is("ANATOMY_ATTENTION_BWD_DQ", "tma") || (D == 64 && !env_is("ANATOMY_ATTENTION_BWD_DQ", "atomics"));
+  if (dq_tma) return launch<BF16, D, 2, true, true>(p, smem_limit, s);
   return launch<BF16, D, 2, true>(p, smem_limit, s);
 }
 
