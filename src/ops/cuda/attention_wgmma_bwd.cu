@@ -26,7 +26,8 @@
 // One wait for the tensor cores per query tile: after the barrier that publishes dS^T (and the
 // next query tile, loaded one tile ahead), the warpgroup issues dQ of tile j and then the scores
 // of tile j + 1, waits for everything but the scores, adds dQ into global memory 16 bytes a lane
-// (red.v4) while the scores run, and starts the load of tile j + 2. So the query tiles rotate
+// (red.v4; at D 64 by a TMA reduce, Note [tma dq reduce]) while the scores run, and starts the
+// load of tile j + 2. So the query tiles rotate
 // through three stages (tile j + 2's stage was read by tile j - 1, whose products every thread
 // waited for before the barrier) and dS^T through two (its writer, tile j + 1, runs after a
 // barrier that follows every thread's wait for dQ of tile j - 1).
@@ -41,7 +42,7 @@ namespace {
 
 // Shared memory (1024-byte aligned): K [BC][D] | V [BC][D] | Q [3][64][D] | dO [3][64][D] |
 // dS^T [2][BC][64] | lse [3][64] | Dsum [3][64] f32 (Note [wgmma backward pipeline]) | with TMA, a
-// barrier per query-tile stage.
+// barrier per query-tile stage | with the dQ reduce, each warpgroup's f32 dQ tile [64][D / WG].
 //
 // TMA (the default): thread 0 brings each query tile's Q and dO as two TMA copies onto its stage's
 // barrier, where the threads wait; lse and Dsum (rows of T floats, not 16-byte aligned in general)
