@@ -75,6 +75,10 @@ __device__ __forceinline__ SeqRows seq_rows(const Params& p, int b) {
   const int r0 = p.offsets[b];
   return {static_cast<size_t>(r0), p.offsets[b + 1] - r0};
 }
+// Rows of qkv, ctx, dctx and dq_acc: the packed layout's p.rows, else B T (host, for TMA maps).
+inline uint64_t total_rows(const Params& p) {
+  return p.offsets != nullptr ? static_cast<uint64_t>(p.rows) : static_cast<uint64_t>(p.B) * p.T;
+}
 
 // The four keep decisions of a group's bits (dropout_field_keep(bits, f, thr), f = 0..3), with
 // one compare each: field f of 32-bit word w is >= thr iff (the field in the top half of w) >

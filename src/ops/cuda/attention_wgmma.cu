@@ -305,8 +305,7 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   using C = WgFwdCfg<D, OVL, AHEAD>;
   CUtensorMap map{};
   if constexpr (TMA) {
-    const uint64_t rows = p.offsets != nullptr ? static_cast<uint64_t>(p.rows) : static_cast<uint64_t>(p.B) * p.T;
-    if (!make_tile_map(&map, p.qkv, rows, 3 * static_cast<uint64_t>(p.H), C::BC, D)) {
+    if (!make_tile_map(&map, p.qkv, total_rows(p), 3 * static_cast<uint64_t>(p.H), C::BC, D)) {
       count_tma_fallback();
       return launch<BF16, D, OVL, AHEAD>(p, smem_limit, s);
     }

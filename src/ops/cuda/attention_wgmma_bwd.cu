@@ -288,13 +288,13 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     fence_regs(as);
     if constexpr (DQT) {
       // Note [tma dq reduce]: the warpgroup's tile once its last reduce has read it, then one add.
-      const uint32_t buf = base + C::kDQ + wg * C::kDQBytes;
+      unsigned char* tile_dq = smem + C::kDQ + wg * C::kDQBytes;
       if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
       named_barrier(1 + wg, 128);
-      stage_dq<DQ>(smem + C::kDQ + wg * C::kDQBytes, dq, warp, g, t4);
+      stage_dq<DQ>(tile_dq, dq, warp, g, t4);
       fence_proxy_async();
       named_barrier(1 + wg, 128);
-      if (threadIdx.x % 128 == 0) tma_reduce_add_2d(buf, &maps.dq, h * D + wg * DQ, static_cast<int>(sq.row0) + j * BR);
+      if (threadIdx.x % 128 == 0) tma_reduce_add_2d(smem_addr(tile_dq), &maps.dq, h * D + wg * DQ, static_cast<int>(sq.row0) + j * BR);
     } else {
       add_dq_rows(dq, p.dq_acc + sq.row0 * p.H + h * D + wg * DQ, p.H, j * BR + warp * 16, g, t4, TK);
     }
@@ -327,7 +327,7 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   using C = WgBwdCfg<D, WG>;
   BwdMaps maps{};
   if constexpr (TMA) {
-    const uint64_t rows = p.offsets != nullptr ? static_cast<uint64_t>(p.rows) : static_cast<uint64_t>(p.B) * p.T;
+    const uint64_t rows = total_rows(p);
     const uint64_t H = static_cast<uint64_t>(p.H);
     if (!make_tile_map(&maps.q, p.qkv, rows, 3 * H, C::BR, D) || !make_tile_map(&maps.d_o, p.dctx, rows, H, C::BR, D) ||
         (DQT && !make_tile_map(&maps.dq, p.dq_acc, rows, H, C::BR, D / WG, true))) {
