@@ -63,6 +63,9 @@
 #   epilogue  the fused bias gradient (issue 16 point 2): the matmul / bias_grad op tests and twins on the
 #             GPU, fused vs GEMM + bias_grad at bert-large shapes (anatomy_bench_ops), then the per-op
 #             profile of bert-large bf16 batch 32 for .carry/before (A, when staged) and .carry/bin (B)
+#   lnab      the LayerNorm backward's group kernel (variants by ANATOMY_LN_BWD 0-3) and the bias gradients in
+#             the LayerNorm / GELU backward passes: anatomy_bench_ops of .carry/before (A) and .carry/bin (B),
+#             alternated twice, then bert-large bf16 batch 32's per-op profile of A and B
 #   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
 #             with two GPUs, also as two "nodes" on sockets; Gloo on the CPU), a failing rank, and
 #             `anatomy train` launched by torchrun on the CPU (3 processes) and the GPU(s)
@@ -513,15 +516,36 @@ step_epilogue() {
   grep -h "\[ epilogue \]\|declined" "$OUT/epilogue_gpu_tests.log"
   [ -x $b/anatomy_bench_ops ] && timeout 150 $b/anatomy_bench_ops > "$OUT/bench_ops_epilogue.md" 2>&1
   sed -n '/^Weight gradients/,$p' "$OUT/bench_ops_epilogue.md"
-  local side bin
+  profile_sides "matmul|bias_grad|gelu" | tee "$OUT/epilogue_profile.md"
+}
+
+# The per-op profile of bert-large bf16 batch 32 for .carry/before (when staged) and .carry/bin,
+# the lines of `pattern` (an extended regex of op names) and the totals.
+profile_sides() {
+  local pattern=$1 side bin
   for side in before bin; do
     bin=.carry/$side/anatomy
     [ -x "$bin" ] || continue
     echo "== $side: bert-large bf16 batch 32, per op"
     timeout 150 $bin train --preset bert-large --max-seq-length 512 --precision bf16 --per-device-train-batch-size 32 \
-      --num-samples 640 "${quiet[@]}" --output-dir "/tmp/epilogue_$side" --profile-steps 3 > "$OUT/profile_$side.log" 2>&1
-    grep -E "^Time|forward .* backward|^ +(matmul|bias_grad|gelu) " "$OUT/profile_$side.log"
-  done | tee "$OUT/epilogue_profile.md"
+      --num-samples 640 "${quiet[@]}" --output-dir "/tmp/profile_$side" --profile-steps 3 > "$OUT/profile_$side.log" 2>&1
+    grep -E "^Time|one step|forward .* backward|^ +($pattern) " "$OUT/profile_$side.log"
+  done
+}
+
+step_lnab() {
+  local round v
+  for round in 1 2; do
+    if [ -x .carry/before/anatomy_bench_ops ]; then
+      echo "== before (round $round)"
+      timeout 120 .carry/before/anatomy_bench_ops 2>&1 | grep -E "^\| (copy|bias_grad|layernorm|gelu)"
+    fi
+    for v in ${LNAB_VARIANTS:-0 1 4 5 6}; do
+      echo "== ANATOMY_LN_BWD=$v (round $round)"
+      ANATOMY_LN_BWD=$v timeout 120 $b/anatomy_bench_ops 2>&1 | grep -E "^\| (copy|bias_grad|layernorm|gelu)"
+    done
+  done | tee "$OUT/lnab.md"
+  profile_sides "matmul|layernorm|gelu|bias_grad" | tee "$OUT/lnab_profile.md"
 }
 
 step_launch() {

@@ -6,6 +6,9 @@
 //   layernorm_backward  H = 1024, with the branch dropout fused (dbranch written, as both
 //                       LayerNorms of a layer run) and without it;
 //   copy                a device-to-device copy of 256 MiB: the bandwidth ceiling to compare with.
+//   + bias gradient     the LayerNorm backward (dropout fused) with dbias, the column sums of
+//                       dbranch, and gelu_backward [16384, 4096] with and without dbias: the bias
+//                       gradients in the passes that write dY, as the model calls them.
 //   weight gradients    dW F32 [out, in] += dY^T X with db += the column sums of dY at the four
 //                       Linear layers of a layer (Note [fused bias gradient] in ops/op_args.h):
 //                       the GEMM alone, the GEMM then bias_grad (before the fusion; the backend
@@ -104,7 +107,7 @@ Row bench_bias_grad(Backend& be, DType dt, int64_t rows, int64_t n, int reps, in
 }
 
 Row bench_layernorm_backward(Backend& be, DType dt, int64_t rows, int64_t h, float p, int reps, int warmup,
-                             Rng& rng) {
+                             Rng& rng, bool bias = false) {
   Allocator& al = be.allocator();
   std::vector<Buffer> dy, sum, mean, rstd;
   for (int s = 0; s < kSets; ++s) {
@@ -121,6 +124,8 @@ Row bench_layernorm_backward(Backend& be, DType dt, int64_t rows, int64_t h, flo
   Buffer dsum(al, dt, Shape{rows, h}, Category::Other);
   Buffer dbranch(al, dt, Shape{rows, h}, Category::Other);
   Buffer dgamma(al, DType::F32, Shape{h}, Category::Other), dbeta(al, DType::F32, Shape{h}, Category::Other);
+  Buffer dbias(al, DType::F32, Shape{h}, Category::Other);
+  be.upload(dbias, random_values(static_cast<size_t>(h), DType::F32, rng, 1.0).data());
   be.upload(gamma, random_values(static_cast<size_t>(h), dt, rng, 0.2, 1.0).data());
   be.upload(beta, random_values(static_cast<size_t>(h), dt, rng, 0.1).data());
   be.upload(dgamma, random_values(static_cast<size_t>(h), DType::F32, rng, 1.0).data());
@@ -129,12 +134,34 @@ Row bench_layernorm_backward(Backend& be, DType dt, int64_t rows, int64_t h, flo
   const double ms = time_op(be, reps, warmup, [&](int s, int i) {
     const DropoutSpec d{p, 42, static_cast<uint64_t>(i)};
     be.layernorm_backward(dsum, fused ? dbranch.tensor() : Tensor{}, dgamma, dbeta, dy[s], sum[s], rstd[s], gamma,
-                          beta, d);
+                          beta, d, fused && bias ? dbias.tensor() : Tensor{});
   });
   // dy, y in (`sum` holds the outputs here); dsum (and dbranch) out.
   const double bytes = static_cast<double>(rows * h) * static_cast<double>(dtype_size(dt)) * (fused ? 4 : 3);
-  return Row{fused ? "layernorm_backward + dropout" : "layernorm_backward",
+  return Row{fused ? (bias ? "layernorm_backward + dropout + bias gradient" : "layernorm_backward + dropout")
+                   : "layernorm_backward",
              std::to_string(rows) + " x " + std::to_string(h), bytes, ms};
+}
+
+// dx = gelu_backward(dy, x) in place over dy, as the model calls it, with or without the bias
+// gradient (the column sums of dx) in the same pass.
+Row bench_gelu_backward(Backend& be, DType dt, int64_t rows, int64_t n, bool bias, int reps, int warmup, Rng& rng) {
+  Allocator& al = be.allocator();
+  std::vector<Buffer> dy, x;
+  for (int s = 0; s < kSets; ++s) {
+    dy.emplace_back(al, dt, Shape{rows, n}, Category::Other);
+    x.emplace_back(al, dt, Shape{rows, n}, Category::Other);
+    be.upload(dy.back(), random_values(static_cast<size_t>(rows * n), dt, rng, 1.0).data());
+    be.upload(x.back(), random_values(static_cast<size_t>(rows * n), dt, rng, 2.0).data());
+  }
+  Buffer db(al, DType::F32, Shape{n}, Category::Other);
+  be.upload(db, random_values(static_cast<size_t>(n), DType::F32, rng, 1.0).data());
+  const double ms = time_op(be, reps, warmup, [&](int s, int) {
+    be.gelu_backward(dy[s], dy[s], x[s], bias ? db.tensor() : Tensor{});
+  });
+  return Row{bias ? "gelu_backward + bias gradient" : "gelu_backward",
+             std::to_string(rows) + " x " + std::to_string(n),
+             static_cast<double>(rows * n) * static_cast<double>(dtype_size(dt)) * 3, ms};
 }
 
 Row bench_copy(Backend& be, int reps, int warmup) {
@@ -265,9 +292,14 @@ int main(int argc, char** argv) {
     std::printf("\n%s, %s; median of %d calls; GB/s = fewest bytes (inputs read once, outputs written once) / time.\n\n",
                 be->name().c_str(), dtype.c_str(), reps);
     std::printf("| op | shape | MB | ms | GB/s |\n|---|---|---:|---:|---:|\n");
-    for (const Row& r : out)
-      std::printf("| %s | %s | %.1f | %.4f | %.0f |\n", r.op.c_str(), r.shape.c_str(), r.bytes / 1e6, r.ms,
-                  r.bytes / r.ms / 1e6);
+    // The bias gradients in the passes that write dY (the model's calls since session 18).
+    std::vector<Row> fused{bench_layernorm_backward(*be, dt, rows, 1024, 0.1f, reps, warmup, rng, true),
+                           bench_gelu_backward(*be, dt, rows, 4096, false, reps, warmup, rng),
+                           bench_gelu_backward(*be, dt, rows, 4096, true, reps, warmup, rng)};
+    for (const auto* rows_of : {&out, &fused})
+      for (const Row& r : *rows_of)
+        std::printf("| %s | %s | %.1f | %.4f | %.0f |\n", r.op.c_str(), r.shape.c_str(), r.bytes / 1e6, r.ms,
+                    r.bytes / r.ms / 1e6);
     // Per step of bert-large (24 layers): 4 bias_grad calls (1024, 1024, 3072, 4096) and 2
     // fused LayerNorm backwards per layer.
     if (out.size() == 6) {

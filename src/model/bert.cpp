@@ -810,8 +810,8 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   const float hp = static_cast<float>(m_cfg.hidden_dropout_prob), ap = static_cast<float>(m_cfg.attention_probs_dropout_prob);
   const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};  // C += A B (gradients and residual sums)
   const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
-  // dW += dY^T X with db += the column sums of dY in the same call (Note [fused bias gradient]).
-  auto acc_bias = [](const Tensor& db) { return MatmulArgs{1, 1, Epilogue::BiasGrad, db, {}}; };
+  // The three bias gradients of a layer's dense outputs come with the ops that write their dY:
+  // the LayerNorm backwards (ff2, ao: the column sums of dbranch) and the GELU backward (ff1).
   // Packed training: the row-wise tensors have n = N token rows (x, out and a's row tensors come
   // sliced); attention reads its saved padded qkv and ctx (Note [packed training]).
   const bool pk = m_acts->packed_train;
@@ -830,25 +830,25 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   // LayerNorm 2: ds2 (X2) reaches h1 through the residual; df2 (X3) reaches the FFN output.
   m_be.layernorm_backward(x2, x3, G(p.ln2_w), G(p.ln2_b), dy, out,
                           a.rstd2, M(p.ln2_w), M(p.ln2_b),
-                          drop(hp, base, site_ffn_out(l), true));
+                          drop(hp, base, site_ffn_out(l), true), G(p.ff2_b));
   // FFN out: y = g W2^T + b2, W2 (H, I). dW2 first: under selective checkpointing g shares
   // its memory with dI.
-  m_be.matmul(G(p.ff2_w), x3, Trans::T, a.g, Trans::N, acc_bias(G(p.ff2_b)));
+  m_be.matmul(G(p.ff2_w), x3, Trans::T, a.g, Trans::N, acc);
   m_be.matmul(dI, x3, Trans::N, W(p.ff2_w), Trans::N, fp8(put, l, kFp8FfnOut, kFp8Grad, kFp8Weight));
-  m_be.gelu_backward(dI, dI, a.pre);
+  m_be.gelu_backward(dI, dI, a.pre, G(p.ff1_b));
   // FFN in: pre = h1 W1^T + b1, W1 (I, H); dh1 = dpre W1 + ds2.
   m_be.matmul(x2, dI, Trans::N, W(p.ff1_w), Trans::N, fp8(acc, l, kFp8FfnIn, kFp8Grad, kFp8Weight));
-  m_be.matmul(G(p.ff1_w), dI, Trans::T, a.h1, Trans::N, acc_bias(G(p.ff1_b)));
+  m_be.matmul(G(p.ff1_w), dI, Trans::T, a.h1, Trans::N, acc);
   // LayerNorm 1: ds1 (X3) reaches x; dao (X1) reaches the attention output projection.
   m_be.layernorm_backward(x3, x1, G(p.ln1_w), G(p.ln1_b),
                           x2, a.h1, a.rstd1, M(p.ln1_w),
                           M(p.ln1_b),
-                          drop(attn_out_dropout(m_cfg), base, site_attn_out(l), true));
+                          drop(attn_out_dropout(m_cfg), base, site_attn_out(l), true), G(p.ao_b));
   m_be.matmul(x2, x1, Trans::N, W(p.ao_w), Trans::N, fp8(put, l, kFp8AttnOut, kFp8Grad, kFp8Weight));  // dctx
   if (m_acts->packed_attention) {  // Note [packed attention]: the saved q|k|v and context are packed rows
     const Tensor qkv_rows = a.qkv.view({R, 3 * H}).slice(0, n), ctx_rows = a.ctx.view({R, H}).slice(0, n);
     const Tensor dqkv_rows = dqkv.slice(0, n);
-    m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc_bias(G(p.ao_b)));
+    m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc);
     m_be.attention_packed_backward(dqkv_rows, x2, qkv_rows, ctx_rows, a.lse, b.seq_offsets, static_cast<int>(nh),
                                    drop(ap, base, site_attn(l), true), b.attended_pairs);
     return qkv_backward(l, dqkv_rows, x, X3);
@@ -858,7 +858,7 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
     ctx_rows = big.slice(0, n * H).view({n, H});
     m_be.gather_rows(ctx_rows, a.ctx, b.token_rows);
   }
-  m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc_bias(G(p.ao_b)));
+  m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc);
   if (pk) {  // dao is consumed: X1's whole buffer takes dctx in the padded layout, zero on padding
     m_be.fill(X1, 0.0f);
     m_be.scatter_rows(X1, x2, b.token_rows);

@@ -168,10 +168,11 @@ class Backend {
                          float eps, const DropoutSpec& branch_dropout);
   // From forward's output y and rstd (Note [layernorm backward from its output] in
   // ops/cpu/layernorm.cpp): dsum = dL/dsum; dbranch (if defined) = dropout_backward(dsum);
-  // dgamma, dbeta F32 (+=).
+  // dgamma, dbeta F32 (+=). dbias F32 [H] (if defined; needs dbranch) += the column sums of
+  // dbranch: the bias gradient of the layer whose output was the branch, in the same pass.
   void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
                           const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma,
-                          const Tensor& beta, const DropoutSpec& branch_dropout);
+                          const Tensor& beta, const DropoutSpec& branch_dropout, const Tensor& dbias = Tensor());
   // Cross-entropy over logits [B, C] with I32 labels [B]: losses F32 [B] (per sample);
   // dlogits = (softmax - onehot) * grad_scale (grad_scale = loss_scale / total batch).
   void cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
@@ -198,7 +199,9 @@ class Backend {
 
   // ---- element-wise --------------------------------------------------------------------
   void gelu_forward(const Tensor& y, const Tensor& x);  // exact erf GELU
-  void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x);
+  // dbias F32 [C] (if defined) += the column sums of dx viewed as [R, C]: the bias gradient of
+  // the layer whose output was x, in the same pass.
+  void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& dbias = Tensor());
   // Gated GELU (ModernBERT's MLP): x [R, 2I] = [input | gate], y [R, I] = gelu(input) * gate;
   // dx [R, 2I] = [dy * gate * gelu'(input) | dy * gelu(input)] (overwritten).
   void geglu_forward(const Tensor& y, const Tensor& x);
@@ -307,8 +310,8 @@ class Backend {
                                       const Tensor& beta, float eps, const DropoutSpec& branch_dropout) = 0;
   virtual void layernorm_backward_impl(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
                                        const Tensor& dbeta, const Tensor& dy, const Tensor& y, const Tensor& rstd,
-                                       const Tensor& gamma, const Tensor& beta,
-                                       const DropoutSpec& branch_dropout) = 0;
+                                       const Tensor& gamma, const Tensor& beta, const DropoutSpec& branch_dropout,
+                                       const Tensor& dbias) = 0;
   virtual void cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                                   const Tensor& labels, float grad_scale) = 0;
   virtual void mse_loss_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
@@ -318,7 +321,7 @@ class Backend {
   virtual void bce_with_logits_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                                     const Tensor& targets, float grad_scale) = 0;
   virtual void gelu_forward_impl(const Tensor& y, const Tensor& x) = 0;
-  virtual void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
+  virtual void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& dbias) = 0;
   virtual void geglu_forward_impl(const Tensor& y, const Tensor& x) = 0;
   virtual void geglu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) = 0;
   virtual void tanh_forward_impl(const Tensor& y, const Tensor& x) = 0;

@@ -411,7 +411,7 @@ void Backend::layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor
 }
 void Backend::layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
                                  const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma,
-                                 const Tensor& beta, const DropoutSpec& branch_dropout) {
+                                 const Tensor& beta, const DropoutSpec& branch_dropout, const Tensor& dbias) {
   const Check c(*this, "layernorm_backward");
   const DType dt = c.compute(dy, "dy");
   const Mat m = as_matrix(dy);
@@ -420,12 +420,14 @@ void Backend::layernorm_backward(const Tensor& dsum, const Tensor& dbranch, cons
   c.optional(dbranch, dt, n, "dbranch");
   c.optional(dgamma, F32, h, "dgamma");
   c.optional(dbeta, F32, h, "dbeta");
+  c.optional(dbias, F32, h, "dbias");
+  c.holds(!dbias.defined() || dbranch.defined(), [] { return std::string("dbias needs dbranch (its column sums)"); });
   c.sized(y, dt, n, "y");
   c.sized(rstd, F32, rows, "rstd");
   normalization_parameters(c, gamma, beta, dt, h);
   c.dropout(branch_dropout);
   observed("layernorm", [&] { return layernorm_cost(dy, dbranch.defined(), true); },
-           [&] { layernorm_backward_impl(dsum, dbranch, dgamma, dbeta, dy, y, rstd, gamma, beta, branch_dropout); });
+           [&] { layernorm_backward_impl(dsum, dbranch, dgamma, dbeta, dy, y, rstd, gamma, beta, branch_dropout, dbias); });
 }
 void Backend::cross_entropy(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
                             float grad_scale) {
@@ -481,9 +483,11 @@ void Backend::gelu_forward(const Tensor& y, const Tensor& x) {
   elementwise(Check(*this, "gelu_forward"), y, x);
   observed("gelu", [&] { return elementwise_cost(y, 8, 1, 1); }, [&] { gelu_forward_impl(y, x); });
 }
-void Backend::gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x) {
-  elementwise(Check(*this, "gelu_backward"), dx, dy, &x);
-  observed("gelu", [&] { return elementwise_cost(dx, 12, 2, 1); }, [&] { gelu_backward_impl(dx, dy, x); });
+void Backend::gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& dbias) {
+  const Check c(*this, "gelu_backward");
+  elementwise(c, dx, dy, &x);
+  if (dbias.defined()) c.sized(dbias, F32, static_cast<size_t>(as_matrix(dx).cols), "dbias");
+  observed("gelu", [&] { return elementwise_cost(dx, 12, 2, 1); }, [&] { gelu_backward_impl(dx, dy, x, dbias); });
 }
 // x [R, 2I]; y [R, I] of x's dtype.
 void geglu(const Check& c, const Tensor& y, const Tensor& x) {

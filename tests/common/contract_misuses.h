@@ -71,6 +71,17 @@ inline std::vector<Misuse> contract_misuses() {
          B gamma = buf(be, F32, {7}), beta = buf(be, F32, {8});
          be.layernorm_forward(y, Tensor{}, mean, rstd, x, Tensor{}, gamma, beta, 1e-12f, {});
        }},
+      {"layernorm backward bias gradient without dbranch",
+       [=](Backend& be) {
+         B ds = buf(be, F32, {4, 8}), dy = buf(be, F32, {4, 8}), y = buf(be, F32, {4, 8}), rstd = buf(be, F32, {4});
+         B gamma = buf(be, F32, {8}), beta = buf(be, F32, {8}), db = buf(be, F32, {8});
+         be.layernorm_backward(ds, Tensor{}, Tensor{}, Tensor{}, dy, y, rstd, gamma, beta, {}, db);
+       }},
+      {"gelu backward bias gradient of the wrong length",
+       [=](Backend& be) {
+         B dx = buf(be, F32, {4, 8}), dy = buf(be, F32, {4, 8}), x = buf(be, F32, {4, 8}), db = buf(be, F32, {4});
+         be.gelu_backward(dx, dy, x, db);
+       }},
       {"attention hidden not divisible by heads",
        [=](Backend& be) {
          B qkv = buf(be, F32, {2, 4, 3 * 6}), ctx = buf(be, F32, {2, 4, 6}), lse = buf(be, F32, {2, 4, 4});

@@ -650,9 +650,10 @@ std::vector<OpEntry> build_registry() {
     c.args.push_back(acc_f32(g, "dgamma", {H}));
     c.args.push_back(acc_f32(g, "dbeta", {H}));
     c.args.push_back(in(g, "dy", {R, H}));
+    c.args.push_back(acc_f32(g, "dbias", {H}));  // the column sums of dbranch
     c.run = [=](Backend& be, T t) {
       be.layernorm_forward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], 1e-12f, drop);
-      be.layernorm_backward(t[8], t[9], t[10], t[11], t[12], t[0], t[3], t[6], t[7], drop);
+      be.layernorm_backward(t[8], t[9], t[10], t[11], t[12], t[0], t[3], t[6], t[7], drop, t[13]);
     };
     return c;
   }, [](Rng& g) { layernorm_gradient(g); });
@@ -729,7 +730,14 @@ std::vector<OpEntry> build_registry() {
         [d](double* dx, const double* dy, const double*, const double*, size_t n) { ref::dropout_backward(dx, dy, n, d); });
   };
   unary("gelu_forward", &Backend::gelu_forward, gelu_grad);
-  binary("gelu_backward", &Backend::gelu_backward, gelu_grad);
+  add("gelu_backward", [](const OpDims& d, Rng& g) {  // with the column sums of dx (a bias gradient)
+    return OpCase{{out("dx", {d.rows(), d.ffn}), in(g, "dy", {d.rows(), d.ffn}, 2.0), in(g, "x", {d.rows(), d.ffn}, 0.9),
+                   out("dx_alone", {d.rows(), d.ffn}), acc_f32(g, "dbias", {d.ffn})},
+                  [](Backend& be, T t) {
+                    be.gelu_backward(t[3], t[1], t[2]);
+                    be.gelu_backward(t[0], t[1], t[2], t[4]);
+                  }};
+  }, gelu_grad);
   unary("tanh_forward", &Backend::tanh_forward, tanh_grad);
   binary("tanh_backward", &Backend::tanh_backward, tanh_grad);
   unary("relu_forward", &Backend::relu_forward, relu_grad);

@@ -70,7 +70,7 @@ class ContractOnlyCuda final : public Backend {
     ++impl_calls;
   }
   void layernorm_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               const Tensor&, const Tensor&, const Tensor&, const DropoutSpec&) override {
+                               const Tensor&, const Tensor&, const Tensor&, const DropoutSpec&, const Tensor&) override {
     ++impl_calls;
   }
   void cross_entropy_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override { ++impl_calls; }
@@ -80,7 +80,7 @@ class ContractOnlyCuda final : public Backend {
   void mse_loss_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override { ++impl_calls; }
   void bce_with_logits_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, float) override { ++impl_calls; }
   void gelu_forward_impl(const Tensor&, const Tensor&) override { ++impl_calls; }
-  void gelu_backward_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
+  void gelu_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
   void tanh_forward_impl(const Tensor&, const Tensor&) override { ++impl_calls; }
   void tanh_backward_impl(const Tensor&, const Tensor&, const Tensor&) override { ++impl_calls; }
   void relu_forward_impl(const Tensor&, const Tensor&) override { ++impl_calls; }

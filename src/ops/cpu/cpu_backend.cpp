@@ -133,10 +133,11 @@ class CpuBackend final : public Backend {
   }
   void layernorm_backward_impl(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
                                const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma,
-                               const Tensor& beta, const DropoutSpec& branch_dropout) override {
+                               const Tensor& beta, const DropoutSpec& branch_dropout, const Tensor& dbias) override {
     const Mat m = as_matrix(dy);
     ref::layernorm_backward(f32(dsum), opt(dbranch), opt(dgamma), opt(dbeta), f32(dy), f32(y), f32(rstd), f32(gamma),
                             f32(beta), m.rows, m.cols, branch_dropout);
+    if (dbias.defined()) ref::bias_grad(f32(dbias), f32(dbranch), m.rows, m.cols);
   }
   void cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
                           float grad_scale) override {
@@ -162,8 +163,12 @@ class CpuBackend final : public Backend {
 
   // ---- element-wise ------------------------------------------------------------------
   void gelu_forward_impl(const Tensor& y, const Tensor& x) override { ref::gelu_forward(f32(y), f32(x), x.numel()); }
-  void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) override {
+  void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& dbias) override {
     ref::gelu_backward(f32(dx), f32(dy), f32(x), x.numel());
+    if (dbias.defined()) {
+      const Mat m = as_matrix(dx);
+      ref::bias_grad(f32(dbias), f32(dx), m.rows, m.cols);
+    }
   }
   void geglu_forward_impl(const Tensor& y, const Tensor& x) override {
     const Mat m = as_matrix(y);

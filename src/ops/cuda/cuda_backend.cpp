@@ -401,9 +401,10 @@ void CudaBackend::layernorm_forward_impl(const Tensor& y, const Tensor& sum, con
 
 void CudaBackend::layernorm_backward_impl(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
                                           const Tensor& dbeta, const Tensor& dy, const Tensor& y, const Tensor& rstd,
-                                          const Tensor& gamma, const Tensor& beta, const DropoutSpec& branch_dropout) {
-  cuda::layernorm_backward(dsum, dbranch, dgamma, dbeta, dy, y, rstd, gamma, beta, branch_dropout, reduce_scratch(),
-                           m_stream);
+                                          const Tensor& gamma, const Tensor& beta, const DropoutSpec& branch_dropout,
+                                          const Tensor& dbias) {
+  cuda::layernorm_backward(dsum, dbranch, dgamma, dbeta, dbias, dy, y, rstd, gamma, beta, branch_dropout,
+                           reduce_scratch(), m_stream);
 }
 
 void CudaBackend::cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
@@ -435,8 +436,11 @@ void CudaBackend::geglu_backward_impl(const Tensor& dx, const Tensor& dy, const 
   cuda::geglu_backward(dx, dy, x, m_stream);
 }
 void CudaBackend::gelu_forward_impl(const Tensor& y, const Tensor& x) { cuda::gelu_forward(y, x, m_stream); }
-void CudaBackend::gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) {
-  cuda::gelu_backward(dx, dy, x, m_stream);
+void CudaBackend::gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& dbias) {
+  if (dbias.defined())
+    cuda::gelu_backward_bias(dx, dy, x, dbias, reduce_scratch(), m_stream);
+  else
+    cuda::gelu_backward(dx, dy, x, m_stream);
 }
 void CudaBackend::tanh_forward_impl(const Tensor& y, const Tensor& x) { cuda::tanh_forward(y, x, m_stream); }
 void CudaBackend::tanh_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) {

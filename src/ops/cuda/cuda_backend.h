@@ -111,7 +111,7 @@ class CudaBackend final : public Backend {
                               float eps, const DropoutSpec& branch_dropout) override;
   void layernorm_backward_impl(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
                                const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma,
-                               const Tensor& beta, const DropoutSpec& branch_dropout) override;
+                               const Tensor& beta, const DropoutSpec& branch_dropout, const Tensor& dbias) override;
   void cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
                           float grad_scale) override;
   void token_cross_entropy_impl(const Tensor& losses, const Tensor& dlogits, const Tensor& logits, const Tensor& labels,
@@ -125,7 +125,7 @@ class CudaBackend final : public Backend {
   void geglu_forward_impl(const Tensor& y, const Tensor& x) override;
   void geglu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) override;
   void gelu_forward_impl(const Tensor& y, const Tensor& x) override;
-  void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x) override;
+  void gelu_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& dbias) override;
   void tanh_forward_impl(const Tensor& y, const Tensor& x) override;
   void tanh_backward_impl(const Tensor& dx, const Tensor& dy, const Tensor& y) override;
   void relu_forward_impl(const Tensor& y, const Tensor& x) override;

@@ -10,17 +10,12 @@ namespace {
 
 // ---- functors (element i of the flattened tensor; fp32 math) --------------------------------
 constexpr float kInvSqrt2 = 0.70710678118654752440f;
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
 struct GeluF {  // x * Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)): exact, as Hugging Face BERT
   __device__ float operator()(float x, size_t) const { return 0.5f * x * (1.0f + erff(x * kInvSqrt2)); }
 };
 struct GeluBackF {  // dy * (Phi(x) + x phi(x))
-  __device__ float operator()(float dy, float x, size_t) const {
-    float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
-    float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
-    return dy * (cdf + x * pdf);
-  }
+  __device__ float operator()(float dy, float x, size_t) const { return gelu_grad(dy, x); }
 };
 struct TanhF {
   __device__ float operator()(float x, size_t) const { return tanhf(x); }

@@ -64,6 +64,10 @@ void scatter_rows(const Tensor& out, const Tensor& in, const Tensor& idx, cudaSt
 // ---- reduce.cu ----------------------------------------------------------------------------------
 // db F32 [N] += column sums of dy [M, N].
 void bias_grad(const Tensor& db, const Tensor& dy, const ReduceScratch& scratch, cudaStream_t s);
+// dx = gelu_backward(dy, x) (elementwise.cu's) and db F32 [N] += the column sums of dx [M, N] as
+// stored, in one pass where 16-byte packs fit (Note [column sums at bandwidth]). dx may alias dy.
+void gelu_backward_bias(const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& db,
+                        const ReduceScratch& scratch, cudaStream_t s);
 // partials F32 [groups, stride]: out0[j] += sum_g partials[g, j] and out1[j] += sum_g
 // partials[g, n + j] for j < n (stride >= n, or >= 2n with out1), summed in a fixed order (the
 // same every run: Note [column sums at bandwidth]). Either output may be nullptr (skipped).
@@ -77,11 +81,12 @@ void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, c
                        const Tensor& branch, const Tensor& residual, const Tensor& gamma,
                        const Tensor& beta, float eps, const DropoutSpec& d, cudaStream_t s);
 // From the output y (xhat = (y - beta) / gamma): dsum; dbranch (may be undefined) =
-// dropout_backward(dsum); dgamma, dbeta F32 [H] (+=, may be undefined), through two-stage
-// reductions in `scratch` (needs at least 2H floats).
+// dropout_backward(dsum); dgamma, dbeta F32 [H] (+=, may be undefined); dbias F32 [H] (+=, may
+// be undefined; needs dbranch) the column sums of dbranch as stored. Through two-stage
+// reductions in `scratch` (needs at least 3H floats with dbias, else 2H).
 void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma,
-                        const Tensor& dbeta, const Tensor& dy, const Tensor& y, const Tensor& rstd,
-                        const Tensor& gamma, const Tensor& beta, const DropoutSpec& d,
+                        const Tensor& dbeta, const Tensor& dbias, const Tensor& dy, const Tensor& y,
+                        const Tensor& rstd, const Tensor& gamma, const Tensor& beta, const DropoutSpec& d,
                         const ReduceScratch& scratch, cudaStream_t s);
 
 // ---- loss.cu ------------------------------------------------------------------------------------

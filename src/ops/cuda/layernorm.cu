@@ -20,6 +20,7 @@
 #include <algorithm>
 
 #include "core/rng.h"
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/launchers.h"
 
@@ -134,29 +135,53 @@ __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
 
 // Note [layernorm backward at bandwidth]
 // At bert-large shapes (rows = 16384, H = 1024, bf16, the branch dropout fused) the backward
-// moves 128 MB (dy and y in, dsum and dbranch out: ~32 us at 4 TB/s) and does little
-// arithmetic, so it is a matter of keeping enough bytes in flight. A block of 8 warps, one
-// block per SM (the launch bounds give each lane up to 255 registers), is a persistent grid:
-// warp w of block b takes rows b*8 + w, then + gridDim*8, ... Each lane holds its 16-byte packs
-// of a row (P of them) and, for half types, already the next row's packs and rstd (loads
-// issued before the current row's arithmetic and shuffles, so the memory is never idle behind
-// them); gamma, beta and 1/gamma are staged once per block in shared memory as floats (the
-// first pass needs no division: g xhat = dy (y - beta)). dgamma/dbeta accumulate per lane in
-// registers; at the end the block adds its warps in warp order (16-byte shared accesses) and
-// writes its partial row [dgamma | dbeta] to partials[blockIdx.x] (disjoint rows per block),
-// which reduce_partials sums in a fixed order. Grid size depends only on the SM count, so the
-// result is bitwise the same run to run on a device.
+// moves 128 MB (dy and y in, dsum and dbranch out: ~32 us at 4 TB/s), with some 40 instructions
+// an element (two passes, the dropout hash, the column sums), so it needs both bytes in flight
+// and warps to issue from. A first version (a warp per row, each lane holding 32 columns of every
+// column sum: 240 registers, 8 warps per SM) took 73.7 us (1.8 TB/s) on the H200, and adding
+// the bias gradient's sums to it would have spilled.
+// So a row is spread over a group of L threads, one 16-byte pack each (P packs at most; L is the
+// row's packs rounded up to a warp, at most 128: 24 column sums a thread at H = 1024 bf16), and
+// the rows come ahead by cp.async into a ring of kStages [dy row | y row] stages per group in
+// shared memory, rstd into each thread's own slot: each thread copies, waits for and reads back
+// only its own packs, so the ring needs no barrier. Measured (session18/call3, B 16384 x 1024
+// bf16, dropout and the bias gradient fused): 70.1 us with 6 stages, 2 blocks of 256 threads
+// per SM; 70.9 with 4; 77.6 holding the next row in registers (512 threads, 1 block per SM);
+// 79.2 at 3 blocks per SM without staging (80 registers, spills). Against the first kernel
+// plus the separate bias gradient (73.7 + 15.9 us) that is 19.5 us a call saved.
+// The row's two sums meet in shared memory behind a barrier of the group's L threads only
+// (bar.sync with a thread count, barrier 1 + group), double-buffered by row parity so that one
+// barrier a row suffices: a thread writes a buffer again only after the next row's barrier,
+// which every thread of the group reaches after reading it.
+// Persistent grid: group g of block b takes rows b*G + g, then + gridDim*G, ... (G groups a
+// block); gamma, beta and 1/gamma are staged once per block in shared memory as floats (the
+// first pass needs no division: g xhat = dy (y - beta)). The column sums (dgamma, dbeta and,
+// when asked, dbias: the sums of dbranch as stored, the bias gradient of the layer that produced
+// the branch) accumulate per thread in registers; at the end the block adds its groups in group
+// order (16-byte shared accesses) and writes one partial row [dgamma | dbeta (| dbias)] to
+// partials[blockIdx.x], which reduce_partials sums in a fixed order. Grid size depends only on
+// the SM count and the width, so the result is bitwise the same run to run on a device.
 // The per-row math is the CPU twin's: xhat = (y - beta) / gamma, g = dy gamma,
 // dsum = rstd (g - mean(g) - xhat mean(g xhat)), recomputed in the second pass from the packed
 // inputs instead of being kept as floats (fewer registers).
-constexpr int kBwdThreads = 256;
-constexpr int kBwdWarps = kBwdThreads / 32;
+constexpr int kMaxGroupThreads = 128;  // L at most
+constexpr int kMaxGroupWarps = kMaxGroupThreads / 32;
+// The two shapes of the group kernel: P = 1 (every half-type width, fp32 up to 512) rows
+// staged kStages deep by cp.async, 2 blocks of 256 threads per SM; P = 2 (fp32 past 512) a
+// block of 512 threads per SM holding the next row in registers.
+constexpr int kStages = 6;
 
 // 1/gamma, with 0 where |gamma| < FLT_MIN (that column's xhat is unknown; see the note). A
 // subnormal gamma would give an infinite reciprocal.
 __device__ __forceinline__ float inv_gamma(float g) { return fabsf(g) < 1.17549435e-38f ? 0.0f : 1.0f / g; }
 
-// One row as a lane holds it: packs q = p*32 + lane (< packs) of dy and y, and rstd.
+// A barrier of `threads` threads (a multiple of 32: whole warps) on barrier `id` (not 0, which
+// __syncthreads uses).
+__device__ __forceinline__ void group_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// One row as a thread holds it: packs q = p*L + t (< packs) of dy and y, and rstd.
 template <class T, int P>
 struct RowIn {
   Pack<T, kVec<T>> d[P], x[P];
@@ -165,13 +190,13 @@ struct RowIn {
 
 template <class T, int P>
 __device__ __forceinline__ void load_row(RowIn<T, P>& in, const T* __restrict__ dy, const T* __restrict__ y,
-                                         const float* __restrict__ rstd, int64_t row, int h, int lane) {
+                                         const float* __restrict__ rstd, int64_t row, int h, int t, int L) {
   using V = Pack<T, kVec<T>>;
   const int packs = h / kVec<T>;
   const size_t base = static_cast<size_t>(row) * h;
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    const int q = p * 32 + lane;
+    const int q = p * L + t;
     if (q < packs) {
       in.d[p] = reinterpret_cast<const V*>(dy + base)[q];
       in.x[p] = reinterpret_cast<const V*>(y + base)[q];
@@ -193,23 +218,31 @@ __device__ __forceinline__ void load_floats(float (&o)[W], const float* p) {
   }
 }
 
+// Shared memory of the group kernel, in floats: the partial row [sums x H] when reducing, then
+// gamma | beta | 1/gamma [3H], then the row sums' slots (float2 [groups][2 parities][4 warps]).
+// With S stages: each group's ring of S [dy row | y row] of T and S x L rstd slots.
+inline size_t group_smem_bytes(int h, int sums, int groups, int S, size_t elem, int L) {
+  return (static_cast<size_t>(sums) + 3) * h * sizeof(float) + static_cast<size_t>(groups) * 2 * kMaxGroupWarps * 8 +
+         static_cast<size_t>(groups) * S * (2 * h * elem + static_cast<size_t>(L) * sizeof(float));
+}
+
 // Per row, with t = y - beta (so g xhat = dy t, and no division in the first pass):
 //   mean(g) and mean(dy t); then dsum = rstd (dy gamma - mean(g) - t / gamma mean(dy t)).
-// dgamma accumulates dy t per column and is divided by gamma once, at the end. gamma, beta
-// and 1/gamma sit in shared memory as floats (registers hold the rows and the column sums).
-template <class T, class G, int P, bool kPrefetch>
-__global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
+// dgamma accumulates dy t per column and is divided by gamma once, at the end. `sums` is the
+// partial row's count of column sums: 2 (dgamma, dbeta) or 3 (and dbias, from dbranch).
+template <class T, class G, int P, int kThreads, int kMinBlocks, int S>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) ln_backward_group(
     T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
     const T* __restrict__ y, const float* __restrict__ rstd, const G* __restrict__ gamma,
-    const G* __restrict__ beta, int64_t rows, int h, Drop drop) {
+    const G* __restrict__ beta, int64_t rows, int h, int L, int sums, Drop drop) {
   constexpr int W = kVec<T>;
   using V = Pack<T, W>;
-  // [2H] when partials: dgamma | dbeta (the end of the kernel); then gamma | beta | 1/gamma.
   extern __shared__ float4 shared4[];
   float* shared = reinterpret_cast<float*>(shared4);
-  float* s_gamma = shared + (partials ? 2 * h : 0);
+  float* s_gamma = shared + (partials ? sums * h : 0);
   float* s_beta = s_gamma + h;
   float* s_inv = s_beta + h;
+  float2* s_rows = reinterpret_cast<float2*>(s_inv + h);
   for (int c = threadIdx.x; c < h; c += blockDim.x) {
     const float g = to_f32(gamma[c]);
     s_gamma[c] = g;
@@ -217,31 +250,72 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
     s_inv[c] = inv_gamma(g);
   }
   __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int groups = blockDim.x / L, group = threadIdx.x / L, t = threadIdx.x - group * L;
+  const int lane = t & 31, warp = t >> 5, warps = L >> 5;
   const int packs = h / W;
+  const bool bias_sums = sums == 3;
   const float inv_h = 1.0f / h;
-  float dg[P][W], db[P][W];
+  float dg[P][W], db[P][W], dz[P][W];
 #pragma unroll
   for (int p = 0; p < P; ++p)
 #pragma unroll
-    for (int j = 0; j < W; ++j) dg[p][j] = db[p][j] = 0.0f;
+    for (int j = 0; j < W; ++j) dg[p][j] = db[p][j] = dz[p][j] = 0.0f;
 
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kBwdWarps;
-  int64_t row = static_cast<int64_t>(blockIdx.x) * kBwdWarps + warp;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * groups;
+  int64_t row = static_cast<int64_t>(blockIdx.x) * groups + group;
+  int parity = 0;
+  // S > 0: rows S - 1 ahead by cp.async into the group's ring of S stages [dy row | y row], and
+  // each thread's rstd into its own slot; a thread reads back only what it copied. S == 0: the
+  // next row in registers (`next`), loaded before the current row's arithmetic.
+  T* ring = reinterpret_cast<T*>(s_rows + groups * 2 * kMaxGroupWarps) + static_cast<size_t>(group) * S * 2 * h;
+  float* rs_ring = reinterpret_cast<float*>(reinterpret_cast<T*>(s_rows + groups * 2 * kMaxGroupWarps) +
+                                            static_cast<size_t>(groups) * S * 2 * h) +
+                   group * S * L;
+  auto issue = [&](int64_t r, int slot) {
+    if (r < rows) {
+      const size_t base = static_cast<size_t>(r) * h;
+      T* sd = ring + static_cast<size_t>(slot) * 2 * h;
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const int q = p * L + t;
+        if (q < packs) {
+          cp_async16(smem_addr(sd + q * W), dy + base + q * W);
+          cp_async16(smem_addr(sd + h + q * W), y + base + q * W);
+        }
+      }
+      cp_async4(smem_addr(rs_ring + slot * L + t), rstd + r);
+    }
+    cp_async_commit();  // every thread commits every time (maybe empty): the wait counts stay uniform
+  };
+  int slot = 0;
+  if constexpr (S > 0)
+    for (int k = 0; k + 1 < S; ++k) issue(row + k * step, k);
   RowIn<T, P> cur;
-  if (kPrefetch && row < rows) load_row(cur, dy, y, rstd, row, h, lane);
+  if (S == 0 && row < rows) load_row(cur, dy, y, rstd, row, h, t, L);
   for (; row < rows; row += step) {
     RowIn<T, P> next;
-    if constexpr (kPrefetch) {
-      if (row + step < rows) load_row(next, dy, y, rstd, row + step, h, lane);
-    } else {
-      load_row(cur, dy, y, rstd, row, h, lane);
+    if constexpr (S > 0) {
+      issue(row + (S - 1) * step, slot == 0 ? S - 1 : slot - 1);
+      cp_async_wait<S - 1>();
+      const T* sd = ring + static_cast<size_t>(slot) * 2 * h;
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const int q = p * L + t;
+        if (q < packs) {
+          cur.d[p] = *reinterpret_cast<const V*>(sd + q * W);
+          cur.x[p] = *reinterpret_cast<const V*>(sd + h + q * W);
+        }
+      }
+      cur.rs = rs_ring[slot * L + t];
+      slot = slot + 1 == S ? 0 : slot + 1;
+    } else if (row + step < rows) {
+      load_row(next, dy, y, rstd, row + step, h, t, L);
     }
     const float rs = cur.rs;
     float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-      const int q = p * 32 + lane;
+      const int q = p * L + t;
       if (q < packs) {
         float gv[W], bv[W];
         load_floats<W>(gv, s_gamma + q * W);
@@ -249,10 +323,10 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
 #pragma unroll
         for (int j = 0; j < W; ++j) {
           const float dyv = to_f32(cur.d[p].v[j]);
-          const float t = to_f32(cur.x[p].v[j]) - bv[j];
+          const float tv = to_f32(cur.x[p].v[j]) - bv[j];
           sg += dyv * gv[j];
-          sgx += dyv * t;
-          dg[p][j] += dyv * t;
+          sgx += dyv * tv;
+          dg[p][j] += dyv * tv;
           db[p][j] += dyv;
         }
       }
@@ -262,35 +336,58 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
       sg += __shfl_xor_sync(0xffffffffu, sg, o);
       sgx += __shfl_xor_sync(0xffffffffu, sgx, o);
     }
+    if (warps > 1) {  // the group's warps in warp order, the same sums in every thread
+      float2* slot = s_rows + (group * 2 + parity) * kMaxGroupWarps;
+      if (lane == 0) slot[warp] = make_float2(sg, sgx);
+      group_barrier(1 + group, L);
+      float2 s = slot[0];
+      for (int w = 1; w < warps; ++w) {
+        const float2 o = slot[w];
+        s.x += o.x;
+        s.y += o.y;
+      }
+      sg = s.x;
+      sgx = s.y;
+      parity ^= 1;
+    }
     const float mg = sg * inv_h, mgx = sgx * inv_h;
     const size_t base = static_cast<size_t>(row) * h;
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-      const int q = p * 32 + lane;
+      const int q = p * L + t;
       if (q < packs) {
         V o, ob;
-        float f[W], gv[W], bv[W], iv[W];
-        load_floats<W>(gv, s_gamma + q * W);
-        load_floats<W>(bv, s_beta + q * W);
-        load_floats<W>(iv, s_inv + q * W);
-        if (dbranch) drop.factors<W>(f, base + static_cast<size_t>(q) * W);
 #pragma unroll
-        for (int j = 0; j < W; ++j) {
-          const float xhat = (to_f32(cur.x[p].v[j]) - bv[j]) * iv[j];
-          const float d = rs * (to_f32(cur.d[p].v[j]) * gv[j] - mg - xhat * mgx);
-          o.v[j] = from_f32<T>(d);
-          if (dbranch) ob.v[j] = from_f32<T>(d * f[j]);
+        for (int j0 = 0; j0 < W; j0 += 4) {  // four columns at a time: fewer live registers
+          float f[4], gv[4], bv[4], iv[4];
+          load_floats<4>(gv, s_gamma + q * W + j0);
+          load_floats<4>(bv, s_beta + q * W + j0);
+          load_floats<4>(iv, s_inv + q * W + j0);
+          if (dbranch) drop.factors<4>(f, base + static_cast<size_t>(q) * W + j0);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int j = j0 + k;
+            const float xhat = (to_f32(cur.x[p].v[j]) - bv[k]) * iv[k];
+            const float d = rs * (to_f32(cur.d[p].v[j]) * gv[k] - mg - xhat * mgx);
+            o.v[j] = from_f32<T>(d);
+            if (dbranch) {
+              ob.v[j] = from_f32<T>(d * f[k]);
+              if (bias_sums) dz[p][j] += to_f32(ob.v[j]);
+            }
+          }
         }
         reinterpret_cast<V*>(dsum + base)[q] = o;
         if (dbranch) reinterpret_cast<V*>(dbranch + base)[q] = ob;
       }
     }
-    if constexpr (kPrefetch) cur = next;
+    if constexpr (S == 0) cur = next;
   }
+  if constexpr (S > 0) cp_async_wait_all();  // nothing in flight past the end (empty groups)
+  if (!partials) return;  // uniform across the grid
   // dgamma = sum dy t / gamma: divide each column once.
 #pragma unroll
   for (int p = 0; p < P; ++p) {
-    const int q = p * 32 + lane;
+    const int q = p * L + t;
     if (q < packs) {
       float iv[W];
       load_floats<W>(iv, s_inv + q * W);
@@ -298,33 +395,34 @@ __global__ void __launch_bounds__(kBwdThreads, 1) ln_backward_warp(
       for (int j = 0; j < W; ++j) dg[p][j] *= iv[j];
     }
   }
-  if (!partials) return;  // uniform across the grid
-  // Warp order, 16 bytes at a time (W is a multiple of 4); each warp's columns are its own.
-  for (int w = 0; w < kBwdWarps; ++w) {
-    if (warp == w) {
+  // Group order, 16 bytes at a time (W is a multiple of 4); thread t of every group owns the
+  // same columns, and no other thread touches them.
+  for (int gi = 0; gi < groups; ++gi) {
+    if (group == gi) {
 #pragma unroll
       for (int p = 0; p < P; ++p) {
-        const int q = p * 32 + lane;
+        const int q = p * L + t;
         if (q < packs)
 #pragma unroll
           for (int j = 0; j < W; j += 4) {
             const int c4 = (q * W + j) / 4;
-            float4 a = make_float4(dg[p][j], dg[p][j + 1], dg[p][j + 2], dg[p][j + 3]);
-            float4 b = make_float4(db[p][j], db[p][j + 1], db[p][j + 2], db[p][j + 3]);
-            if (w) {
-              const float4 sa = shared4[c4], sb = shared4[h / 4 + c4];
-              a = make_float4(sa.x + a.x, sa.y + a.y, sa.z + a.z, sa.w + a.w);
-              b = make_float4(sb.x + b.x, sb.y + b.y, sb.z + b.z, sb.w + b.w);
-            }
-            shared4[c4] = a;
-            shared4[h / 4 + c4] = b;
+            float4 v[3] = {make_float4(dg[p][j], dg[p][j + 1], dg[p][j + 2], dg[p][j + 3]),
+                           make_float4(db[p][j], db[p][j + 1], db[p][j + 2], db[p][j + 3]),
+                           make_float4(dz[p][j], dz[p][j + 1], dz[p][j + 2], dz[p][j + 3])};
+#pragma unroll
+            for (int k = 0; k < 3; ++k)
+              if (k < sums) {
+                float4& s = shared4[k * (h / 4) + c4];
+                if (gi) v[k] = make_float4(s.x + v[k].x, s.y + v[k].y, s.z + v[k].z, s.w + v[k].w);
+                s = v[k];
+              }
           }
       }
     }
     __syncthreads();
   }
-  float* out = partials + static_cast<size_t>(blockIdx.x) * 2 * h;
-  for (int c = threadIdx.x; c < 2 * h; c += blockDim.x) out[c] = shared[c];
+  float* out = partials + static_cast<size_t>(blockIdx.x) * sums * h;
+  for (int c = threadIdx.x; c < sums * h; c += blockDim.x) out[c] = shared[c];
 }
 
 // ---- kernels: block per row (any H) -----------------------------------------------------------
@@ -367,19 +465,20 @@ __global__ void __launch_bounds__(kBlockThreads) ln_forward_block(
 }
 
 // Blocks stride over rows; thread t owns columns c = t, t + blockDim, ... < H of the block's
-// partial row: both part[c] (dgamma) and part[H + c] (dbeta), which it alone zeroes, reads and
-// writes, so no barrier is needed for them. (Zeroing [0, 2H) by thread index instead handed
-// part[H + c] to another thread without a barrier: a race that compute-sanitizer's serialized
-// schedule exposed as wrong dbeta.)
+// partial row: part[c] (dgamma), part[H + c] (dbeta) and, with sums = 3, part[2H + c] (dbias),
+// which it alone zeroes, reads and writes, so no barrier is needed for them. (Zeroing [0, 2H) by
+// thread index instead handed part[H + c] to another thread without a barrier: a race that
+// compute-sanitizer's serialized schedule exposed as wrong dbeta.)
 template <class T, class G>
 __global__ void __launch_bounds__(kBlockThreads) ln_backward_block(
     T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
     const T* __restrict__ y, const float* __restrict__ rstd, const G* __restrict__ gamma,
-    const G* __restrict__ beta, int64_t rows, int h, Drop drop) {
+    const G* __restrict__ beta, int64_t rows, int h, int sums, Drop drop) {
   __shared__ float red[32];
-  float* part = partials ? partials + static_cast<size_t>(blockIdx.x) * 2 * h : nullptr;
+  float* part = partials ? partials + static_cast<size_t>(blockIdx.x) * sums * h : nullptr;
   if (part)
-    for (int c = threadIdx.x; c < h; c += blockDim.x) part[c] = part[h + c] = 0.0f;
+    for (int c = threadIdx.x; c < h; c += blockDim.x)
+      for (int k = 0; k < sums; ++k) part[k * h + c] = 0.0f;
   const float inv_h = 1.0f / h;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const size_t base = static_cast<size_t>(row) * h;
@@ -400,7 +499,11 @@ __global__ void __launch_bounds__(kBlockThreads) ln_backward_block(
       const float xhat = (to_f32(y[base + c]) - to_f32(beta[c])) * inv_gamma(gv);
       const float d = rs * (to_f32(dy[base + c]) * gv - mg - xhat * mgx);
       dsum[base + c] = from_f32<T>(d);
-      if (dbranch) dbranch[base + c] = from_f32<T>(d * drop.factor(base + c));
+      if (dbranch) {
+        const T b = from_f32<T>(d * drop.factor(base + c));
+        dbranch[base + c] = b;
+        if (sums == 3) part[2 * h + c] += to_f32(b);
+      }
     }
   }
   if (part)  // each thread its own columns, as above
@@ -477,17 +580,19 @@ void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, c
 }
 
 void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor& dgamma, const Tensor& dbeta,
-                        const Tensor& dy, const Tensor& y, const Tensor& rstd, const Tensor& gamma, const Tensor& beta,
-                        const DropoutSpec& d, const ReduceScratch& scratch, cudaStream_t s) {
+                        const Tensor& dbias, const Tensor& dy, const Tensor& y, const Tensor& rstd,
+                        const Tensor& gamma, const Tensor& beta, const DropoutSpec& d, const ReduceScratch& scratch,
+                        cudaStream_t s) {
   const int h = static_cast<int>(dy.dim(-1));
   const int64_t rows = h ? static_cast<int64_t>(dy.numel()) / h : 0;
   if (rows == 0) return;
   const Drop drop = make_drop(d);
-  const bool reduce = dgamma.defined() || dbeta.defined();
+  const bool reduce = dgamma.defined() || dbeta.defined() || dbias.defined();
+  const int sums = dbias.defined() ? 3 : 2;  // the partial row: dgamma | dbeta (| dbias)
   // Partial rows: as many blocks as keep the device busy, as the scratch allows.
-  const int64_t cap = static_cast<int64_t>(scratch.floats) / (2 * static_cast<int64_t>(h));
+  const int64_t cap = static_cast<int64_t>(scratch.floats) / (sums * static_cast<int64_t>(h));
   ANATOMY_CHECK(!reduce || cap >= 1, "internal error: layernorm_backward scratch of ", scratch.floats,
-                " floats is below 2H = ", 2 * h);
+                " floats is below ", sums, "H = ", sums * h);
   dispatch_float(dy.dtype, "layernorm_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* dsp = dsum.ptr<T>();
@@ -498,32 +603,43 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
       using G = typename decltype(gtag)::type;
       const G* gp = gamma.ptr<const G>();
       const G* btp = beta.ptr<const G>();
-      const int p = packs_per_lane<T>(h, {dsp, dbp, dyp, yp, gp, btp});
-      // The warp path is a persistent grid of one 8-warp block per SM (Note [layernorm backward
-      // at bandwidth]); the block path a block per row, at most 4 per SM when it reduces.
-      int64_t blocks = p ? std::min<int64_t>((rows + kBwdWarps - 1) / kBwdWarps, sm_count()) : rows;
-      if (reduce) blocks = std::min<int64_t>({blocks, 4 * static_cast<int64_t>(sm_count()), cap});
-      blocks = std::max<int64_t>(blocks, 1);
       float* partials = reduce ? scratch.data : nullptr;
-      if (p == 0) {
-        ln_backward_block<T, G><<<static_cast<unsigned>(blocks), kBlockThreads, 0, s>>>(
-            dsp, dbp, partials, dyp, yp, rstd.ptr<const float>(), gp, btp, rows, h, drop);
+      // The group path (Note [layernorm backward at bandwidth]) where 16-byte packs fit: L threads
+      // a row, P packs each; else the block path, a block per row, at most 4 per SM when reducing.
+      const int packs = packs_per_lane<T>(h, {dsp, dbp, dyp, yp, gp, btp}) ? h / kVec<T> : 0;
+      const int L = std::min(kMaxGroupThreads, (packs + 31) / 32 * 32);
+      const int P = packs ? (packs + L - 1) / L : 0;
+      int64_t blocks = rows;
+      if (P == 0) {
+        if (reduce) blocks = std::min<int64_t>({blocks, 4 * static_cast<int64_t>(sm_count()), cap});
+        ln_backward_block<T, G><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kBlockThreads, 0, s>>>(
+            dsp, dbp, partials, dyp, yp, rstd.ptr<const float>(), gp, btp, rows, h, sums, drop);
       } else {
-        // [dgamma | dbeta] partials when reducing, then gamma | beta | 1/gamma: <= 20 KiB.
-        const size_t smem = ((reduce ? 2 : 0) + 3) * static_cast<size_t>(h) * sizeof(float);
-        // Prefetching the next row costs 2P more 16-byte packs per lane: affordable for the half
-        // types (P <= 4 at H <= 1024), not for fp32 (P = 8 would spill).
-        constexpr bool kPrefetch = sizeof(T) == 2;
-        with_packs<T, 1>(p, [&](auto pc) {
-          ln_backward_warp<T, G, decltype(pc)::value, kPrefetch>
-              <<<static_cast<unsigned>(blocks), kBwdThreads, smem, s>>>(dsp, dbp, partials, dyp, yp,
-                                                                          rstd.ptr<const float>(), gp, btp, rows, h, drop);
-        });
+        auto launch = [&](auto kernel, int threads, int per_sm, int stages) {
+          const int groups = threads / L;
+          blocks = std::min<int64_t>((rows + groups - 1) / groups, static_cast<int64_t>(per_sm) * sm_count());
+          if (reduce) blocks = std::min(blocks, cap);
+          const size_t smem = group_smem_bytes(h, reduce ? sums : 0, groups, stages, sizeof(T), L);
+          if (smem > 48 * 1024)
+            ANATOMY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(smem)));
+          kernel<<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), groups * L, smem, s>>>(
+              dsp, dbp, partials, dyp, yp, rstd.ptr<const float>(), gp, btp, rows, h, L, sums, drop);
+        };
+        // Half types hold at most 128 packs a row at H <= 1024: P is 1; fp32 up to 2.
+        if (P == 1)
+          launch(ln_backward_group<T, G, 1, 256, 2, kStages>, 256, 2, kStages);
+        else if constexpr (sizeof(T) == 4)
+          launch(ln_backward_group<T, G, 2, 512, 1, 0>, 512, 1, 0);
       }
       ANATOMY_CUDA_LAUNCH_CHECK();
-      if (reduce)
+      if (reduce) {
+        const int groups_out = static_cast<int>(std::max<int64_t>(blocks, 1));
+        const int64_t stride = sums * static_cast<int64_t>(h);
         reduce_partials(dgamma.defined() ? dgamma.ptr<float>() : nullptr, dbeta.defined() ? dbeta.ptr<float>() : nullptr,
-                        partials, static_cast<int>(blocks), h, 2 * static_cast<int64_t>(h), s);
+                        partials, groups_out, h, stride, s);
+        if (dbias.defined()) reduce_partials(dbias.ptr<float>(), nullptr, partials + 2 * h, groups_out, h, stride, s);
+      }
     });
   });
 }

@@ -30,7 +30,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kColWarps = kThreads / 32;  // rows in flight per block in the vector kernel
 constexpr int kColBlocksPerSm = 4;        // launch bounds: <= 64 registers per thread
-constexpr int kUnroll = 4;                // loads in flight per lane
 constexpr int64_t kMinChunk = 8 * kColWarps;  // rows per block at least (8 per warp)
 
 // ---- kernels ------------------------------------------------------------------------------------
@@ -51,16 +50,53 @@ __global__ void column_sum_kernel(float* __restrict__ db, float* __restrict__ pa
     db[j] += acc;
 }
 
+// The rows a column sum reads, by 16-byte pack index i (row * packs per row + pack column):
+// load() issues a pack's loads, value() makes the pack that is summed. PlainRows sums dy
+// itself (bias_grad); GeluBackRows makes dx = gelu'(x) dy, stores it and sums it as stored
+// (gelu_backward_bias: the GELU backward and the bias gradient of the layer before it in one
+// pass). dx may alias dy (in place): a pack is read before it is written, by the same thread.
+template <class T>
+struct PlainRows {
+  static constexpr int kUnroll = 4;  // loads in flight per lane
+  using V = Pack<T, kVec<T>>;
+  struct In {
+    V d;
+  };
+  const T* __restrict__ dy;
+  __device__ __forceinline__ In load(int64_t i) const { return {reinterpret_cast<const V*>(dy)[i]}; }
+  __device__ __forceinline__ V value(const In& in, int64_t) const { return in.d; }
+};
+template <class T>
+struct GeluBackRows {
+  static constexpr int kUnroll = 2;  // two packs a load: as many bytes in flight as PlainRows
+  using V = Pack<T, kVec<T>>;
+  struct In {
+    V d, x;
+  };
+  T* dx;
+  const T* dy;
+  const T* __restrict__ x;
+  __device__ __forceinline__ In load(int64_t i) const {
+    return {reinterpret_cast<const V*>(dy)[i], reinterpret_cast<const V*>(x)[i]};
+  }
+  __device__ __forceinline__ V value(const In& in, int64_t i) const {
+    V o;
+#pragma unroll
+    for (int j = 0; j < kVec<T>; ++j) o.v[j] = from_f32<T>(gelu_grad(to_f32(in.d.v[j]), to_f32(in.x.v[j])));
+    reinterpret_cast<V*>(dx)[i] = o;
+    return o;
+  }
+};
+
 // Note [column sums at bandwidth]. Block (x, y): columns [x*32W, (x+1)*32W), rows
 // [y*chunk, (y+1)*chunk); lane l owns columns x*32W + l*W .. +W, warp w rows r0 + w + 8k.
-// Requires n % W == 0 and a 16-byte aligned dy.
-template <class T>
+// Requires n % W == 0 and 16-byte aligned rows.
+template <class T, class Rows>
 __global__ void __launch_bounds__(kThreads, kColBlocksPerSm) column_sum_vec_kernel(
-    float* __restrict__ db, float* __restrict__ partials, const T* __restrict__ dy, int64_t rows, int64_t n,
-    int64_t chunk) {
+    float* __restrict__ db, float* __restrict__ partials, Rows src, int64_t rows, int64_t n, int64_t chunk) {
   constexpr int W = kVec<T>;
   constexpr int kTile = 32 * W;  // columns per block
-  using V = Pack<T, W>;
+  constexpr int U = Rows::kUnroll;
   __shared__ alignas(16) float red[kColWarps][kTile];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * kTile;
@@ -72,21 +108,23 @@ __global__ void __launch_bounds__(kThreads, kColBlocksPerSm) column_sum_vec_kern
   for (int j = 0; j < W; ++j) acc[j] = 0.0f;
   if (c0 < n) {  // n % W == 0: a live lane's pack lies wholly inside the row
     const int64_t stride = n / W;  // packs per row
-    const V* col = reinterpret_cast<const V*>(dy + c0);
+    const int64_t col = c0 / W;
     int64_t r = r0 + warp;
-    for (; r + (kUnroll - 1) * kColWarps < r1; r += kUnroll * kColWarps) {
-      V v[kUnroll];
+    for (; r + (U - 1) * kColWarps < r1; r += U * kColWarps) {
+      typename Rows::In v[U];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) v[u] = col[(r + u * kColWarps) * stride];
+      for (int u = 0; u < U; ++u) v[u] = src.load((r + u * kColWarps) * stride + col);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
+      for (int u = 0; u < U; ++u) {
+        const auto o = src.value(v[u], (r + u * kColWarps) * stride + col);
 #pragma unroll
-        for (int j = 0; j < W; ++j) acc[j] += to_f32(v[u].v[j]);
+        for (int j = 0; j < W; ++j) acc[j] += to_f32(o.v[j]);
+      }
     }
     for (; r < r1; r += kColWarps) {
-      const V v = col[r * stride];
+      const auto o = src.value(src.load(r * stride + col), r * stride + col);
 #pragma unroll
-      for (int j = 0; j < W; ++j) acc[j] += to_f32(v.v[j]);
+      for (int j = 0; j < W; ++j) acc[j] += to_f32(o.v[j]);
     }
   }
   // Every warp stores its W sums per lane (zeros for dead lanes), 16 bytes at a time.
@@ -152,33 +190,64 @@ void reduce_partials(float* out0, float* out1, const float* partials, int groups
   ANATOMY_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+
+// Column blocks, then enough row chunks to fill one wave of the device (vector kernel: its
+// launch bounds guarantee kColBlocksPerSm blocks per SM), as the scratch allows; then stage 2.
+template <class T, class Launch>
+void column_sums(const Tensor& db, int64_t rows, int64_t n, bool vec, const ReduceScratch& scratch, cudaStream_t s,
+                 Launch&& launch) {
+  constexpr int W = kVec<T>;
+  const int64_t tile = vec ? 32 * W : kThreads;
+  const int64_t col_blocks = (n + tile - 1) / tile;
+  const int64_t slots = static_cast<int64_t>(vec ? kColBlocksPerSm : 4) * sm_count();
+  int64_t chunks = (slots + col_blocks - 1) / col_blocks;
+  chunks = std::min<int64_t>({chunks, vec ? (rows + kMinChunk - 1) / kMinChunk : rows,
+                              static_cast<int64_t>(scratch.floats) / n, 65535});
+  if (chunks < 1) chunks = 1;
+  const int64_t chunk = (rows + chunks - 1) / chunks;
+  chunks = (rows + chunk - 1) / chunk;
+  float* partials = chunks > 1 ? scratch.data : nullptr;
+  launch(dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), partials, chunk);
+  ANATOMY_CUDA_LAUNCH_CHECK();
+  if (partials) reduce_partials(db.ptr<float>(), nullptr, partials, static_cast<int>(chunks), n, n, s);
+}
+
+}  // namespace
+
 void bias_grad(const Tensor& db, const Tensor& dy, const ReduceScratch& scratch, cudaStream_t s) {
   const int64_t n = dy.dim(-1);
   const int64_t rows = n ? static_cast<int64_t>(dy.numel()) / n : 0;
   if (n == 0 || rows == 0) return;
   dispatch_float(dy.dtype, "bias_grad", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    constexpr int W = kVec<T>;
-    const bool vec = n % W == 0 && aligned16(dy.data);
-    // Column blocks, then enough row chunks to fill one wave of the device (vector kernel: its
-    // launch bounds guarantee kColBlocksPerSm blocks per SM), as the scratch allows.
-    const int64_t tile = vec ? 32 * W : kThreads;
-    const int64_t col_blocks = (n + tile - 1) / tile;
-    const int64_t slots = static_cast<int64_t>(vec ? kColBlocksPerSm : 4) * sm_count();
-    int64_t chunks = (slots + col_blocks - 1) / col_blocks;
-    chunks = std::min<int64_t>({chunks, vec ? (rows + kMinChunk - 1) / kMinChunk : rows,
-                                static_cast<int64_t>(scratch.floats) / n, 65535});
-    if (chunks < 1) chunks = 1;
-    const int64_t chunk = (rows + chunks - 1) / chunks;
-    chunks = (rows + chunk - 1) / chunk;
-    float* partials = chunks > 1 ? scratch.data : nullptr;
-    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
-    if (vec)
-      column_sum_vec_kernel<T><<<grid, kThreads, 0, s>>>(db.ptr<float>(), partials, dy.ptr<const T>(), rows, n, chunk);
-    else
-      column_sum_kernel<T><<<grid, kThreads, 0, s>>>(db.ptr<float>(), partials, dy.ptr<const T>(), rows, n, chunk);
-    ANATOMY_CUDA_LAUNCH_CHECK();
-    if (partials) reduce_partials(db.ptr<float>(), nullptr, partials, static_cast<int>(chunks), n, n, s);
+    const bool vec = n % kVec<T> == 0 && aligned16(dy.data);
+    column_sums<T>(db, rows, n, vec, scratch, s, [&](dim3 grid, float* partials, int64_t chunk) {
+      if (vec)
+        column_sum_vec_kernel<T><<<grid, kThreads, 0, s>>>(db.ptr<float>(), partials, PlainRows<T>{dy.ptr<const T>()},
+                                                           rows, n, chunk);
+      else
+        column_sum_kernel<T><<<grid, kThreads, 0, s>>>(db.ptr<float>(), partials, dy.ptr<const T>(), rows, n, chunk);
+    });
+  });
+}
+
+void gelu_backward_bias(const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& db,
+                        const ReduceScratch& scratch, cudaStream_t s) {
+  const int64_t n = dx.dim(-1);
+  const int64_t rows = n ? static_cast<int64_t>(dx.numel()) / n : 0;
+  if (n == 0 || rows == 0) return;
+  dispatch_float(dx.dtype, "gelu_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (n % kVec<T> != 0 || !aligned16(dx.data) || !aligned16(dy.data) || !aligned16(x.data)) {
+      gelu_backward(dx, dy, x, s);  // the element-wise kernel, then the column sums of what it wrote
+      bias_grad(db, dx, scratch, s);
+      return;
+    }
+    const GeluBackRows<T> src{dx.ptr<T>(), dy.ptr<const T>(), x.ptr<const T>()};
+    column_sums<T>(db, rows, n, true, scratch, s, [&](dim3 grid, float* partials, int64_t chunk) {
+      column_sum_vec_kernel<T><<<grid, kThreads, 0, s>>>(db.ptr<float>(), partials, src, rows, n, chunk);
+    });
   });
 }
 

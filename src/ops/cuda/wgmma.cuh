@@ -153,9 +153,4 @@ __device__ __forceinline__ uint64_t tile_desc(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | ((atom >> 4) << 16) | ((atom >> 4) << 32) | (swizzle << 62);
 }
 
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 }  // namespace anatomy::cuda::attn
