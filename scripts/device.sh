@@ -63,9 +63,9 @@
 #   epilogue  the fused bias gradient (issue 16 point 2): the matmul / bias_grad op tests and twins on the
 #             GPU, fused vs GEMM + bias_grad at bert-large shapes (anatomy_bench_ops), then the per-op
 #             profile of bert-large bf16 batch 32 for .carry/before (A, when staged) and .carry/bin (B)
-#   lnab      the LayerNorm backward's group kernel (variants by ANATOMY_LN_BWD 0-3) and the bias gradients in
-#             the LayerNorm / GELU backward passes: anatomy_bench_ops of .carry/before (A) and .carry/bin (B),
-#             alternated twice, then bert-large bf16 batch 32's per-op profile of A and B
+#   lnab      the LayerNorm backward and the bias gradients in the LayerNorm / GELU backward passes:
+#             anatomy_bench_ops of .carry/before (A, when staged) and .carry/bin (B), A B A B, then
+#             bert-large bf16 batch 32's per-op profile of A and B
 #   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
 #             with two GPUs, also as two "nodes" on sockets; Gloo on the CPU), a failing rank, and
 #             `anatomy train` launched by torchrun on the CPU (3 processes) and the GPU(s)
@@ -97,7 +97,7 @@ step_info() {
 }
 
 step_tests() {
-  timeout 300 $b/anatomy_gpu_tests > "$OUT/gpu_tests.log" 2>&1
+  timeout 420 $b/anatomy_gpu_tests > "$OUT/gpu_tests.log" 2>&1
   passed "$OUT/gpu_tests.log"
 }
 
@@ -534,15 +534,12 @@ profile_sides() {
 }
 
 step_lnab() {
-  local round v
+  local round side
   for round in 1 2; do
-    if [ -x .carry/before/anatomy_bench_ops ]; then
-      echo "== before (round $round)"
-      timeout 120 .carry/before/anatomy_bench_ops 2>&1 | grep -E "^\| (copy|bias_grad|layernorm|gelu)"
-    fi
-    for v in ${LNAB_VARIANTS:-0 1 4 5 6}; do
-      echo "== ANATOMY_LN_BWD=$v (round $round)"
-      ANATOMY_LN_BWD=$v timeout 120 $b/anatomy_bench_ops 2>&1 | grep -E "^\| (copy|bias_grad|layernorm|gelu)"
+    for side in before bin; do
+      [ -x .carry/$side/anatomy_bench_ops ] || continue
+      echo "== $side (round $round)"
+      timeout 120 .carry/$side/anatomy_bench_ops 2>&1 | grep -E "^\| (copy|bias_grad|layernorm|gelu)"
     done
   done | tee "$OUT/lnab.md"
   profile_sides "matmul|layernorm|gelu|bias_grad" | tee "$OUT/lnab_profile.md"
