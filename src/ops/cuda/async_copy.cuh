@@ -1,6 +1,6 @@
-// Ampere-style asynchronous copies into shared memory (cp.async, sm_80 and later), shared by the
-// attention kernels' tile loads and the LayerNorm backward's row pipeline: each thread copies
-// 16-byte pieces, commits them as a group, and waits until at most N of its groups are in
+// Ampere-style asynchronous copies into shared memory (cp.async, sm_80 and later) and named
+// barriers, shared by the attention kernels and the LayerNorm backward's row pipeline: each thread
+// copies 16-byte pieces, commits them as a group, and waits until at most N of its groups are in
 // flight. A thread that reads back only what it copied itself needs no barrier after the wait.
 #pragma once
 #include <cuda_runtime.h>
@@ -29,5 +29,10 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
+
+// Barrier `id` (1-15; 0 is __syncthreads') over `threads` threads, whole warps.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 }  // namespace anatomy::cuda

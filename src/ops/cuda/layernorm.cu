@@ -175,12 +175,6 @@ constexpr int kStages = 6;
 // subnormal gamma would give an infinite reciprocal.
 __device__ __forceinline__ float inv_gamma(float g) { return fabsf(g) < 1.17549435e-38f ? 0.0f : 1.0f / g; }
 
-// A barrier of `threads` threads (a multiple of 32: whole warps) on barrier `id` (not 0, which
-// __syncthreads uses).
-__device__ __forceinline__ void group_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // One row as a thread holds it: packs q = p*L + t (< packs) of dy and y, and rstd.
 template <class T, int P>
 struct RowIn {
@@ -267,10 +261,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) ln_backward_group(
   // S > 0: rows S - 1 ahead by cp.async into the group's ring of S stages [dy row | y row], and
   // each thread's rstd into its own slot; a thread reads back only what it copied. S == 0: the
   // next row in registers (`next`), loaded before the current row's arithmetic.
-  T* ring = reinterpret_cast<T*>(s_rows + groups * 2 * kMaxGroupWarps) + static_cast<size_t>(group) * S * 2 * h;
-  float* rs_ring = reinterpret_cast<float*>(reinterpret_cast<T*>(s_rows + groups * 2 * kMaxGroupWarps) +
-                                            static_cast<size_t>(groups) * S * 2 * h) +
-                   group * S * L;
+  T* rings = reinterpret_cast<T*>(s_rows + groups * 2 * kMaxGroupWarps);  // every group's, then the rstd slots
+  T* ring = rings + static_cast<size_t>(group) * S * 2 * h;
+  float* rs_ring = reinterpret_cast<float*>(rings + static_cast<size_t>(groups) * S * 2 * h) + group * S * L;
   auto issue = [&](int64_t r, int slot) {
     if (r < rows) {
       const size_t base = static_cast<size_t>(r) * h;
@@ -339,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) ln_backward_group(
     if (warps > 1) {  // the group's warps in warp order, the same sums in every thread
       float2* slot = s_rows + (group * 2 + parity) * kMaxGroupWarps;
       if (lane == 0) slot[warp] = make_float2(sg, sgx);
-      group_barrier(1 + group, L);
+      named_barrier(1 + group, L);
       float2 s = slot[0];
       for (int w = 1; w < warps; ++w) {
         const float2 o = slot[w];

@@ -178,20 +178,6 @@ __global__ void __launch_bounds__(kThreads) reduce_partials_kernel(float* __rest
   if (out) *out += s;
 }
 
-}  // namespace
-
-// ---- launchers ----------------------------------------------------------------------------------
-void reduce_partials(float* out0, float* out1, const float* partials, int groups, int64_t n, int64_t stride,
-                     cudaStream_t s) {
-  const int64_t width = out1 ? 2 * n : n;
-  if (width == 0 || (!out0 && !out1)) return;
-  const unsigned grid = static_cast<unsigned>((width + 31) / 32);
-  reduce_partials_kernel<<<grid, kThreads, 0, s>>>(out0, out1, partials, groups, n, width, stride);
-  ANATOMY_CUDA_LAUNCH_CHECK();
-}
-
-namespace {
-
 // Column blocks, then enough row chunks to fill one wave of the device (vector kernel: its
 // launch bounds guarantee kColBlocksPerSm blocks per SM), as the scratch allows; then stage 2.
 template <class T, class Launch>
@@ -214,6 +200,16 @@ void column_sums(const Tensor& db, int64_t rows, int64_t n, bool vec, const Redu
 }
 
 }  // namespace
+
+// ---- launchers ----------------------------------------------------------------------------------
+void reduce_partials(float* out0, float* out1, const float* partials, int groups, int64_t n, int64_t stride,
+                     cudaStream_t s) {
+  const int64_t width = out1 ? 2 * n : n;
+  if (width == 0 || (!out0 && !out1)) return;
+  const unsigned grid = static_cast<unsigned>((width + 31) / 32);
+  reduce_partials_kernel<<<grid, kThreads, 0, s>>>(out0, out1, partials, groups, n, width, stride);
+  ANATOMY_CUDA_LAUNCH_CHECK();
+}
 
 void bias_grad(const Tensor& db, const Tensor& dy, const ReduceScratch& scratch, cudaStream_t s) {
   const int64_t n = dy.dim(-1);

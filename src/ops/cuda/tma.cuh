@@ -97,11 +97,6 @@ __device__ __forceinline__ void bulk_wait() {
 #endif
 }
 
-// Barrier `id` (1-15; 0 is __syncthreads') over `threads` threads, whole warps.
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Host (in attention_wgmma.cu), false when the driver has no TMA (then the caller loads another
 // way): a row-major matrix [rows][cols] of 16-bit elements (of f32 ones with `f32`; row stride
 // `cols` elements) in boxes of box_rows x box_cols, swizzled for rows of the box's width in bytes
