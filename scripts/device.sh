@@ -8,7 +8,8 @@
 # More than eight files under $OUT at the end go back as one archive, $OUT/out.tgz.
 #
 #   info      GPU, driver, torch and transformers versions
-#   tests     every GPU test (CUDA ops vs the CPU twin, golden fixture on the GPU, training)
+#   tests     every GPU test (CUDA ops vs the CPU twin, golden fixture on the GPU, training); GPU_TESTS_FILTER=
+#             a gtest filter runs only those
 #   unit      the CPU golden tests, on this machine's CPU
 #   golden    rewrite the transformers golden fixture (torch + transformers)
 #   hfload    a model written by anatomy, loaded by transformers
@@ -66,6 +67,11 @@
 #   lnab      the LayerNorm backward and the bias gradients in the LayerNorm / GELU backward passes:
 #             anatomy_bench_ops of .carry/before (A, when staged) and .carry/bin (B), A B A B, then
 #             bert-large bf16 batch 32's per-op profile of A and B
+#   opsab     bert-large bf16 batch 32's per-op profile of .carry/before (A) and .carry/bin (B), every op
+#   envab     the bert-large bf16 batch 32 step (anatomy_bench_step) without and with the environment
+#             ENVAB (e.g. ENVAB=ANATOMY_GEMM_TUNE=8), alternated twice; the "with" runs' stderr kept
+#   ncu       Nsight Compute's sections (speed of light, occupancy, launch, warp states, instructions)
+#             of every kernel of the registry ops NCU_OPS (anatomy_bench_ops --registry, bert-base sizes)
 #   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
 #             with two GPUs, also as two "nodes" on sockets; Gloo on the CPU), a failing rank, and
 #             `anatomy train` launched by torchrun on the CPU (3 processes) and the GPU(s)
@@ -97,7 +103,7 @@ step_info() {
 }
 
 step_tests() {
-  timeout 420 $b/anatomy_gpu_tests > "$OUT/gpu_tests.log" 2>&1
+  timeout 420 $b/anatomy_gpu_tests ${GPU_TESTS_FILTER:+--gtest_filter=$GPU_TESTS_FILTER} > "$OUT/gpu_tests.log" 2>&1
   passed "$OUT/gpu_tests.log"
 }
 
@@ -543,6 +549,41 @@ step_lnab() {
     done
   done | tee "$OUT/lnab.md"
   profile_sides "matmul|layernorm|gelu|bias_grad" | tee "$OUT/lnab_profile.md"
+}
+
+step_opsab() { profile_sides "[a-z_+()]+" | tee "$OUT/opsab.md"; }
+
+step_envab() {
+  local round cfg=(--config bert-large:bf16:32:512)
+  for round in 1 2; do
+    echo "== without (round $round)"
+    timeout 150 $b/anatomy_bench_step "${cfg[@]}" 2>&1 | tail -1
+    echo "== with ${ENVAB:-} (round $round)"
+    env ${ENVAB:-} timeout 200 $b/anatomy_bench_step "${cfg[@]}" > "$OUT/envab_with_$round.log" 2>&1
+    tail -1 "$OUT/envab_with_$round.log"
+  done | tee "$OUT/envab.md"
+}
+
+step_ncu() {
+  local op sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+                     --section InstructionStats --section ComputeWorkloadAnalysis)
+  {
+    for op in ${NCU_OPS:-gelu_forward gelu_backward layernorm_forward layernorm_backward}; do
+      echo "=== $op"
+      timeout 150 ncu --clock-control none "${sections[@]}" --launch-count 6 \
+        $b/anatomy_bench_ops --registry --op "$op" --reps 2 --warmup 0 2>&1
+    done
+    echo "=== attention B 32 T 512 D 64 (p 0.1, then p 0)"
+    timeout 150 ncu --clock-control none "${sections[@]}" --kernel-name regex:wgmma --launch-count 4 \
+      $b/anatomy_bench_attention --batch 32 --seq 512 --head-dim 64 --reps 1 --warmup 0 2>&1
+  } > "$OUT/ncu.txt"
+  # The static instruction mix of the same kernels (the attention forward with and without dropout).
+  cuobjdump -sass $b/anatomy_bench_attention 2>/dev/null \
+    | python3 scripts/sass_mix.py 'wgmma_fwd_kernel|wgmma_bwd_kernel|map1_kernel|column_sum_vec|ln_forward|ln_backward' \
+    > "$OUT/sass_mix.txt"
+  cat "$OUT/sass_mix.txt" | head -80
+  grep -E "^=== |^  [A-Za-z_].*\(|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|Block Size|Grid Size|Executed Instructions  |Pipe" \
+    "$OUT/ncu.txt" | head -300
 }
 
 step_launch() {

@@ -845,12 +845,15 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
                           M(p.ln1_b),
                           drop(attn_out_dropout(m_cfg), base, site_attn_out(l), true), G(p.ao_b));
   m_be.matmul(x2, x1, Trans::N, W(p.ao_w), Trans::N, fp8(put, l, kFp8AttnOut, kFp8Grad, kFp8Weight));  // dctx
+  // The q|k|v bias gradient comes from the attention backward, which writes dqkv (Note
+  // [fused bias gradient] in ops/op_args.h); qkv_backward's weight gradient is a plain GEMM.
+  const Tensor dqkv_bias = ParamLayout::range(m_grads_view, m_layout.get(p.q_b).offset, {3 * H});
   if (m_acts->packed_attention) {  // Note [packed attention]: the saved q|k|v and context are packed rows
     const Tensor qkv_rows = a.qkv.view({R, 3 * H}).slice(0, n), ctx_rows = a.ctx.view({R, H}).slice(0, n);
     const Tensor dqkv_rows = dqkv.slice(0, n);
     m_be.matmul(G(p.ao_w), x1, Trans::T, ctx_rows, Trans::N, acc);
     m_be.attention_packed_backward(dqkv_rows, x2, qkv_rows, ctx_rows, a.lse, b.seq_offsets, static_cast<int>(nh),
-                                   drop(ap, base, site_attn(l), true), b.attended_pairs);
+                                   drop(ap, base, site_attn(l), true), b.attended_pairs, 0, dqkv_bias);
     return qkv_backward(l, dqkv_rows, x, X3);
   }
   Tensor ctx_rows = a.ctx, dctx = x2;
@@ -866,7 +869,7 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   }
   m_be.attention_backward(dqkv.view({m_acts->B, m_acts->T, 3 * H}), dctx.view({m_acts->B, m_acts->T, H}),
                           a.qkv.view({m_acts->B, m_acts->T, 3 * H}), a.ctx.view({m_acts->B, m_acts->T, H}), a.lse,
-                          b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), true));
+                          b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), true), 0, dqkv_bias);
   Tensor dqkv_rows = dqkv;
   if (pk) {
     dqkv_rows = m_acts->pk.slice(0, n);
@@ -880,12 +883,11 @@ Tensor BertForSequenceClassification::qkv_backward(int l, const Tensor& dqkv, co
   const LayerNames& p = m_layer_names[static_cast<size_t>(l)];
   const int64_t H = m_cfg.hidden_size;
   const ParamInfo& wq = m_layout.get(p.q_w);
-  const ParamInfo& bq = m_layout.get(p.q_b);
   Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
   m_be.matmul(dx.slice(0, x.dim(0)), dqkv, Trans::N, wqkv, Trans::N,
               fp8({1, 1, Epilogue::None, {}, {}}, l, kFp8Qkv, kFp8Grad, kFp8Weight));
   m_be.matmul(ParamLayout::range(m_grads_view, wq.offset, {3 * H, H}), dqkv, Trans::T, x, Trans::N,
-              {1, 1, Epilogue::BiasGrad, ParamLayout::range(m_grads_view, bq.offset, {3 * H}), {}});
+              {1, 1, Epilogue::None, {}, {}});  // its bias gradient: the attention backward's
   return dx;
 }
 

@@ -125,9 +125,11 @@ class Backend {
   // [local attention window] in ops/cpu/attention.cpp); 0: every key the mask keeps.
   void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
                          const DropoutSpec& dropout, int window = 0);
+  // dbias F32 [3H] (if defined) += the column sums of dqkv as stored: the q|k|v bias gradient,
+  // taken where dqkv is written (Note [fused bias gradient] in ops/op_args.h).
   void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                           const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
-                          int window = 0);
+                          int window = 0, const Tensor& dbias = Tensor());
   // Attention on packed rows (Note [packed attention] in ops/cpu/attention.cpp): qkv [N, 3H],
   // ctx [N, H]; sequence b is rows [offsets[b], offsets[b + 1]) of offsets I32 [B + 1], 1 to T
   // tokens, every one a valid key; lse F32 [B, heads, T] as above, 0 past a sequence's end; the
@@ -138,7 +140,7 @@ class Backend {
                                 int heads, const DropoutSpec& dropout, int64_t pairs, int window = 0);
   void attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                  const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& dropout,
-                                 int64_t pairs, int window = 0);
+                                 int64_t pairs, int window = 0, const Tensor& dbias = Tensor());  // dbias as above
   // Whether the packed attention runs here for activations of `dt`, batches padded to `seq` and
   // head dim `head_dim` (the CPU: always; CUDA: where its flash kernels do). Where it does not,
   // the model keeps attention on the padded layout (scatter, attention, gather).
@@ -295,13 +297,13 @@ class Backend {
                                       int heads, const DropoutSpec& dropout, int window) = 0;
   virtual void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                        const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
-                                       int window) = 0;
+                                       int window, const Tensor& dbias) = 0;
   virtual void attention_packed_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv,
                                              const Tensor& offsets, int heads, const DropoutSpec& dropout,
                                              int window) = 0;
   virtual void attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
                                               const Tensor& ctx, const Tensor& lse, const Tensor& offsets, int heads,
-                                              const DropoutSpec& dropout, int window) = 0;
+                                              const DropoutSpec& dropout, int window, const Tensor& dbias) = 0;
   virtual void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows) = 0;
   virtual void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta,
                                     const Tensor& rows) = 0;

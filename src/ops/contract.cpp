@@ -319,14 +319,15 @@ void Backend::attention_forward(const Tensor& ctx, const Tensor& lse, const Tens
 }
 void Backend::attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                  const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
-                                 int window) {
+                                 int window, const Tensor& dbias) {
   const Check c(*this, "attention_backward");
   const DType dt = attention(c, qkv, ctx, lse, mask, heads, dropout);
   c.sized(dqkv, dt, qkv.numel(), "dqkv");
   c.sized(dctx, dt, ctx.numel(), "dctx");
+  c.optional(dbias, F32, static_cast<size_t>(as_matrix(dqkv).cols), "dbias");
   c.holds(window >= 0, [&] { return str_cat("window ", window, " is negative"); });
   observed("attention", [&] { return attention_cost(qkv, ctx, heads, true); },
-           [&] { attention_backward_impl(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, window); });
+           [&] { attention_backward_impl(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, window, dbias); });
 }
 
 // Packed: qkv [N, 3H] with H divisible by heads; ctx [N, H]; lse F32 [B, heads, T]; offsets I32 [B + 1].
@@ -356,13 +357,14 @@ void Backend::attention_packed_forward(const Tensor& ctx, const Tensor& lse, con
 }
 void Backend::attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                         const Tensor& lse, const Tensor& offsets, int heads,
-                                        const DropoutSpec& dropout, int64_t pairs, int window) {
+                                        const DropoutSpec& dropout, int64_t pairs, int window, const Tensor& dbias) {
   const Check c(*this, "attention_packed_backward");
   const DType dt = packed_attention(c, qkv, ctx, lse, offsets, heads, dropout, window);
   c.sized(dqkv, dt, qkv.numel(), "dqkv");
   c.sized(dctx, dt, ctx.numel(), "dctx");
+  c.optional(dbias, F32, static_cast<size_t>(as_matrix(dqkv).cols), "dbias");
   observed("attention", [&] { return packed_attention_cost(qkv, ctx, lse, heads, pairs, true); },
-           [&] { attention_packed_backward_impl(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, window); });
+           [&] { attention_packed_backward_impl(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, window, dbias); });
 }
 
 // qkv [B, T, 3H] with an even head dim; y the same; rows (optional) I32 [N], N <= B*T. The

@@ -23,9 +23,10 @@ enum class Trans : uint8_t { N, T };
 // 0.255 / 0.191 ms; the step 83.3 -> 84.5 ms), so the CUDA backend runs it unfused by default
 // (CudaBackend::set_fused_bias_grad); the op stays one call, and the model does not choose.
 // Where another pass already writes dY, that pass sums it instead, at no extra read: the
-// LayerNorm backward's dbias (the column sums of dbranch) and gelu_backward's dbias (of dx). The
-// BERT layer takes three of its four bias gradients so (session 18, H200: 1.1 ms of a 74.9 ms
-// bf16 step); BiasGrad stays for the q|k|v projection and the heads.
+// LayerNorm backward's dbias (the column sums of dbranch), gelu_backward's dbias (of dx) and the
+// attention backward's dbias (of dqkv; Note [attention bias gradient] in ops/cuda/attention.cu).
+// The BERT layer takes all four of its bias gradients so (session 18, the first three, H200: 1.1
+// ms of a 74.9 ms bf16 step); BiasGrad stays for the heads.
 enum class Epilogue : uint8_t { None, Bias, BiasGelu, BiasGrad };
 
 struct DropoutSpec {

@@ -497,9 +497,10 @@ std::vector<OpEntry> build_registry() {
     OpCase c{attention_args(d, g), nullptr};
     c.args.push_back(out("dqkv", {d.batch, d.seq, 3 * d.hidden}));
     c.args.push_back(in(g, "dctx", {d.batch, d.seq, d.hidden}));
+    c.args.push_back(acc_f32(g, "dbias", {3 * d.hidden}));  // the column sums of dqkv
     c.run = [=](Backend& be, T t) {
       be.attention_forward(t[0], t[1], t[2], t[3], heads, drop, window);
-      be.attention_backward(t[4], t[5], t[2], t[0], t[1], t[3], heads, drop, window);
+      be.attention_backward(t[4], t[5], t[2], t[0], t[1], t[3], heads, drop, window, t[6]);
     };
     return c;
   }, [](Rng& g) {
@@ -549,9 +550,10 @@ std::vector<OpEntry> build_registry() {
     OpCase c{packed_args(p, g), nullptr};
     c.args.push_back(out("dqkv", {p.N, 3 * p.H}));
     c.args.push_back(in(g, "dctx", {p.N, p.H}));
+    c.args.push_back(acc_f32(g, "dbias", {3 * p.H}));  // the column sums of dqkv
     c.run = [=](Backend& be, T t) {
       be.attention_packed_forward(t[0], t[1], t[2], t[3], p.heads, drop, p.pairs, p.window);
-      be.attention_packed_backward(t[4], t[5], t[2], t[0], t[1], t[3], p.heads, drop, p.pairs, p.window);
+      be.attention_packed_backward(t[4], t[5], t[2], t[0], t[1], t[3], p.heads, drop, p.pairs, p.window, t[6]);
     };
     return c;
   }, [](Rng& g) {

@@ -50,7 +50,7 @@ class ContractOnlyCuda final : public Backend {
     ++impl_calls;
   }
   void attention_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               int, const DropoutSpec&, int) override {
+                               int, const DropoutSpec&, int, const Tensor&) override {
     ++impl_calls;
   }
   void attention_packed_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int, const DropoutSpec&,
@@ -58,7 +58,7 @@ class ContractOnlyCuda final : public Backend {
     ++impl_calls;
   }
   void attention_packed_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                      const Tensor&, int, const DropoutSpec&, int) override {
+                                      const Tensor&, int, const DropoutSpec&, int, const Tensor&) override {
     ++impl_calls;
   }
   void rotary_forward_impl(const Tensor&, const Tensor&, int, float, const Tensor&) override { ++impl_calls; }
@@ -168,6 +168,9 @@ TEST(BackendContract, MessagesNameTheOpAndTheTensor) {
             "attention_packed_forward: offsets [2] has 2 elements, expected 3");
   EXPECT_EQ(message("attention_packed lse not [B, heads, T]"),
             "attention_packed_backward: lse [2, 12] is not [B, heads, T]");
+  EXPECT_EQ(message("attention backward bias gradient of the wrong length"),
+            "attention_backward: dbias [8] has 8 elements, expected 24");
+  EXPECT_EQ(message("attention backward bias gradient in BF16"), "attention_backward: dbias is BF16, expected F32");
 }
 
 // A backend without packed attention for the dtype refuses the call before any kernel runs,

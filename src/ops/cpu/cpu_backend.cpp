@@ -99,9 +99,10 @@ class CpuBackend final : public Backend {
   }
   void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
-                               int window) override {
+                               int window, const Tensor& dbias) override {
     ref::attention_backward(f32(dqkv), f32(dctx), f32(qkv), f32(ctx), f32(lse), i32(mask), qkv.dim(0), qkv.dim(1),
                             qkv.dim(2) / 3, heads, dropout, window);
+    if (dbias.defined()) ref::bias_grad(f32(dbias), f32(dqkv), qkv.dim(0) * qkv.dim(1), qkv.dim(2));
   }
   void attention_packed_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets,
                                      int heads, const DropoutSpec& dropout, int window) override {
@@ -110,9 +111,10 @@ class CpuBackend final : public Backend {
   }
   void attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor&,
                                       const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& dropout,
-                                      int window) override {
+                                      int window, const Tensor& dbias) override {
     ref::attention_packed_backward(f32(dqkv), f32(dctx), f32(qkv), f32(lse), i32(offsets), qkv.dim(0), lse.dim(0),
                                    lse.dim(2), qkv.dim(1) / 3, heads, dropout, window);
+    if (dbias.defined()) ref::bias_grad(f32(dbias), f32(dqkv), qkv.dim(0), qkv.dim(1));
   }
   void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows) override {
     ref::rotary(f32(y), f32(x), x.dim(0), x.dim(1), x.dim(2) / 3, heads, theta, false, i32(rows),

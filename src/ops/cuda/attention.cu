@@ -328,29 +328,50 @@ __global__ void __launch_bounds__(256) dsum_kernel(Params p, bool zero_dq) {
   }
 }
 
-// dqkv[row, 0:H] = scale * dq_acc[row, :], four columns per thread (H % 4 == 0), over the
-// rows of qkv; packed rows from offsets[B] on get zeros in all of q|k|v (Note [packed attention]).
+// Note [attention bias gradient]
+// The q|k|v bias gradient is the column sums of dqkv as stored (what cuBLASLt's BGRADB epilogue
+// or the bias_grad kernel would sum after the fact). The flash backward takes them where dqkv is
+// written: each warp of a key tile sums its dK and dV rows (the 16-bit values it stores) and adds
+// one partial a column (store_key_grads in attention_tiles.cuh); the dQ conversion below sums
+// its column strip over its rows and adds one partial a column a block. The additions are F32
+// atomics, so the order of the partial sums, and the last bits, vary from run to run.
+
+// dqkv[row, 0:H] = scale * dq_acc[row, :] over the rows of qkv: a block is 32 column quads x 8
+// rows (grid x over the quads, y over the rows); packed rows from offsets[B] on get zeros in all
+// of q|k|v (Note [packed attention]). With p.dbias, dbias[0:H] += the block's column sums.
 template <class T>
 __global__ void __launch_bounds__(256) dq_convert_kernel(Params p) {
   const int64_t rows = p.offsets ? p.rows : static_cast<int64_t>(p.B) * p.T;
   const int64_t used = p.offsets ? p.offsets[p.B] : rows;
-  const int64_t n4 = rows * (p.H / 4);
-  const int h4 = p.H / 4;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t tok = i / h4;
-    const int c = static_cast<int>(i - tok * h4) * 4;
-    T* out = static_cast<T*>(p.dqkv) + tok * 3 * p.H + c;
-    if (tok >= used) {
-      for (int part = 0; part < 3; ++part)
-        for (int e = 0; e < 4; ++e) out[part * p.H + e] = from_float<T>(0.0f);
-      continue;
+  const int h4 = p.H / 4;  // H % 4 == 0 on this path
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, quad = blockIdx.x * 32 + tx;
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (quad < h4) {
+    for (int64_t tok = static_cast<int64_t>(blockIdx.y) * 8 + ty; tok < rows; tok += static_cast<int64_t>(gridDim.y) * 8) {
+      T* out = static_cast<T*>(p.dqkv) + tok * 3 * p.H + 4 * quad;
+      if (tok >= used) {
+        for (int part = 0; part < 3; ++part)
+          for (int e = 0; e < 4; ++e) out[part * p.H + e] = from_float<T>(0.0f);
+        continue;
+      }
+      const float4 v = reinterpret_cast<const float4*>(p.dq_acc)[tok * h4 + quad];
+      const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        out[e] = from_float<T>(f[e] * p.scale);
+        sum[e] += to_float(out[e]);
+      }
     }
-    float4 v = reinterpret_cast<const float4*>(p.dq_acc)[i];
-    out[0] = from_float<T>(v.x * p.scale);
-    out[1] = from_float<T>(v.y * p.scale);
-    out[2] = from_float<T>(v.z * p.scale);
-    out[3] = from_float<T>(v.w * p.scale);
+  }
+  if (p.dbias == nullptr) return;  // uniform across the block
+  __shared__ float part[8][32][4];
+  for (int e = 0; e < 4; ++e) part[ty][tx][e] = sum[e];
+  __syncthreads();
+  if (ty != 0 || quad >= h4) return;
+  for (int e = 0; e < 4; ++e) {
+    float s = 0.0f;
+    for (int r = 0; r < 8; ++r) s += part[r][tx][e];
+    atomicAdd(p.dbias + 4 * quad + e, s);
   }
 }
 
@@ -425,18 +446,21 @@ float* gemm_buffer(void* scratch, const Params& p, int which) {
   return reinterpret_cast<float*>(static_cast<char*>(scratch) + dsum_bytes + which * align_up(gemm_score_bytes(p.T, p.heads)));
 }
 
+// true: the flash kernels ran, and took p.dbias (when set); false: the reference kernels, which
+// leave it to the caller.
 template <class T>
-void backward_passes(const Params& p, bool fast, bool is_bf16, cudaStream_t s) {
+bool backward_passes(const Params& p, bool fast, bool is_bf16, cudaStream_t s) {
   const int64_t tokens = static_cast<int64_t>(p.B) * p.T;
   dsum_kernel<T><<<static_cast<unsigned>((tokens + 7) / 8), 256, 0, s>>>(p, fast);
   check_launch("attention dsum");
   if (fast && flash_backward(p, is_bf16, smem_optin_limit(), s)) {
     check_launch("attention flash backward");
-    const int64_t n4 = (p.offsets ? p.rows : tokens) * (p.H / 4);
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n4 + 255) / 256, 132 * 16));
-    dq_convert_kernel<T><<<blocks, 256, 0, s>>>(p);
+    const int64_t rows = p.offsets ? p.rows : tokens;
+    const unsigned gx = static_cast<unsigned>((p.H / 4 + 31) / 32);
+    const int64_t gy = std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, 132 * 16 / gx));
+    dq_convert_kernel<T><<<dim3(gx, static_cast<unsigned>(gy)), 256, 0, s>>>(p);
     check_launch("attention dq convert");
-    return;
+    return true;
   }
   ANATOMY_CHECK(p.offsets == nullptr, "attention: the packed backward has no flash kernel for T ", p.T, ", head dim ",
                 p.D);  // the reference kernels read the padded layout
@@ -444,6 +468,7 @@ void backward_passes(const Params& p, bool fast, bool is_bf16, cudaStream_t s) {
   check_launch("attention reference backward (dq)");
   ref_backward_kv_kernel<T><<<ref_grid(p), kThreads, 0, s>>>(p);
   check_launch("attention reference backward (dk, dv)");
+  return false;
 }
 
 }  // namespace
@@ -499,9 +524,9 @@ const char* attention_backward_kernel(DType dt, int64_t head_dim, int window) {
 }
 int64_t attention_tma_fallbacks() { return attn::tma_fallbacks(); }
 
-void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+bool attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
-                        cudaStream_t s, const AttentionOptions& opt, int window) {
+                        cudaStream_t s, const AttentionOptions& opt, int window, float* dbias) {
   attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
   p.window = window;
   const bool reference = attn::force_reference() || (window > 0 && qkv.dtype == DType::F32);
@@ -509,7 +534,8 @@ void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qk
   p.ctx = ctx.data;
   p.dctx = dctx.data;
   p.dqkv = dqkv.data;
-  if (p.B == 0 || p.T == 0) return;
+  p.dbias = dbias;
+  if (p.B == 0 || p.T == 0) return true;  // no rows: nothing to add
   p.dsum = static_cast<float*>(scratch);
   const size_t dsum_bytes = attn::align_up(static_cast<size_t>(p.B) * p.heads * p.T * sizeof(float));
   p.dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dsum_bytes);
@@ -525,9 +551,9 @@ void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qk
         attn::check_launch("attention dsum");
         attn::gemm_backward(p, attn::gemm_buffer(scratch, p, 0), attn::gemm_buffer(scratch, p, 1), opt, s);
       }
-      break;
-    case DType::BF16: attn::backward_passes<__nv_bfloat16>(p, fast, is_bf16, s); break;
-    case DType::F16: attn::backward_passes<__half>(p, fast, is_bf16, s); break;
+      return false;
+    case DType::BF16: return attn::backward_passes<__nv_bfloat16>(p, fast, is_bf16, s);
+    case DType::F16: return attn::backward_passes<__half>(p, fast, is_bf16, s);
     default: fail("attention: unsupported dtype");
   }
 }
@@ -575,25 +601,24 @@ void attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor
   attn::check_launch("attention packed tail");
 }
 
-void attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+bool attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& d, void* scratch,
-                               cudaStream_t s, int window) {
+                               cudaStream_t s, int window, float* dbias) {
   attn::Params p = packed_params(qkv, lse, offsets, heads, d, window);
   ANATOMY_CHECK(scratch != nullptr, "attention: backward needs scratch memory");
   p.ctx = ctx.data;
   p.dctx = dctx.data;
   p.dqkv = dqkv.data;
-  if (p.B == 0) return;
+  p.dbias = dbias;
+  if (p.B == 0) return true;  // no rows: nothing to add
   p.dsum = static_cast<float*>(scratch);
   const size_t dsum_bytes = attn::align_up(static_cast<size_t>(p.B) * p.heads * p.T * sizeof(float));
   p.dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dsum_bytes);
   ANATOMY_CHECK(qkv.dtype != DType::F32 && attn::flash_supports(p),
                 "attention: the packed backward has no kernel for ", qkv.shape.str(), " ", dtype_name(qkv.dtype));
   const bool is_bf16 = qkv.dtype == DType::BF16;
-  if (is_bf16)
-    attn::backward_passes<__nv_bfloat16>(p, true, true, s);
-  else
-    attn::backward_passes<__half>(p, true, false, s);
+  return is_bf16 ? attn::backward_passes<__nv_bfloat16>(p, true, true, s)
+                 : attn::backward_passes<__half>(p, true, false, s);
 }
 
 }  // namespace anatomy::cuda

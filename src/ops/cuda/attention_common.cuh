@@ -47,6 +47,8 @@ struct Params {
   void* dqkv = nullptr;           // [B, T, 3H]
   float* dsum = nullptr;          // scratch [B, heads, T]: dO . O
   float* dq_acc = nullptr;        // scratch [B, T, H] F32: unscaled dQ accumulator (fast path)
+  float* dbias = nullptr;         // F32 [3H] or null: += the column sums of dqkv as stored (fast path;
+                                  // Note [attention bias gradient] in attention.cu)
   int B = 0, T = 0, heads = 0, D = 0, H = 0;
   // > 0: query q sees key k only when |q - k| <= window, and a query that sees no key attends
   // uniformly to all T keys (Note [local attention window], ops/cpu/attention.cpp). The

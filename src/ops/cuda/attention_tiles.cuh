@@ -76,6 +76,22 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return r;
 }
 
+// acc[e] += element e of eight 16-bit floats (bf16 or fp16) packed in q, as float.
+template <bool BF16>
+__device__ __forceinline__ void add_halves(float (&acc)[8], const uint4& q) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (BF16) {
+      acc[2 * i] += __uint_as_float(w[i] << 16);
+      acc[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+      acc[2 * i] += __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] & 0xffffu)));
+      acc[2 * i + 1] += __half2float(__ushort_as_half(static_cast<unsigned short>(w[i] >> 16)));
+    }
+  }
+}
+
 __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
 }
@@ -388,14 +404,38 @@ __device__ __forceinline__ void store_key_grads(AccK dk, AccV dv, float dk_mul, 
   __syncwarp();
   uint16_t* dqkv = static_cast<uint16_t*>(p.dqkv);
   const size_t rs = 3 * static_cast<size_t>(p.H);
-  constexpr int CPR = D / 8;
+  constexpr int CPR = D / 8;  // 16-byte chunks a row; it divides 32, so a lane keeps its chunk column
+  static_assert(32 % CPR == 0, "a lane's chunk column is fixed");
+  float ksum[8] = {}, vsum[8] = {};  // the lane's column sums (Note [attention bias gradient])
 #pragma unroll
   for (int i = lane; i < 16 * CPR; i += 32) {
     const int row = warp * 16 + i / CPR, c = i % CPR, k = k0 + perm16(row);
     if (k < TK) {
       uint16_t* dst = dqkv + (sq.row0 + k) * rs + h * D + c * 8;
-      *reinterpret_cast<uint4*>(dst + p.H) = *reinterpret_cast<const uint4*>(k_tile + swz<D>(row, c));
-      *reinterpret_cast<uint4*>(dst + 2 * p.H) = *reinterpret_cast<const uint4*>(v_tile + swz<D>(row, c));
+      const uint4 kq = *reinterpret_cast<const uint4*>(k_tile + swz<D>(row, c));
+      const uint4 vq = *reinterpret_cast<const uint4*>(v_tile + swz<D>(row, c));
+      *reinterpret_cast<uint4*>(dst + p.H) = kq;
+      *reinterpret_cast<uint4*>(dst + 2 * p.H) = vq;
+      if (p.dbias) {
+        add_halves<BF16>(ksum, kq);
+        add_halves<BF16>(vsum, vq);
+      }
+    }
+  }
+  if (p.dbias == nullptr) return;
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+#pragma unroll
+    for (int off = CPR; off < 32; off <<= 1) {
+      ksum[e] += __shfl_xor_sync(0xffffffffu, ksum[e], off);
+      vsum[e] += __shfl_xor_sync(0xffffffffu, vsum[e], off);
+    }
+  if (lane < CPR) {
+    float* db = p.dbias + h * D + lane * 8;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      atomicAdd(db + p.H + e, ksum[e]);
+      atomicAdd(db + 2 * p.H + e, vsum[e]);
     }
   }
 }

@@ -366,28 +366,37 @@ void CudaBackend::attention_packed_forward_impl(const Tensor& ctx, const Tensor&
 
 void CudaBackend::attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
                                                  const Tensor& ctx, const Tensor& lse, const Tensor& offsets, int heads,
-                                                 const DropoutSpec& dropout, int window) {
+                                                 const DropoutSpec& dropout, int window, const Tensor& dbias) {
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t d = qkv.dim(1) / 3 / heads;  // the scratch of the padded batch [B, T] (N <= B T rows)
   void* scratch =
       attention_scratch(cuda::attention_scratch_bytes(lse.dim(0), lse.dim(2), heads, static_cast<int>(d), qkv.dtype));
-  cuda::attention_packed_backward(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, scratch, m_stream, window);
+  float* db = dbias.defined() ? dbias.ptr<float>() : nullptr;
+  if (!cuda::attention_packed_backward(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, scratch, m_stream, window,
+                                       db) &&
+      db)
+    cuda::bias_grad(dbias, dqkv, reduce_scratch(), m_stream);
 #else
-  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)offsets, (void)heads, (void)dropout, (void)window;
+  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)offsets, (void)heads, (void)dropout, (void)window,
+      (void)dbias;
   fail("attention_packed_backward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
 #endif
 }
 
 void CudaBackend::attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                           const Tensor& lse, const Tensor& mask, int heads,
-                                          const DropoutSpec& dropout, int window) {
+                                          const DropoutSpec& dropout, int window, const Tensor& dbias) {
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t b = qkv.dim(0), t = qkv.dim(1), d = qkv.dim(2) / 3 / heads;
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(b, t, heads, static_cast<int>(d), qkv.dtype));
-  cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream,
-                           attention_options(), window);
+  float* db = dbias.defined() ? dbias.ptr<float>() : nullptr;
+  if (!cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream,
+                                attention_options(), window, db) &&
+      db)
+    cuda::bias_grad(dbias, dqkv, reduce_scratch(), m_stream);
 #else
-  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)mask, (void)heads, (void)dropout, (void)window;
+  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)mask, (void)heads, (void)dropout, (void)window,
+      (void)dbias;
   fail("attention_backward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
 #endif
 }
