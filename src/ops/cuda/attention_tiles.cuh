@@ -422,7 +422,7 @@ __device__ __forceinline__ void store_key_grads(AccK dk, AccV dv, float dk_mul, 
       }
     }
   }
-  if (p.dbias == nullptr) return;
+  if (p.dbias == nullptr) return;  // uniform: every thread of the CTA leaves here or none
 #pragma unroll
   for (int e = 0; e < 8; ++e)
 #pragma unroll
@@ -430,13 +430,23 @@ __device__ __forceinline__ void store_key_grads(AccK dk, AccV dv, float dk_mul, 
       ksum[e] += __shfl_xor_sync(0xffffffffu, ksum[e], off);
       vsum[e] += __shfl_xor_sync(0xffffffffu, vsum[e], off);
     }
+  // The warps' partials meet in shared memory, each in its own staged rows (read above; 16 rows
+  // of 2D bytes hold its 2D floats), and one F32 atomic a column leaves the CTA: fewer additions
+  // into the same addresses, which is what the atomics cost (Note [attention bias gradient]).
+  __syncwarp();
+  float* part = reinterpret_cast<float*>(k_tile + warp * 16 * (D * 2));
   if (lane < CPR) {
-    float* db = p.dbias + h * D + lane * 8;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      atomicAdd(db + p.H + e, ksum[e]);
-      atomicAdd(db + 2 * p.H + e, vsum[e]);
+      part[lane * 8 + e] = ksum[e];
+      part[D + lane * 8 + e] = vsum[e];
     }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < 2 * D; c += NTH) {
+    float s = 0.0f;
+    for (int w = 0; w < NTH / 32; ++w) s += reinterpret_cast<const float*>(k_tile + w * 16 * (D * 2))[c];
+    atomicAdd(p.dbias + (c < D ? p.H : 2 * p.H) + h * D + c % D, s);
   }
 }
 

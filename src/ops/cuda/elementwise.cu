@@ -44,63 +44,38 @@ struct DropoutArgs {
 };
 
 // ---- kernels ------------------------------------------------------------------------------------
-// Packs a thread loads before it computes on any (the maps' loop over packs): loads in flight,
-// so that the erf GELU's arithmetic does not leave the memory system waiting.
-constexpr int kMapUnroll = 2;
-
-// y[i] = op(x[i], i) over n elements: W-wide packs (kMapUnroll of them a step), then the n % W
-// tail. In place (y == x) is allowed, as the model uses it (no __restrict__): each element is
-// read before it is written, by the same thread.
+// y[i] = op(x[i], i) over n elements: W-wide packs, then the n % W tail. In place (y == x) is
+// allowed, as the model uses it (no __restrict__): each element is read before it is written, by
+// the same thread.
 template <class To, class Ti, int W, class Op>
 __global__ void map1_kernel(To* y, const Ti* x, size_t n, Op op) {
-  constexpr int U = kMapUnroll;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t packs = n / W;
-  auto put = [&](size_t p, const Pack<Ti, W>& xi) {
+  for (size_t p = tid; p < packs; p += stride) {
+    Pack<Ti, W> xi = reinterpret_cast<const Pack<Ti, W>*>(x)[p];
     Pack<To, W> yo;
 #pragma unroll
     for (int j = 0; j < W; ++j) yo.v[j] = from_f32<To>(op(to_f32(xi.v[j]), p * W + j));
     reinterpret_cast<Pack<To, W>*>(y)[p] = yo;
-  };
-  size_t p = tid;
-  for (; p + (U - 1) * stride < packs; p += U * stride) {
-    Pack<Ti, W> xi[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) xi[u] = reinterpret_cast<const Pack<Ti, W>*>(x)[p + u * stride];
-#pragma unroll
-    for (int u = 0; u < U; ++u) put(p + u * stride, xi[u]);
   }
-  for (; p < packs; p += stride) put(p, reinterpret_cast<const Pack<Ti, W>*>(x)[p]);
   for (size_t i = packs * W + tid; i < n; i += stride) y[i] = from_f32<To>(op(to_f32(x[i]), i));
 }
 
-// y[i] = op(a[i], b[i], i), as map1_kernel.
+// y[i] = op(a[i], b[i], i).
 template <class T, int W, class Op>
 __global__ void map2_kernel(T* y, const T* a, const T* b, size_t n, Op op) {
-  constexpr int U = kMapUnroll;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t packs = n / W;
-  auto put = [&](size_t p, const Pack<T, W>& ai, const Pack<T, W>& bi) {
+  for (size_t p = tid; p < packs; p += stride) {
+    Pack<T, W> ai = reinterpret_cast<const Pack<T, W>*>(a)[p];
+    Pack<T, W> bi = reinterpret_cast<const Pack<T, W>*>(b)[p];
     Pack<T, W> yo;
 #pragma unroll
     for (int j = 0; j < W; ++j) yo.v[j] = from_f32<T>(op(to_f32(ai.v[j]), to_f32(bi.v[j]), p * W + j));
     reinterpret_cast<Pack<T, W>*>(y)[p] = yo;
-  };
-  size_t p = tid;
-  for (; p + (U - 1) * stride < packs; p += U * stride) {
-    Pack<T, W> ai[U], bi[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      ai[u] = reinterpret_cast<const Pack<T, W>*>(a)[p + u * stride];
-      bi[u] = reinterpret_cast<const Pack<T, W>*>(b)[p + u * stride];
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) put(p + u * stride, ai[u], bi[u]);
   }
-  for (; p < packs; p += stride)
-    put(p, reinterpret_cast<const Pack<T, W>*>(a)[p], reinterpret_cast<const Pack<T, W>*>(b)[p]);
   for (size_t i = packs * W + tid; i < n; i += stride) y[i] = from_f32<T>(op(to_f32(a[i]), to_f32(b[i]), i));
 }
 

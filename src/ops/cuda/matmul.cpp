@@ -1,8 +1,6 @@
 #include "ops/cuda/matmul.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <functional>
 
 #include "ops/cuda/check.h"
@@ -47,11 +45,6 @@ void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t
 
 cublasOperation_t op(uint8_t t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::atoi(v) : 0;
-}
-
 }  // namespace
 
 size_t LtMatmul::KeyHash::operator()(const Key& k) const {
@@ -68,8 +61,6 @@ size_t LtMatmul::KeyHash::operator()(const Key& k) const {
 LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes)
     : m_workspace(workspace), m_workspace_bytes(workspace_bytes) {
   ANATOMY_CUDA_CHECK(cublasLtCreate(&m_handle));
-  m_tune = std::clamp(env_int("ANATOMY_GEMM_TUNE"), 0, 32);
-  m_tune_log = env_int("ANATOMY_GEMM_TUNE_LOG") != 0;
 }
 
 LtMatmul::~LtMatmul() {
@@ -140,19 +131,16 @@ LtMatmul::Plan& LtMatmul::plan_for(const Key& key, const void* bias, const float
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<uint32_t>(key.align_a));
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<uint32_t>(key.align_c));
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<uint32_t>(key.align_c));
-  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(std::max(1, m_tune)));
+  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(m_handle, p.desc, p.lt_a, p.lt_b, p.lt_c, p.lt_c, pref,
-                                                           static_cast<int>(results.size()), results.data(), &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(m_handle, p.desc, p.lt_a, p.lt_b, p.lt_c, p.lt_c, pref, 1,
+                                                           &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   // NOT_SUPPORTED (or no result) means this combination has no cuBLASLt kernel: fall back.
   if (st != CUBLAS_STATUS_NOT_SUPPORTED) ANATOMY_CUDA_CHECK(st);
-  if (st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS) {
-    p.algo = results[0].algo;
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+    p.algo = result.algo;
     p.has_algo = true;
-    for (int i = 0; i < found && m_tune > 1 && !fp8; ++i)
-      if (results[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS)
-        p.candidates.push_back(results[static_cast<size_t>(i)].algo);
   }
   return m_plans.emplace(key, p).first->second;
 }
@@ -178,75 +166,14 @@ bool LtMatmul::try_run(const Tensor& c, const Tensor& d, const Tensor& a, Trans 
   Plan& p = plan_for(key, bias);
   if (!p.has_algo) return false;
   if (epilogue != kLtPlain) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  if (p.candidates.size() > 1) tune(key, p, c, d, a.data, b.data, alpha, beta, s);
   ANATOMY_CUDA_CHECK(launch(p, c, d, a.data, b.data, alpha, beta, s));
   return true;
 }
 
 cublasStatus_t LtMatmul::launch(const Plan& p, const Tensor& c, const Tensor& d, const void* a, const void* b,
-                                float alpha, float beta, cudaStream_t s, const cublasLtMatmulAlgo_t* algo) {
-  return cublasLtMatmul(m_handle, p.desc, &alpha, b, p.lt_a, a, p.lt_b, &beta, c.data, p.lt_c, d.data, p.lt_c,
-                        algo ? algo : &p.algo, m_workspace, m_workspace_bytes, s);
-}
-
-// Note [gemm tuning]
-// cuBLASLt's heuristic ranks algorithms by a model of the GPU, not by running them. With
-// ANATOMY_GEMM_TUNE=N the plan keeps the heuristic's first N and, at its first call, runs each
-// on that call's operands (one untimed run, then three timed by events) and keeps the fastest.
-// The calls that follow run it alone. A call with beta != 0 reads C, which the trial runs
-// overwrite: C is copied aside first and put back after (a temporary cudaMalloc of C's size; if
-// that fails, or the stream is being captured into a graph, the plan keeps the heuristic's first).
-// The choice is by time, so two runs may pick different algorithms for one shape, and their
-// results may differ in the last bits: tuning is off unless asked for.
-void LtMatmul::tune(const Key& key, Plan& p, const Tensor& c, const Tensor& d, const void* a, const void* b,
-                    float alpha, float beta, cudaStream_t s) {
-  std::vector<cublasLtMatmulAlgo_t> candidates;
-  candidates.swap(p.candidates);  // tuned once, whatever happens below
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(s, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
-  const size_t c_bytes = c.bytes();
-  void* saved = nullptr;
-  if (beta != 0.0f) {
-    if (cudaMalloc(&saved, c_bytes) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return;
-    }
-    ANATOMY_CUDA_CHECK(cudaMemcpyAsync(saved, c.data, c_bytes, cudaMemcpyDeviceToDevice, s));
-  }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  ANATOMY_CUDA_CHECK(cudaEventCreate(&start));
-  ANATOMY_CUDA_CHECK(cudaEventCreate(&stop));
-  constexpr int kTimed = 3;
-  float best_ms = 0.0f, first_ms = 0.0f;
-  size_t best = 0;
-  bool timed = false;
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    if (launch(p, c, d, a, b, alpha, beta, s, &candidates[i]) != CUBLAS_STATUS_SUCCESS) continue;
-    ANATOMY_CUDA_CHECK(cudaEventRecord(start, s));
-    for (int r = 0; r < kTimed; ++r) ANATOMY_CUDA_CHECK(launch(p, c, d, a, b, alpha, beta, s, &candidates[i]));
-    ANATOMY_CUDA_CHECK(cudaEventRecord(stop, s));
-    ANATOMY_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    ANATOMY_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i == 0) first_ms = ms;
-    if (!timed || ms < best_ms) {
-      best_ms = ms;
-      best = i;
-      timed = true;
-    }
-  }
-  p.algo = candidates[best];
-  if (saved) {
-    ANATOMY_CUDA_CHECK(cudaMemcpyAsync(c.data, saved, c_bytes, cudaMemcpyDeviceToDevice, s));
-    ANATOMY_CUDA_CHECK(cudaStreamSynchronize(s));
-    ANATOMY_CUDA_CHECK(cudaFree(saved));
-  }
-  ANATOMY_CUDA_CHECK(cudaEventDestroy(start));
-  ANATOMY_CUDA_CHECK(cudaEventDestroy(stop));
-  if (m_tune_log)
-    std::fprintf(stderr, "gemm tune: m %lld n %lld k %lld ta %d tb %d epilogue %d: heuristic %.4f ms, best #%zu of %zu %.4f ms\n",
-                 static_cast<long long>(key.m), static_cast<long long>(key.n), static_cast<long long>(key.k), key.ta,
-                 key.tb, key.epilogue, first_ms / kTimed, best, candidates.size(), best_ms / kTimed);
+                                float alpha, float beta, cudaStream_t s) {
+  return cublasLtMatmul(m_handle, p.desc, &alpha, b, p.lt_a, a, p.lt_b, &beta, c.data, p.lt_c, d.data, p.lt_c, &p.algo,
+                        m_workspace, m_workspace_bytes, s);
 }
 
 bool LtMatmul::run_fp8(const Tensor& c, const Tensor& d, const void* qa, Fp8Format fa, const void* qb, Fp8Format fb,

@@ -21,7 +21,6 @@
 
 #include <cstdint>
 #include <unordered_map>
-#include <vector>
 
 #include "ops/op_args.h"
 
@@ -72,18 +71,12 @@ class LtMatmul {
     cublasLtMatrixLayout_t lt_a = nullptr, lt_b = nullptr, lt_c = nullptr;  // cuBLASLt's A (our B), B (our A), C=D
     cublasLtMatmulAlgo_t algo{};
     bool has_algo = false;  // false: cuBLASLt declined; use the fallback kernel
-    // ANATOMY_GEMM_TUNE=N: the heuristic's first N algorithms, timed at the plan's first call
-    // (Note [gemm tuning] in matmul.cpp); algo becomes the fastest.
-    std::vector<cublasLtMatmulAlgo_t> candidates;
   };
   Plan& plan_for(const Key& key, const void* bias, const float* scale_a = nullptr, const float* scale_b = nullptr);
   static void set_scales(cublasLtMatmulDesc_t desc, const float* scale_a, const float* scale_b);
   // One cublasLtMatmul of a plan: D = alpha op(A) op(B) + beta C (our A and B), its status.
   cublasStatus_t launch(const Plan& p, const Tensor& c, const Tensor& d, const void* a, const void* b, float alpha,
-                        float beta, cudaStream_t s, const cublasLtMatmulAlgo_t* algo = nullptr);
-  // Times the plan's candidates on this call's operands and keeps the fastest (Note [gemm tuning]).
-  void tune(const Key& key, Plan& p, const Tensor& c, const Tensor& d, const void* a, const void* b, float alpha,
-            float beta, cudaStream_t s);
+                        float beta, cudaStream_t s);
   // Key::epilogue: no epilogue, CUBLASLT_EPILOGUE_BIAS, CUBLASLT_EPILOGUE_BGRADB.
   static constexpr uint8_t kLtPlain = 0, kLtBias = 1, kLtBiasGrad = 2;
   static constexpr uint8_t kFp8Type = 0x80;
@@ -97,8 +90,6 @@ class LtMatmul {
   void* m_workspace;
   size_t m_workspace_bytes;
   bool m_tf32 = false;
-  int m_tune = 0;         // candidates timed per plan (ANATOMY_GEMM_TUNE; 0 or 1: the heuristic's first)
-  bool m_tune_log = false;  // ANATOMY_GEMM_TUNE_LOG=1: one line per tuned plan on stderr
   int64_t m_fallback_calls = 0;
   std::unordered_map<Key, Plan, KeyHash> m_plans;
 };
