@@ -180,7 +180,7 @@ step_sanitize() {
   timeout 240 compute-sanitizer --tool memcheck $b/anatomy_gpu_tests --gtest_filter='-*Bench*:*Golden*' 2>&1 \
     | grep -E "ERROR SUMMARY|PASSED|FAILED" | tee "$OUT/memcheck.txt"
   timeout 150 compute-sanitizer --tool racecheck $b/anatomy_gpu_tests \
-    --gtest_filter='Attention.Bf16FastPath:Attention.HopperTakesTheWgmmaForward:Attention.HopperWgmmaBackward:Attention.Fp32*:CudaOps.LayerNorm*:CudaOps.BiasGrad*:DropoutBitsCuda.*Attention*' 2>&1 \
+    --gtest_filter='Attention.Bf16FastPath:Attention.HopperTakesTheWgmmaForward:Attention.HopperWgmmaBackward:Attention.Fp32*:CudaOps.LayerNorm*:CudaOps.BiasGrad*:DropoutBitsCuda.*Attention*:Registry/OpTwin.*attention*' 2>&1 \
     | grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" | tee "$OUT/racecheck.txt"
 }
 

@@ -22,6 +22,7 @@
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launchers.h"
 #include "train/trainer.h"
+#include "../common/dirs.h"
 
 using namespace anatomy;
 
@@ -218,7 +219,7 @@ TEST(Fp8Cuda, TrainingInFp8LearnsLikeBf16AndPlansItsMemory) {
     o.disable_progress_bar = true;
     o.precision = p;
     o.fp8_grads = grads;
-    o.output_dir = (std::filesystem::path(testing::TempDir()) / dir).string();
+    o.output_dir = testing_dirs::fresh_dir(dir);  // empty: a second run on one machine starts clean
     return o;
   };
   const TrainResult bf = train(options(Precision::Bf16, "fp8_bf16")), f8 = train(options(Precision::Fp8, "fp8_fp8")),

@@ -13,6 +13,7 @@
 #include "model/bert.h"
 #include "ops/backend.h"
 #include "train/trainer.h"
+#include "../common/dirs.h"
 
 using namespace anatomy;
 
@@ -27,7 +28,7 @@ TrainOptions tiny_gpu(const std::string& out) {
   o.logging_steps = 0;
   o.save_model = false;
   o.disable_progress_bar = true;
-  o.output_dir = (std::filesystem::path(testing::TempDir()) / out).string();
+  o.output_dir = testing_dirs::fresh_dir(out);  // empty: a second run on one machine starts clean
   return o;
 }
 }  // namespace
