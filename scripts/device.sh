@@ -24,8 +24,6 @@
 #             modernbert-base bf16 seq 512 batch 32 for 20 steps (and with layer checkpointing):
 #             samples/s, planned vs allocated vs NVML (~10 min at most; alone in a call)
 #   familybench each variant at base size, bf16 batch 32 seq 512: anatomy vs the Trainer (~8 min; alone in a call)
-#   fwd32ab   the forward at head dim 32: mma.sync against wgmma (the default), alternated twice
-#   loadab    the wgmma forward's key-tile loads: cp.async 1 or 2 tiles ahead, TMA 2 ahead (the default), alternated twice
 #   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
 #   profile   bert-large bf16 batch 32 with --profile-steps 3 (time by op class)
@@ -52,8 +50,11 @@
 #   attention the attention table: ours (the default forward, then the mma.sync one) vs PyTorch SDPA
 #             (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
 #   wgmmatiles the wgmma forward with and without its overlap, and the mma.sync forward, on the same shapes
-#   bwdab     the backward kernels (mma.sync, wgmma with one warpgroup a CTA, two with query tiles by cp.async or
-#             TMA, the default, and dQ by atomics or TMA reduces), alternated twice
+#   attentionab the attention kernels' variants, each an environment setting of ATTN_AB (default: the backward's:
+#             mma.sync, wgmma with one warpgroup a CTA, query tiles by cp.async, dQ by atomics or TMA reduces),
+#             on ATTN_SHAPE's shapes, alternated twice. Earlier results' loadab is ATTN_AB='ANATOMY_ATTENTION_FWD_AHEAD=1
+#             ANATOMY_ATTENTION_FWD_LOAD=cp.async ANATOMY_ATTENTION_FWD_LOAD=tma', fwd32ab ATTN_AB='ANATOMY_ATTENTION_FWD=mma
+#             ANATOMY_ATTENTION_FWD=wgmma' with ATTN_SHAPE='--batch 32 --seq 128 --seq 512 --head-dim 32', bwdab the default
 #   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
 #             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
@@ -61,15 +62,11 @@
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
-#   epilogue  the fused bias gradient (issue 16 point 2): the matmul / bias_grad op tests and twins on the
-#             GPU, fused vs GEMM + bias_grad at bert-large shapes (anatomy_bench_ops), then the per-op
-#             profile of bert-large bf16 batch 32 for .carry/before (A, when staged) and .carry/bin (B)
-#   lnab      the LayerNorm backward and the bias gradients in the LayerNorm / GELU backward passes:
-#             anatomy_bench_ops of .carry/before (A, when staged) and .carry/bin (B), A B A B, then
-#             bert-large bf16 batch 32's per-op profile of A and B
-#   opsab     bert-large bf16 batch 32's per-op profile of .carry/before (A) and .carry/bin (B), every op
+#   opsab     the ops of .carry/before (A, when staged) and .carry/bin (B): anatomy_bench_ops (the memory-bound
+#             backward ops and the weight gradients at bert-large shapes) A B A B, then bert-large bf16 batch 32's
+#             per-op profile of A and B, every op (earlier results' lnab and epilogue steps)
 #   envab     the bert-large bf16 batch 32 step (anatomy_bench_step) without and with the environment
-#             ENVAB (e.g. ENVAB=ANATOMY_GEMM_TUNE=8), alternated twice; the "with" runs' stderr kept
+#             ENVAB (e.g. ENVAB=ANATOMY_ATTENTION_BWD=mma), alternated twice; the "with" runs' stderr kept
 #   ncu       Nsight Compute's sections (speed of light, occupancy, launch, warp states, instructions)
 #             of every kernel of the registry ops NCU_OPS (anatomy_bench_ops --registry, bert-base sizes)
 #   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
@@ -299,39 +296,19 @@ step_wgmmatiles() {
   done | tee "$OUT/wgmma_tiles.md"
 }
 
-# The attention table's anatomy rows under each setting (NAME=VALUE of the environment), the
-# settings alternated twice in one call, each row labelled with its setting:
-#   attention_ab FILE "BENCH ARGS" SETTING...
-attention_ab() {
-  local file=$1 shape=($2)
-  shift 2
+# The attention table's anatomy rows under each setting of ATTN_AB (NAME=VALUE of the environment;
+# default: the backward kernels' variants) on ATTN_SHAPE (anatomy_bench_attention's shape flags),
+# the settings alternated twice in one call, each row labelled with its setting.
+step_attentionab() {
+  local shape=(${ATTN_SHAPE:---batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64}) round v
+  local ab=(${ATTN_AB:-ANATOMY_ATTENTION_BWD=mma ANATOMY_ATTENTION_BWD=wgmma64 ANATOMY_ATTENTION_BWD_LOAD=cp.async
+            ANATOMY_ATTENTION_BWD_DQ=atomics ANATOMY_ATTENTION_BWD_DQ=tma})
   for round in 1 2; do
-    for v in "$@"; do
+    for v in "${ab[@]}"; do
       env "$v" timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
         sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| ${v#ANATOMY_ATTENTION_}/"
     done
-  done | tee "$OUT/$file"
-}
-
-# The backward kernels on the attention table's shapes: the mma.sync one, wgmma with one warpgroup
-# a CTA (wgmma64), with two whose query tiles load by cp.async, and by TMA (the default) with dQ
-# added by atomics or by TMA reduces (Note [tma dq reduce]; the default at D 64).
-step_bwdab() {
-  attention_ab bwdab.md "--batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64" \
-    ANATOMY_ATTENTION_BWD=mma ANATOMY_ATTENTION_BWD=wgmma64 ANATOMY_ATTENTION_BWD_LOAD=cp.async \
-    ANATOMY_ATTENTION_BWD_DQ=atomics ANATOMY_ATTENTION_BWD_DQ=tma
-}
-
-# The wgmma forward's key-tile loads at head dim 64: cp.async one tile ahead, cp.async two ahead
-# and the default, TMA two ahead.
-step_loadab() {
-  attention_ab loadab.md "--batch 32 --seq 128 --seq 512 --head-dim 64" \
-    ANATOMY_ATTENTION_FWD_AHEAD=1 ANATOMY_ATTENTION_FWD_LOAD=cp.async ANATOMY_ATTENTION_FWD_LOAD=tma
-}
-
-# The forward at head dim 32 (the MiniLM shape's): mma.sync against the wgmma kernel (the default).
-step_fwd32ab() {
-  attention_ab fwd32ab.md "--batch 32 --seq 128 --seq 512 --head-dim 32" ANATOMY_ATTENTION_FWD=mma ANATOMY_ATTENTION_FWD=wgmma
+  done | tee "$OUT/attentionab.md"
 }
 
 # bert-large bf16 batch 32 seq 512, 60 steps, with the mma.sync forward and with the default
@@ -514,16 +491,6 @@ step_stepab() {  # same shapes, the two builds alternated twice: A B A B
   done | tee "$OUT/stepab.md"
 }
 
-step_epilogue() {
-  timeout 240 $b/anatomy_gpu_tests \
-    --gtest_filter='CudaOps.Matmul*:CudaOps.BiasGrad*:Registry/OpTwin.*matmul*:Registry/OpTwin.*bias_grad*:CudaContract.*' \
-    > "$OUT/epilogue_gpu_tests.log" 2>&1
-  passed "$OUT/epilogue_gpu_tests.log"
-  grep -h "\[ epilogue \]\|declined" "$OUT/epilogue_gpu_tests.log"
-  [ -x $b/anatomy_bench_ops ] && timeout 150 $b/anatomy_bench_ops > "$OUT/bench_ops_epilogue.md" 2>&1
-  sed -n '/^Weight gradients/,$p' "$OUT/bench_ops_epilogue.md"
-  profile_sides "matmul|bias_grad|gelu" | tee "$OUT/epilogue_profile.md"
-}
 
 # The per-op profile of bert-large bf16 batch 32 for .carry/before (when staged) and .carry/bin,
 # the lines of `pattern` (an extended regex of op names) and the totals.
@@ -539,19 +506,18 @@ profile_sides() {
   done
 }
 
-step_lnab() {
+
+step_opsab() {
   local round side
   for round in 1 2; do
     for side in before bin; do
       [ -x .carry/$side/anatomy_bench_ops ] || continue
       echo "== $side (round $round)"
-      timeout 120 .carry/$side/anatomy_bench_ops 2>&1 | grep -E "^\| (copy|bias_grad|layernorm|gelu)"
+      timeout 150 .carry/$side/anatomy_bench_ops 2>&1 | grep -E "^\| "
     done
-  done | tee "$OUT/lnab.md"
-  profile_sides "matmul|layernorm|gelu|bias_grad" | tee "$OUT/lnab_profile.md"
+  done | tee "$OUT/opsab_bench_ops.md"
+  profile_sides "[a-z_+()]+" | tee "$OUT/opsab.md"
 }
-
-step_opsab() { profile_sides "[a-z_+()]+" | tee "$OUT/opsab.md"; }
 
 step_envab() {
   local round cfg=(--config bert-large:bf16:32:512)

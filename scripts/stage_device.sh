@@ -28,15 +28,16 @@ done
 strip .carry/bin/*
 XZ_OPT=-9 tar -C .carry -cJf .carry/bundle.tar.xz bin lib && rm -rf .carry/bin .carry/lib
 # BEFORE=<rev>: also build that revision (a temporary worktree) and stage its binaries as
-# .carry/before.tar.xz, for same-call before/after timings (scripts/device.sh stepab).
+# .carry/before.tar.xz, for same-call before/after timings (scripts/device.sh stepab, opsab).
 if [ -n "${BEFORE:-}" ]; then
   # Beside the checkout, so that ccache (CCACHE_BASEDIR above both) reuses the objects of the same sources.
   wt=$(mktemp -d "$(dirname "$PWD")/anatomy-before.XXXX")
   git worktree add -q --detach "$wt" "$BEFORE"
   cmake -S "$wt" -B "$wt/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DANATOMY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DANATOMY_TESTS=OFF "$@" >/dev/null
-  cmake --build "$wt/build" -j "$(nproc)" --target anatomy anatomy_bench_step
-  mkdir -p .carry/before && cp "$wt/build/anatomy" "$wt/build/anatomy_bench_step" .carry/before/ && strip .carry/before/*
+  cmake --build "$wt/build" -j "$(nproc)" --target anatomy anatomy_bench_step anatomy_bench_ops
+  mkdir -p .carry/before && cp "$wt/build/anatomy" "$wt/build/anatomy_bench_step" "$wt/build/anatomy_bench_ops" .carry/before/
+  strip .carry/before/*
   XZ_OPT=-9 tar -C .carry -cJf .carry/before.tar.xz before && rm -rf .carry/before
   git worktree remove --force "$wt"
 fi

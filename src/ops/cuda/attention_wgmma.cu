@@ -317,8 +317,8 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
 // ANATOMY_ATTENTION_WGMMA=sync: each product waited for at once (no overlap); for measuring.
 // Key tiles load two tiles ahead: at B 32, T 512, D 64 (H200) the forward runs 184.5-186 TFLOP/s
 // with dropout 0.1 and 244 without, against 181 and 238 one tile ahead, and three ahead gains
-// nothing more (bench/results/2026-11-27-h200/session16/aheadab.md, an earlier form of
-// scripts/device.sh loadab). For measuring: ANATOMY_ATTENTION_FWD_AHEAD=1 loads one tile ahead
+// nothing more (bench/results/2026-11-27-h200/session16/aheadab.md, measured as
+// scripts/device.sh attentionab does with the settings below). For measuring: ANATOMY_ATTENTION_FWD_AHEAD=1 loads one tile ahead
 // by cp.async, ANATOMY_ATTENTION_FWD_LOAD=cp.async two ahead by cp.async (with a CTA barrier
 // per tile), instead of TMA (the default; "tma" names it).
 template <bool BF16, int D>

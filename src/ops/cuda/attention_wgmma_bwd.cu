@@ -341,7 +341,7 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
 
 // Two warpgroups a CTA with TMA query tiles: at B 32, T 512, p 0.1 (H200) 186.9 TFLOP/s at D 64
 // and 134.2 at D 32, against 178.7 and 125.3 with the tiles by cp.async, 158.1 and 115.0 with one
-// warpgroup (bench/results/2026-11-27-h200/session17/call1/bwdab.md, scripts/device.sh bwdab).
+// warpgroup (bench/results/2026-11-27-h200/session17/call1/bwdab.md, scripts/device.sh attentionab).
 // dQ by TMA reduces (Note [tma dq reduce]) is the default at D 64 only: 188.3 -> 197.5 there,
 // 135.2 -> 129.7 at D 32, where each tile's two warpgroup barriers cost more than its 4 KB of
 // atomics (session17/call9/dqab.md). ANATOMY_ATTENTION_BWD_DQ=tma or =atomics picks either.
