@@ -810,8 +810,9 @@ Tensor BertForSequenceClassification::layer_backward(int l, const Tensor& dout, 
   const float hp = static_cast<float>(m_cfg.hidden_dropout_prob), ap = static_cast<float>(m_cfg.attention_probs_dropout_prob);
   const MatmulArgs acc{1, 1, Epilogue::None, {}, {}};  // C += A B (gradients and residual sums)
   const MatmulArgs put{1, 0, Epilogue::None, {}, {}};
-  // The three bias gradients of a layer's dense outputs come with the ops that write their dY:
-  // the LayerNorm backwards (ff2, ao: the column sums of dbranch) and the GELU backward (ff1).
+  // The four bias gradients of a layer's dense outputs come with the ops that write their dY:
+  // the LayerNorm backwards (ff2, ao: the column sums of dbranch), the GELU backward (ff1) and
+  // the attention backward (q|k|v, below).
   // Packed training: the row-wise tensors have n = N token rows (x, out and a's row tensors come
   // sliced); attention reads its saved padded qkv and ctx (Note [packed training]).
   const bool pk = m_acts->packed_train;

@@ -90,7 +90,9 @@ TEST(OpTwinWide, LayerNormAndGeluBackwardsAtModelWidths) {
 // The packed attention past one tile (Note [packed attention] in ops/cpu/attention.cpp): T 300
 // with sequences of 300, 240, 180, 120 and 60 tokens, so query tiles past a sequence's end exit
 // (forward tiles are 64 or 128 queries), keys span several tiles, a local window crosses them;
-// head dims 32, 64 and 128, both forward tile heights.
+// head dims 32, 64 and 128, both forward tile heights. The padded backward too, at the same
+// sizes: its flash kernels with the q|k|v bias gradient (the registry's small cases run the
+// reference kernels there) under the registry's key mask (later sequences lose their last keys).
 TEST(OpTwinLong, PackedAttentionPastOneTile) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   auto cpu = make_cpu_backend();
@@ -100,7 +102,7 @@ TEST(OpTwinLong, PackedAttentionPastOneTile) {
     const bool bwd = std::string(mt) == "mma-bwd";
     ::setenv("ANATOMY_ATTENTION_FWD", bwd ? "" : mt, 1);
     ::setenv("ANATOMY_ATTENTION_BWD", bwd ? "mma" : "", 1);
-    for (const char* op : {"attention_packed_forward", "attention_packed_backward"})
+    for (const char* op : {"attention_packed_forward", "attention_packed_backward", "attention_backward"})
       for (int64_t window : {0, 40})
         for (int64_t hidden : {64, 128, 256}) {
           OpDims d;

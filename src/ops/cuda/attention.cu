@@ -353,16 +353,17 @@ __global__ void __launch_bounds__(256) dq_convert_kernel(Params p) {
     for (int64_t tok = static_cast<int64_t>(blockIdx.y) * 8 + ty; tok < rows; tok += static_cast<int64_t>(gridDim.y) * 8) {
       T* out = static_cast<T*>(p.dqkv) + tok * 3 * p.H + 4 * quad;
       if (tok >= used) {
-        for (int part = 0; part < 3; ++part)
-          for (int e = 0; e < 4; ++e) out[part * p.H + e] = from_float<T>(0.0f);
+        for (int third = 0; third < 3; ++third)
+          for (int e = 0; e < 4; ++e) out[third * p.H + e] = from_float<T>(0.0f);
         continue;
       }
       const float4 v = reinterpret_cast<const float4*>(p.dq_acc)[tok * h4 + quad];
       const float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        out[e] = from_float<T>(f[e] * p.scale);
-        sum[e] += to_float(out[e]);
+        const T stored = from_float<T>(f[e] * p.scale);
+        out[e] = stored;
+        sum[e] += to_float(stored);  // the value as stored
       }
     }
   }
