@@ -130,11 +130,16 @@ TEST_F(CpuOps, AttentionMatchesDoubleReference) {
   auto qkv = randn<float>(rng, B * T * 3 * H), dctx = randn<float>(rng, B * T * H);
   std::vector<int32_t> mask = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0};
   auto ctx = poisoned(B * T * H), lse = poisoned(B * heads * T), dqkv = poisoned(qkv.size());
+  const auto db0 = randn<float>(rng, 3 * H);
+  auto db = db0, want_db = db0;  // the q|k|v bias gradient: += the column sums of dqkv
   be->attention_forward(host(ctx, {B, T, H}), host(lse, {B, heads, T}), host(qkv, {B, T, 3 * H}),
                         host(mask, {B, T}), heads, drop);
   be->attention_backward(host(dqkv, {B, T, 3 * H}), host(dctx, {B, T, H}), host(qkv, {B, T, 3 * H}),
                          host(ctx, {B, T, H}), host(lse, {B, heads, T}), host(mask, {B, T}), heads,
-                         drop);
+                         drop, 0, host(db, {3 * H}));
+  be->bias_grad(host(want_db, {3 * H}), host(dqkv, {B * T, 3 * H}));
+  EXPECT_EQ(0, std::memcmp(db.data(), want_db.data(), db.size() * sizeof(float)));
+  EXPECT_NE(db, db0);
   std::vector<double> ctx_d(ctx.size()), lse_d(lse.size()), dqkv_d(qkv.size());
   auto qkv_d = to_double(qkv);
   ref::attention_forward(ctx_d.data(), lse_d.data(), qkv_d.data(), mask.data(), B, T, H, heads,
@@ -146,40 +151,26 @@ TEST_F(CpuOps, AttentionMatchesDoubleReference) {
   expect_close(dqkv, dqkv_d, 1e-4, "dqkv");
 }
 
-// Note [fused bias gradient]: the attention backward's dbias adds the column sums of the dqkv it
-// wrote (the q|k|v bias gradient), padded and packed, bit for bit what bias_grad adds.
-TEST_F(CpuOps, AttentionBackwardAddsTheColumnSumsOfDqkv) {
+// Note [fused bias gradient]: the packed attention backward's dbias adds the column sums of the
+// dqkv it wrote (the padded one: AttentionMatchesDoubleReference), bit for bit what bias_grad adds.
+TEST_F(CpuOps, PackedAttentionBackwardAddsTheColumnSumsOfDqkv) {
   ANATOMY_FRESH_RNG(rng);
-  const int64_t B = 2, T = 5, H = 8;
+  const int64_t B = 2, T = 5, H = 8, N = 7;  // sequences of 4 and 2 tokens, then 1 padding row
   const int heads = 2;
   const DropoutSpec drop{0.2f, rng.next(), rng.next()};
-  auto qkv = randn<float>(rng, B * T * 3 * H), dctx = randn<float>(rng, B * T * H);
-  std::vector<int32_t> mask = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0};
-  auto ctx = poisoned(B * T * H), lse = poisoned(B * heads * T), dqkv = poisoned(qkv.size());
+  std::vector<int32_t> offsets = {0, 4, 6};
+  auto qkv = randn<float>(rng, N * 3 * H), dctx = randn<float>(rng, N * H);
+  auto ctx = poisoned(N * H), lse = poisoned(B * heads * T), dqkv = poisoned(qkv.size());
   const auto db0 = randn<float>(rng, 3 * H);
   auto db = db0, want = db0;
-  be->attention_forward(host(ctx, {B, T, H}), host(lse, {B, heads, T}), host(qkv, {B, T, 3 * H}), host(mask, {B, T}),
-                        heads, drop);
-  be->attention_backward(host(dqkv, {B, T, 3 * H}), host(dctx, {B, T, H}), host(qkv, {B, T, 3 * H}),
-                         host(ctx, {B, T, H}), host(lse, {B, heads, T}), host(mask, {B, T}), heads, drop, 0,
-                         host(db, {3 * H}));
-  be->bias_grad(host(want, {3 * H}), host(dqkv, {B * T, 3 * H}));
+  be->attention_packed_forward(host(ctx, {N, H}), host(lse, {B, heads, T}), host(qkv, {N, 3 * H}),
+                               host(offsets, {B + 1}), heads, drop, 16 + 4);
+  be->attention_packed_backward(host(dqkv, {N, 3 * H}), host(dctx, {N, H}), host(qkv, {N, 3 * H}), host(ctx, {N, H}),
+                                host(lse, {B, heads, T}), host(offsets, {B + 1}), heads, drop, 16 + 4, 0,
+                                host(db, {3 * H}));
+  be->bias_grad(host(want, {3 * H}), host(dqkv, {N, 3 * H}));
   EXPECT_EQ(0, std::memcmp(db.data(), want.data(), db.size() * sizeof(float)));
   EXPECT_NE(db, db0);
-  // Packed: sequences of 4 and 2 tokens in 6 rows plus 1 padding row (dqkv zero there).
-  const int64_t N = 7;
-  std::vector<int32_t> offsets = {0, 4, 6};
-  auto pqkv = randn<float>(rng, N * 3 * H), pdctx = randn<float>(rng, N * H);
-  auto pctx = poisoned(N * H), plse = poisoned(B * heads * T), pdqkv = poisoned(pqkv.size());
-  auto pdb = db0, pwant = db0;
-  be->attention_packed_forward(host(pctx, {N, H}), host(plse, {B, heads, T}), host(pqkv, {N, 3 * H}),
-                               host(offsets, {B + 1}), heads, drop, 16 + 4);
-  be->attention_packed_backward(host(pdqkv, {N, 3 * H}), host(pdctx, {N, H}), host(pqkv, {N, 3 * H}),
-                                host(pctx, {N, H}), host(plse, {B, heads, T}), host(offsets, {B + 1}), heads, drop,
-                                16 + 4, 0, host(pdb, {3 * H}));
-  be->bias_grad(host(pwant, {3 * H}), host(pdqkv, {N, 3 * H}));
-  EXPECT_EQ(0, std::memcmp(pdb.data(), pwant.data(), pdb.size() * sizeof(float)));
-  EXPECT_NE(pdb, db0);
 }
 
 TEST_F(CpuOps, AttentionHandCase) {

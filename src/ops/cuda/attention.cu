@@ -528,9 +528,10 @@ const char* attention_backward_kernel(DType dt, int64_t head_dim, int window) {
 }
 int64_t attention_tma_fallbacks() { return attn::tma_fallbacks(); }
 
-bool attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
-                        cudaStream_t s, const AttentionOptions& opt, int window, float* dbias) {
+                        cudaStream_t s, const AttentionOptions& opt, int window, const Tensor& dbias,
+                        const ReduceScratch& reduce) {
   attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
   p.window = window;
   const bool reference = attn::force_reference() || (window > 0 && qkv.dtype == DType::F32);
@@ -538,28 +539,32 @@ bool attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qk
   p.ctx = ctx.data;
   p.dctx = dctx.data;
   p.dqkv = dqkv.data;
-  p.dbias = dbias;
-  if (p.B == 0 || p.T == 0) return true;  // no rows: nothing to add
+  p.dbias = dbias.defined() ? dbias.ptr<float>() : nullptr;
+  if (p.B == 0 || p.T == 0) return;
   p.dsum = static_cast<float*>(scratch);
   const size_t dsum_bytes = attn::align_up(static_cast<size_t>(p.B) * p.heads * p.T * sizeof(float));
   p.dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dsum_bytes);
   const bool fast = qkv.dtype != DType::F32 && !reference && attn::flash_supports(p);
   const bool is_bf16 = qkv.dtype == DType::BF16;
-  switch (qkv.dtype) {
-    case DType::F32:
-      if (reference) {
-        attn::backward_passes<float>(p, false, false, s);
-      } else {
-        const int64_t tokens = static_cast<int64_t>(p.B) * p.T;
-        attn::dsum_kernel<float><<<static_cast<unsigned>((tokens + 7) / 8), 256, 0, s>>>(p, false);
-        attn::check_launch("attention dsum");
-        attn::gemm_backward(p, attn::gemm_buffer(scratch, p, 0), attn::gemm_buffer(scratch, p, 1), opt, s);
-      }
-      return false;
-    case DType::BF16: return attn::backward_passes<__nv_bfloat16>(p, fast, is_bf16, s);
-    case DType::F16: return attn::backward_passes<__half>(p, fast, is_bf16, s);
-    default: fail("attention: unsupported dtype");
-  }
+  const bool summed = [&] {
+    switch (qkv.dtype) {
+      case DType::F32:
+        if (reference) {
+          attn::backward_passes<float>(p, false, false, s);
+        } else {
+          const int64_t tokens = static_cast<int64_t>(p.B) * p.T;
+          attn::dsum_kernel<float><<<static_cast<unsigned>((tokens + 7) / 8), 256, 0, s>>>(p, false);
+          attn::check_launch("attention dsum");
+          attn::gemm_backward(p, attn::gemm_buffer(scratch, p, 0), attn::gemm_buffer(scratch, p, 1), opt, s);
+        }
+        return false;
+      case DType::BF16: return attn::backward_passes<__nv_bfloat16>(p, fast, is_bf16, s);
+      case DType::F16: return attn::backward_passes<__half>(p, fast, is_bf16, s);
+      default: fail("attention: unsupported dtype");
+    }
+  }();
+  // The kernels that do not take the sums (reference, F32 through cuBLAS): the column sums after.
+  if (dbias.defined() && !summed) bias_grad(dbias, dqkv, reduce, s);
 }
 
 // ---- packed rows (Note [packed attention] in ops/cpu/attention.cpp) --------------------------
@@ -605,24 +610,25 @@ void attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor
   attn::check_launch("attention packed tail");
 }
 
-bool attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+void attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& d, void* scratch,
-                               cudaStream_t s, int window, float* dbias) {
+                               cudaStream_t s, int window, const Tensor& dbias) {
   attn::Params p = packed_params(qkv, lse, offsets, heads, d, window);
   ANATOMY_CHECK(scratch != nullptr, "attention: backward needs scratch memory");
   p.ctx = ctx.data;
   p.dctx = dctx.data;
   p.dqkv = dqkv.data;
-  p.dbias = dbias;
-  if (p.B == 0) return true;  // no rows: nothing to add
+  p.dbias = dbias.defined() ? dbias.ptr<float>() : nullptr;  // the flash kernels, the only ones here, take it
+  if (p.B == 0) return;
   p.dsum = static_cast<float*>(scratch);
   const size_t dsum_bytes = attn::align_up(static_cast<size_t>(p.B) * p.heads * p.T * sizeof(float));
   p.dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dsum_bytes);
   ANATOMY_CHECK(qkv.dtype != DType::F32 && attn::flash_supports(p),
                 "attention: the packed backward has no kernel for ", qkv.shape.str(), " ", dtype_name(qkv.dtype));
-  const bool is_bf16 = qkv.dtype == DType::BF16;
-  return is_bf16 ? attn::backward_passes<__nv_bfloat16>(p, true, true, s)
-                 : attn::backward_passes<__half>(p, true, false, s);
+  if (qkv.dtype == DType::BF16)
+    attn::backward_passes<__nv_bfloat16>(p, true, true, s);
+  else
+    attn::backward_passes<__half>(p, true, false, s);
 }
 
 }  // namespace anatomy::cuda

@@ -14,6 +14,7 @@
 #include <cstddef>
 
 #include "core/tensor.h"
+#include "ops/cuda/launchers.h"
 #include "ops/op_args.h"
 
 namespace anatomy::cuda {
@@ -33,12 +34,13 @@ size_t attention_scratch_bytes(int64_t B, int64_t T, int heads, int head_dim, DT
 void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
                        const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt = {},
                        int window = 0);
-// dbias (F32 [3H], or null): where the flash kernels run, they add the column sums of dqkv as
-// stored to it as they write dqkv (Note [attention bias gradient] in attention.cu) and the call
-// returns true; false: dbias is untouched, the caller sums dqkv.
-bool attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+// dbias (F32 [3H], optional) += the column sums of dqkv as stored: the flash kernels add them as
+// they write dqkv (Note [attention bias gradient] in attention.cu), the other paths run bias_grad
+// over dqkv with `reduce` (its scratch) after.
+void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
-                        cudaStream_t s, const AttentionOptions& opt = {}, int window = 0, float* dbias = nullptr);
+                        cudaStream_t s, const AttentionOptions& opt = {}, int window = 0, const Tensor& dbias = {},
+                        const ReduceScratch& reduce = {});
 
 // The kernel family attention_forward takes on the current device for this dtype, head dim and
 // window: "wgmma" (Hopper, attention_wgmma.cu), "mma" (attention_flash.cu), "gemm" (F32 through
@@ -55,8 +57,8 @@ int64_t attention_tma_fallbacks();
 bool packed_attention_supported(DType dt, int64_t T, int64_t head_dim);
 void attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets, int heads,
                               const DropoutSpec& d, cudaStream_t s, int window = 0);
-bool attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
+void attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& d, void* scratch,
-                               cudaStream_t s, int window = 0, float* dbias = nullptr);  // dbias as above
+                               cudaStream_t s, int window = 0, const Tensor& dbias = {});  // dbias as above
 
 }  // namespace anatomy::cuda

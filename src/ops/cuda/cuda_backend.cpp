@@ -371,11 +371,8 @@ void CudaBackend::attention_packed_backward_impl(const Tensor& dqkv, const Tenso
   const int64_t d = qkv.dim(1) / 3 / heads;  // the scratch of the padded batch [B, T] (N <= B T rows)
   void* scratch =
       attention_scratch(cuda::attention_scratch_bytes(lse.dim(0), lse.dim(2), heads, static_cast<int>(d), qkv.dtype));
-  float* db = dbias.defined() ? dbias.ptr<float>() : nullptr;
-  if (!cuda::attention_packed_backward(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, scratch, m_stream, window,
-                                       db) &&
-      db)
-    cuda::bias_grad(dbias, dqkv, reduce_scratch(), m_stream);
+  cuda::attention_packed_backward(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, scratch, m_stream, window,
+                                  dbias);
 #else
   (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)offsets, (void)heads, (void)dropout, (void)window,
       (void)dbias;
@@ -389,11 +386,8 @@ void CudaBackend::attention_backward_impl(const Tensor& dqkv, const Tensor& dctx
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t b = qkv.dim(0), t = qkv.dim(1), d = qkv.dim(2) / 3 / heads;
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(b, t, heads, static_cast<int>(d), qkv.dtype));
-  float* db = dbias.defined() ? dbias.ptr<float>() : nullptr;
-  if (!cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream,
-                                attention_options(), window, db) &&
-      db)
-    cuda::bias_grad(dbias, dqkv, reduce_scratch(), m_stream);
+  cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream, attention_options(),
+                           window, dbias, reduce_scratch());
 #else
   (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)mask, (void)heads, (void)dropout, (void)window,
       (void)dbias;
