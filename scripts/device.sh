@@ -65,8 +65,9 @@
 #   opsab     the ops of .carry/before (A, when staged) and .carry/bin (B): anatomy_bench_ops (the memory-bound
 #             backward ops and the weight gradients at bert-large shapes) A B A B, then bert-large bf16 batch 32's
 #             per-op profile of A and B, every op (earlier results' lnab and epilogue steps)
-#   envab     the bert-large bf16 batch 32 step (anatomy_bench_step) without and with the environment
-#             ENVAB (e.g. ENVAB=ANATOMY_ATTENTION_BWD=mma), alternated twice; the "with" runs' stderr kept
+#   envab     the bert-large bf16 batch 32 step (anatomy_bench_step) without and with each setting of ENVAB
+#             (e.g. ENVAB='ANATOMY_ATTENTION_BWD=mma', or several, space-separated), alternated twice; the "with"
+#             runs' stderr kept; with ENVAB_OPS (a regex of op names) also those ops' per-op profile lines a side
 #   ncu       Nsight Compute's sections (speed of light, occupancy, launch, warp states, instructions)
 #             of every kernel of the registry ops NCU_OPS (anatomy_bench_ops --registry, bert-base sizes)
 #   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
@@ -519,15 +520,26 @@ step_opsab() {
   profile_sides "[a-z_+()]+" | tee "$OUT/opsab.md"
 }
 
-step_envab() {
-  local round cfg=(--config bert-large:bf16:32:512)
+step_envab() {  # ENVAB: one or more VAR=value settings, each a "with" side; ENVAB_OPS: op lines to profile
+  local round setting i cfg=(--config bert-large:bf16:32:512)
   for round in 1 2; do
     echo "== without (round $round)"
     timeout 150 $b/anatomy_bench_step "${cfg[@]}" 2>&1 | tail -1
-    echo "== with ${ENVAB:-} (round $round)"
-    env ${ENVAB:-} timeout 200 $b/anatomy_bench_step "${cfg[@]}" > "$OUT/envab_with_$round.log" 2>&1
-    tail -1 "$OUT/envab_with_$round.log"
+    i=0
+    for setting in ${ENVAB:-}; do
+      i=$((i + 1))
+      echo "== with $setting (round $round)"
+      env "$setting" timeout 200 $b/anatomy_bench_step "${cfg[@]}" > "$OUT/envab_with_${i}_$round.log" 2>&1
+      tail -1 "$OUT/envab_with_${i}_$round.log"
+    done
   done | tee "$OUT/envab.md"
+  [ -n "${ENVAB_OPS:-}" ] || return 0
+  for setting in "" ${ENVAB:-}; do  # one per-op profile a side: the lines of ENVAB_OPS (a regex of op names)
+    echo "== ${setting:-without}: bert-large bf16 batch 32, per op"
+    env $setting timeout 150 $b/anatomy train --preset bert-large --max-seq-length 512 --precision bf16 \
+      --per-device-train-batch-size 32 --num-samples 640 "${quiet[@]}" --output-dir /tmp/envab_profile \
+      --overwrite-output-dir --profile-steps 3 2>&1 | grep -E "one step|^ +($ENVAB_OPS) "
+  done | tee "$OUT/envab_ops.md"
 }
 
 step_ncu() {
