@@ -41,6 +41,7 @@ struct EvalFlags {
   int64_t max_seq_length = -1, batch = 8;  // -1: min(128, the model's max_position_embeddings)
   int threads = 0;
   bool skip_padding = true, sort_by_length = true;
+  bool text_columns_given = false;  // else Note [run_glue.py's text columns] (data/csv.h)
 };
 
 EvalFlags eval_flags(cli::RunArgs& a) {
@@ -51,6 +52,7 @@ EvalFlags eval_flags(cli::RunArgs& a) {
   f.text_column = o.text_column;
   f.text_pair_column = o.text_pair_column;
   f.label_column = o.label_column;
+  f.text_columns_given = a.text_columns_given();
   f.tokenizer = o.tokenizer;
   f.precision = cli::finish_eval_precision(a);
   f.device = o.device;
@@ -110,6 +112,8 @@ int run_eval(EvalFlags f) {
   topt.text_column = f.text_column;
   topt.text_pair_column = f.text_pair_column;
   topt.label_column = f.label_column;
+  topt.default_columns = !f.text_columns_given;
+  topt.source_flag = "--validation-file";
   topt.max_length = f.max_seq_length;
   topt.cache_dir = f.cache_dir;
   const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg);

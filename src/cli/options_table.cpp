@@ -84,7 +84,8 @@ std::vector<OptionSpec> build() {
        false, false, true, {}, [](R& r, const V& v) { r.train.validation_file = v.s; }, "same"});
   add({"validation-split", {}, OptType::Float, kTrainPlan, "0", "Hold out this fraction of the training data", 0, 1, false,
        true, false, false, {}, [](R& r, const V& v) { r.train.validation_split = v.d; }});
-  add({"text-column", {"text-column-name"}, OptType::Text, kAll, "text", "Column (JSON key or CSV header) holding the text",
+  add({"text-column", {"text-column-name"}, OptType::Text, kAll, "text", "Column (JSON key or CSV header) holding the text; when no text column is named and the file "
+       "has no 'text', run_glue.py's: sentence1 and sentence2, else the first one or two columns beside the label",
        0, 0, false, false, false, true, {}, [](R& r, const V& v) { r.train.text_column = v.s; }});
   add({"text-pair-column", {}, OptType::Text, kAll, "", "Column of the second text of a pair", 0, 0, false, false, false,
        false, {}, [](R& r, const V& v) { r.train.text_pair_column = v.s; }});

@@ -49,6 +49,11 @@ struct RunArgs {
   int64_t gpu_memory = -1;                          // plan: bytes (-1: the GPU present)
   std::vector<std::string> given;                   // canonical names set by the user
   bool was_given(const std::string& name) const;
+  // Any of --text-column, --text-column-names, --text-pair-column (else Note [run_glue.py's text
+  // columns] in data/csv.h).
+  bool text_columns_given() const {
+    return was_given("text-column") || was_given("text-column-names") || was_given("text-pair-column");
+  }
 };
 
 struct OptionSpec {

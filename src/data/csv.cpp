@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -338,6 +340,72 @@ size_t read_text_records(std::string_view data, const std::string& name, TextFor
   }
   ANATOMY_CHECK(n > 0, name, ": no samples (", format == TextFormat::Jsonl ? "only blank lines" : "only a header", ")");
   return n;
+}
+
+std::vector<std::string> text_file_columns(const std::string& path, TextFormat format, char delimiter) {
+  // Only the first record is needed: read at most one record's worth of bytes. A file that cannot
+  // be read so gives no columns; loading it then says what is wrong with it.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return {};
+  std::ifstream in(path, std::ios::binary);
+  std::string head(kMaxRecordBytes + 3, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  std::string_view data = head;
+  if (data.substr(0, 3) == "\xEF\xBB\xBF") data.remove_prefix(3);
+  if (format == TextFormat::Auto) format = format_from_path(path);
+  std::vector<std::string> names;
+  try {
+    if (format == TextFormat::Jsonl) {
+      size_t pos = 0;
+      while (pos < data.size()) {
+        const size_t end = std::min(data.find('\n', pos), data.size());
+        const std::string_view line = data.substr(pos, end - pos);
+        pos = end + 1;
+        if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+        const nlohmann::ordered_json j = nlohmann::ordered_json::parse(line);
+        if (j.is_object())
+          for (const auto& [k, v] : j.items()) names.push_back(k);
+        break;
+      }
+    } else {
+      CsvParser csv(data, delimiter ? delimiter : (format == TextFormat::Tsv ? '\t' : ','), path);
+      csv.next(names);
+    }
+  } catch (const std::exception&) {
+    return {};
+  }
+  return names;
+}
+
+RecordColumns glue_text_columns(const std::vector<std::string>& names, const std::string& label) {
+  std::vector<std::string> rest;
+  for (const std::string& n : names)
+    if (n != label) rest.push_back(n);
+  RecordColumns c;
+  c.label = label;
+  auto has = [&](const char* n) { return std::find(rest.begin(), rest.end(), n) != rest.end(); };
+  if (has("sentence1") && has("sentence2")) {
+    c.text = "sentence1";
+    c.text_pair = "sentence2";
+  } else {
+    c.text = rest.empty() ? "" : rest[0];
+    c.text_pair = rest.size() >= 2 ? rest[1] : "";
+  }
+  return c;
+}
+
+RecordColumns default_text_columns(const std::string& path, const std::string& flag, TextFormat format, char delimiter,
+                                   const RecordColumns& columns, std::string& said) {
+  said.clear();
+  const std::vector<std::string> names = text_file_columns(path, format, delimiter);
+  if (names.empty() || std::find(names.begin(), names.end(), columns.text) != names.end()) return columns;
+  const RecordColumns glue = glue_text_columns(names, columns.label);
+  if (glue.text.empty()) return columns;  // only a label column: loading names what is missing
+  said = str_cat(flag, flag.empty() ? "" : " ", path, " has no '", columns.text, "' column: reading '", glue.text, "'",
+                 glue.text_pair.empty() ? std::string(" as the text") : str_cat(" and '", glue.text_pair, "' as a text pair"),
+                 ", as run_glue.py would (--text-column-names names others)");
+  return glue;
 }
 
 }  // namespace anatomy

@@ -81,6 +81,24 @@ size_t read_text_records(std::string_view data, const std::string& name, TextFor
                          const RecordColumns& columns, size_t max_record_bytes,
                          const std::function<void(const TextRecord&)>& fn);
 
+// Note [run_glue.py's text columns]
+// A user who names no text column (--text-column, --text-column-names, --text-pair-column) gets
+// the column `text` when the file has one, as always. A file without it is read the way
+// run_glue.py reads a --train_file: of the columns other than the label, sentence1 and sentence2
+// when both exist, else the first two in file order as a pair, else the only one; the caller
+// says which it took. The columns are those of the first record: a CSV/TSV header, or the first
+// JSON line's keys in their order in the line.
+std::vector<std::string> text_file_columns(const std::string& path, TextFormat format, char delimiter);
+// `columns` (text and pair) chosen from `names` as the note says; `label` may be empty. The text
+// is empty when no column is left.
+RecordColumns glue_text_columns(const std::vector<std::string>& names, const std::string& label);
+// The columns to read `path` with when the user named no text column: `columns` when the file
+// has columns.text (or its first record cannot be read: loading it says why), else run_glue.py's
+// choice, with `said` set to the one line the caller prints about it ("" otherwise). `flag`
+// names the file in that line ("--train-file").
+RecordColumns default_text_columns(const std::string& path, const std::string& flag, TextFormat format, char delimiter,
+                                   const RecordColumns& columns, std::string& said);
+
 // `s` with each ill-formed UTF-8 sequence replaced by U+FFFD (Python's errors="replace"); `s`
 // itself when it is valid.
 std::string sanitize_utf8(std::string_view s);

@@ -54,6 +54,9 @@ struct TrainOptions {
   std::string train_file, validation_file;
   double validation_split = 0;   // > 0: hold out this fraction of the training data
   std::string text_column = "text", text_pair_column, label_column = "label";
+  // None of --text-column, --text-column-names, --text-pair-column given: a classification file
+  // without text_column is read with run_glue.py's columns (Note [run_glue.py's text columns]).
+  bool text_columns_given = false;
   std::string tokenizer;         // a directory; default: model_name_or_path
   bool group_by_length = false;
   // With a text file: train on the batches' real tokens (Note [packed training] in model/bert.cpp).

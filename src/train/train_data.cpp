@@ -55,6 +55,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   to.text_column = opt.text_column;
   to.text_pair_column = opt.text_pair_column;
   to.label_column = opt.label_column;
+  to.default_columns = !opt.text_columns_given;
   to.max_length = opt.seq_len;
   to.cache_dir = opt.dataset_cache_dir;
   to.source_flag = "--train-file";

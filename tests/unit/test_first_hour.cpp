@@ -117,6 +117,22 @@ const auto kTwoNames = [](const std::string& d) {
   relabelled(d, "ab.jsonl", 24, [](const std::string& l) { return json(l == "positive" ? "good" : "bad"); });
 };
 
+// {dir}/s.csv: the fixture's first 24 lines as run_glue.py's CSV (sentence,label), quoted.
+const auto kGlueCsv = [](const std::string& d) {
+  std::ifstream in(kText);
+  std::string line, out = "sentence,label\n";
+  for (int i = 0; i < 24 && std::getline(in, line); ++i) {
+    const json j = json::parse(line);
+    std::string q = "\"";
+    for (char c : j["text"].get<std::string>()) {
+      if (c == '"') q += '"';  // a quote doubled inside a quoted field
+      q += c;
+    }
+    out += q + "\"," + j["label"].get<std::string>() + "\n";
+  }
+  spit(d + "/s.csv", out);
+};
+
 // ---- checks on the output -----------------------------------------------------------------------
 
 std::function<void(const std::string&)> files_exist(std::vector<std::string> names) {
@@ -278,6 +294,17 @@ const std::vector<Case> kCases = {
      [](const std::string& d) {
        EXPECT_EQ(read_json(d + "/out/config.json")["id2label"], (json{{"0", "bad"}, {"1", "good"}}));
      }},
+    // run_glue.py's --train_file columns (Note [run_glue.py's text columns] in data/csv.h).
+    {"RunGlueCsvWithoutATextColumn", kGlueCsv,
+     kTiny + "--train_file {dir}/s.csv --validation_file {dir}/s.csv --tokenizer " + kTok +
+         " --max-steps 1 --output-dir {dir}/out",
+     0,
+     {"--train-file {dir}/s.csv has no 'text' column: reading 'sentence' as the text, as run_glue.py would",
+      "--validation-file {dir}/s.csv has no 'text' column"},
+     {}, files_exist({"out/model.safetensors"})},
+    {"NamedTextColumnIsNotReplaced", kGlueCsv,
+     kTiny + "--train_file {dir}/s.csv --text_column_name text --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out",
+     2, {"{dir}/s.csv:1: no column 'text' in the header (columns: 'sentence', 'label')"}, {"run_glue.py would"}},
     {"NumLabelsDisagreesWithData", copy_text, kTextRun + "--max-steps 1 --num-labels 5", 2,
      {"--num-labels 5 disagrees with --train-file {dir}/s.jsonl", "make 3 classes"}},
     {"NumLabelsAgreeing", copy_text, kTextRun + "--max-steps 1 --num_labels 3", 0, {}},

@@ -72,6 +72,15 @@ TEST(Options, EveryFlagInBothSpellingsAndBothForms) {
   }
 }
 
+// Note [run_glue.py's text columns] applies only when no text column flag was given.
+TEST(Options, TextColumnsGivenByAnyOfTheirFlags) {
+  EXPECT_FALSE(parse_args(kTrain, {"--train_file", "x.csv"}).text_columns_given());
+  EXPECT_TRUE(parse_args(kTrain, {"--text_column_name", "sentence"}).text_columns_given());
+  EXPECT_TRUE(parse_args(kTrain, {"--text-column-names", "a,b"}).text_columns_given());
+  EXPECT_TRUE(parse_args(kEval, {"--text-pair-column", "b"}).text_columns_given());
+  EXPECT_TRUE(parse_args(kTrain, {"--text-column", "text"}).text_columns_given());  // even the default, when named
+}
+
 TEST(Options, TrainerSpellingsMeanWhatTheTrainerMeans) {
   RunArgs r = parse_args(kTrain, {"--per_device_train_batch_size", "3", "--num_train_epochs=0.5", "--warmup_ratio", "0.1",
                                   "--lr_scheduler_type", "constant_with_warmup", "--optim", "adamw_torch_fused",

@@ -243,6 +243,60 @@ TEST_F(TextDatasetTest, PairColumns) {
   expect_error(p, {"pairs.jsonl:1: no field 'missing'"}, o);
 }
 
+// Note [run_glue.py's text columns]: with no text column named, a file without `text` is read
+// as run_glue.py reads a --train_file; one with `text` (or a named column) as before.
+TEST(TextDatasetColumns, RunGlueChoosesFromTheColumnsBesideTheLabel) {
+  auto pick = [](std::vector<std::string> names, const std::string& label) {
+    const RecordColumns c = glue_text_columns(names, label);
+    return std::vector<std::string>{c.text, c.text_pair, c.label};
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(pick({"sentence", "label"}, "label"), (V{"sentence", "", "label"}));
+  EXPECT_EQ(pick({"label", "premise", "hypothesis"}, "label"), (V{"premise", "hypothesis", "label"}));
+  EXPECT_EQ(pick({"idx", "sentence2", "label", "sentence1"}, "label"), (V{"sentence1", "sentence2", "label"}));
+  EXPECT_EQ(pick({"review", "stars", "extra"}, "stars"), (V{"review", "extra", "stars"}));
+  EXPECT_EQ(pick({"a", "b"}, ""), (V{"a", "b", ""}));
+  EXPECT_EQ(pick({"label"}, "label"), (V{"", "", "label"}));
+}
+
+TEST_F(TextDatasetTest, RunGlueColumnsWhenNoneIsNamed) {
+  // The first record's columns in file order: a header (after a byte-order mark), or the first
+  // JSON line's keys as written, not sorted.
+  EXPECT_EQ(text_file_columns(write("h.csv", "\xEF\xBB\xBFsentence,label\nx,1\n"), TextFormat::Auto, 0),
+            (std::vector<std::string>{"sentence", "label"}));
+  EXPECT_EQ(text_file_columns(write("k.jsonl", "\n{\"zeta\": \"x\", \"alpha\": \"y\", \"label\": 0}\n"),
+                              TextFormat::Auto, 0),
+            (std::vector<std::string>{"zeta", "alpha", "label"}));
+  EXPECT_TRUE(text_file_columns((m_dir / "absent.csv").string(), TextFormat::Auto, 0).empty());
+
+  TextDataOptions o = no_cache();
+  o.default_columns = true;
+  o.source_flag = "--train-file";
+  o.max_length = 16;
+  // sentence,label: the sentence is the text, as the file's own `text` would have been.
+  const TextDataset one = TextDataset::load(write("s.csv", "sentence,label\nthe cat sat,1\na dog ran,0\n"), tokenizer(), o);
+  TextDataOptions named = no_cache();
+  named.text_column = "sentence";
+  named.max_length = 16;
+  const TextDataset want = TextDataset::load(write("s2.csv", "sentence,label\nthe cat sat,1\na dog ran,0\n"), tokenizer(), named);
+  ASSERT_EQ(one.size(), 2u);
+  EXPECT_EQ(ids(one, 0), ids(want, 0));
+  EXPECT_EQ(ids(one, 1), ids(want, 1));
+  // Two columns beside the label: a pair, text first, as written.
+  const TextDataset pair = TextDataset::load(
+      write("p.jsonl", "{\"premise\": \"the cat sat\", \"hypothesis\": \"a dog ran\", \"label\": 0}\n"), tokenizer(), o);
+  const Encoding e = tokenizer().encode("the cat sat", std::string_view("a dog ran"), 16, Truncation::LongestFirst,
+                                        Padding::None);
+  EXPECT_EQ(ids(pair, 0), e.input_ids);
+  // A file with `text` reads it, whatever else it holds.
+  const TextDataset text = TextDataset::load(write("t.csv", "sentence,text,label\nthe cat sat,a dog ran,1\n"), tokenizer(), o);
+  EXPECT_EQ(ids(text, 0), ids(want, 1));
+  // Named columns are never second-guessed: without default_columns the missing `text` is an error.
+  expect_error(write("n.csv", "sentence,label\nx,1\n"), {"n.csv:1: no column 'text'"});
+  // Only a label column: nothing to choose; the error names what is missing.
+  expect_error(write("l.csv", "label\n1\n"), {"l.csv:1: no column 'text'"}, o);
+}
+
 // ------------------------------------------------------------------------------ cache
 
 TEST_F(TextDatasetTest, CacheIsCreatedOnceAndReused) {
