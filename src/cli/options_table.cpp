@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cli/parse.h"
 #include "core/error.h"
 
 namespace anatomy::cli {
@@ -107,6 +108,34 @@ std::vector<OptionSpec> build() {
        false, false, false, {}, [](R& r, const V& v) { r.train.seq_len = v.i; }, "same"});
   add({"dataset-cache-dir", {}, OptType::Text, kAll, "beside the data file", "Where the tokenized cache goes", 0, 0,
        false, false, false, true, {}, [](R& r, const V& v) { r.train.dataset_cache_dir = v.s; }});
+  // run_glue.py's data flags where their value is what anatomy does anyway; the other is refused.
+  add({"pad-to-max-length", {}, OptType::Bool, kAll, "false",
+       "run_glue.py's: false pads each batch to its longest sample, as anatomy always does; true (every batch "
+       "padded to --max-seq-length: the same results, computed on padding) is refused",
+       0, 0, false, false, false, false, {},
+       [](R&, const V& v) {
+         if (v.b)
+           throw UsageError("--pad-to-max-length true: not supported by anatomy: batches are padded to their longest "
+                            "sample (the same results, without computing on padding); drop it or pass false");
+       },
+       "differs: run_glue.py's default is true"});
+  add({"overwrite-cache", {}, OptType::Bool, kAll, "false",
+       "run_glue.py's: accepted either way; the token cache is keyed by the text file's bytes and the tokenizer, "
+       "so a cache that is reused holds exactly what tokenizing again would make",
+       0, 0, false, false, false, false, {}, [](R&, const V&) {}, "differs: nothing stale is ever reused"});
+  add({"use-fast-tokenizer", {}, OptType::Bool, kAll, "true",
+       "run_glue.py's: true, anatomy's tokenizer reads tokenizer.json (or vocab.txt) as the fast tokenizers do; "
+       "false (a slow Python tokenizer) is refused",
+       0, 0, false, false, false, false, {},
+       [](R&, const V& v) {
+         if (!v.b)
+           throw UsageError("--use-fast-tokenizer false: not supported by anatomy: its tokenizer reads tokenizer.json "
+                            "(or vocab.txt) as the fast tokenizers do; drop it or pass true");
+       },
+       "same"});
+  add({"shuffle-train-dataset", {}, OptType::Bool, kTrainPlan, "false",
+       "run_classification.py's: accepted either way; the training samples are shuffled every epoch with --seed",
+       0, 0, false, false, false, false, {}, [](R&, const V&) {}, "differs: the order is shuffled every epoch regardless"});
   add({"group-by-length", {}, OptType::Bool, kTrainPlan, "false", "Batch samples of similar length together", 0, 0,
        false, false, false, false, {}, [](R& r, const V& v) { r.train.group_by_length = v.b; }, "same"});
   add({"dataloader-prefetch", {"dataloader-prefetch-factor"}, OptType::Int, kTrainPlan, "2",

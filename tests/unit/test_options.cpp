@@ -27,7 +27,8 @@ std::string underscored(std::string s) {
 // A value each option accepts: the low end of its range (or inside an open one), a choice, a size.
 std::string sample(const OptionSpec& s) {
   switch (s.type) {
-    case OptType::Bool: return "true";
+    case OptType::Bool:  // the default: some take only it (--pad-to-max-length false)
+      return std::string(s.default_text) == "false" ? "false" : "true";
     case OptType::Int: return std::to_string(static_cast<long long>(s.lo_open ? s.lo + 1 : s.lo));
     case OptType::Float: return s.lo_open ? std::to_string((s.lo + s.hi) / 2) : std::to_string(s.lo);
     case OptType::Text: return "x";
@@ -70,6 +71,18 @@ TEST(Options, EveryFlagInBothSpellingsAndBothForms) {
         EXPECT_TRUE(r.was_given(s.name));
       }
   }
+}
+
+// run_glue.py's data flags: the value anatomy's behaviour matches is accepted, the other refused
+// naming the flag.
+TEST(Options, RunGlueDataFlagsAcceptWhatAnatomyDoes) {
+  EXPECT_EQ(error_of(kTrain, {"--pad_to_max_length", "False", "--overwrite_cache", "--use_fast_tokenizer", "True",
+                              "--shuffle_train_dataset"}),
+            "");
+  EXPECT_NE(error_of(kTrain, {"--pad_to_max_length"}).find("--pad-to-max-length true: not supported by anatomy"),
+            std::string::npos);
+  EXPECT_NE(error_of(kEval, {"--use_fast_tokenizer", "false"}).find("--use-fast-tokenizer false: not supported"),
+            std::string::npos);
 }
 
 // Note [run_glue.py's text columns] applies only when no text column flag was given.
