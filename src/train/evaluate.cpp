@@ -364,9 +364,13 @@ int64_t predict_into(const TrainOptions& opt, EncoderModel& model, const Dataset
   std::string out = "index\tprediction\n";
   for (int64_t i = 0; i < r.samples && has_float_labels(r.problem); ++i)
     out += str_cat(i, "\t", float_prediction_text(r, i, cfg.id2label), "\n");
+  // Classes the data named are written by name; integer labels (the default names LABEL_<i>)
+  // as the integer, as run_glue.py writes them.
+  const bool named = LabelSet::from_id2label(cfg.id2label).kind == LabelSet::Kind::Names;
   for (int64_t i = 0; i < r.samples && !has_float_labels(r.problem); ++i) {
-    auto it = cfg.id2label.find(r.predictions[static_cast<size_t>(i)]);
-    out += str_cat(i, "\t", it != cfg.id2label.end() ? it->second : std::to_string(r.predictions[static_cast<size_t>(i)]), "\n");
+    const int64_t p = r.predictions[static_cast<size_t>(i)];
+    auto it = cfg.id2label.find(static_cast<int>(p));
+    out += str_cat(i, "\t", named && it != cfg.id2label.end() ? it->second : std::to_string(p), "\n");
   }
   const std::string path = (std::filesystem::path(opt.output_dir) / "predict_results.txt").string();
   write_file_atomic(path, out);

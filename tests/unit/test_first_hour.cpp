@@ -133,6 +133,15 @@ const auto kGlueCsv = [](const std::string& d) {
   spit(d + "/s.csv", out);
 };
 
+// {dir}/p.csv: run_glue.py's MRPC layout (idx,sentence1,sentence2,label), integer labels.
+const auto kGluePairCsv = [](const std::string& d) {
+  std::string out = "idx,sentence1,sentence2,label\n";
+  const char* words[] = {"good", "bad", "great", "awful", "fine", "poor"};
+  for (int i = 0; i < 24; ++i)
+    out += std::to_string(i) + "," + words[i % 6] + " day," + words[(i * 5) % 6] + " night," + std::to_string(i % 2) + "\n";
+  spit(d + "/p.csv", out);
+};
+
 // ---- checks on the output -----------------------------------------------------------------------
 
 std::function<void(const std::string&)> files_exist(std::vector<std::string> names) {
@@ -302,6 +311,22 @@ const std::vector<Case> kCases = {
      {"--train-file {dir}/s.csv has no 'text' column: reading 'sentence' as the text, as run_glue.py would",
       "--validation-file {dir}/s.csv has no 'text' column"},
      {}, files_exist({"out/model.safetensors"})},
+    {"RunGluePairCsvPredictsIntegerLabels", kGluePairCsv,
+     kTiny + "--train_file {dir}/p.csv --validation_file {dir}/p.csv --test_file {dir}/p.csv --do_predict --tokenizer " +
+         kTok + " --max-steps 1 --output-dir {dir}/out",
+     0, {"--train-file {dir}/p.csv has no 'text' column: reading 'sentence1' and 'sentence2' as a text pair"}, {},
+     [](const std::string& d) {  // run_glue.py writes integer labels as the integers
+       std::ifstream in(d + "/out/predict_results.txt");
+       std::string line;
+       ASSERT_TRUE(std::getline(in, line));
+       EXPECT_EQ(line, "index\tprediction");
+       int n = 0;
+       for (; std::getline(in, line); ++n) {
+         const std::string pred = line.substr(line.find('\t') + 1);
+         EXPECT_TRUE(pred == "0" || pred == "1") << line;
+       }
+       EXPECT_EQ(n, 24);
+     }},
     {"NamedTextColumnIsNotReplaced", kGlueCsv,
      kTiny + "--train_file {dir}/s.csv --text_column_name text --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out",
      2, {"{dir}/s.csv:1: no column 'text' in the header (columns: 'sentence', 'label')"}, {"run_glue.py would"}},
