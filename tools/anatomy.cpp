@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
+#include "dist/launch.h"
 #include "dist/spawn.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
@@ -363,6 +364,15 @@ int run_command(int argc, char** argv) {
       return 0;
     }
   cli::RunArgs a = cli::parse_args(cmd, rest);
+  if (!a.notes.empty()) {  // once per job: rank 0, or a process no launcher started
+    int rank = 0;
+    try {
+      rank = detect_launch().rank;
+    } catch (const Error&) {  // the launch itself reports inconsistent variables
+    }
+    if (rank == 0)
+      for (const std::string& n : a.notes) std::fprintf(stderr, "anatomy: %s\n", n.c_str());
+  }
   // A Hub name becomes its directory in the local Hugging Face cache, downloaded there when
   // missing (io/hub.h); before any process is spawned, so that the ranks find it cached.
   if (!a.train.model_name_or_path.empty()) {

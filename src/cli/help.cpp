@@ -119,7 +119,9 @@ std::string markdown_doc() {
       "\n## Every TrainingArguments field\n\n"
       "The fields of `transformers.TrainingArguments` (4.57 and 5.24): supported with the same\n"
       "meaning, supported but different (how), or refused (why). A refused field given on the\n"
-      "command line or in a JSON file is an error naming it, never silently ignored.\n\n"
+      "command line or in a JSON file is an error naming it, never silently ignored, unless its\n"
+      "value asks for nothing anatomy does not do (often the Trainer's default, passed explicitly):\n"
+      "that is accepted, and the run says so in one line.\n\n"
       "| Field | anatomy |\n|---|---|\n";
   for (const char* field : training_arguments_fields()) {
     std::string status;
@@ -130,6 +132,10 @@ std::string markdown_doc() {
     } else {
       const std::string why = refusal_reason(field);
       status = std::string("refused: ") + (why.empty() ? "anatomy does not do it" : why);
+      for (const NeutralValue& n : neutral_values())
+        if (field == std::string(n.name))
+          status = std::string(n.value) == "*" ? str_cat("accepted with any value, which changes nothing here: ", n.why)
+                                               : str_cat(status, "; `", n.value, "` is accepted and changes nothing here");
     }
     out += str_cat("| `", field, "` | ", status, " |\n");
   }

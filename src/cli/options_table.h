@@ -48,6 +48,7 @@ struct RunArgs {
   std::string revision;                             // with a Hub name (io/hub.h); empty: main
   int64_t gpu_memory = -1;                          // plan: bytes (-1: the GPU present)
   std::vector<std::string> given;                   // canonical names set by the user
+  std::vector<std::string> notes;                   // neutral Trainer arguments accepted, one line each
   bool was_given(const std::string& name) const;
   // Any of --text-column, --text-column-names, --text-pair-column (else Note [run_glue.py's text
   // columns] in data/csv.h).
@@ -85,6 +86,18 @@ struct Refusal {
   const char* why;
 };
 const std::vector<Refusal>& refused_arguments();
+// Values of refused Trainer arguments that ask for nothing anatomy does not already do (mostly the
+// Trainer's own defaults, which scripts often pass explicitly): accepted, and the run says so.
+// value "*": any value (a PyTorch data-loader knob that changes neither the batches nor their order).
+struct NeutralValue {
+  const char* name;
+  const char* value;
+  const char* why;
+};
+const std::vector<NeutralValue>& neutral_values();
+// The entry for `field` (underscores) that `raw` matches (booleans in any case, numbers by
+// value), or null.
+const NeutralValue* neutral_value(const std::string& field, const std::string& raw);
 // Why anatomy refuses a Trainer argument (underscores): its own reason or its family's ("" none).
 std::string refusal_reason(const std::string& field);
 // Every field of TrainingArguments (transformers 4.57 and 5.x), for the docs and for refusing

@@ -150,12 +150,20 @@ Value convert(const OptionSpec& s, const std::string& raw) {
                                  [&](const char* f) { return u == f; });
   const std::string why = refusal_reason(u);
   if (!why.empty()) usage("--", name, ": not supported by anatomy: ", why);
-  if (field) usage("--", name, ": a TrainingArguments field that anatomy does not do (docs/trainer-arguments.md)");
-  for (const OptionSpec& s : options())
+  for (const OptionSpec& s : options())  // another command's (--disable-tqdm is train's, not plan's)
     if (names(s, name)) usage("--", name, ": not an option of `anatomy ", command_name(cmd), "`");
+  if (field) usage("--", name, ": a TrainingArguments field that anatomy does not do (docs/trainer-arguments.md)");
   const std::string near = nearest_flag(cmd, name);
   if (!near.empty()) usage("unknown flag --", name, "; did you mean ", near, "?");
   usage("unknown flag --", name, " (`anatomy ", command_name(cmd), " --help` lists them)");
+}
+
+// A refused Trainer argument whose value asks for nothing anatomy does not do: noted, not refused.
+bool accept_neutral(RunArgs& out, const std::string& name, const std::string& raw) {
+  const NeutralValue* n = neutral_value(underscored(name), raw);
+  if (n == nullptr) return false;
+  out.notes.push_back(str_cat("--", name, " ", raw, ": accepted, it changes nothing here: ", n->why));
+  return true;
 }
 
 struct Setter {
@@ -234,6 +242,7 @@ RunArgs parse_args(Command cmd, const std::vector<std::string>& args) {
     for (const auto& [key, value] : read_json_args(args[0])) {
       const std::string name = dashed(key);
       const OptionSpec* s = find(cmd, name);
+      if (!s && accept_neutral(out, name, value)) continue;
       if (!s) refuse_unknown(cmd, name);
       set.set(*s, value);
     }
@@ -256,8 +265,13 @@ RunArgs parse_args(Command cmd, const std::vector<std::string>& args) {
         continue;
       }
     }
-    if (!s) refuse_unknown(cmd, name);
     const bool next_is_value = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
+    if (!s) {
+      const std::string raw = inline_value ? inline_raw : next_is_value ? args[i + 1] : "true";
+      if (!accept_neutral(out, name, raw)) refuse_unknown(cmd, name);
+      if (!inline_value && next_is_value) ++i;
+      continue;
+    }
     if (inline_value) {
       set.set(*s, inline_raw);
     } else if (s->type == OptType::Bool) {

@@ -3,6 +3,9 @@
 // run_glue.py / run_classification.py arguments users pass, each refused by name with a reason.
 #include "cli/options_table.h"
 
+#include <cctype>
+#include <cstdlib>
+
 namespace anatomy::cli {
 
 const std::vector<const char*>& training_arguments_fields() {
@@ -47,7 +50,7 @@ const std::vector<Refusal>& refused_arguments() {
       {"deepspeed", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
       {"fsdp", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
       {"fsdp_config", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
-      {"local_rank", "anatomy starts its own ranks (--nproc-per-node); do not launch it with torchrun"},
+      {"local_rank", "the rank comes from the launcher's environment (LOCAL_RANK, as torchrun sets it)"},
       {"push_to_hub", "anatomy does not upload; the output directory loads with transformers as it is"},
       {"hub_model_id", "anatomy does not upload"},
       {"hub_token", "anatomy does not upload"},
@@ -57,7 +60,6 @@ const std::vector<Refusal>& refused_arguments() {
       {"run_name", "no tracking integrations (--report-to jsonl or none)"},
       {"per_gpu_train_batch_size", "use --per-device-train-batch-size"},
       {"per_gpu_eval_batch_size", "use --per-device-eval-batch-size"},
-      {"dataloader_num_workers", "one loader thread prepares --dataloader-prefetch batches ahead"},
       {"task_name", "GLUE datasets are not downloaded; pass --train-file and --validation-file"},
       {"dataset_name", "datasets are not downloaded; pass --train-file and --validation-file"},
       {"dataset_config_name", "datasets are not downloaded; pass --train-file and --validation-file"},
@@ -71,6 +73,47 @@ const std::vector<Refusal>& refused_arguments() {
       {"metric_name", "evaluation reports the loss and the task's metrics (accuracy and macro-F1, MSE and Pearson, ...)"},
   };
   return r;
+}
+
+const std::vector<NeutralValue>& neutral_values() {
+  static const char* kLoader = "a PyTorch DataLoader setting; anatomy's loader thread prepares --dataloader-prefetch "
+                               "batches ahead, the same batches in the same order";
+  static const std::vector<NeutralValue> table = {
+      {"push_to_hub", "false", "nothing is uploaded"},
+      {"torch_compile", "false", "anatomy's kernels are its own"},
+      {"label_smoothing_factor", "0", "the loss is plain cross-entropy"},
+      {"fp16_full_eval", "false", "evaluation computes in the training precision"},
+      {"bf16_full_eval", "false", "evaluation computes in the training precision"},
+      {"auto_find_batch_size", "false", "the batch is --per-device-train-batch-size"},
+      {"ddp_find_unused_parameters", "false", "anatomy's data parallelism reduces every gradient"},
+      {"include_num_input_tokens_seen", "false", "nothing more is counted"},
+      {"include_tokens_per_second", "false", "nothing more is counted"},
+      {"local_rank", "-1", "no launcher's rank"},
+      {"dataloader_num_workers", "*", kLoader},
+      {"dataloader_pin_memory", "*", kLoader},
+      {"dataloader_persistent_workers", "*", kLoader},
+      {"remove_unused_columns", "*", "anatomy reads only the columns --text-column and --label-column name"},
+  };
+  return table;
+}
+
+const NeutralValue* neutral_value(const std::string& field, const std::string& raw) {
+  std::string v;
+  for (char c : raw) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const NeutralValue& n : neutral_values()) {
+    if (field != n.name) continue;
+    const std::string want = n.value;
+    if (want == "*") return &n;
+    if (want == "false" || want == "true") {  // HfArgumentParser's spellings of a boolean
+      const bool no = v == "false" || v == "no" || v == "n" || v == "f" || v == "0";
+      const bool yes = v == "true" || v == "yes" || v == "y" || v == "t" || v == "1";
+      return (want == "false" ? no : yes) ? &n : nullptr;
+    }
+    char* end = nullptr;
+    const double got = std::strtod(v.c_str(), &end);
+    return !v.empty() && end == v.c_str() + v.size() && got == std::strtod(want.c_str(), nullptr) ? &n : nullptr;
+  }
+  return nullptr;
 }
 
 std::string refusal_reason(const std::string& field) {

@@ -191,6 +191,13 @@ TEST(Options, EveryOtherTrainingArgumentIsRefusedByName) {
     });
     if (taken) continue;
     SCOPED_TRACE(field);
+    const NeutralValue* any = neutral_value(field, "1");
+    if (any != nullptr && std::string(any->value) == "*") {  // accepted whatever its value, and said
+      const RunArgs r = parse_args(kTrain, {std::string("--") + field, "1"});
+      ASSERT_EQ(r.notes.size(), 1u);
+      EXPECT_NE(r.notes[0].find("--" + dashed + " 1: accepted, it changes nothing here"), std::string::npos) << r.notes[0];
+      continue;
+    }
     const std::string msg = error_of(kTrain, {std::string("--") + field, "1"});
     EXPECT_NE(msg.find("--" + dashed + ": "), std::string::npos) << msg;
     EXPECT_TRUE(msg.find("not supported by anatomy") != std::string::npos ||
@@ -202,6 +209,29 @@ TEST(Options, EveryOtherTrainingArgumentIsRefusedByName) {
   EXPECT_NE(error_of(kTrain, {"--push_to_hub"}).find("--push-to-hub: not supported by anatomy: anatomy does not upload"),
             std::string::npos);
   EXPECT_NE(error_of(kEval, {"--preset", "bert-tiny"}).find("not an option of `anatomy eval`"), std::string::npos);
+}
+
+// A refused Trainer argument given a value that asks for nothing anatomy does not do (the
+// Trainer's default, passed explicitly) is accepted with a note; any other value is refused.
+TEST(Options, NeutralTrainerValuesAreAcceptedAndSaid) {
+  const RunArgs r = parse_args(kTrain, {"--push_to_hub", "False", "--torch_compile=false", "--label_smoothing_factor",
+                                        "0.0", "--dataloader_num_workers", "4", "--local_rank", "-1",
+                                        "--per_device_train_batch_size", "3"});
+  EXPECT_EQ(r.train.per_device_train_batch_size, 3);  // the flags after them still parse
+  ASSERT_EQ(r.notes.size(), 5u);
+  EXPECT_EQ(r.notes[0], "--push-to-hub False: accepted, it changes nothing here: nothing is uploaded");
+  EXPECT_NE(r.notes[3].find("--dataloader-num-workers 4: accepted"), std::string::npos) << r.notes[3];
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--push_to_hub"},
+                                              std::vector<std::string>{"--push_to_hub", "yes"},
+                                              std::vector<std::string>{"--label_smoothing_factor", "0.1"},
+                                              std::vector<std::string>{"--torch_compile", "maybe"}})
+    EXPECT_NE(error_of(kTrain, bad).find("not supported by anatomy"), std::string::npos) << bad[0];
+  // From a JSON file of arguments as well.
+  const std::string dir = testing_dirs::fresh_dir("options_neutral_json");
+  std::ofstream(dir + "/args.json") << R"({"push_to_hub": false, "dataloader_pin_memory": true, "num_train_epochs": 2})";
+  const RunArgs j = parse_args(kTrain, {dir + "/args.json"});
+  EXPECT_EQ(j.notes.size(), 2u);
+  EXPECT_EQ(j.train.num_train_epochs, 2);
 }
 
 TEST(Options, JsonFileOfArguments) {
