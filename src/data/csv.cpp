@@ -381,7 +381,7 @@ std::vector<std::string> text_file_columns(const std::string& path, TextFormat f
 RecordColumns glue_text_columns(const std::vector<std::string>& names, const std::string& label) {
   std::vector<std::string> rest;
   for (const std::string& n : names)
-    if (n != label) rest.push_back(n);
+    if (n != label && n != "label") rest.push_back(n);  // run_glue.py sets aside "label" by name
   RecordColumns c;
   c.label = label;
   auto has = [&](const char* n) { return std::find(rest.begin(), rest.end(), n) != rest.end(); };

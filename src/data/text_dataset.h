@@ -63,7 +63,8 @@ struct TextDataOptions {
   std::string text_pair_column;          // empty: single texts; else [CLS] a [SEP] b [SEP]
   std::string label_column = "label";    // empty: an unlabelled file (every label 0)
   // The user named no text column: a file without text_column is read with run_glue.py's columns
-  // (Note [run_glue.py's text columns] in data/csv.h), said on stderr.
+  // (Note [run_glue.py's text columns] in data/csv.h), said on stderr. `anatomy eval`'s one file;
+  // training resolves the columns from its training file before loading any.
   bool default_columns = false;
   int64_t max_length = 128;              // tokens including [CLS]/[SEP]; longer samples are truncated
   TextFormat format = TextFormat::Auto;  // Auto: by extension (format_from_path)

@@ -256,6 +256,7 @@ TEST(TextDatasetColumns, RunGlueChoosesFromTheColumnsBesideTheLabel) {
   EXPECT_EQ(pick({"idx", "sentence2", "label", "sentence1"}, "label"), (V{"sentence1", "sentence2", "label"}));
   EXPECT_EQ(pick({"review", "stars", "extra"}, "stars"), (V{"review", "extra", "stars"}));
   EXPECT_EQ(pick({"a", "b"}, ""), (V{"a", "b", ""}));
+  EXPECT_EQ(pick({"sentence", "label"}, ""), (V{"sentence", "", ""}));  // "label" is set aside by name too
   EXPECT_EQ(pick({"label"}, "label"), (V{"", "", "label"}));
 }
 
