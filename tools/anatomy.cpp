@@ -17,6 +17,7 @@
 #include "io/checkpoint.h"
 #include "io/hub.h"
 #include "model/config.h"
+#include "model/heads.h"
 #include "memory/planner.h"
 #include "ops/backend.h"
 #include "telemetry/nvml.h"
@@ -113,10 +114,11 @@ int run_eval(EvalFlags f) {
   topt.text_column = f.text_column;
   topt.text_pair_column = f.text_pair_column;
   topt.label_column = f.label_column;
-  topt.default_columns = !f.text_columns_given;
   topt.source_flag = "--validation-file";
   topt.max_length = f.max_seq_length;
   topt.cache_dir = f.cache_dir;
+  // A classifier's file; the masked LM and token paths read their own columns.
+  if (!f.text_columns_given && !is_masked_lm(cfg) && !is_token_classification(cfg)) use_run_glue_columns(topt, f.eval_file);
   const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg);
   const Dataset& data = *eval_data;
 

@@ -347,8 +347,10 @@ std::vector<std::string> text_file_columns(const std::string& path, TextFormat f
   // be read so gives no columns; loading it then says what is wrong with it.
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return {};
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) return {};
   std::ifstream in(path, std::ios::binary);
-  std::string head(kMaxRecordBytes + 3, '\0');
+  std::string head(static_cast<size_t>(std::min<uintmax_t>(size, kMaxRecordBytes + 3)), '\0');
   in.read(head.data(), static_cast<std::streamsize>(head.size()));
   head.resize(static_cast<size_t>(in.gcount()));
   std::string_view data = head;

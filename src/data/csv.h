@@ -87,8 +87,8 @@ size_t read_text_records(std::string_view data, const std::string& name, TextFor
 // run_glue.py reads a --train_file: of the columns other than the label (and any named "label"),
 // sentence1 and sentence2 when both exist, else the first two in file order as a pair, else the
 // only one; the caller says which it took. Training takes the training file's choice for its
-// validation and test files too, as run_glue.py does. The columns are those of the first record: a CSV/TSV header, or the first
-// JSON line's keys in their order in the line.
+// validation and test files too, as run_glue.py does. The columns are those of the first
+// record: a CSV/TSV header, or the first JSON line's keys in their order in the line.
 std::vector<std::string> text_file_columns(const std::string& path, TextFormat format, char delimiter);
 // `columns` (text and pair) chosen from `names` as the note says; `label` may be empty. The text
 // is empty when no column is left.

@@ -454,22 +454,16 @@ void TextDataset::bind() {
   }
 }
 
-// `options` with the text columns Note [run_glue.py's text columns] (data/csv.h) picks when the
-// user named none and the file lacks options.text_column; the choice is said on stderr.
-static TextDataOptions with_default_columns(const std::string& path, const TextDataOptions& options) {
-  TextDataOptions o = options;
-  if (!o.default_columns) return o;
+void use_run_glue_columns(TextDataOptions& o, const std::string& path) {
   std::string said;
   const RecordColumns c = default_text_columns(path, o.source_flag, o.format, o.delimiter,
                                                {o.text_column, o.text_pair_column, o.label_column}, said);
   o.text_column = c.text;
   o.text_pair_column = c.text_pair;
   if (!said.empty()) std::fprintf(stderr, "anatomy: %s\n", said.c_str());
-  return o;
 }
 
-TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, const TextDataOptions& options) {
-  const TextDataOptions opt = with_default_columns(path, options);
+TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, const TextDataOptions& opt) {
   const bool pair = !opt.text_pair_column.empty();
   // Room for the tokenizer's special tokens ([CLS] a [SEP] b [SEP], <s> a </s></s> b </s>, ...).
   const std::optional<std::string_view> empty_pair = pair ? std::optional<std::string_view>("") : std::nullopt;

@@ -62,10 +62,6 @@ struct TextDataOptions {
   std::string text_column = "text";
   std::string text_pair_column;          // empty: single texts; else [CLS] a [SEP] b [SEP]
   std::string label_column = "label";    // empty: an unlabelled file (every label 0)
-  // The user named no text column: a file without text_column is read with run_glue.py's columns
-  // (Note [run_glue.py's text columns] in data/csv.h), said on stderr. `anatomy eval`'s one file;
-  // training resolves the columns from its training file before loading any.
-  bool default_columns = false;
   int64_t max_length = 128;              // tokens including [CLS]/[SEP]; longer samples are truncated
   TextFormat format = TextFormat::Auto;  // Auto: by extension (format_from_path)
   char delimiter = 0;                    // CSV/TSV; 0: ',' for CSV, '\t' for TSV
@@ -78,6 +74,11 @@ struct TextDataOptions {
   // The flag that named the file ("--train-file"), for errors about the file itself.
   std::string source_flag;
 };
+
+// Note [run_glue.py's text columns] (data/csv.h): when the user named no text column, `o`'s text
+// columns become run_glue.py's choice for `path` if it lacks o.text_column; the choice is said on
+// stderr, naming the file with o.source_flag.
+void use_run_glue_columns(TextDataOptions& o, const std::string& path);
 
 enum class CacheStatus : uint8_t { Created, Reused, InMemory };
 

@@ -211,7 +211,6 @@ std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tok
   if (is_masked_lm(cfg)) {  // the texts, masked as for training (Note [masking]) with a fixed seed
     to.label_column = "";
     to.text_pair_column = "";
-    to.default_columns = false;  // run_glue.py's columns are for classification
     auto text = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
     return std::make_shared<MaskedLMDataset>(text, masking_for(tok, "the model directory", 0.15, 42));
   }

@@ -1,7 +1,5 @@
 #include "train/train_data.h"
 
-#include <cstdio>
-
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "train/task_data.h"
@@ -62,14 +60,8 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   to.source_flag = "--train-file";
   if (opt.masked_lm()) return load_masked_lm_data(opt, tok, tok_dir, std::move(d));
   if (opt.token_classification()) return load_token_data(opt, cfg, tok, std::move(d));
-  if (!opt.text_columns_given) {  // Note [run_glue.py's text columns]: the training file's, for every file
-    std::string said;
-    const RecordColumns c = default_text_columns(opt.train_file, "--train-file", to.format, to.delimiter,
-                                                 {to.text_column, to.text_pair_column, to.label_column}, said);
-    to.text_column = c.text;
-    to.text_pair_column = c.text_pair;
-    if (!said.empty()) std::fprintf(stderr, "anatomy: %s\n", said.c_str());
-  }
+  // The training file's columns serve its validation and test files, as in run_glue.py.
+  if (!opt.text_columns_given) use_run_glue_columns(to, opt.train_file);
   if (!opt.label_column.empty()) {
     const ProblemType p = resolve_problem_type(opt, cfg);
     if (has_float_labels(p)) return load_float_label_data(opt, cfg, tok, to, p, std::move(d));

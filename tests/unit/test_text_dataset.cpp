@@ -271,11 +271,16 @@ TEST_F(TextDatasetTest, RunGlueColumnsWhenNoneIsNamed) {
   EXPECT_TRUE(text_file_columns((m_dir / "absent.csv").string(), TextFormat::Auto, 0).empty());
 
   TextDataOptions o = no_cache();
-  o.default_columns = true;
   o.source_flag = "--train-file";
   o.max_length = 16;
+  auto resolved = [&](const std::string& path) {  // what training does when no text column is named
+    TextDataOptions r = o;
+    use_run_glue_columns(r, path);
+    return r;
+  };
+  auto load = [&](const std::string& path) { return TextDataset::load(path, tokenizer(), resolved(path)); };
   // sentence,label: the sentence is the text, as the file's own `text` would have been.
-  const TextDataset one = TextDataset::load(write("s.csv", "sentence,label\nthe cat sat,1\na dog ran,0\n"), tokenizer(), o);
+  const TextDataset one = load(write("s.csv", "sentence,label\nthe cat sat,1\na dog ran,0\n"));
   TextDataOptions named = no_cache();
   named.text_column = "sentence";
   named.max_length = 16;
@@ -284,18 +289,18 @@ TEST_F(TextDatasetTest, RunGlueColumnsWhenNoneIsNamed) {
   EXPECT_EQ(ids(one, 0), ids(want, 0));
   EXPECT_EQ(ids(one, 1), ids(want, 1));
   // Two columns beside the label: a pair, text first, as written.
-  const TextDataset pair = TextDataset::load(
-      write("p.jsonl", "{\"premise\": \"the cat sat\", \"hypothesis\": \"a dog ran\", \"label\": 0}\n"), tokenizer(), o);
+  const TextDataset pair = load(write("p.jsonl", "{\"premise\": \"the cat sat\", \"hypothesis\": \"a dog ran\", \"label\": 0}\n"));
   const Encoding e = tokenizer().encode("the cat sat", std::string_view("a dog ran"), 16, Truncation::LongestFirst,
                                         Padding::None);
   EXPECT_EQ(ids(pair, 0), e.input_ids);
   // A file with `text` reads it, whatever else it holds.
-  const TextDataset text = TextDataset::load(write("t.csv", "sentence,text,label\nthe cat sat,a dog ran,1\n"), tokenizer(), o);
+  const TextDataset text = load(write("t.csv", "sentence,text,label\nthe cat sat,a dog ran,1\n"));
   EXPECT_EQ(ids(text, 0), ids(want, 1));
-  // Named columns are never second-guessed: without default_columns the missing `text` is an error.
+  // Named columns are never second-guessed: unresolved, the missing `text` is an error.
   expect_error(write("n.csv", "sentence,label\nx,1\n"), {"n.csv:1: no column 'text'"});
   // Only a label column: nothing to choose; the error names what is missing.
-  expect_error(write("l.csv", "label\n1\n"), {"l.csv:1: no column 'text'"}, o);
+  const std::string l = write("l.csv", "label\n1\n");
+  expect_error(l, {"l.csv:1: no column 'text'"}, resolved(l));
 }
 
 // ------------------------------------------------------------------------------ cache
