@@ -60,13 +60,6 @@ __device__ __forceinline__ void load_as_floats(float (&o)[W], const G* __restric
   }
 }
 
-// ---- the exact (erf) GELU's gradient: dy * (Phi(x) + x phi(x)), Phi(x) = 0.5 (1 + erf(x / sqrt 2))
-__device__ __forceinline__ float gelu_grad(float dy, float x) {
-  const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752440f));
-  const float pdf = 0.39894228040143267794f * expf(-0.5f * x * x);
-  return dy * (cdf + x * pdf);
-}
-
 // ---- reductions ------------------------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

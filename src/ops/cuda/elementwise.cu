@@ -2,6 +2,7 @@
 // [CLS] token select. Every map moves 16-byte packs when its pointers allow and computes in fp32.
 #include "core/rng.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/gelu.cuh"
 #include "ops/cuda/launchers.h"
 
 namespace anatomy::cuda {
@@ -9,13 +10,14 @@ namespace anatomy::cuda {
 namespace {
 
 // ---- functors (element i of the flattened tensor; fp32 math) --------------------------------
-constexpr float kInvSqrt2 = 0.70710678118654752440f;
-
+// T: the storage type (Note [GELU in half precision] in common.cuh).
+template <class T>
 struct GeluF {  // x * Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)): exact, as Hugging Face BERT
-  __device__ float operator()(float x, size_t) const { return 0.5f * x * (1.0f + erff(x * kInvSqrt2)); }
+  __device__ float operator()(float x, size_t) const { return gelu_value<T>(x); }
 };
+template <class T>
 struct GeluBackF {  // dy * (Phi(x) + x phi(x))
-  __device__ float operator()(float dy, float x, size_t) const { return gelu_grad(dy, x); }
+  __device__ float operator()(float dy, float x, size_t) const { return gelu_grad<T>(dy, x); }
 };
 struct TanhF {
   __device__ float operator()(float x, size_t) const { return tanhf(x); }
@@ -173,10 +175,18 @@ void binary(const char* name, const Tensor& y, const Tensor& a, const Tensor& b,
 }  // namespace
 
 // ---- launchers ----------------------------------------------------------------------------------
-void gelu_forward(const Tensor& y, const Tensor& x, cudaStream_t s) { unary("gelu_forward", y, x, GeluF{}, s); }
+void gelu_forward(const Tensor& y, const Tensor& x, cudaStream_t s) {
+  dispatch_float(x.dtype, "gelu_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map1(y.ptr<T>(), x.ptr<const T>(), x.numel(), GeluF<T>{}, s);
+  });
+}
 
 void gelu_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, cudaStream_t s) {
-  binary("gelu_backward", dx, dy, x, GeluBackF{}, s);
+  dispatch_float(dx.dtype, "gelu_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map2(dx.ptr<T>(), dy.ptr<const T>(), x.ptr<const T>(), dx.numel(), GeluBackF<T>{}, s);
+  });
 }
 
 void tanh_forward(const Tensor& y, const Tensor& x, cudaStream_t s) { unary("tanh_forward", y, x, TanhF{}, s); }

@@ -21,6 +21,7 @@
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/gelu.cuh"
 #include "ops/cuda/launchers.h"
 
 namespace anatomy::cuda {
@@ -82,7 +83,7 @@ struct GeluBackRows {
   __device__ __forceinline__ V value(const In& in, int64_t i) const {
     V o;
 #pragma unroll
-    for (int j = 0; j < kVec<T>; ++j) o.v[j] = from_f32<T>(gelu_grad(to_f32(in.d.v[j]), to_f32(in.x.v[j])));
+    for (int j = 0; j < kVec<T>; ++j) o.v[j] = from_f32<T>(gelu_grad<T>(to_f32(in.d.v[j]), to_f32(in.x.v[j])));
     reinterpret_cast<V*>(dx)[i] = o;
     return o;
   }

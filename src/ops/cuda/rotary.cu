@@ -1,6 +1,7 @@
 // ModernBERT's element-wise ops on the GPU: rotary position embeddings on q and k, and the gated
 // GELU. The math is that of the CPU reference (ops/cpu/rotary.cpp), in fp32.
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/gelu.cuh"
 #include "ops/cuda/launchers.h"
 
 namespace anatomy::cuda {
@@ -8,8 +9,6 @@ namespace anatomy::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr float kInvSqrt2 = 0.70710678118654752440f;
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
 // One thread per (row, q|k, head, pair d < D/2); v columns are copied by the (row, c) threads
 // of a second grid-stride range. In place is safe: each pair is read and written by one thread.
@@ -40,14 +39,12 @@ __global__ void rotary_kernel(T* y, const T* x, const int32_t* packed, int64_t r
   }
 }
 
-__device__ __forceinline__ float gelu_f(float v) { return 0.5f * v * (1.0f + erff(v * kInvSqrt2)); }
-
 template <class T>
 __global__ void geglu_forward_kernel(T* y, const T* x, int64_t rows, int64_t inter) {
   const int64_t n = rows * inter, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += stride) {
     const int64_t r = k / inter, c = k % inter;
-    y[k] = from_f32<T>(gelu_f(to_f32(x[r * 2 * inter + c])) * to_f32(x[r * 2 * inter + inter + c]));
+    y[k] = from_f32<T>(gelu_value<T>(to_f32(x[r * 2 * inter + c])) * to_f32(x[r * 2 * inter + inter + c]));
   }
 }
 
@@ -57,9 +54,9 @@ __global__ void geglu_backward_kernel(T* dx, const T* dy, const T* x, int64_t ro
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += stride) {
     const int64_t r = k / inter, c = k % inter;
     const float in = to_f32(x[r * 2 * inter + c]), gate = to_f32(x[r * 2 * inter + inter + c]), g = to_f32(dy[k]);
-    const float cdf = 0.5f * (1.0f + erff(in * kInvSqrt2)), pdf = kInvSqrt2Pi * expf(-0.5f * in * in);
-    dx[r * 2 * inter + c] = from_f32<T>(g * gate * (cdf + in * pdf));
-    dx[r * 2 * inter + inter + c] = from_f32<T>(g * in * cdf);
+    const GeluParts gp = gelu_parts<T>(in);
+    dx[r * 2 * inter + c] = from_f32<T>(g * gate * (gp.cdf + in * gp.pdf));
+    dx[r * 2 * inter + inter + c] = from_f32<T>(g * in * gp.cdf);
   }
 }
 
