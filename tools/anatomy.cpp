@@ -44,6 +44,7 @@ struct EvalFlags {
   int threads = 0;
   bool skip_padding = true, sort_by_length = true;
   bool text_columns_given = false;  // else Note [run_glue.py's text columns] (data/csv.h)
+  bool label_column_given = false;
 };
 
 EvalFlags eval_flags(cli::RunArgs& a) {
@@ -55,6 +56,7 @@ EvalFlags eval_flags(cli::RunArgs& a) {
   f.text_pair_column = o.text_pair_column;
   f.label_column = o.label_column;
   f.text_columns_given = a.text_columns_given();
+  f.label_column_given = a.was_given("label-column");
   f.tokenizer = o.tokenizer;
   f.precision = cli::finish_eval_precision(a);
   f.device = o.device;
@@ -117,9 +119,11 @@ int run_eval(EvalFlags f) {
   topt.source_flag = "--validation-file";
   topt.max_length = f.max_seq_length;
   topt.cache_dir = f.cache_dir;
-  // A classifier's file; the masked LM and token paths read their own columns.
-  if (!f.text_columns_given && !is_masked_lm(cfg) && !is_token_classification(cfg)) use_run_glue_columns(topt, f.eval_file);
-  const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg);
+  // The columns run_mlm.py / run_glue.py would read (the token path: load_eval_file, run_ner.py's).
+  const bool txt = f.eval_file.size() > 4 && f.eval_file.compare(f.eval_file.size() - 4, 4, ".txt") == 0;
+  if (!f.text_columns_given && is_masked_lm(cfg) && !txt) use_run_mlm_column(topt, f.eval_file);
+  else if (!f.text_columns_given && !is_masked_lm(cfg) && !is_token_classification(cfg)) use_run_glue_columns(topt, f.eval_file);
+  const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg, {f.text_columns_given, f.label_column_given});
   const Dataset& data = *eval_data;
 
   // The inference-only model: no gradients, no optimizer state, one layer's activations.

@@ -86,7 +86,8 @@ std::vector<OptionSpec> build() {
   add({"validation-split", {}, OptType::Float, kTrainPlan, "0", "Hold out this fraction of the training data", 0, 1, false,
        true, false, false, {}, [](R& r, const V& v) { r.train.validation_split = v.d; }});
   add({"text-column", {"text-column-name"}, OptType::Text, kAll, "text", "Column (JSON key or CSV header) holding the text; when no text column is named and the file "
-       "has no 'text', run_glue.py's: sentence1 and sentence2, else the first one or two columns beside the label",
+       "has no 'text', run_glue.py's: sentence1 and sentence2, else the first one or two columns beside the label "
+       "(--task mlm: run_mlm.py's first column; token-classification: 'tokens', else run_ner.py's first column)",
        0, 0, false, false, false, true, {}, [](R& r, const V& v) { r.train.text_column = v.s; }});
   add({"text-pair-column", {}, OptType::Text, kAll, "", "Column of the second text of a pair", 0, 0, false, false, false,
        false, {}, [](R& r, const V& v) { r.train.text_pair_column = v.s; }});
@@ -101,7 +102,8 @@ std::vector<OptionSpec> build() {
        },
        "same"});
   add({"label-column", {"label-column-name"}, OptType::Text, kAll, "label",
-       "Column holding the label (integers or class names); eval: empty for predictions only", 0, 0, false, false, false,
+       "Column holding the label (integers or class names; token-classification: 'ner_tags', else run_ner.py's "
+       "second column); eval: empty for predictions only", 0, 0, false, false, false,
        false, {}, [](R& r, const V& v) { r.train.label_column = v.s; }, "same"});
   add({"max-seq-length", {"seq-len"}, OptType::Int, kAll, "min(128, max_position_embeddings)",
        "Longest sample in tokens (longer ones are truncated); synthetic data: the sequence length", 2, 1 << 20, false,

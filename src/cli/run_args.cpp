@@ -61,6 +61,7 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   o.skip_padding = a.skip_padding;
   o.num_labels_given = a.was_given("num-labels");
   o.text_columns_given = a.text_columns_given();
+  o.label_column_given = a.was_given("label-column");
   a.precision = precision_of(a);
   o.precision = parse_precision(a.precision);
   if (a.was_given("fp8-format") && o.precision != Precision::Fp8)

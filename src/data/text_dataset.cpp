@@ -463,6 +463,14 @@ void use_run_glue_columns(TextDataOptions& o, const std::string& path) {
   if (!said.empty()) std::fprintf(stderr, "anatomy: %s\n", said.c_str());
 }
 
+void use_run_mlm_column(TextDataOptions& o, const std::string& path) {
+  const std::vector<std::string> names = text_file_columns(path, o.format, o.delimiter);
+  if (names.empty() || std::find(names.begin(), names.end(), o.text_column) != names.end()) return;
+  std::fprintf(stderr, "anatomy: %s%s%s has no '%s' column: reading '%s' as the text, as run_mlm.py would (--text-column names another)\n",
+               o.source_flag.c_str(), o.source_flag.empty() ? "" : " ", path.c_str(), o.text_column.c_str(), names[0].c_str());
+  o.text_column = names[0];
+}
+
 TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, const TextDataOptions& opt) {
   const bool pair = !opt.text_pair_column.empty();
   // Room for the tokenizer's special tokens ([CLS] a [SEP] b [SEP], <s> a </s></s> b </s>, ...).

@@ -79,6 +79,9 @@ struct TextDataOptions {
 // columns become run_glue.py's choice for `path` if it lacks o.text_column; the choice is said on
 // stderr, naming the file with o.source_flag.
 void use_run_glue_columns(TextDataOptions& o, const std::string& path);
+// run_mlm.py's column: when the user named no text column and `path` (CSV or JSON Lines) lacks
+// o.text_column, its first column is the text; said on stderr, as above.
+void use_run_mlm_column(TextDataOptions& o, const std::string& path);
 
 enum class CacheStatus : uint8_t { Created, Reused, InMemory };
 

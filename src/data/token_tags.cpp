@@ -1,11 +1,14 @@
 #include "data/token_tags.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
 
 #include "core/error.h"
+#include "data/csv.h"
 #include "data/tokenizer.h"
 #include "io/read_file.h"
 
@@ -61,6 +64,20 @@ std::vector<Row> read_rows(const std::string& path, const TokenTagOptions& o) {
 }
 
 }  // namespace
+
+void use_run_ner_columns(TokenTagOptions& o, const std::string& path, const std::string& flag, bool words_named,
+                         bool tags_named) {
+  if (words_named && tags_named) return;
+  const std::vector<std::string> keys = text_file_columns(path, TextFormat::Jsonl, ',');  // data/csv.h
+  auto take = [&](std::string& column, size_t i, const char* what) {
+    if (keys.size() <= i || std::find(keys.begin(), keys.end(), column) != keys.end()) return;
+    std::fprintf(stderr, "anatomy: %s %s has no '%s': reading '%s' as the %s, as run_ner.py would\n", flag.c_str(),
+                 path.c_str(), column.c_str(), keys[i].c_str(), what);
+    column = keys[i];
+  };
+  if (!words_named) take(o.words_column, 0, "words");
+  if (!tags_named) take(o.tags_column, 1, "tags");
+}
 
 TokenTagDataset::TokenTagDataset(const std::string& path, const Tokenizer& tok, const TokenTagOptions& o)
     : m_max_length(o.max_length), m_pad(tok.pad_id()) {

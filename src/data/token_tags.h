@@ -28,6 +28,14 @@ struct TokenTagOptions {
   bool tags_optional = false;
 };
 
+// Note [run_ner.py's columns]: run_ner.py reads the words from "tokens", else from the file's
+// first column, and the tags from "ner_tags", else from its second column. A column the user did
+// not name (`words_named`, `tags_named`) that the first record lacks becomes that record's first
+// (words) or second (tags) key, in the file's order, and the choice is said on stderr (naming
+// `flag`). A file whose first record is not a JSON object is left to the loader's error.
+void use_run_ner_columns(TokenTagOptions& o, const std::string& path, const std::string& flag, bool words_named,
+                         bool tags_named);
+
 class TokenTagDataset final : public Dataset {
  public:
   // Errors name the file and line: not a JSON object, a missing column, word and tag lists of

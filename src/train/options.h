@@ -57,6 +57,7 @@ struct TrainOptions {
   // None of --text-column, --text-column-names, --text-pair-column given: a classification file
   // without text_column is read with run_glue.py's columns (Note [run_glue.py's text columns]).
   bool text_columns_given = false;
+  bool label_column_given = false;  // else run_ner.py's tags column (Note [run_ner.py's columns])
   std::string tokenizer;         // a directory; default: model_name_or_path
   bool group_by_length = false;
   // With a text file: train on the batches' real tokens (Note [packed training] in model/bert.cpp).

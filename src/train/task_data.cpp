@@ -112,15 +112,20 @@ TrainData load_float_label_data(const TrainOptions& opt, BertConfig& cfg, const 
 // Note [masking] in data/masked_lm.h says; validation texts with masks of their own seed.
 TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, const std::string& tok_dir, TrainData d) {
   const MaskingOptions mo = masking_for(tok, tok_dir, opt.mlm_probability, opt.seed);
+  auto is_txt = [](const std::string& path) { return path.size() > 4 && path.compare(path.size() - 4, 4, ".txt") == 0; };
+  TextDataOptions columns;  // the training file's text column serves every file, as in run_mlm.py
+  columns.text_column = opt.text_column;
+  columns.source_flag = "--train-file";
+  if (!opt.text_columns_given && !is_txt(opt.train_file)) use_run_mlm_column(columns, opt.train_file);
   auto texts = [&](const std::string& path, const char* flag, std::vector<int64_t>& lengths) {
     std::shared_ptr<const Dataset> base;
-    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".txt") == 0) {
+    if (is_txt(path)) {
       auto lines = named(flag, [&] { return std::make_shared<LinesDataset>(path, tok, opt.seq_len); });
       lengths = lines->lengths();
       base = lines;
     } else {
       TextDataOptions to;
-      to.text_column = opt.text_column;
+      to.text_column = columns.text_column;
       to.label_column = "";
       to.max_length = opt.seq_len;
       to.cache_dir = opt.dataset_cache_dir;
@@ -165,6 +170,8 @@ static TokenTagOptions token_tag_options(const std::string& text_column, const s
 // sized and named for the file's tags (or mapped through a trained head's names).
 TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokenizer& tok, TrainData d) {
   TokenTagOptions to = token_tag_options(opt.text_column, opt.label_column, opt.seq_len);
+  // The training file's choice serves every file, as in run_ner.py.
+  use_run_ner_columns(to, opt.train_file, "--train-file", opt.text_columns_given, opt.label_column_given);
   const LabelSet from_config = LabelSet::from_id2label(cfg.id2label);
   if (from_config.kind == LabelSet::Kind::Names && !opt.ignore_mismatched_sizes) to.tags = from_config.names;
   auto train = named("--train-file", [&] { return std::make_shared<TokenTagDataset>(opt.train_file, tok, to); });
@@ -200,9 +207,10 @@ TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokeni
 }
 
 std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tokenizer& tok, TextDataOptions to,
-                                              const BertConfig& cfg) {
+                                              const BertConfig& cfg, ColumnsNamed named) {
   if (is_token_classification(cfg)) {  // the tagged words, mapped through the model's tags
     TokenTagOptions o = token_tag_options(to.text_column, to.label_column, to.max_length);
+    use_run_ner_columns(o, path, to.source_flag, named.words, named.tags);
     const LabelSet names = LabelSet::from_id2label(cfg.id2label);
     if (names.kind == LabelSet::Kind::Names) o.tags = names.names;
     else o.num_ids = cfg.num_labels;

@@ -42,8 +42,12 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg);
 
 // A labelled file for a trained model (`anatomy eval`): class labels mapped through the model's
 // id2label, or for regression and multi-label (Note [problem types] in model/heads.h) the float
-// labels its head was trained on. `to.labels` is set here.
+// labels its head was trained on. `to.labels` is set here. `named`: the user named the words /
+// tags columns of a token classifier's file (else Note [run_ner.py's columns]).
+struct ColumnsNamed {
+  bool words = false, tags = false;
+};
 std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tokenizer& tok, TextDataOptions to,
-                                              const BertConfig& cfg);
+                                              const BertConfig& cfg, ColumnsNamed named = {});
 
 }  // namespace anatomy

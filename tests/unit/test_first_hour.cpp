@@ -133,6 +133,25 @@ const auto kGlueCsv = [](const std::string& d) {
   spit(d + "/s.csv", out);
 };
 
+// {dir}/w.jsonl: tagged words under other names than run_ner.py's "tokens" / "ner_tags", in this
+// order: {"words": [...], "labels": [...]}.
+const auto kNerOtherNames = [](const std::string& d) {
+  std::string out;
+  const char* names[] = {"Anna", "Bob", "Carl", "Dora"};
+  for (int i = 0; i < 24; ++i)
+    out += nlohmann::ordered_json{{"words", {names[i % 4], "lives", "in", "Paris"}}, {"labels", {"B-PER", "O", "O", "B-LOC"}}}
+               .dump() +
+           "\n";
+  spit(d + "/w.jsonl", out);
+};
+
+// {dir}/m.csv: texts for masked-language modelling under run_mlm.py's first column, "sentence".
+const auto kMlmCsv = [](const std::string& d) {
+  std::string out = "sentence,source\n";
+  for (int i = 0; i < 24; ++i) out += "the film was good and the plot was fine " + std::to_string(i) + ",web\n";
+  spit(d + "/m.csv", out);
+};
+
 // {dir}/p.csv: run_glue.py's MRPC layout (idx,sentence1,sentence2,label), integer labels.
 const auto kGluePairCsv = [](const std::string& d) {
   std::string out = "idx,sentence1,sentence2,label\n";
@@ -327,6 +346,27 @@ const std::vector<Case> kCases = {
        }
        EXPECT_EQ(n, 24);
      }},
+    // run_ner.py's and run_mlm.py's columns (Note [run_ner.py's columns] in data/token_tags.h,
+    // use_run_mlm_column in data/text_dataset.h).
+    {"RunNerJsonWithOtherColumnNames", kNerOtherNames,
+     kTiny + "--task token-classification --train_file {dir}/w.jsonl --validation_file {dir}/w.jsonl --tokenizer " + kTok +
+         " --max-steps 1 --output-dir {dir}/out",
+     0,
+     {"--train-file {dir}/w.jsonl has no 'tokens': reading 'words' as the words, as run_ner.py would",
+      "--train-file {dir}/w.jsonl has no 'ner_tags': reading 'labels' as the tags, as run_ner.py would"},
+     {"--validation-file {dir}/w.jsonl has no"},
+     [](const std::string& d) {
+       EXPECT_EQ(read_json(d + "/out/config.json")["id2label"], (json{{"0", "B-LOC"}, {"1", "B-PER"}, {"2", "O"}}));
+     }},
+    {"NamedNerColumnIsNotReplaced", kNerOtherNames,
+     kTiny + "--task token-classification --train_file {dir}/w.jsonl --text_column_name tokens --tokenizer " + kTok +
+         " --max-steps 1 --output-dir {dir}/out",
+     2, {"{dir}/w.jsonl:1: no list of words 'tokens'"}, {"as the words"}, files_absent({"out"})},
+    {"RunMlmCsvWithoutATextColumn", kMlmCsv,
+     kTiny + "--task mlm --train_file {dir}/m.csv --validation_file {dir}/m.csv --tokenizer " + kTok +
+         " --max-steps 1 --output-dir {dir}/out",
+     0, {"--train-file {dir}/m.csv has no 'text' column: reading 'sentence' as the text, as run_mlm.py would"},
+     {"--validation-file {dir}/m.csv has no"}, files_exist({"out/model.safetensors"})},
     {"NamedTextColumnIsNotReplaced", kGlueCsv,
      kTiny + "--train_file {dir}/s.csv --text_column_name text --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out",
      2, {"{dir}/s.csv:1: no column 'text' in the header (columns: 'sentence', 'label')"}, {"run_glue.py would"}},
