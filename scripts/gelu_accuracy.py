@@ -1,8 +1,11 @@
-"""How the half-precision GELU (Note [GELU in half precision], src/ops/cuda/common.cuh) rounds.
+"""How the half-precision GELU (Note [GELU in half precision], src/ops/cuda/gelu.cuh) rounds.
 
-Over every finite bf16 value |x| < 1e4, emulates in fp32 the kernels' Abramowitz & Stegun erf
-and the erff formula (erf correctly rounded to fp32), and counts the inputs whose GELU and GELU
-gradient factor round differently to bf16 and to fp16. Needs numpy (.venv after scripts/setup.sh).
+Over every finite bf16 value |x| < 1e4, emulates in fp32 steps the kernels' Abramowitz & Stegun
+erf, in the kernels' form (x * (0.5 erf + 0.5); the gradient factor x phi + Phi), and the erff
+formula (erf correctly rounded to fp32), and counts the inputs whose GELU and GELU gradient factor
+round differently to bf16 and to fp16 (fp16 over the same bf16 inputs). An emulation, not the
+GPU: numpy rounds each step (the kernels fuse multiply-adds) and uses exact reciprocal and exp2
+where the kernels use rcp.approx and ex2.approx. Needs numpy (.venv after scripts/setup.sh).
 """
 import math
 
@@ -34,8 +37,9 @@ def main():
     z = (x * f(0.70710678118654752440)).astype(f)
     erf, e = as_erf(z)
     ref_erf = np.vectorize(math.erf)(z.astype(np.float64)).astype(f)
-    ours = {"gelu": (f(0.5) * x * (f(1) + erf)).astype(f),
-            "gelu'": (f(0.5) + f(0.5) * erf + x * (f(0.3989422804014327) * e)).astype(f)}
+    cdf = (f(0.5) * erf + f(0.5)).astype(f)
+    ours = {"gelu": (x * cdf).astype(f),
+            "gelu'": (x * (f(0.3989422804014327) * e).astype(f) + cdf).astype(f)}
     ref = {"gelu": (f(0.5) * x * (f(1) + ref_erf)).astype(f),
            "gelu'": (f(0.5) * (f(1) + ref_erf) + x * (f(0.3989422804014327) * np.exp(f(-0.5) * x * x)).astype(f)).astype(f)}
     for name in ours:

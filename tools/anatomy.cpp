@@ -9,6 +9,7 @@
 #include "cli/help.h"
 #include "cli/parse.h"
 #include "core/error.h"
+#include "data/masked_lm.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
 #include "dist/launch.h"
@@ -120,8 +121,7 @@ int run_eval(EvalFlags f) {
   topt.max_length = f.max_seq_length;
   topt.cache_dir = f.cache_dir;
   // The columns run_mlm.py / run_glue.py would read (the token path: load_eval_file, run_ner.py's).
-  const bool txt = f.eval_file.size() > 4 && f.eval_file.compare(f.eval_file.size() - 4, 4, ".txt") == 0;
-  if (!f.text_columns_given && is_masked_lm(cfg) && !txt) use_run_mlm_column(topt, f.eval_file);
+  if (!f.text_columns_given && is_masked_lm(cfg) && !is_lines_file(f.eval_file)) use_run_mlm_column(topt, f.eval_file);
   else if (!f.text_columns_given && !is_masked_lm(cfg) && !is_token_classification(cfg)) use_run_glue_columns(topt, f.eval_file);
   const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg, {f.text_columns_given, f.label_column_given});
   const Dataset& data = *eval_data;

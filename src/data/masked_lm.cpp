@@ -1,6 +1,7 @@
 #include "data/masked_lm.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -53,6 +54,13 @@ void MaskedLMDataset::get(size_t i, HostBatch& out, int64_t row) const {
   mask_tokens(out.input_ids.data() + row * T, out.attention_mask.data() + row * T, out.token_labels.data() + row * T, T,
               i, m_opt, out.epoch);
   out.labels[static_cast<size_t>(row)] = 0;
+}
+
+bool is_lines_file(const std::string& path) {
+  if (path.size() < 4) return false;
+  std::string ext = path.substr(path.size() - 4);
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".txt";
 }
 
 LinesDataset::LinesDataset(const std::string& path, const Tokenizer& tok, int64_t max_length)

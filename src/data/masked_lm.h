@@ -62,6 +62,9 @@ class MaskedLMDataset final : public Dataset {
   MaskingOptions m_opt;
 };
 
+// A `.txt` path (any case): masked-LM texts read as LinesDataset, one per line.
+bool is_lines_file(const std::string& path);
+
 // A plain text file, one sample per non-empty line, tokenized in memory with [CLS] ... [SEP]
 // (the tokenizer's template) and cut to max_length.
 class LinesDataset final : public Dataset {

@@ -465,7 +465,8 @@ void use_run_glue_columns(TextDataOptions& o, const std::string& path) {
 
 void use_run_mlm_column(TextDataOptions& o, const std::string& path) {
   const std::vector<std::string> names = text_file_columns(path, o.format, o.delimiter);
-  if (names.empty() || std::find(names.begin(), names.end(), o.text_column) != names.end()) return;
+  // An unnamed first column (a pandas index: ",sentence,...") is no text: loading says what is missing.
+  if (names.empty() || names[0].empty() || std::find(names.begin(), names.end(), o.text_column) != names.end()) return;
   std::fprintf(stderr, "anatomy: %s%s%s has no '%s' column: reading '%s' as the text, as run_mlm.py would (--text-column names another)\n",
                o.source_flag.c_str(), o.source_flag.empty() ? "" : " ", path.c_str(), o.text_column.c_str(), names[0].c_str());
   o.text_column = names[0];

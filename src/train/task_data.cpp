@@ -112,14 +112,13 @@ TrainData load_float_label_data(const TrainOptions& opt, BertConfig& cfg, const 
 // Note [masking] in data/masked_lm.h says; validation texts with masks of their own seed.
 TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, const std::string& tok_dir, TrainData d) {
   const MaskingOptions mo = masking_for(tok, tok_dir, opt.mlm_probability, opt.seed);
-  auto is_txt = [](const std::string& path) { return path.size() > 4 && path.compare(path.size() - 4, 4, ".txt") == 0; };
   TextDataOptions columns;  // the training file's text column serves every file, as in run_mlm.py
   columns.text_column = opt.text_column;
   columns.source_flag = "--train-file";
-  if (!opt.text_columns_given && !is_txt(opt.train_file)) use_run_mlm_column(columns, opt.train_file);
+  if (!opt.text_columns_given && !is_lines_file(opt.train_file)) use_run_mlm_column(columns, opt.train_file);
   auto texts = [&](const std::string& path, const char* flag, std::vector<int64_t>& lengths) {
     std::shared_ptr<const Dataset> base;
-    if (is_txt(path)) {
+    if (is_lines_file(path)) {
       auto lines = named(flag, [&] { return std::make_shared<LinesDataset>(path, tok, opt.seq_len); });
       lengths = lines->lengths();
       base = lines;

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "data/csv.h"
+#include "data/masked_lm.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
 
@@ -258,6 +259,22 @@ TEST(TextDatasetColumns, RunGlueChoosesFromTheColumnsBesideTheLabel) {
   EXPECT_EQ(pick({"a", "b"}, ""), (V{"a", "b", ""}));
   EXPECT_EQ(pick({"sentence", "label"}, ""), (V{"sentence", "", ""}));  // "label" is set aside by name too
   EXPECT_EQ(pick({"label"}, "label"), (V{"", "", "label"}));
+}
+
+// run_mlm.py's column: the first one when the file lacks `text`; `text`, an unnamed first column
+// (a pandas index) or a file that cannot be read leave the column as it is.
+TEST_F(TextDatasetTest, RunMlmColumnIsTheFirstOne) {
+  auto column = [&](const std::string& name, const std::string& data) {
+    TextDataOptions o = no_cache();
+    use_run_mlm_column(o, write(name, data));
+    return o.text_column;
+  };
+  EXPECT_EQ(column("a.csv", "sentence,source\nthe cat sat,web\n"), "sentence");
+  EXPECT_EQ(column("b.jsonl", "{\"body\": \"the cat\", \"id\": 3}\n"), "body");
+  EXPECT_EQ(column("c.csv", "source,text\nweb,the cat sat\n"), "text");
+  EXPECT_EQ(column("d.csv", ",sentence\n0,the cat sat\n"), "text");
+  EXPECT_EQ(column("e.jsonl", "not json\n"), "text");
+  EXPECT_TRUE(is_lines_file("corpus.TXT") && is_lines_file("a/b.txt") && !is_lines_file("a.csv") && !is_lines_file("txt"));
 }
 
 TEST_F(TextDatasetTest, RunGlueColumnsWhenNoneIsNamed) {

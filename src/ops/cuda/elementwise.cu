@@ -10,7 +10,7 @@ namespace anatomy::cuda {
 namespace {
 
 // ---- functors (element i of the flattened tensor; fp32 math) --------------------------------
-// T: the storage type (Note [GELU in half precision] in common.cuh).
+// T: the storage type (Note [GELU in half precision] in gelu.cuh).
 template <class T>
 struct GeluF {  // x * Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)): exact, as Hugging Face BERT
   __device__ float operator()(float x, size_t) const { return gelu_value<T>(x); }
