@@ -869,12 +869,21 @@ TEST(CudaOps, FillAndCopy) {
     Tensor u = ctx.device(dt, Shape{1001});
     ctx.gpu->copy(u, t);
     for (float x : ctx.get(u)) ASSERT_EQ(x, round_to(0.3f, dt));
+    // Zero (a memset) and negative zero (the kernel) write every element with its sign.
+    for (float z : {0.0f, -0.0f}) {
+      ctx.put(t, std::vector<float>(1001, kNaN));
+      ctx.gpu->fill(t, z);
+      for (float x : ctx.get(t)) ASSERT_TRUE(x == 0.0f && std::signbit(x) == std::signbit(z)) << x;
+    }
   }
   Tensor ti = ctx.device(DType::I32, Shape{77});
   ctx.gpu->fill(ti, 7.0f);
   std::vector<int32_t> hi(77);
   ctx.gpu->download(hi.data(), ti);
   for (int32_t x : hi) ASSERT_EQ(x, 7);
+  ctx.gpu->fill(ti, 0.0f);
+  ctx.gpu->download(hi.data(), ti);
+  for (int32_t x : hi) ASSERT_EQ(x, 0);
 }
 
 TEST(CudaOps, SelectToken) {

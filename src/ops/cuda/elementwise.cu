@@ -1,5 +1,7 @@
 // Element-wise ops over flat tensors: exact-erf GELU, tanh, dropout, add, casts, fill, and the
 // [CLS] token select. Every map moves 16-byte packs when its pointers allow and computes in fp32.
+#include <cmath>
+
 #include "core/rng.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/gelu.cuh"
@@ -241,6 +243,13 @@ void cast(const Tensor& dst, const Tensor& src, cudaStream_t s) {
 void fill(const Tensor& dst, float value, cudaStream_t s) {
   const size_t n = dst.numel();
   if (n == 0) return;
+  const bool supported = dst.dtype == DType::F32 || dst.dtype == DType::BF16 || dst.dtype == DType::F16 ||
+                         dst.dtype == DType::I32;
+  if (supported && value == 0.0f && !std::signbit(value)) {  // +0: all bits zero in each of these types
+    // The gradient zeroing (1.3 GB a bert-large step): the kernel's 4-byte stores ran at 3.3 TB/s.
+    ANATOMY_CUDA_CHECK(cudaMemsetAsync(dst.data, 0, n * dtype_size(dst.dtype), s));
+    return;
+  }
   const unsigned grid = grid_for(n, kThreads);
   switch (dst.dtype) {
     case DType::F32: fill_kernel<<<grid, kThreads, 0, s>>>(dst.ptr<float>(), n, value); break;
