@@ -338,6 +338,12 @@ def meta(a):
                                   text=True, timeout=10).stdout.strip() or None
     except Exception:
         m["git"] = None
+    # scripts/stage_device.sh's record of the commit the staged binaries come from (on the GPU
+    # machine "git" above is the copy's base, which may be older).
+    build = os.path.join(REPO, ".carry", "BUILD")
+    if os.path.exists(build):
+        with open(build) as f:
+            m["build"] = f.read().strip()
     return m
 
 

@@ -27,6 +27,9 @@ done
 # stored once: 46 MB at xz's default level, 15 MB at -9.
 strip .carry/bin/*
 XZ_OPT=-9 tar -C .carry -cJf .carry/bundle.tar.xz bin lib && rm -rf .carry/bin .carry/lib
+# The commit the binaries were built from ("-dirty": with uncommitted changes), for the results'
+# records: the device machine's copy of the repository may carry an older git base.
+git describe --always --dirty > .carry/BUILD
 # BEFORE=<rev>: also build that revision (a temporary worktree) and stage its binaries as
 # .carry/before.tar.xz, for same-call before/after timings (scripts/device.sh stepab, opsab).
 if [ -n "${BEFORE:-}" ]; then
