@@ -9,7 +9,6 @@
 #include "cli/help.h"
 #include "cli/parse.h"
 #include "core/error.h"
-#include "data/masked_lm.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
 #include "dist/launch.h"
@@ -44,8 +43,7 @@ struct EvalFlags {
   int64_t max_seq_length = -1, batch = 8;  // -1: min(128, the model's max_position_embeddings)
   int threads = 0;
   bool skip_padding = true, sort_by_length = true;
-  bool text_columns_given = false;  // else Note [run_glue.py's text columns] (data/csv.h)
-  bool label_column_given = false;
+  ColumnsNamed named;  // by the user; else the task script's columns (load_eval_file)
 };
 
 EvalFlags eval_flags(cli::RunArgs& a) {
@@ -56,8 +54,7 @@ EvalFlags eval_flags(cli::RunArgs& a) {
   f.text_column = o.text_column;
   f.text_pair_column = o.text_pair_column;
   f.label_column = o.label_column;
-  f.text_columns_given = a.text_columns_given();
-  f.label_column_given = a.was_given("label-column");
+  f.named = {a.text_columns_given(), a.was_given("label-column")};
   f.tokenizer = o.tokenizer;
   f.precision = cli::finish_eval_precision(a);
   f.device = o.device;
@@ -120,10 +117,7 @@ int run_eval(EvalFlags f) {
   topt.source_flag = "--validation-file";
   topt.max_length = f.max_seq_length;
   topt.cache_dir = f.cache_dir;
-  // The columns run_mlm.py / run_glue.py would read (the token path: load_eval_file, run_ner.py's).
-  if (!f.text_columns_given && is_masked_lm(cfg) && !is_lines_file(f.eval_file)) use_run_mlm_column(topt, f.eval_file);
-  else if (!f.text_columns_given && !is_masked_lm(cfg) && !is_token_classification(cfg)) use_run_glue_columns(topt, f.eval_file);
-  const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg, {f.text_columns_given, f.label_column_given});
+  const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg, f.named);
   const Dataset& data = *eval_data;
 
   // The inference-only model: no gradients, no optimizer state, one layer's activations.

@@ -209,18 +209,25 @@ std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tok
                                               const BertConfig& cfg, ColumnsNamed named) {
   if (is_token_classification(cfg)) {  // the tagged words, mapped through the model's tags
     TokenTagOptions o = token_tag_options(to.text_column, to.label_column, to.max_length);
-    use_run_ner_columns(o, path, to.source_flag, named.words, named.tags);
+    use_run_ner_columns(o, path, to.source_flag, named.text, named.label);
     const LabelSet names = LabelSet::from_id2label(cfg.id2label);
     if (names.kind == LabelSet::Kind::Names) o.tags = names.names;
     else o.num_ids = cfg.num_labels;
     return std::make_shared<TokenTagDataset>(path, tok, o);
   }
   if (is_masked_lm(cfg)) {  // the texts, masked as for training (Note [masking]) with a fixed seed
-    to.label_column = "";
-    to.text_pair_column = "";
-    auto text = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
+    std::shared_ptr<const Dataset> text;
+    if (is_lines_file(path)) {  // a .txt file's lines, as training reads them
+      text = std::make_shared<LinesDataset>(path, tok, to.max_length);
+    } else {
+      to.label_column = "";
+      to.text_pair_column = "";
+      if (!named.text) use_run_mlm_column(to, path);
+      text = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
+    }
     return std::make_shared<MaskedLMDataset>(text, masking_for(tok, "the model directory", 0.15, 42));
   }
+  if (!named.text) use_run_glue_columns(to, path);
   const ProblemType p = problem_type_of(cfg);
   if (!has_float_labels(p) || to.label_column.empty()) {
     to.labels = LabelSet::from_id2label(cfg.id2label);  // the file's labels mean the model's classes

@@ -42,10 +42,11 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg);
 
 // A labelled file for a trained model (`anatomy eval`): class labels mapped through the model's
 // id2label, or for regression and multi-label (Note [problem types] in model/heads.h) the float
-// labels its head was trained on. `to.labels` is set here. `named`: the user named the words /
-// tags columns of a token classifier's file (else Note [run_ner.py's columns]).
+// labels its head was trained on. `to.labels` is set here. Columns the user did not name
+// (`named`) are chosen as the model's task script would: Note [run_glue.py's text columns],
+// use_run_mlm_column, Note [run_ner.py's columns]; a .txt file of a masked LM is read by lines.
 struct ColumnsNamed {
-  bool words = false, tags = false;
+  bool text = false, label = false;
 };
 std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tokenizer& tok, TextDataOptions to,
                                               const BertConfig& cfg, ColumnsNamed named = {});

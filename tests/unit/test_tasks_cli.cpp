@@ -328,6 +328,12 @@ TEST(TasksCli, MaskedLmLossFallsOnRealText) {
   ASSERT_EQ(e.status, 0) << e.output;
   EXPECT_NE(e.output.find("perplexity: "), std::string::npos) << e.output;
   EXPECT_EQ(read_lines(dir + "/eval/predictions.jsonl").size(), 197u);
+  // A .txt file is read by lines in evaluation as in training (not as a CSV with a header).
+  const auto t = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + dir + "/run_txt --eval-file " + dir +
+                                          "/text.txt --max-seq-length 32 --output-dir " + dir + "/eval_txt");
+  ASSERT_EQ(t.status, 0) << t.output;
+  EXPECT_NE(t.output.find("perplexity: "), std::string::npos) << t.output;
+  EXPECT_EQ(read_lines(dir + "/eval_txt/predictions.jsonl").size(), 197u);  // the same texts as the JSON Lines file's
 }
 
 // The same for ModernBERT (ModernBertForMaskedLM: Note [modernbert token head] in
