@@ -53,6 +53,7 @@ __device__ __forceinline__ GeluParts gelu_parts(float x) {
 // T: the storage type the result is rounded to (Note [GELU in half precision]).
 template <class T>
 __device__ __forceinline__ float gelu_value(float x) {
+  // fp32: rounded in the order it always was (x * cdf would differ in the last bit).
   if constexpr (std::is_same_v<T, float>) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
   return x * gelu_parts<T>(x).cdf;
 }
