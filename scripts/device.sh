@@ -68,6 +68,8 @@
 #   envab     the bert-large bf16 batch 32 step (anatomy_bench_step) without and with each setting of ENVAB
 #             (e.g. ENVAB='ANATOMY_ATTENTION_BWD=mma', or several, space-separated), alternated twice; the "with"
 #             runs' stderr kept; with ENVAB_OPS (a regex of op names) also those ops' per-op profile lines a side
+#   ncuattn   Nsight Compute's every section on the attention backward (B 32, T 512, D 64, p 0.1 and 0), with
+#             per-instruction stall samples of the p 0.1 launch (ncu_attn_bwd_sass.csv)
 #   ncu       Nsight Compute's sections (speed of light, occupancy, launch, warp states, instructions)
 #             of every kernel of the registry ops NCU_OPS (anatomy_bench_ops --registry, bert-base sizes)
 #   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
@@ -562,6 +564,20 @@ step_ncu() {
   cat "$OUT/sass_mix.txt" | head -80
   grep -E "^=== |^  [A-Za-z_].*\(|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|Block Size|Grid Size|Executed Instructions  |Pipe" \
     "$OUT/ncu.txt" | head -300
+}
+
+# The attention backward under Nsight Compute, every section, with its SASS stall samples
+# (ncu_attn_bwd.txt: details of the p 0.1 and p 0 launches; ncu_attn_bwd_sass.csv: per instruction).
+step_ncuattn() {
+  timeout 240 ncu --clock-control none --set full --import-source yes --kernel-name regex:wgmma_bwd --launch-count 2 \
+    -f -o "$OUT/attn_bwd" $b/anatomy_bench_attention --batch 32 --seq 512 --head-dim 64 --reps 1 --warmup 0 \
+    > "$OUT/ncu_attn_bwd_run.log" 2>&1
+  ncu -i "$OUT/attn_bwd.ncu-rep" --page details > "$OUT/ncu_attn_bwd.txt" 2>&1
+  ncu -i "$OUT/attn_bwd.ncu-rep" --page source --csv --print-source sass --launch-count 1 \
+    > "$OUT/ncu_attn_bwd_sass.csv" 2>&1
+  rm -f "$OUT/attn_bwd.ncu-rep"
+  grep -E "Duration|SM Frequency|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|Registers Per|Achieved Occ|Shared Memory|Stall|stall" \
+    "$OUT/ncu_attn_bwd.txt" | head -60
 }
 
 step_launch() {

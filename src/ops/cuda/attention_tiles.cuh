@@ -211,27 +211,20 @@ __device__ __forceinline__ float window_score(float x, int q, int k, int T, int 
 }
 
 // Per-key additive bias (log2 domain) for keys [0, nk): 0 for a valid key, -inf for a
-// masked key or a key at or past T. When batch b has no valid key, every key below T gets 0
-// and the caller multiplies the scores by 0 (uniform row). Returns "b has a valid key".
-template <int NTH>
-__device__ bool build_key_bias(float* kb, const int32_t* mask, int b, int T, int k_begin, int nk) {
-  int any = 0;
-  if (mask == nullptr) {
-    any = 1;
-  } else {
-    for (int k = threadIdx.x; k < T; k += NTH) any |= mask[static_cast<size_t>(b) * T + k] != 0;
-  }
-  any = __syncthreads_or(any);
-  for (int i = threadIdx.x; i < nk; i += NTH) {
+// masked key or a key at or past T. When batch b has no valid key (any_valid: valid_key_end's
+// result is positive), every key below T gets 0 and the caller multiplies the scores by 0
+// (uniform row). Returns any_valid.
+__device__ __forceinline__ bool build_key_bias(float* kb, const int32_t* mask, int b, int T, int k_begin, int nk, bool any_valid) {
+  for (int i = threadIdx.x; i < nk; i += blockDim.x) {
     const int k = k_begin + i;
     float v = -INFINITY;
     if (k < T) {
       const bool valid = mask == nullptr || mask[static_cast<size_t>(b) * T + k] != 0;
-      v = (valid || !any) ? 0.0f : -INFINITY;
+      v = (valid || !any_valid) ? 0.0f : -INFINITY;
     }
     kb[i] = v;
   }
-  return any != 0;
+  return any_valid;
 }
 
 
@@ -291,17 +284,9 @@ __device__ void zero_key_grads(const Params& p, const SeqRows& sq, int h, int k0
   }
 }
 
-// The key bias (0 or -inf, as build_key_bias) of keys k and k + 1 into kbias; returns whether
-// batch b has a valid key. Every thread of the CTA must call it.
-template <int NTH>
-__device__ bool key_pair_bias(float (&kbias)[2], const Params& p, int b, int k, int TK) {
-  int any = 0;
-  if (p.mask == nullptr) {
-    any = 1;
-  } else {
-    for (int i = threadIdx.x; i < p.T; i += NTH) any |= p.mask[static_cast<size_t>(b) * p.T + i] != 0;
-  }
-  const bool any_valid = __syncthreads_or(any) != 0;
+// The key bias (0 or -inf, as build_key_bias) of keys k and k + 1 into kbias; returns any_valid
+// (batch b has a valid key: valid_key_end's result is positive).
+__device__ __forceinline__ bool key_pair_bias(float (&kbias)[2], const Params& p, int b, int k, int TK, bool any_valid) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float v = -INFINITY;

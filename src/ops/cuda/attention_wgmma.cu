@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
   if (forward_tile_absent<BR, NTH>(p, b, h, q0, TK)) return;
   const auto [qg, kg, vg, rs] = head_qkv(p, sq, h);
   const int nkv_all = (T + BC - 1) / BC;
+  load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, TK);  // (its copies run during the mask's scan)
   const int kend = valid_key_end<NTH>(p.mask, b, TK);
   const int jend = kend > 0 ? (kend + BC - 1) / BC : nkv_all;  // Note [masked key tiles]
   // cp.async: one group per tile (empty past the last): tile j is in shared memory once at most
@@ -203,11 +204,10 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
     }
     __syncthreads();
   }
-  load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, TK);
   if constexpr (TMA) cp_async_commit();  // the query tile alone (cp.async: with key tile 0)
 #pragma unroll
   for (int j = 0; j < AHEAD; ++j) load_kv(j);
-  const bool any_valid = build_key_bias<NTH>(kb, p.mask, b, TK, 0, nkv_all * BC);
+  const bool any_valid = build_key_bias(kb, p.mask, b, TK, 0, nkv_all * BC, kend > 0);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;  // s2 = s * scale_mul + kb
   // The query tile (cp.async: and key tile 0) and the key bias, for every thread and the tensor cores.
   cp_async_wait<TMA ? 0 : AHEAD - 1>();

@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
 
   // Key bias of this thread's two key rows (fragment rows g, g+8 = keys 2g, 2g+1 of the warp's 16).
   float kbias[2];
-  const bool any_valid = key_pair_bias<NTH>(kbias, p, b, k0 + gw * 16 + 2 * g, TK);
+  const bool any_valid = key_pair_bias(kbias, p, b, k0 + gw * 16 + 2 * g, TK, kend > 0);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
   const auto [zk, zstep] = key_row_dropout(p, bh, k0, gw, g, t4);
 
@@ -311,7 +311,9 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   fence_regs(dv);
   __syncthreads();  // every warp's last dQ product, which reads all of K, is done
   if constexpr (DQT) {
-    if (threadIdx.x % 128 == 0) bulk_wait<0, false>();  // the last reduce, before the tile is freed
+    // The last reduce has read its tile before the CTA's shared memory goes; its additions
+    // complete with the grid (waiting for them here would also invalidate the L1 cache).
+    if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
   }
 
   // Epilogue: dK * scale and dV * inv_keep, staged through this warp's own rows of the K and
