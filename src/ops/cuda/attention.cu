@@ -303,36 +303,7 @@ __global__ void __launch_bounds__(kThreads) ref_backward_kv_kernel(Params p) {
 }
 
 // ---- backward pre- and post-passes -------------------------------------------------------
-// dsum[b, h, t] = dO[b, t, h*D : +D] . O[b, t, h*D : +D]; one warp per token (b, t) of the
-// padded [B, T] grid, which packed rows (Note [packed attention]) skip past the sequence's end.
-// With zero_dq, also zeroes the token's row of the F32 dQ accumulator.
-template <class T>
-__global__ void __launch_bounds__(256) dsum_kernel(Params p, bool zero_dq) {
-  const int64_t bt = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (bt >= static_cast<int64_t>(p.B) * p.T) return;
-  const int b = static_cast<int>(bt / p.T), t = static_cast<int>(bt - static_cast<int64_t>(b) * p.T);
-  const SeqRows sq = seq_rows(p, b);
-  if (t >= sq.len) return;
-  const int64_t tok = static_cast<int64_t>(sq.row0) + t;
-  const T* o = static_cast<const T*>(p.ctx) + tok * p.H;
-  const T* dout = static_cast<const T*>(p.dctx) + tok * p.H;
-  for (int h = 0; h < p.heads; ++h) {
-    float acc = 0.0f;
-    for (int d = lane; d < p.D; d += 32) acc = fmaf(to_float(o[h * p.D + d]), to_float(dout[h * p.D + d]), acc);
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) p.dsum[(static_cast<size_t>(b) * p.heads + h) * p.T + t] = acc;
-  }
-  if (zero_dq) {
-    float4* row = reinterpret_cast<float4*>(p.dq_acc + tok * p.H);  // H % 4 == 0 on this path
-    for (int i = lane; i < p.H / 4; i += 32) row[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-}
-
-// dsum_kernel with 16-byte loads (bf16 / fp16 only, D = 8 L with L a power of two up to 32, H % 8 == 0,
-// rows 16-byte aligned: dsum_vec_fits): lane l of the token's warp reads 8 consecutive elements of
-// O and dO per step (chunks l, l + 32, ... of the row's H / 8), and the L lanes of a head sum
-// their chunks by shuffles. At bert-large's sizes it reads at several times the scalar kernel's rate.
+// 8 bf16 / fp16 elements of O and of dO (16 bytes each), multiplied and summed.
 template <class T>
 __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
   const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
@@ -353,9 +324,16 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
   return acc;
 }
 
-template <class T>
-__global__ void __launch_bounds__(256) dsum_vec_kernel(Params p, bool zero_dq) {
-  static_assert(sizeof(T) == 2, "8 elements a 16-byte load");
+// dsum[b, h, t] = dO[b, t, h*D : +D] . O[b, t, h*D : +D]; one warp per token (b, t) of the
+// padded [B, T] grid, which packed rows (Note [packed attention]) skip past the sequence's end.
+// With zero_dq, also zeroes the token's row of the F32 dQ accumulator.
+// VEC (bf16 / fp16 where dsum_vec_fits): lane l reads 8 consecutive elements of O and dO a step
+// (chunks l, l + 32, ... of the row's H / 8) and the D / 8 lanes of a head sum theirs by shuffles;
+// otherwise each lane reads single elements, head by head, summed over the warp. At bert-large's
+// sizes the vector form took the backward op from 0.440 to 0.399 ms with the dQ conversion's
+// 8-byte stores (bench/results/2026-11-28-h200/session22/).
+template <class T, bool VEC = false>
+__global__ void __launch_bounds__(256) dsum_kernel(Params p, bool zero_dq) {
   const int64_t bt = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (bt >= static_cast<int64_t>(p.B) * p.T) return;
@@ -363,21 +341,35 @@ __global__ void __launch_bounds__(256) dsum_vec_kernel(Params p, bool zero_dq) {
   const SeqRows sq = seq_rows(p, b);
   if (t >= sq.len) return;
   const int64_t tok = static_cast<int64_t>(sq.row0) + t;
-  const uint4* o = reinterpret_cast<const uint4*>(static_cast<const T*>(p.ctx) + tok * p.H);
-  const uint4* dout = reinterpret_cast<const uint4*>(static_cast<const T*>(p.dctx) + tok * p.H);
-  const int L = p.D / 8, chunks = p.H / 8;
-  for (int c0 = 0; c0 < chunks; c0 += 32) {  // uniform trip count: every lane takes part in the shuffles
-    const int c = c0 + lane;
-    float acc = c < chunks ? dot8<T>(o[c], dout[c]) : 0.0f;
-    for (int off = L / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (c < chunks && (lane & (L - 1)) == 0) p.dsum[(static_cast<size_t>(b) * p.heads + c / L) * p.T + t] = acc;
+  const T* o = static_cast<const T*>(p.ctx) + tok * p.H;
+  const T* dout = static_cast<const T*>(p.dctx) + tok * p.H;
+  float* dsum = p.dsum + static_cast<size_t>(b) * p.heads * p.T + t;  // head h at dsum[h * T]
+  if constexpr (VEC) {
+    static_assert(sizeof(T) == 2, "8 elements a 16-byte load");
+    const uint4* o8 = reinterpret_cast<const uint4*>(o);
+    const uint4* dout8 = reinterpret_cast<const uint4*>(dout);
+    const int L = p.D / 8, chunks = p.H / 8;
+    for (int c0 = 0; c0 < chunks; c0 += 32) {  // uniform trip count: every lane takes part in the shuffles
+      const int c = c0 + lane;
+      float acc = c < chunks ? dot8<T>(o8[c], dout8[c]) : 0.0f;
+      for (int off = L / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      if (c < chunks && (lane & (L - 1)) == 0) dsum[static_cast<size_t>(c / L) * p.T] = acc;
+    }
+  } else {
+    for (int h = 0; h < p.heads; ++h) {
+      float acc = 0.0f;
+      for (int d = lane; d < p.D; d += 32) acc = fmaf(to_float(o[h * p.D + d]), to_float(dout[h * p.D + d]), acc);
+      for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      if (lane == 0) dsum[static_cast<size_t>(h) * p.T] = acc;
+    }
   }
   if (zero_dq) {
-    float4* row = reinterpret_cast<float4*>(p.dq_acc + tok * p.H);
+    float4* row = reinterpret_cast<float4*>(p.dq_acc + tok * p.H);  // H % 4 == 0 on this path
     for (int i = lane; i < p.H / 4; i += 32) row[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 
+// The vector dsum's shapes: D = 8 L with L a power of two up to 32, H % 8 == 0, rows 16-byte aligned.
 bool dsum_vec_fits(const Params& p) {
   const int L = p.D / 8;
   const bool aligned = (reinterpret_cast<uintptr_t>(p.ctx) | reinterpret_cast<uintptr_t>(p.dctx)) % 16 == 0;
@@ -519,7 +511,7 @@ bool backward_passes(const Params& p, bool fast, bool is_bf16, cudaStream_t s) {
   const int64_t tokens = static_cast<int64_t>(p.B) * p.T;
   const unsigned blocks = static_cast<unsigned>((tokens + 7) / 8);
   if constexpr (sizeof(T) == 2) {
-    if (dsum_vec_fits(p)) dsum_vec_kernel<T><<<blocks, 256, 0, s>>>(p, fast);
+    if (dsum_vec_fits(p)) dsum_kernel<T, true><<<blocks, 256, 0, s>>>(p, fast);
     else dsum_kernel<T><<<blocks, 256, 0, s>>>(p, fast);
   } else {
     dsum_kernel<T><<<blocks, 256, 0, s>>>(p, fast);

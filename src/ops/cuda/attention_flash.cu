@@ -104,7 +104,8 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
   load_tile<BC, D, NTH>(k_s, kg, rs, jbeg * BC, TK);
   load_tile<BC, D, NTH>(v_s, vg, rs, jbeg * BC, TK);
   cp_async_commit();
-  const bool any_valid = build_key_bias(kb, p.mask, b, TK, 0, nkv_all * BC, kend > 0);
+  const bool any_valid = kend > 0;  // (valid_key_end is 0 when no key is valid)
+  build_key_bias(kb, p.mask, b, TK, 0, nkv_all * BC, any_valid);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;  // s2 = s * scale_mul + kb
   cp_async_wait_all();
   __syncthreads();
@@ -415,7 +416,8 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
 
   // Key bias of this thread's two key rows (fragment rows g, g+8 = keys 2g, 2g+1 of the warp's 16).
   float kbias[2];
-  const bool any_valid = key_pair_bias(kbias, p, b, k0 + warp * 16 + 2 * g, TK, kend > 0);
+  const bool any_valid = kend > 0;  // (valid_key_end is 0 when no key is valid)
+  key_pair_bias(kbias, p, b, k0 + warp * 16 + 2 * g, TK, any_valid);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
   const auto [zk, zstep] = key_row_dropout(p, bh, k0, warp, g, t4);
 

@@ -213,8 +213,8 @@ __device__ __forceinline__ float window_score(float x, int q, int k, int T, int 
 // Per-key additive bias (log2 domain) for keys [0, nk): 0 for a valid key, -inf for a
 // masked key or a key at or past T. When batch b has no valid key (any_valid: valid_key_end's
 // result is positive), every key below T gets 0 and the caller multiplies the scores by 0
-// (uniform row). Returns any_valid.
-__device__ __forceinline__ bool build_key_bias(float* kb, const int32_t* mask, int b, int T, int k_begin, int nk, bool any_valid) {
+// (uniform row).
+__device__ __forceinline__ void build_key_bias(float* kb, const int32_t* mask, int b, int T, int k_begin, int nk, bool any_valid) {
   for (int i = threadIdx.x; i < nk; i += blockDim.x) {
     const int k = k_begin + i;
     float v = -INFINITY;
@@ -224,7 +224,6 @@ __device__ __forceinline__ bool build_key_bias(float* kb, const int32_t* mask, i
     }
     kb[i] = v;
   }
-  return any_valid;
 }
 
 
@@ -284,9 +283,9 @@ __device__ void zero_key_grads(const Params& p, const SeqRows& sq, int h, int k0
   }
 }
 
-// The key bias (0 or -inf, as build_key_bias) of keys k and k + 1 into kbias; returns any_valid
-// (batch b has a valid key: valid_key_end's result is positive).
-__device__ __forceinline__ bool key_pair_bias(float (&kbias)[2], const Params& p, int b, int k, int TK, bool any_valid) {
+// The key bias (0 or -inf, as build_key_bias) of keys k and k + 1 into kbias; any_valid: batch b
+// has a valid key (valid_key_end's result is positive).
+__device__ __forceinline__ void key_pair_bias(float (&kbias)[2], const Params& p, int b, int k, int TK, bool any_valid) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     float v = -INFINITY;
@@ -296,7 +295,6 @@ __device__ __forceinline__ bool key_pair_bias(float (&kbias)[2], const Params& p
     }
     kbias[hf] = v;
   }
-  return any_valid;
 }
 
 // Async copies of query tile jt's lse and Dsum (BR each, by the first BR threads and the next BR)

@@ -207,7 +207,8 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
   if constexpr (TMA) cp_async_commit();  // the query tile alone (cp.async: with key tile 0)
 #pragma unroll
   for (int j = 0; j < AHEAD; ++j) load_kv(j);
-  const bool any_valid = build_key_bias(kb, p.mask, b, TK, 0, nkv_all * BC, kend > 0);
+  const bool any_valid = kend > 0;  // (valid_key_end is 0 when no key is valid)
+  build_key_bias(kb, p.mask, b, TK, 0, nkv_all * BC, any_valid);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;  // s2 = s * scale_mul + kb
   // The query tile (cp.async: and key tile 0) and the key bias, for every thread and the tensor cores.
   cp_async_wait<TMA ? 0 : AHEAD - 1>();

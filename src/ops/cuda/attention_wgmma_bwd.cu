@@ -203,7 +203,8 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
 
   // Key bias of this thread's two key rows (fragment rows g, g+8 = keys 2g, 2g+1 of the warp's 16).
   float kbias[2];
-  const bool any_valid = key_pair_bias(kbias, p, b, k0 + gw * 16 + 2 * g, TK, kend > 0);
+  const bool any_valid = kend > 0;  // (valid_key_end is 0 when no key is valid)
+  key_pair_bias(kbias, p, b, k0 + gw * 16 + 2 * g, TK, any_valid);
   const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
   const auto [zk, zstep] = key_row_dropout(p, bh, k0, gw, g, t4);
 
