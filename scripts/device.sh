@@ -24,7 +24,7 @@
 #             modernbert-base bf16 seq 512 batch 32 for 20 steps (and with layer checkpointing):
 #             samples/s, planned vs allocated vs NVML (~10 min at most; alone in a call)
 #   familybench each variant at base size, bf16 batch 32 seq 512: anatomy vs the Trainer (~8 min; alone in a call)
-#   sanitize  compute-sanitizer memcheck and racecheck over the GPU tests
+#   sanitize  compute-sanitizer memcheck, racecheck and synccheck over the GPU tests (SANITIZE_FILTER: which)
 #   ops       each op alone: achieved TFLOP/s and GB/s (anatomy_bench_ops, also --registry: every op)
 #   profile   bert-large bf16 batch 32 with --profile-steps 3 (time by op class)
 #   verify    bf16 with accumulation (profiled), fp16 with loss scaling, the seed run
@@ -55,6 +55,8 @@
 #             on ATTN_SHAPE's shapes, alternated twice. Earlier results' loadab is ATTN_AB='ANATOMY_ATTENTION_FWD_AHEAD=1
 #             ANATOMY_ATTENTION_FWD_LOAD=cp.async ANATOMY_ATTENTION_FWD_LOAD=tma', fwd32ab ATTN_AB='ANATOMY_ATTENTION_FWD=mma
 #             ANATOMY_ATTENTION_FWD=wgmma' with ATTN_SHAPE='--batch 32 --seq 128 --seq 512 --head-dim 32', bwdab the default
+#   attnab    the attention table's anatomy rows of .carry/before and .carry/bin (ATTN_SHAPE, default B 32, T 512,
+#             D 64 and 32), bin also under each setting of ATTN_AB, alternated twice
 #   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
 #             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
@@ -69,7 +71,8 @@
 #             (e.g. ENVAB='ANATOMY_ATTENTION_BWD=mma', or several, space-separated), alternated twice; the "with"
 #             runs' stderr kept; with ENVAB_OPS (a regex of op names) also those ops' per-op profile lines a side
 #   ncuattn   Nsight Compute's every section on the attention backward (B 32, T 512, D 64, p 0.1 and 0), with
-#             per-instruction stall samples of the p 0.1 launch (ncu_attn_bwd_sass.csv)
+#             per-instruction stall samples of the p 0.1 launch (ncu_attn_bwd_sass.csv); NCU_KERNEL=wgmma_fwd: the
+#             forward's (ncu_wgmma_fwd*)
 #   ncu       Nsight Compute's sections (speed of light, occupancy, launch, warp states, instructions)
 #             of every kernel of the registry ops NCU_OPS (anatomy_bench_ops --registry, bert-base sizes)
 #   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
@@ -176,12 +179,18 @@ step_familybench() {  # FAMILY_PRESETS=a,b limits the presets (default: bench/fa
   python3 bench/family_bench.py --anatomy-bin "$a" --out "$OUT" ${FAMILY_PRESETS:+--presets "$FAMILY_PRESETS"} 2>&1 | tail -16
 }
 
+# memcheck, racecheck and synccheck (barriers: every thread of a CTA at the same one), the tests'
+# output in the .log files. SANITIZE_FILTER: one gtest filter for all three; default: memcheck over all
+# but the benchmarks and goldens, racecheck and synccheck over the kernels' shared-memory users.
 step_sanitize() {
-  timeout 240 compute-sanitizer --tool memcheck $b/anatomy_gpu_tests --gtest_filter='-*Bench*:*Golden*' 2>&1 \
-    | grep -E "ERROR SUMMARY|PASSED|FAILED" | tee "$OUT/memcheck.txt"
-  timeout 150 compute-sanitizer --tool racecheck $b/anatomy_gpu_tests \
-    --gtest_filter='Attention.Bf16FastPath:Attention.HopperTakesTheWgmmaForward:Attention.HopperWgmmaBackward:Attention.Fp32*:CudaOps.LayerNorm*:CudaOps.BiasGrad*:DropoutBitsCuda.*Attention*:Registry/OpTwin.*attention*' 2>&1 \
-    | grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" | tee "$OUT/racecheck.txt"
+  local mem=${SANITIZE_FILTER:--*Bench*:*Golden*}
+  local race=${SANITIZE_FILTER:-Attention.Bf16FastPath:Attention.HopperTakesTheWgmmaForward:Attention.HopperWgmmaBackward:Attention.Fp32*:CudaOps.LayerNorm*:CudaOps.BiasGrad*:DropoutBitsCuda.*Attention*:Registry/OpTwin.*attention*}
+  timeout 240 compute-sanitizer --tool memcheck $b/anatomy_gpu_tests --gtest_filter="$mem" > "$OUT/memcheck.log" 2>&1
+  grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | tee "$OUT/memcheck.txt"
+  timeout 150 compute-sanitizer --tool racecheck $b/anatomy_gpu_tests --gtest_filter="$race" > "$OUT/racecheck.log" 2>&1
+  grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" "$OUT/racecheck.log" | tee "$OUT/racecheck.txt"
+  timeout 150 compute-sanitizer --tool synccheck $b/anatomy_gpu_tests --gtest_filter="$race" > "$OUT/synccheck.log" 2>&1
+  grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/synccheck.log" | tee "$OUT/synccheck.txt"
 }
 
 step_ops() {
@@ -312,6 +321,19 @@ step_attentionab() {
         sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| ${v#ANATOMY_ATTENTION_}/"
     done
   done | tee "$OUT/attentionab.md"
+}
+
+step_attnab() {
+  [ -x .carry/before/anatomy_bench_attention ] || { echo "attnab: no .carry/before (scripts/stage_device.sh BEFORE=rev)"; return; }
+  local shape=(${ATTN_SHAPE:---batch 32 --seq 512 --head-dim 64 --head-dim 32}) round v
+  for round in 1 2; do
+    echo "== before ($round)"
+    timeout 100 .carry/before/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy"
+    for v in ANATOMY_DEFAULTS=1 ${ATTN_AB:-}; do
+      echo "== bin $v ($round)"
+      env "$v" timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy"
+    done
+  done | tee "$OUT/attnab.md"
 }
 
 # bert-large bf16 batch 32 seq 512, 60 steps, with the mma.sync forward and with the default
@@ -568,16 +590,18 @@ step_ncu() {
 
 # The attention backward under Nsight Compute, every section, with its SASS stall samples
 # (ncu_attn_bwd.txt: details of the p 0.1 and p 0 launches; ncu_attn_bwd_sass.csv: per instruction).
-step_ncuattn() {
-  timeout 240 ncu --clock-control none --set full --import-source yes --kernel-name regex:wgmma_bwd --launch-count 2 \
-    -f -o "$OUT/attn_bwd" $b/anatomy_bench_attention --batch 32 --seq 512 --head-dim 64 --reps 1 --warmup 0 \
-    > "$OUT/ncu_attn_bwd_run.log" 2>&1
-  ncu -i "$OUT/attn_bwd.ncu-rep" --page details > "$OUT/ncu_attn_bwd.txt" 2>&1
-  ncu -i "$OUT/attn_bwd.ncu-rep" --page source --csv --print-source sass --launch-count 1 \
-    > "$OUT/ncu_attn_bwd_sass.csv" 2>&1
-  rm -f "$OUT/attn_bwd.ncu-rep"
+step_ncuattn() {  # NCU_KERNEL=wgmma_fwd: the forward (files ncu_wgmma_fwd*; the default's are ncu_attn_bwd*)
+  local k=${NCU_KERNEL:-wgmma_bwd} name
+  name=$([ "$k" = wgmma_bwd ] && echo attn_bwd || echo "$k")
+  timeout 240 ncu --clock-control none --set full --import-source yes --kernel-name "regex:$k" --launch-count 2 \
+    -f -o "$OUT/$name" $b/anatomy_bench_attention --batch 32 --seq 512 --head-dim 64 --reps 1 --warmup 0 \
+    > "$OUT/ncu_${name}_run.log" 2>&1
+  ncu -i "$OUT/$name.ncu-rep" --page details > "$OUT/ncu_$name.txt" 2>&1
+  ncu -i "$OUT/$name.ncu-rep" --page source --csv --print-source sass --launch-count 1 \
+    > "$OUT/ncu_${name}_sass.csv" 2>&1
+  rm -f "$OUT/$name.ncu-rep"
   grep -E "Duration|SM Frequency|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|Registers Per|Achieved Occ|Shared Memory|Stall|stall" \
-    "$OUT/ncu_attn_bwd.txt" | head -60
+    "$OUT/ncu_$name.txt" | head -60
 }
 
 step_launch() {

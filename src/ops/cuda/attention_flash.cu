@@ -143,7 +143,17 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
   // ldmatrix lane roles: matrix index mi = lane / 8, row within matrix lane % 8.
   const int mi = lane >> 3, r8 = lane & 7;
 
+  // One CTA barrier a tile, at the top, which every warp reaches by the same instruction (a
+  // warp that skips a tile of the window's union goes straight to the next tile's): tile j's
+  // copies have landed for every thread, and every warp is done with tile j - 1's stage, which
+  // tile j + 1's copies then overwrite. (A barrier per path, reached by different warps in the same
+  // tile, is undefined for bar.sync, which requires one instruction CTA-wide; compute-sanitizer's
+  // synccheck reported it.) Tile jbeg was waited for above.
   for (int j = jbeg; j < jend; ++j) {
+    if (j > jbeg) {
+      cp_async_wait_all();
+      __syncthreads();
+    }
     const int st = (j - jbeg) & 1;
     if (j + 1 < jend) {
       load_tile<BC, D, NTH>(k_s + (st ^ 1) * C::kKVBytes, kg, rs, (j + 1) * BC, TK);
@@ -153,14 +163,12 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
     const uint32_t kt = k_s + st * C::kKVBytes, vt = v_s + st * C::kKVBytes;
     if constexpr (WIN) {
       // A tile outside this warp's own range (the CTA loads the union of its warps' ranges):
-      // only the common steps, the dropout counter and the barrier.
+      // only the common steps and the dropout counter.
       if (j < wbeg || j >= wend) {
         if constexpr (DROP) {
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) zrow[mt] += (BC / 2) * kGolden;
         }
-        cp_async_wait_all();
-        __syncthreads();
         continue;
       }
     }
@@ -282,9 +290,9 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
         }
       }
     }
-    cp_async_wait_all();
-    __syncthreads();
   }
+  cp_async_wait_all();
+  __syncthreads();
 
   // Epilogue: normalize, write lse, stage O through this warp's own rows of the Q tile, then
   // 16-byte coalesced stores.

@@ -112,7 +112,11 @@ __device__ __forceinline__ void pack_p(uint32_t (&a)[KK][4], const float (&s)[8 
 // OVL (the default): tile j's S = Q K_j^T is issued together with tile j-1's O += P V_{j-1},
 // and tile j's softmax and dropout run while the tensor cores do that P V; O is rescaled once it
 // lands (FlashAttention-3's overlap within a warpgroup). V_{j-1} is still read while tile j +
-// kAhead loads, so one buffer more. Without OVL each product is waited for at once.
+// kAhead loads, so one buffer more. Without OVL each product is waited for at once. In the
+// binary, ptxas moves the wait for P V up to before the softmax's exponentials (a wait names no
+// registers); forcing the written order (first tile peeled, a shared store ahead of the wait)
+// changed the step by nothing measurable (bench/results/2026-11-28-h200/session23/call2): the
+// two CTAs of two warpgroups on each SM hide it, and with dropout the schedulers are the limit.
 //
 // TMA (the default with OVL): thread 0 issues each K/V tile as two TMA copies (Note [tma key
 // tiles]) and the warpgroups wait on the stage's barrier instead of a CTA-wide __syncthreads per
