@@ -54,9 +54,10 @@
 #             mma.sync, wgmma with one warpgroup a CTA, query tiles by cp.async, dQ by atomics or TMA reduces),
 #             on ATTN_SHAPE's shapes, alternated twice. Earlier results' loadab is ATTN_AB='ANATOMY_ATTENTION_FWD_AHEAD=1
 #             ANATOMY_ATTENTION_FWD_LOAD=cp.async ANATOMY_ATTENTION_FWD_LOAD=tma', fwd32ab ATTN_AB='ANATOMY_ATTENTION_FWD=mma
-#             ANATOMY_ATTENTION_FWD=wgmma' with ATTN_SHAPE='--batch 32 --seq 128 --seq 512 --head-dim 32', bwdab the default
-#   attnab    the attention table's anatomy rows of .carry/before and .carry/bin (ATTN_SHAPE, default B 32, T 512,
-#             D 64 and 32), bin also under each setting of ATTN_AB, alternated twice
+#             ANATOMY_ATTENTION_FWD=wgmma' with ATTN_SHAPE='--batch 32 --seq 128 --seq 512 --head-dim 32', bwdab the default.
+#             ATTN_AB=default is the build's defaults; with .carry/before staged, its rows come first in each round,
+#             labelled before (session 23's attnab: ATTN_AB=default ATTN_SHAPE='--batch 32 --seq 512 --head-dim 64
+#             --head-dim 32')
 #   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
 #             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
@@ -183,14 +184,14 @@ step_familybench() {  # FAMILY_PRESETS=a,b limits the presets (default: bench/fa
 # output in the .log files. SANITIZE_FILTER: one gtest filter for all three; default: memcheck over all
 # but the benchmarks and goldens, racecheck and synccheck over the kernels' shared-memory users.
 step_sanitize() {
-  local mem=${SANITIZE_FILTER:--*Bench*:*Golden*}
-  local race=${SANITIZE_FILTER:-Attention.Bf16FastPath:Attention.HopperTakesTheWgmmaForward:Attention.HopperWgmmaBackward:Attention.Fp32*:CudaOps.LayerNorm*:CudaOps.BiasGrad*:DropoutBitsCuda.*Attention*:Registry/OpTwin.*attention*}
-  timeout 240 compute-sanitizer --tool memcheck $b/anatomy_gpu_tests --gtest_filter="$mem" > "$OUT/memcheck.log" 2>&1
-  grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.log" | tee "$OUT/memcheck.txt"
-  timeout 150 compute-sanitizer --tool racecheck $b/anatomy_gpu_tests --gtest_filter="$race" > "$OUT/racecheck.log" 2>&1
-  grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" "$OUT/racecheck.log" | tee "$OUT/racecheck.txt"
-  timeout 150 compute-sanitizer --tool synccheck $b/anatomy_gpu_tests --gtest_filter="$race" > "$OUT/synccheck.log" 2>&1
-  grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/synccheck.log" | tee "$OUT/synccheck.txt"
+  local mem=${SANITIZE_FILTER:--*Bench*:*Golden*} tool filter limit
+  local kernels=${SANITIZE_FILTER:-Attention.Bf16FastPath:Attention.HopperTakesTheWgmmaForward:Attention.HopperWgmmaBackward:Attention.Fp32*:CudaOps.LayerNorm*:CudaOps.BiasGrad*:DropoutBitsCuda.*Attention*:Registry/OpTwin.*attention*}
+  for tool in memcheck racecheck synccheck; do
+    filter=$kernels limit=150
+    [ $tool = memcheck ] && filter=$mem limit=240
+    timeout $limit compute-sanitizer --tool $tool $b/anatomy_gpu_tests --gtest_filter="$filter" > "$OUT/$tool.log" 2>&1
+    grep -E "SUMMARY|PASSED|FAILED" "$OUT/$tool.log" | tee "$OUT/$tool.txt"
+  done
 }
 
 step_ops() {
@@ -312,28 +313,21 @@ step_wgmmatiles() {
 # default: the backward kernels' variants) on ATTN_SHAPE (anatomy_bench_attention's shape flags),
 # the settings alternated twice in one call, each row labelled with its setting.
 step_attentionab() {
-  local shape=(${ATTN_SHAPE:---batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64}) round v
+  local shape=(${ATTN_SHAPE:---batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64}) round v setting
   local ab=(${ATTN_AB:-ANATOMY_ATTENTION_BWD=mma ANATOMY_ATTENTION_BWD=wgmma64 ANATOMY_ATTENTION_BWD_LOAD=cp.async
             ANATOMY_ATTENTION_BWD_DQ=atomics ANATOMY_ATTENTION_BWD_DQ=tma})
   for round in 1 2; do
+    if [ -x .carry/before/anatomy_bench_attention ]; then
+      timeout 100 .carry/before/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
+        sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| before/"
+    fi
     for v in "${ab[@]}"; do
-      env "$v" timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
+      setting=()
+      [ "$v" = default ] || setting=("$v")
+      env "${setting[@]}" timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |
         sed "s/^| anatomy [a-z0-9]*\/[a-z0-9]*/| ${v#ANATOMY_ATTENTION_}/"
     done
   done | tee "$OUT/attentionab.md"
-}
-
-step_attnab() {
-  [ -x .carry/before/anatomy_bench_attention ] || { echo "attnab: no .carry/before (scripts/stage_device.sh BEFORE=rev)"; return; }
-  local shape=(${ATTN_SHAPE:---batch 32 --seq 512 --head-dim 64 --head-dim 32}) round v
-  for round in 1 2; do
-    echo "== before ($round)"
-    timeout 100 .carry/before/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy"
-    for v in ANATOMY_DEFAULTS=1 ${ATTN_AB:-}; do
-      echo "== bin $v ($round)"
-      env "$v" timeout 100 $b/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy"
-    done
-  done | tee "$OUT/attnab.md"
 }
 
 # bert-large bf16 batch 32 seq 512, 60 steps, with the mma.sync forward and with the default
