@@ -64,6 +64,10 @@
 #   fp8curves fp8 vs bf16 loss curves and accuracy on the real text where the model learns (~3 min)
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
+#   distab    the overlap on two GPUs: bert-large bf16 batch 32 a GPU, ZeRO 1, under each DISTAB setting
+#             (';'-separated, each flags and/or VAR=value words; default: the 25 MB buckets, one bucket, 100 MB
+#             buckets, NCCL_MAX_CTAS=8), alternated twice; then the first two with --profile-steps 4 (the
+#             collectives' time and the part backward did not hide)
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
 #   opsab     the ops of .carry/before (A, when staged) and .carry/bin (B): anatomy_bench_ops (the memory-bound
 #             backward ops and the weight gradients at bert-large shapes) A B A B, then bert-large bf16 batch 32's
@@ -500,6 +504,38 @@ step_dist() {
   } | tee "$OUT/dist.md"
 }
 
+step_distab() {
+  mkdir -p /tmp/dist
+  local IFS=';' settings
+  read -ra settings <<< "${DISTAB:-;--ddp-bucket-cap-mb 65536;--ddp-bucket-cap-mb 100;NCCL_MAX_CTAS=8}"
+  unset IFS
+  local base=(--precision bf16 --per-device-train-batch-size 32 --num-samples 2048 --nproc-per-node 2 --zero-stage 1)
+  run_setting() {  # id, setting, more flags...: the setting's VAR=value words go to the environment
+    local id=$1 words flags=() envs=() w
+    read -ra words <<< "$2"
+    shift 2
+    for w in "${words[@]}"; do
+      if [[ $w == [A-Z]*=* ]]; then envs+=("$w"); else flags+=("$w"); fi
+    done
+    (((${#envs[@]})) && export "${envs[@]}"; train_row dist "distab_$id" "${base[@]}" "${flags[@]}" "$@")
+  }
+  {
+    local i round
+    for i in "${!settings[@]}"; do echo "- s$i: '${settings[i]:-the defaults}'"; done
+    echo
+    echo "| setting, round | GPUs | ZeRO stage | samples/s (steady) | first step loss | last step loss | optimizer state MiB per rank | NVML used MB per GPU |"
+    echo "|---|---|---|---|---|---|---|---|"
+    for round in 1 2; do
+      for i in "${!settings[@]}"; do run_setting "s${i}_r$round" "${settings[i]}"; done
+    done
+    echo
+    for i in 0 1; do
+      run_setting "s${i}_profile" "${settings[i]}" --profile-steps 4 >/dev/null
+      echo "- s$i profiled: $(grep -h 'gradient reduction\|backward/forward' "/tmp/dist/distab_s${i}_profile.log" | tr -s ' ' | paste -sd' ')"
+    done
+  } | tee "$OUT/distab.md"
+}
+
 step_stepab() {  # same shapes, the two builds alternated twice: A B A B
   [ -x .carry/before/anatomy_bench_step ] || { echo "stepab: no .carry/before (scripts/stage_device.sh BEFORE=rev)"; return; }
   for round in 1 2; do
@@ -607,7 +643,9 @@ step_launch() {
     local t0=$EPOCHREALTIME
     timeout 150 "$@" > "$OUT/$name.log" 2>&1
     local rc=$?
-    echo "| $name | $rc | $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') | $(grep -c 'bitwise equal' "$OUT/$name.log") | \`$*\` |"
+    local cmd="$*"
+    cmd=$(tr -s ' \n' ' ' <<< "$cmd")  # one table line
+    echo "| $name | $rc | $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') | $(grep -c 'bitwise equal' "$OUT/$name.log") | \`${cmd% }\` |"
   }
   local tiny=(train --device cpu --preset bert-tiny --num-samples 96 --max-steps 6 --per-device-train-batch-size 4
               --disable-tqdm --overwrite-output-dir)
