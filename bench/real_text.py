@@ -15,6 +15,13 @@ topic) and saved with VOCAB as a model directory, so every run starts from the s
              12 heads of 64, gated FFN 1152, a global layer every 3rd, local window 128, mean pooling)
              with the same WordPiece vocabulary
 
+With --mlm-epochs N each model is first pretrained from those weights by anatomy's masked LM on the
+train texts (bf16, real tokens, batch 32, --mlm-lr, warm-up 0.1, N epochs; its perplexity on the
+validation texts is printed), and the classifier starts from that encoder: transformers loads it
+as BertForSequenceClassification (pooler and classifier initialised with torch seed 0) and saves
+the model every run below starts from. From random weights none of these shapes learns the
+topics (every run stays near the majority class), so accuracies compare only after this.
+
 Runs (bf16, batch 32, max length 256, AdamW lr 1e-4 (--lr), linear schedule (--warmup-ratio), --epochs epochs, seed 0):
   trainer random   Trainer, random order, dynamic padding (DataCollatorWithPadding)
   trainer grouped  Trainer, group_by_length=True
@@ -64,7 +71,10 @@ def make_model(name, labels, vocab, root):
     words = [w.rstrip("\n") for w in open(vocab, encoding="utf-8")]
     common = dict(vocab_size=len(words), max_position_embeddings=512, num_labels=len(labels),
                   id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)}, **SHAPES[name])
-    tok = BertTokenizerFast(vocab_file=vocab, do_lower_case=True)
+    # The vocabulary positionally: transformers 5 ignores vocab_file= and keeps the five special tokens only.
+    tok = BertTokenizerFast(vocab, do_lower_case=True)
+    if len(tok) != len(words):
+        raise RuntimeError(f"the tokenizer made from {vocab} has {len(tok)} tokens, not its {len(words)}")
     if name.startswith("modernbert"):
         ids = {w: words.index(w) for w in ("[PAD]", "[CLS]", "[SEP]")}
         cfg = transformers.ModernBertConfig(pad_token_id=ids["[PAD]"], bos_token_id=ids["[CLS]"], cls_token_id=ids["[CLS]"],
@@ -88,8 +98,37 @@ def token_lengths(model_dir, texts):
     return sorted(len(ids) for ids in tok(texts, truncation=True, max_length=MAX_LEN)["input_ids"])
 
 
+def pretrain_mlm(binary, model_dir, data_dir, labels, epochs, lr, root):
+    """anatomy's masked LM from model_dir's weights, then the classification model transformers makes of it."""
+    import torch
+    import transformers
+    mlm, out = os.path.join(root, "mlm"), os.path.join(root, "classifier")
+    if os.path.exists(os.path.join(out, "model.safetensors")):  # this work dir's earlier run, same settings
+        return out, json.load(open(os.path.join(mlm, "all_results.json")))
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    cmd = [binary, "train", "--task", "mlm", "--model-name-or-path", model_dir,
+           "--train-file", os.path.join(data_dir, "train.jsonl"), "--validation-file", os.path.join(data_dir, "validation.jsonl"),
+           "--max-seq-length", str(MAX_LEN), "--per-device-train-batch-size", str(BATCH), "--num-train-epochs", str(epochs),
+           "--learning-rate", str(lr), "--warmup-ratio", "0.1", "--precision", "bf16", "--device", "cuda", "--seed", "0",
+           "--eval-strategy", "no", "--save-strategy", "final", "--logging-steps", "0", "--disable-tqdm",
+           "--output-dir", mlm, "--dataset-cache-dir", os.path.join(root, "cache")]
+    with open(os.path.join(root, "mlm.log"), "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=400).returncode
+    if rc != 0:
+        raise RuntimeError(f"masked-LM pretraining exited {rc}; see {root}/mlm.log")
+    r = json.load(open(os.path.join(mlm, "all_results.json")))
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification.from_pretrained(
+        mlm, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
+    model.save_pretrained(out, safe_serialization=True)
+    transformers.AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return out, r
+
+
 def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, warmup=0.0):
     import torch
+    import transformers
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
                               TrainerCallback, TrainingArguments)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -115,8 +154,10 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, war
     clock = Clock()
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     kw = dict(output_dir=workdir, per_device_train_batch_size=BATCH, per_device_eval_batch_size=64,
-              num_train_epochs=epochs, learning_rate=lr, warmup_ratio=warmup, bf16=cuda, use_cpu=not cuda, logging_steps=10**9,
+              num_train_epochs=epochs, learning_rate=lr, bf16=cuda, use_cpu=not cuda, logging_steps=10**9,
               save_strategy="no", eval_strategy="no", report_to=[], seed=0, disable_tqdm=True)
+    # transformers 5 has no warmup_ratio: its warmup_steps takes a float below 1 as the ratio.
+    kw["warmup_ratio" if "warmup_ratio" in fields else "warmup_steps"] = warmup
     # Length grouping: `group_by_length` in transformers 4; its replacement is found by name.
     if "group_by_length" in fields:
         kw["group_by_length"] = grouped
@@ -125,7 +166,10 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, war
     elif grouped:
         raise RuntimeError("no length-grouping argument among TrainingArguments' fields: " +
                            ", ".join(sorted(f for f in fields if "length" in f or "sampl" in f or "group" in f)))
-    args = TrainingArguments(**{k: v for k, v in kw.items() if k in fields or k == "group_by_length"})
+    dropped = sorted(k for k in kw if k not in fields)  # a setting left out silently would change the run
+    if dropped:
+        raise RuntimeError(f"TrainingArguments of transformers {transformers.__version__} has no {', '.join(dropped)}")
+    args = TrainingArguments(**kw)
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
                       data_collator=DataCollatorWithPadding(tok), callbacks=[clock])
     t0 = time.perf_counter()
@@ -169,6 +213,9 @@ def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda, lr, p
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=300).returncode
     if rc != 0:
         raise RuntimeError(f"anatomy exited {rc}; see {workdir}/anatomy.log")
+    for line in open(os.path.join(workdir, "anatomy.log"), encoding="utf-8", errors="replace"):
+        if line.startswith("anatomy: warning"):  # e.g. Note [unknown-token share]
+            print(line.rstrip(), flush=True)
     r = json.load(open(os.path.join(out, "train_results.json")))
     return dict(samples_per_second=r["train_samples_per_second"], steady_samples_per_second=r["steady_samples_per_second"],
                 accuracy=r.get("eval_accuracy"), eval_loss=r.get("eval_loss"), steps=r.get("steps"),
@@ -185,9 +232,13 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (AdamW, linear decay), both trainers")
     ap.add_argument("--warmup-ratio", type=float, default=0.0, help="linear warm-up, a fraction of the steps, both trainers")
+    ap.add_argument("--mlm-epochs", type=int, default=0,
+                    help="first pretrain each model by anatomy's masked LM on the train texts for N epochs (GPU)")
+    ap.add_argument("--mlm-lr", type=float, default=1e-4, help="the masked-LM pretraining's peak learning rate")
     ap.add_argument("--only", choices=("all", "hf", "anatomy"), default="all")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: fp32, a smoke test of this script")
     ap.add_argument("--limit", type=int, default=0, help="use the first N train samples only (smoke test)")
+    ap.add_argument("--trainer-runs", default="random,grouped", help="which Trainer configurations to run")
     ap.add_argument("--anatomy-runs", default="tokens,padded,grouped", help="which anatomy configurations to run")
     ap.add_argument("--seed", type=int, default=0, help="anatomy's --seed (data order, dropout); the weights stay seed 0's")
     ap.add_argument("--precision", default="bf16", help="anatomy's --precision on the GPU: bf16, fp8 or fp8-e4m3 (fp8 with --fp8-format e4m3)")
@@ -210,18 +261,30 @@ def main():
         for s in ("train", "validation"):
             with open(os.path.join(data_dir, f"{s}.jsonl"), "w", encoding="utf-8") as f:
                 f.writelines(json.dumps(r) + "\n" for r in data[s])
-    rows = []
+    rows, mlm_notes = [], []
     jsonl = open(os.path.join(args.out, "real_text.jsonl"), "w")
     for name in args.models.split(","):
         model_dir = make_model(name, labels, args.vocab, os.path.join(work, "models"))
+        mlm_note = ""
+        if args.mlm_epochs:
+            model_dir, m = pretrain_mlm(args.anatomy_bin, model_dir, data_dir, labels, args.mlm_epochs, args.mlm_lr,
+                                        os.path.join(work, "pretrained", f"{name}_e{args.mlm_epochs}_lr{args.mlm_lr}"))
+            mlm_note = (f"{name}: pretrained by masked LM, {args.mlm_epochs} epochs at lr {args.mlm_lr}: "
+                        f"{m.get('train_samples_per_second', 0):.0f} samples/s, validation perplexity "
+                        f"{m.get('perplexity', float('nan')):.1f} (loss {m.get('eval_loss', float('nan')):.3f})")
+            print(mlm_note, flush=True)
+            mlm_notes.append(mlm_note)
         lens = token_lengths(model_dir, [r["text"] for r in data["train"]])
         print(f"{name}: {len(data['train'])} train / {len(data['validation'])} validation samples, {len(labels)} labels; "
               f"tokens per sample (with [CLS]/[SEP], cut at {MAX_LEN}): mean {sum(lens) / len(lens):.1f}, "
               f"median {lens[len(lens) // 2]}, max {lens[-1]}", flush=True)
         runs = []
         if args.only in ("all", "hf"):
-            runs += [("trainer random", lambda w: run_trainer(model_dir, data, labels, False, args.epochs, w, cuda, args.lr, args.warmup_ratio)),
-                     ("trainer grouped", lambda w: run_trainer(model_dir, data, labels, True, args.epochs, w, cuda, args.lr, args.warmup_ratio))]
+            for grouped in (False, True):
+                if ("grouped" if grouped else "random") in args.trainer_runs.split(","):
+                    runs.append(("trainer grouped" if grouped else "trainer random",
+                                 lambda w, g=grouped: run_trainer(model_dir, data, labels, g, args.epochs, w, cuda, args.lr,
+                                                                  args.warmup_ratio)))
         if args.only in ("all", "anatomy"):
             chosen = args.anatomy_runs.split(",")
             for run_name, flags in (("anatomy tokens", []), ("anatomy padded", ["--no-skip-padding"]),
@@ -260,6 +323,7 @@ def main():
         f.write(f"anatomy --precision {args.precision} (the Trainer: bf16), batch {BATCH}, max length {MAX_LEN}, "
                 f"{args.epochs} epochs, lr {args.lr}, warm-up ratio {args.warmup_ratio}, same initial weights, "
                 f"anatomy --seed {args.seed}\n\n")
+        f.writelines(f"{n}\n\n" for n in mlm_notes)
         f.write("| model | run | steady samples/s (each run) | samples/s (whole run) | validation accuracy | validation loss |\n"
                 "|---|---|---:|---:|---:|---:|\n")
         for r in rows:

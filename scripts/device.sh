@@ -34,7 +34,7 @@
 #   probe     attention vs PyTorch SDPA, one step eager vs CUDA graph, NVML growth by op
 #   realtext  real text of varied length (.carry/fortunes from bench/fortunes_dataset.py): bert-base and the
 #             MiniLM shape, anatomy on real tokens / padded / grouped (3 runs each) vs the Trainer random /
-#             grouped (~7.5 min; alone in a call)
+#             grouped (~7.5 min; alone in a call); REALTEXT_ARGS: more flags of bench/real_text.py
 #   tokenruns MiniLM (4 runs, then 2 pinned to cores 2-5 with taskset) and bert-base on real tokens, 3 epochs,
 #             no evaluation: steady samples/s per run (tokenruns.txt), every run's metrics.jsonl lines (samples/s
 #             every 25 steps) in tokenruns.metrics.jsonl
@@ -61,6 +61,8 @@
 #   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
 #             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
+#   pretext   accuracy on the real text where the models learn: masked-LM pretraining, then the Trainer vs anatomy
+#             (real tokens, padded, grouped; seeds 0-2) fine-tuning from the same weights (~7 min; alone)
 #   fp8curves fp8 vs bf16 loss curves and accuracy on the real text where the model learns (~3 min)
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
@@ -351,9 +353,35 @@ step_realtext() {
   [ -f .carry/fortunes/train.jsonl ] || { echo "realtext: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
   timeout 60 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
     --out "$OUT/smoke" --models tiny --epochs 1 --limit 256 --repeat 1 2>&1 | tail -8
+  # shellcheck disable=SC2086  # REALTEXT_ARGS: more flags of bench/real_text.py (e.g. --repeat 1 --warmup-ratio 0.1)
   timeout 540 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
-    --out "$OUT" 2>&1 | tail -20
+    --out "$OUT" ${REALTEXT_ARGS:-} 2>&1 | grep -v '^{' | tail -24
   rm -rf "$OUT/smoke"
+}
+
+# Accuracy where the models learn: each model (PRETEXT="model:mlm_lr ...", default MiniLM at 3e-4 and
+# bert-base at 1e-4) pretrained by anatomy's masked LM on the train texts (PRETEXT_MLM_EPOCHS, default 30), then
+# fine-tuned 3 epochs at lr 5e-5, warm-up 0.1: the Trainer in random order and anatomy on real tokens, padded and
+# grouped (seed 0), then anatomy on real tokens and padded at seeds 1 and 2 (the seed-to-seed spread).
+step_pretext() {
+  [ -f .carry/fortunes/train.jsonl ] || { echo "pretext: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
+  local spec model mlr seed
+  # Every path of the script first, on a tiny model and 256 samples: a failure here ends the step.
+  timeout 120 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
+    --out "$OUT/smoke" --models tiny --limit 256 --mlm-epochs 1 --epochs 1 --repeat 1 --trainer-runs random \
+    --anatomy-runs tokens > /tmp/pretext_smoke.log 2>&1 || { tail -20 /tmp/pretext_smoke.log; return; }
+  rm -rf "$OUT/smoke"
+  for spec in ${PRETEXT:-minilm:3e-4 bert-base:1e-4}; do
+    IFS=: read -r model mlr <<< "$spec"
+    local common=(--data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt --models "$model"
+                  --mlm-epochs "${PRETEXT_MLM_EPOCHS:-30}" --mlm-lr "$mlr" --lr 5e-5 --warmup-ratio 0.1 --epochs 3 --repeat 1)
+    timeout 300 python3 bench/real_text.py "${common[@]}" --trainer-runs random --out "$OUT/${model}_s0" 2>&1 | grep -v "^{" | tail -12
+    for seed in 1 2; do
+      timeout 120 python3 bench/real_text.py "${common[@]}" --only anatomy --anatomy-runs tokens,padded --seed $seed \
+        --out "$OUT/${model}_s$seed" 2>&1 | grep "^|" | tail -2
+    done
+  done
+  find "$OUT" -name real_text.jsonl -delete  # (the tables have them; the device tool returns few files)
 }
 
 step_tokenruns() {

@@ -21,6 +21,23 @@ void HostBatch::resize(int64_t B, int64_t T) {
   targets.assign(B * target_width, 0.0f);
 }
 
+double unknown_token_share(const Dataset& data, int32_t unk_id, size_t max_samples) {
+  const size_t n = std::min(data.size(), max_samples);
+  if (unk_id < 0 || n == 0) return 0.0;
+  HostBatch b;
+  b.resize(1, data.seq_len());
+  int64_t real = 0, unknown = 0;
+  for (size_t k = 0; k < n; ++k) {
+    data.get(k * data.size() / n, b, 0);
+    for (int64_t t = 0; t < b.seq; ++t) {
+      if (b.attention_mask[static_cast<size_t>(t)] == 0) continue;
+      ++real;
+      unknown += b.input_ids[static_cast<size_t>(t)] == unk_id ? 1 : 0;
+    }
+  }
+  return real > 0 ? static_cast<double>(unknown) / static_cast<double>(real) : 0.0;
+}
+
 SyntheticKind parse_synthetic_kind(const std::string& s) {
   if (s == "seed" || s == "synthetic") return SyntheticKind::Seed;
   if (s == "learnable") return SyntheticKind::Learnable;

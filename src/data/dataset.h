@@ -62,6 +62,11 @@ class SyntheticDataset final : public Dataset {
   uint64_t m_seed;
 };
 
+// The share of `unk_id` among the real (attention-mask 1) tokens of up to `max_samples` samples
+// of `data`, evenly spaced over it; 0 when unk_id < 0 or there are none (Note [unknown-token
+// share] in train/train_data.cpp).
+double unknown_token_share(const Dataset& data, int32_t unk_id, size_t max_samples = 512);
+
 // Epoch order: a seeded permutation per epoch (the Trainer's RandomSampler), batches of
 // `batch` samples with a smaller last batch (drop_last false). Given per-sample lengths, batches
 // are padded only to their longest sample (dynamic padding) and, with group_by_length, samples

@@ -25,6 +25,7 @@ struct TrainData {
   std::optional<LabelSet> labels;             // text data: the classes, as the model's config will name them
   std::vector<std::string> tokenizer_files;   // copied next to the saved model
   std::string description;                    // one line for the log
+  std::string warning;                        // one line for the log, or empty (Note [unknown-token share])
 
   BatchPlan batch_plan(int64_t batch, uint64_t seed, bool group_by_length) const;
   // --validation-split: a seeded `fraction` of `all` becomes `validation`, the rest `train`;
@@ -39,6 +40,8 @@ struct TrainData {
 // file's labels through it; otherwise the file's labels become cfg's num_labels and id2label.
 // Errors name the flag or the file.
 TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg);
+// The warning line of Note [unknown-token share] for a measured `share`, or empty below the threshold.
+std::string unknown_token_warning(double share, const Tokenizer& tok, const std::string& tok_dir, int64_t model_vocab);
 
 // A labelled file for a trained model (`anatomy eval`): class labels mapped through the model's
 // id2label, or for regression and multi-label (Note [problem types] in model/heads.h) the float

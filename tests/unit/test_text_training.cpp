@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -147,4 +148,35 @@ TEST(TextTraining, RealTokensTrainLikePaddedBatches) {
   for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(packed[i], padded[i], 1e-5 * std::max(1.0, std::fabs(padded[i]))) << i;
   EXPECT_TRUE(anatomy::testing_compare::same_safetensors(fs::path(dir) / "packed" / "model.safetensors",
                                                          fs::path(dir) / "padded" / "model.safetensors", 1e-5));
+}
+
+// Note [unknown-token share]: a tokenizer that maps the text to [UNK] (here a vocab.txt of the
+// five special tokens, all that transformers 5's BertTokenizerFast(vocab_file=...) keeps) is named in a
+// warning with the share it measured; the full vocabulary on the same text gives none. Masked-LM
+// data (another loader) is checked the same way.
+TEST(TextTraining, ATokenizerThatMapsTheTextToUnknownIsWarnedAbout) {
+  const std::string dir = tmp("text_unknown");
+  fs::copy_file(kData, dir + "/data.jsonl");
+  fs::create_directories(dir + "/five");
+  std::ofstream(dir + "/five/vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
+  const std::string base = "train --device cpu --preset bert-tiny --max-steps 1 --max-seq-length 32 --disable-tqdm "
+                           "--save-strategy no --train-file " + dir + "/data.jsonl ";
+  CmdResult five = run(base + "--tokenizer " + dir + "/five --output-dir " + dir + "/a");
+  ASSERT_EQ(five.status, 0) << five.output;
+  const size_t at = five.output.find("warning: ");
+  ASSERT_NE(at, std::string::npos) << five.output;
+  const std::string line = five.output.substr(at, five.output.find('\n', at) - at);
+  // Every word is [UNK]: the real tokens are [CLS] w1 .. wn [SEP], so the share is (n) / (n + 2),
+  // about 80% for these sentences of 6-9 words.
+  const double share = std::stod(line.substr(std::strlen("warning: ")));
+  EXPECT_GT(share, 70.0) << line;
+  EXPECT_LT(share, 90.0) << line;
+  EXPECT_NE(line.find("[UNK]"), std::string::npos) << line;
+  EXPECT_NE(line.find(dir + "/five (5 tokens"), std::string::npos) << line;
+  CmdResult mlm = run(base + "--task mlm --tokenizer " + dir + "/five --output-dir " + dir + "/b");
+  ASSERT_EQ(mlm.status, 0) << mlm.output;
+  EXPECT_NE(mlm.output.find("warning: "), std::string::npos) << mlm.output;
+  CmdResult full = run(base + "--tokenizer " + kTokenizer + " --output-dir " + dir + "/c");
+  ASSERT_EQ(full.status, 0) << full.output;
+  EXPECT_EQ(full.output.find("warning: "), std::string::npos) << full.output;
 }
