@@ -19,8 +19,8 @@ With --mlm-epochs N each model is first pretrained from those weights by anatomy
 train texts (bf16, real tokens, batch 32, --mlm-lr, warm-up 0.1, N epochs; its perplexity on the
 validation texts is printed), and the classifier starts from that encoder: transformers loads it
 as BertForSequenceClassification (pooler and classifier initialised with torch seed 0) and saves
-the model every run below starts from. From random weights none of these shapes learns the
-topics (every run stays near the majority class), so accuracies compare only after this.
+the model every run below starts from (domain pretraining before fine-tuning; from random weights
+the shapes above learn the topics too, given a warm-up).
 
 Runs (bf16, batch 32, max length 256, AdamW lr 1e-4 (--lr), linear schedule (--warmup-ratio), --epochs epochs, seed 0):
   trainer random   Trainer, random order, dynamic padding (DataCollatorWithPadding)

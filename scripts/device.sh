@@ -61,7 +61,7 @@
 #   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
 #             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
-#   pretext   accuracy on the real text where the models learn: masked-LM pretraining, then the Trainer vs anatomy
+#   pretext   the real text after masked-LM pretraining of each model: the Trainer vs anatomy
 #             (real tokens, padded, grouped; seeds 0-2) fine-tuning from the same weights (~7 min; alone)
 #   fp8curves fp8 vs bf16 loss curves and accuracy on the real text where the model learns (~3 min)
 #   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
@@ -359,7 +359,7 @@ step_realtext() {
   rm -rf "$OUT/smoke"
 }
 
-# Accuracy where the models learn: each model (PRETEXT="model:mlm_lr ...", default MiniLM at 3e-4 and
+# Fine-tuning after domain pretraining: each model (PRETEXT="model:mlm_lr ...", default MiniLM at 3e-4 and
 # bert-base at 1e-4) pretrained by anatomy's masked LM on the train texts (PRETEXT_MLM_EPOCHS, default 30), then
 # fine-tuned 3 epochs at lr 5e-5, warm-up 0.1: the Trainer in random order and anatomy on real tokens, padded and
 # grouped (seed 0), then anatomy on real tokens and padded at seeds 1 and 2 (the seed-to-seed spread).
