@@ -214,8 +214,9 @@ std::vector<OptionSpec> build() {
        },
        "same for linear, cosine, cosine_with_restarts (one cycle), polynomial (power 1, lr_end 1e-7), constant and "
        "constant_with_warmup; the others are refused"});
-  add({"warmup-steps", {}, OptType::Int, kTrainPlan, "0", "Linear warm-up steps", 0, kBig, false, false, false, false,
-       {}, [](R& r, const V& v) { r.train.warmup_steps = v.i; }, "differs: an integer (Trainer 5 also takes a ratio < 1)"});
+  add({"warmup-steps", {}, OptType::Float, kTrainPlan, "0",
+       "Linear warm-up: a whole number of steps, or a value below 1 as a fraction of the total steps", 0, kBig, false,
+       false, false, false, {}, [](R& r, const V& v) { r.warmup_steps = v.d; }, "same (Trainer 5's: a ratio below 1)"});
   add({"warmup-ratio", {}, OptType::Float, kTrainPlan, "0", "Warm-up as a fraction of the total steps (when --warmup-steps is 0)",
        0, 1, false, false, false, false, {}, [](R& r, const V& v) { r.train.warmup_ratio = v.d; }, "same"});
   add({"max-grad-norm", {}, OptType::Float, kTrainPlan, "1", "Gradient clipping norm (0: off)", 0, 1e6, false, false,

@@ -42,6 +42,7 @@ struct RunArgs {
   bool do_train = true, do_eval = true, do_predict = false;
   int greater_is_better = -1;  // -1: not given (from the metric: false for a loss)
   bool schedule_without_warmup = false;
+  double warmup_steps = 0;               // --warmup-steps as given: steps, or below 1 a ratio (Trainer 5)
   int64_t data_seed = -1;                // -1: not given  // Trainer's "constant": no warm-up at all
   std::string report_to = "jsonl", logging_strategy = "steps";
   bool skip_padding = true, sort_by_length = true;  // eval; skip_padding also train

@@ -2,6 +2,7 @@
 // save strategy, do_eval), Trainer meanings that need more than one field, and the defaults
 // that depend on the model.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "cli/parse.h"
@@ -74,11 +75,18 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   o.checkpoint_strategy = a.save_strategy == "steps"   ? Cadence::Steps
                           : a.save_strategy == "epoch" ? Cadence::Epoch
                                                        : Cadence::No;
+  // --warmup-steps: Trainer 5's rule, a value below 1 is the ratio that --warmup-ratio gives.
+  if (a.was_given("warmup-steps") && a.was_given("warmup-ratio") && a.warmup_steps > 0 && o.warmup_ratio > 0)
+    usage("--warmup-steps and --warmup-ratio exclude each other");
+  if (a.warmup_steps >= 1 && a.warmup_steps != std::floor(a.warmup_steps))
+    usage("--warmup-steps ", a.warmup_steps, ": a whole number of steps, or a fraction of them below 1");
+  if (a.warmup_steps > 0 && a.warmup_steps < 1)
+    o.warmup_ratio = a.warmup_steps;
+  else
+    o.warmup_steps = static_cast<int64_t>(a.warmup_steps);
   if (a.schedule_without_warmup && (o.warmup_steps > 0 || o.warmup_ratio > 0))
     usage("--lr-scheduler-type constant has no warm-up (Trainer's meaning); with --warmup-steps or --warmup-ratio use "
           "constant_with_warmup");
-  if (a.was_given("warmup-steps") && a.was_given("warmup-ratio") && o.warmup_steps > 0 && o.warmup_ratio > 0)
-    usage("--warmup-steps and --warmup-ratio exclude each other");
   if (a.was_given("do-eval") && a.do_eval && o.validation_file.empty() && o.validation_split == 0)
     usage("--do-eval needs validation data: --validation-file or --validation-split");
   o.eval_at_end = a.do_eval;

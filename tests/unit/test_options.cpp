@@ -279,11 +279,29 @@ TEST(Options, SharedDefaults) {
   EXPECT_EQ(s.per_device_train_batch_size, 4);
 }
 
+// --warmup-steps takes Trainer 5's values: a whole number of steps, or below 1 the fraction of the
+// total steps that --warmup-ratio gives (Trainer 5 has no warmup_ratio of its own).
+TEST(Options, WarmupStepsBelowOneIsARatioAsInTrainer5) {
+  RunArgs ratio = parse_args(kTrain, {"--warmup_steps", "0.1", "--preset", "bert-tiny"});
+  const TrainOptions r = finish_train_args(ratio, kTrain, false);
+  EXPECT_EQ(r.warmup_steps, 0);
+  EXPECT_FLOAT_EQ(r.warmup_ratio, 0.1);
+  EXPECT_EQ(r.warmup(50), 5);  // ceil(0.1 x 50)
+  RunArgs steps = parse_args(kTrain, {"--warmup-steps", "12", "--preset", "bert-tiny"});
+  const TrainOptions s = finish_train_args(steps, kTrain, false);
+  EXPECT_EQ(s.warmup_steps, 12);
+  EXPECT_EQ(s.warmup_ratio, 0.0);
+  EXPECT_EQ(s.warmup(50), 12);
+}
+
 TEST(Options, FlagsThatContradictEachOther) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--bf16", "--fp16"}, "--bf16 and --fp16 exclude each other"},
       {{"--precision", "fp32", "--bf16"}, "--precision fp32 and --bf16 contradict each other"},
       {{"--lr-scheduler-type", "constant", "--warmup-steps", "3"}, "use constant_with_warmup"},
+      {{"--warmup-steps", "0.1", "--warmup-ratio", "0.2"}, "--warmup-steps and --warmup-ratio exclude each other"},
+      {{"--warmup-ratio", "0.2", "--warmup-steps", "0.1"}, "--warmup-steps and --warmup-ratio exclude each other"},
+      {{"--warmup-steps", "2.5"}, "--warmup-steps 2.5: a whole number of steps, or a fraction of them below 1"},
       {{"--do-train", "false"}, "--do-train false"},
       {{"--do-eval"}, "--do-eval needs validation data"},
       {{"--preset", "bert-tiny", "--model-name-or-path", "/tmp"}, "exclude each other"},
