@@ -32,17 +32,20 @@ BatchPlan TrainData::batch_plan(int64_t batch, uint64_t seed, bool group_by_leng
 // BertTokenizerFast(vocab_file=...) ignores the argument and saves a tokenizer.json of five tokens,
 // with which bench/real_text.py's runs (the Trainer's and ours) once trained on "[CLS] [UNK]
 // [UNK] ... [SEP]". So the share of the unknown token among the real tokens of up to 512
-// training samples is measured after loading, and from kUnknownWarnShare up it is a warning that
-// names the tokenizer and its size. Well-matched text has well under 1%.
+// training samples is measured after loading (`anatomy eval`: of the evaluation file), and from
+// kUnknownWarnShare up it is a warning that names the tokenizer and its size. Well-matched text
+// has well under 1%.
 constexpr double kUnknownWarnShare = 0.05;
 
-std::string unknown_token_warning(double share, const Tokenizer& tok, const std::string& tok_dir, int64_t model_vocab) {
+std::string unknown_token_warning(double share, const Tokenizer& tok, const std::string& tok_dir, int64_t model_vocab,
+                                  bool training) {
   if (share < kUnknownWarnShare) return {};
   char pct[16];
   std::snprintf(pct, sizeof pct, "%.1f%%", 100.0 * share);
-  return str_cat("warning: ", pct, " of the training tokens are the unknown token ", tok.id_to_token(tok.unk_id()),
-                 ": the tokenizer of ", tok_dir, " (", tok.vocab_size(), " tokens; the model's vocab_size is ",
-                 model_vocab, ") does not cover this text, so the model would learn from little but its lengths");
+  return str_cat("warning: ", pct, " of the ", training ? "training" : "evaluation", " tokens are the unknown token ",
+                 tok.id_to_token(tok.unk_id()), ": the tokenizer of ", tok_dir, " (", tok.vocab_size(),
+                 " tokens; the model's vocab_size is ", model_vocab, ") does not cover this text, so the model ",
+                 training ? "would learn" : "sees", " little but its lengths");
 }
 
 static TrainData load_text_data(const TrainOptions& opt, BertConfig& cfg, const Tokenizer& tok, const std::string& tok_dir,
@@ -75,7 +78,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
                 tok.vocab_size(), " tokens do not fit the model's vocab_size ", cfg.vocab_size);
   d.tokenizer_files = Tokenizer::files_in(tok_dir);
   TrainData t = load_text_data(opt, cfg, tok, tok_dir, std::move(d));
-  t.warning = unknown_token_warning(unknown_token_share(*t.train, tok.unk_id()), tok, tok_dir, cfg.vocab_size);
+  t.warning = unknown_token_warning(unknown_token_share(*t.train, tok.unk_id()), tok, tok_dir, cfg.vocab_size, true);
   return t;
 }
 

@@ -41,7 +41,8 @@ struct TrainData {
 // Errors name the flag or the file.
 TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg);
 // The warning line of Note [unknown-token share] for a measured `share`, or empty below the threshold.
-std::string unknown_token_warning(double share, const Tokenizer& tok, const std::string& tok_dir, int64_t model_vocab);
+std::string unknown_token_warning(double share, const Tokenizer& tok, const std::string& tok_dir, int64_t model_vocab,
+                                  bool training);
 
 // A labelled file for a trained model (`anatomy eval`): class labels mapped through the model's
 // id2label, or for regression and multi-label (Note [problem types] in model/heads.h) the float

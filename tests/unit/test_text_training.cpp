@@ -153,15 +153,15 @@ TEST(TextTraining, RealTokensTrainLikePaddedBatches) {
 // Note [unknown-token share]: a tokenizer that maps the text to [UNK] (here a vocab.txt of the
 // five special tokens, all that transformers 5's BertTokenizerFast(vocab_file=...) keeps) is named in a
 // warning with the share it measured; the full vocabulary on the same text gives none. Masked-LM
-// data (another loader) is checked the same way.
+// data (another loader) and `anatomy eval`'s file are checked the same way.
 TEST(TextTraining, ATokenizerThatMapsTheTextToUnknownIsWarnedAbout) {
   const std::string dir = tmp("text_unknown");
   fs::copy_file(kData, dir + "/data.jsonl");
   fs::create_directories(dir + "/five");
   std::ofstream(dir + "/five/vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
   const std::string base = "train --device cpu --preset bert-tiny --max-steps 1 --max-seq-length 32 --disable-tqdm "
-                           "--save-strategy no --train-file " + dir + "/data.jsonl ";
-  CmdResult five = run(base + "--tokenizer " + dir + "/five --output-dir " + dir + "/a");
+                           "--train-file " + dir + "/data.jsonl ";
+  CmdResult five = run(base + "--save-strategy no --tokenizer " + dir + "/five --output-dir " + dir + "/a");
   ASSERT_EQ(five.status, 0) << five.output;
   const size_t at = five.output.find("warning: ");
   ASSERT_NE(at, std::string::npos) << five.output;
@@ -173,10 +173,18 @@ TEST(TextTraining, ATokenizerThatMapsTheTextToUnknownIsWarnedAbout) {
   EXPECT_LT(share, 90.0) << line;
   EXPECT_NE(line.find("[UNK]"), std::string::npos) << line;
   EXPECT_NE(line.find(dir + "/five (5 tokens"), std::string::npos) << line;
-  CmdResult mlm = run(base + "--task mlm --tokenizer " + dir + "/five --output-dir " + dir + "/b");
+  CmdResult mlm = run(base + "--save-strategy no --task mlm --tokenizer " + dir + "/five --output-dir " + dir + "/b");
   ASSERT_EQ(mlm.status, 0) << mlm.output;
   EXPECT_NE(mlm.output.find("warning: "), std::string::npos) << mlm.output;
-  CmdResult full = run(base + "--tokenizer " + kTokenizer + " --output-dir " + dir + "/c");
+  CmdResult full = run(base + "--tokenizer " + kTokenizer + " --save-strategy final --output-dir " + dir + "/c");
   ASSERT_EQ(full.status, 0) << full.output;
   EXPECT_EQ(full.output.find("warning: "), std::string::npos) << full.output;
+  // `anatomy eval` of the saved model: its own tokenizer, then the five-token one.
+  const std::string eval = "eval --device cpu --model-name-or-path " + dir + "/c --eval-file " + dir + "/data.jsonl ";
+  CmdResult own = run(eval + "--output-dir " + dir + "/e1");
+  ASSERT_EQ(own.status, 0) << own.output;
+  EXPECT_EQ(own.output.find("warning: "), std::string::npos) << own.output;
+  CmdResult bad = run(eval + "--tokenizer " + dir + "/five --output-dir " + dir + "/e2");
+  ASSERT_EQ(bad.status, 0) << bad.output;
+  EXPECT_NE(bad.output.find("of the evaluation tokens are the unknown token [UNK]"), std::string::npos) << bad.output;
 }
