@@ -248,6 +248,8 @@ def main():
                     help="run each anatomy configuration N times; its row is the run of median steady samples/s")
     args = ap.parse_args()
     cuda = args.device == "cuda"
+    if args.mlm_epochs and not cuda:
+        ap.error("--mlm-epochs pretrains on the GPU (bf16): leave it out with --device cpu")
     os.makedirs(args.out, exist_ok=True)
     data = {s: read_jsonl(os.path.join(args.data, f"{s}.jsonl")) for s in ("train", "validation")}
     labels = sorted({r["label"] for r in data["train"]})
