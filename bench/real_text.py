@@ -61,6 +61,11 @@ def read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def label_maps(labels):
+    """config.json's id2label and label2id for the sorted topic names."""
+    return dict(id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
+
+
 def make_model(name, labels, vocab, root):
     import torch
     import transformers
@@ -69,8 +74,8 @@ def make_model(name, labels, vocab, root):
     if os.path.exists(os.path.join(out, "model.safetensors")):
         return out
     words = [w.rstrip("\n") for w in open(vocab, encoding="utf-8")]
-    common = dict(vocab_size=len(words), max_position_embeddings=512, num_labels=len(labels),
-                  id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)}, **SHAPES[name])
+    common = dict(vocab_size=len(words), max_position_embeddings=512, num_labels=len(labels), **label_maps(labels),
+                  **SHAPES[name])
     # The vocabulary positionally: transformers 5 ignores vocab_file= and keeps the five special tokens only.
     tok = BertTokenizerFast(vocab, do_lower_case=True)
     if len(tok) != len(words):
@@ -119,8 +124,7 @@ def pretrain_mlm(binary, model_dir, data_dir, labels, epochs, lr, root):
         raise RuntimeError(f"masked-LM pretraining exited {rc}; see {root}/mlm.log")
     r = json.load(open(os.path.join(mlm, "all_results.json")))
     torch.manual_seed(0)
-    model = transformers.BertForSequenceClassification.from_pretrained(
-        mlm, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
+    model = transformers.BertForSequenceClassification.from_pretrained(mlm, num_labels=len(labels), **label_maps(labels))
     model.save_pretrained(out, safe_serialization=True)
     transformers.AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
     return out, r

@@ -119,7 +119,7 @@ int run_eval(EvalFlags f) {
   topt.cache_dir = f.cache_dir;
   const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg, f.named);
   const Dataset& data = *eval_data;
-  const std::string unknown = unknown_token_warning(unknown_token_share(data, tok.unk_id()), tok, tok_dir, cfg.vocab_size, false);
+  const std::string unknown = unknown_token_warning(data, tok, tok_dir, cfg.vocab_size, false);
   if (!unknown.empty()) std::fprintf(stderr, "anatomy: %s\n", unknown.c_str());
 
   // The inference-only model: no gradients, no optimizer state, one layer's activations.

@@ -37,8 +37,9 @@ BatchPlan TrainData::batch_plan(int64_t batch, uint64_t seed, bool group_by_leng
 // has well under 1%.
 constexpr double kUnknownWarnShare = 0.05;
 
-std::string unknown_token_warning(double share, const Tokenizer& tok, const std::string& tok_dir, int64_t model_vocab,
-                                  bool training) {
+std::string unknown_token_warning(const Dataset& data, const Tokenizer& tok, const std::string& tok_dir,
+                                  int64_t model_vocab, bool training) {
+  const double share = unknown_token_share(data, tok.unk_id());
   if (share < kUnknownWarnShare) return {};
   char pct[16];
   std::snprintf(pct, sizeof pct, "%.1f%%", 100.0 * share);
@@ -78,7 +79,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
                 tok.vocab_size(), " tokens do not fit the model's vocab_size ", cfg.vocab_size);
   d.tokenizer_files = Tokenizer::files_in(tok_dir);
   TrainData t = load_text_data(opt, cfg, tok, tok_dir, std::move(d));
-  t.warning = unknown_token_warning(unknown_token_share(*t.train, tok.unk_id()), tok, tok_dir, cfg.vocab_size, true);
+  t.warning = unknown_token_warning(*t.train, tok, tok_dir, cfg.vocab_size, true);
   return t;
 }
 

@@ -40,9 +40,10 @@ struct TrainData {
 // file's labels through it; otherwise the file's labels become cfg's num_labels and id2label.
 // Errors name the flag or the file.
 TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg);
-// The warning line of Note [unknown-token share] for a measured `share`, or empty below the threshold.
-std::string unknown_token_warning(double share, const Tokenizer& tok, const std::string& tok_dir, int64_t model_vocab,
-                                  bool training);
+// The warning line of Note [unknown-token share] for `data` tokenized by `tok` (from `tok_dir`), or
+// empty below the threshold; `training` names the tokens (training or evaluation).
+std::string unknown_token_warning(const Dataset& data, const Tokenizer& tok, const std::string& tok_dir,
+                                  int64_t model_vocab, bool training);
 
 // A labelled file for a trained model (`anatomy eval`): class labels mapped through the model's
 // id2label, or for regression and multi-label (Note [problem types] in model/heads.h) the float
