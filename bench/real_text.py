@@ -22,7 +22,8 @@ as BertForSequenceClassification (pooler and classifier initialised with torch s
 the model every run below starts from (domain pretraining before fine-tuning; from random weights
 the shapes above learn the topics too, given a warm-up).
 
-Runs (bf16, batch 32, max length 256, AdamW lr 1e-4 (--lr), linear schedule (--warmup-ratio), --epochs epochs, seed 0):
+Runs (bf16, batch 32, max length 256, AdamW lr 1e-4 (--lr), linear schedule (--warmup-ratio), --epochs epochs,
+at each seed of --seeds, default 0; a seed sets the data order and dropout, never the weights):
   trainer random   Trainer, random order, dynamic padding (DataCollatorWithPadding)
   trainer grouped  Trainer, group_by_length=True
   anatomy tokens   anatomy, random order, on the batch's real tokens (its default with a text file)
@@ -33,7 +34,8 @@ Trainer's through a callback that synchronizes the GPU at each step end; anatomy
 steady_samples_per_second in train_results.json, the same definition: its evaluation at each
 epoch's end is not counted, and the Trainer here evaluates only after training). Each anatomy
 configuration runs --repeat times (default 3); its row is the median run, every run's figure
-beside it. Accuracy: validation, after the last epoch. Writes OUT/real_text.md (the table) and OUT/real_text.jsonl (one line a run).
+beside it. Accuracy: validation, after the last epoch. Writes OUT/real_text.md (the table, and with
+several seeds each run's accuracy over them: mean, lowest, highest) and OUT/real_text.jsonl (one line a run).
 """
 import argparse
 import dataclasses
@@ -130,7 +132,7 @@ def pretrain_mlm(binary, model_dir, data_dir, labels, epochs, lr, root):
     return out, r
 
 
-def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, warmup=0.0):
+def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, warmup=0.0, seed=0):
     import torch
     import transformers
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
@@ -159,7 +161,7 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, war
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     kw = dict(output_dir=workdir, per_device_train_batch_size=BATCH, per_device_eval_batch_size=64,
               num_train_epochs=epochs, learning_rate=lr, bf16=cuda, use_cpu=not cuda, logging_steps=10**9,
-              save_strategy="no", eval_strategy="no", report_to=[], seed=0, disable_tqdm=True)
+              save_strategy="no", eval_strategy="no", report_to=[], seed=seed, disable_tqdm=True)
     # transformers 5 has no warmup_ratio: its warmup_steps takes a float below 1 as the ratio.
     kw["warmup_ratio" if "warmup_ratio" in fields else "warmup_steps"] = warmup
     # Length grouping: `group_by_length` in transformers 4; its replacement is found by name.
@@ -226,6 +228,22 @@ def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda, lr, p
                 wall_s=time.perf_counter() - t0)
 
 
+def seed_summary(rows):
+    """Each (model, run)'s validation accuracy over the seeds: mean, lowest, highest; and its median steady speed."""
+    groups = {}
+    for r in rows:
+        if "error" not in r and r["accuracy"] is not None:
+            groups.setdefault((r["model"], r["run"]), []).append(r)
+    out = ["\n| model | run | seeds | accuracy mean | lowest | highest | steady samples/s (median) |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for (model, run), rs in groups.items():
+        acc = [r["accuracy"] for r in rs]
+        speed = sorted(r["steady_samples_per_second"] for r in rs)
+        out.append(f"| {model} | {run} | {len(rs)} | {sum(acc) / len(acc):.3f} | {min(acc):.3f} | {max(acc):.3f} | "
+                   f"{speed[len(speed) // 2]:.0f} |")
+    return "\n".join(out) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True)
@@ -244,7 +262,8 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="use the first N train samples only (smoke test)")
     ap.add_argument("--trainer-runs", default="random,grouped", help="which Trainer configurations to run")
     ap.add_argument("--anatomy-runs", default="tokens,padded,grouped", help="which anatomy configurations to run")
-    ap.add_argument("--seed", type=int, default=0, help="anatomy's --seed (data order, dropout); the weights stay seed 0's")
+    ap.add_argument("--seeds", "--seed", default="0",
+                    help="comma-separated seeds: every run at each (data order, dropout; the weights stay seed 0's)")
     ap.add_argument("--precision", default="bf16", help="anatomy's --precision on the GPU: bf16, fp8 or fp8-e4m3 (fp8 with --fp8-format e4m3)")
     ap.add_argument("--logging-steps", type=int, default=0,
                     help="anatomy's --logging-steps; > 0 keeps each run's metrics.jsonl (the loss curve) in --out")
@@ -252,6 +271,10 @@ def main():
                     help="run each anatomy configuration N times; its row is the run of median steady samples/s")
     args = ap.parse_args()
     cuda = args.device == "cuda"
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds: comma-separated integers, not {args.seeds!r}")
     if args.mlm_epochs and not cuda:
         ap.error("--mlm-epochs pretrains on the GPU (bf16): leave it out with --device cpu")
     os.makedirs(args.out, exist_ok=True)
@@ -289,19 +312,19 @@ def main():
             for grouped in (False, True):
                 if ("grouped" if grouped else "random") in args.trainer_runs.split(","):
                     runs.append(("trainer grouped" if grouped else "trainer random",
-                                 lambda w, g=grouped: run_trainer(model_dir, data, labels, g, args.epochs, w, cuda, args.lr,
-                                                                  args.warmup_ratio)))
+                                 lambda w, seed, g=grouped: run_trainer(model_dir, data, labels, g, args.epochs, w, cuda,
+                                                                        args.lr, args.warmup_ratio, seed)))
         if args.only in ("all", "anatomy"):
             chosen = args.anatomy_runs.split(",")
             for run_name, flags in (("anatomy tokens", []), ("anatomy padded", ["--no-skip-padding"]),
                                     ("anatomy grouped", ["--group-by-length", "--no-skip-padding"])):
                 if run_name.split()[1] not in chosen:
                     continue
-                runs.append((run_name, lambda w, f=flags: run_anatomy(args.anatomy_bin, model_dir, data_dir, f, args.epochs, w,
-                                                                     cuda, args.lr, args.precision, args.logging_steps,
-                                                                     args.warmup_ratio, args.seed)))
-        for run_name, fn in runs:
-            w = os.path.join(work, name, run_name.replace(" ", "_"))
+                runs.append((run_name, lambda w, seed, f=flags: run_anatomy(args.anatomy_bin, model_dir, data_dir, f,
+                                                                           args.epochs, w, cuda, args.lr, args.precision,
+                                                                           args.logging_steps, args.warmup_ratio, seed)))
+        for seed, (run_name, fn) in ((seed, run) for seed in seeds for run in runs):
+            w = os.path.join(work, name, run_name.replace(" ", "_"), f"s{seed}")
             shutil.rmtree(w, ignore_errors=True)
             os.makedirs(w)
             repeats = []
@@ -309,10 +332,11 @@ def main():
                 wi = os.path.join(w, f"run{i}")
                 os.makedirs(wi)
                 try:
-                    repeats.append(fn(wi))
+                    repeats.append(fn(wi, seed))
                     curve = os.path.join(wi, "out", "metrics.jsonl")  # with --logging-steps: the loss curve
                     if os.path.exists(curve):
-                        shutil.copy(curve, os.path.join(args.out, f"{name}_{args.precision}_{run_name.split()[1]}_{i}.metrics.jsonl"))
+                        tag = f"{name}_{args.precision}_{run_name.split()[1]}" + (f"_s{seed}" if len(seeds) > 1 else "")
+                        shutil.copy(curve, os.path.join(args.out, f"{tag}_{i}.metrics.jsonl"))
                 except Exception as e:  # one failed run must not lose the others
                     repeats = [dict(error=str(e))]
                     break
@@ -320,7 +344,7 @@ def main():
             if "error" not in r:  # the median run; every run's steady figure beside it
                 repeats.sort(key=lambda x: x["steady_samples_per_second"])
                 r = dict(repeats[len(repeats) // 2], steady_runs=[round(x["steady_samples_per_second"]) for x in repeats])
-            r.update(model=name, run=run_name)
+            r.update(model=name, run=run_name, seed=seed)
             print(json.dumps(r), flush=True)
             jsonl.write(json.dumps(r) + "\n")
             jsonl.flush()
@@ -328,20 +352,22 @@ def main():
     with open(os.path.join(args.out, "real_text.md"), "w") as f:
         f.write(f"anatomy --precision {args.precision} (the Trainer: bf16), batch {BATCH}, max length {MAX_LEN}, "
                 f"{args.epochs} epochs, lr {args.lr}, warm-up ratio {args.warmup_ratio}, same initial weights, "
-                f"anatomy --seed {args.seed}\n\n")
+                f"seeds {args.seeds}\n\n")
         f.writelines(f"{n}\n\n" for n in mlm_notes)
-        f.write("| model | run | steady samples/s (each run) | samples/s (whole run) | validation accuracy | validation loss |\n"
-                "|---|---|---:|---:|---:|---:|\n")
+        f.write("| model | run | seed | steady samples/s (each run) | samples/s (whole run) | validation accuracy | validation loss |\n"
+                "|---|---|---:|---:|---:|---:|---:|\n")
         for r in rows:
             if "error" in r:
-                f.write(f"| {r['model']} | {r['run']} | failed: {r['error']} | | | |\n")
+                f.write(f"| {r['model']} | {r['run']} | {r['seed']} | failed: {r['error']} | | | |\n")
             else:
                 acc = "-" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
                 loss = "-" if r.get("eval_loss") is None else f"{r['eval_loss']:.4f}"
                 runs = r.get("steady_runs", [])
                 spread = f" ({' / '.join(str(x) for x in runs)})" if len(runs) > 1 else ""
-                f.write(f"| {r['model']} | {r['run']} | {r['steady_samples_per_second']:.0f}{spread} | "
+                f.write(f"| {r['model']} | {r['run']} | {r['seed']} | {r['steady_samples_per_second']:.0f}{spread} | "
                         f"{r['samples_per_second']:.0f} | {acc} | {loss} |\n")
+        if len(seeds) > 1:
+            f.write(seed_summary(rows))
     print(open(os.path.join(args.out, "real_text.md")).read())
     return 0
 

@@ -58,6 +58,8 @@
 #             ATTN_AB=default is the build's defaults; with .carry/before staged, its rows come first in each round,
 #             labelled before (session 23's attnab: ATTN_AB=default ATTN_SHAPE='--batch 32 --seq 512 --head-dim 64
 #             --head-dim 32')
+#   gemmalgos bert-large's twelve layer GEMMs (bench/gemm_algos.cu): cuBLASLt's first heuristic pick vs the
+#             fastest of its first 16, each timed alone (compiled here by nvcc)
 #   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
 #             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
@@ -347,6 +349,10 @@ step_fwdab() {
         "$fwd round $round: steady samples/s" 2>&1
     done
   done | tee "$OUT/fwdab.txt"
+}
+
+step_gemmalgos() {
+  nvcc -O2 -std=c++17 -arch=sm_90 bench/gemm_algos.cu -lcublasLt -o /tmp/gemm_algos && /tmp/gemm_algos | tee "$OUT/gemm_algos.md"
 }
 
 step_realtext() {
