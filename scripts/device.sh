@@ -510,6 +510,7 @@ step_fp8curves() {
       done
     done
   done
+  python3 bench/fp8_curves_table.py "$OUT" > "$OUT/fp8curves.md"
 }
 
 step_bench() {
