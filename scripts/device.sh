@@ -60,7 +60,6 @@
 #             --head-dim 32')
 #   gemmalgos bert-large's twelve layer GEMMs (bench/gemm_algos.cu): cuBLASLt's first heuristic pick vs the
 #             fastest of its first 16, each timed alone (compiled here by nvcc)
-#   fwdab     bert-large bf16 batch 32: the training step with the mma.sync forward vs the default, A B A B
 #   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
 #             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
 #   pretext   the real text after masked-LM pretraining of each model: the Trainer vs anatomy
@@ -72,6 +71,10 @@
 #             (';'-separated, each flags and/or VAR=value words; default: the 25 MB buckets, one bucket, 100 MB
 #             buckets, NCCL_MAX_CTAS=8), alternated twice; then the first two with --profile-steps 4 (the
 #             collectives' time and the part backward did not hide)
+#   trainab   one GPU: bert-large bf16 batch 32 under each TRAINAB setting (';'-separated flags and/or VAR=value
+#             words; default: --gemm-tuning off, then measure), alternated twice; then each profiled (its matmul
+#             lines), and the tuned run's gemm_tuning.md (earlier results' fwdab: TRAINAB='ANATOMY_ATTENTION_FWD=mma;
+#             ANATOMY_ATTENTION_FWD=wgmma')
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
 #   opsab     the ops of .carry/before (A, when staged) and .carry/bin (B): anatomy_bench_ops (the memory-bound
 #             backward ops and the weight gradients at bert-large shapes) A B A B, then bert-large bf16 batch 32's
@@ -338,19 +341,6 @@ step_attentionab() {
   done | tee "$OUT/attentionab.md"
 }
 
-# bert-large bf16 batch 32 seq 512, 60 steps, with the mma.sync forward and with the default
-# (wgmma) forward, alternated twice in one call: steady samples/s from train_results.json.
-step_fwdab() {
-  for round in 1 2; do
-    for fwd in mma wgmma; do
-      ANATOMY_ATTENTION_FWD=$fwd timeout 150 $a train --preset bert-large --max-seq-length 512 --precision bf16 \
-        --per-device-train-batch-size 32 --num-samples 1920 "${quiet[@]}" --overwrite-output-dir --output-dir /tmp/fwdab > "$OUT/fwdab_${fwd}_$round.log" 2>&1
-      python3 -c 'import json,sys; r=json.load(open("/tmp/fwdab/train_results.json")); print(sys.argv[1], round(r["steady_samples_per_second"], 1))' \
-        "$fwd round $round: steady samples/s" 2>&1
-    done
-  done | tee "$OUT/fwdab.txt"
-}
-
 step_gemmalgos() {
   nvcc -O2 -std=c++17 -arch=sm_90 bench/gemm_algos.cu -lcublasLt -o /tmp/gemm_algos && /tmp/gemm_algos | tee "$OUT/gemm_algos.md"
 }
@@ -539,36 +529,64 @@ step_dist() {
   } | tee "$OUT/dist.md"
 }
 
+# setting_row KIND ID SETTING FLAGS...: train_row KIND ID with FLAGS and SETTING, whose VAR=value words go
+# to the environment and the rest to the flags.
+setting_row() {
+  local kind=$1 id=$2 words flags=() envs=() w
+  read -ra words <<< "$3"
+  shift 3
+  for w in "${words[@]}"; do
+    if [[ $w == [A-Z]*=* ]]; then envs+=("$w"); else flags+=("$w"); fi
+  done
+  (((${#envs[@]})) && export "${envs[@]}"; train_row "$kind" "$id" "$@" "${flags[@]}")
+}
+
+# ab_table NAME SETTINGS FLAGS...: the table (results_row.py dist) of each ';'-separated setting over FLAGS,
+# alternated twice; runs /tmp/dist/NAME_s<setting>_r<round>.
+ab_table() {
+  local kind=dist name=$1 settings i round
+  IFS=';' read -ra settings <<< "$2"
+  shift 2
+  mkdir -p "/tmp/$kind"
+  for i in "${!settings[@]}"; do echo "- s$i: '${settings[i]:-the defaults}'"; done
+  echo
+  echo "| setting, round | GPUs | ZeRO stage | samples/s (steady) | first step loss | last step loss | optimizer state MiB per rank | NVML used MB per GPU |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for round in 1 2; do
+    for i in "${!settings[@]}"; do setting_row "$kind" "${name}_s${i}_r$round" "${settings[i]}" "$@"; done
+  done
+}
+
 step_distab() {
-  mkdir -p /tmp/dist
-  local IFS=';' settings
-  read -ra settings <<< "${DISTAB:-;--ddp-bucket-cap-mb 65536;--ddp-bucket-cap-mb 100;NCCL_MAX_CTAS=8}"
-  unset IFS
   local base=(--precision bf16 --per-device-train-batch-size 32 --num-samples 2048 --nproc-per-node 2 --zero-stage 1)
-  run_setting() {  # id, setting, more flags...: the setting's VAR=value words go to the environment
-    local id=$1 words flags=() envs=() w
-    read -ra words <<< "$2"
-    shift 2
-    for w in "${words[@]}"; do
-      if [[ $w == [A-Z]*=* ]]; then envs+=("$w"); else flags+=("$w"); fi
-    done
-    (((${#envs[@]})) && export "${envs[@]}"; train_row dist "distab_$id" "${base[@]}" "${flags[@]}" "$@")
-  }
+  local settings="${DISTAB:-;--ddp-bucket-cap-mb 65536;--ddp-bucket-cap-mb 100;NCCL_MAX_CTAS=8}" i
   {
-    local i round
-    for i in "${!settings[@]}"; do echo "- s$i: '${settings[i]:-the defaults}'"; done
+    ab_table distab "$settings" "${base[@]}"
     echo
-    echo "| setting, round | GPUs | ZeRO stage | samples/s (steady) | first step loss | last step loss | optimizer state MiB per rank | NVML used MB per GPU |"
-    echo "|---|---|---|---|---|---|---|---|"
-    for round in 1 2; do
-      for i in "${!settings[@]}"; do run_setting "s${i}_r$round" "${settings[i]}"; done
-    done
-    echo
+    IFS=';' read -ra settings <<< "$settings"
     for i in 0 1; do
-      run_setting "s${i}_profile" "${settings[i]}" --profile-steps 4 >/dev/null
+      setting_row dist "distab_s${i}_profile" "${settings[i]}" "${base[@]}" --profile-steps 4 >/dev/null
       echo "- s$i profiled: $(grep -h 'gradient reduction\|backward/forward' "/tmp/dist/distab_s${i}_profile.log" | tr -s ' ' | paste -sd' ')"
     done
   } | tee "$OUT/distab.md"
+}
+
+# One GPU: bert-large bf16 batch 32 under each TRAINAB setting (default: GEMM tuning off and on), alternated
+# twice; then each setting profiled (--profile-steps 3: its matmul lines) and the tuned run's gemm_tuning.md.
+step_trainab() {
+  local base=(--precision bf16 --per-device-train-batch-size 32 --num-samples 1920)
+  local settings="${TRAINAB:-;--gemm-tuning measure}" i
+  {
+    ab_table trainab "$settings" "${base[@]}"
+    echo
+    IFS=';' read -ra settings <<< "$settings"
+    for i in "${!settings[@]}"; do
+      setting_row dist "trainab_s${i}_profile" "${settings[i]}" "${base[@]}" --profile-steps 3 >/dev/null
+      echo "- s$i profiled:"
+      grep -h "one step\|matmul" "/tmp/dist/trainab_s${i}_profile.log" | sed 's/^/    /'
+    done
+  } | tee "$OUT/trainab.md"
+  cat /tmp/dist/trainab_s1_profile/gemm_tuning.md 2>/dev/null | tee "$OUT/gemm_tuning.md"
 }
 
 step_stepab() {  # same shapes, the two builds alternated twice: A B A B

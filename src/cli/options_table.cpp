@@ -243,6 +243,13 @@ std::vector<OptionSpec> build() {
        "Recompute activations in backward: none, layer (true) or selective", 0, 0, false, false, false, false,
        {{"none", "none"}, {"false", "none"}, {"layer", "layer"}, {"true", "layer"}, {"selective", "selective"}},
        [](R& r, const V& v) { r.checkpointing = v.s; }, "same (true: every layer), plus selective"});
+  add({"gemm-tuning", {}, OptType::Choice, kTrain, "off",
+       "measure: after the first step, time cuBLASLt's other algorithms for each of that step's matrix products (in "
+       "the idle activation memory) and keep one that is 3% faster than the library's pick; the choices go to "
+       "OUTPUT_DIR/gemm_tuning.md. Another algorithm sums in another order: runs are then not bitwise equal to "
+       "untuned ones or, where timings differ, to each other (GPU only)",
+       0, 0, false, false, false, false, {{"off", "off"}, {"measure", "measure"}},
+       [](R& r, const V& v) { r.train.gemm_tuning = v.s == "measure"; }});
   add({"gradient-placement", {}, OptType::Choice, kTrainPlan, "auto",
        "Where fp32 gradients live: own, in-activations (one micro-batch per step only) or auto", 0, 0, false, false,
        false, false, {{"auto", "auto"}, {"own", "own"}, {"in-activations", "in-activations"}},

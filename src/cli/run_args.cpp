@@ -67,6 +67,8 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   o.precision = parse_precision(a.precision);
   if (a.was_given("fp8-format") && o.precision != Precision::Fp8)
     usage("--fp8-format applies to --precision fp8 only (this run: ", a.precision, ")");
+  if (o.gemm_tuning && o.device == DeviceChoice::Cpu)
+    usage("--gemm-tuning measure times cuBLASLt's algorithms: it needs the GPU, not --device cpu");
   o.gradient_checkpointing = parse_checkpoint_policy(a.checkpointing);
   o.optim.kind = parse_optimizer(a.optim);
   resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps,

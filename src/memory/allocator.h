@@ -154,6 +154,8 @@ class Arena {
   size_t used() const { return m_used; }
   size_t high_water() const { return m_high; }
   size_t capacity() const { return m_ext ? m_ext_bytes : m_buf.bytes(); }
+  // The first byte of the memory (null when dry).
+  char* base() const { return m_ext ? m_ext : static_cast<char*>(m_buf.data()); }
   void reset_to(size_t mark) { m_used = mark; }
   static size_t round_up(size_t n) { return (n + 255) & ~size_t{255}; }
 

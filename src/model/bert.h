@@ -33,6 +33,7 @@ class BertForSequenceClassification : public EncoderModel {
   // Whether the gradients live in the activations' block (what forward_backward then zeroes and
   // overwrites): the shape asked for it and the plan found memory to share.
   bool gradients_in_activations() const override { return m_act_block.data() != nullptr; }
+  std::pair<void*, size_t> activation_memory() const override { return {m_act_arena.base(), m_act_arena.capacity()}; }
 
   // Hugging Face initialization: Linear and Embedding weights ~ N(0, initializer_range),
   // the padding row of the word embeddings zero, biases zero, LayerNorm weight 1 and bias 0.

@@ -171,6 +171,10 @@ class EncoderModel {
   // Whether the gradients live in the activations' block (what forward_backward then zeroes
   // and overwrites).
   virtual bool gradients_in_activations() const = 0;
+  // The activation arena's memory. Between optimizer steps it holds nothing a later call reads
+  // (every forward writes before it reads; gradients placed there are consumed by the update),
+  // so the trainer lends it out then (Note [gemm tuning] in ops/cuda/matmul.cpp).
+  virtual std::pair<void*, size_t> activation_memory() const = 0;
 
   // Hugging Face's initialization for the architecture.
   virtual void init_weights(uint64_t seed) = 0;

@@ -51,6 +51,7 @@ class ModernBertForSequenceClassification : public EncoderModel {
   const Tensor& compute_params() const override { return m_compute_view; }
   const Tensor& grads() const override { return m_grads_view; }
   bool gradients_in_activations() const override { return m_act_block.data() != nullptr; }
+  std::pair<void*, size_t> activation_memory() const override { return {m_act_arena.base(), m_act_arena.capacity()}; }
 
   // transformers' initialization: matrices ~ N(0, initializer_range) (not truncated), norms 1,
   // biases 0.

@@ -49,6 +49,11 @@ class Backend {
   virtual void bind_to_thread() {}
   // Let F32 contractions use TF32 tensor cores (--precision tf32); the CPU ignores it.
   virtual void set_allow_tf32(bool) {}
+  // Times the matrix products planned so far against the library's other algorithms and keeps
+  // the faster ones (Note [gemm tuning] in ops/cuda/matmul.cpp), with `scratch` (device memory of
+  // `bytes` that holds nothing now) for their operands; returns a markdown report. Empty: this
+  // backend has nothing to tune (the CPU).
+  virtual std::string tune_matmuls(void* /*scratch*/, size_t /*bytes*/) { return {}; }
   // The activation dtypes this backend computes in (the CPU: F32 only).
   virtual bool computes_in(DType dt) const = 0;
 

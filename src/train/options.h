@@ -87,6 +87,7 @@ struct TrainOptions {
   int nproc_per_node = 1;        // data-parallel ranks (the ranks of train/trainer.h)
   int ddp_bucket_cap_mb = 25;    // gradients reduced during backward in buckets of this size (0: each layer)
   int zero_stage = 1;            // with several ranks: 0 replicated, 1 sharded optimizer state, 2 and gradients
+  bool gemm_tuning = false;      // --gemm-tuning measure: Note [gemm tuning] after the first step (the GPU)
   bool skip_nonfinite_steps = false;  // a step with a non-finite loss or gradient norm: skipped and counted, not fatal
   bool overwrite_output_dir = false;  // an output directory holding a run may be replaced (once the new run writes)
   int64_t fail_last_rank_at_step = -1;  // tests only (no flag): the last rank throws before this step's update

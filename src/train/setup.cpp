@@ -83,7 +83,8 @@ void OutputDir::claim() {
   ANATOMY_CHECK(!ec, m_opt.output_dir, ": cannot create the output directory: ", ec.message());
   fs::remove(dir / "train_results.json", ec);  // a run in progress does not look finished
   if (m_opt.overwrite_output_dir && m_opt.resume_from_checkpoint.empty()) {
-    for (const char* f : {"model.safetensors", "config.json", "all_results.json", "eval_results.json", "predict_results.txt", "profile.json"})
+    for (const char* f : {"model.safetensors", "config.json", "all_results.json", "eval_results.json", "predict_results.txt", "profile.json",
+                          "gemm_tuning.md"})
       fs::remove(dir / f, ec);
     std::vector<fs::path> old;
     for (const auto& e : fs::directory_iterator(dir, ec))

@@ -124,6 +124,7 @@ class RankRun {
   bool loop();  // false: stopped by a signal, the checkpoint saved
   void finish();
   void evaluate_now(int64_t step);
+  void tune_gemms();
   void save_checkpoint(int64_t step);
   void account(int64_t done, const StepOutcome& s, const TrainStep::Launched& l);
   void profile();
@@ -183,6 +184,8 @@ void RankRun::setup() {
   // The plan before anything is allocated: a run that cannot fit is refused with its levers.
   m_B = choose_micro_batch(m_opt, m_cfg, m_dev, m_comm);
   m_accum = m_opt.gradient_accumulation_steps;
+  ANATOMY_CHECK(!m_opt.gemm_tuning || m_dev.cuda,
+                "--gemm-tuning measure times cuBLASLt's algorithms: it needs the GPU (this run is on the CPU)");
   const PlanInput plan_in = plan_input(m_opt, m_cfg, m_B, m_dev.cuda ? Device::CUDA : Device::CPU, N, m_comm.rank());
   m_shape = plan_in.shape;
   m_plan = plan_memory(plan_in);
@@ -243,6 +246,19 @@ void RankRun::resume(const std::string& dir) {
   if (m_lead)
     std::fprintf(stderr, "anatomy: resumed from %s at step %lld of %lld\n", dir.c_str(), static_cast<long long>(m_start_step),
                  static_cast<long long>(m_total_steps));
+}
+
+// Note [gemm tuning] in ops/cuda/matmul.cpp, over the first step's products, with the activation
+// arena as scratch: the step is over (its figures were read), so it holds nothing. Each rank
+// tunes its own device; the lead prints the summary and writes the table.
+void RankRun::tune_gemms() {
+  const auto [scratch, bytes] = m_model->activation_memory();
+  const std::string report = m_dev.backend->tune_matmuls(scratch, bytes);
+  if (!m_lead) return;
+  std::fprintf(stderr, "%sanatomy: --gemm-tuning measure: %s", m_log->tty() ? "\n" : "",
+               report.substr(0, report.find('\n') + 1).c_str());
+  m_out->claim();
+  write_file_atomic((fs::path(m_opt.output_dir) / "gemm_tuning.md").string(), report);
 }
 
 // A checkpoint of everything the next step depends on (collective: every rank its part).
@@ -437,6 +453,7 @@ bool RankRun::loop() {
     }
     account(done, s, cur);
     const auto between = Clock::now();
+    if (m_opt.gemm_tuning && step == m_start_step) tune_gemms();  // nothing in flight after the first step
     if (evaluates_at(done)) {
       evaluate_now(done);
       last_eval = done;

@@ -271,6 +271,36 @@ TEST(CudaOps, MatmulCommonShapesUseCublasLt) {
   EXPECT_EQ(be->matmul_fallback_calls(), 0);
 }
 
+// Note [gemm tuning]: after the backend times other algorithms for the problems it has planned,
+// those problems still compute what the CPU does (the same shapes, new inputs).
+TEST(CudaOps, TunedMatmulsStillMatchTheCpu) {
+  if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  Ctx ctx;
+  SCOPED_TRACE(ctx.trace());
+  auto all = [&] {
+    check_matmul(ctx, DType::BF16, DType::BF16, 512, 768, 256, Trans::N, Trans::T, Epilogue::Bias, 1.0f, 0.0f, kTolHalf);
+    check_matmul(ctx, DType::BF16, DType::BF16, 512, 1024, 256, Trans::N, Trans::T, Epilogue::BiasGelu, 1.0f, 0.0f,
+                 kTolHalf);
+    check_matmul(ctx, DType::BF16, DType::BF16, 512, 256, 768, Trans::N, Trans::N, Epilogue::None, 1.0f, 1.0f, kTolHalf);
+    check_matmul(ctx, DType::BF16, DType::F32, 768, 256, 512, Trans::T, Trans::N, Epilogue::None, 1.0f, 1.0f, 1e-4);
+    check_matmul(ctx, DType::F16, DType::F16, 256, 384, 128, Trans::N, Trans::T, Epilogue::None, 1.0f, 0.0f, kTolHalf);
+  };
+  all();
+  Buffer scratch(ctx.gpu->allocator(), DType::U8, {int64_t{16} << 20}, Category::Other);
+  const std::string report = ctx.gpu->tune_matmuls(scratch.data(), static_cast<size_t>(scratch.bytes()));
+  EXPECT_GE(std::atoi(report.c_str()), 5) << report;  // "N GEMM problem(s) timed, ..."
+  EXPECT_NE(report.find("| 512 x 256 x 768 | NN | BF16 -> BF16 |"), std::string::npos) << report;
+  // A second call has nothing left to time; too little scratch times nothing either.
+  EXPECT_EQ(std::atoi(ctx.gpu->tune_matmuls(scratch.data(), static_cast<size_t>(scratch.bytes())).c_str()), 0);
+  all();
+  Ctx small;
+  check_matmul(small, DType::BF16, DType::BF16, 512, 768, 256, Trans::N, Trans::T, Epilogue::Bias, 1.0f, 0.0f, kTolHalf);
+  EXPECT_EQ(std::atoi(small.gpu->tune_matmuls(scratch.data(), 4096).c_str()), 0);
+  auto* be = dynamic_cast<cuda::CudaBackend*>(ctx.gpu.get());
+  ASSERT_NE(be, nullptr);
+  EXPECT_EQ(be->matmul_fallback_calls(), 0);
+}
+
 // The tiled kernel used where cuBLASLt declines, called directly.
 TEST(CudaOps, MatmulFallbackKernel) {
   if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";

@@ -122,3 +122,32 @@ TEST(TrainCuda, TheNextStepLaunchedBeforeThisOneIsReadGivesTheSameLosses) {
   EXPECT_NEAR(on.eval_loss, off.eval_loss, 2e-3 * std::abs(off.eval_loss));
   EXPECT_EQ(on.samples, off.samples);
 }
+
+// Note [gemm tuning]: after the first step the trainer times cuBLASLt's candidates for that step's
+// products in the activation arena and writes the table. The run trains on: its losses stay
+// those of the untuned run up to the summation order of another algorithm (bf16, a few steps).
+TEST(TrainCuda, GemmTuningTimesTheFirstStepsProductsAndTrainsOnAlike) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto run = [](bool tune, const std::string& out) {
+    TrainOptions o = tiny_gpu(out);
+    o.precision = Precision::Bf16;
+    o.max_steps = 6;
+    o.learning_rate = 1e-3f;
+    o.gemm_tuning = tune;
+    return std::make_pair(train(o), o.output_dir);
+  };
+  const auto [plain, plain_dir] = run(false, "cuda_gemm_plain");
+  const auto [tuned, tuned_dir] = run(true, "cuda_gemm_tuned");
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(plain_dir) / "gemm_tuning.md"));
+  std::ifstream in(std::filesystem::path(tuned_dir) / "gemm_tuning.md");
+  std::string head, line;
+  std::getline(in, head);
+  int rows = 0;
+  while (std::getline(in, line)) rows += line.rfind("| ", 0) == 0 && line.find(" x ") != std::string::npos;
+  EXPECT_NE(head.find("GEMM problem(s) timed"), std::string::npos) << head;
+  // bert-tiny's layer: q|k|v, attention out, FFN in and out, forward and both gradients.
+  EXPECT_GE(rows, 8) << head;
+  EXPECT_EQ(std::stoi(head), rows) << head;
+  EXPECT_TRUE(std::isfinite(tuned.last_loss));
+  EXPECT_NEAR(tuned.last_loss, plain.last_loss, 0.02 * std::abs(plain.last_loss) + 1e-3);
+}

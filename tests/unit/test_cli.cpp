@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 #include "../common/cli.h"
+#include "ops/backend.h"
 
 namespace fs = std::filesystem;
 
@@ -96,6 +97,24 @@ TEST(Cli, BadPrecisionOnCpu) {
   std::ifstream results(fs::path(e4) / "train_results.json");
   const std::string text((std::istreambuf_iterator<char>(results)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("\"fp8_format\": \"e4m3\""), std::string::npos) << text;
+}
+
+// --gemm-tuning measure times cuBLASLt's algorithms: a CPU run refuses it in one line, whether
+// the CPU was asked for or is all there is (CI); an unknown value names the flag.
+TEST(Cli, GemmTuningIsRefusedOnTheCpu) {
+  expect_clean_error(run(std::string(kTiny) + "--gemm-tuning measure --device cpu"), "--gemm-tuning");
+  expect_clean_error(run(std::string(kTiny) + "--gemm-tuning fastest"), "--gemm-tuning");
+  if (!anatomy::cuda_available()) {
+    const std::string out = tmp("cli_gemm_tuning_cpu");
+    const CmdResult r = run("train --preset bert-tiny --seq-len 16 --num-samples 8 --disable-tqdm --gemm-tuning measure "
+                            "--max-steps 1 --output-dir " + out);
+    EXPECT_NE(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("--gemm-tuning measure"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(fs::path(out) / "train_results.json"));
+  }
+  const CmdResult off = run(std::string(kTiny) + "--gemm-tuning off --max-steps 1 --output-dir " +
+                            tmp("cli_gemm_tuning_off"));
+  EXPECT_EQ(off.status, 0) << off.output;
 }
 
 TEST(Cli, TrainsAndPrintsTheSeedSummary) {

@@ -143,6 +143,13 @@ void CudaBackend::replay() {
   ANATOMY_CUDA_CHECK(cudaGraphLaunch(m_graph_exec, m_stream));
 }
 
+std::string CudaBackend::tune_matmuls(void* scratch, size_t bytes) {
+  ANATOMY_CHECK(!m_capturing, "tune_matmuls: not allowed while the backend records a graph");
+  std::string report = m_matmul->tune(scratch, bytes, m_stream);
+  ANATOMY_CUDA_CHECK(cudaStreamSynchronize(m_stream));
+  return report;
+}
+
 void CudaBackend::set_allow_tf32(bool on) {
   m_matmul->set_allow_tf32(on);
   m_allow_tf32 = on;  // the F32 attention GEMMs follow the same switch

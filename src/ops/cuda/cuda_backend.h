@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
   void* native_stream() override { return m_stream; }
   void bind_to_thread() override;
   void set_allow_tf32(bool on) override;
+  std::string tune_matmuls(void* scratch, size_t bytes) override;
   bool computes_in(DType dt) const override {
     return dt == DType::F32 || dt == DType::BF16 || dt == DType::F16;
   }

@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 
 #include "ops/op_args.h"
@@ -51,6 +52,12 @@ class LtMatmul {
   bool run_fp8(const Tensor& c, const Tensor& d, const void* qa, Fp8Format fa, const void* qb, Fp8Format fb, int64_t m,
                int64_t n, int64_t kp, float alpha, float beta, const Tensor& bias, const float* scale_a,
                const float* scale_b, cudaStream_t s);
+  // Note [gemm tuning]: times up to kTuneCandidates of cuBLASLt's algorithms for every problem
+  // planned so far and not yet tuned (fp8 ones excepted), on operands laid out in `scratch`
+  // (device memory of `bytes` that holds nothing now; a problem whose operands do not fit keeps
+  // its pick), and keeps the fastest where it beats the heuristic's first pick by kTuneMargin.
+  // Returns a markdown report: a summary line, then a table of the problems.
+  std::string tune(void* scratch, size_t bytes, cudaStream_t s);
   // How many calls went to the tiled fallback kernel because cuBLASLt had no algorithm.
   int64_t fallback_calls() const { return m_fallback_calls; }
   size_t cached_plans() const { return m_plans.size(); }
@@ -71,7 +78,15 @@ class LtMatmul {
     cublasLtMatrixLayout_t lt_a = nullptr, lt_b = nullptr, lt_c = nullptr;  // cuBLASLt's A (our B), B (our A), C=D
     cublasLtMatmulAlgo_t algo{};
     bool has_algo = false;  // false: cuBLASLt declined; use the fallback kernel
+    bool tuned = false;     // Note [gemm tuning] has timed its candidates
+    bool reads_c = false;   // some call ran with beta != 0
   };
+  static constexpr int kTuneCandidates = 16;
+  static constexpr double kTuneMargin = 0.03;
+  // The heuristic's preference for a problem: the workspace and the operands' alignments.
+  cublasLtMatmulPreference_t preference(const Key& key) const;
+  // One tuning line of the report (empty: nothing was timed).
+  std::string tune_plan(const Key& key, Plan& p, char* scratch, size_t bytes, cudaStream_t s);
   Plan& plan_for(const Key& key, const void* bias, const float* scale_a = nullptr, const float* scale_b = nullptr);
   static void set_scales(cublasLtMatmulDesc_t desc, const float* scale_a, const float* scale_b);
   // One cublasLtMatmul of a plan: D = alpha op(A) op(B) + beta C (our A and B), its status.
@@ -91,6 +106,7 @@ class LtMatmul {
   size_t m_workspace_bytes;
   bool m_tf32 = false;
   int64_t m_fallback_calls = 0;
+  double m_tune_first_ms = 0, m_tune_kept_ms = 0;  // the last tune's sums
   std::unordered_map<Key, Plan, KeyHash> m_plans;
 };
 
