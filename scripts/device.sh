@@ -39,7 +39,8 @@
 #             no evaluation: steady samples/s per run (tokenruns.txt), every run's metrics.jsonl lines (samples/s
 #             every 25 steps) in tokenruns.metrics.jsonl
 #   mbtext    ModernBERT (modernbert-base's shape, WordPiece vocabulary) on the same real text, 2 epochs: anatomy on
-#             real tokens / padded / grouped vs the Trainer random / grouped (~6 min; needs .carry/fortunes)
+#             real tokens / padded / grouped vs the Trainer random / grouped (~6 min; needs .carry/fortunes);
+#             MBTEXT_ARGS: more flags of bench/real_text.py
 #   tokenprofile bert-base (TOKENPROFILE_MODEL: another bench/real_text.py model) on real text (.carry/fortunes):
 #             the time anatomy (--profile-steps) of training
 #             on real tokens vs length-grouped padded batches, one epoch each (issue 16's real-token gap)
@@ -65,7 +66,8 @@
 #   pretext   the real text after masked-LM pretraining of each model: the Trainer vs anatomy
 #             (real tokens, padded, grouped; seeds 0-2) fine-tuning from the same weights (~7 min; alone)
 #   fp8curves fp8 vs bf16 loss curves and accuracy on the real text where the model learns (~3 min)
-#   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call)
+#   bench     side by side with the Hugging Face Trainer and PyTorch (~10 min; alone in a call); BENCH_ARGS: more
+#             flags of bench/side_by_side.py (e.g. --configs bf16_bs32 --anatomy-args '--gemm-tuning measure')
 #   dist      data parallelism on a machine with two GPUs: ZeRO 0/1/2, the overlap, ZeRO-2 memory
 #   distab    the overlap on two GPUs: bert-large bf16 batch 32 a GPU, ZeRO 1, under each DISTAB setting
 #             (';'-separated, each flags and/or VAR=value words; default: the 25 MB buckets, one bucket, 100 MB
@@ -412,7 +414,7 @@ print(sys.argv[2], round(r["steady_samples_per_second"]), round(r["train_samples
 step_mbtext() {
   [ -f .carry/fortunes/train.jsonl ] || { echo "mbtext: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
   timeout 560 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
-    --out "$OUT/modernbert" --models modernbert --epochs 2 2>&1 | tail -12
+    --out "$OUT/modernbert" --models modernbert --epochs 2 ${MBTEXT_ARGS:-} 2>&1 | grep -v '^{' | tail -14
 }
 
 # real_text_model NAME DIR: bench/real_text.py's model NAME (transformers' initialization, seed 0,
@@ -504,8 +506,11 @@ step_fp8curves() {
 }
 
 step_bench() {
+  local extra=()
+  eval "extra=(${BENCH_ARGS:-})"  # BENCH_ARGS: other flags of bench/side_by_side.py, shell-quoted (later ones win)
   python3 bench/side_by_side.py --out "$OUT" --anatomy-bin "$a" \
-    --configs seed,seed_own,bf16_bs4,bf16_bs32,layer_bs32,best --batches 32,48,64 --timeout 200 --budget 560 2>&1 | tail -40
+    --configs seed,seed_own,bf16_bs4,bf16_bs32,layer_bs32,best --batches 32,48,64 --timeout 200 --budget 560 \
+    "${extra[@]}" 2>&1 | grep -v '^{' | tail -40
 }
 
 step_dist() {

@@ -249,9 +249,13 @@ bool LtMatmul::run_bias_grad(const Tensor& c, const Tensor& a, Trans ta, const T
 // first 16 (each alone: 4.0% of a layer's twelve GEMMs, 1.5 ms of a step;
 // bench/results/2026-11-28-h200/session25/call1-gemmalgos-seeds/gemm_algos.md). `tune` times
 // the candidates of every problem planned so far on operands carved from memory that holds
-// nothing at the time (the trainer passes the activation arena after the first step): A and B
-// filled with 0x3c bytes (small finite values in every type), C zeroed, beta 1 where a call of
-// the problem reads C and 0 otherwise, a bias or bias-gradient vector where the epilogue has one.
+// nothing at the time (the trainer passes the activation arena after the first step), beta 1
+// where a call of the problem reads C and 0 otherwise, a bias or bias-gradient vector where the
+// epilogue has one. The operands keep the bytes the memory holds: in the arena, the first step's
+// activations and gradients. With constant operands (0x3c bytes) the first version's picks
+// promised 1.2 ms a bert-large step and gained 0.2 (session25/call3-tuning): the data gradients
+// gained, the forward's attention output and the weight gradients lost. A tensor core's power,
+// and so the clock it is held to, depends on how many of the operands' bits toggle.
 // Each candidate: two launches to warm up, then the median of five runs of three launches (CUDA
 // events). A candidate replaces the first pick only when it is kTuneMargin faster, so that timing
 // noise does not flip picks between equally fast kernels. Another algorithm sums in another
@@ -271,8 +275,6 @@ std::string LtMatmul::tune_plan(const Key& key, Plan& p, char* scratch, size_t b
   char* b = a + a_bytes;
   char* c = b + b_bytes;
   char* v = c + c_bytes;
-  ANATOMY_CUDA_CHECK(cudaMemsetAsync(a, 0x3c, a_bytes + b_bytes, s));
-  ANATOMY_CUDA_CHECK(cudaMemsetAsync(c, 0, c_bytes + v_bytes, s));
   if (key.epilogue != kLtPlain) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<void*>(v));
   cublasLtMatmulPreference_t pref = preference(key);
   std::vector<cublasLtMatmulHeuristicResult_t> found(kTuneCandidates);
