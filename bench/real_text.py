@@ -350,7 +350,7 @@ def main():
             jsonl.flush()
             rows.append(r)
     with open(os.path.join(args.out, "real_text.md"), "w") as f:
-        f.write(f"anatomy --precision {args.precision} (the Trainer: bf16), batch {BATCH}, max length {MAX_LEN}, "
+        f.write(f"anatomy --precision {args.precision if cuda else 'fp32'} (the Trainer: {'bf16' if cuda else 'fp32'}), batch {BATCH}, max length {MAX_LEN}, "
                 f"{args.epochs} epochs, lr {args.lr}, warm-up ratio {args.warmup_ratio}, same initial weights, "
                 f"seeds {args.seeds}\n\n")
         f.writelines(f"{n}\n\n" for n in mlm_notes)
