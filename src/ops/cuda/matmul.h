@@ -85,6 +85,8 @@ class LtMatmul {
   static constexpr double kTuneMargin = 0.03;
   // The heuristic's preference for a problem: the workspace and the operands' alignments.
   cublasLtMatmulPreference_t preference(const Key& key) const;
+  float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* c, float beta,
+                  cudaStream_t s);
   // One tuning line of the report (empty: nothing was timed).
   std::string tune_plan(const Key& key, Plan& p, char* scratch, size_t bytes, cudaStream_t s);
   Plan& plan_for(const Key& key, const void* bias, const float* scale_a = nullptr, const float* scale_b = nullptr);
