@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <tuple>
 #include <vector>
 
+#include "memory/allocator.h"
 #include "ops/cuda/check.h"
 #include "ops/cuda/launchers.h"
 
@@ -293,16 +295,16 @@ float LtMatmul::time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const
   return runs[2];
 }
 
-std::string LtMatmul::tune_plan(const Key& key, Plan& p, char* scratch, size_t bytes, cudaStream_t s) {
-  if (!p.has_algo || p.tuned || (key.a_type & kFp8Type)) return {};
+std::optional<LtMatmul::TuneRow> LtMatmul::tune_plan(const Key& key, Plan& p, char* scratch, size_t bytes,
+                                                     cudaStream_t s) {
+  if (!p.has_algo || p.tuned || (key.a_type & kFp8Type)) return std::nullopt;
   p.tuned = true;
   auto size_of = [](uint8_t code) { return dtype_size(static_cast<DType>(code)); };
-  auto round = [](size_t n) { return (n + 255) & ~size_t{255}; };
-  const size_t a_bytes = round(static_cast<size_t>(key.m * key.k) * size_of(key.a_type));
-  const size_t b_bytes = round(static_cast<size_t>(key.n * key.k) * size_of(key.b_type));
-  const size_t c_bytes = round(static_cast<size_t>(key.m * key.n) * size_of(key.c_type));
-  const size_t v_bytes = round(static_cast<size_t>(std::max(key.m, key.n)) * 4);
-  if (a_bytes + b_bytes + c_bytes + v_bytes > bytes) return {};
+  const size_t a_bytes = Arena::round_up(static_cast<size_t>(key.m * key.k) * size_of(key.a_type));
+  const size_t b_bytes = Arena::round_up(static_cast<size_t>(key.n * key.k) * size_of(key.b_type));
+  const size_t c_bytes = Arena::round_up(static_cast<size_t>(key.m * key.n) * size_of(key.c_type));
+  const size_t v_bytes = Arena::round_up(static_cast<size_t>(std::max(key.m, key.n)) * 4);
+  if (a_bytes + b_bytes + c_bytes + v_bytes > bytes) return std::nullopt;
   char* a = scratch;
   char* b = a + a_bytes;
   char* c = b + b_bytes;
@@ -314,7 +316,7 @@ std::string LtMatmul::tune_plan(const Key& key, Plan& p, char* scratch, size_t b
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(m_handle, p.desc, p.lt_a, p.lt_b, p.lt_c, p.lt_c, pref,
                                                            kTuneCandidates, found.data(), &n);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || n == 0) return {};
+  if (st != CUBLAS_STATUS_SUCCESS || n == 0) return std::nullopt;
   const float beta = p.reads_c ? 1.0f : 0.0f;
   auto time = [&](const cublasLtMatmulAlgo_t& algo) { return time_algo(p, algo, a, b, c, beta, s); };
   const float first = time(p.algo);
@@ -328,7 +330,7 @@ std::string LtMatmul::tune_plan(const Key& key, Plan& p, char* scratch, size_t b
       best_i = i;
     }
   }
-  if (first <= 0) return {};
+  if (first <= 0) return std::nullopt;
   const bool change = best_i >= 0 && best < first * (1.0 - kTuneMargin);
   if (change) p.algo = found[static_cast<size_t>(best_i)].algo;
   const std::string types = str_cat(dtype_name(static_cast<DType>(key.a_type)), " -> ",
@@ -337,9 +339,7 @@ std::string LtMatmul::tune_plan(const Key& key, Plan& p, char* scratch, size_t b
   std::snprintf(line, sizeof line, "| %lld x %lld x %lld | %c%c | %s | %d | %.4f | %.4f | %s |\n",
                 static_cast<long long>(key.m), static_cast<long long>(key.n), static_cast<long long>(key.k),
                 key.ta ? 'T' : 'N', key.tb ? 'T' : 'N', types.c_str(), n, first, best, change ? "candidate" : "first pick");
-  m_tune_first_ms += first;
-  m_tune_kept_ms += change ? best : first;
-  return line;
+  return TuneRow{line, first, change ? best : first, change};
 }
 
 std::string LtMatmul::tune(void* scratch, size_t bytes, cudaStream_t s) {
@@ -351,19 +351,20 @@ std::string LtMatmul::tune(void* scratch, size_t bytes, cudaStream_t s) {
   });
   std::string rows;
   int timed = 0, changed = 0;
-  m_tune_first_ms = m_tune_kept_ms = 0;
+  double first_ms = 0, kept_ms = 0;
   for (auto& [key, p] : plans) {
-    const std::string row = tune_plan(key, *p, static_cast<char*>(scratch), bytes, s);
-    if (row.empty()) continue;
+    const std::optional<TuneRow> row = tune_plan(key, *p, static_cast<char*>(scratch), bytes, s);
+    if (!row) continue;
     ++timed;
-    changed += row.find("| candidate |") != std::string::npos;
-    rows += row;
+    changed += row->changed;
+    first_ms += row->first_ms;
+    kept_ms += row->kept_ms;
+    rows += row->line;
   }
   char head[256];
   std::snprintf(head, sizeof head,
                 "%d GEMM problem(s) timed, %d now run another algorithm: one launch of each %.3f -> %.3f ms (%.1f%% less)\n",
-                timed, changed, m_tune_first_ms, m_tune_kept_ms,
-                m_tune_first_ms > 0 ? 100.0 * (1.0 - m_tune_kept_ms / m_tune_first_ms) : 0.0);
+                timed, changed, first_ms, kept_ms, first_ms > 0 ? 100.0 * (1.0 - kept_ms / first_ms) : 0.0);
   return std::string(head) + "\n| M x N x K | ops (A, B) | types | candidates | first pick ms | fastest ms | runs |\n" +
          "|---|---|---|---:|---:|---:|---|\n" + rows;
 }

@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -87,8 +88,14 @@ class LtMatmul {
   cublasLtMatmulPreference_t preference(const Key& key) const;
   float time_algo(const Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a, const void* b, void* c, float beta,
                   cudaStream_t s);
-  // One tuning line of the report (empty: nothing was timed).
-  std::string tune_plan(const Key& key, Plan& p, char* scratch, size_t bytes, cudaStream_t s);
+  // A problem's row of the report, and the ms of one launch under the first pick and the kept one.
+  struct TuneRow {
+    std::string line;
+    float first_ms, kept_ms;
+    bool changed;
+  };
+  // Times one plan's candidates (nullopt: nothing was timed).
+  std::optional<TuneRow> tune_plan(const Key& key, Plan& p, char* scratch, size_t bytes, cudaStream_t s);
   Plan& plan_for(const Key& key, const void* bias, const float* scale_a = nullptr, const float* scale_b = nullptr);
   static void set_scales(cublasLtMatmulDesc_t desc, const float* scale_a, const float* scale_b);
   // One cublasLtMatmul of a plan: D = alpha op(A) op(B) + beta C (our A and B), its status.
@@ -108,7 +115,6 @@ class LtMatmul {
   size_t m_workspace_bytes;
   bool m_tf32 = false;
   int64_t m_fallback_calls = 0;
-  double m_tune_first_ms = 0, m_tune_kept_ms = 0;  // the last tune's sums
   std::unordered_map<Key, Plan, KeyHash> m_plans;
 };
 
