@@ -39,6 +39,54 @@ def gpu_used_mb():
     return nvmlDeviceGetMemoryInfo(nvmlDeviceGetHandleByIndex(0)).used // 1024**2
 
 
+class ClockSampler:
+    """NVML's SM clock, power and clock event reasons every 0.1 s in a thread, summarized over
+    the steady steps as anatomy's train_results.json does (Note [clock and power] in
+    src/telemetry/clocks.h): gpu_sm_clock_mhz_median, gpu_power_w_median, gpu_power_capped_share."""
+
+    def __init__(self):
+        import threading
+        self.samples, self.stop_flag = [], threading.Event()
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:
+            self.nv = None
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        nv = self.nv
+        reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        while not self.stop_flag.is_set():
+            try:
+                self.samples.append((time.perf_counter(), nv.nvmlDeviceGetClockInfo(self.h, nv.NVML_CLOCK_SM),
+                                     nv.nvmlDeviceGetPowerUsage(self.h) / 1000.0, reasons(self.h)))
+            except Exception:
+                return
+            time.sleep(0.1)
+
+    def __enter__(self):
+        if self.nv:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_flag.set()
+        if self.nv:
+            self.thread.join()
+
+    def summary(self, t_from, t_to):
+        import statistics
+        w = [s for s in self.samples if t_from <= s[0] <= t_to]
+        if not w:
+            return {}
+        return dict(gpu_sm_clock_mhz_median=statistics.median(s[1] for s in w),
+                    gpu_power_w_median=round(statistics.median(s[2] for s in w), 1),
+                    gpu_power_capped_share=round(sum(1 for s in w if s[3] & (0x4 | 0x80)) / len(w), 3))
+
+
 def bert_large(attn="sdpa"):
     from transformers import BertConfig, BertForSequenceClassification
     cfg = BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
@@ -79,7 +127,8 @@ def trainer_run(name, bs, n=512, attn="sdpa", **kw):
                              num_train_epochs=1, log_level="error", report_to="none",
                              save_strategy="no", logging_strategy="no", **kw)
     trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[StepTimer()])
-    r = trainer.train()
+    with ClockSampler() as clocks:
+        r = trainer.train()
     half = len(stamps) // 2
     steady = ((len(stamps) - 1 - half) * per_step / (stamps[-1] - stamps[half])
               if len(stamps) > 3 else None)
@@ -93,6 +142,7 @@ def trainer_run(name, bs, n=512, attn="sdpa", **kw):
                train_loss=r.metrics.get("train_loss"))
     if steady:
         out["mfu_steady"] = mfu(steady)
+        out.update(clocks.summary(stamps[half], stamps[-1]))
     return out
 
 
@@ -110,14 +160,15 @@ def torch_loop(name, bs, steps=40, compile=False, ckpt=False):
     y = torch.zeros(bs, dtype=torch.long, device="cuda")
     t = []
     t0 = time.perf_counter()
-    for _ in range(steps):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = f(input_ids=x, labels=y).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        t.append(time.perf_counter())
+    with ClockSampler() as clocks:
+        for _ in range(steps):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = f(input_ids=x, labels=y).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            t.append(time.perf_counter())
     h = steps // 2
     sps = (steps - 1 - h) * bs / (t[-1] - t[h])
     return dict(config=name, kind="torch_loop", bs=bs, steps=steps,
@@ -127,7 +178,7 @@ def torch_loop(name, bs, steps=40, compile=False, ckpt=False):
                 gpu_mem_used_mb=gpu_used_mb(),
                 torch_max_alloc_mb=torch.cuda.max_memory_allocated() // 1024**2,
                 torch_max_reserved_mb=torch.cuda.max_memory_reserved() // 1024**2,
-                train_loss=float(loss))
+                train_loss=float(loss), **clocks.summary(t[h], t[-1]))
 
 
 FUSED = dict(bf16=True, tf32=True, optim="adamw_torch_fused")

@@ -77,6 +77,9 @@
 #             words; default: --gemm-tuning off, then measure), alternated twice; then each profiled (its matmul
 #             lines), and the tuned run's gemm_tuning.md (earlier results' fwdab: TRAINAB='ANATOMY_ATTENTION_FWD=mma;
 #             ANATOMY_ATTENTION_FWD=wgmma')
+#   power     the GPU's SM clock, power and clock event reasons (nvidia-smi every 100 ms) while the PyTorch loop and
+#             anatomy each train bert-large bf16 batch 32 (120 steps): power.md (is the steady step held by
+#             the power limit rather than by its kernels?)
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
 #   opsab     the ops of .carry/before (A, when staged) and .carry/bin (B): anatomy_bench_ops (the memory-bound
 #             backward ops and the weight gradients at bert-large shapes) A B A B, then bert-large bf16 batch 32's
@@ -592,6 +595,31 @@ step_trainab() {
     done
   } | tee "$OUT/trainab.md"
   cat /tmp/dist/trainab_s1_profile/gemm_tuning.md 2>/dev/null | tee "$OUT/gemm_tuning.md"
+}
+
+step_power() {
+  local smi=(nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,enforced.power.limit,temperature.gpu)
+  nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv >/dev/null 2>&1 && smi[1]+=,clocks_event_reasons.active \
+    || smi[1]+=,clocks_throttle_reasons.active
+  smi+=(--format=csv,noheader,nounits -lms 100)
+  local pid side
+  for side in torch anatomy; do
+    "${smi[@]}" > "$OUT/power_$side.csv" & pid=$!
+    sleep 1
+    if [ $side = torch ]; then
+      timeout 200 python3 bench/hf_anchor.py torch_bf16_bs32 --steps 120 > "$OUT/power_torch.log" 2>&1
+    else
+      timeout 200 $a train --preset bert-large --seq-len 512 --precision bf16 --per-device-train-batch-size 32 \
+        --num-samples 3840 "${quiet[@]}" --output-dir /tmp/power > "$OUT/power_anatomy.log" 2>&1
+    fi
+    kill $pid; wait $pid 2>/dev/null
+  done
+  {
+    python3 scripts/power_summary.py torch="$OUT/power_torch.csv" anatomy="$OUT/power_anatomy.csv"
+    echo
+    echo "- PyTorch loop: $(grep -o '"steady_samples_per_s": *[0-9.]*' "$OUT/power_torch.log")"
+    echo "- anatomy: $(grep -o '"steady_samples_per_second": *[0-9.]*' /tmp/power/train_results.json)"
+  } | tee "$OUT/power.md"
 }
 
 step_stepab() {  # same shapes, the two builds alternated twice: A B A B

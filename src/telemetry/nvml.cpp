@@ -20,6 +20,10 @@ using HandleFn = nvmlReturn_t (*)(unsigned int, nvmlDevice_t*);
 using MemoryFn = nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*);
 using UtilFn = nvmlReturn_t (*)(nvmlDevice_t, nvmlUtilization_t*);
 using NameFn = nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned int);
+using ClockFn = nvmlReturn_t (*)(nvmlDevice_t, int, unsigned int*);  // type NVML_CLOCK_SM = 1; MHz
+using MilliwattFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned int*);
+using ReasonsFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned long long*);
+constexpr int kClockSm = 1;
 using ShutdownFn = nvmlReturn_t (*)();
 }  // namespace
 
@@ -34,6 +38,13 @@ Nvml::Nvml() {
   m_get_memory = dlsym(m_lib, "nvmlDeviceGetMemoryInfo");
   m_get_util = dlsym(m_lib, "nvmlDeviceGetUtilizationRates");
   m_get_name = dlsym(m_lib, "nvmlDeviceGetName");
+  m_get_clock = dlsym(m_lib, "nvmlDeviceGetClockInfo");
+  m_get_max_clock = dlsym(m_lib, "nvmlDeviceGetMaxClockInfo");
+  m_get_power = dlsym(m_lib, "nvmlDeviceGetPowerUsage");
+  m_get_power_limit = dlsym(m_lib, "nvmlDeviceGetEnforcedPowerLimit");
+  // Renamed from "throttle" to "event" reasons in driver 535; the old name stays exported.
+  m_get_reasons = dlsym(m_lib, "nvmlDeviceGetCurrentClocksEventReasons");
+  if (!m_get_reasons) m_get_reasons = dlsym(m_lib, "nvmlDeviceGetCurrentClocksThrottleReasons");
   m_shutdown = dlsym(m_lib, "nvmlShutdown");
   if (!init || !m_get_handle || !m_get_memory) {
     m_why = "libnvidia-ml.so.1 lacks the expected entry points";
@@ -67,6 +78,22 @@ std::optional<GpuUtilization> Nvml::utilization(unsigned device) const {
   nvmlUtilization_t u{};
   if (reinterpret_cast<UtilFn>(m_get_util)(h, &u) != 0) return std::nullopt;
   return GpuUtilization{u.gpu, u.memory};
+}
+
+std::optional<GpuClocks> Nvml::clocks(unsigned device) const {
+  if (!m_ok || !m_get_clock || !m_get_max_clock || !m_get_power || !m_get_power_limit || !m_get_reasons)
+    return std::nullopt;
+  nvmlDevice_t h = nullptr;
+  if (reinterpret_cast<HandleFn>(m_get_handle)(device, &h) != 0) return std::nullopt;
+  unsigned sm = 0, max_sm = 0, mw = 0, limit_mw = 0;
+  unsigned long long reasons = 0;
+  if (reinterpret_cast<ClockFn>(m_get_clock)(h, kClockSm, &sm) != 0 ||
+      reinterpret_cast<ClockFn>(m_get_max_clock)(h, kClockSm, &max_sm) != 0 ||
+      reinterpret_cast<MilliwattFn>(m_get_power)(h, &mw) != 0 ||
+      reinterpret_cast<MilliwattFn>(m_get_power_limit)(h, &limit_mw) != 0 ||
+      reinterpret_cast<ReasonsFn>(m_get_reasons)(h, &reasons) != 0)
+    return std::nullopt;
+  return GpuClocks{sm, max_sm, mw / 1000.0, limit_mw / 1000.0, reasons};
 }
 
 std::string Nvml::device_name(unsigned device) const {

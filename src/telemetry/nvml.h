@@ -14,6 +14,13 @@ struct GpuMemory {
 struct GpuUtilization {
   unsigned gpu = 0, memory = 0;  // percent over the last sample period
 };
+// The SM clock, the board's power and why the clock is below its maximum (NVML's clocks event
+// reasons, a bit mask: kClockPowerCap... in telemetry/clocks.h).
+struct GpuClocks {
+  unsigned sm_mhz = 0, max_sm_mhz = 0;
+  double power_w = 0, power_limit_w = 0;
+  uint64_t reasons = 0;
+};
 
 class Nvml {
  public:
@@ -27,6 +34,8 @@ class Nvml {
   const std::string& why_unavailable() const { return m_why; }
   std::optional<GpuMemory> memory(unsigned device = 0) const;
   std::optional<GpuUtilization> utilization(unsigned device = 0) const;
+  // nullopt when the driver lacks one of the five queries or refuses one.
+  std::optional<GpuClocks> clocks(unsigned device = 0) const;
   std::string device_name(unsigned device = 0) const;
 
  private:
@@ -37,6 +46,11 @@ class Nvml {
   void* m_get_memory = nullptr;
   void* m_get_util = nullptr;
   void* m_get_name = nullptr;
+  void* m_get_clock = nullptr;
+  void* m_get_max_clock = nullptr;
+  void* m_get_power = nullptr;
+  void* m_get_power_limit = nullptr;
+  void* m_get_reasons = nullptr;
   void* m_shutdown = nullptr;
 };
 

@@ -11,7 +11,8 @@
 //                        allocator_peak_bytes {category: bytes}, planned_bytes {category: bytes}
 //   metrics.jsonl        one object per line: step, loss, learning_rate, samples_per_second,
 //                        elapsed_s, data_wait_s, loss_scale, gpu_memory_used_mb (optional)
-//   nvml.jsonl           one object per line: t_s, gpu_memory_used_mb, gpu_util_pct, mem_util_pct
+//   nvml.jsonl           one object per line: t_s, gpu_memory_used_mb, gpu_util_pct, mem_util_pct,
+//                        sm_clock_mhz, power_w, clock_event_reasons (Note [clock and power])
 //   profile.json         {steps_profiled, step_time_ms, forward_ms, backward_ms, optimizer_ms,
 //                         data_ms (optional), ceilings: {tflops, gbps},
 //                         ops: [{name, class, phase, calls, time_ms, flops, bytes}],

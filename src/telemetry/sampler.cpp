@@ -10,13 +10,21 @@ void NvmlSampler::start() {
   if (!m_nvml.available() || m_run.exchange(true)) return;
   m_thread = std::thread([this] {
     std::ofstream out(m_path);
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = sampler_now_s();
     while (m_run.load()) {
-      nlohmann::json j = {{"t_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
-      if (auto m = m_nvml.memory(0)) j["gpu_memory_used_mb"] = m->used >> 20;
-      if (auto u = m_nvml.utilization(0)) {
+      const double now = sampler_now_s();
+      nlohmann::json j = {{"t_s", now - t0}};
+      if (auto m = m_nvml.memory(m_device)) j["gpu_memory_used_mb"] = m->used >> 20;
+      if (auto u = m_nvml.utilization(m_device)) {
         j["gpu_util_pct"] = u->gpu;
         j["mem_util_pct"] = u->memory;
+      }
+      if (auto c = m_nvml.clocks(m_device)) {
+        j["sm_clock_mhz"] = c->sm_mhz;
+        j["power_w"] = c->power_w;
+        j["clock_event_reasons"] = c->reasons;
+        std::lock_guard<std::mutex> lock(m_mutex);
+        m_clocks.push_back({now, *c});
       }
       out << j.dump() << "\n" << std::flush;
       std::this_thread::sleep_for(std::chrono::duration<double>(m_period));
@@ -27,6 +35,11 @@ void NvmlSampler::start() {
 void NvmlSampler::stop() {
   m_run.store(false);
   if (m_thread.joinable()) m_thread.join();
+}
+
+std::vector<ClockSample> NvmlSampler::clock_samples() const {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  return m_clocks;
 }
 
 }  // namespace anatomy

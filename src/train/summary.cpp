@@ -49,6 +49,14 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
                         {"nvml_after_first_step_mb", res.nvml_after_first_step_mb},
                         {"process_peak_rss_mb", res.process_peak_rss_mb}};
   if (opt.precision == Precision::Fp8) out["fp8_format"] = fp8_format_name(opt.fp8_grads);
+  if (const auto& c = res.gpu_clocks) {
+    out["gpu_sm_clock_mhz_median"] = c->sm_median_mhz;
+    out["gpu_sm_clock_mhz_max"] = c->sm_max_mhz;
+    out["gpu_power_w_median"] = c->power_median_w;
+    out["gpu_power_limit_w"] = c->power_limit_w;
+    out["gpu_power_capped_share"] = c->power_capped;
+    out["gpu_thermal_slowdown_share"] = c->thermal;
+  }
   // run_glue.py's files beside anatomy's own: eval_results.json (the last evaluation) and
   // all_results.json (the train_ and eval_ keys together).
   nlohmann::json all = {{"epoch", res.epoch},
@@ -164,6 +172,9 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
     }
     std::printf("    %-32s %8.1f MiB\n", "total", mib(total));
   }
+  if (res.gpu_clocks)
+    std::printf("GPU over the steady steps (NVML, %d samples): %s\n", res.gpu_clocks->samples,
+                clock_summary_line(*res.gpu_clocks).c_str());
   if (res.skipped_steps) std::printf("fp16: %lld steps skipped on overflow\n", static_cast<long long>(res.skipped_steps));
   if (res.train_runtime > 0)
     std::printf("Data loading: the loop waited %.2f s for batches (%.1f%% of the run)\n", res.data_wait_s,

@@ -159,6 +159,7 @@ class RankRun {
   std::string m_best_ckpt;
   double m_now = 0;                     // seconds from the loop's start to the last step's end
   std::vector<double> m_train_stamps;   // each step's end, less the evaluations and checkpoints before it
+  std::vector<double> m_step_ends_s;    // each step's end on the NVML sampler's clock (sampler_now_s)
   nlohmann::json m_fingerprint;
   Progress m_p;
   TrainResult m_res;
@@ -364,7 +365,8 @@ bool RankRun::loop() {
   Prefetcher loader(*m_data->train, *m_batches, m_start_step * m_accum, m_total_steps * m_accum, m_opt.prefetch,
                     m_comm.rank(), per_rank());
   Nvml nvml;
-  NvmlSampler sampler(nvml, (fs::path(m_opt.output_dir) / "nvml.jsonl").string(), 0.2);
+  NvmlSampler sampler(nvml, (fs::path(m_opt.output_dir) / "nvml.jsonl").string(), 0.1,
+                      static_cast<unsigned>(std::max(0, m_dev.index)));
   auto used = [&] { return nvml_used_bytes(m_dev); };
   if (m_lead) {
     StartupInfo si;
@@ -445,6 +447,7 @@ bool RankRun::loop() {
     const StepOutcome s = m_step->finish(cur);
     m_now = std::chrono::duration<double>(Clock::now() - t0).count();
     m_train_stamps.push_back(m_now - paused);
+    m_step_ends_s.push_back(sampler_now_s());
     if (m_dev.cuda && step == m_start_step) {
       m_res.nvml_after_first_step_mb = used() >> 20;
       m_prof.probe_memory({});
@@ -485,6 +488,9 @@ bool RankRun::loop() {
     evaluate_now(m_total_steps);
   if (m_opt.load_best_model_at_end) load_best_model();
   sampler.stop();
+  // The clock and power of the steps steady samples/s counts (Note [clock and power]).
+  if (m_step_ends_s.size() > 3)
+    m_res.gpu_clocks = summarize_clocks(sampler.clock_samples(), m_step_ends_s[m_step_ends_s.size() / 2], m_step_ends_s.back());
   return true;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "memory/category.h"
+#include "telemetry/clocks.h"
 #include "train/options.h"
 
 namespace anatomy {
@@ -65,6 +66,7 @@ struct TrainResult {
   std::vector<int64_t> rank_gradient_bytes;         // each rank's allocator (ZeRO-2 shards them)
   std::vector<int64_t> rank_peak_bytes, rank_planned_bytes;  // each rank's total: allocated (per-category peaks), planned
   std::vector<int64_t> gpu_memory_per_rank_mb;      // NVML used on each rank's device at the end
+  std::optional<ClockSummary> gpu_clocks;  // the lead rank's GPU over the steady steps (Note [clock and power])
 };
 
 // The model configuration a run trains: --preset (with --num-labels) or the config.json of

@@ -49,6 +49,26 @@ TEST(TrainCuda, MixedPrecisionAnatomyIs18BytesPerParameterPlusActivations) {
   EXPECT_GT(r.gpu_memory_occupied_mb, 0);
 }
 
+// The steady steps' SM clock and power (Note [clock and power]): 2000 steps of bert-tiny take
+// seconds, so the 0.1 s sampler sees the second half several times.
+TEST(TrainCuda, TheSummaryReportsTheSteadyStepsClockAndPower) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  TrainOptions o = tiny_gpu("cuda_clocks");
+  o.precision = Precision::Bf16;
+  o.num_samples = 3200;
+  o.max_steps = 2000;
+  TrainResult r = train(o);
+  ASSERT_TRUE(r.gpu_clocks.has_value()) << "no NVML clock sample during the steady steps";
+  EXPECT_GE(r.gpu_clocks->samples, 2);
+  EXPECT_GT(r.gpu_clocks->sm_median_mhz, 100.0);
+  EXPECT_LE(r.gpu_clocks->sm_median_mhz, r.gpu_clocks->sm_max_mhz);
+  EXPECT_GT(r.gpu_clocks->power_median_w, 10.0);
+  EXPECT_GT(r.gpu_clocks->power_limit_w, r.gpu_clocks->power_median_w * 0.5);
+  nlohmann::json j;
+  std::ifstream(std::filesystem::path(o.output_dir) / "train_results.json") >> j;
+  EXPECT_DOUBLE_EQ(j.at("gpu_sm_clock_mhz_median").get<double>(), r.gpu_clocks->sm_median_mhz);
+}
+
 TEST(TrainCuda, Fp16OverflowSkipsTheStepAndBacksOff) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   TrainOptions o = tiny_gpu("cuda_fp16");
