@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -599,11 +600,23 @@ TEST(CudaOps, LayerNormBackwardWithoutOptionalOutputs) {
   expect_close(ctx, dsum, kTolF32, "dsum");
 }
 
+static void layernorm_backward_bert_shapes();
+
 // bert-large's LayerNorm backward (H = 1024, 16384 rows, the branch dropout fused or not) on the
-// persistent warp path, a row count that leaves the last grid step partial, and H = 4096 on the
-// block path; also dgamma or dbeta alone.
+// persistent group path, two packs a thread and (ANATOMY_LN_BWD=one-pack) one (Note [layernorm
+// backward, two packs a thread]), a row count that leaves the last grid step partial, and H = 4096
+// on the block path; also dgamma or dbeta alone.
 TEST(CudaOps, LayerNormBackwardBertShapes) {
   if (!anatomy::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const char* variant : {"", "one-pack"}) {
+    SCOPED_TRACE(std::string("ANATOMY_LN_BWD=") + variant);
+    setenv("ANATOMY_LN_BWD", variant, 1);
+    layernorm_backward_bert_shapes();
+  }
+  unsetenv("ANATOMY_LN_BWD");
+}
+
+static void layernorm_backward_bert_shapes() {
   Ctx ctx;
   SCOPED_TRACE(ctx.trace());
   struct Case {

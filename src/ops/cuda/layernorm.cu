@@ -18,6 +18,8 @@
 // dgamma/dbeta are reduced in two deterministic stages: each block writes one partial row
 // [dgamma | dbeta] to the scratch, reduce_partials sums them in a fixed order.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/rng.h"
 #include "ops/cuda/async_copy.cuh"
@@ -71,12 +73,16 @@ constexpr int kMaxPacksPerLane = kMaxWarpH / (32 * kVec<T>);
 // Lane l holds packs l, l+32, ... (P of them at most) of its row: packs of W = 16/sizeof(T).
 // sum (may be null: not stored) may alias branch: no __restrict__ on them; each element is
 // read before it is written, by the same thread.
-template <class T, class G, int P>
+// HC: the width when known at compile time (0: h_arg; else exactly P packs a lane), so that the
+// pack tests and offsets fold into constants, as in the backward's group kernel.
+template <class T, class G, int P, int HC = 0>
 __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
     T* __restrict__ y, T* sum, float* __restrict__ mean, float* __restrict__ rstd,
     const T* branch, const T* __restrict__ residual, const G* __restrict__ gamma,
-    const G* __restrict__ beta, int64_t rows, int h, float eps, Drop drop) {
+    const G* __restrict__ beta, int64_t rows, int h_arg, float eps, Drop drop) {
   constexpr int W = kVec<T>;
+  static_assert(HC == 0 || HC == P * 32 * W);
+  const int h = HC ? HC : h_arg;
   using V = Pack<T, W>;
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kWarpThreads / 32) + (threadIdx.x >> 5);
@@ -173,6 +179,16 @@ constexpr int kMaxGroupWarps = kMaxGroupThreads / 32;
 // staged kStages deep by cp.async, 2 blocks of 256 threads per SM; P = 2 (fp32 past 512) a
 // block of 512 threads per SM holding the next row in registers.
 constexpr int kStages = 6;
+// Note [layernorm backward, two packs a thread]
+// Session 20's Nsight Compute run of the kernel above at bert-large's shape (16384 x 1024 bf16,
+// dropout and the bias gradient fused) counted 64 instructions an element with the issue slots
+// 59% busy: a thread's row work is one 8-element pack, and the per-row costs (the ring's copies
+// and wait, the two warp sums, the group barrier, the row offsets) are paid for 8 elements. At
+// H = 1024 in half precision a row goes instead to 64 threads of two packs (eight groups a
+// block pair, 16 elements a thread for the same per-row costs; 48 column sums a thread in
+// registers), the ring 4 stages deep so that two blocks of 256 threads still fit an SM.
+// ANATOMY_LN_BWD=one-pack: the one-pack kernel, for A/B.
+constexpr int kStagesTwoPacks = 4;
 
 // 1/gamma, with 0 where |gamma| < FLT_MIN (that column's xhat is unknown; see the note). A
 // subnormal gamma would give an infinite reciprocal.
@@ -227,17 +243,18 @@ inline size_t group_smem_bytes(int h, int sums, int groups, int S, size_t elem, 
 //   mean(g) and mean(dy t); then dsum = rstd (dy gamma - mean(g) - t / gamma mean(dy t)).
 // dgamma accumulates dy t per column and is divided by gamma once, at the end. `sums` is the
 // partial row's count of column sums: 2 (dgamma, dbeta) or 3 (and dbias, from dbranch).
-// HC: the width when known at compile time (0: h_arg), the row then exactly L = HC / W packs, so
-// that the group's warps, the ring's offsets and every pack test fold into constants.
+// HC: the width when known at compile time (0: h_arg), the row then exactly L = HC / (P W)
+// threads of P packs each, so that the group's warps, the ring's offsets and every pack test fold
+// into constants.
 template <class T, class G, int P, int kThreads, int kMinBlocks, int S, int HC = 0>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) ln_backward_group(
     T* __restrict__ dsum, T* __restrict__ dbranch, float* __restrict__ partials, const T* __restrict__ dy,
     const T* __restrict__ y, const float* __restrict__ rstd, const G* __restrict__ gamma,
     const G* __restrict__ beta, int64_t rows, int h_arg, int L_arg, int sums, Drop drop) {
   constexpr int W = kVec<T>;
-  static_assert(HC == 0 || (P == 1 && HC % (32 * W) == 0 && HC / W <= kMaxGroupThreads));
+  static_assert(HC == 0 || (HC % (P * 32 * W) == 0 && HC / (P * W) <= kMaxGroupThreads));
   const int h = HC ? HC : h_arg;
-  const int L = HC ? HC / W : L_arg;
+  const int L = HC ? HC / (P * W) : L_arg;
   using V = Pack<T, W>;
   extern __shared__ float4 shared4[];
   float* shared = reinterpret_cast<float*>(shared4);
@@ -570,10 +587,15 @@ void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, c
             yp, sp, mean.ptr<float>(), rstd.ptr<float>(), bp, rp, gp, btp, rows, h, eps, drop);
       } else {
         const unsigned grid = static_cast<unsigned>((rows + kWarpThreads / 32 - 1) / (kWarpThreads / 32));
-        with_packs<T, 1>(p, [&](auto pc) {
-          ln_forward_warp<T, G, decltype(pc)::value><<<grid, kWarpThreads, 0, s>>>(
+        constexpr bool half = sizeof(T) == 2;
+        if (half && h == 1024)  // bert-large's width: 4 packs a lane, compiled in
+          ln_forward_warp<T, G, 4, half ? 1024 : 0><<<grid, kWarpThreads, 0, s>>>(
               yp, sp, mean.ptr<float>(), rstd.ptr<float>(), bp, rp, gp, btp, rows, h, eps, drop);
-        });
+        else
+          with_packs<T, 1>(p, [&](auto pc) {
+            ln_forward_warp<T, G, decltype(pc)::value><<<grid, kWarpThreads, 0, s>>>(
+                yp, sp, mean.ptr<float>(), rstd.ptr<float>(), bp, rp, gp, btp, rows, h, eps, drop);
+          });
       }
     });
     ANATOMY_CUDA_LAUNCH_CHECK();
@@ -616,7 +638,7 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
         ln_backward_block<T, G><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kBlockThreads, 0, s>>>(
             dsp, dbp, partials, dyp, yp, rstd.ptr<const float>(), gp, btp, rows, h, sums, drop);
       } else {
-        auto launch = [&](auto kernel, int threads, int per_sm, int stages) {
+        auto launch = [&](auto kernel, int threads, int per_sm, int stages, int L) {
           const int groups = threads / L;
           blocks = std::min<int64_t>((rows + groups - 1) / groups, static_cast<int64_t>(per_sm) * sm_count());
           if (reduce) blocks = std::min(blocks, cap);
@@ -628,19 +650,24 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
               dsp, dbp, partials, dyp, yp, rstd.ptr<const float>(), gp, btp, rows, h, L, sums, drop);
         };
         // Half types hold at most 128 packs a row at H <= 1024: P is 1; fp32 up to 2. BERT's
-        // widths in half precision get the compile-time width.
+        // widths in half precision get the compile-time width; at 1024, two packs a thread
+        // (Note [layernorm backward, two packs a thread]).
         auto launch_width = [&](auto hc) {
-          launch(ln_backward_group<T, G, 1, 256, 2, kStages, decltype(hc)::value>, 256, 2, kStages);
+          launch(ln_backward_group<T, G, 1, 256, 2, kStages, decltype(hc)::value>, 256, 2, kStages, L);
         };
         constexpr bool half = sizeof(T) == 2;
-        if (half && P == 1 && h == 1024)
+        const char* variant = std::getenv("ANATOMY_LN_BWD");
+        const bool one_pack = variant != nullptr && std::strcmp(variant, "one-pack") == 0;
+        if (half && P == 1 && h == 1024 && !one_pack)
+          launch(ln_backward_group<T, G, 2, 256, 2, kStagesTwoPacks, half ? 1024 : 0>, 256, 2, kStagesTwoPacks, 64);
+        else if (half && P == 1 && h == 1024)
           launch_width(std::integral_constant<int, half ? 1024 : 0>{});
         else if (half && P == 1 && h == 768)
           launch_width(std::integral_constant<int, half ? 768 : 0>{});
         else if (P == 1)
           launch_width(std::integral_constant<int, 0>{});
         else if constexpr (sizeof(T) == 4)
-          launch(ln_backward_group<T, G, 2, 512, 1, 0>, 512, 1, 0);
+          launch(ln_backward_group<T, G, 2, 512, 1, 0>, 512, 1, 0, L);
       }
       ANATOMY_CUDA_LAUNCH_CHECK();
       if (reduce) {
