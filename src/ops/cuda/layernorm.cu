@@ -231,12 +231,14 @@ __device__ __forceinline__ void load_floats(float (&o)[W], const float* p) {
   }
 }
 
-// Shared memory of the group kernel, in floats: the partial row [sums x H] when reducing, then
-// gamma | beta | 1/gamma [3H], then the row sums' slots (float2 [groups][2 parities][4 warps]).
-// With S stages: each group's ring of S [dy row | y row] of T and S x L rstd slots.
+// Shared memory of the group kernel, in floats: gamma | beta | 1/gamma [3H], then the row sums'
+// slots (float2 [groups][2 parities][4 warps]); with S stages, each group's ring of S [dy row |
+// y row] of T and S x L rstd slots. When reducing, the same memory then holds each group's column
+// sums [groups][sums][H] (at least that much).
 inline size_t group_smem_bytes(int h, int sums, int groups, int S, size_t elem, int L) {
-  return (static_cast<size_t>(sums) + 3) * h * sizeof(float) + static_cast<size_t>(groups) * 2 * kMaxGroupWarps * 8 +
-         static_cast<size_t>(groups) * S * (2 * h * elem + static_cast<size_t>(L) * sizeof(float));
+  const size_t rows = 3 * static_cast<size_t>(h) * sizeof(float) + static_cast<size_t>(groups) * 2 * kMaxGroupWarps * 8 +
+                      static_cast<size_t>(groups) * S * (2 * h * elem + static_cast<size_t>(L) * sizeof(float));
+  return std::max(rows, static_cast<size_t>(groups) * sums * h * sizeof(float));
 }
 
 // Per row, with t = y - beta (so g xhat = dy t, and no division in the first pass):
@@ -258,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) ln_backward_group(
   using V = Pack<T, W>;
   extern __shared__ float4 shared4[];
   float* shared = reinterpret_cast<float*>(shared4);
-  float* s_gamma = shared + (partials ? sums * h : 0);
+  float* s_gamma = shared;
   float* s_beta = s_gamma + h;
   float* s_inv = s_beta + h;
   float2* s_rows = reinterpret_cast<float2*>(s_inv + h);
@@ -413,34 +415,30 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) ln_backward_group(
       for (int j = 0; j < W; ++j) dg[p][j] *= iv[j];
     }
   }
-  // Group order, 16 bytes at a time (W is a multiple of 4); thread t of every group owns the
-  // same columns, and no other thread touches them.
-  for (int gi = 0; gi < groups; ++gi) {
-    if (group == gi) {
+  // Each group's column sums into its own slice [group][sums][H] of the shared memory (the
+  // staging above is done with: after a barrier every thread is past its rows and its reads of
+  // 1/gamma), 16 bytes at a time (W is a multiple of 4); then each thread adds the groups of its
+  // columns in group order and writes the block's partial row.
+  __syncthreads();
+  float4* slice = shared4 + static_cast<size_t>(group) * sums * (h / 4) + t * (W / 4);
 #pragma unroll
-      for (int p = 0; p < P; ++p) {
-        const int q = p * L + t;
-        if (q < packs)
+  for (int p = 0; p < P; ++p)
+    if (p * L + t < packs)
 #pragma unroll
-          for (int j = 0; j < W; j += 4) {
-            const int c4 = (q * W + j) / 4;
-            float4 v[3] = {make_float4(dg[p][j], dg[p][j + 1], dg[p][j + 2], dg[p][j + 3]),
-                           make_float4(db[p][j], db[p][j + 1], db[p][j + 2], db[p][j + 3]),
-                           make_float4(dz[p][j], dz[p][j + 1], dz[p][j + 2], dz[p][j + 3])};
-#pragma unroll
-            for (int k = 0; k < 3; ++k)
-              if (k < sums) {
-                float4& s = shared4[k * (h / 4) + c4];
-                if (gi) v[k] = make_float4(s.x + v[k].x, s.y + v[k].y, s.z + v[k].z, s.w + v[k].w);
-                s = v[k];
-              }
-          }
+      for (int j = 0; j < W; j += 4) {
+        float4* c = slice + (p * L * W + j) / 4;  // column (p L + t) W + j
+        c[0] = make_float4(dg[p][j], dg[p][j + 1], dg[p][j + 2], dg[p][j + 3]);
+        c[h / 4] = make_float4(db[p][j], db[p][j + 1], db[p][j + 2], db[p][j + 3]);
+        if (bias_sums) c[h / 2] = make_float4(dz[p][j], dz[p][j + 1], dz[p][j + 2], dz[p][j + 3]);
       }
-    }
-    __syncthreads();
-  }
+  __syncthreads();
   float* out = partials + static_cast<size_t>(blockIdx.x) * sums * h;
-  for (int c = threadIdx.x; c < sums * h; c += blockDim.x) out[c] = shared[c];
+  const int row_floats = sums * h;
+  for (int c = threadIdx.x; c < row_floats; c += blockDim.x) {
+    float a = shared[c];
+    for (int gi = 1; gi < groups; ++gi) a += shared[static_cast<size_t>(gi) * row_floats + c];
+    out[c] = a;
+  }
 }
 
 // ---- kernels: block per row (any H) -----------------------------------------------------------
