@@ -132,7 +132,33 @@ def pretrain_mlm(binary, model_dir, data_dir, labels, epochs, lr, root):
     return out, r
 
 
-def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, warmup=0.0, seed=0):
+def eval_variants(model, tok, valid, cuda):
+    """The trained model's validation accuracy computed more ways, to tell a prediction problem
+    from a training one: in fp32 without autocast, batches of 64 padded as the Trainer pads them
+    ("fp32 padded"); in fp32 one sample at a time, no padding ("fp32 alone"); in bf16 autocast one
+    sample at a time ("bf16 alone"); fp32 padded with the model in training mode ("fp32 train mode":
+    dropout on where the config has any); and the share of the most predicted class in each."""
+    import torch
+    from transformers import DataCollatorWithPadding
+    dev = "cuda" if cuda else "cpu"
+    model = model.to(dev).float().eval()
+    collate = DataCollatorWithPadding(tok)
+    out = {}
+    for name, batch, autocast, train_mode in (("fp32 padded", 64, False, False), ("fp32 alone", 1, False, False),
+                                              ("bf16 alone", 1, cuda, False), ("fp32 train mode", 64, False, True)):
+        model.train(train_mode)
+        preds = []
+        with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16, enabled=autocast):
+            for i in range(0, len(valid), batch):
+                b = collate([{k: v for k, v in r.items() if k != "labels"} for r in valid[i:i + batch]])
+                preds += model(**{k: v.to(dev) for k, v in b.items()}).logits.argmax(-1).tolist()
+        out[f"accuracy {name}"] = sum(p == r["labels"] for p, r in zip(preds, valid)) / len(valid)
+        out[f"top class share {name}"] = max(preds.count(c) for c in set(preds)) / len(preds)
+    model.eval()
+    return out
+
+
+def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, warmup=0.0, seed=0, check_eval=False):
     import torch
     import transformers
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
@@ -183,6 +209,10 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, war
     wall = time.perf_counter() - t0
     pred = trainer.predict(valid)
     acc = float((pred.predictions.argmax(-1) == pred.label_ids).mean())
+    checks = eval_variants(trainer.model, tok, valid, cuda) if check_eval else {}
+    if checks:
+        print(f"trainer predictions: predict() {acc:.3f}; " + ", ".join(f"{k} {v:.3f}" for k, v in checks.items()),
+              flush=True)
     steps = len(clock.t)
     half = steps // 2
     # Samples per step: BATCH except a short last batch of each epoch; the second half's count
@@ -193,7 +223,7 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, war
              for i in range(steps)]
     steady = sum(sizes[half + 1:]) / (clock.t[-1] - clock.t[half])
     return dict(samples_per_second=len(train) * epochs / wall, steady_samples_per_second=steady, accuracy=acc,
-                steps=steps, wall_s=wall)
+                steps=steps, wall_s=wall, **checks)
 
 
 def run_anatomy(binary, model_dir, data_dir, flags, epochs, workdir, cuda, lr, precision="bf16", logging_steps=0,
@@ -267,6 +297,9 @@ def main():
     ap.add_argument("--precision", default="bf16", help="anatomy's --precision on the GPU: bf16, fp8 or fp8-e4m3 (fp8 with --fp8-format e4m3)")
     ap.add_argument("--logging-steps", type=int, default=0,
                     help="anatomy's --logging-steps; > 0 keeps each run's metrics.jsonl (the loss curve) in --out")
+    ap.add_argument("--trainer-eval-check", action="store_true",
+                    help="also score the Trainer's model in fp32 (padded batches, and one sample at a time) and in bf16 "
+                         "one at a time, beside trainer.predict()")
     ap.add_argument("--repeat", type=int, default=3,
                     help="run each anatomy configuration N times; its row is the run of median steady samples/s")
     args = ap.parse_args()
@@ -313,7 +346,8 @@ def main():
                 if ("grouped" if grouped else "random") in args.trainer_runs.split(","):
                     runs.append(("trainer grouped" if grouped else "trainer random",
                                  lambda w, seed, g=grouped: run_trainer(model_dir, data, labels, g, args.epochs, w, cuda,
-                                                                        args.lr, args.warmup_ratio, seed)))
+                                                                        args.lr, args.warmup_ratio, seed,
+                                                                        args.trainer_eval_check)))
         if args.only in ("all", "anatomy"):
             chosen = args.anatomy_runs.split(",")
             for run_name, flags in (("anatomy tokens", []), ("anatomy padded", ["--no-skip-padding"]),

@@ -312,7 +312,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) ln_backward_group(
     for (int k = 0; k + 1 < S; ++k) issue(row + k * step, k);
   RowIn<T, P> cur;
   if (S == 0 && row < rows) load_row(cur, dy, y, rstd, row, h, t, L);
-  for (; row < rows; row += step) {
+  // Every group of the block runs as many rows as its group 0 (the most), a group past the end
+  // on a row of zeros (dy = 0 and rstd = 0: it adds nothing to the column sums and stores
+  // nothing), so that all groups reach their barriers alike. (With one row fewer for some groups
+  // compute-sanitizer's racecheck reported hazards between accesses a __syncthreads separates:
+  // session26/call3-lnbwd, call4-lnbwd-mbcheck.)
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * groups;
+  const int64_t iters = first < rows ? (rows - first + step - 1) / step : 0;
+  for (int64_t it = 0; it < iters; ++it, row += step) {
+    const bool valid = row < rows;
     RowIn<T, P> next;
     if constexpr (S > 0) {
       issue(row + (S - 1) * step, slot == 0 ? S - 1 : slot - 1);
@@ -331,6 +339,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) ln_backward_group(
     } else if (row + step < rows) {
       load_row(next, dy, y, rstd, row + step, h, t, L);
     }
+    if (!valid) cur = RowIn<T, P>{};
     const float rs = cur.rs;
     float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
@@ -396,8 +405,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) ln_backward_group(
             }
           }
         }
-        reinterpret_cast<V*>(dsum + base)[q] = o;
-        if (dbranch) reinterpret_cast<V*>(dbranch + base)[q] = ob;
+        if (valid) {
+          reinterpret_cast<V*>(dsum + base)[q] = o;
+          if (dbranch) reinterpret_cast<V*>(dbranch + base)[q] = ob;
+        }
       }
     }
     if constexpr (S == 0) cur = next;
