@@ -573,15 +573,26 @@ void nvml_section(std::string& h, const std::vector<RunData>& runs) {
   section_open(h, "nvml", "NVML samples over time",
                "GPU memory in use and utilization, sampled by NVML in the background while the run went on: "
                "utilization is the share of time a kernel was running (GPU) or device memory was being read or "
-               "written (memory).");
-  bool any = false;
-  for (const RunData& r : runs) any = any || !r.nvml.is_null();
+               "written (memory). Where the sampler read them, the SM clock and the board's power too.");
+  bool any = false, clocks = false;
+  for (const RunData& r : runs) {
+    any = any || !r.nvml.is_null();
+    if (!r.nvml.is_null() && r.nvml.contains("clock"))
+      for (const json& v : r.nvml["clock"]) clocks = clocks || v.is_number();
+  }
   if (!any) {
     missing(h, "No run has an nvml.jsonl: no samples over time.");
   } else {
     h += "<div class=\"grid\">";
     chart(h, "nvml-memory", -1, "Device memory in use, MiB, against seconds since sampling began.");
     chart(h, "nvml-util", -1, "Utilization, percent: GPU (solid) and memory (dashed), against seconds.");
+    // Runs written before the sampler read clocks have none: their charts would be empty.
+    if (clocks) {
+      chart(h, "nvml-clock", -1,
+            "SM clock, MHz, against seconds: below its maximum while the board is held at its power limit "
+            "(Note [clock and power]).");
+      chart(h, "nvml-power", -1, "Board power, W, against seconds.");
+    }
     h += "</div>";
   }
   h += "</section>\n";

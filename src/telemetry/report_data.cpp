@@ -132,7 +132,8 @@ json load_nvml(const fs::path& dir, std::vector<std::string>& notes) {
   std::vector<json> rows = read_jsonl(p, "nvml.jsonl", notes);
   int64_t skipped = 0;
   json n = columns(rows, "t_s",
-                   {{"t_s", "t"}, {"gpu_memory_used_mb", "mem"}, {"gpu_util_pct", "util"}, {"mem_util_pct", "mutil"}},
+                   {{"t_s", "t"}, {"gpu_memory_used_mb", "mem"}, {"gpu_util_pct", "util"}, {"mem_util_pct", "mutil"},
+                    {"sm_clock_mhz", "clock"}, {"power_w", "power"}},
                    skipped);
   if (skipped) notes.push_back(str_cat("nvml.jsonl: ", skipped, " line(s) without a numeric 't_s' were skipped."));
   if (n["t"].empty()) {

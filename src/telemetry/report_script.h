@@ -402,8 +402,16 @@ inline constexpr const char* kScript = R"JS(
     drawLines(svg, nvmlSeries([['util', 'GPU', null], ['mutil', 'memory', '5 3']]), { xlabel: 'seconds', ylabel: 'utilization %', xname: 't', yname: '%', ymax: 100 });
   }
 
+  function drawNvmlClock(svg) {
+    drawLines(svg, nvmlSeries([['clock', '', null]]), { xlabel: 'seconds', ylabel: 'SM clock, MHz', xname: 't', yname: 'MHz' });
+  }
+  function drawNvmlPower(svg) {
+    drawLines(svg, nvmlSeries([['power', '', null]]), { xlabel: 'seconds', ylabel: 'board power, W', xname: 't', yname: 'W' });
+  }
+
   var DRAW = { memory: drawMemory, timeline: drawTimeline, classes: drawClasses, fwdbwd: drawFwdBwd, roofline: drawRoofline,
-               loss: drawLoss, throughput: drawThroughput, 'nvml-memory': drawNvmlMemory, 'nvml-util': drawNvmlUtil };
+               loss: drawLoss, throughput: drawThroughput, 'nvml-memory': drawNvmlMemory, 'nvml-util': drawNvmlUtil,
+               'nvml-clock': drawNvmlClock, 'nvml-power': drawNvmlPower };
   var charts = document.querySelectorAll('svg.chart'), drawn = 0;
   Array.prototype.forEach.call(charts, function (svg) {
     var kind = svg.getAttribute('data-chart'), ri = svg.getAttribute('data-run');

@@ -253,6 +253,20 @@ TEST(Report, MissingOptionalFilesAreNamedInThePage) {
   for (const char* id : kSectionIds) EXPECT_TRUE(has(h, std::string("<section id=\"") + id + "\">")) << id;
 }
 
+// The SM clock and power charts (Note [clock and power]) appear when a run's nvml.jsonl has
+// clock samples; the fixture runs, sampled before the clock was read, show none.
+TEST(Report, ClockAndPowerChartsOnlyWithClockSamples) {
+  EXPECT_FALSE(has(render_report({kBs32}), "data-chart=\"nvml-clock\""));
+  const std::string d = results_only_run("clocks");
+  spit(d + "/nvml.jsonl",
+       "{\"t_s\": 0.0, \"gpu_util_pct\": 10, \"sm_clock_mhz\": 1980, \"power_w\": 120.5}\n"
+       "{\"t_s\": 0.1, \"gpu_util_pct\": 100, \"sm_clock_mhz\": 1725, \"power_w\": 692.0}\n");
+  const std::string h = render_report({kBs32, d});
+  EXPECT_EQ(count(h, "data-chart=\"nvml-clock\""), 1u);
+  EXPECT_EQ(count(h, "data-chart=\"nvml-power\""), 1u);
+  EXPECT_TRUE(has(h, "1725") && has(h, "692"));  // the samples travel in the page's data
+}
+
 TEST(Report, GarbledOptionalFilesAreReportedNotFatal) {
   const std::string d = results_only_run("garbled");
   spit(d + "/profile.json", "{\"ops\": [");
@@ -416,7 +430,7 @@ TEST(Report, RendersInHeadlessChromium) {
   // Degenerate inputs (one sample, one event, no ceilings, no NVML memory) draw without errors.
   const std::string edge = results_only_run("chromium_edge"), edge_html = tmp("edge.html");
   spit(edge + "/metrics.jsonl", "{\"step\": 1, \"loss\": 0.7, \"samples_per_second\": 5}\n");
-  spit(edge + "/nvml.jsonl", "{\"t_s\": 0.0, \"gpu_util_pct\": 50}\n");
+  spit(edge + "/nvml.jsonl", "{\"t_s\": 0.0, \"gpu_util_pct\": 50, \"sm_clock_mhz\": 1725, \"power_w\": 690}\n");
   spit(edge + "/profile.json",
        "{\"step_time_ms\": 3, \"ops\": [{\"name\": \"copy\", \"class\": \"data\", \"phase\": \"data\", \"calls\": 1, "
        "\"time_ms\": 0.1, \"flops\": 0, \"bytes\": 100}, {\"name\": \"mm\", \"class\": \"tensor_contraction\", "
@@ -426,7 +440,7 @@ TEST(Report, RendersInHeadlessChromium) {
   r = chromium(bin, edge_html, "--dump-dom", "edge");
   EXPECT_TRUE(has(r.output, "data-errors=\"0\"")) << between(r.output, "<p id=\"script-status\"", "</p>");
   const auto e = drawn_charts(r.output);
-  EXPECT_EQ(e.size(), 9u);
+  EXPECT_EQ(e.size(), 11u);  // with the SM clock and power charts
   for (const auto& [kind, n] : e) {
     if (kind == "nvml-memory") EXPECT_EQ(n, 0) << "no memory samples, so nothing to draw";
     else EXPECT_GT(n, 0) << kind;
