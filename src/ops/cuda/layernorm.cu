@@ -187,7 +187,11 @@ constexpr int kStages = 6;
 // H = 1024 in half precision a row goes instead to 64 threads of two packs (eight groups a
 // block pair, 16 elements a thread for the same per-row costs; 48 column sums a thread in
 // registers), the ring 4 stages deep so that two blocks of 256 threads still fit an SM.
-// ANATOMY_LN_BWD=one-pack: the one-pack kernel, for A/B.
+// Measured on the H200 in three same-call A/Bs (bench/results/2026-11-28-h200/session26/call3-5):
+// 3.19-3.25 -> 3.05-3.08 ms a bert-large step (66 -> 62 us a call), less than halving the
+// per-row costs would give if they were most of the time. ANATOMY_LN_BWD=one-pack: the one-pack
+// kernel, for A/B. The groups' column sums add the rows in another grouping than the one-pack's:
+// the same run to run, not bitwise the one-pack's.
 constexpr int kStagesTwoPacks = 4;
 
 // 1/gamma, with 0 where |gamma| < FLT_MIN (that column's xhat is unknown; see the note). A
