@@ -31,7 +31,9 @@ struct ClockSample {
 struct ClockSummary {
   int samples = 0;
   double sm_median_mhz = 0, sm_max_mhz = 0, power_median_w = 0, power_limit_w = 0;
-  double power_capped = 0, thermal = 0;  // shares of the samples with those reasons raised
+  // Shares of the samples with the software power cap or the hardware power brake raised, and
+  // with a thermal slowdown raised.
+  double power_capped = 0, thermal = 0;
 };
 // Over the samples with from_s <= t_s <= to_s; nullopt when there are none.
 std::optional<ClockSummary> summarize_clocks(const std::vector<ClockSample>& samples, double from_s, double to_s);
