@@ -186,6 +186,8 @@ void write_profile(const std::string& path, const ProfileSummary& s, const Ceili
   j["optimizer_ms"] = s.phase_ms[2];
   j["data_ms"] = s.phase_ms[3];
   j["ceilings"] = {{"tflops", c.tflops}, {"gbps", c.gbps}};
+  if (s.steps_sm_mhz && c.sm_mhz)
+    j["sm_clock_mhz"] = {{"profiled_steps", s.steps_sm_mhz}, {"ceilings", c.sm_mhz}, {"max", s.max_sm_mhz}};
   if (s.ranks > 1)
     j["gradient_reduction"] = {{"ranks", s.ranks},
                                {"buckets_per_step", s.reduce_buckets},
@@ -242,6 +244,10 @@ void print_profile(const ProfileSummary& s, const Ceilings& c) {
                 "backward ended: %.0f%% hidden behind backward\n",
                 s.ranks, s.reduce_buckets, s.reduce_ms, s.reduce_exposed_ms, overlap_pct(s));
   std::printf("  measured ceilings: %.0f TFLOP/s (matrix product), %.0f GB/s (device copy)\n", c.tflops, c.gbps);
+  if (s.steps_sm_mhz && c.sm_mhz)
+    std::printf("  SM clock (NVML): %u MHz at the end of the profiled steps, %u MHz after the ceilings, %u at most;"
+                " a step held at the power limit runs its ops at the lower clock\n",
+                s.steps_sm_mhz, c.sm_mhz, s.max_sm_mhz);
   std::printf("  per op (ms/step, TFLOP/s, GB/s):\n");
   std::vector<OpStat> ops = s.ops;
   std::sort(ops.begin(), ops.end(), [](const OpStat& a, const OpStat& b) { return a.time_ms > b.time_ms; });

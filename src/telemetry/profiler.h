@@ -30,6 +30,10 @@ struct ProfileSummary {
   // dist/communicator.h; the trainer fills these in).
   int ranks = 1;
   double reduce_buckets = 0, reduce_ms = 0, reduce_exposed_ms = 0;
+  // NVML's SM clock read at the end of the profiled steps, and its maximum (0: no NVML; the
+  // trainer fills these in): a rate compares with the ceilings at the clocks of each (Note [clock
+  // and power] in telemetry/clocks.h).
+  unsigned steps_sm_mhz = 0, max_sm_mhz = 0;
   double covered_ms() const;          // sum of op times per step
 };
 
@@ -93,6 +97,7 @@ class OpProfiler final : public OpObserver {
 // large device-to-device copy (bytes read plus written). Allocates its buffers as Temporary.
 struct Ceilings {
   double tflops = 0, gbps = 0;
+  unsigned sm_mhz = 0;  // NVML's SM clock read just after measuring them (0: no NVML; the trainer's)
 };
 Ceilings measure_ceilings(Backend& be);
 

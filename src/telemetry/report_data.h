@@ -14,7 +14,8 @@
 //   nvml.jsonl           one object per line: t_s, gpu_memory_used_mb, gpu_util_pct, mem_util_pct,
 //                        sm_clock_mhz, power_w, clock_event_reasons (Note [clock and power])
 //   profile.json         {steps_profiled, step_time_ms, forward_ms, backward_ms, optimizer_ms,
-//                         data_ms (optional), ceilings: {tflops, gbps},
+//                         data_ms (optional), ceilings: {tflops, gbps}, sm_clock_mhz (optional:
+//                         {profiled_steps, ceilings, max}, Note [clock and power]),
 //                         ops: [{name, class, phase, calls, time_ms, flops, bytes}],
 //                         classes: [{class, flops_pct, time_pct, tflops, gbps}]}
 //                        time_ms, flops and bytes of an op are totals over its calls in one

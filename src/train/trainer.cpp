@@ -585,7 +585,16 @@ void RankRun::profile() {
   ps.reduce_buckets = static_cast<double>(rt.buckets) / steps;
   ps.reduce_ms = rt.reduce_ms / steps, ps.reduce_exposed_ms = rt.exposed_ms / steps;
   if (!m_lead) return;
-  const Ceilings ceil = measure_ceilings(*m_dev.backend);
+  Nvml nvml;  // the clocks of the profiled steps and of the ceilings (none on the CPU)
+  const unsigned device = static_cast<unsigned>(std::max(0, m_dev.index));
+  const std::optional<GpuClocks> at_steps = m_dev.cuda ? nvml.clocks(device) : std::nullopt;
+  Ceilings ceil = measure_ceilings(*m_dev.backend);
+  const std::optional<GpuClocks> at_ceilings = m_dev.cuda ? nvml.clocks(device) : std::nullopt;
+  if (at_steps && at_ceilings) {
+    ps.steps_sm_mhz = at_steps->sm_mhz;
+    ps.max_sm_mhz = at_steps->max_sm_mhz;
+    ceil.sm_mhz = at_ceilings->sm_mhz;
+  }
   write_profile((fs::path(m_opt.output_dir) / "profile.json").string(), ps, ceil);
   print_profile(ps, ceil);
 }

@@ -89,3 +89,38 @@ TEST(Profiler, CpuRunWritesAProfileWhoseOpsAddUpToTheStep) {
   EXPECT_TRUE(contraction);
   EXPECT_GT(j["ops"].size(), 10u);
 }
+
+// With NVML's clocks (the trainer reads them on a GPU) the table says at which clocks the steps
+// and the ceilings ran, and profile.json keeps them; without them (the CPU) neither mentions a clock.
+TEST(Profiler, TheClocksOfTheStepsAndCeilingsArePrintedWhenKnown) {
+  ProfileSummary s;
+  s.steps = 1;
+  s.step_ms = 2.0;
+  s.ops.push_back(OpStat{"matmul", Phase::Forward, OpClass::TensorContraction, 1, 2.0, 1e9, 1e6});
+  Ceilings c{100.0, 1000.0};
+  const std::string path = testing_dirs::fresh_dir("profile_clocks") + "/profile.json";
+  for (bool known : {false, true}) {
+    if (known) {
+      s.steps_sm_mhz = 1740;
+      s.max_sm_mhz = 1980;
+      c.sm_mhz = 1965;
+    }
+    testing::internal::CaptureStdout();
+    print_profile(s, c);
+    const std::string out = testing::internal::GetCapturedStdout();
+    write_profile(path, s, c);
+    nlohmann::json j;
+    std::ifstream(path) >> j;
+    if (known) {
+      EXPECT_NE(out.find("SM clock (NVML): 1740 MHz at the end of the profiled steps, 1965 MHz after the ceilings, "
+                         "1980 at most"),
+                std::string::npos)
+          << out;
+      EXPECT_EQ(j.at("sm_clock_mhz").at("profiled_steps").get<unsigned>(), 1740u);
+      EXPECT_EQ(j.at("sm_clock_mhz").at("ceilings").get<unsigned>(), 1965u);
+    } else {
+      EXPECT_EQ(out.find("SM clock"), std::string::npos) << out;
+      EXPECT_FALSE(j.contains("sm_clock_mhz"));
+    }
+  }
+}
