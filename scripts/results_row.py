@@ -6,8 +6,9 @@
 levers: samples/s, planned / allocated MiB (shared bytes counted once), gradients in
 activations, NVML, NVML minus baseline and context, optimizer and gradient bytes/param,
 activations, last loss (scripts/device.sh levers). dist: ranks, ZeRO stage, samples/s, first and
-last step loss, optimizer state per rank, NVML per GPU (scripts/device.sh dist). A missing or
-unreadable file gives a row that says so."""
+last step loss, optimizer state per rank, NVML per GPU, the steady steps' median SM clock and
+power (scripts/device.sh dist, distab, trainab: an A/B at the power limit is also one of clocks,
+Note [clock and power]). A missing or unreadable file gives a row that says so."""
 import json
 import sys
 
@@ -33,7 +34,12 @@ def dist(name, r):
     opt = r.get("rank_optimizer_state_bytes") or [r["allocator_peak_bytes"]["optimizer_state"]]
     return (f"| {name} | {r.get('world_size', 1)} | {r.get('zero_stage', 0)} | {r['steady_samples_per_second']:.1f} | "
             f"{r['first_step_loss']:.6f} | {r['last_step_loss']:.6f} | {' / '.join(f'{mib(b):.0f}' for b in opt)} | "
-            f"{' / '.join(str(m) for m in per)} |")
+            f"{' / '.join(str(m) for m in per)} | {clock(r)} |")
+
+
+def clock(r):
+    mhz, watts = r.get("gpu_sm_clock_mhz_median"), r.get("gpu_power_w_median")
+    return "n/a" if mhz is None else f"{mhz:.0f} MHz, {watts:.0f} W"
 
 
 if __name__ == "__main__":
