@@ -251,10 +251,11 @@ int run_plan(const TrainOptions& o, int64_t gpu_memory, bool has_gpu) {
     where = str_cat("a GPU of ", gpu_memory >> 20, " MiB (--gpu-memory; reserving 1300 MB for the CUDA context)");
   } else if (has_gpu) {
     Nvml nvml;
-    if (auto m = nvml.memory(0)) {
+    const unsigned gpu = nvml_index_of(0);  // CUDA's device 0, whatever CUDA_VISIBLE_DEVICES made it
+    if (auto m = nvml.memory(gpu)) {
       capacity = static_cast<int64_t>(m->free);
       reserved = int64_t{600} << 20;
-      where = str_cat("the GPU present (", nvml.device_name(0), ", ", m->free >> 20, " MiB free, reserving 600 MiB for the context)");
+      where = str_cat("the GPU present (", nvml.device_name(gpu), ", ", m->free >> 20, " MiB free, reserving 600 MiB for the context)");
     } else {
       where = "the GPU present (NVML reports no free memory: --gpu-memory names a size)";
     }

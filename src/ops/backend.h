@@ -383,6 +383,9 @@ std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 // True when this build has the CUDA backend and a CUDA device is present.
 bool cuda_available();
 int cuda_device_count();  // 0 without a CUDA backend or device
+// CUDA device `device`'s PCI bus id ("0000:1B:00.0"), by which NVML finds the same board whatever
+// CUDA_VISIBLE_DEVICES renumbered; empty without a CUDA backend or that device.
+std::string cuda_pci_bus_id(int device);
 // Throws anatomy::Error when the build has no CUDA backend or no device is present.
 std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
 

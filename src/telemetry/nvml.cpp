@@ -23,6 +23,8 @@ using NameFn = nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned int);
 using ClockFn = nvmlReturn_t (*)(nvmlDevice_t, int, unsigned int*);  // type NVML_CLOCK_SM = 1; MHz
 using MilliwattFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned int*);
 using ReasonsFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned long long*);
+using ByPciFn = nvmlReturn_t (*)(const char*, nvmlDevice_t*);
+using IndexFn = nvmlReturn_t (*)(nvmlDevice_t, unsigned int*);
 constexpr int kClockSm = 1;
 using ShutdownFn = nvmlReturn_t (*)();
 }  // namespace
@@ -45,6 +47,8 @@ Nvml::Nvml() {
   // Renamed from "throttle" to "event" reasons in driver 535; the old name stays exported.
   m_get_reasons = dlsym(m_lib, "nvmlDeviceGetCurrentClocksEventReasons");
   if (!m_get_reasons) m_get_reasons = dlsym(m_lib, "nvmlDeviceGetCurrentClocksThrottleReasons");
+  m_get_by_pci = dlsym(m_lib, "nvmlDeviceGetHandleByPciBusId_v2");
+  m_get_index = dlsym(m_lib, "nvmlDeviceGetIndex");
   m_shutdown = dlsym(m_lib, "nvmlShutdown");
   if (!init || !m_get_handle || !m_get_memory) {
     m_why = "libnvidia-ml.so.1 lacks the expected entry points";
@@ -94,6 +98,16 @@ std::optional<GpuClocks> Nvml::clocks(unsigned device) const {
       reinterpret_cast<ReasonsFn>(m_get_reasons)(h, &reasons) != 0)
     return std::nullopt;
   return GpuClocks{sm, max_sm, mw / 1000.0, limit_mw / 1000.0, reasons};
+}
+
+std::optional<unsigned> Nvml::index_of_pci_bus(const std::string& bus_id) const {
+  if (!m_ok || !m_get_by_pci || !m_get_index || bus_id.empty()) return std::nullopt;
+  nvmlDevice_t h = nullptr;
+  unsigned index = 0;
+  if (reinterpret_cast<ByPciFn>(m_get_by_pci)(bus_id.c_str(), &h) != 0 ||
+      reinterpret_cast<IndexFn>(m_get_index)(h, &index) != 0)
+    return std::nullopt;
+  return index;
 }
 
 std::string Nvml::device_name(unsigned device) const {

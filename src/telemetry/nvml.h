@@ -37,6 +37,9 @@ class Nvml {
   // nullopt when the driver lacks one of the five queries or refuses one.
   std::optional<GpuClocks> clocks(unsigned device = 0) const;
   std::string device_name(unsigned device = 0) const;
+  // NVML's index of the board at PCI bus id `bus_id` (cuda_pci_bus_id's form); nullopt when
+  // NVML does not know it.
+  std::optional<unsigned> index_of_pci_bus(const std::string& bus_id) const;
 
  private:
   void* m_lib = nullptr;
@@ -51,6 +54,8 @@ class Nvml {
   void* m_get_power = nullptr;
   void* m_get_power_limit = nullptr;
   void* m_get_reasons = nullptr;
+  void* m_get_by_pci = nullptr;
+  void* m_get_index = nullptr;
   void* m_shutdown = nullptr;
 };
 

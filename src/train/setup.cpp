@@ -23,6 +23,7 @@ TrainDevice make_train_device(const TrainOptions& opt, int local_rank, int local
   if (d.cuda) {
     ANATOMY_CHECK(cuda_device_count() > local_rank, "--nproc-per-node ", local_world, ": this machine has ",
                   cuda_device_count(), " CUDA device(s) (one rank per device; --device cpu runs ranks on the CPU)");
+    d.nvml_index = nvml_index_of(local_rank);
     d.used_before = nvml_used_bytes(d);
     d.backend = make_cuda_backend(local_rank);
     d.used_context = nvml_used_bytes(d);
@@ -36,9 +37,14 @@ TrainDevice make_train_device(const TrainOptions& opt, int local_rank, int local
 
 int64_t nvml_used_bytes(const TrainDevice& dev) {
   if (!dev.cuda) return -1;
-  static Nvml nvml;  // NVML's device r is taken to be CUDA's device r (no CUDA_VISIBLE_DEVICES reordering)
-  auto m = nvml.memory(static_cast<unsigned>(dev.index));
+  static Nvml nvml;
+  auto m = nvml.memory(dev.nvml_index);
   return m ? static_cast<int64_t>(m->used) : -1;
+}
+
+unsigned nvml_index_of(int cuda_device) {
+  static Nvml nvml;
+  return nvml.index_of_pci_bus(cuda_pci_bus_id(cuda_device)).value_or(static_cast<unsigned>(std::max(0, cuda_device)));
 }
 
 namespace {
@@ -117,7 +123,7 @@ void OutputDir::append_metrics(const std::string& json_line) {
 int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const TrainDevice& dev, Communicator& comm) {
   if (opt.per_device_train_batch_size != TrainOptions::kAutoBatch) return opt.per_device_train_batch_size;
   static Nvml nvml;
-  auto mem = dev.cuda ? nvml.memory(static_cast<unsigned>(dev.index)) : std::nullopt;
+  auto mem = dev.cuda ? nvml.memory(dev.nvml_index) : std::nullopt;
   ANATOMY_CHECK(mem.has_value(), "--per-device-train-batch-size auto needs a GPU whose free memory NVML reports");
   double b = static_cast<double>(largest_batch_that_fits(plan_input(opt, cfg, 1, Device::CUDA, comm.size(), comm.rank()),
                                                          static_cast<int64_t>(mem->free), int64_t{256} << 20));
@@ -129,7 +135,7 @@ int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const
 
 void check_plan_fits(const PlanInput& in, const MemoryPlan& plan, const TrainDevice& dev, int64_t accum) {
   static Nvml nvml;
-  auto mem = dev.cuda ? nvml.memory(static_cast<unsigned>(dev.index)) : std::nullopt;
+  auto mem = dev.cuda ? nvml.memory(dev.nvml_index) : std::nullopt;
   if (!mem) return;
   const int64_t free_bytes = static_cast<int64_t>(mem->free), slack = int64_t{256} << 20;
   if (plan.total() + slack <= free_bytes) return;

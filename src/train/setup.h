@@ -21,6 +21,7 @@ struct TrainDevice {
   std::unique_ptr<Backend> backend;
   bool cuda = false;
   int index = 0;               // the CUDA device (the rank's local rank)
+  unsigned nvml_index = 0;     // NVML's index of the same board (nvml_index_of)
   int64_t used_before = -1;    // NVML used bytes before the backend started
   int64_t used_context = -1;   // ... after (the CUDA context)
 };
@@ -29,6 +30,10 @@ struct TrainDevice {
 // `local_rank` when there is one (--device auto|cuda), else the CPU with its share of the threads.
 TrainDevice make_train_device(const TrainOptions& opt, int local_rank, int local_world);
 int64_t nvml_used_bytes(const TrainDevice& dev);  // -1 without a GPU
+// NVML's index of CUDA device `cuda_device`, found by its PCI bus id: CUDA_VISIBLE_DEVICES
+// renumbers CUDA's devices but not NVML's, so with CUDA_VISIBLE_DEVICES=3 CUDA's device 0 is
+// NVML's 3. Where NVML cannot tell, the CUDA index itself.
+unsigned nvml_index_of(int cuda_device);
 
 // Note [output directory]: a directory holding a run (train_results.json, a model or a
 // checkpoint) is refused unless the run resumes from it or --overwrite-output-dir says to replace

@@ -15,6 +15,15 @@ int cuda_device_count() {
   return n;
 }
 
+std::string cuda_pci_bus_id(int device) {
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, sizeof id, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  return id;
+}
+
 bool cuda_available() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
