@@ -516,11 +516,16 @@ step_bench() {
     "${extra[@]}" 2>&1 | grep -v '^{' | tail -40
 }
 
+# The header of a table of scripts/results_row.py dist rows; $1 names the first column.
+dist_header() {
+  echo "| $1 | GPUs | ZeRO stage | samples/s (steady) | first step loss | last step loss | optimizer state MiB per rank | NVML used MB per GPU | SM clock, power (steady, median) |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+}
+
 step_dist() {
   mkdir -p /tmp/dist
   {
-    echo "| run | GPUs | ZeRO stage | samples/s (steady) | first step loss | last step loss | optimizer state MiB per rank | NVML used MB per GPU | SM clock, power (steady, median) |"
-    echo "|---|---|---|---|---|---|---|---|---|"
+    dist_header run
     train_row dist bf16_bs32_1gpu --precision bf16 --per-device-train-batch-size 32 --num-samples 1024
     for z in 0 1 2; do
       train_row dist "bf16_bs32_2gpu_z$z" --precision bf16 --per-device-train-batch-size 32 --num-samples 2048 \
@@ -558,8 +563,7 @@ ab_table() {
   mkdir -p "/tmp/$kind"
   for i in "${!settings[@]}"; do echo "- s$i: '${settings[i]:-the defaults}'"; done
   echo
-  echo "| setting, round | GPUs | ZeRO stage | samples/s (steady) | first step loss | last step loss | optimizer state MiB per rank | NVML used MB per GPU | SM clock, power (steady, median) |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  dist_header "setting, round"
   for round in 1 2; do
     for i in "${!settings[@]}"; do setting_row "$kind" "${name}_s${i}_r$round" "${settings[i]}" "$@"; done
   done

@@ -250,7 +250,7 @@ int run_plan(const TrainOptions& o, int64_t gpu_memory, bool has_gpu) {
     reserved = 1300 * 1000 * 1000;
     where = str_cat("a GPU of ", gpu_memory >> 20, " MiB (--gpu-memory; reserving 1300 MB for the CUDA context)");
   } else if (has_gpu) {
-    Nvml nvml;
+    const Nvml& nvml = process_nvml();
     const unsigned gpu = nvml_index_of(0);  // CUDA's device 0, whatever CUDA_VISIBLE_DEVICES made it
     if (auto m = nvml.memory(gpu)) {
       capacity = static_cast<int64_t>(m->free);

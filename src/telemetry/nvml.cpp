@@ -119,6 +119,11 @@ std::string Nvml::device_name(unsigned device) const {
   return buf;
 }
 
+const Nvml& process_nvml() {
+  static const Nvml nvml;
+  return nvml;
+}
+
 uint64_t process_peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -59,6 +59,9 @@ class Nvml {
   void* m_shutdown = nullptr;
 };
 
+// The process's one NVML, loaded on first use and kept to the end (readers share it).
+const Nvml& process_nvml();
+
 // Peak resident set size of this process in bytes (getrusage), for CPU runs.
 uint64_t process_peak_rss_bytes();
 

@@ -37,14 +37,12 @@ TrainDevice make_train_device(const TrainOptions& opt, int local_rank, int local
 
 int64_t nvml_used_bytes(const TrainDevice& dev) {
   if (!dev.cuda) return -1;
-  static Nvml nvml;
-  auto m = nvml.memory(dev.nvml_index);
+  auto m = process_nvml().memory(dev.nvml_index);
   return m ? static_cast<int64_t>(m->used) : -1;
 }
 
 unsigned nvml_index_of(int cuda_device) {
-  static Nvml nvml;
-  return nvml.index_of_pci_bus(cuda_pci_bus_id(cuda_device)).value_or(static_cast<unsigned>(std::max(0, cuda_device)));
+  return process_nvml().index_of_pci_bus(cuda_pci_bus_id(cuda_device)).value_or(static_cast<unsigned>(std::max(0, cuda_device)));
 }
 
 namespace {
@@ -122,8 +120,7 @@ void OutputDir::append_metrics(const std::string& json_line) {
 
 int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const TrainDevice& dev, Communicator& comm) {
   if (opt.per_device_train_batch_size != TrainOptions::kAutoBatch) return opt.per_device_train_batch_size;
-  static Nvml nvml;
-  auto mem = dev.cuda ? nvml.memory(dev.nvml_index) : std::nullopt;
+  auto mem = dev.cuda ? process_nvml().memory(dev.nvml_index) : std::nullopt;
   ANATOMY_CHECK(mem.has_value(), "--per-device-train-batch-size auto needs a GPU whose free memory NVML reports");
   double b = static_cast<double>(largest_batch_that_fits(plan_input(opt, cfg, 1, Device::CUDA, comm.size(), comm.rank()),
                                                          static_cast<int64_t>(mem->free), int64_t{256} << 20));
@@ -134,8 +131,7 @@ int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const
 }
 
 void check_plan_fits(const PlanInput& in, const MemoryPlan& plan, const TrainDevice& dev, int64_t accum) {
-  static Nvml nvml;
-  auto mem = dev.cuda ? nvml.memory(dev.nvml_index) : std::nullopt;
+  auto mem = dev.cuda ? process_nvml().memory(dev.nvml_index) : std::nullopt;
   if (!mem) return;
   const int64_t free_bytes = static_cast<int64_t>(mem->free), slack = int64_t{256} << 20;
   if (plan.total() + slack <= free_bytes) return;

@@ -364,8 +364,7 @@ bool RankRun::loop() {
   StopSignals stop;
   Prefetcher loader(*m_data->train, *m_batches, m_start_step * m_accum, m_total_steps * m_accum, m_opt.prefetch,
                     m_comm.rank(), per_rank());
-  Nvml nvml;
-  NvmlSampler sampler(nvml, (fs::path(m_opt.output_dir) / "nvml.jsonl").string(), 0.1, m_dev.nvml_index);
+  NvmlSampler sampler(process_nvml(), (fs::path(m_opt.output_dir) / "nvml.jsonl").string(), 0.1, m_dev.nvml_index);
   auto used = [&] { return nvml_used_bytes(m_dev); };
   if (m_lead) {
     StartupInfo si;
@@ -584,7 +583,8 @@ void RankRun::profile() {
   ps.reduce_buckets = static_cast<double>(rt.buckets) / steps;
   ps.reduce_ms = rt.reduce_ms / steps, ps.reduce_exposed_ms = rt.exposed_ms / steps;
   if (!m_lead) return;
-  Nvml nvml;  // the clocks of the profiled steps and of the ceilings (none on the CPU)
+  // The clocks of the profiled steps and of the ceilings (none on the CPU).
+  const Nvml& nvml = process_nvml();
   const std::optional<GpuClocks> at_steps = m_dev.cuda ? nvml.clocks(m_dev.nvml_index) : std::nullopt;
   Ceilings ceil = measure_ceilings(*m_dev.backend);
   const std::optional<GpuClocks> at_ceilings = m_dev.cuda ? nvml.clocks(m_dev.nvml_index) : std::nullopt;

@@ -8,8 +8,6 @@
 #include "ops/cuda/attention.h"
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "core/rng.h"
@@ -18,10 +16,6 @@
 namespace anatomy::cuda {
 namespace attn {
 
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
 namespace {
 
 // ---- reference kernels -------------------------------------------------------------------

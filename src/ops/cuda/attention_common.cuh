@@ -29,6 +29,7 @@
 
 #include "core/rng.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/common.cuh"
 
 namespace anatomy::cuda::attn {
 
@@ -118,10 +119,6 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-
-// Whether environment variable `name` is set to `value` (the kernel switches; read on every call
-// so that tests can flip them; no allocation). In attention.cu.
-bool env_is(const char* name, const char* value);
 
 // Fast path (attention_flash.cu). Each returns false (launching nothing) when the shape or
 // dtype is not one it handles; then the caller uses the reference kernels.

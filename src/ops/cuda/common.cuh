@@ -120,4 +120,9 @@ inline unsigned grid_for(size_t n, int threads, int waves = 8) {
   return static_cast<unsigned>(g ? g : 1);
 }
 
+// Whether environment variable `name` is set to `value`: the kernel variants' switches
+// (ANATOMY_ATTENTION_*, ANATOMY_LN_BWD), read on every call so that tests can flip them; no
+// allocation. In device.cu.
+bool env_is(const char* name, const char* value);
+
 }  // namespace anatomy::cuda

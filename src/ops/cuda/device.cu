@@ -1,6 +1,9 @@
 // Device discovery for the CUDA backend.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "ops/backend.h"
 #include "ops/cuda/common.cuh"
 
@@ -34,6 +37,11 @@ bool cuda_available() {
 }
 
 namespace cuda {
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
 
 int sm_count() {
   constexpr int kMaxDevices = 64;

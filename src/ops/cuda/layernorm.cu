@@ -18,8 +18,6 @@
 // dgamma/dbeta are reduced in two deterministic stages: each block writes one partial row
 // [dgamma | dbeta] to the scratch, reduce_partials sums them in a fixed order.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/rng.h"
 #include "ops/cuda/async_copy.cuh"
@@ -73,16 +71,12 @@ constexpr int kMaxPacksPerLane = kMaxWarpH / (32 * kVec<T>);
 // Lane l holds packs l, l+32, ... (P of them at most) of its row: packs of W = 16/sizeof(T).
 // sum (may be null: not stored) may alias branch: no __restrict__ on them; each element is
 // read before it is written, by the same thread.
-// HC: the width when known at compile time (0: h_arg; else exactly P packs a lane), so that the
-// pack tests and offsets fold into constants, as in the backward's group kernel.
-template <class T, class G, int P, int HC = 0>
+template <class T, class G, int P>
 __global__ void __launch_bounds__(kWarpThreads) ln_forward_warp(
     T* __restrict__ y, T* sum, float* __restrict__ mean, float* __restrict__ rstd,
     const T* branch, const T* __restrict__ residual, const G* __restrict__ gamma,
-    const G* __restrict__ beta, int64_t rows, int h_arg, float eps, Drop drop) {
+    const G* __restrict__ beta, int64_t rows, int h, float eps, Drop drop) {
   constexpr int W = kVec<T>;
-  static_assert(HC == 0 || HC == P * 32 * W);
-  const int h = HC ? HC : h_arg;
   using V = Pack<T, W>;
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kWarpThreads / 32) + (threadIdx.x >> 5);
@@ -600,15 +594,10 @@ void layernorm_forward(const Tensor& y, const Tensor& sum, const Tensor& mean, c
             yp, sp, mean.ptr<float>(), rstd.ptr<float>(), bp, rp, gp, btp, rows, h, eps, drop);
       } else {
         const unsigned grid = static_cast<unsigned>((rows + kWarpThreads / 32 - 1) / (kWarpThreads / 32));
-        constexpr bool half = sizeof(T) == 2;
-        if (half && h == 1024)  // bert-large's width: 4 packs a lane, compiled in
-          ln_forward_warp<T, G, 4, half ? 1024 : 0><<<grid, kWarpThreads, 0, s>>>(
+        with_packs<T, 1>(p, [&](auto pc) {
+          ln_forward_warp<T, G, decltype(pc)::value><<<grid, kWarpThreads, 0, s>>>(
               yp, sp, mean.ptr<float>(), rstd.ptr<float>(), bp, rp, gp, btp, rows, h, eps, drop);
-        else
-          with_packs<T, 1>(p, [&](auto pc) {
-            ln_forward_warp<T, G, decltype(pc)::value><<<grid, kWarpThreads, 0, s>>>(
-                yp, sp, mean.ptr<float>(), rstd.ptr<float>(), bp, rp, gp, btp, rows, h, eps, drop);
-          });
+        });
       }
     });
     ANATOMY_CUDA_LAUNCH_CHECK();
@@ -669,8 +658,7 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
           launch(ln_backward_group<T, G, 1, 256, 2, kStages, decltype(hc)::value>, 256, 2, kStages, L);
         };
         constexpr bool half = sizeof(T) == 2;
-        const char* variant = std::getenv("ANATOMY_LN_BWD");
-        const bool one_pack = variant != nullptr && std::strcmp(variant, "one-pack") == 0;
+        const bool one_pack = env_is("ANATOMY_LN_BWD", "one-pack");
         if (half && P == 1 && h == 1024 && !one_pack)
           launch(ln_backward_group<T, G, 2, 256, 2, kStagesTwoPacks, half ? 1024 : 0>, 256, 2, kStagesTwoPacks, 64);
         else if (half && P == 1 && h == 1024)

@@ -320,6 +320,7 @@ std::optional<LtMatmul::TuneRow> LtMatmul::tune_plan(const Key& key, Plan& p, ch
   const float beta = p.reads_c ? 1.0f : 0.0f;
   auto time = [&](const cublasLtMatmulAlgo_t& algo) { return time_algo(p, algo, a, b, c, beta, s); };
   const float first = time(p.algo);
+  if (first <= 0) return std::nullopt;  // the pick itself refused here: nothing to compare with
   float best = first;
   int best_i = -1;
   for (int i = 0; i < n; ++i) {
@@ -330,7 +331,6 @@ std::optional<LtMatmul::TuneRow> LtMatmul::tune_plan(const Key& key, Plan& p, ch
       best_i = i;
     }
   }
-  if (first <= 0) return std::nullopt;
   const bool change = best_i >= 0 && best < first * (1.0 - kTuneMargin);
   if (change) p.algo = found[static_cast<size_t>(best_i)].algo;
   const std::string types = str_cat(dtype_name(static_cast<DType>(key.a_type)), " -> ",
