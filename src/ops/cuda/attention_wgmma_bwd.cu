@@ -149,6 +149,39 @@ __device__ __forceinline__ BwdItem bwd_item(const Params& p, int n, int BC) {
   return it;
 }
 
+// Note [key ends in shared memory]
+// Every item needs its sequence's valid_key_end (Note [masked key tiles]); scanned for each item
+// with two CTA barriers and the mask's load latency in the way, it took 4% of the persistent
+// kernel's samples (Nsight Compute, bench/results/2026-11-28-h200/session27/). With a mask and
+// up to kMaxKeyEnds sequences, the CTA scans the whole mask once at its start instead, with
+// 16-byte loads all in flight together (64 KB at bert-large's batch 32), into ends[b]; items read
+// theirs from shared memory. Without a mask (and so in the packed layout) an item's end is its
+// sequence's length, as valid_key_end gives.
+constexpr int kMaxKeyEnds = 1024;
+template <int NTH>
+__device__ void scan_key_ends(int* ends, const Params& p) {
+  for (int b = threadIdx.x; b < p.B; b += NTH) ends[b] = 0;
+  __syncthreads();
+  const int T = p.T;
+  if (T % 4 == 0 && reinterpret_cast<uintptr_t>(p.mask) % 16 == 0) {
+    const int4* m4 = reinterpret_cast<const int4*>(p.mask);
+    const int n4 = p.B * (T / 4);
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n4; i += NTH) {
+      const int4 v = m4[i];
+      const int b = i / (T / 4), k = 4 * (i - b * (T / 4));
+      const int last = v.w ? k + 4 : v.z ? k + 3 : v.y ? k + 2 : v.x ? k + 1 : 0;
+      if (last > 0) atomicMax(&ends[b], last);
+    }
+  } else {
+    const int n = p.B * T;
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n; i += NTH)
+      if (p.mask[i] != 0) atomicMax(&ends[i / T], i % T + 1);
+  }
+  __syncthreads();
+}
+
 template <bool BF16, int D, int WG, bool DROP, bool TMA, bool DQT>
 __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, const __grid_constant__ BwdMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -216,9 +249,14 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   // Note [masked key tiles]: BC masked keys have dK = dV = 0 and no share in dQ.
   auto masked = [](const BwdItem& x) { return x.kend > 0 && x.k0 >= x.kend; };
   // The item n, with its kend (every thread calls it).
+  // The item n, with its kend (Note [key ends in shared memory]; beyond kMaxKeyEnds sequences
+  // every thread scans, and calls this).
+  __shared__ int ends[kMaxKeyEnds];
+  const bool scanned = p.mask != nullptr && p.B <= kMaxKeyEnds;
+  if (scanned) scan_key_ends<NTH>(ends, p);
   auto item_at = [&](int n) {
     BwdItem x = bwd_item(p, n, BC);
-    if (x.b < p.B) x.kend = valid_key_end<NTH>(p.mask, x.b, x.sq.len);
+    if (x.b < p.B) x.kend = p.mask == nullptr ? x.sq.len : scanned ? ends[x.b] : valid_key_end<NTH>(p.mask, x.b, x.sq.len);
     return x;
   };
 
@@ -231,7 +269,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     const int TK = it.sq.len, nq = (TK + BR - 1) / BR, h = it.h, k0 = it.k0;
     if (masked(it)) {
       zero_key_grads<D, BC, NTH>(p, it.sq, h, k0, TK);
-      __syncthreads();  // every thread has read the last scan's result (valid_key_end's shared word)
+      if (!scanned) __syncthreads();  // every thread has read valid_key_end's shared word
       it = item_at(n += gridDim.x);
       continue;
     }
@@ -282,7 +320,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
       constexpr bool LAST = decltype(last)::value;
       const int gt = G + j, st = gt % C::kStages;
       const uint32_t qt = q_s + st * C::kQBytes, dot = do_s + st * C::kQBytes, dst = ds_s + (j & 1) * C::kSBytes;
-      if constexpr (LAST) next = item_at(n + gridDim.x);  // its mask scan while the scores run
+      if constexpr (LAST) next = item_at(n + gridDim.x);  // (a mask scan runs while the scores do)
       wgmma_wait<0>();  // this tile's scores
       fence_regs(s);
       fence_regs(dp);
