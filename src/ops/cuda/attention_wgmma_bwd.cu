@@ -33,11 +33,13 @@
 // barrier that follows every thread's wait for dQ of tile j - 1).
 //
 // Note [persistent backward]
-// The grid holds only as many CTAs as are resident at once (one an SM at two warpgroups), and
-// each walks the items (BC keys of a (sequence, head)) blockIdx.x, + gridDim.x, ... in the order
-// of a grid of tiles (key blocks fastest), so the items in flight together share their Q and dO
-// in L2 as before. An item's last query tile scans the next item's mask (while its scores run)
-// and, once its products are done, loads the next item's K and V into the other of two buffers
+// The grid holds only as many CTAs as are resident at once (one an SM at two warpgroups). CTA c
+// starts with item c (BC keys of a (sequence, head), numbered as a grid of tiles: key blocks
+// fastest) and then takes the next unclaimed item from a global counter, so the items in flight
+// together stay neighbours (sharing their Q and dO in L2) and a CTA that runs fast takes more
+// (a static share each, tried first, measured no faster than the grid of tiles,
+// bench/results/2026-11-28-h200/session27/). An item's last query tile claims the next item and,
+// once its products are done, loads that item's K and V into the other of two buffers
 // and its first two query tiles into the stages after its own: those copies run during this
 // item's epilogue (the dK / dV stores), where a grid of one CTA an item waited for its launch,
 // barrier set-up, mask scan and first loads with the SM idle (13% of the kernel's samples,
@@ -158,6 +160,11 @@ __device__ __forceinline__ BwdItem bwd_item(const Params& p, int n, int BC) {
 // theirs from shared memory. Without a mask (and so in the packed layout) an item's end is its
 // sequence's length, as valid_key_end gives.
 constexpr int kMaxKeyEnds = 1024;
+
+// The items handed out so far past the first gridDim.x, and the CTAs done (Note [persistent
+// backward]); the last CTA to finish sets both back to 0 for the next launch (launches of the
+// backward on one device are ordered: one stream).
+__device__ unsigned int g_items_taken = 0, g_ctas_done = 0;
 template <int NTH>
 __device__ void scan_key_ends(int* ends, const Params& p) {
   for (int b = threadIdx.x; b < p.B; b += NTH) ends[b] = 0;
@@ -252,7 +259,9 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   // The item n, with its kend (Note [key ends in shared memory]; beyond kMaxKeyEnds sequences
   // every thread scans, and calls this).
   __shared__ int ends[kMaxKeyEnds];
-  const bool scanned = p.mask != nullptr && p.B <= kMaxKeyEnds;
+  __shared__ int claimed;  // the item thread 0 took last
+  const int items = (T + BC - 1) / BC * p.heads * p.B;
+  const bool scanned = p.mask != nullptr && p.B <= kMaxKeyEnds && 2 * static_cast<int>(gridDim.x) <= items;
   if (scanned) scan_key_ends<NTH>(ends, p);
   auto item_at = [&](int n) {
     BwdItem x = bwd_item(p, n, BC);
@@ -260,8 +269,11 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     return x;
   };
 
-  int n = blockIdx.x;      // the item
-  BwdItem it = item_at(n);
+  // The next item for the CTA: thread 0 takes one into `claimed`, read after a barrier.
+  auto claim = [&] {
+    if (threadIdx.x == 0) claimed = static_cast<int>(gridDim.x + atomicAdd(&g_items_taken, 1u));
+  };
+  BwdItem it = item_at(blockIdx.x);
   int G = 0;               // query tiles this CTA has run: tile G's stage is G % 3, its phase (G / 3) & 1
   int kvb = 0;             // the item's K / V buffer
   bool loaded = false;     // the item's K, V and first query tiles were loaded during the previous item
@@ -269,8 +281,11 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     const int TK = it.sq.len, nq = (TK + BR - 1) / BR, h = it.h, k0 = it.k0;
     if (masked(it)) {
       zero_key_grads<D, BC, NTH>(p, it.sq, h, k0, TK);
-      if (!scanned) __syncthreads();  // every thread has read valid_key_end's shared word
-      it = item_at(n += gridDim.x);
+      claim();
+      __syncthreads();
+      const int n = claimed;
+      __syncthreads();  // every thread has read it (and valid_key_end's shared word) before the next
+      it = item_at(n);
       continue;
     }
     if (!loaded) load_item(it, kvb, G);
@@ -320,7 +335,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
       constexpr bool LAST = decltype(last)::value;
       const int gt = G + j, st = gt % C::kStages;
       const uint32_t qt = q_s + st * C::kQBytes, dot = do_s + st * C::kQBytes, dst = ds_s + (j & 1) * C::kSBytes;
-      if constexpr (LAST) next = item_at(n + gridDim.x);  // (a mask scan runs while the scores do)
+      if constexpr (LAST) claim();
       wgmma_wait<0>();  // this tile's scores
       fence_regs(s);
       fence_regs(dp);
@@ -364,6 +379,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
       cp_async_wait_all();  // the next query tile (TMA: its lse and Dsum)
       fence_proxy_async();  // dS^T and the next tile: this thread's stores, before the barrier and the products
       __syncthreads();
+      if constexpr (LAST) next = item_at(claimed);
 
       // dQ (64 queries x DQ columns from wg DQ) = dS K: A = dS^T [key][query] read MN-major, B = K
       // [key][d] MN-major from column wg DQ (the start moves wg DQ * 2 bytes along the swizzled row),
@@ -412,7 +428,11 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     };
     for (int j = 0; j + 1 < nq; ++j) tile(j, std::false_type{});
     if (nq > 0) tile(nq - 1, std::true_type{});
-    else next = item_at(n + gridDim.x);
+    else {
+      claim();
+      __syncthreads();
+      next = item_at(claimed);
+    }
     wgmma_wait<0>();  // (nothing pending; tells ptxas that dK and dV are final on every path)
     fence_regs(dk);
     fence_regs(dv);
@@ -426,8 +446,14 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
                                   it.sq, h, k0, TK);
     G += nq;
     kvb ^= 1;  // (also unloaded: the next item's loads must not overwrite this item's staged rows)
-    n += gridDim.x;
     it = next;
+  }
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&g_ctas_done, 1u) == gridDim.x - 1) {
+      atomicExch(&g_items_taken, 0u);
+      atomicExch(&g_ctas_done, 0u);
+    }
   }
   if constexpr (DQT) {
     // The last reduce has read its tile before the CTA's shared memory goes; its additions
