@@ -555,10 +555,6 @@ TEST(Attention, HopperWgmmaBackward) {
                         {"ANATOMY_ATTENTION_BWD_LOAD", "cp.async"},
                         {"ANATOMY_ATTENTION_BWD_DQ", "tma"},
                         {"ANATOMY_ATTENTION_BWD_DQ", "atomics"},
-                        // Note [persistent backward]: two CTAs walk every case's items (masked
-                        // ones, one query tile, many); "all": one CTA an item.
-                        {"ANATOMY_ATTENTION_BWD_CTAS", "2"},
-                        {"ANATOMY_ATTENTION_BWD_CTAS", "all"},
                         {"ANATOMY_ATTENTION_BWD", "wgmma64"},
                         {"ANATOMY_ATTENTION_BWD", "mma"}});
 }

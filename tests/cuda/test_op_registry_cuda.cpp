@@ -97,14 +97,11 @@ TEST(OpTwinLong, PackedAttentionPastOneTile) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   auto cpu = make_cpu_backend();
   auto gpu = make_cuda_backend(0);
-  for (const char* mt : {"wgmma", "mma", "mma64", "mma-bwd", "2-ctas"}) {
-    // "mma-bwd": the default forward with the mma.sync backward (the others: the default backward);
-    // "2-ctas": the defaults, the wgmma backward's grid capped at two CTAs, so that each walks
-    // sequences of every length (Note [persistent backward]).
-    const bool bwd = std::string(mt) == "mma-bwd", two = std::string(mt) == "2-ctas";
-    ::setenv("ANATOMY_ATTENTION_FWD", bwd || two ? "" : mt, 1);
+  for (const char* mt : {"wgmma", "mma", "mma64", "mma-bwd"}) {
+    // "mma-bwd": the default forward with the mma.sync backward (the others: the default backward).
+    const bool bwd = std::string(mt) == "mma-bwd";
+    ::setenv("ANATOMY_ATTENTION_FWD", bwd ? "" : mt, 1);
     ::setenv("ANATOMY_ATTENTION_BWD", bwd ? "mma" : "", 1);
-    ::setenv("ANATOMY_ATTENTION_BWD_CTAS", two ? "2" : "", 1);
     for (const char* op : {"attention_packed_forward", "attention_packed_backward", "attention_backward"})
       for (int64_t window : {0, 40})
         for (int64_t hidden : {64, 128, 256}) {
@@ -115,7 +112,6 @@ TEST(OpTwinLong, PackedAttentionPastOneTile) {
   }
   ::unsetenv("ANATOMY_ATTENTION_FWD");
   ::unsetenv("ANATOMY_ATTENTION_BWD");
-  ::unsetenv("ANATOMY_ATTENTION_BWD_CTAS");
 }
 
 TEST(CudaContract, MisusesFailAsOnTheCpu) {

@@ -31,27 +31,6 @@
 // through three stages (tile j + 2's stage was read by tile j - 1, whose products every thread
 // waited for before the barrier) and dS^T through two (its writer, tile j + 1, runs after a
 // barrier that follows every thread's wait for dQ of tile j - 1).
-//
-// Note [persistent backward]
-// The grid holds only as many CTAs as are resident at once (one an SM at two warpgroups). CTA c
-// starts with item c (BC keys of a (sequence, head), numbered as a grid of tiles: key blocks
-// fastest) and then takes the next unclaimed item from a global counter, so the items in flight
-// together stay neighbours (sharing their Q and dO in L2) and a CTA that runs fast takes more
-// (a static share each, tried first, measured no faster than the grid of tiles,
-// bench/results/2026-11-28-h200/session27/). An item's last query tile claims the next item and,
-// once its products are done, loads that item's K and V into the other of two buffers
-// and its first two query tiles into the stages after its own: those copies run during this
-// item's epilogue (the dK / dV stores), where a grid of one CTA an item waited for its launch,
-// barrier set-up, mask scan and first loads with the SM idle (13% of the kernel's samples,
-// bench/results/2026-11-28-h200/session22/call1/). The query tiles keep one count across the
-// items, so every stage's barrier phases in turn. An item whose keys are all masked writes its
-// zeros and is not prefetched, and the item after it loads when it starts. ANATOMY_ATTENTION_BWD_CTAS=all
-// launches one CTA an item (the grid of tiles), a number caps the grid (the tests take 2, so
-// that every case walks many items).
-#include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <limits>
 #include <type_traits>
 
 #include "ops/cuda/attention_tiles.cuh"
@@ -61,7 +40,7 @@
 namespace anatomy::cuda::attn {
 namespace {
 
-// Shared memory (1024-byte aligned): (K [BC][D] | V [BC][D]) x 2 | Q [3][64][D] | dO [3][64][D] |
+// Shared memory (1024-byte aligned): K [BC][D] | V [BC][D] | Q [3][64][D] | dO [3][64][D] |
 // dS^T [2][BC][64] | lse [3][64] | Dsum [3][64] f32 (Note [wgmma backward pipeline]) | with TMA, a
 // barrier per query-tile stage | with the dQ reduce, each warpgroup's f32 dQ tile [64][D / WG].
 //
@@ -83,8 +62,7 @@ template <int D, int WG>
 struct WgBwdCfg {
   static constexpr int kThreads = 128 * WG, BC = 64 * WG, BR = 64, kStages = 3;
   static constexpr int kKBytes = BC * D * 2, kQBytes = BR * D * 2, kSBytes = BC * BR * 2;
-  // Two K / V buffers (K then V), one an item (Note [persistent backward]).
-  static constexpr int kKVBytes = 2 * kKBytes, kKV = 0, kQ = 2 * kKVBytes, kDO = kQ + kStages * kQBytes;
+  static constexpr int kK = 0, kV = kKBytes, kQ = 2 * kKBytes, kDO = kQ + kStages * kQBytes;
   static constexpr int kS = kDO + kStages * kQBytes;
   static constexpr int kLse = kS + 2 * kSBytes, kDsum = kLse + kStages * BR * 4;
   static constexpr int kBar = kDsum + kStages * BR * 4;
@@ -138,57 +116,6 @@ __device__ __forceinline__ void add_dq_rows(const float (&dq)[N], float* row0, s
   }
 }
 
-// One work item (Note [persistent backward]): the BC keys from k0 of head h of sequence b; b >= B
-// past the last. kend: valid_key_end of sequence b, once computed.
-struct BwdItem {
-  int b, h, k0, kend;
-  SeqRows sq;
-};
-__device__ __forceinline__ BwdItem bwd_item(const Params& p, int n, int BC) {
-  const int nkb = (p.T + BC - 1) / BC, bh = n / nkb;
-  BwdItem it{bh / p.heads, bh % p.heads, (n % nkb) * BC, 0, {0, 0}};
-  if (it.b < p.B) it.sq = seq_rows(p, it.b);
-  return it;
-}
-
-// Note [key ends in shared memory]
-// Every item needs its sequence's valid_key_end (Note [masked key tiles]); scanned for each item
-// with two CTA barriers and the mask's load latency in the way, it took 4% of the persistent
-// kernel's samples (Nsight Compute, bench/results/2026-11-28-h200/session27/). With a mask and
-// up to kMaxKeyEnds sequences, the CTA scans the whole mask once at its start instead, with
-// 16-byte loads all in flight together (64 KB at bert-large's batch 32), into ends[b]; items read
-// theirs from shared memory. Without a mask (and so in the packed layout) an item's end is its
-// sequence's length, as valid_key_end gives.
-constexpr int kMaxKeyEnds = 1024;
-
-// The items handed out so far past the first gridDim.x, and the CTAs done (Note [persistent
-// backward]); the last CTA to finish sets both back to 0 for the next launch (launches of the
-// backward on one device are ordered: one stream).
-__device__ unsigned int g_items_taken = 0, g_ctas_done = 0;
-template <int NTH>
-__device__ void scan_key_ends(int* ends, const Params& p) {
-  for (int b = threadIdx.x; b < p.B; b += NTH) ends[b] = 0;
-  __syncthreads();
-  const int T = p.T;
-  if (T % 4 == 0 && reinterpret_cast<uintptr_t>(p.mask) % 16 == 0) {
-    const int4* m4 = reinterpret_cast<const int4*>(p.mask);
-    const int n4 = p.B * (T / 4);
-#pragma unroll 8
-    for (int i = threadIdx.x; i < n4; i += NTH) {
-      const int4 v = m4[i];
-      const int b = i / (T / 4), k = 4 * (i - b * (T / 4));
-      const int last = v.w ? k + 4 : v.z ? k + 3 : v.y ? k + 2 : v.x ? k + 1 : 0;
-      if (last > 0) atomicMax(&ends[b], last);
-    }
-  } else {
-    const int n = p.B * T;
-#pragma unroll 8
-    for (int i = threadIdx.x; i < n; i += NTH)
-      if (p.mask[i] != 0) atomicMax(&ends[i / T], i % T + 1);
-  }
-  __syncthreads();
-}
-
 template <bool BF16, int D, int WG, bool DROP, bool TMA, bool DQT>
 __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, const __grid_constant__ BwdMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -201,14 +128,64 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u);
   const uint32_t base = smem_addr(smem);
-  const uint32_t q_s = base + C::kQ, do_s = base + C::kDO, ds_s = base + C::kS;
+  const uint32_t k_s = base + C::kK, v_s = base + C::kV, q_s = base + C::kQ, do_s = base + C::kDO;
+  const uint32_t ds_s = base + C::kS;
   const float* lse_s = reinterpret_cast<const float*>(smem + C::kLse);
   const float* dsum_s = reinterpret_cast<const float*>(smem + C::kDsum);
 
   // gw: the warp's 16 keys of the CTA's BC; warp: its 16 rows of the warpgroup's products.
   const int gw = threadIdx.x / 32, wg = gw / 4, warp = gw % 4, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
+  const int b = blockIdx.z, h = blockIdx.y, k0 = blockIdx.x * BC;
   const int T = p.T;
+  const SeqRows sq = seq_rows(p, b);  // TK: the sequence's tokens, T when padded
+  const int TK = sq.len;
+  const HeadQkv qkv = head_qkv(p, sq, h);
+  const auto [qg, kg, vg, rs] = qkv;
+  const size_t bh = static_cast<size_t>(b) * p.heads + h;
+  const uint16_t* dog = static_cast<const uint16_t*>(p.dctx) + sq.row0 * p.H + h * D;
+  const float* lse_g = p.lse + bh * T;
+  const float* dsum_g = p.dsum + bh * T;
+  const int nq = (TK + BR - 1) / BR;
+
+  // Note [masked key tiles]: BC masked keys have dK = dV = 0 and no share in dQ.
+  const int kend = valid_key_end<NTH>(p.mask, b, TK);
+  if (kend > 0 && k0 >= kend) {
+    zero_key_grads<D, BC, NTH>(p, sq, h, k0, TK);
+    return;
+  }
+
   const uint32_t bar = base + C::kBar;  // stage st's at bar + 8 st
+  auto load_q_tile = [&](int jt, int st) {
+    if constexpr (TMA) {
+      load_query_stats<BR>(base + C::kLse + st * BR * 4, base + C::kDsum + st * BR * 4, lse_g, dsum_g, jt, TK);
+      if (threadIdx.x != 0) return;
+      const uint32_t full = bar + 8 * st;
+      const int row = static_cast<int>(sq.row0) + jt * BR;
+      mbar_arrive_expect_tx(full, 2 * C::kQBytes);
+      tma_load_2d(q_s + st * C::kQBytes, &maps.q, h * D, row, full);
+      tma_load_2d(do_s + st * C::kQBytes, &maps.d_o, h * D, row, full);
+    } else {
+      load_query_tile<BR, D, NTH>(q_s + st * C::kQBytes, do_s + st * C::kQBytes, base + C::kLse + st * BR * 4,
+                                  base + C::kDsum + st * BR * 4, qkv, dog, p, lse_g, dsum_g, jt, TK);
+    }
+  };
+  auto wait_q_tile = [&](int jt) {
+    if constexpr (TMA) mbar_wait(bar + 8 * (jt % C::kStages), (jt / C::kStages) & 1);
+  };
+  // S^T = K Q^T, dP^T = V dO^T of the query tile in stage st. Element (n, e): s[4n + e], key row
+  // g + 8 (e >> 1) of the warp's 16, query 8n + 2 t4 + (e & 1).
+  const uint64_t k_desc = tile_desc<D>(k_s + wg * 64 * kRow), v_desc = tile_desc<D>(v_s + wg * 64 * kRow);
+  float s[BR / 2], dp[BR / 2];
+  auto issue_scores = [&](int st) {
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      wgmma_ss<BF16>(s, k_desc + 2 * ks, tile_desc<D>(q_s + st * C::kQBytes) + 2 * ks, ks);
+      wgmma_ss<BF16>(dp, v_desc + 2 * ks, tile_desc<D>(do_s + st * C::kQBytes) + 2 * ks, ks);
+    }
+    wgmma_commit();
+  };
+
   if constexpr (TMA) {
     if (threadIdx.x == 0) {
       for (int st = 0; st < C::kStages; ++st) mbar_init(bar + 8 * st, 1);
@@ -216,264 +193,135 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     }
     __syncthreads();
   }
+  load_tile<BC, D, NTH, true>(k_s, kg, rs, k0, TK);
+  load_tile<BC, D, NTH, true>(v_s, vg, rs, k0, TK);
+  if (nq > 0) load_q_tile(0, 0);
+  cp_async_commit();
+  if (nq > 1) load_q_tile(1, 1);
+  cp_async_commit();
+  if constexpr (TMA) __syncwarp();
 
-  // Query tile jt of item x into stage st.
-  auto load_q_tile = [&](const BwdItem& x, int jt, int st) {
-    const size_t bh = static_cast<size_t>(x.b) * p.heads + x.h;
-    const float* lse_g = p.lse + bh * T;
-    const float* dsum_g = p.dsum + bh * T;
-    if constexpr (TMA) {
-      load_query_stats<BR>(base + C::kLse + st * BR * 4, base + C::kDsum + st * BR * 4, lse_g, dsum_g, jt, x.sq.len);
-      if (threadIdx.x != 0) return;
-      const uint32_t full = bar + 8 * st;
-      const int row = static_cast<int>(x.sq.row0) + jt * BR;
-      mbar_arrive_expect_tx(full, 2 * C::kQBytes);
-      tma_load_2d(q_s + st * C::kQBytes, &maps.q, x.h * D, row, full);
-      tma_load_2d(do_s + st * C::kQBytes, &maps.d_o, x.h * D, row, full);
-    } else {
-      const uint16_t* dog = static_cast<const uint16_t*>(p.dctx) + x.sq.row0 * p.H + x.h * D;
-      load_query_tile<BR, D, NTH>(q_s + st * C::kQBytes, do_s + st * C::kQBytes, base + C::kLse + st * BR * 4,
-                                  base + C::kDsum + st * BR * 4, head_qkv(p, x.sq, x.h), dog, p, lse_g, dsum_g, jt,
-                                  x.sq.len);
+  // Key bias of this thread's two key rows (fragment rows g, g+8 = keys 2g, 2g+1 of the warp's 16).
+  float kbias[2];
+  const bool any_valid = kend > 0;  // (valid_key_end is 0 when no key is valid)
+  key_pair_bias(kbias, p, b, k0 + gw * 16 + 2 * g, TK, any_valid);
+  const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
+  const auto [zk, zstep] = key_row_dropout(p, bh, k0, gw, g, t4);
+
+  cp_async_wait<1>();  // K, V and query tile 0 (TMA: its lse and Dsum)
+  if (nq > 0) wait_q_tile(0);
+  fence_proxy_async();
+  __syncthreads();
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+  if (nq > 0) issue_scores(0);
+
+  // Query tile j; LAST: no next tile's scores to issue behind dQ. (Two bodies, so that every
+  // wait retires the same groups on every path: a conditional issue made ptxas serialize the
+  // products.)
+  auto tile = [&](int j, auto last) {
+    constexpr bool LAST = decltype(last)::value;
+    const int st = j % C::kStages;
+    const uint32_t qt = q_s + st * C::kQBytes, dot = do_s + st * C::kQBytes, dst = ds_s + (j & 1) * C::kSBytes;
+    wgmma_wait<0>();  // this tile's scores
+    fence_regs(s);
+    fence_regs(dp);
+
+    // Element-wise: s <- P Z' (for dV), dp <- dS (backward_elements), n-tile by n-tile.
+    const uint64_t zj = zk + static_cast<uint64_t>(j) * (BR / 2) * zstep;
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      const int c = n * 8 + 2 * t4;
+      const uint64_t bits = DROP ? mix64(zj + static_cast<uint64_t>(n) * 4 * zstep) : 0;
+      // TMA: the last tile's queries past the sequence are another's rows; probability 0.
+      const int q_end = TMA && LAST ? TK - j * BR - c : BR;
+      backward_elements<DROP>(&s[4 * n], &dp[4 * n], bits, lse_s + st * BR + c, dsum_s + st * BR + c, scale_mul, kbias,
+                              p, [q_end](float x, int e) { return (e & 1) < q_end ? x : -INFINITY; });
     }
-  };
-  // Item x's K and V into buffer buf, its query tiles 0 and 1 into the stages of the CTA's tiles
-  // gt and gt + 1: two cp.async groups (K, V and tile 0; tile 1).
-  auto load_item = [&](const BwdItem& x, int buf, int gt) {
-    const HeadQkv xq = head_qkv(p, x.sq, x.h);
-    load_tile<BC, D, NTH, true>(base + C::kKV + buf * C::kKVBytes, xq.k, xq.rs, x.k0, x.sq.len);
-    load_tile<BC, D, NTH, true>(base + C::kKV + buf * C::kKVBytes + C::kKBytes, xq.v, xq.rs, x.k0, x.sq.len);
-    const int nq = (x.sq.len + BR - 1) / BR;
-    if (nq > 0) load_q_tile(x, 0, gt % C::kStages);
-    cp_async_commit();
-    if (nq > 1) load_q_tile(x, 1, (gt + 1) % C::kStages);
+
+    // A fragments (rows = keys, k = queries) of P Z' and dS; dS^T also to shared memory for dQ.
+    uint32_t ap[BR / 16][4], as[BR / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        ap[kk][r] = pack2<BF16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        as[kk][r] = pack2<BF16>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+      }
+      const int kr = gw * 16 + g;  // a[0]: row g, queries 16kk + 2t4; a[1] row g + 8; a[2], a[3] +8 queries
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr, 2 * kk) + 4 * t4), "r"(as[kk][0]));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr + 8, 2 * kk) + 4 * t4), "r"(as[kk][1]));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr, 2 * kk + 1) + 4 * t4), "r"(as[kk][2]));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr + 8, 2 * kk + 1) + 4 * t4), "r"(as[kk][3]));
+    }
+    // dV += (P Z')^T dO, dK += dS^T Q: B = dO / Q [query][d], 16 queries a k-step.
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      wgmma_rs<BF16>(dv, ap[kk], tile_desc<D>(dot + kk * 16 * kRow));
+      wgmma_rs<BF16>(dk, as[kk], tile_desc<D>(qt + kk * 16 * kRow));
+    }
+    wgmma_commit();
+    if constexpr (!LAST) wait_q_tile(j + 1);
+    cp_async_wait_all();  // the next query tile (TMA: its lse and Dsum)
+    fence_proxy_async();  // dS^T and the next tile: this thread's stores, before the barrier and the products
+    __syncthreads();
+
+    // dQ (64 queries x DQ columns from wg DQ) = dS K: A = dS^T [key][query] read MN-major, B = K
+    // [key][d] MN-major from column wg DQ (the start moves wg DQ * 2 bytes along the swizzled row),
+    // 16 keys a k-step. Row (query) 16 warp + g + 8 hf, columns wg DQ + 8n + 2 t4 + {0, 1}. The
+    // next tile's scores go to the tensor cores behind it.
+    float dq[DQ / 2];  // written by the first k-step (no accumulate)
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BC / 16; ++ks)
+      wgmma_ss<BF16, true>(dq, tile_desc<BR>(dst + ks * 16 * BR * 2), tile_desc<D>(k_s + ks * 16 * kRow + wg * DQ * 2),
+                           ks);
+    wgmma_commit();
+    if constexpr (!LAST) issue_scores((j + 1) % C::kStages);
+    wgmma_wait<LAST ? 0 : 1>();  // this tile's dV, dK and dQ products
+    fence_regs(dq);
+    fence_regs(dv);
+    fence_regs(dk);
+    fence_regs(ap);
+    fence_regs(as);
+    if constexpr (DQT) {
+      // Note [tma dq reduce]: the warpgroup's tile once its last reduce has read it, then one add.
+      unsigned char* tile_dq = smem + C::kDQ + wg * C::kDQBytes;
+      if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
+      named_barrier(1 + wg, 128);
+      stage_dq<DQ>(tile_dq, dq, warp, g, t4);
+      fence_proxy_async();
+      named_barrier(1 + wg, 128);
+      if (threadIdx.x % 128 == 0) tma_reduce_add_2d(smem_addr(tile_dq), &maps.dq, h * D + wg * DQ, static_cast<int>(sq.row0) + j * BR);
+    } else {
+      add_dq_rows(dq, p.dq_acc + sq.row0 * p.H + h * D + wg * DQ, p.H, j * BR + warp * 16, g, t4, TK);
+    }
+    // Stage (j + 2) % 3 was last read by tile j - 1's products, which every thread waited for
+    // before the barrier above.
+    if (j + 2 < nq) load_q_tile(j + 2, (j + 2) % C::kStages);
     cp_async_commit();
     if constexpr (TMA) __syncwarp();  // thread 0's copies issued: warp 0 whole again for the wgmma
   };
-  auto wait_q_tile = [&](int gt) {
-    if constexpr (TMA) mbar_wait(bar + 8 * (gt % C::kStages), (gt / C::kStages) & 1);
-  };
-  // Note [masked key tiles]: BC masked keys have dK = dV = 0 and no share in dQ.
-  auto masked = [](const BwdItem& x) { return x.kend > 0 && x.k0 >= x.kend; };
-  // The item n, with its kend (every thread calls it).
-  // The item n, with its kend (Note [key ends in shared memory]; beyond kMaxKeyEnds sequences
-  // every thread scans, and calls this).
-  __shared__ int ends[kMaxKeyEnds];
-  __shared__ int claimed;  // the item thread 0 took last
-  const int items = (T + BC - 1) / BC * p.heads * p.B;
-  const bool scanned = p.mask != nullptr && p.B <= kMaxKeyEnds && 2 * static_cast<int>(gridDim.x) <= items;
-  if (scanned) scan_key_ends<NTH>(ends, p);
-  auto item_at = [&](int n) {
-    BwdItem x = bwd_item(p, n, BC);
-    if (x.b < p.B) x.kend = p.mask == nullptr ? x.sq.len : scanned ? ends[x.b] : valid_key_end<NTH>(p.mask, x.b, x.sq.len);
-    return x;
-  };
-
-  // The next item for the CTA: thread 0 takes one into `claimed`, read after a barrier.
-  auto claim = [&] {
-    if (threadIdx.x == 0) claimed = static_cast<int>(gridDim.x + atomicAdd(&g_items_taken, 1u));
-  };
-  BwdItem it = item_at(blockIdx.x);
-  int G = 0;               // query tiles this CTA has run: tile G's stage is G % 3, its phase (G / 3) & 1
-  int kvb = 0;             // the item's K / V buffer
-  bool loaded = false;     // the item's K, V and first query tiles were loaded during the previous item
-  while (it.b < p.B) {
-    const int TK = it.sq.len, nq = (TK + BR - 1) / BR, h = it.h, k0 = it.k0;
-    if (masked(it)) {
-      zero_key_grads<D, BC, NTH>(p, it.sq, h, k0, TK);
-      claim();
-      __syncthreads();
-      const int n = claimed;
-      __syncthreads();  // every thread has read it (and valid_key_end's shared word) before the next
-      it = item_at(n);
-      continue;
-    }
-    if (!loaded) load_item(it, kvb, G);
-    const uint32_t k_s = base + C::kKV + kvb * C::kKVBytes, v_s = k_s + C::kKBytes;
-    const size_t bh = static_cast<size_t>(it.b) * p.heads + h;
-
-    // Key bias of this thread's two key rows (fragment rows g, g+8 = keys 2g, 2g+1 of the warp's 16).
-    float kbias[2];
-    const bool any_valid = it.kend > 0;  // (valid_key_end is 0 when no key is valid)
-    key_pair_bias(kbias, p, it.b, k0 + gw * 16 + 2 * g, TK, any_valid);
-    const float scale_mul = any_valid ? p.scale * kLog2e : 0.0f;
-    const auto [zk, zstep] = key_row_dropout(p, bh, k0, gw, g, t4);
-
-    cp_async_wait<1>();  // K, V and query tile 0 (TMA: its lse and Dsum)
-    if (nq > 0) wait_q_tile(G);
-    fence_proxy_async();
-    __syncthreads();
-
-    // S^T = K Q^T, dP^T = V dO^T of the query tile in stage st. Element (n, e): s[4n + e], key row
-    // g + 8 (e >> 1) of the warp's 16, query 8n + 2 t4 + (e & 1).
-    const uint64_t k_desc = tile_desc<D>(k_s + wg * 64 * kRow), v_desc = tile_desc<D>(v_s + wg * 64 * kRow);
-    float s[BR / 2], dp[BR / 2];
-    auto issue_scores = [&](int st) {
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        wgmma_ss<BF16>(s, k_desc + 2 * ks, tile_desc<D>(q_s + st * C::kQBytes) + 2 * ks, ks);
-        wgmma_ss<BF16>(dp, v_desc + 2 * ks, tile_desc<D>(do_s + st * C::kQBytes) + 2 * ks, ks);
-      }
-      wgmma_commit();
-    };
-    float dk[D / 2], dv[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
-    // The scores' registers get a value before their first product of the item: without it they
-    // would carry the last item's around the loop into a product that reads them (the first
-    // k-step ignores them, the instruction still names them), and ptxas serializes every wgmma.
-#pragma unroll
-    for (int i = 0; i < BR / 2; ++i) s[i] = dp[i] = 0.0f;
-    if (nq > 0) issue_scores(G % C::kStages);
-
-    BwdItem next{};
-    // Query tile j (the CTA's tile gt); LAST: no next tile's scores to issue behind dQ, and the
-    // next item's loads instead of a query tile's. (Two bodies, so that every wait retires the same
-    // groups on every path: a conditional issue made ptxas serialize the products.)
-    auto tile = [&](int j, auto last) {
-      constexpr bool LAST = decltype(last)::value;
-      const int gt = G + j, st = gt % C::kStages;
-      const uint32_t qt = q_s + st * C::kQBytes, dot = do_s + st * C::kQBytes, dst = ds_s + (j & 1) * C::kSBytes;
-      if constexpr (LAST) claim();
-      wgmma_wait<0>();  // this tile's scores
-      fence_regs(s);
-      fence_regs(dp);
-
-      // Element-wise: s <- P Z' (for dV), dp <- dS (backward_elements), n-tile by n-tile.
-      const uint64_t zj = zk + static_cast<uint64_t>(j) * (BR / 2) * zstep;
-#pragma unroll
-      for (int nt = 0; nt < NS; ++nt) {
-        const int c = nt * 8 + 2 * t4;
-        const uint64_t bits = DROP ? mix64(zj + static_cast<uint64_t>(nt) * 4 * zstep) : 0;
-        // TMA: the last tile's queries past the sequence are another's rows; probability 0.
-        const int q_end = TMA && LAST ? TK - j * BR - c : BR;
-        backward_elements<DROP>(&s[4 * nt], &dp[4 * nt], bits, lse_s + st * BR + c, dsum_s + st * BR + c, scale_mul,
-                                kbias, p, [q_end](float x, int e) { return (e & 1) < q_end ? x : -INFINITY; });
-      }
-
-      // A fragments (rows = keys, k = queries) of P Z' and dS; dS^T also to shared memory for dQ.
-      uint32_t ap[BR / 16][4], as[BR / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BR / 16; ++kk) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          ap[kk][r] = pack2<BF16>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-          as[kk][r] = pack2<BF16>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
-        }
-        const int kr = gw * 16 + g;  // a[0]: row g, queries 16kk + 2t4; a[1] row g + 8; a[2], a[3] +8 queries
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr, 2 * kk) + 4 * t4), "r"(as[kk][0]));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr + 8, 2 * kk) + 4 * t4), "r"(as[kk][1]));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr, 2 * kk + 1) + 4 * t4), "r"(as[kk][2]));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst + swz<BR>(kr + 8, 2 * kk + 1) + 4 * t4), "r"(as[kk][3]));
-      }
-      // dV += (P Z')^T dO, dK += dS^T Q: B = dO / Q [query][d], 16 queries a k-step.
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BR / 16; ++kk) {
-        wgmma_rs<BF16>(dv, ap[kk], tile_desc<D>(dot + kk * 16 * kRow));
-        wgmma_rs<BF16>(dk, as[kk], tile_desc<D>(qt + kk * 16 * kRow));
-      }
-      wgmma_commit();
-      if constexpr (!LAST) wait_q_tile(gt + 1);
-      cp_async_wait_all();  // the next query tile (TMA: its lse and Dsum)
-      fence_proxy_async();  // dS^T and the next tile: this thread's stores, before the barrier and the products
-      __syncthreads();
-      if constexpr (LAST) next = item_at(claimed);
-
-      // dQ (64 queries x DQ columns from wg DQ) = dS K: A = dS^T [key][query] read MN-major, B = K
-      // [key][d] MN-major from column wg DQ (the start moves wg DQ * 2 bytes along the swizzled row),
-      // 16 keys a k-step. Row (query) 16 warp + g + 8 hf, columns wg DQ + 8n + 2 t4 + {0, 1}. The
-      // next tile's scores go to the tensor cores behind it.
-      float dq[DQ / 2];  // written by the first k-step (no accumulate)
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < BC / 16; ++ks)
-        wgmma_ss<BF16, true>(dq, tile_desc<BR>(dst + ks * 16 * BR * 2), tile_desc<D>(k_s + ks * 16 * kRow + wg * DQ * 2),
-                             ks);
-      wgmma_commit();
-      if constexpr (!LAST) issue_scores((gt + 1) % C::kStages);
-      wgmma_wait<LAST ? 0 : 1>();  // this tile's dV, dK and dQ products
-      fence_regs(dq);
-      fence_regs(dv);
-      fence_regs(dk);
-      fence_regs(ap);
-      fence_regs(as);
-      if constexpr (DQT) {
-        // Note [tma dq reduce]: the warpgroup's tile once its last reduce has read it, then one add.
-        unsigned char* tile_dq = smem + C::kDQ + wg * C::kDQBytes;
-        if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
-        named_barrier(1 + wg, 128);
-        stage_dq<DQ>(tile_dq, dq, warp, g, t4);
-        fence_proxy_async();
-        named_barrier(1 + wg, 128);
-        if (threadIdx.x % 128 == 0)
-          tma_reduce_add_2d(smem_addr(tile_dq), &maps.dq, h * D + wg * DQ, static_cast<int>(it.sq.row0) + j * BR);
-      } else {
-        add_dq_rows(dq, p.dq_acc + it.sq.row0 * p.H + h * D + wg * DQ, p.H, j * BR + warp * 16, g, t4, TK);
-      }
-      if constexpr (!LAST) {
-        // Stage (gt + 2) % 3 was last read by tile gt - 1's products, which every thread waited
-        // for before the barrier above.
-        if (j + 2 < nq) load_q_tile(it, j + 2, (gt + 2) % C::kStages);
-        cp_async_commit();
-        if constexpr (TMA) __syncwarp();  // thread 0's copies issued: warp 0 whole again for the wgmma
-      } else {
-        // Every product of this item has completed: the stages of tiles gt + 1 and gt + 2 and the
-        // other K / V buffer (its last reader, the item before, ended before this item's barriers)
-        // take the next item's first loads, which run during the epilogue below.
-        loaded = next.b < p.B && !masked(next);
-        if (loaded) load_item(next, kvb ^ 1, gt + 1);
-      }
-    };
-    for (int j = 0; j + 1 < nq; ++j) tile(j, std::false_type{});
-    if (nq > 0) tile(nq - 1, std::true_type{});
-    else {
-      claim();
-      __syncthreads();
-      next = item_at(claimed);
-    }
-    wgmma_wait<0>();  // (nothing pending; tells ptxas that dK and dV are final on every path)
-    fence_regs(dk);
-    fence_regs(dv);
-    __syncthreads();  // every warp's last dQ product, which reads all of K, is done
-
-    // Epilogue: dK * scale and dV * inv_keep, staged through this warp's own rows of the K and
-    // V tiles (all their readers have completed), then 16-byte stores.
-    store_key_grads<BF16, D, NTH>([&](int nt, int e) { return dk[4 * nt + e]; },
-                                  [&](int nt, int e) { return dv[4 * nt + e]; }, p.scale, DROP ? p.inv_keep : 1.0f,
-                                  smem + C::kKV + kvb * C::kKVBytes, smem + C::kKV + kvb * C::kKVBytes + C::kKBytes, p,
-                                  it.sq, h, k0, TK);
-    G += nq;
-    kvb ^= 1;  // (also unloaded: the next item's loads must not overwrite this item's staged rows)
-    it = next;
-  }
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&g_ctas_done, 1u) == gridDim.x - 1) {
-      atomicExch(&g_items_taken, 0u);
-      atomicExch(&g_ctas_done, 0u);
-    }
-  }
+  for (int j = 0; j + 1 < nq; ++j) tile(j, std::false_type{});
+  if (nq > 0) tile(nq - 1, std::true_type{});
+  wgmma_wait<0>();  // (nothing pending; tells ptxas that dK and dV are final on every path)
+  fence_regs(dk);
+  fence_regs(dv);
+  __syncthreads();  // every warp's last dQ product, which reads all of K, is done
   if constexpr (DQT) {
     // The last reduce has read its tile before the CTA's shared memory goes; its additions
     // complete with the grid (waiting for them here would also invalidate the L1 cache).
     if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
   }
-#endif
-}
 
-// The backward's CTAs (Note [persistent backward]): as many as are resident at once, or
-// ANATOMY_ATTENTION_BWD_CTAS of them (a number; "all": one an item, as a grid of tiles).
-template <class Kernel>
-int64_t persistent_ctas(Kernel kernel, int threads, size_t bytes) {
-  if (const char* v = std::getenv("ANATOMY_ATTENTION_BWD_CTAS")) {
-    if (std::strcmp(v, "all") == 0) return std::numeric_limits<int64_t>::max();
-    if (const int64_t n = std::atoll(v); n > 0) return n;
-  }
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes) != cudaSuccess || per_sm < 1) per_sm = 1;
-  return static_cast<int64_t>(per_sm) * sm_count();
+  // Epilogue: dK * scale and dV * inv_keep, staged through this warp's own rows of the K and
+  // V tiles (all their readers have completed), then 16-byte stores.
+  store_key_grads<BF16, D, NTH>([&](int n, int e) { return dk[4 * n + e]; }, [&](int n, int e) { return dv[4 * n + e]; },
+                                p.scale, DROP ? p.inv_keep : 1.0f, smem + C::kK, smem + C::kV, p, sq, h, k0, TK);
+#endif
 }
 
 template <bool BF16, int D, int WG, bool TMA, bool DQT = false>
@@ -491,14 +339,7 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
     }
   }
   auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, WG, true, TMA, DQT> : wgmma_bwd_kernel<BF16, D, WG, false, TMA, DQT>;
-  const size_t bytes = C::smem_bytes(DQT);
-  if (bytes > static_cast<size_t>(smem_limit) ||
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
-    return false;
-  const int64_t items = static_cast<int64_t>((p.T + C::BC - 1) / C::BC) * p.heads * p.B;
-  kernel<<<static_cast<unsigned>(std::min<int64_t>(items, persistent_ctas(kernel, C::kThreads, bytes))), C::kThreads,
-           bytes, s>>>(p, maps);
-  return true;
+  return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(DQT), smem_limit, s, maps);
 }
 
 // Two warpgroups a CTA with TMA query tiles: at B 32, T 512, p 0.1 (H200) 186.9 TFLOP/s at D 64
