@@ -158,7 +158,8 @@ def eval_variants(model, tok, valid, cuda):
     return out
 
 
-def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, warmup=0.0, seed=0, check_eval=False):
+def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, warmup=0.0, seed=0, check_eval=False,
+                logging_steps=0):
     import torch
     import transformers
     from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
@@ -201,12 +202,25 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, war
     dropped = sorted(k for k in kw if k not in fields)  # a setting left out silently would change the run
     if dropped:
         raise RuntimeError(f"TrainingArguments of transformers {transformers.__version__} has no {', '.join(dropped)}")
+    metrics = None
+    if logging_steps > 0:
+        # The loss, gradient norm and learning rate every logging_steps, a non-finite loss logged as
+        # it is (the Trainer's default replaces it), and the validation loss and accuracy every
+        # 2 logging_steps: where a run goes wrong. The evaluations fall inside the timed steps.
+        kw.update(logging_steps=logging_steps, logging_nan_inf_filter=False, eval_strategy="steps",
+                  eval_steps=2 * logging_steps)
+
+        def metrics(ev):
+            return {"accuracy": float((ev.predictions.argmax(-1) == ev.label_ids).mean())}
     args = TrainingArguments(**kw)
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
-                      data_collator=DataCollatorWithPadding(tok), callbacks=[clock])
+                      data_collator=DataCollatorWithPadding(tok), callbacks=[clock], compute_metrics=metrics)
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
+    if logging_steps > 0:
+        with open(os.path.join(workdir, "log_history.json"), "w") as f:
+            json.dump(trainer.state.log_history, f, indent=0)
     pred = trainer.predict(valid)
     acc = float((pred.predictions.argmax(-1) == pred.label_ids).mean())
     checks = eval_variants(trainer.model, tok, valid, cuda) if check_eval else {}
@@ -221,7 +235,8 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, war
     steps_per_epoch = -(-per_epoch // BATCH)
     sizes = [BATCH if (i % steps_per_epoch) < steps_per_epoch - 1 else per_epoch - BATCH * (steps_per_epoch - 1)
              for i in range(steps)]
-    steady = sum(sizes[half + 1:]) / (clock.t[-1] - clock.t[half])
+    span = clock.t[-1] - clock.t[half] if steps > 2 else 0.0
+    steady = sum(sizes[half + 1:]) / span if span > 0 else float("nan")  # (nan: too few steps to time)
     return dict(samples_per_second=len(train) * epochs / wall, steady_samples_per_second=steady, accuracy=acc,
                 steps=steps, wall_s=wall, **checks)
 
@@ -296,7 +311,8 @@ def main():
                     help="comma-separated seeds: every run at each (data order, dropout; the weights stay seed 0's)")
     ap.add_argument("--precision", default="bf16", help="anatomy's --precision on the GPU: bf16, fp8 or fp8-e4m3 (fp8 with --fp8-format e4m3)")
     ap.add_argument("--logging-steps", type=int, default=0,
-                    help="anatomy's --logging-steps; > 0 keeps each run's metrics.jsonl (the loss curve) in --out")
+                    help="anatomy's --logging-steps, and the Trainer's (with an evaluation every 2 of them, inside its "
+                         "timed steps); > 0 keeps each run's loss curve in --out (metrics.jsonl, trainer_log_history.json)")
     ap.add_argument("--trainer-eval-check", action="store_true",
                     help="also score the Trainer's model in fp32 (padded batches, and one sample at a time) and in bf16 "
                          "one at a time, beside trainer.predict()")
@@ -347,7 +363,7 @@ def main():
                     runs.append(("trainer grouped" if grouped else "trainer random",
                                  lambda w, seed, g=grouped: run_trainer(model_dir, data, labels, g, args.epochs, w, cuda,
                                                                         args.lr, args.warmup_ratio, seed,
-                                                                        args.trainer_eval_check)))
+                                                                        args.trainer_eval_check, args.logging_steps)))
         if args.only in ("all", "anatomy"):
             chosen = args.anatomy_runs.split(",")
             for run_name, flags in (("anatomy tokens", []), ("anatomy padded", ["--no-skip-padding"]),
@@ -365,14 +381,20 @@ def main():
             for i in range(args.repeat if run_name.startswith("anatomy") else 1):
                 wi = os.path.join(w, f"run{i}")
                 os.makedirs(wi)
+                failed = None
                 try:
                     repeats.append(fn(wi, seed))
-                    curve = os.path.join(wi, "out", "metrics.jsonl")  # with --logging-steps: the loss curve
-                    if os.path.exists(curve):
-                        tag = f"{name}_{args.precision}_{run_name.split()[1]}" + (f"_s{seed}" if len(seeds) > 1 else "")
-                        shutil.copy(curve, os.path.join(args.out, f"{tag}_{i}.metrics.jsonl"))
                 except Exception as e:  # one failed run must not lose the others
-                    repeats = [dict(error=str(e))]
+                    failed = e
+                # With --logging-steps: the loss curves (anatomy's metrics.jsonl, the Trainer's log
+                # history), also of a run that failed.
+                tag = f"{name}_{args.precision}_{run_name.split()[1]}" + (f"_s{seed}" if len(seeds) > 1 else "")
+                for curve, suffix in ((os.path.join(wi, "out", "metrics.jsonl"), "metrics.jsonl"),
+                                      (os.path.join(wi, "log_history.json"), "trainer_log_history.json")):
+                    if os.path.exists(curve):
+                        shutil.copy(curve, os.path.join(args.out, f"{tag}_{i}.{suffix}"))
+                if failed is not None:
+                    repeats = [dict(error=str(failed))]
                     break
             r = repeats[0]
             if "error" not in r:  # the median run; every run's steady figure beside it
