@@ -71,6 +71,8 @@ const std::vector<Refusal>& refused_arguments() {
       {"trust_remote_code", "anatomy runs BERT-family encoders only"},
       {"token", "set HF_TOKEN (or log in with huggingface-cli): anatomy reads the token as huggingface_hub does"},
       {"metric_name", "evaluation reports the loss and the task's metrics (accuracy and macro-F1, MSE and Pearson, ...)"},
+      {"logging_nan_inf_filter", "logged losses are never filtered: a non-finite loss stops the run, keeping the last "
+                                 "checkpoint (--skip-nonfinite-steps skips and counts such steps instead)"},
   };
   return r;
 }
@@ -93,6 +95,7 @@ const std::vector<NeutralValue>& neutral_values() {
       {"dataloader_pin_memory", "*", kLoader},
       {"dataloader_persistent_workers", "*", kLoader},
       {"remove_unused_columns", "*", "anatomy reads only the columns --text-column and --label-column name"},
+      {"logging_nan_inf_filter", "false", "losses are logged as they are"},
   };
   return table;
 }
