@@ -202,7 +202,7 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, war
     dropped = sorted(k for k in kw if k not in fields)  # a setting left out silently would change the run
     if dropped:
         raise RuntimeError(f"TrainingArguments of transformers {transformers.__version__} has no {', '.join(dropped)}")
-    metrics = None
+    compute_metrics = None
     if logging_steps > 0:
         # The loss, gradient norm and learning rate every logging_steps, a non-finite loss logged as
         # it is (the Trainer's default replaces it), and the validation loss and accuracy every
@@ -210,11 +210,11 @@ def run_trainer(model_dir, data, labels, grouped, epochs, workdir, cuda, lr, war
         kw.update(logging_steps=logging_steps, logging_nan_inf_filter=False, eval_strategy="steps",
                   eval_steps=2 * logging_steps)
 
-        def metrics(ev):
+        def compute_metrics(ev):
             return {"accuracy": float((ev.predictions.argmax(-1) == ev.label_ids).mean())}
     args = TrainingArguments(**kw)
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
-                      data_collator=DataCollatorWithPadding(tok), callbacks=[clock], compute_metrics=metrics)
+                      data_collator=DataCollatorWithPadding(tok), callbacks=[clock], compute_metrics=compute_metrics)
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
@@ -314,8 +314,8 @@ def main():
                     help="anatomy's --logging-steps, and the Trainer's (with an evaluation every 2 of them, inside its "
                          "timed steps); > 0 keeps each run's loss curve in --out (metrics.jsonl, trainer_log_history.json)")
     ap.add_argument("--trainer-eval-check", action="store_true",
-                    help="also score the Trainer's model in fp32 (padded batches, and one sample at a time) and in bf16 "
-                         "one at a time, beside trainer.predict()")
+                    help="also score the Trainer's model in fp32 (padded batches, one sample at a time, and padded in "
+                         "training mode) and in bf16 one at a time, beside trainer.predict()")
     ap.add_argument("--repeat", type=int, default=3,
                     help="run each anatomy configuration N times; its row is the run of median steady samples/s")
     args = ap.parse_args()
