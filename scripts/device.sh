@@ -75,8 +75,9 @@
 #             collectives' time and the part backward did not hide)
 #   trainab   one GPU: bert-large bf16 batch 32 under each TRAINAB setting (';'-separated flags and/or VAR=value
 #             words; default: --gemm-tuning off, then measure), alternated twice; then each profiled (its matmul
-#             lines), and the tuned run's gemm_tuning.md (earlier results' fwdab: TRAINAB='ANATOMY_ATTENTION_FWD=mma;
-#             ANATOMY_ATTENTION_FWD=wgmma')
+#             lines, or TRAINAB_OPS's: an extended regex), and the tuned run's gemm_tuning.md (earlier results'
+#             fwdab: TRAINAB='ANATOMY_ATTENTION_FWD=mma;ANATOMY_ATTENTION_FWD=wgmma'). The word BUILD=before runs
+#             .carry/before's anatomy (scripts/stage_device.sh BEFORE=rev): TRAINAB='BUILD=before;' is an A/B of builds
 #   power     the GPU's SM clock, power and clock event reasons (nvidia-smi every 100 ms) while the PyTorch loop and
 #             anatomy each train bert-large bf16 batch 32 (120 steps): power.md (is the steady step held by
 #             the power limit rather than by its kernels?)
@@ -545,11 +546,12 @@ step_dist() {
 # setting_row KIND ID SETTING FLAGS...: train_row KIND ID with FLAGS and SETTING, whose VAR=value words go
 # to the environment and the rest to the flags.
 setting_row() {
-  local kind=$1 id=$2 words flags=() envs=() w
+  local kind=$1 id=$2 words flags=() envs=() w a=$a
   read -ra words <<< "$3"
   shift 3
   for w in "${words[@]}"; do
-    if [[ $w == [A-Z]*=* ]]; then envs+=("$w"); else flags+=("$w"); fi
+    if [[ $w == BUILD=* ]]; then a=.carry/${w#BUILD=}/anatomy  # BUILD=before: .carry/before's binary
+    elif [[ $w == [A-Z]*=* ]]; then envs+=("$w"); else flags+=("$w"); fi
   done
   (((${#envs[@]})) && export "${envs[@]}"; train_row "$kind" "$id" "$@" "${flags[@]}")
 }
@@ -595,7 +597,7 @@ step_trainab() {
     for i in "${!settings[@]}"; do
       setting_row dist "trainab_s${i}_profile" "${settings[i]}" "${base[@]}" --profile-steps 3 >/dev/null
       echo "- s$i profiled:"
-      grep -h "one step\|matmul" "/tmp/dist/trainab_s${i}_profile.log" | sed 's/^/    /'
+      grep -hE "one step|${TRAINAB_OPS:-matmul}" "/tmp/dist/trainab_s${i}_profile.log" | sed 's/^/    /'
     done
   } | tee "$OUT/trainab.md"
   cat /tmp/dist/trainab_s1_profile/gemm_tuning.md 2>/dev/null | tee "$OUT/gemm_tuning.md"

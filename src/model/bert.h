@@ -127,6 +127,7 @@ class BertForSequenceClassification : public EncoderModel {
   ModelShape m_shape;
   uint64_t m_seed = 0;
   void zero_grad_range(size_t begin, size_t end);  // elements of the flat gradients
+  MatmulArgs weight_gradient_args() const;  // a layer's dW GEMM: stored or accumulated (Note [layer gradients stored])
   Buffer m_master, m_compute, m_grads;
   Buffer m_fp8;  // F32 [layers * kFp8Sites * kFp8Roles, kFp8MetaWidth] with shape.fp8
   SharedBlock m_act_block;  // activations with the gradients inside (GradientPlacement::InActivations)

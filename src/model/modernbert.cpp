@@ -249,8 +249,9 @@ int stage_of_range(size_t i, int64_t L) {
 // gradients live inside the activation arena, each of modernbert_stages' ranges over
 // activations that backward has read for the last time before the range's stage begins, at the
 // lowest 256-byte aligned offset where that holds for every range (freed::gradient_offset, the
-// search BERT's placement runs). Each range is zeroed just before its stage and then holds until
-// the next forward. The arena is carved so that the freed memory is at the top and grows
+// search BERT's placement runs). Each range is made whole at its stage (the tail and the
+// embeddings zeroed just before, a layer's four matrices stored by their GEMMs: Note [layer
+// gradients stored] in bert.cpp) and then holds until the next forward. The arena is carved so that the freed memory is at the top and grows
 // downwards as backward walks down the layers: first what outlives backward (logits, losses),
 // then the head, the embeddings, and the layers in order, each with its output. One difference
 // from the order of the step: the masked-LM decoder's weight is the token embeddings, whose
@@ -451,8 +452,8 @@ void ModernBertForSequenceClassification::linear(const Tensor& y, const Tensor& 
 }
 
 void ModernBertForSequenceClassification::linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x,
-                                                          const Params& p, bool weight_gradient) {
-  if (weight_gradient) m_be.matmul(G(p.weight), dy, Trans::T, x, Trans::N, {1, 1, Epilogue::None, {}, {}});
+                                                          const Params& p, bool weight_gradient, bool store) {
+  if (weight_gradient) m_be.matmul(G(p.weight), dy, Trans::T, x, Trans::N, {1, store ? 0.0f : 1.0f, Epilogue::None, {}, {}});
   if (p.bias) m_be.bias_grad(G(p.bias), dy);
   if (dx.defined()) m_be.matmul(dx, dy, Trans::N, weights_for(p.weight, x), Trans::N, {1, 0, Epilogue::None, {}, {}});
 }
@@ -655,15 +656,18 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
   const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
   const auto [theta, window] = attention_of(l);
+  // The layer's range holds its four matrices only: with the gradients in freed activations
+  // their GEMMs store them, with no zeroing first (Note [layer gradients stored] in bert.cpp).
+  const bool store = m_act_block.data() != nullptr;
   // MLP branch: out = x1 + mlp(mlp_norm(x1)).
-  linear_backward(rows(S.dg, I), dout, rows(A.g, I), P.mlp_wo);
+  linear_backward(rows(S.dg, I), dout, rows(A.g, I), P.mlp_wo, true, store);
   m_be.geglu_backward(rows(S.dwi, 2 * I), rows(S.dg, I), rows(A.wi, 2 * I));
   const Tensor t1 = rows(S.t1, H), t2 = rows(S.t2, H), t3 = rows(S.t3, H);
-  linear_backward(t1, rows(S.dwi, 2 * I), rows(A.y, H), P.wi);
+  linear_backward(t1, rows(S.dwi, 2 * I), rows(A.y, H), P.wi, true, store);
   norm_backward(P.mlp_norm, t2, t1, rows(A.y, H), shaped(A.rstd_m, {n}));
   m_be.add(t3, t2, dout);  // d x1
   // Attention branch: x1 = x + Wo attention(rotary(Wqkv h)).
-  linear_backward(t1, t3, rows(A.ctx, H), P.attn_wo);
+  linear_backward(t1, t3, rows(A.ctx, H), P.attn_wo, true, store);
   const Tensor dqkv = shaped(S.dqkv, {B, T, 3 * H}), lse = shaped(A.lse, {B, heads, T});
   if (S.packed) {  // Note [modernbert packed tokens]
     m_be.attention_packed_backward(rows(S.dqkv, 3 * H), t1, rows(A.qkv, 3 * H), rows(A.ctx, H), lse, b.seq_offsets,
@@ -675,7 +679,7 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
     m_be.rotary_backward(dqkv, dqkv, heads, theta);
   }
   const Tensor h = l > 0 ? rows(A.h, H) : rows(A.x, H);
-  linear_backward(t2, rows(S.dqkv, 3 * H), h, P.wqkv);
+  linear_backward(t2, rows(S.dqkv, 3 * H), h, P.wqkv, true, store);
   if (l > 0) {
     norm_backward(P.attn_norm, t1, t2, h, shaped(A.rstd_a, {n}));
     m_be.add(din, t1, t3);
@@ -690,8 +694,9 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   const bool tokens = token_head(m_cfg);
   const int64_t N = tokens ? R : B;
   const bool mlm = is_masked_lm(m_cfg), overlaid = m_act_block.data() != nullptr;
-  // Gradients in freed activations: each stage's range is zeroed just before it is written
-  // (Note [modernbert gradients in freed activations]); the tail first.
+  // Gradients in freed activations: the tail's and the embeddings' ranges are zeroed just before
+  // they are written, the layers' stored by their GEMMs (Note [modernbert gradients in freed
+  // activations]); the tail first.
   if (overlaid) zero_grad_range(m_grad_ranges.back());
   const Tensor dlogits = shaped(A.dlogits, {N, C}), hh = shaped(A.hh, {N, H});
   // Masked-LM: the tied decoder's weight gradient goes into the token embeddings', after their
@@ -725,7 +730,6 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   Tensor d = rows(A.da, H), other = rows(A.db, H);
   norm_backward(m_final_norm, d, dx, rows(A.xf, H), shaped(A.rstd_f, {n}));
   for (int l = static_cast<int>(m_cfg.num_hidden_layers) - 1; l >= 0; --l) {
-    if (overlaid) zero_grad_range(m_grad_ranges[static_cast<size_t>(l) + 1]);
     layer_backward(l, b, d, other);
     std::swap(d, other);
     if (m_on_layer_grads) m_on_layer_grads(m_grad_ranges[static_cast<size_t>(l) + 1].first,

@@ -110,10 +110,10 @@ class ModernBertForSequenceClassification : public EncoderModel {
   // y = x W^T (+ b), with the compute copy of the weights, or with the fp32 master weights when x
   // is F32 (the pooled head: Note [modernbert fp32 pooled head]).
   void linear(const Tensor& y, const Tensor& x, const Params& p);
-  // dW += dy^T x (unless !weight_gradient: the caller adds it later), db += colsum(dy) (when
-  // there is a bias), dx = dy W (when dx is defined); W as linear's.
+  // dW += dy^T x (unless !weight_gradient: the caller adds it later; dW = dy^T x when store),
+  // db += colsum(dy) (when there is a bias), dx = dy W (when dx is defined); W as linear's.
   void linear_backward(const Tensor& dx, const Tensor& dy, const Tensor& x, const Params& p,
-                       bool weight_gradient = true);
+                       bool weight_gradient = true, bool store = false);
   Tensor weights_for(const ParamInfo* p, const Tensor& x) const { return x.dtype == DType::F32 ? M(p) : W(p); }
   Tensor W(const ParamInfo* p) const { return m_layout.view(m_compute_view, *p); }
   Tensor G(const ParamInfo* p) const { return m_layout.view(m_grads_view, *p); }
