@@ -297,7 +297,7 @@ void CudaBackend::matmul_bias_grad(const Tensor& c, const Tensor& a, Trans ta, c
                : static_cast<size_t>(m) <= scratch.floats ? scratch.data
                                                          : nullptr;
   if (dst && m_matmul->run_bias_grad(c, a, ta, b, tb, m, n, k, args.alpha, args.beta, dst, m_stream)) {
-    if (!overwrite) cuda::reduce_partials(db.ptr<float>(), nullptr, scratch.data, 1, m, m, m_stream);
+    if (!overwrite) cuda::reduce_partials(db.ptr<float>(), nullptr, nullptr, scratch.data, 1, m, m, m_stream);
     return;
   }
   ++m_bias_grad_unfused;

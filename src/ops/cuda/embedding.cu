@@ -163,7 +163,7 @@ void embedding_backward(const Tensor& dword, const Tensor& dpos, const Tensor& d
       for (int k = 0; k < nv; k += 2) {
         float* out0 = dtype.ptr<float>() + (v0 + k) * hidden;
         float* out1 = k + 1 < nv ? out0 + hidden : nullptr;
-        reduce_partials(out0, out1, partials + k * hidden, static_cast<int>(chunks), hidden, nv * hidden, s);
+        reduce_partials(out0, out1, nullptr, partials + k * hidden, static_cast<int>(chunks), hidden, nv * hidden, s);
       }
     }
   });

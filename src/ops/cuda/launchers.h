@@ -68,10 +68,11 @@ void bias_grad(const Tensor& db, const Tensor& dy, const ReduceScratch& scratch,
 // stored, in one pass where 16-byte packs fit (Note [column sums at bandwidth]). dx may alias dy.
 void gelu_backward_bias(const Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& db,
                         const ReduceScratch& scratch, cudaStream_t s);
-// partials F32 [groups, stride]: out0[j] += sum_g partials[g, j] and out1[j] += sum_g
-// partials[g, n + j] for j < n (stride >= n, or >= 2n with out1), summed in a fixed order (the
-// same every run: Note [column sums at bandwidth]). Either output may be nullptr (skipped).
-void reduce_partials(float* out0, float* out1, const float* partials, int groups, int64_t n,
+// partials F32 [groups, stride]: out_k[j] += sum_g partials[g, k n + j] for j < n and each
+// output k of out0, out1, out2 (stride >= n times the outputs up to the last given), summed in a
+// fixed order (the same every run: Note [column sums at bandwidth]), in one launch. Any output
+// may be nullptr (skipped).
+void reduce_partials(float* out0, float* out1, float* out2, const float* partials, int groups, int64_t n,
                      int64_t stride, cudaStream_t s);
 
 // ---- layernorm.cu -------------------------------------------------------------------------------

@@ -674,9 +674,8 @@ void layernorm_backward(const Tensor& dsum, const Tensor& dbranch, const Tensor&
       if (reduce) {
         const int groups_out = static_cast<int>(std::max<int64_t>(blocks, 1));
         const int64_t stride = sums * static_cast<int64_t>(h);
-        reduce_partials(dgamma.defined() ? dgamma.ptr<float>() : nullptr, dbeta.defined() ? dbeta.ptr<float>() : nullptr,
-                        partials, groups_out, h, stride, s);
-        if (dbias.defined()) reduce_partials(dbias.ptr<float>(), nullptr, partials + 2 * h, groups_out, h, stride, s);
+        auto out = [](const Tensor& t) { return t.defined() ? t.ptr<float>() : nullptr; };
+        reduce_partials(out(dgamma), out(dbeta), out(dbias), partials, groups_out, h, stride, s);
       }
     });
   });

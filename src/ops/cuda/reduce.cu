@@ -146,10 +146,11 @@ __global__ void __launch_bounds__(kThreads, kColBlocksPerSm) column_sum_vec_kern
   }
 }
 
-// Block x: columns j = x*32 + lane of the [0, width) output range (width = n, or 2n with out1);
+// Block x: columns j = x*32 + lane of the [0, width) output range (width = n times the outputs);
 // warp w sums partials[g*stride + j] for g = w, w + 8, ... in order; warp 0 then adds the
-// warps' sums in warp order and accumulates into out0[j] (j < n) or out1[j - n].
+// warps' sums in warp order and accumulates into out0[j] (j < n), out1[j - n] or out2[j - 2n].
 __global__ void __launch_bounds__(kThreads) reduce_partials_kernel(float* __restrict__ out0, float* __restrict__ out1,
+                                                                   float* __restrict__ out2,
                                                                    const float* __restrict__ partials, int groups,
                                                                    int64_t n, int64_t width, int64_t stride) {
   constexpr int kWarps = kThreads / 32, kLoads = 8;
@@ -175,8 +176,9 @@ __global__ void __launch_bounds__(kThreads) reduce_partials_kernel(float* __rest
   float s = red[0][lane];
 #pragma unroll
   for (int w = 1; w < kWarps; ++w) s += red[w][lane];
-  float* out = j < n ? (out0 ? out0 + j : nullptr) : out1 + (j - n);  // j >= n only with out1
-  if (out) *out += s;
+  const int64_t k = j / n;  // the output: j < width, so out_k is given or skipped (nullptr)
+  float* out = k == 0 ? out0 : k == 1 ? out1 : out2;
+  if (out) out[j - k * n] += s;
 }
 
 // Column blocks, then enough row chunks to fill one wave of the device (vector kernel: its
@@ -197,18 +199,18 @@ void column_sums(const Tensor& db, int64_t rows, int64_t n, bool vec, const Redu
   float* partials = chunks > 1 ? scratch.data : nullptr;
   launch(dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks)), partials, chunk);
   ANATOMY_CUDA_LAUNCH_CHECK();
-  if (partials) reduce_partials(db.ptr<float>(), nullptr, partials, static_cast<int>(chunks), n, n, s);
+  if (partials) reduce_partials(db.ptr<float>(), nullptr, nullptr, partials, static_cast<int>(chunks), n, n, s);
 }
 
 }  // namespace
 
 // ---- launchers ----------------------------------------------------------------------------------
-void reduce_partials(float* out0, float* out1, const float* partials, int groups, int64_t n, int64_t stride,
-                     cudaStream_t s) {
-  const int64_t width = out1 ? 2 * n : n;
-  if (width == 0 || (!out0 && !out1)) return;
+void reduce_partials(float* out0, float* out1, float* out2, const float* partials, int groups, int64_t n,
+                     int64_t stride, cudaStream_t s) {
+  const int64_t width = (out2 ? 3 : out1 ? 2 : 1) * n;
+  if (width == 0 || (!out0 && !out1 && !out2)) return;
   const unsigned grid = static_cast<unsigned>((width + 31) / 32);
-  reduce_partials_kernel<<<grid, kThreads, 0, s>>>(out0, out1, partials, groups, n, width, stride);
+  reduce_partials_kernel<<<grid, kThreads, 0, s>>>(out0, out1, out2, partials, groups, n, width, stride);
   ANATOMY_CUDA_LAUNCH_CHECK();
 }
 
