@@ -77,10 +77,13 @@
 #             words; default: --gemm-tuning off, then measure), alternated twice; then each profiled (its matmul
 #             lines, or TRAINAB_OPS's: an extended regex), and the tuned run's gemm_tuning.md (earlier results'
 #             fwdab: TRAINAB='ANATOMY_ATTENTION_FWD=mma;ANATOMY_ATTENTION_FWD=wgmma'). The word BUILD=before runs
-#             .carry/before's anatomy (scripts/stage_device.sh BEFORE=rev): TRAINAB='BUILD=before;' is an A/B of builds
+#             .carry/before's anatomy (scripts/stage_device.sh BEFORE=rev): TRAINAB=';BUILD=before' is an A/B of builds
+#             (this build first: a trailing empty setting would be dropped)
 #   power     the GPU's SM clock, power and clock event reasons (nvidia-smi every 100 ms) while the PyTorch loop and
 #             anatomy each train bert-large bf16 batch 32 (120 steps): power.md (is the steady step held by
 #             the power limit rather than by its kernels?)
+#   realtextab the real-text runs (bench/real_text.py, REALTEXTAB_ARGS; default: anatomy on real tokens, bert-base and
+#             MiniLM, 2 epochs) of .carry/before and .carry/bin, alternated twice (needs .carry/fortunes)
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
 #   opsab     the ops of .carry/before (A, when staged) and .carry/bin (B): anatomy_bench_ops (the memory-bound
 #             backward ops and the weight gradients at bert-large shapes) A B A B, then bert-large bf16 batch 32's
@@ -359,6 +362,26 @@ step_realtext() {
   timeout 540 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin $a --vocab tests/data/tokenizer/vocab.txt \
     --out "$OUT" ${REALTEXT_ARGS:-} 2>&1 | grep -v '^{' | tail -24
   rm -rf "$OUT/smoke"
+}
+
+# The real-text runs of two builds, .carry/before (scripts/stage_device.sh BEFORE=rev) and .carry/bin, alternated
+# twice (before, this build, before, this build): REALTEXTAB_ARGS, default anatomy alone on real tokens, bert-base and
+# MiniLM, 2 epochs. One real_text.md a run, the tables gathered in realtextab.md.
+step_realtextab() {
+  [ -f .carry/fortunes/train.jsonl ] || { echo "realtextab: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
+  [ -x .carry/before/anatomy ] || { echo "realtextab: no .carry/before (scripts/stage_device.sh BEFORE=rev)"; return; }
+  local round side
+  for round in 1 2; do
+    for side in before bin; do
+      # shellcheck disable=SC2086  # REALTEXTAB_ARGS: flags of bench/real_text.py
+      timeout 240 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin .carry/$side/anatomy \
+        --vocab tests/data/tokenizer/vocab.txt --out "$OUT/realtextab_${side}_$round" \
+        ${REALTEXTAB_ARGS:---only anatomy --anatomy-runs tokens --models bert-base,minilm --epochs 2 --repeat 1} \
+        > "$OUT/realtextab_${side}_$round.log" 2>&1
+      echo "== $side (round $round): exit $?"
+      grep -E "^\| [a-z]" "$OUT/realtextab_${side}_$round/real_text.md" 2>/dev/null | grep -v "^| model"
+    done
+  done | tee "$OUT/realtextab.md"
 }
 
 # Fine-tuning after domain pretraining: each model (PRETEXT="model:mlm_lr ...", default MiniLM at 3e-4 and
