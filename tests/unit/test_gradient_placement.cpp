@@ -3,6 +3,8 @@
 // the planner predicted, and the savings it claims for bert-large.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "../common/compare.h"
 #include "../common/cli.h"
 #include "../common/shared_gradients.h"
@@ -12,6 +14,7 @@
 #include "model/bert.h"
 #include "model/params.h"
 #include "ops/backend.h"
+#include "ops/observer.h"
 
 using namespace anatomy;
 
@@ -45,6 +48,13 @@ HostBatch random_batch(Rng& rng, const BertConfig& c, int64_t B, int64_t T) {
 struct StepGrads {
   std::vector<float> grads, losses;
   CategoryBytes peak;
+  int backward_fills = 0;  // fill ops the model issued in backward
+};
+
+struct BackwardFills final : OpObserver {
+  int n = 0;
+  void before(Backend&, const OpEvent& e) override { n += e.phase == Phase::Backward && std::string(e.name) == "fill"; }
+  void after(Backend&, const OpEvent&) override {}
 };
 
 // Two forward/backward calls (different dropout) on one model; the gradients after each.
@@ -66,8 +76,12 @@ std::vector<StepGrads> run_twice(const BertConfig& cfg, const ModelShape& shape,
     for (uint64_t call = 0; call < 2; ++call) {
       EXPECT_EQ(model.gradients_in_activations(), shape.gradients == GradientPlacement::InActivations);
       if (!model.gradients_in_activations()) model.zero_grads();
+      BackwardFills fills;
+      be->set_observer(&fills);
       model.forward_backward(db, 1.0f / static_cast<float>(B), call << 12);
+      be->set_observer(nullptr);
       StepGrads r;
+      r.backward_fills = fills.n;
       r.grads = model.grads_to_host();
       r.losses.resize(static_cast<size_t>(B));
       be->download(r.losses.data(), model.losses());
@@ -92,7 +106,11 @@ TEST(GradientPlacement, InActivationsGivesTheOwnBuffersGradientsBitForBit) {
     const std::vector<StepGrads> a = run_twice(cfg, own, hb), b = run_twice(cfg, in, hb);
     for (size_t call = 0; call < 2; ++call) {
       EXPECT_TRUE(testing_compare::same_values(a[call].losses, b[call].losses)) << "call " << call;
-      EXPECT_TRUE(testing_compare::same_values(a[call].grads, b[call].grads)) << "call " << call;  // the second call re-zeroes every range
+      // The second call writes over the first call's gradients: the layers' stored by their GEMMs
+      // (Note [layer gradients stored]), the embeddings and the tail zeroed again.
+      EXPECT_TRUE(testing_compare::same_values(a[call].grads, b[call].grads)) << "call " << call;
+      // Two ranges are zeroed in backward (the tail, the embeddings), none of the layers'.
+      EXPECT_EQ(b[call].backward_fills, a[call].backward_fills + 2) << "call " << call;
     }
     EXPECT_FALSE(testing_compare::same_values(a[0].grads, a[1].grads));  // the dropout masks differ between the calls
     // The allocator holds what the planner predicted, including the bytes counted twice.
