@@ -40,7 +40,8 @@ class Communicator {
   virtual void all_reduce_sum(const Tensor& buf) = 0;
   // Rank r's shard of buf = sum over ranks of that shard; the rest of buf is left as it was.
   virtual void reduce_scatter_sum(const Tensor& buf, const std::vector<ShardRange>& shards) = 0;
-  // Every rank's shard of buf, copied from its owner to every rank.
+  // Every rank's shard of buf, copied from its owner to every rank: F32, or a 16-bit type whose
+  // bits are copied (the half weights of Note [ZeRO gathers half weights] in dist/zero.h).
   virtual void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) = 0;
   // Small host values (metrics, loss scale decisions, counts): every rank ends with the same
   // values, combined element by element in rank order 0, 1, ..., size-1 (Sum: ((v0 + v1) + v2)...).

@@ -139,10 +139,19 @@ class GlooCommunicator final : public Communicator {
   }
 
   void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) override {
-    float* p = f32(buf, shards);
+    if (buf.dtype != DType::F32) return gather_as<uint16_t>(buf, shards);
+    gather_as<float>(buf, shards);
+  }
+  // F32 as floats, 16-bit types as their bits (a copy: no arithmetic).
+  template <class E>
+  void gather_as(const Tensor& buf, const std::vector<ShardRange>& shards) {
+    check_shards(buf, shards);
+    ANATOMY_CHECK(buf.device == Device::CPU && dtype_size(buf.dtype) == sizeof(E),
+                  "internal error: gloo all_gather takes F32 or 16-bit host buffers");
+    E* p = static_cast<E*>(buf.data);
     if (m_world == 1) return;
     const ShardRange own = shards[static_cast<size_t>(m_rank)];
-    std::vector<float> mine(p + own.begin, p + own.end);  // Gloo's input may not alias its output
+    std::vector<E> mine(p + own.begin, p + own.end);  // Gloo's input may not alias its output
     std::vector<size_t> counts(static_cast<size_t>(m_world));
     for (size_t r = 0; r < counts.size(); ++r) counts[r] = shards[r].size();
     engine("all_gather", [&] {
@@ -218,12 +227,15 @@ class GlooCommunicator final : public Communicator {
 
   float* f32(const Tensor& buf, const std::vector<ShardRange>& shards) const {
     ANATOMY_CHECK(buf.dtype == DType::F32 && buf.device == Device::CPU, "internal error: gloo collectives take F32 host buffers");
+    check_shards(buf, shards);
+    return buf.ptr<float>();
+  }
+  void check_shards(const Tensor& buf, const std::vector<ShardRange>& shards) const {
     ANATOMY_CHECK(shards.size() == static_cast<size_t>(m_world) && shards.back().end <= buf.numel() &&
                       shards.front().begin == 0,
                   "internal error: ", shards.size(), " shards for ", m_world, " ranks over ", buf.numel(), " elements");
     for (size_t r = 1; r < shards.size(); ++r)
       ANATOMY_CHECK(shards[r].begin == shards[r - 1].end, "internal error: gloo collectives take contiguous shards");
-    return buf.ptr<float>();
   }
 
   int m_rank, m_world;

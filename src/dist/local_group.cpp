@@ -87,12 +87,17 @@ class LocalCommunicator final : public Communicator {
   void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) override {
     if (m_world == 1) return;
     check(buf, shards);
-    float* mine = post(buf);
+    const size_t es = dtype_size(buf.dtype);
+    ANATOMY_CHECK(buf.device == Device::CPU && (buf.dtype == DType::F32 || es == 2),
+                  "internal error: local all_gather takes F32 or 16-bit host buffers");
+    m_s->bufs[static_cast<size_t>(m_rank)] = static_cast<float*>(buf.data);  // the bytes, whatever the dtype
+    wait();  // every rank has posted
+    auto bytes = [&](int r) { return reinterpret_cast<char*>(m_s->bufs[static_cast<size_t>(r)]); };
     // Shards are disjoint and each is read from its owner: copies cannot race with each other.
     for (int r = 0; r < m_world; ++r)
       if (r != m_rank) {
         const ShardRange s = shards[static_cast<size_t>(r)];
-        std::memcpy(mine + s.begin, m_s->bufs[static_cast<size_t>(r)] + s.begin, s.size() * sizeof(float));
+        std::memcpy(bytes(m_rank) + s.begin * es, bytes(r) + s.begin * es, s.size() * es);
       }
     wait();
   }

@@ -136,13 +136,18 @@ class NcclCommunicator final : public Communicator {
       ANATOMY_CUDA_CHECK(ncclReduce(p + s.begin, p + s.begin, s.size(), ncclFloat, ncclSum, r, m_comm, stream));
     }
   }
+  // F32 or a 16-bit type (the half-precision weights: Note [ZeRO gathers half weights] in dist/zero.h).
   void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) override {
-    float* p = f32(buf);
+    ANATOMY_CHECK(buf.device == Device::CUDA && (buf.dtype == DType::F32 || buf.dtype == DType::BF16 || buf.dtype == DType::F16),
+                  "internal error: NCCL all_gather takes F32, BF16 or F16 device buffers");
+    const ncclDataType_t t = buf.dtype == DType::F32 ? ncclFloat : buf.dtype == DType::BF16 ? ncclBfloat16 : ncclHalf;
+    char* p = static_cast<char*>(buf.data);
+    const size_t es = dtype_size(buf.dtype);
     Enqueue q(*this);
     GroupScope group;
     for (int r = 0; r < m_world; ++r) {
       const ShardRange s = shards[static_cast<size_t>(r)];
-      ANATOMY_CUDA_CHECK(ncclBroadcast(p + s.begin, p + s.begin, s.size(), ncclFloat, r, m_comm, m_stream));
+      ANATOMY_CUDA_CHECK(ncclBroadcast(p + s.begin * es, p + s.begin * es, s.size(), t, r, m_comm, m_stream));
     }
   }
 

@@ -19,6 +19,24 @@ size_t zero_gradient_shard_bytes(const ParamLayout& layout, int world, int stage
   return 4 * shard_ranges(layout.total(), world)[static_cast<size_t>(rank)].size();
 }
 
+namespace {
+
+// Each rank's shard clipped to [begin, end), relative to begin (a slice's shards).
+std::vector<ShardRange> shards_within(const std::vector<ShardRange>& shards, size_t begin, size_t end) {
+  std::vector<ShardRange> within(shards.size());
+  for (size_t r = 0; r < shards.size(); ++r) {
+    const size_t b = std::clamp(shards[r].begin, begin, end), e = std::clamp(shards[r].end, begin, end);
+    within[r] = {b - begin, e - begin};
+  }
+  return within;
+}
+
+Tensor flat_slice(const Tensor& t, size_t begin, size_t end) {
+  return t.view({static_cast<int64_t>(t.numel())}).slice(static_cast<int64_t>(begin), static_cast<int64_t>(end));
+}
+
+}  // namespace
+
 DataParallelStep::DataParallelStep(Backend& be, Communicator& comm, const OptimizerOptions& o, const ParamLayout& layout,
                                    int stage, int64_t accumulation, size_t bucket_bytes)
     : m_be(be), m_comm(comm), m_stage(comm.size() == 1 ? 0 : stage), m_accum(accumulation),
@@ -60,12 +78,7 @@ void DataParallelStep::reduce(const Tensor& grads, size_t begin, size_t end) {
   if (m_stage == 0) {
     m_comm.all_reduce_sum(part);
   } else {
-    std::vector<ShardRange> within(m_shards.size());
-    for (size_t r = 0; r < m_shards.size(); ++r) {
-      const size_t b = std::clamp(m_shards[r].begin, begin, end), e = std::clamp(m_shards[r].end, begin, end);
-      within[r] = {b - begin, e - begin};
-    }
-    m_comm.reduce_scatter_sum(part, within);
+    m_comm.reduce_scatter_sum(part, shards_within(m_shards, begin, end));
   }
   if (m_timing && !m_comm.overlaps()) {  // the collective blocked this thread: all of it is exposed
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -137,10 +150,26 @@ void DataParallelStep::step(EncoderModel& model, float lr, float max_grad_norm, 
   m_norm.finish();
   const size_t decay_end = model.layout().decay_end();
   const size_t local_decay = std::clamp<size_t>(decay_end, m_shard.begin, m_shard.end) - m_shard.begin;
-  ParamGroups g{own(model.master()), Tensor(), own(grads), local_decay};
+  const bool half = model.shape().compute != DType::F32;
+  ParamGroups g{own(model.master()), half ? own(model.compute_params()) : Tensor(), own(grads), local_decay};
   m_opt->step(g, GradTransform{norm, 1.0f / loss_scale, max_grad_norm, true}, lr);
+  if (!half) {
+    m_comm.all_gather(model.master(), m_shards);
+    return;
+  }
+  // Note [ZeRO gathers half weights]: the half copy, and the fp32 masters forward reads (all but
+  // the layers' matrices).
+  m_comm.all_gather(model.compute_params(), m_shards);
+  const auto& stages = model.gradient_stages();  // [embeddings, layer 0 .. L-1, tail]
+  const size_t layers_begin = stages.front().second, layers_end = stages.back().first;
+  for (auto [b, e] : {std::pair{size_t{0}, layers_begin}, std::pair{layers_end, static_cast<size_t>(grads.numel())}})
+    if (e > b) m_comm.all_gather(flat_slice(model.master(), b, e), shards_within(m_shards, b, e));
+  m_masters_partial = layers_end > layers_begin;
+}
+
+void DataParallelStep::complete_masters(EncoderModel& model) {
+  if (!std::exchange(m_masters_partial, false)) return;
   m_comm.all_gather(model.master(), m_shards);
-  model.sync_compute_copy();
 }
 
 }  // namespace anatomy

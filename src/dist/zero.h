@@ -12,8 +12,8 @@
 //            owner clips with the global norm (its blocks' partials, all-reduced: Note
 //            [canonical gradient norm] in optim/grad_norm.h), updates its shard of the fp32
 //            masters with its shard of the optimizer state (8/N bytes/param), and the updated
-//            shards are broadcast back to every rank (grouped ncclBroadcast = all-gather);
-//            every rank then casts the masters to its half-precision copy.
+//            shards are broadcast back to every rank (grouped ncclBroadcast = all-gather;
+//            in half precision the half copy, Note [ZeRO gathers half weights]).
 //   stage 2: as stage 1, but the gradients are reduce-scattered after every micro-batch and each
 //            rank accumulates only its shard, in a buffer of 4/N bytes/param (Gradients). The
 //            full gradients are then needed only from one micro-batch's backward to its
@@ -35,6 +35,17 @@
 // tail of vectors, pooler and classifier) is reduced then. Each element is still summed over
 // the ranks in one order, so buckets change no bit on the CPU groups. On the CPU the
 // collectives run when called (no overlap); on GPUs NCCL's side stream overlaps them.
+//
+// Note [ZeRO gathers half weights]
+// In bf16 / fp16 (stages 1 and 2) the owner's update also writes its shard of the half copy, and
+// the ranks gather that copy (2 bytes a parameter) instead of the fp32 masters (4), and no rank
+// casts the whole buffer again: bert-large's 1.34 GB exchange becomes 0.67 GB, plus the fp32
+// masters that forward reads (the embeddings, and the tail of vectors and head matrices: Note
+// [normalization parameters in fp32] in model/bert.cpp), 0.13 GB. Each rank's compute copy is
+// then the owner's cast of the owner's master, the bits the cast after a full gather gave. The
+// layers' matrices are read through the half copy only, so their masters are current on their
+// owner alone until complete_masters() gathers them: before every save (checkpoints and the
+// final model), on every rank.
 #pragma once
 #include <memory>
 #include <vector>
@@ -84,6 +95,9 @@ class DataParallelStep {
   void step(EncoderModel& model, float lr, float max_grad_norm, float loss_scale = 1.0f);
   // The squared global gradient norm of the last step (device F32 scalar, times loss_scale^2).
   const Tensor& norm_sq() const { return m_norm.norm_sq(); }
+  // Every rank's fp32 masters made whole (Note [ZeRO gathers half weights]); a collective: every
+  // rank calls it, before anything reads the masters of the layers' matrices (saving).
+  void complete_masters(EncoderModel& model);
   const ShardRange& shard() const { return m_shard; }
   int stage() const { return m_stage; }  // 0 in a world of one
   Optimizer& optimizer() { return *m_opt; }
@@ -104,6 +118,7 @@ class DataParallelStep {
   GradNorm m_norm;  // the squared gradient norm and its block partials (the trainer's, as planned)
   std::unique_ptr<Optimizer> m_opt;
   Buffer m_grad_shard;  // stage 2 with accumulation: this rank's summed gradients so far
+  bool m_masters_partial = false;  // the layers' matrices' masters current on their owner only
 
   void ready(const Tensor& grads, size_t begin, size_t end);
   void reduce(const Tensor& grads, size_t begin, size_t end);

@@ -88,6 +88,8 @@ class TrainStep {
   int zero_stage() const { return m_dps.stage(); }
   int64_t reduction_buckets() const { return m_dps.buckets_last_step(); }
   void time_reduction(bool on) { m_dps.time_reduction(on); }  // --profile-steps (Note [overlap timing])
+  // Before a save, on every rank: the fp32 masters made whole (Note [ZeRO gathers half weights]).
+  void complete_masters() { m_dps.complete_masters(m_model); }
   DataParallelStep::ReductionTiming take_reduction_timing() { return m_dps.take_reduction_timing(); }
 
  private:

@@ -290,6 +290,7 @@ void RankRun::save_checkpoint(int64_t step) {
                              {"best_model_checkpoint", m_best_ckpt},
                              {"best_metric", m_best_metric}};
   if (m_lead) m_out->claim();
+  m_step->complete_masters();
   OptimizerPart part;
   if (m_step->zero_stage() >= 1) part = {true, m_step->shard().begin, m_step->shard().end};
   m_res.last_checkpoint =
@@ -533,6 +534,7 @@ void RankRun::finish() {
   }
 
   // The model (before --profile-steps, whose extra steps change the weights), with its tokenizer.
+  if (m_opt.save_model) m_step->complete_masters();  // every rank: a collective
   if (m_lead && m_opt.save_model) {
     m_out->claim();
     save_pretrained(m_opt.output_dir, *m_model);

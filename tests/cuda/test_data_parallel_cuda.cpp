@@ -44,3 +44,28 @@ TEST(DataParallelCuda, TwoRanksTrainLikeOneWithTheCombinedBatch) {
                          saved_weights((fs::path(testing::TempDir()) / "dpc_two").string())),
             1e-4);
 }
+
+// Note [ZeRO gathers half weights]: in bf16 stage 1 gathers the owner's half copy and only the
+// fp32 masters forward reads; the layers' masters are made whole before each save. A checkpoint
+// mid-run and the model at the end equal stage 0's (which updates everything on every rank) up to
+// the GPU's order of atomic additions, far closer than a stale master would leave them: a rank
+// saving its peer's layer masters unupdated since the last save would differ by the weights' whole
+// movement between the two saves.
+TEST(DataParallelCuda, TwoRanksInBf16SaveStageZerosWeightsWithHalfWeightsGathered) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices (found " << cuda_device_count() << ")";
+  const std::string model = dropout_free_model("dpc_model_bf16");
+  TrainOptions a = options("cuda", model, "dpc_bf16_z0", 2, 8, 0), b = options("cuda", model, "dpc_bf16_z1", 2, 8, 1);
+  for (TrainOptions* o : {&a, &b}) {
+    o->precision = Precision::Bf16;
+    o->checkpoint_strategy = Cadence::Steps;
+    o->save_steps = 2;
+  }
+  const TrainResult r0 = train(a), r1 = train(b);
+  EXPECT_NEAR(r1.last_loss, r0.last_loss, 1e-3);
+  const double moved = max_abs_diff(saved_weights(a.output_dir + "/checkpoint-2"), saved_weights(a.output_dir));
+  EXPECT_GT(moved, 1e-3) << "the weights' largest movement after step 2";
+  for (const std::string sub : {"/checkpoint-2", ""}) {
+    SCOPED_TRACE("saved in " + b.output_dir + sub);
+    EXPECT_LT(max_abs_diff(saved_weights(a.output_dir + sub), saved_weights(b.output_dir + sub)), moved / 20);
+  }
+}

@@ -69,6 +69,12 @@ inline std::vector<char> run_script(Communicator& comm, Backend& be, bool exact 
     comm.all_gather(s, shards);
     keep();
   }
+  {  // a 16-bit buffer (the half weights ZeRO gathers): the float buffer's bytes as 2n BF16 elements
+    const Tensor h(mem, DType::BF16, Shape{static_cast<int64_t>(2 * n)}, be.device());
+    fill(5);
+    comm.all_gather(h, shard_ranges(2 * n, world, 16));
+    keep();
+  }
   be.allocator().deallocate(mem, n * sizeof(float), Category::Temporary);
   for (Communicator::Op op : {Communicator::Op::Sum, Communicator::Op::Max, Communicator::Op::Min}) {
     std::vector<double> h = {0.1 * (rank + 1), -1e-17 * rank, 1e16 + rank, static_cast<double>(rank % 2)};

@@ -50,6 +50,7 @@ TEST(LocalGroup, CollectivesSumInRankOrderAndGatherShards) {
   auto comms = make_local_group(world);
   const auto shards = shard_ranges(n, world, 8);
   std::vector<std::vector<float>> all(world), red(world), gat(world);
+  std::vector<std::vector<uint16_t>> half(world);
   std::vector<std::thread> pool;
   for (int r = 0; r < world; ++r)
     pool.emplace_back([&, r] {
@@ -65,6 +66,9 @@ TEST(LocalGroup, CollectivesSumInRankOrderAndGatherShards) {
       gat[r] = std::vector<float>(n, -1.0f);
       for (size_t i = shards[r].begin; i < shards[r].end; ++i) gat[r][i] = static_cast<float>(100 * r + i);
       comms[r]->all_gather(Tensor(gat[r].data(), DType::F32, {static_cast<int64_t>(n)}, Device::CPU), shards);
+      half[r] = std::vector<uint16_t>(n, 0xffff);  // 16-bit elements are copied as bits
+      for (size_t i = shards[r].begin; i < shards[r].end; ++i) half[r][i] = static_cast<uint16_t>(1000 * r + i);
+      comms[r]->all_gather(Tensor(half[r].data(), DType::BF16, {static_cast<int64_t>(n)}, Device::CPU), shards);
     });
   for (auto& t : pool) t.join();
   for (int r = 0; r < world; ++r) {
@@ -74,6 +78,7 @@ TEST(LocalGroup, CollectivesSumInRankOrderAndGatherShards) {
       int owner = 0;
       while (i >= shards[owner].end) ++owner;
       EXPECT_EQ(gat[r][i], static_cast<float>(100 * owner + i));
+      EXPECT_EQ(half[r][i], static_cast<uint16_t>(1000 * owner + i));
       if (owner == r) EXPECT_FLOAT_EQ(red[r][i], 7.5f + 3.0f * static_cast<float>(i));
       else EXPECT_FLOAT_EQ(red[r][i], 2.0f + static_cast<float>(r) * 0.5f + static_cast<float>(i));  // untouched
     }
