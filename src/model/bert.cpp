@@ -235,10 +235,10 @@ static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Are
 // store (beta 0) instead of adding into a zeroed range (Note [layer gradients stored]); the
 // embeddings and the tail (scatter-adds, and every vector summed by several passes) are zeroed
 // just before their stages. The gradients are then valid until the next forward: enough for
-// clipping, the optimizer step and logging. With accumulation the gradients must survive the next micro-batch's forward,
-// so they get their own buffer (GradientPlacement::Own). For bert-large at seq 512 this puts
-// all but about one layer's worth of gradients (1.2 of 1.25 GiB) into memory that
-// activations already hold at the peak.
+// clipping, the optimizer step and logging. With accumulation the gradients must survive the
+// next micro-batch's forward, so they get their own buffer (GradientPlacement::Own). For
+// bert-large at seq 512 this puts all but about one layer's worth of gradients (1.2 of 1.25 GiB)
+// into memory that activations already hold at the peak.
 using freed::GradRange;
 
 static std::vector<GradRange> gradient_ranges(const BertConfig& cfg, const ParamLayout& lay) {

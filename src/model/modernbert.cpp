@@ -251,10 +251,10 @@ int stage_of_range(size_t i, int64_t L) {
 // lowest 256-byte aligned offset where that holds for every range (freed::gradient_offset, the
 // search BERT's placement runs). Each range is made whole at its stage (the tail and the
 // embeddings zeroed just before, a layer's four matrices stored by their GEMMs: Note [layer
-// gradients stored] in bert.cpp) and then holds until the next forward. The arena is carved so that the freed memory is at the top and grows
-// downwards as backward walks down the layers: first what outlives backward (logits, losses),
-// then the head, the embeddings, and the layers in order, each with its output. One difference
-// from the order of the step: the masked-LM decoder's weight is the token embeddings, whose
+// gradients stored] in bert.cpp) and then holds until the next forward. The arena is carved so
+// that the freed memory is at the top and grows downwards as backward walks down the layers:
+// first what outlives backward (logits, losses), then the head, the embeddings, and the layers
+// in order, each with its output. One difference from the order of the step: the masked-LM decoder's weight is the token embeddings, whose
 // range is written last, so the decoder's weight gradient (dlogits^T h) waits until after the
 // embeddings' backward, with dlogits and h kept until then (and so in every placement: the
 // gradients are the same bits in both).
