@@ -94,6 +94,8 @@
 #   ncuattn   Nsight Compute's every section on the attention backward (B 32, T 512, D 64, p 0.1 and 0), with
 #             per-instruction stall samples of the p 0.1 launch (ncu_attn_bwd_sass.csv); NCU_KERNEL=wgmma_fwd: the
 #             forward's (ncu_wgmma_fwd*)
+#   ncuops    Nsight Compute's every section and per-instruction samples of NCU_KERNEL's launches (default the
+#             LayerNorm backward's group kernel) in anatomy_bench_ops at bert-large shapes
 #   ncu       Nsight Compute's sections (speed of light, occupancy, launch, warp states, instructions)
 #             of every kernel of the registry ops NCU_OPS (anatomy_bench_ops --registry, bert-base sizes)
 #   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
@@ -747,6 +749,22 @@ step_ncuattn() {  # NCU_KERNEL=wgmma_fwd: the forward (files ncu_wgmma_fwd*; the
   rm -f "$OUT/$name.ncu-rep"
   grep -E "Duration|SM Frequency|Issue Slots Busy|Executed Ipc A|Warp Cycles Per Issued|Registers Per|Achieved Occ|Shared Memory|Stall|stall" \
     "$OUT/ncu_$name.txt" | head -60
+}
+
+# Nsight Compute's every section on the kernels matching NCU_KERNEL (default the LayerNorm backward's group
+# kernel) in anatomy_bench_ops at bert-large shapes, one launch of each of its rows (warm-up 0), with the
+# per-instruction samples: ncu_ops.txt, ncu_ops_sass.csv (scripts/ncu_stalls.py reads it).
+step_ncuops() {
+  local k=${NCU_KERNEL:-ln_backward_group}
+  timeout 240 ncu --clock-control none --set full --import-source yes --kernel-name "regex:$k" --launch-count 3 \
+    -f -o "$OUT/ops" $b/anatomy_bench_ops --reps 1 --warmup 0 > "$OUT/ncu_ops_run.log" 2>&1
+  ncu -i "$OUT/ops.ncu-rep" --page details > "$OUT/ncu_ops.txt" 2>&1
+  ncu -i "$OUT/ops.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_ops_sass.csv" 2>&1
+  rm -f "$OUT/ops.ncu-rep"
+  grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Issue Slots Busy|Warp Cycles Per Issued|Registers Per|Achieved Occ|Theoretical Occ|Block Limit" \
+    "$OUT/ncu_ops.txt" | head -60
+  local i
+  for i in 0 1 2; do python3 scripts/ncu_stalls.py "$OUT/ncu_ops_sass.csv" --kernel $i --top 8 2>&1 | head -40; done
 }
 
 step_launch() {
