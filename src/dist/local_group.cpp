@@ -88,10 +88,8 @@ class LocalCommunicator final : public Communicator {
     if (m_world == 1) return;
     check(buf, shards);
     const size_t es = dtype_size(buf.dtype);
-    ANATOMY_CHECK(buf.device == Device::CPU && (buf.dtype == DType::F32 || es == 2),
-                  "internal error: local all_gather takes F32 or 16-bit host buffers");
-    m_s->bufs[static_cast<size_t>(m_rank)] = static_cast<float*>(buf.data);  // the bytes, whatever the dtype
-    wait();  // every rank has posted
+    ANATOMY_CHECK(buf.dtype == DType::F32 || es == 2, "internal error: local all_gather takes F32 or 16-bit host buffers");
+    post_bytes(buf);  // copies only: the bytes, whatever the dtype
     auto bytes = [&](int r) { return reinterpret_cast<char*>(m_s->bufs[static_cast<size_t>(r)]); };
     // Shards are disjoint and each is read from its owner: copies cannot race with each other.
     for (int r = 0; r < m_world; ++r)
@@ -132,8 +130,12 @@ class LocalCommunicator final : public Communicator {
     if (m_s->aborted) throw GroupAborted();
   }
   float* post(const Tensor& buf) {
-    ANATOMY_CHECK(buf.dtype == DType::F32 && buf.device == Device::CPU, "internal error: local collectives take F32 host buffers");
-    float* p = buf.ptr<float>();
+    ANATOMY_CHECK(buf.dtype == DType::F32, "internal error: local collectives take F32 host buffers");
+    return post_bytes(buf);
+  }
+  float* post_bytes(const Tensor& buf) {  // this rank's buffer, seen by every rank once all have posted
+    ANATOMY_CHECK(buf.device == Device::CPU, "internal error: local collectives take host buffers");
+    float* p = static_cast<float*>(buf.data);
     m_s->bufs[static_cast<size_t>(m_rank)] = p;
     wait();  // every rank has posted
     return p;

@@ -31,10 +31,6 @@ std::vector<ShardRange> shards_within(const std::vector<ShardRange>& shards, siz
   return within;
 }
 
-Tensor flat_slice(const Tensor& t, size_t begin, size_t end) {
-  return t.view({static_cast<int64_t>(t.numel())}).slice(static_cast<int64_t>(begin), static_cast<int64_t>(end));
-}
-
 }  // namespace
 
 DataParallelStep::DataParallelStep(Backend& be, Communicator& comm, const OptimizerOptions& o, const ParamLayout& layout,
@@ -163,7 +159,7 @@ void DataParallelStep::step(EncoderModel& model, float lr, float max_grad_norm, 
   const auto& stages = model.gradient_stages();  // [embeddings, layer 0 .. L-1, tail]
   const size_t layers_begin = stages.front().second, layers_end = stages.back().first;
   for (auto [b, e] : {std::pair{size_t{0}, layers_begin}, std::pair{layers_end, static_cast<size_t>(grads.numel())}})
-    if (e > b) m_comm.all_gather(flat_slice(model.master(), b, e), shards_within(m_shards, b, e));
+    if (e > b) m_comm.all_gather(ParamLayout::range(model.master(), b, {static_cast<int64_t>(e - b)}), shards_within(m_shards, b, e));
   m_masters_partial = layers_end > layers_begin;
 }
 

@@ -734,7 +734,7 @@ std::vector<std::string> BertForSequenceClassification::layernorm_weights_below(
 // with a zeroed range (and as the own-buffer placement, which accumulates into zeros).
 // Accumulating micro-batches keep beta 1.
 MatmulArgs BertForSequenceClassification::weight_gradient_args() const {
-  return {1, m_act_block.data() != nullptr ? 0.0f : 1.0f, Epilogue::None, {}, {}};
+  return {1, gradients_in_activations() ? 0.0f : 1.0f, Epilogue::None, {}, {}};
 }
 
 void BertForSequenceClassification::zero_grad_range(size_t begin, size_t end) {

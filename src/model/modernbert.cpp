@@ -658,7 +658,7 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
   const auto [theta, window] = attention_of(l);
   // The layer's range holds its four matrices only: with the gradients in freed activations
   // their GEMMs store them, with no zeroing first (Note [layer gradients stored] in bert.cpp).
-  const bool store = m_act_block.data() != nullptr;
+  const bool store = gradients_in_activations();
   // MLP branch: out = x1 + mlp(mlp_norm(x1)).
   linear_backward(rows(S.dg, I), dout, rows(A.g, I), P.mlp_wo, true, store);
   m_be.geglu_backward(rows(S.dwi, 2 * I), rows(S.dg, I), rows(A.wi, 2 * I));

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) reduce_partials_kernel(float* __rest
   float s = red[0][lane];
 #pragma unroll
   for (int w = 1; w < kWarps; ++w) s += red[w][lane];
-  const int64_t k = j / n;  // the output: j < width, so out_k is given or skipped (nullptr)
+  const int k = j < n ? 0 : j < 2 * n ? 1 : 2;  // the output: j < width, so out_k is given or skipped (nullptr)
   float* out = k == 0 ? out0 : k == 1 ? out1 : out2;
   if (out) out[j - k * n] += s;
 }
