@@ -83,7 +83,8 @@
 #             anatomy each train bert-large bf16 batch 32 (120 steps): power.md (is the steady step held by
 #             the power limit rather than by its kernels?)
 #   realtextab the real-text runs (bench/real_text.py, REALTEXTAB_ARGS; default: anatomy on real tokens, bert-base and
-#             MiniLM, 2 epochs) of .carry/before and .carry/bin, alternated twice (needs .carry/fortunes)
+#             MiniLM, 2 epochs) of .carry/before and .carry/bin, alternated twice (needs .carry/fortunes); with
+#             REALTEXTAB_ENV='VAR=value ...', of .carry/bin under those settings and without
 #   stepab    the training step of two builds in one call: .carry/bin (B) vs .carry/before (A)
 #   opsab     the ops of .carry/before (A, when staged) and .carry/bin (B): anatomy_bench_ops (the memory-bound
 #             backward ops and the weight gradients at bert-large shapes) A B A B, then bert-large bf16 batch 32's
@@ -368,15 +369,21 @@ step_realtext() {
 
 # The real-text runs of two builds, .carry/before (scripts/stage_device.sh BEFORE=rev) and .carry/bin, alternated
 # twice (before, this build, before, this build): REALTEXTAB_ARGS, default anatomy alone on real tokens, bert-base and
-# MiniLM, 2 epochs. One real_text.md a run, the tables gathered in realtextab.md.
+# MiniLM, 2 epochs. One real_text.md a run, the tables gathered in realtextab.md. REALTEXTAB_ENV (VAR=value ...):
+# instead of .carry/before, this build under those settings (side "env").
 step_realtextab() {
   [ -f .carry/fortunes/train.jsonl ] || { echo "realtextab: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
-  [ -x .carry/before/anatomy ] || { echo "realtextab: no .carry/before (scripts/stage_device.sh BEFORE=rev)"; return; }
+  local first=before
+  if [ -n "${REALTEXTAB_ENV:-}" ]; then first=env; else
+    [ -x .carry/before/anatomy ] || { echo "realtextab: no .carry/before (scripts/stage_device.sh BEFORE=rev)"; return; }
+  fi
   local round side
   for round in 1 2; do
-    for side in before bin; do
+    for side in $first bin; do
+      local bin=.carry/$side/anatomy settings=()
+      [ "$side" = env ] && { bin=.carry/bin/anatomy; read -r -a settings <<<"$REALTEXTAB_ENV"; }
       # shellcheck disable=SC2086  # REALTEXTAB_ARGS: flags of bench/real_text.py
-      timeout 240 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin .carry/$side/anatomy \
+      env "${settings[@]}" timeout 240 python3 bench/real_text.py --data .carry/fortunes --anatomy-bin "$bin" \
         --vocab tests/data/tokenizer/vocab.txt --out "$OUT/realtextab_${side}_$round" \
         ${REALTEXTAB_ARGS:---only anatomy --anatomy-runs tokens --models bert-base,minilm --epochs 2 --repeat 1} \
         > "$OUT/realtextab_${side}_$round.log" 2>&1

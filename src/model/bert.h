@@ -106,6 +106,22 @@ class BertForSequenceClassification : public EncoderModel {
                      bool training, uint64_t dropout_base, const Tensor& scratch);
   Tensor layer_backward(int l, const Tensor& dout, LayerActs& a, const Tensor& x, const Tensor& out, const DeviceBatch& b,
                         uint64_t dropout_base, const Tensor& t1, const Tensor& t2, const Tensor& t3);
+  // A layer in two parts: attention (its rows are the sequences' tokens) and what follows it,
+  // row by row (the output projection, the LayerNorms, the feed-forward), which the last layer
+  // runs on the first tokens alone (Note [last layer on the first tokens]).
+  Tensor attention_forward_rows(int l, const Tensor& x, LayerActs& a, const DeviceBatch& b, bool training,
+                                uint64_t dropout_base);
+  void rows_forward(int l, const Tensor& ctx_rows, const Tensor& x, const Tensor& out, LayerActs& a, bool training,
+                    uint64_t dropout_base, const Tensor& branch);
+  void rows_backward(int l, const Tensor& dy, LayerActs& a, const Tensor& out, uint64_t dropout_base,
+                     const Tensor& x1, const Tensor& x2, const Tensor& x3);
+  Tensor attention_backward_rows(int l, LayerActs& a, const Tensor& x, const DeviceBatch& b, uint64_t dropout_base,
+                                 const Tensor& dao, const Tensor& t1, const Tensor& dctx_rows, const Tensor& t3);
+  void last_layer_forward(const Tensor& x, LayerActs& a, const DeviceBatch& b, uint64_t dropout_base);
+  void first_token_rows(const Tensor& out, const Tensor& x, const DeviceBatch& b, bool pk);
+  void first_token_rows_backward(const Tensor& dx, const Tensor& dout, const DeviceBatch& b, bool pk);
+  Tensor last_layer_backward(LayerActs& a, const Tensor& x, const DeviceBatch& b, uint64_t dropout_base,
+                             const Tensor& t1, const Tensor& t2, const Tensor& t3);
   // The q|k|v projection's backward from dqkv [N, 3H]: its weight and bias gradients, and
   // dx[:N] += dqkv Wqkv; returns dx.
   Tensor qkv_backward(int l, const Tensor& dqkv, const Tensor& x, const Tensor& dx);

@@ -1,4 +1,6 @@
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "train/options.h"
 
@@ -40,6 +42,10 @@ PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch
   shape.packed_tokens = o.skip_padding && !o.train_file.empty() && shape.checkpointing != CheckpointPolicy::Layer;
   shape.fp8 = o.precision == Precision::Fp8;
   shape.fp8_grads = o.fp8_grads;
+  // ANATOMY_LAST_LAYER=all: the last layer on every token, to compare (Note [last layer on the
+  // first tokens] in model/bert.cpp).
+  const char* last = std::getenv("ANATOMY_LAST_LAYER");
+  shape.last_layer_first_tokens = !(last && std::string(last) == "all");
   return PlanInput{cfg, shape, o.optim.kind, device, world, zero, rank, o.gradient_accumulation_steps};
 }
 

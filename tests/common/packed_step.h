@@ -146,11 +146,13 @@ struct Step {
   std::vector<float> losses, grads;
 };
 
-// One forward_backward of `hb` on a fresh model (seeded weights), packed or padded.
+// One forward_backward of `hb` on a fresh model (seeded weights), packed or padded;
+// first_tokens: ModelShape::last_layer_first_tokens.
 inline Step step(Backend& be_ref, const BertConfig& cfg, const HostBatch& hb, bool packed, CheckpointPolicy policy,
-                 GradientPlacement place, DType compute = DType::F32, Packing how = {}) {
+                 GradientPlacement place, DType compute = DType::F32, Packing how = {}, bool first_tokens = true) {
   Backend* be = &be_ref;
   ModelShape shape;
+  shape.last_layer_first_tokens = first_tokens;
   shape.compute = compute;
   shape.max_batch = hb.batch;
   shape.max_seq = hb.seq;

@@ -72,8 +72,11 @@ TEST(PackedTraining, PackedAttentionDropsTheRowCopiesAroundAttention) {
   const int L = static_cast<int>(cfg.num_hidden_layers);
   EXPECT_EQ(rows.attention, 2 * L);
   EXPECT_EQ(layout.attention, 2 * L);
-  EXPECT_EQ(rows.copies, 4);  // the embeddings' rows and the classifier's token, each way
-  EXPECT_EQ(layout.copies - rows.copies, 5 * L);
+  // The embeddings' rows each way; the last layer's first tokens (Note [last layer on the first
+  // tokens]): their context and input rows gathered, their dctx and ds1 scattered.
+  EXPECT_EQ(rows.copies, 2 + 4);
+  // The last layer's output projection reads the first tokens' context in backward: no gather.
+  EXPECT_EQ(layout.copies - rows.copies, 5 * L - 1);
   EXPECT_EQ(layout.fills - rows.fills, 2 * L);
 }
 

@@ -1,0 +1,127 @@
+// The last layer on the first tokens (Note [last layer on the first tokens] in model/bert.cpp):
+// the same losses and gradients as the last layer on every token, for each encoder of the BERT
+// class, padded and packed, under each checkpointing policy and gradient placement; the GEMM
+// FLOPs it leaves out; the activation bytes it saves for bert-large; the trainer's switch.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "../common/compare.h"
+#include "../common/packed_step.h"
+#include "memory/planner.h"
+#include "model/bert.h"
+#include "ops/backend.h"
+#include "train/options.h"
+
+using namespace anatomy;
+using namespace anatomy::testing_packed;
+using anatomy::testing_compare::same_values;
+
+namespace {
+
+double largest(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
+  return m;
+}
+
+BertConfig family_config(Architecture arch) {
+  BertConfig c = config(false);
+  c.architecture = arch;
+  if (arch == Architecture::Roberta) c.pad_token_id = 1;  // positions from row pad + 1 (Note [roberta positions])
+  if (arch == Architecture::Electra) c.embedding_size = 16;  // projected to the hidden size
+  return c;
+}
+
+// The FLOPs of the GEMMs a backend ran ("matmul", "matmul+bias", "matmul (weight grad)", ...).
+struct GemmFlops : OpObserver {
+  double flops = 0;
+  void before(Backend&, const OpEvent& e) override {
+    if (std::string(e.name).rfind("matmul", 0) == 0) flops += e.cost.flops;
+  }
+  void after(Backend&, const OpEvent&) override {}
+};
+
+}  // namespace
+
+TEST(LastLayerFirstTokens, EqualsEveryTokenInEachFamilyPaddedAndPacked) {
+  auto cpu = make_cpu_backend(1);
+  const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
+  for (Architecture arch : {Architecture::Bert, Architecture::Roberta, Architecture::DistilBert, Architecture::Electra}) {
+    const BertConfig cfg = family_config(arch);
+    for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective, CheckpointPolicy::Layer}) {
+      for (GradientPlacement place : {GradientPlacement::Own, GradientPlacement::InActivations}) {
+        for (int packing = 0; packing < (policy == CheckpointPolicy::Layer ? 1 : 3); ++packing) {
+          const bool packed = packing > 0;
+          const Packing how{packing == 1, 1};
+          SCOPED_TRACE(std::to_string(static_cast<int>(arch)) + " / " + checkpoint_policy_name(policy) + " / " +
+                       gradient_placement_name(place) + " / packing " + std::to_string(packing));
+          const Step all = step(*cpu, cfg, hb, packed, policy, place, DType::F32, how, false);
+          const Step first = step(*cpu, cfg, hb, packed, policy, place, DType::F32, how, true);
+          ASSERT_GT(largest(all.grads), 1e-4);  // the comparison below is not between zeros
+          EXPECT_TRUE(same_values<float>(first.losses, all.losses, 1e-6));
+          EXPECT_TRUE(same_values<float>(first.grads, all.grads, 1e-6 * largest(all.grads)));
+        }
+      }
+    }
+  }
+}
+
+// Past attention the last layer's GEMMs (the output projection and the two feed-forward ones,
+// forward, data and weight gradients) run on B rows instead of every token row.
+TEST(LastLayerFirstTokens, LeavesOutTheLastLayersGemmsOnTheOtherRows) {
+  auto cpu = make_cpu_backend(1);
+  const BertConfig cfg = config(false);
+  const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
+  const double H = static_cast<double>(cfg.hidden_size), I = static_cast<double>(cfg.intermediate_size);
+  // Forward, dX and dW of three Linears, and the forward's epilogues: one operation an element
+  // for each bias, 8 more for the GELU (telemetry/op_cost.cpp).
+  const double per_row = 3 * 2 * (H * H + 2 * H * I) + (H + I + H) + 8 * I;
+  for (bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "packed" : "padded");
+    GemmFlops all, first;
+    cpu->set_observer(&all);
+    step(*cpu, cfg, hb, packed, CheckpointPolicy::None, GradientPlacement::Own, DType::F32, {}, false);
+    cpu->set_observer(&first);
+    step(*cpu, cfg, hb, packed, CheckpointPolicy::None, GradientPlacement::Own, DType::F32, {}, true);
+    cpu->set_observer(nullptr);
+    const double rows = packed ? 5 + 12 + 3 + 16 + 9 : 5 * 16;  // the rows the layers run on
+    EXPECT_DOUBLE_EQ(all.flops - first.flops, (rows - 5) * per_row);
+  }
+}
+
+// bert-large, seq 512, bf16, batch 32: the last layer's rows past attention (h1, the GELU input and
+// output, two rstd vectors) and its output become B rows; the planner counts exactly that, and
+// the plan is what the model allocates (the planner tests hold that for every shape).
+TEST(LastLayerFirstTokens, PlansTheLastLayersRowsForBertLarge) {
+  const BertConfig cfg = BertConfig::preset("bert-large");
+  ModelShape all{32, 512, DType::BF16, CheckpointPolicy::None, true, GradientPlacement::Own};
+  all.last_layer_first_tokens = false;
+  ModelShape first = all;
+  first.last_layer_first_tokens = true;
+  const MemoryPlan a = plan_memory({cfg, all, OptimizerKind::AdamW, Device::CUDA});
+  const MemoryPlan f = plan_memory({cfg, first, OptimizerKind::AdamW, Device::CUDA});
+  const int64_t R = 32 * 512, B = 32, H = 1024, I = 4096;
+  // h1, pre and g (2 bytes), rstd1 and rstd2 (4 bytes) on R - B rows fewer; the output's R rows
+  // become the first tokens' context (B rows; cls moves from the head into the layer).
+  const int64_t saved = (R - B) * (2 * H + 2 * 2 * I + 2 * 4) + (R - B) * H * 2;
+  const int64_t diff = a.bytes[Category::Activations] - f.bytes[Category::Activations];
+  std::printf("[ last layer ] bert-large bf16 batch 32: activations %.1f -> %.1f MiB\n",
+              a.bytes[Category::Activations] / 1048576.0, f.bytes[Category::Activations] / 1048576.0);
+  EXPECT_NEAR(static_cast<double>(diff), static_cast<double>(saved), 4096.0);  // arena alignment
+  EXPECT_EQ(a.bytes[Category::Weights], f.bytes[Category::Weights]);
+}
+
+TEST(LastLayerFirstTokens, TheTrainersSwitchComparesWithEveryToken) {
+  const BertConfig cfg = BertConfig::preset("bert-tiny");
+  TrainOptions o;
+  ASSERT_EQ(unsetenv("ANATOMY_LAST_LAYER"), 0);
+  EXPECT_TRUE(plan_input(o, cfg, 4, Device::CPU, 1).shape.last_layer_first_tokens);
+  ASSERT_EQ(setenv("ANATOMY_LAST_LAYER", "all", 1), 0);
+  EXPECT_FALSE(plan_input(o, cfg, 4, Device::CPU, 1).shape.last_layer_first_tokens);
+  ASSERT_EQ(unsetenv("ANATOMY_LAST_LAYER"), 0);
+}
