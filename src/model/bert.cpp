@@ -226,14 +226,16 @@ struct ActRegion {
 // exactly zero in the full computation (the head reads nothing else), so the loss and every
 // gradient are the full computation's up to the order of the GEMMs' sums; the last layer's
 // hidden-state dropout masks are drawn by compact row, so with dropout they differ from the full
-// run's (same distribution). bert-large at seq 512 does 2.9% fewer FLOPs a step (9 of a layer's 12
-// H x H-sized GEMM units, once in 24 layers) and saves the last layer's row activations (h1,
-// the GELU input and output, 288 MiB in bf16 at batch 32). Not in evaluation (forward_eval keeps
-// the [B, T, H] hidden state), not for per-token heads, not in ModernBERT (its own class).
+// run's (same distribution). bert-large at seq 512 does 2.88% fewer FLOPs a step (9 of a layer's 12
+// H x H-sized GEMM units, in one layer of 24) and saves 320 MiB of the last layer's activations
+// in bf16 at batch 32 (h1, the GELU input and output, the layer output: bench/results/
+// 2026-11-28-h200/session29/ has the measured step, 2% more samples/s on the H200). The packed evaluation (forward_eval of
+// a packed batch, which keeps no hidden state) does the same; the padded one keeps the [B, T, H]
+// hidden state and runs every token. Not for per-token heads, not in ModernBERT (its own class).
 // ModelShape::last_layer_first_tokens false: every token (ANATOMY_LAST_LAYER=all for the trainer,
 // to compare).
-static bool last_layer_on_first_tokens(const BertConfig& cfg, const ModelShape& s, bool training) {
-  return training && s.last_layer_first_tokens && !has_token_labels(cfg);
+static bool last_layer_on_first_tokens(const BertConfig& cfg, const ModelShape& s) {
+  return s.last_layer_first_tokens && !has_token_labels(cfg);
 }
 
 // The one place that lays out activations and temporaries; run dry it is the plan. `regions`
@@ -364,7 +366,7 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
   a.packed_train = training && s.packed_tokens;
   // Note [last layer on the first tokens]: its rows past attention, its output (the head's input
   // cls) and the first tokens' context are B rows, carved with the layer (read by its backward).
-  a.first_tokens = last_layer_on_first_tokens(cfg, s, training);
+  a.first_tokens = training && last_layer_on_first_tokens(cfg, s);
   size_t mark = 0;
   auto open = [&] { mark = act.used(); };
   auto close = [&](int last_stage) {
@@ -1235,7 +1237,18 @@ void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
   for (Tensor* t : {&la.qkv, &la.ctx, &la.rstd1, &la.h1, &la.pre, &la.g, &la.rstd2})
     *t = t->slice(0, N);
   Tensor x = a.xs[1].slice(0, N), y = a.xs[0].slice(0, N);  // embeddings_forward wrote x
+  const bool first = last_layer_on_first_tokens(m_cfg, m_shape);  // Note [last layer on the first tokens]
   for (int l = 0; l < L; ++l) {
+    if (first && l == L - 1) {  // the first tokens' input rows in y (the layer writes a.cls instead),
+      const int64_t H = m_cfg.hidden_size;  // their context in qkv_pad (dead once attention has run)
+      const Tensor ctx = attention_forward_rows(l, x, la, b, false, 0);
+      const Tensor c0 = a.qkv_pad.view({static_cast<int64_t>(a.qkv_pad.numel())}).slice(0, B * H).view({B, H});
+      first_token_rows(c0, ctx, b, true);
+      first_token_rows(y.slice(0, B), x, b, true);
+      LayerActs v = token_rows_of(la, B);
+      rows_forward(l, c0, y.slice(0, B), a.cls, v, false, 0, a.t1.slice(0, B));
+      break;
+    }
     layer_forward(l, x, y, la, b, false, 0, a.t1.slice(0, N));
     std::swap(x, y);
   }
@@ -1248,7 +1261,7 @@ void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
     else
       token_head_forward(in, false, 0);
   } else {
-    m_be.gather_rows(a.cls, x, b.first_rows);
+    if (!first) m_be.gather_rows(a.cls, x, b.first_rows);
     head_forward(false, 0);
   }
   m_losses = a.losses;

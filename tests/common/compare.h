@@ -59,6 +59,13 @@ template <class T>
   return same_values(std::span<const T>(a), std::span<const T>(b), tol);
 }
 
+// The largest |x| of a buffer: the scale of a relative tolerance.
+inline double largest_magnitude(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
+  return m;
+}
+
 inline std::vector<uint8_t> file_bytes(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});

@@ -175,8 +175,9 @@ inline Step step(Backend& be_ref, const BertConfig& cfg, const HostBatch& hb, bo
 // The inference forward's logits (forward_eval) of `hb` on a fresh inference model (seeded
 // weights), packed or padded: [B, C], or [B*T, C] under a per-token head.
 inline std::vector<float> eval_logits(Backend& be, const BertConfig& cfg, const HostBatch& hb, bool packed,
-                                      Packing how = {}) {
+                                      Packing how = {}, bool first_tokens = true) {
   ModelShape shape;
+  shape.last_layer_first_tokens = first_tokens;
   shape.max_batch = hb.batch;
   shape.max_seq = hb.seq;
   shape.training = false;

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 
+#include "../common/compare.h"
 #include "../common/golden.h"
 #include "../common/packed_step.h"
 
 using namespace anatomy;
+using anatomy::testing_compare::largest_magnitude;
 using namespace anatomy::golden;
 
 namespace {
@@ -61,12 +63,6 @@ class GoldenFamilyCuda : public testing::TestWithParam<const char*> {
   }
 };
 
-double largest(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
-  return m;
-}
-
 }  // namespace
 
 TEST_P(GoldenFamilyCuda, Fp32MatchesTransformers) { check_forward_backward(GetParam(), DType::F32, 1e-4, 0.99999, 1e-4); }
@@ -107,11 +103,11 @@ TEST_P(GoldenFamilyCuda, RealTokenStepEqualsThePaddedStep) {
   auto be = make_cuda_backend(0);
   const auto padded = testing_packed::step(*be, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own);
   const auto packed = testing_packed::step(*be, cfg, hb, true, CheckpointPolicy::Selective, GradientPlacement::InActivations);
-  ASSERT_GT(largest(padded.grads), 1e-4);
+  ASSERT_GT(largest_magnitude(padded.grads), 1e-4);
   double worst = 0;
   for (size_t i = 0; i < padded.grads.size(); ++i)
     worst = std::max(worst, static_cast<double>(std::abs(packed.grads[i] - padded.grads[i])));
-  EXPECT_LE(worst, 1e-4 * largest(padded.grads));
+  EXPECT_LE(worst, 1e-4 * largest_magnitude(padded.grads));
   for (size_t i = 0; i < padded.losses.size(); ++i) EXPECT_NEAR(packed.losses[i], padded.losses[i], 1e-5);
 }
 

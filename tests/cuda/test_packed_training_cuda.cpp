@@ -13,16 +13,9 @@
 #include "ops/backend.h"
 
 using namespace anatomy;
+using anatomy::testing_compare::largest_magnitude;
 using namespace anatomy::testing_packed;
 using anatomy::testing_compare::same_values;
-
-namespace {
-double largest(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
-  return m;
-}
-}  // namespace
 
 TEST(PackedTrainingCuda, MatchesThePaddedStepAndTheCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
@@ -36,7 +29,7 @@ TEST(PackedTrainingCuda, MatchesThePaddedStepAndTheCpu) {
     const Step cpu_padded = step(*cpu, cfg, hb, false, policy, GradientPlacement::Own);
     const Step gpu_padded = step(*gpu, cfg, hb, false, policy, GradientPlacement::Own);
     const Step gpu_packed = step(*gpu, cfg, hb, true, policy, GradientPlacement::Own);
-    const double g = largest(cpu_padded.grads);
+    const double g = largest_magnitude(cpu_padded.grads);
     EXPECT_TRUE(same_values<float>(gpu_packed.losses, gpu_padded.losses, 1e-5));
     EXPECT_TRUE(same_values<float>(gpu_packed.grads, gpu_padded.grads, 1e-4 * g));
     EXPECT_TRUE(same_values<float>(gpu_packed.grads, cpu_padded.grads, 1e-4 * g));
@@ -52,7 +45,7 @@ TEST(PackedTrainingCuda, Bf16FlashPathMatchesThePaddedStep) {
   cfg.max_position_embeddings = 64;
   const HostBatch hb = batch_of({5, 40, 3, 64, 33}, 64, 4);
   const Step padded = step(*gpu, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16);
-  const double g = largest(padded.grads);
+  const double g = largest_magnitude(padded.grads);
   ASSERT_GT(g, 1e-4);
   // Attention on the packed rows (Note [packed attention] in ops/cpu/attention.cpp), with and
   // without padding rows after the tokens, and on the padded layout.
@@ -87,7 +80,7 @@ TEST(PackedTrainingCuda, PackedAttentionWithDropoutMatchesThePaddedLayoutsAttent
                          Packing{true, 128});
   const Step layout = step(*gpu, cfg, hb, true, CheckpointPolicy::Selective, GradientPlacement::Own, DType::BF16,
                            Packing{false, 128});
-  const double g = largest(layout.grads);
+  const double g = largest_magnitude(layout.grads);
   ASSERT_GT(g, 1e-4);
   for (float x : rows.grads) ASSERT_TRUE(std::isfinite(x));
   EXPECT_TRUE(same_values<float>(rows.losses, layout.losses, 2e-2));
@@ -109,7 +102,7 @@ TEST(PackedTrainingCuda, Bf16PerTokenHeadsMatchThePaddedStep) {
     const Step padded = step(*gpu, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16);
     const Step packed = step(*gpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16,
                              Packing{true, 128});
-    const double g = largest(padded.grads);
+    const double g = largest_magnitude(padded.grads);
     ASSERT_GT(g, 1e-4);
     EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 2e-2));
     EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 2e-2 * g));
@@ -142,7 +135,7 @@ TEST(PackedTrainingCuda, Bf16ModernBertMatchesThePaddedStep) {
       gpu->set_observer(nullptr);
       // 145 token rows, padded to the multiple 128: 256 of the 320 padded rows.
       EXPECT_NEAR(packed_flops.rotary_flops / padded_flops.rotary_flops, 256.0 / 320.0, 1e-9);
-      const double g = largest(padded.grads);
+      const double g = largest_magnitude(padded.grads);
       ASSERT_GT(g, 1e-4);
       EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 2e-2));
       EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 2e-2 * g));

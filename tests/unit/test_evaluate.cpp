@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../common/cli.h"
+#include "../common/compare.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/text_dataset.h"
@@ -248,9 +249,11 @@ TEST(PackedInference, LogitsEqualThePaddedForward) {
       const float* z = m.logits().ptr<float>();
       for (size_t i = 0; i < padded.size(); ++i) EXPECT_NEAR(z[i], padded[i], 1e-5) << i;
     }
-    // No padding at all: the same GEMM shapes, so the same bits.
+    // No padding at all: the same GEMM shapes, so the same bits, but in the last layer, which the
+    // packed evaluation runs on the first tokens past attention (Note [last layer on the first
+    // tokens]): the same sums over other GEMM shapes.
     const HostBatch full = random_batch({16, 16, 16}, 16, cfg.vocab_size, 8);
-    EXPECT_EQ(logits_of(m, full, true), logits_of(m, full, false));
+    EXPECT_TRUE(testing_compare::same_values<float>(logits_of(m, full, true), logits_of(m, full, false), 1e-7));
     // A shorter batch after a longer one re-carves (and back again).
     const HostBatch shorter = random_batch({6, 3}, 6, cfg.vocab_size, 9);
     const std::vector<float> a = logits_of(m, shorter, true), b = logits_of(m, shorter, false);

@@ -20,6 +20,7 @@
 #include "train/trainer.h"
 
 using namespace anatomy;
+using anatomy::testing_compare::largest_magnitude;
 using namespace anatomy::golden;
 using anatomy::testing_compare::same_values;
 
@@ -60,12 +61,6 @@ std::vector<float> adamw_losses(Backend& be, const Fixture& f, const std::string
               GradTransform{norm.norm_sq(), 1.0f, 1.0f}, 1e-3f);
   }
   return losses;
-}
-
-double largest(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::abs(x)));
-  return m;
 }
 
 class GoldenFamily : public testing::TestWithParam<const char*> {};
@@ -220,7 +215,7 @@ TEST_P(GoldenFamily, TrainingPathsAgree) {
   auto be = make_cpu_backend();
   using testing_packed::step;
   const auto base = step(*be, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own);
-  ASSERT_GT(largest(base.grads), 1e-4);
+  ASSERT_GT(largest_magnitude(base.grads), 1e-4);
   const auto in_acts = step(*be, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::InActivations);
   EXPECT_TRUE(same_values<float>(in_acts.grads, base.grads));
   const auto selective = step(*be, cfg, hb, false, CheckpointPolicy::Selective, GradientPlacement::InActivations);
@@ -236,7 +231,7 @@ TEST_P(GoldenFamily, TrainingPathsAgree) {
     const std::vector<float> a = to_f32(*be, m.logits());
     m.forward_eval(packed_batch.db);
     const std::vector<float> b = to_f32(*be, m.logits());
-    EXPECT_TRUE(same_values<float>(b, a, 1e-5 * largest(a)));
+    EXPECT_TRUE(same_values<float>(b, a, 1e-5 * largest_magnitude(a)));
   }
   // Packed: the same arithmetic on the token rows, dropout masks drawn by packed row: compare
   // without dropout.
@@ -245,7 +240,7 @@ TEST_P(GoldenFamily, TrainingPathsAgree) {
   const auto padded = step(*be, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own);
   const auto packed = step(*be, cfg, hb, true, CheckpointPolicy::Selective, GradientPlacement::InActivations);
   EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 1e-6));
-  EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest(padded.grads)));
+  EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest_magnitude(padded.grads)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Arch, GoldenFamily, testing::Values("roberta", "xlm-roberta", "distilbert", "electra"),

@@ -18,16 +18,11 @@
 #include "train/options.h"
 
 using namespace anatomy;
+using anatomy::testing_compare::largest_magnitude;
 using namespace anatomy::testing_packed;
 using anatomy::testing_compare::same_values;
 
 namespace {
-
-double largest(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
-  return m;
-}
 
 BertConfig family_config(Architecture arch) {
   BertConfig c = config(false);
@@ -62,11 +57,32 @@ TEST(LastLayerFirstTokens, EqualsEveryTokenInEachFamilyPaddedAndPacked) {
                        gradient_placement_name(place) + " / packing " + std::to_string(packing));
           const Step all = step(*cpu, cfg, hb, packed, policy, place, DType::F32, how, false);
           const Step first = step(*cpu, cfg, hb, packed, policy, place, DType::F32, how, true);
-          ASSERT_GT(largest(all.grads), 1e-4);  // the comparison below is not between zeros
+          ASSERT_GT(largest_magnitude(all.grads), 1e-4);  // the comparison below is not between zeros
           EXPECT_TRUE(same_values<float>(first.losses, all.losses, 1e-6));
-          EXPECT_TRUE(same_values<float>(first.grads, all.grads, 1e-6 * largest(all.grads)));
+          EXPECT_TRUE(same_values<float>(first.grads, all.grads, 1e-6 * largest_magnitude(all.grads)));
         }
       }
+    }
+  }
+}
+
+// The packed evaluation (no hidden state kept) runs the last layer the same way: the same logits.
+TEST(LastLayerFirstTokens, PackedEvaluationGivesTheSameLogits) {
+  auto cpu = make_cpu_backend(1);
+  const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
+  for (Architecture arch : {Architecture::Bert, Architecture::Electra}) {
+    const BertConfig cfg = family_config(arch);
+    for (Packing how : {Packing{true, 1}, Packing{false, 16}}) {
+      SCOPED_TRACE(std::to_string(static_cast<int>(arch)) + (how.attention ? " / packed attention" : " / padded attention"));
+      GemmFlops all_ops, first_ops;
+      cpu->set_observer(&all_ops);
+      const std::vector<float> all = eval_logits(*cpu, cfg, hb, true, how, false);
+      cpu->set_observer(&first_ops);
+      const std::vector<float> first = eval_logits(*cpu, cfg, hb, true, how, true);
+      cpu->set_observer(nullptr);
+      ASSERT_GT(largest_magnitude(all), 1e-3);
+      EXPECT_TRUE(same_values<float>(first, all, 1e-6 * largest_magnitude(all)));
+      EXPECT_LT(first_ops.flops, all_ops.flops);
     }
   }
 }

@@ -20,17 +20,12 @@
 #include "ops/observer.h"
 
 using namespace anatomy;
+using anatomy::testing_compare::largest_magnitude;
 using anatomy::testing_compare::same_values;
 
 namespace {
 
 using namespace anatomy::testing_packed;
-
-double largest(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
-  return m;
-}
 
 }  // namespace
 
@@ -43,14 +38,14 @@ TEST(PackedTraining, LossesAndGradientsEqualThePaddedStep) {
   for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective}) {
     for (GradientPlacement place : {GradientPlacement::Own, GradientPlacement::InActivations}) {
       const Step padded = step(*cpu, cfg, hb, false, policy, place);
-      ASSERT_GT(largest(padded.grads), 1e-4);  // the comparison below is not between zeros
+      ASSERT_GT(largest_magnitude(padded.grads), 1e-4);  // the comparison below is not between zeros
       for (Packing how : {Packing{true, 1}, Packing{true, 16}, Packing{false, 1}, Packing{false, 16}}) {
         SCOPED_TRACE(std::string(checkpoint_policy_name(policy)) + " / " + gradient_placement_name(place) +
                      (how.attention ? " / packed attention" : " / padded attention") + " / multiple " +
                      std::to_string(how.multiple));
         const Step packed = step(*cpu, cfg, hb, true, policy, place, DType::F32, how);
         EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 1e-6));
-        EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest(padded.grads)));
+        EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest_magnitude(padded.grads)));
       }
     }
   }
@@ -102,13 +97,13 @@ TEST(PackedTraining, PerTokenHeadsEqualThePaddedStep) {
     for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective}) {
       for (GradientPlacement place : {GradientPlacement::Own, GradientPlacement::InActivations}) {
         const Step padded = step(*cpu, cfg, hb, false, policy, place);
-        ASSERT_GT(largest(padded.grads), 1e-4);
+        ASSERT_GT(largest_magnitude(padded.grads), 1e-4);
         for (Packing how : {Packing{true, 16}, Packing{false, 1}}) {
           SCOPED_TRACE(std::string(arch) + " / " + checkpoint_policy_name(policy) + " / " +
                        gradient_placement_name(place) + (how.attention ? " / packed attention" : " / padded attention"));
           const Step packed = step(*cpu, cfg, hb, true, policy, place, DType::F32, how);
           EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 1e-6));
-          EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest(padded.grads)));
+          EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest_magnitude(padded.grads)));
         }
       }
     }
@@ -202,14 +197,14 @@ TEST(PackedTraining, ModernBertEqualsThePaddedStep) {
     for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective}) {
       for (GradientPlacement place : {GradientPlacement::Own, GradientPlacement::InActivations}) {
         const Step padded = step(*cpu, cfg, hb, false, policy, place);
-        ASSERT_GT(largest(padded.grads), 1e-4);
+        ASSERT_GT(largest_magnitude(padded.grads), 1e-4);
         for (Packing how : {Packing{true, 1}, Packing{true, 16}, Packing{false, 1}}) {
           SCOPED_TRACE(std::string(head.architecture) + " / " + head.pooling + " / " + checkpoint_policy_name(policy) +
                        " / " + gradient_placement_name(place) + (how.attention ? " / packed" : " / no offsets") +
                        " / multiple " + std::to_string(how.multiple));
           const Step packed = step(*cpu, cfg, hb, true, policy, place, DType::F32, how);
           EXPECT_TRUE(same_values<float>(packed.losses, padded.losses, 1e-6));
-          EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest(padded.grads)));
+          EXPECT_TRUE(same_values<float>(packed.grads, padded.grads, 1e-5 * largest_magnitude(padded.grads)));
         }
       }
     }
