@@ -100,6 +100,10 @@ struct ModernBertForSequenceClassification::Acts {
   bool packed = false;
   int64_t n = 0;
   Tensor ids, enc;
+  // Note [modernbert first tokens]: this training step runs the last layer past attention, the
+  // final norm and the pooling on the first tokens alone; cls_ctx [B, H] their context.
+  bool first_tokens = false;
+  Tensor cls_ctx;
   // The pooled head in fp32 (Note [modernbert fp32 pooled head]): the pooling's output and
   // backward's input in the compute dtype (the F32 tensors themselves in fp32).
   Tensor pooled_c, dpooled_c;
@@ -125,6 +129,20 @@ const char* output_bias(const BertConfig& cfg) { return is_masked_lm(cfg) ? "dec
 
 bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern.classifier_pooling != "cls"; }
 
+// Note [modernbert first tokens]: BERT's Note [last layer on the first tokens] for ModernBERT's
+// head on the first token (classifier_pooling "cls"). In a training step the last layer runs its
+// attention norm, q|k|v, rotary and attention on every token, then gathers the first tokens'
+// context and input rows; its output projection, residual, MLP norm, MLP and residual run on B
+// rows, and so do the final norm and the pooling (a copy). Backward starts from the pooled
+// gradient on those rows and scatters d ctx and the residual's gradient into zeroed rows for
+// attention's backward. The other rows' gradients are exactly zero in the full computation, so
+// the loss and gradients are the same up to the GEMMs' summation order. The layer's tensors keep
+// their B*T rows (one [B, H] tensor more, the context): fewer FLOPs, not fewer bytes. Not in
+// evaluation (forward_eval keeps the hidden state), not under mean pooling or a per-token head.
+bool first_tokens_apply(const BertConfig& cfg, const ModelShape& s) {
+  return s.last_layer_first_tokens && !token_head(cfg) && !mean_pooling(cfg);
+}
+
 
 using freed::kAfterBackward;
 using freed::kStageHead;
@@ -146,7 +164,7 @@ struct SavedRegion {
 // the embeddings, then layer by layer (each with its output, the next layer's input). `regions`
 // (optional) receives the arena's byte ranges with their writers and last readers.
 void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, Arena& tmp, const BertConfig& cfg,
-                      DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training,
+                      DType dt, CheckpointPolicy policy, int64_t B, int64_t T, bool training, bool first_tokens,
                       std::vector<SavedRegion>* regions = nullptr) {
   const int64_t R = B * T, H = cfg.hidden_size, I = cfg.intermediate_size, heads = cfg.num_attention_heads;
   const int64_t L = cfg.num_hidden_layers, C = head_outputs(cfg), N = token_head(cfg) ? R : B;  // the head's rows
@@ -202,6 +220,7 @@ void carve_modernbert(ModernBertForSequenceClassification::Acts& A, Arena& act, 
     open();
     if (!A.recompute) internals(A.layers[static_cast<size_t>(l)], act, l > 0);
     (l + 1 < L ? A.layers[static_cast<size_t>(l) + 1].x : A.xl) = act.take(dt, {R, H});
+    if (first_tokens && l + 1 == L) A.cls_ctx = act.take(dt, {B, H});  // read by the layer's backward
     close(l + 1, stage_of_layer(l, L));
   }
   if (A.recompute) internals(A.work, tmp, true);
@@ -274,7 +293,8 @@ ArenaBytes modernbert_arena_bytes(const BertConfig& cfg, const ModelShape& s) {
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
   std::vector<SavedRegion> regions;
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training, &regions);
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, s.training,
+                   s.training && first_tokens_apply(cfg, s), &regions);
   ArenaBytes out{act.used(), tmp.used(), 0, 0};
   if (s.training && s.gradients == GradientPlacement::InActivations) {
     const ParamLayout lay = ParamLayout::for_modernbert(cfg);
@@ -294,7 +314,8 @@ std::vector<LivenessPoint> modernbert_liveness(const BertConfig& cfg, const Mode
   Arena act = Arena::dry(), tmp = Arena::dry();
   ModernBertForSequenceClassification::Acts a;
   std::vector<SavedRegion> regions;
-  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true, &regions);
+  carve_modernbert(a, act, tmp, cfg, s.compute, s.checkpointing, s.max_batch, s.max_seq, true,
+                   first_tokens_apply(cfg, s), &regions);
   const int64_t L = cfg.num_hidden_layers;
   auto written_by = [&](int64_t step) {
     int64_t n = 0;
@@ -385,7 +406,7 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   m_tmp_arena = Arena(a, bytes.temporary, Category::Temporary);
   m_acts = std::make_unique<Acts>();
   carve_modernbert(*m_acts, m_act_arena, m_tmp_arena, cfg, shape.compute, shape.checkpointing, shape.max_batch,
-                   shape.max_seq, shape.training);
+                   shape.max_seq, shape.training, shape.training && first_tokens_apply(cfg, shape));
   be.fill(m_acts->zero_beta, 0.0f);
 }
 
@@ -492,7 +513,7 @@ std::pair<float, int> ModernBertForSequenceClassification::attention_of(int l) c
 
 void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch& b) {
   const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
-  const int64_t B = b.batch(), T = b.seq(), n = m_acts->n, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
+  const int64_t B = b.batch(), T = b.seq(), n = m_acts->n, H = m_cfg.hidden_size;
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
   const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
   const Tensor x = rows(A.x, H);
@@ -513,15 +534,52 @@ void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch
     m_be.attention_forward(shaped(A.ctx, {B, T, H}), shaped(A.lse, {B, heads, T}), qkv, b.attention_mask, heads, {},
                            window);
   }
-  const Tensor attn_out = rows(m_acts->t1, H);
-  linear(attn_out, rows(A.ctx, H), P.attn_wo);
-  norm_forward(P.mlp_norm, rows(A.y, H), shaped(A.rstd_m, {n}), attn_out, x, rows(A.x1, H));
-  linear(rows(A.wi, 2 * I), rows(A.y, H), P.wi);
-  m_be.geglu_forward(rows(A.g, I), rows(A.wi, 2 * I));
-  const Tensor mlp_out = rows(m_acts->t2, H);
-  linear(mlp_out, rows(A.g, I), P.mlp_wo);
   const size_t next = static_cast<size_t>(l) + 1;
-  m_be.add(rows(next < m_acts->layers.size() ? m_acts->layers[next].x : m_acts->xl, H), rows(A.x1, H), mlp_out);
+  const Tensor out = next < m_acts->layers.size() ? m_acts->layers[next].x : m_acts->xl;
+  if (m_acts->first_tokens && next == m_acts->layers.size()) {  // Note [modernbert first tokens]
+    const Tensor ctx0 = shaped(m_acts->cls_ctx, {B, H}), x0 = shaped(m_acts->t2, {B, H});  // t2: free until the MLP's output
+    first_token_rows(ctx0, rows(A.ctx, H), b);
+    first_token_rows(x0, x, b);
+    mlp_forward(l, ctx0, x0, shaped(out, {B, H}));
+  } else {
+    mlp_forward(l, rows(A.ctx, H), x, rows(out, H));
+  }
+}
+
+// The output projection, its residual, the MLP norm, the MLP and its residual on the rows of ctx
+// (the first ctx.dim(0) rows of the layer's tensors), x the layer input's rows, into out.
+void ModernBertForSequenceClassification::mlp_forward(int l, const Tensor& ctx, const Tensor& x, const Tensor& out) {
+  const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
+  const int64_t r = ctx.dim(0), H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
+  const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
+  auto first = [&](const Tensor& t, int64_t width) { return shaped(t, {r, width}); };
+  const Tensor attn_out = first(m_acts->t1, H);
+  linear(attn_out, ctx, P.attn_wo);
+  norm_forward(P.mlp_norm, first(A.y, H), shaped(A.rstd_m, {r}), attn_out, x, first(A.x1, H));
+  linear(first(A.wi, 2 * I), first(A.y, H), P.wi);
+  m_be.geglu_forward(first(A.g, I), first(A.wi, 2 * I));
+  const Tensor mlp_out = first(m_acts->t2, H);
+  linear(mlp_out, first(A.g, I), P.mlp_wo);
+  m_be.add(out, first(A.x1, H), mlp_out);
+}
+
+// out [B, H] = each sequence's first row of x (the encoder's rows, padded or packed); backward:
+// dx's rows get dout there and zero elsewhere.
+void ModernBertForSequenceClassification::first_token_rows(const Tensor& out, const Tensor& x, const DeviceBatch& b) {
+  if (m_acts->packed)
+    m_be.gather_rows(out, x, b.first_rows);
+  else
+    m_be.select_token(out, shaped(x, {b.batch(), b.seq(), m_cfg.hidden_size}), 0);
+}
+
+void ModernBertForSequenceClassification::first_token_rows_backward(const Tensor& dx, const Tensor& dout,
+                                                                    const DeviceBatch& b) {
+  if (m_acts->packed) {
+    m_be.fill(dx, 0.0f);
+    m_be.scatter_rows(dx, dout, b.first_rows);
+  } else {
+    m_be.select_token_backward(shaped(dx, {b.batch(), b.seq(), m_cfg.hidden_size}), dout, 0);
+  }
 }
 
 // The head's input: the first token (classifier_pooling "cls"), or the mean of the encoder's
@@ -533,10 +591,10 @@ void ModernBertForSequenceClassification::pool_forward(const DeviceBatch& b) {
   const Tensor pooled = shaped(A.pooled_c, {B, H});
   if (mean_pooling(m_cfg))
     m_be.masked_mean_forward(pooled, shaped(A.enc, {B, T, H}), b.attention_mask);
-  else if (A.packed)  // each sequence's first row
-    m_be.gather_rows(pooled, shaped(A.xf, {A.n, H}), b.first_rows);
-  else
-    m_be.select_token(pooled, shaped(A.xf, {B, T, H}), 0);
+  else if (A.first_tokens)  // the final norm ran on the first tokens' rows (Note [modernbert first tokens])
+    m_be.copy(pooled, shaped(A.xf, {B, H}));
+  else  // each sequence's first row
+    first_token_rows(pooled, shaped(A.xf, {A.n, H}), b);
   if (A.pooled_c.data != A.pooled.data) m_be.cast(shaped(A.pooled, {B, H}), pooled);  // Note [modernbert fp32 pooled head]
 }
 
@@ -557,7 +615,7 @@ void ModernBertForSequenceClassification::pool_forward(const DeviceBatch& b) {
 // GEMM shapes). Packed training with layer recompute is refused, as BERT's (the options drop
 // packing under --gradient-checkpointing layer; that combination has no test).
 
-void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
+void ModernBertForSequenceClassification::forward(const DeviceBatch& b, bool training) {
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
   ANATOMY_CHECK(B >= 1 && B <= m_shape.max_batch, "batch of ", B, " samples exceeds the planned micro-batch of ",
                 m_shape.max_batch);
@@ -566,6 +624,7 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   Acts& A = *m_acts;
   A.packed = packed_attention_applies(m_be, m_shape.compute, m_cfg, b);  // Note [modernbert packed tokens]
   const int64_t n = A.n = A.packed ? b.token_rows.dim(0) : R;
+  A.first_tokens = training && A.cls_ctx.defined();  // Note [modernbert first tokens]
   if (A.packed) {
     m_be.gather_rows(rows(A.ids, 1), shaped(b.input_ids, {R, 1}), b.token_rows);
     m_be.gather_rows(rows(A.emb, H), W(m_tok_embeddings), shaped(A.ids, {n}));
@@ -574,7 +633,8 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
   }
   norm_forward(m_emb_norm, rows(A.layers[0].x, H), shaped(A.rstd_e, {n}), rows(A.emb, H), Tensor(), Tensor());
   for (int l = 0; l < m_cfg.num_hidden_layers; ++l) layer_forward(l, b);
-  norm_forward(m_final_norm, rows(A.xf, H), shaped(A.rstd_f, {n}), rows(A.xl, H), Tensor(), Tensor());
+  const int64_t nf = A.first_tokens ? B : n;  // the final norm's rows
+  norm_forward(m_final_norm, shaped(A.xf, {nf, H}), shaped(A.rstd_f, {nf}), shaped(A.xl, {nf, H}), Tensor(), Tensor());
   const bool tokens = token_head(m_cfg);
   A.enc = shaped(A.xf, {R, H});
   if (A.packed && (tokens || mean_pooling(m_cfg))) {  // the padded layout, in xl
@@ -582,7 +642,7 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b) {
     if (tokens) m_be.fill(A.enc, 0.0f);
     m_be.scatter_rows(A.enc, rows(A.xf, H), b.token_rows);
   }
-  m_hidden = A.packed && !tokens ? Tensor() : shaped(A.enc, {B, T, H});
+  m_hidden = (A.packed && !tokens) || A.first_tokens ? Tensor() : shaped(A.enc, {B, T, H});
   const int64_t N = tokens ? R : B;
   if (!tokens) pool_forward(b);
   const Tensor head_in = tokens ? A.enc : shaped(A.pooled, {B, H});
@@ -600,7 +660,7 @@ bool ModernBertForSequenceClassification::last_forward_packed() const { return m
 
 void ModernBertForSequenceClassification::forward_eval(const DeviceBatch& b) {
   m_be.set_phase(Phase::Forward);
-  forward(b);
+  forward(b, false);
   if (b.labels.defined()) loss(b, Tensor(), 0.0f);
 }
 
@@ -651,40 +711,73 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
   if (m_acts->recompute) layer_forward(l, b);  // Note [layer recompute]
   const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
   Acts& S = *m_acts;
-  const int64_t B = b.batch(), T = b.seq(), n = S.n, H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
-  if (S.selective) m_be.geglu_forward(rows(A.g, I), rows(A.wi, 2 * I));  // Note [modernbert selective recompute]
-  const int heads = static_cast<int>(m_cfg.num_attention_heads);
+  const int64_t B = b.batch(), H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
+  const bool first = S.first_tokens && static_cast<size_t>(l) + 1 == S.layers.size();  // Note [modernbert first tokens]
+  const int64_t r = first ? B : S.n;  // the rows past attention
+  if (S.selective)  // Note [modernbert selective recompute]
+    m_be.geglu_forward(shaped(A.g, {r, I}), shaped(A.wi, {r, 2 * I}));
+  if (!first) {
+    mlp_backward(l, dout, rows(A.ctx, H));
+    attention_backward_part(l, b, S.t1, rows(S.t3, H), rows(S.t2, H), din);
+    return;
+  }
+  mlp_backward(l, shaped(dout, {B, H}), shaped(S.cls_ctx, {B, H}));
+  first_token_rows_backward(rows(S.t2, H), shaped(S.t1, {B, H}), b);  // d ctx on every row
+  first_token_rows_backward(rows(S.t1, H), shaped(S.t3, {B, H}), b);  // d x1 on every row
+  attention_backward_part(l, b, S.t2, rows(S.t1, H), rows(S.t3, H), din);
+}
+
+// The MLP branch (out = x1 + mlp(mlp_norm(x1))) and the output projection backward on dout's rows:
+// d ctx into t1's first rows and d x1 into t3's, with the weight and bias gradients on the way.
+void ModernBertForSequenceClassification::mlp_backward(int l, const Tensor& dout, const Tensor& ctx) {
+  const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
+  Acts& S = *m_acts;
+  const int64_t r = dout.dim(0), H = m_cfg.hidden_size, I = m_cfg.intermediate_size;
   const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
-  const auto [theta, window] = attention_of(l);
+  auto first = [&](const Tensor& t, int64_t width) { return shaped(t, {r, width}); };
   // The layer's range holds its four matrices only: with the gradients in freed activations
   // their GEMMs store them, with no zeroing first (Note [layer gradients stored] in bert.cpp).
   const bool store = gradients_in_activations();
-  // MLP branch: out = x1 + mlp(mlp_norm(x1)).
-  linear_backward(rows(S.dg, I), dout, rows(A.g, I), P.mlp_wo, true, store);
-  m_be.geglu_backward(rows(S.dwi, 2 * I), rows(S.dg, I), rows(A.wi, 2 * I));
-  const Tensor t1 = rows(S.t1, H), t2 = rows(S.t2, H), t3 = rows(S.t3, H);
-  linear_backward(t1, rows(S.dwi, 2 * I), rows(A.y, H), P.wi, true, store);
-  norm_backward(P.mlp_norm, t2, t1, rows(A.y, H), shaped(A.rstd_m, {n}));
+  linear_backward(first(S.dg, I), dout, first(A.g, I), P.mlp_wo, true, store);
+  m_be.geglu_backward(first(S.dwi, 2 * I), first(S.dg, I), first(A.wi, 2 * I));
+  const Tensor t1 = first(S.t1, H), t2 = first(S.t2, H), t3 = first(S.t3, H);
+  linear_backward(t1, first(S.dwi, 2 * I), first(A.y, H), P.wi, true, store);
+  norm_backward(P.mlp_norm, t2, t1, first(A.y, H), shaped(A.rstd_m, {r}));
   m_be.add(t3, t2, dout);  // d x1
   // Attention branch: x1 = x + Wo attention(rotary(Wqkv h)).
-  linear_backward(t1, t3, rows(A.ctx, H), P.attn_wo, true, store);
+  linear_backward(t1, t3, ctx, P.attn_wo, true, store);
+}
+
+// Attention's backward from d ctx (the first rows of the [B*T, H] buffer dctx), then the q|k|v
+// projection's and the attention norm's; din = their gradient of the layer input plus dx1 (the
+// residual's). `free`: scratch rows.
+void ModernBertForSequenceClassification::attention_backward_part(int l, const DeviceBatch& b, const Tensor& dctx,
+                                                                  const Tensor& dx1, const Tensor& free,
+                                                                  const Tensor& din) {
+  const Acts::Layer A = m_acts->at(static_cast<size_t>(l));
+  Acts& S = *m_acts;
+  const int64_t B = b.batch(), T = b.seq(), n = S.n, H = m_cfg.hidden_size;
+  const int heads = static_cast<int>(m_cfg.num_attention_heads);
+  const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
+  const auto [theta, window] = attention_of(l);
+  const bool store = gradients_in_activations();
   const Tensor dqkv = shaped(S.dqkv, {B, T, 3 * H}), lse = shaped(A.lse, {B, heads, T});
   if (S.packed) {  // Note [modernbert packed tokens]
-    m_be.attention_packed_backward(rows(S.dqkv, 3 * H), t1, rows(A.qkv, 3 * H), rows(A.ctx, H), lse, b.seq_offsets,
-                                   heads, {}, b.attended_pairs, window);
+    m_be.attention_packed_backward(rows(S.dqkv, 3 * H), rows(dctx, H), rows(A.qkv, 3 * H), rows(A.ctx, H), lse,
+                                   b.seq_offsets, heads, {}, b.attended_pairs, window);
     m_be.rotary_backward(dqkv, dqkv, heads, theta, b.token_rows);
   } else {
-    m_be.attention_backward(dqkv, shaped(S.t1, {B, T, H}), shaped(A.qkv, {B, T, 3 * H}), shaped(A.ctx, {B, T, H}), lse,
+    m_be.attention_backward(dqkv, shaped(dctx, {B, T, H}), shaped(A.qkv, {B, T, 3 * H}), shaped(A.ctx, {B, T, H}), lse,
                             b.attention_mask, heads, {}, window);
     m_be.rotary_backward(dqkv, dqkv, heads, theta);
   }
   const Tensor h = l > 0 ? rows(A.h, H) : rows(A.x, H);
-  linear_backward(t2, rows(S.dqkv, 3 * H), h, P.wqkv, true, store);
+  linear_backward(free, rows(S.dqkv, 3 * H), h, P.wqkv, true, store);
   if (l > 0) {
-    norm_backward(P.attn_norm, t1, t2, h, shaped(A.rstd_a, {n}));
-    m_be.add(din, t1, t3);
+    norm_backward(P.attn_norm, rows(dctx, H), free, h, shaped(A.rstd_a, {n}));
+    m_be.add(din, rows(dctx, H), dx1);
   } else {
-    m_be.add(din, t2, t3);
+    m_be.add(din, free, dx1);
   }
 }
 
@@ -716,19 +809,18 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
   }
   if (mean_pooling(m_cfg))
     m_be.masked_mean_backward(dxf, dpooled, b.attention_mask);
-  else if (!tokens && !A.packed)
-    m_be.select_token_backward(dxf, dpooled, 0);
-  if (A.packed) {  // Note [modernbert packed tokens]: back to the token rows, in t3
+  if (A.first_tokens) {  // the final norm ran on the first tokens' rows (Note [modernbert first tokens])
+    dx = dpooled;
+  } else if (!tokens && !mean_pooling(m_cfg)) {  // each sequence's first row, zero elsewhere
+    dx = A.packed ? rows(A.t3, H) : dx;
+    first_token_rows_backward(dx, dpooled, b);
+  } else if (A.packed) {  // Note [modernbert packed tokens]: back to the token rows, in t3
     dx = rows(A.t3, H);
-    if (tokens || mean_pooling(m_cfg)) {
-      m_be.gather_rows(dx, shaped(A.dxf, {R, H}), b.token_rows);
-    } else {
-      m_be.fill(dx, 0.0f);
-      m_be.scatter_rows(dx, dpooled, b.first_rows);
-    }
+    m_be.gather_rows(dx, shaped(A.dxf, {R, H}), b.token_rows);
   }
   Tensor d = rows(A.da, H), other = rows(A.db, H);
-  norm_backward(m_final_norm, d, dx, rows(A.xf, H), shaped(A.rstd_f, {n}));
+  const int64_t nf = A.first_tokens ? B : n;  // the final norm's rows
+  norm_backward(m_final_norm, shaped(A.da, {nf, H}), dx, shaped(A.xf, {nf, H}), shaped(A.rstd_f, {nf}));
   for (int l = static_cast<int>(m_cfg.num_hidden_layers) - 1; l >= 0; --l) {
     layer_backward(l, b, d, other);
     std::swap(d, other);
@@ -747,7 +839,7 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
 void ModernBertForSequenceClassification::forward_backward(const DeviceBatch& b, float grad_scale, uint64_t) {
   ANATOMY_CHECK(m_shape.training, "internal error: backward on an inference-only model");
   m_be.set_phase(Phase::Forward);
-  forward(b);
+  forward(b, true);
   loss(b, shaped(m_acts->dlogits, m_logits.shape), grad_scale);
   m_be.set_phase(Phase::Backward);
   backward(b);

@@ -83,7 +83,7 @@ class ModernBertForSequenceClassification : public EncoderModel {
   struct Acts;  // modernbert.cpp
 
  private:
-  void forward(const DeviceBatch& b);
+  void forward(const DeviceBatch& b, bool training);
   void backward(const DeviceBatch& b);
   void pool_forward(const DeviceBatch& b);
   // The first Acts::n rows of a [B*T, width] tensor: the rows the encoder runs on.
@@ -94,6 +94,14 @@ class ModernBertForSequenceClassification : public EncoderModel {
   void loss(const DeviceBatch& b, const Tensor& dlogits, float grad_scale);
   void layer_forward(int l, const DeviceBatch& b);
   void layer_backward(int l, const DeviceBatch& b, const Tensor& dout, const Tensor& din);
+  // A layer past attention on the rows of ctx, and its backward; attention's backward
+  // (Note [modernbert first tokens] runs the last layer's first part on the first tokens alone).
+  void mlp_forward(int l, const Tensor& ctx, const Tensor& x, const Tensor& out);
+  void mlp_backward(int l, const Tensor& dout, const Tensor& ctx);
+  void attention_backward_part(int l, const DeviceBatch& b, const Tensor& dctx, const Tensor& dx1, const Tensor& free,
+                               const Tensor& din);
+  void first_token_rows(const Tensor& out, const Tensor& x, const DeviceBatch& b);
+  void first_token_rows_backward(const Tensor& dx, const Tensor& dout, const DeviceBatch& b);
   // A linear layer's or a LayerNorm's parameters in the layout, found once by the constructor
   // so that a step builds no names and looks nothing up; bias is null where the config has none.
   struct Params {

@@ -1,7 +1,8 @@
-// The last layer on the first tokens (Note [last layer on the first tokens] in model/bert.cpp):
-// the same losses and gradients as the last layer on every token, for each encoder of the BERT
-// class, padded and packed, under each checkpointing policy and gradient placement; the GEMM
-// FLOPs it leaves out; the activation bytes it saves for bert-large; the trainer's switch.
+// The last layer on the first tokens (Note [last layer on the first tokens] in model/bert.cpp,
+// Note [modernbert first tokens] in model/modernbert.cpp): the same losses and gradients as the
+// last layer on every token, for each encoder of the BERT class and ModernBERT, padded and
+// packed, under each checkpointing policy and gradient placement; the GEMM FLOPs it leaves out;
+// the activation bytes it saves for bert-large; the trainer's switch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,6 +62,37 @@ TEST(LastLayerFirstTokens, EqualsEveryTokenInEachFamilyPaddedAndPacked) {
           EXPECT_TRUE(same_values<float>(first.losses, all.losses, 1e-6));
           EXPECT_TRUE(same_values<float>(first.grads, all.grads, 1e-6 * largest_magnitude(all.grads)));
         }
+      }
+    }
+  }
+}
+
+TEST(LastLayerFirstTokens, ModernBertEqualsEveryTokenPaddedAndPacked) {
+  auto cpu = make_cpu_backend(1);
+  const BertConfig cfg = modernbert_config("ModernBertForSequenceClassification", "cls");
+  const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
+  const double H = static_cast<double>(cfg.hidden_size), I = static_cast<double>(cfg.intermediate_size);
+  // Forward, dX and dW of the output projection, Wi (H -> 2I) and the MLP's Wo, and their bias epilogues.
+  const double per_row = 3 * 2 * (H * H + 2 * H * I + I * H) + (H + 2 * I + H);
+  for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective, CheckpointPolicy::Layer}) {
+    for (GradientPlacement place : {GradientPlacement::Own, GradientPlacement::InActivations}) {
+      for (bool packed : {false, true}) {
+        if (packed && policy == CheckpointPolicy::Layer) continue;  // refused (Note [modernbert packed tokens])
+        SCOPED_TRACE(std::string(checkpoint_policy_name(policy)) + " / " + gradient_placement_name(place) +
+                     (packed ? " / packed" : " / padded"));
+        GemmFlops all_ops, first_ops;
+        cpu->set_observer(&all_ops);
+        const Step all = step(*cpu, cfg, hb, packed, policy, place, DType::F32, {}, false);
+        cpu->set_observer(&first_ops);
+        const Step first = step(*cpu, cfg, hb, packed, policy, place, DType::F32, {}, true);
+        cpu->set_observer(nullptr);
+        ASSERT_GT(largest_magnitude(all.grads), 1e-4);
+        EXPECT_TRUE(same_values<float>(first.losses, all.losses, 1e-6));
+        EXPECT_TRUE(same_values<float>(first.grads, all.grads, 1e-6 * largest_magnitude(all.grads)));
+        const double rows = packed ? 5 + 12 + 3 + 16 + 9 : 5 * 16;
+        const double recomputed = policy == CheckpointPolicy::Layer ? 2 : 1;  // layer recompute runs forward again
+        EXPECT_DOUBLE_EQ(all_ops.flops - first_ops.flops,
+                         (rows - 5) * (per_row + (recomputed - 1) * (2 * (H * H + 2 * H * I + I * H) + H + 2 * I + H)));
       }
     }
   }
