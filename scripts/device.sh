@@ -374,7 +374,7 @@ step_realtext() {
 step_realtextab() {
   [ -f .carry/fortunes/train.jsonl ] || { echo "realtextab: no .carry/fortunes (python3 bench/fortunes_dataset.py .carry/fortunes)"; return; }
   local first=before
-  if [ -n "${REALTEXTAB_ENV:-}" ]; then first=env; else
+  if [ -n "${REALTEXTAB_ENV:-}" ]; then first="env"; else
     [ -x .carry/before/anatomy ] || { echo "realtextab: no .carry/before (scripts/stage_device.sh BEFORE=rev)"; return; }
   fi
   local round side
