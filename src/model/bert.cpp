@@ -231,7 +231,8 @@ struct ActRegion {
 // in bf16 at batch 32 (h1, the GELU input and output, the layer output: bench/results/
 // 2026-11-28-h200/session29/ has the measured step, 2% more samples/s on the H200). The packed evaluation (forward_eval of
 // a packed batch, which keeps no hidden state) does the same; the padded one keeps the [B, T, H]
-// hidden state and runs every token. Not for per-token heads, not in ModernBERT (its own class).
+// hidden state and runs every token. Not for per-token heads. ModernBERT: Note [modernbert first
+// tokens] in modernbert.cpp.
 // ModelShape::last_layer_first_tokens false: every token (ANATOMY_LAST_LAYER=all for the trainer,
 // to compare).
 static bool last_layer_on_first_tokens(const BertConfig& cfg, const ModelShape& s) {

@@ -58,7 +58,8 @@ class BertForSequenceClassification : public EncoderModel {
   // With GradientPlacement::InActivations it writes the gradients afresh instead (and
   // hidden_states() is not kept: backward reuses its memory). With batch.packed() (the shape
   // must have packed_tokens) every row-wise op runs on the batch's tokens alone (Note [packed
-  // training]); hidden_states() is then undefined.
+  // training]); hidden_states() is then undefined, and so it is under a head on the first token,
+  // whose last layer runs on the first tokens alone (Note [last layer on the first tokens]).
   void forward_backward(const DeviceBatch& batch, float grad_scale, uint64_t dropout_base) override;
   // The stages of the flat gradients (elements), in layout order: [0] the embedding matrices
   // (written last), [1 + l] layer l's matrices, [L + 1] the tail (pooler, classifier and every
@@ -77,7 +78,8 @@ class BertForSequenceClassification : public EncoderModel {
   const Tensor& losses() const override { return m_losses; }  // F32 [B] of the last call
   const Tensor& logits() const override { return m_logits; }  // [B, num_labels] of the last call; masked-LM [B*T, vocab]
   // [B, T, H] encoder output (BertModel's last_hidden_state) of the last forward_eval or
-  // forward_backward call, in the compute dtype; valid until the next call.
+  // forward_backward call, in the compute dtype; valid until the next call; undefined where the
+  // call did not compute it (see forward_backward and forward_eval).
   const Tensor& hidden_states() const override { return m_hidden; }
 
   // Saved activations and scratch views (defined in bert.cpp; public for the planner's dry run).

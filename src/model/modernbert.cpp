@@ -138,7 +138,8 @@ bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern
 // attention's backward. The other rows' gradients are exactly zero in the full computation, so
 // the loss and gradients are the same up to the GEMMs' summation order. The layer's tensors keep
 // their B*T rows (one [B, H] tensor more, the context): fewer FLOPs, not fewer bytes. Not in
-// evaluation (forward_eval keeps the hidden state), not under mean pooling or a per-token head.
+// evaluation (forward_eval's padded batches keep the hidden state; its packed ones could skip the
+// rows as BERT's packed evaluation does, not done), not under mean pooling or a per-token head.
 bool first_tokens_apply(const BertConfig& cfg, const ModelShape& s) {
   return s.last_layer_first_tokens && !token_head(cfg) && !mean_pooling(cfg);
 }
