@@ -226,15 +226,14 @@ struct ActRegion {
 // exactly zero in the full computation (the head reads nothing else), so the loss and every
 // gradient are the full computation's up to the order of the GEMMs' sums; the last layer's
 // hidden-state dropout masks are drawn by compact row, so with dropout they differ from the full
-// run's (same distribution). bert-large at seq 512 does 2.88% fewer FLOPs a step (9 of a layer's 12
-// H x H-sized GEMM units, in one layer of 24) and saves 320 MiB of the last layer's activations
-// in bf16 at batch 32 (h1, the GELU input and output, the layer output: bench/results/
-// 2026-11-28-h200/session29/ has the measured step, 2% more samples/s on the H200). The packed evaluation (forward_eval of
-// a packed batch, which keeps no hidden state) does the same; the padded one keeps the [B, T, H]
-// hidden state and runs every token. Not for per-token heads. ModernBERT: Note [modernbert first
-// tokens] in modernbert.cpp.
-// ModelShape::last_layer_first_tokens false: every token (ANATOMY_LAST_LAYER=all for the trainer,
-// to compare).
+// run's (same distribution). bert-large at seq 512 does 2.88% fewer FLOPs a step (9 of a
+// layer's 12 H x H-sized GEMM units, in one layer of 24) and keeps 320 MiB less of the last
+// layer's activations in bf16 at batch 32 (h1, the GELU input and output, the layer output);
+// measured, 2% more samples/s on the H200 (bench/results/2026-11-28-h200/session29/). The packed
+// evaluation (forward_eval of a packed batch, which keeps no hidden state) does the same; the
+// padded one keeps the [B, T, H] hidden state and runs every token. Not for per-token heads.
+// ModernBERT: Note [modernbert first tokens] in modernbert.cpp. ModelShape::last_layer_first_tokens
+// false: every token (ANATOMY_LAST_LAYER=all for the trainer, to compare).
 static bool last_layer_on_first_tokens(const BertConfig& cfg, const ModelShape& s) {
   return s.last_layer_first_tokens && !has_token_labels(cfg);
 }
