@@ -101,9 +101,10 @@ struct ModernBertForSequenceClassification::Acts {
   int64_t n = 0;
   Tensor ids, enc;
   // Note [modernbert first tokens]: this training step runs the last layer past attention, the
-  // final norm and the pooling on the first tokens alone; cls_ctx [B, H] their context.
+  // final norm and the pooling on the first tokens alone; first_ctx [B, H] their context (cls_ctx,
+  // the training layout's, or the pooling's buffer in the packed evaluation).
   bool first_tokens = false;
-  Tensor cls_ctx;
+  Tensor cls_ctx, first_ctx;
   // The pooled head in fp32 (Note [modernbert fp32 pooled head]): the pooling's output and
   // backward's input in the compute dtype (the F32 tensors themselves in fp32).
   Tensor pooled_c, dpooled_c;
@@ -137,9 +138,10 @@ bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern
 // gradient on those rows and scatters d ctx and the residual's gradient into zeroed rows for
 // attention's backward. The other rows' gradients are exactly zero in the full computation, so
 // the loss and gradients are the same up to the GEMMs' summation order. The layer's tensors keep
-// their B*T rows (one [B, H] tensor more, the context): fewer FLOPs, not fewer bytes. Not in
-// evaluation (forward_eval's padded batches keep the hidden state; its packed ones could skip the
-// rows as BERT's packed evaluation does, not done), not under mean pooling or a per-token head.
+// their B*T rows (one [B, H] tensor more, the context): fewer FLOPs, not fewer bytes (the same
+// tensors serve forward_eval, which keeps the padded hidden state). The packed evaluation (no
+// hidden state) does the same, the context in the pooling's buffer (written after the layer has
+// read it). Not under mean pooling or a per-token head.
 bool first_tokens_apply(const BertConfig& cfg, const ModelShape& s) {
   return s.last_layer_first_tokens && !token_head(cfg) && !mean_pooling(cfg);
 }
@@ -538,7 +540,7 @@ void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch
   const size_t next = static_cast<size_t>(l) + 1;
   const Tensor out = next < m_acts->layers.size() ? m_acts->layers[next].x : m_acts->xl;
   if (m_acts->first_tokens && next == m_acts->layers.size()) {  // Note [modernbert first tokens]
-    const Tensor ctx0 = shaped(m_acts->cls_ctx, {B, H}), x0 = shaped(m_acts->t2, {B, H});  // t2: free until the MLP's output
+    const Tensor ctx0 = m_acts->first_ctx, x0 = shaped(m_acts->t2, {B, H});  // t2: free until the MLP's output
     first_token_rows(ctx0, rows(A.ctx, H), b);
     first_token_rows(x0, x, b);
     mlp_forward(l, ctx0, x0, shaped(out, {B, H}));
@@ -625,7 +627,9 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b, bool tra
   Acts& A = *m_acts;
   A.packed = packed_attention_applies(m_be, m_shape.compute, m_cfg, b);  // Note [modernbert packed tokens]
   const int64_t n = A.n = A.packed ? b.token_rows.dim(0) : R;
-  A.first_tokens = training && A.cls_ctx.defined();  // Note [modernbert first tokens]
+  // Note [modernbert first tokens]: in training where carved, and in the packed evaluation.
+  A.first_tokens = training ? A.cls_ctx.defined() : A.packed && first_tokens_apply(m_cfg, m_shape);
+  if (A.first_tokens) A.first_ctx = shaped(training ? A.cls_ctx : A.pooled_c, {B, H});
   if (A.packed) {
     m_be.gather_rows(rows(A.ids, 1), shaped(b.input_ids, {R, 1}), b.token_rows);
     m_be.gather_rows(rows(A.emb, H), W(m_tok_embeddings), shaped(A.ids, {n}));
@@ -722,7 +726,7 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
     attention_backward_part(l, b, S.t1, rows(S.t3, H), rows(S.t2, H), din);
     return;
   }
-  mlp_backward(l, shaped(dout, {B, H}), shaped(S.cls_ctx, {B, H}));
+  mlp_backward(l, shaped(dout, {B, H}), S.first_ctx);
   first_token_rows_backward(rows(S.t2, H), shaped(S.t1, {B, H}), b);  // d ctx on every row
   first_token_rows_backward(rows(S.t1, H), shaped(S.t3, {B, H}), b);  // d x1 on every row
   attention_backward_part(l, b, S.t2, rows(S.t1, H), rows(S.t3, H), din);

@@ -114,7 +114,8 @@ TEST(LastLayerFirstTokens, ModernBertEqualsEveryTokenPaddedAndPacked) {
   }
 }
 
-// The packed evaluation (no hidden state kept) runs the last layer the same way: the same logits.
+// The packed evaluation (no hidden state kept) runs the last layer the same way, BERT-class and
+// ModernBERT: the same logits, fewer FLOPs.
 TEST(LastLayerFirstTokens, PackedEvaluationGivesTheSameLogits) {
   auto cpu = make_cpu_backend(1);
   const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
@@ -133,6 +134,17 @@ TEST(LastLayerFirstTokens, PackedEvaluationGivesTheSameLogits) {
       EXPECT_LT(first_ops.flops, all_ops.flops);
     }
   }
+  // ModernBERT's cls head, on the packed rows (its packed evaluation needs the packed attention).
+  const BertConfig mb = modernbert_config("ModernBertForSequenceClassification", "cls");
+  GemmFlops all_ops, first_ops;
+  cpu->set_observer(&all_ops);
+  const std::vector<float> all = eval_logits(*cpu, mb, hb, true, Packing{true, 1}, false);
+  cpu->set_observer(&first_ops);
+  const std::vector<float> first = eval_logits(*cpu, mb, hb, true, Packing{true, 1}, true);
+  cpu->set_observer(nullptr);
+  ASSERT_GT(largest_magnitude(all), 1e-3);
+  EXPECT_TRUE(same_values<float>(first, all, 1e-6 * largest_magnitude(all)));
+  EXPECT_LT(first_ops.flops, all_ops.flops);
 }
 
 // bert-large, seq 512, bf16, batch 32: the last layer's rows past attention (h1, the GELU input and
