@@ -175,9 +175,10 @@ inline Step step(Backend& be_ref, const BertConfig& cfg, const HostBatch& hb, bo
 // The inference forward's logits (forward_eval) of `hb` on a fresh inference model (seeded
 // weights), packed or padded: [B, C], or [B*T, C] under a per-token head.
 inline std::vector<float> eval_logits(Backend& be, const BertConfig& cfg, const HostBatch& hb, bool packed,
-                                      Packing how = {}, bool first_tokens = true) {
+                                      Packing how = {}, bool first_tokens = true, DType compute = DType::F32) {
   ModelShape shape;
   shape.last_layer_first_tokens = first_tokens;
+  shape.compute = compute;
   shape.max_batch = hb.batch;
   shape.max_seq = hb.seq;
   shape.training = false;
@@ -186,7 +187,13 @@ inline std::vector<float> eval_logits(Backend& be, const BertConfig& cfg, const 
   Uploaded up(be, hb, packed, how, has_token_labels(cfg));
   m->forward_eval(up.db);
   std::vector<float> out(m->logits().numel());
-  be.download(out.data(), m->logits());
+  if (m->logits().dtype == DType::F32) {
+    be.download(out.data(), m->logits());
+  } else {  // the compute dtype's logits, widened on the device
+    Buffer wide(be.allocator(), DType::F32, m->logits().shape, Category::Other);
+    be.cast(wide, m->logits());
+    be.download(out.data(), wide);
+  }
   return out;
 }
 

@@ -142,3 +142,33 @@ TEST(PackedTrainingCuda, Bf16ModernBertMatchesThePaddedStep) {
     }
   }
 }
+
+// The packed evaluation runs the last layer on the first tokens (Note [last layer on the first
+// tokens] in model/bert.cpp, Note [modernbert first tokens]): bf16 on the GPU, the same logits as
+// every token to bf16 rounding (other GEMM shapes), with fewer FLOPs (so the path ran).
+TEST(PackedTrainingCuda, Bf16PackedEvaluationOnTheFirstTokensMatchesEveryToken) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  BertConfig bert = config(false);
+  bert.hidden_size = 64;  // two heads of 32: the flash kernels
+  bert.num_attention_heads = 2;
+  bert.max_position_embeddings = 64;
+  const HostBatch hb = batch_of({5, 40, 3, 64, 33}, 64, 4);
+  BertConfig modern = modernbert_config("ModernBertForSequenceClassification", "cls");
+  modern.hidden_size = 64;  // the same flash kernels
+  modern.num_attention_heads = 2;
+  modern.max_position_embeddings = 64;
+  for (const BertConfig& cfg : {bert, modern}) {
+    SCOPED_TRACE(cfg.is_modernbert() ? "modernbert" : "bert");
+    OpTally all_ops, first_ops;
+    gpu->set_observer(&all_ops);
+    const std::vector<float> all = eval_logits(*gpu, cfg, hb, true, Packing{true, 1}, false, DType::BF16);
+    gpu->set_observer(&first_ops);
+    const std::vector<float> first = eval_logits(*gpu, cfg, hb, true, Packing{true, 1}, true, DType::BF16);
+    gpu->set_observer(nullptr);
+    const double g = largest_magnitude(all);
+    ASSERT_GT(g, 1e-3);
+    EXPECT_TRUE(same_values<float>(first, all, 2e-2 * g));
+    EXPECT_LT(first_ops.flops, all_ops.flops);
+  }
+}
