@@ -33,6 +33,15 @@ inline BertConfig config(bool dropout) {
   return c;
 }
 
+// A config's sizes for the GPU's flash attention kernels: hidden 64 over two heads of 32, and
+// positions for sequences of 64.
+inline BertConfig on_flash_kernels(BertConfig c) {
+  c.hidden_size = 64;
+  c.num_attention_heads = 2;
+  c.max_position_embeddings = 64;
+  return c;
+}
+
 // The same encoder with a per-token head: "BertForTokenClassification" or "BertForMaskedLM".
 inline BertConfig token_config(bool dropout, const std::string& architecture) {
   BertConfig c = config(dropout);

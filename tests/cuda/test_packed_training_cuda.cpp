@@ -39,10 +39,7 @@ TEST(PackedTrainingCuda, MatchesThePaddedStepAndTheCpu) {
 TEST(PackedTrainingCuda, Bf16FlashPathMatchesThePaddedStep) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   auto gpu = make_cuda_backend(0);
-  BertConfig cfg = config(false);
-  cfg.hidden_size = 64;  // two heads of 32: the flash kernels
-  cfg.num_attention_heads = 2;
-  cfg.max_position_embeddings = 64;
+  const BertConfig cfg = on_flash_kernels(config(false));
   const HostBatch hb = batch_of({5, 40, 3, 64, 33}, 64, 4);
   const Step padded = step(*gpu, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16);
   const double g = largest_magnitude(padded.grads);
@@ -94,10 +91,7 @@ TEST(PackedTrainingCuda, Bf16PerTokenHeadsMatchThePaddedStep) {
   auto gpu = make_cuda_backend(0);
   for (const char* arch : {"BertForTokenClassification", "BertForMaskedLM"}) {
     SCOPED_TRACE(arch);
-    BertConfig cfg = token_config(false, arch);
-    cfg.hidden_size = 64;  // two heads of 32: the flash kernels
-    cfg.num_attention_heads = 2;
-    cfg.max_position_embeddings = 64;
+    const BertConfig cfg = on_flash_kernels(token_config(false, arch));
     const HostBatch hb = batch_of({5, 40, 3, 64, 33}, 64, 4, std::string(arch) == "BertForMaskedLM" ? cfg.vocab_size : 3);
     const Step padded = step(*gpu, cfg, hb, false, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16);
     const Step packed = step(*gpu, cfg, hb, true, CheckpointPolicy::None, GradientPlacement::Own, DType::BF16,
@@ -121,10 +115,7 @@ TEST(PackedTrainingCuda, Bf16ModernBertMatchesThePaddedStep) {
     for (const char* pooling : {"mean", "cls"}) {
       if (std::string(pooling) == "cls" && std::string(arch) != "ModernBertForSequenceClassification") continue;
       SCOPED_TRACE(std::string(arch) + " / " + pooling);
-      BertConfig cfg = modernbert_config(arch, pooling);
-      cfg.hidden_size = 64;  // two heads of 32: the flash kernels
-      cfg.num_attention_heads = 2;
-      cfg.max_position_embeddings = 64;
+      const BertConfig cfg = on_flash_kernels(modernbert_config(arch, pooling));
       const HostBatch hb = batch_of(lengths, 64, 4, is_masked_lm(cfg) ? cfg.vocab_size : 3);
       OpTally padded_flops, packed_flops;
       gpu->set_observer(&padded_flops);
@@ -149,16 +140,9 @@ TEST(PackedTrainingCuda, Bf16ModernBertMatchesThePaddedStep) {
 TEST(PackedTrainingCuda, Bf16PackedEvaluationOnTheFirstTokensMatchesEveryToken) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   auto gpu = make_cuda_backend(0);
-  BertConfig bert = config(false);
-  bert.hidden_size = 64;  // two heads of 32: the flash kernels
-  bert.num_attention_heads = 2;
-  bert.max_position_embeddings = 64;
   const HostBatch hb = batch_of({5, 40, 3, 64, 33}, 64, 4);
-  BertConfig modern = modernbert_config("ModernBertForSequenceClassification", "cls");
-  modern.hidden_size = 64;  // the same flash kernels
-  modern.num_attention_heads = 2;
-  modern.max_position_embeddings = 64;
-  for (const BertConfig& cfg : {bert, modern}) {
+  for (const BertConfig& cfg : {on_flash_kernels(config(false)),
+                                on_flash_kernels(modernbert_config("ModernBertForSequenceClassification", "cls"))}) {
     SCOPED_TRACE(cfg.is_modernbert() ? "modernbert" : "bert");
     OpTally all_ops, first_ops;
     gpu->set_observer(&all_ops);
