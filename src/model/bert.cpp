@@ -1050,38 +1050,19 @@ static BertForSequenceClassification::LayerActs token_rows_of(const BertForSeque
   return v;
 }
 
-// out [B, H] = each sequence's first-token row of x: the padded [B*T, H] layout, or the packed
-// token rows (pk). Backward: dx's rows get dout there and zero elsewhere.
-void BertForSequenceClassification::first_token_rows(const Tensor& out, const Tensor& x, const DeviceBatch& b, bool pk) {
-  if (pk)
-    m_be.gather_rows(out, x, b.first_rows);
-  else
-    m_be.select_token(out, x.view({m_acts->B, m_acts->T, x.dim(1)}), 0);
-}
-
-void BertForSequenceClassification::first_token_rows_backward(const Tensor& dx, const Tensor& dout, const DeviceBatch& b,
-                                                              bool pk) {
-  if (pk) {
-    m_be.fill(dx, 0.0f);
-    m_be.scatter_rows(dx, dout, b.first_rows);
-  } else {
-    m_be.select_token_backward(dx.view({m_acts->B, m_acts->T, dx.dim(1)}), dout, 0);
-  }
-}
-
 // Note [last layer on the first tokens]: attention on every row of x, what follows it on the
-// first tokens, into a.cls.
+// first tokens, into a.cls; ctx0 and x0 [B, H] receive the first tokens' context and input rows
+// (training: cls_ctx, which backward reads, and t3; the packed evaluation: dead memory).
 void BertForSequenceClassification::last_layer_forward(const Tensor& x, LayerActs& la, const DeviceBatch& b,
-                                                       uint64_t base) {
+                                                       bool training, uint64_t base, const Tensor& ctx0,
+                                                       const Tensor& x0) {
   Acts& a = *m_acts;
   const int l = static_cast<int>(m_cfg.num_hidden_layers) - 1;
-  const bool pk = a.packed_train && b.packed();
-  const Tensor ctx = attention_forward_rows(l, x, la, b, true, base);
-  const Tensor x0 = a.t3.slice(0, a.B);  // the first tokens' input rows (t3 is free in forward)
-  first_token_rows(a.cls_ctx, ctx, b, pk);
-  first_token_rows(x0, x, b, pk);
+  const bool pk = b.packed();  // the packed training step, or the packed evaluation
+  first_token_rows(m_be, ctx0, attention_forward_rows(l, x, la, b, training, base), b, pk);
+  first_token_rows(m_be, x0, x, b, pk);
   LayerActs v = token_rows_of(la, a.B);
-  rows_forward(l, a.cls_ctx, x0, a.cls, v, true, base, a.t1.slice(0, a.B));
+  rows_forward(l, ctx0, x0, a.cls, v, training, base, a.t1.slice(0, a.B));
 }
 
 // From the head's gradient of cls (hd2): the first tokens' rows, then ds1 into t1 and dctx into
@@ -1098,8 +1079,8 @@ Tensor BertForSequenceClassification::last_layer_backward(LayerActs& la, const T
   rows_backward(l, a.hd2, v, a.cls, base, x1, x2, x3);  // dao, dctx, ds1 of the first tokens
   m_be.matmul(G(m_layer_names[static_cast<size_t>(l)].ao_w), x1, Trans::T, a.cls_ctx, Trans::N,
               weight_gradient_args());
-  first_token_rows_backward(X1.slice(0, n), x3, b, pk);
-  first_token_rows_backward(X3.slice(0, n), x2, b, pk);
+  first_token_rows_backward(m_be, X1.slice(0, n), x3, b, pk);
+  first_token_rows_backward(m_be, X3.slice(0, n), x2, b, pk);
   return attention_backward_rows(l, la, x, b, base, Tensor(), X2, X3.slice(0, n), X1);
 }
 
@@ -1117,7 +1098,7 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
   for (int l = 0; l < L; ++l) {
     LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : l];
     if (a.first_tokens && l == L - 1) {  // Note [last layer on the first tokens]: it writes a.cls
-      last_layer_forward(rows(a.x_in(l)), la, b, base);
+      last_layer_forward(rows(a.x_in(l)), la, b, true, base, a.cls_ctx, a.t3.slice(0, B));  // t3: free in forward
     } else if (pk) {
       LayerActs v = token_rows_of(la, n);
       layer_forward(l, rows(a.x_in(l)), rows(a.x_out(l)), v, b, training, base, rows(a.t1));
@@ -1133,7 +1114,7 @@ void BertForSequenceClassification::forward(const DeviceBatch& b, bool training,
   } else if (is_token_classification(m_cfg)) {
     token_head_forward(head_in, training, base);
   } else {
-    if (!a.first_tokens) first_token_rows(a.cls, rows(a.x_in(static_cast<int>(L))), b, pk);
+    if (!a.first_tokens) first_token_rows(m_be, a.cls, rows(a.x_in(static_cast<int>(L))), b, pk);
     head_forward(training, base);
   }
   m_losses = a.losses;
@@ -1170,7 +1151,7 @@ void BertForSequenceClassification::forward_backward(const DeviceBatch& b, float
     token_head_backward(head_in, a.t1, base);
   } else {
     head_backward(base);  // the last layer on the first tokens starts from hd2 itself
-    if (!a.first_tokens) first_token_rows_backward(rows(a.t1), a.hd2, b, pk);
+    if (!a.first_tokens) first_token_rows_backward(m_be, rows(a.t1), a.hd2, b, pk);
   }
 
   // Encoder layers in reverse; the gradient rotates through t1, t2, t3.
@@ -1239,14 +1220,9 @@ void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
   Tensor x = a.xs[1].slice(0, N), y = a.xs[0].slice(0, N);  // embeddings_forward wrote x
   const bool first = last_layer_on_first_tokens(m_cfg, m_shape);  // Note [last layer on the first tokens]
   for (int l = 0; l < L; ++l) {
-    if (first && l == L - 1) {  // the first tokens' input rows in y (the layer writes a.cls instead),
-      const int64_t H = m_cfg.hidden_size;  // their context in qkv_pad (dead once attention has run)
-      const Tensor ctx = attention_forward_rows(l, x, la, b, false, 0);
-      const Tensor c0 = a.qkv_pad.view({static_cast<int64_t>(a.qkv_pad.numel())}).slice(0, B * H).view({B, H});
-      first_token_rows(c0, ctx, b, true);
-      first_token_rows(y.slice(0, B), x, b, true);
-      LayerActs v = token_rows_of(la, B);
-      rows_forward(l, c0, y.slice(0, B), a.cls, v, false, 0, a.t1.slice(0, B));
+    if (first && l == L - 1) {  // the first tokens' context in qkv_pad (dead once attention has
+      // run), their input rows in y (the layer writes a.cls instead)
+      last_layer_forward(x, la, b, false, 0, ParamLayout::range(a.qkv_pad, 0, {B, m_cfg.hidden_size}), y.slice(0, B));
       break;
     }
     layer_forward(l, x, y, la, b, false, 0, a.t1.slice(0, N));

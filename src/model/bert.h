@@ -119,9 +119,8 @@ class BertForSequenceClassification : public EncoderModel {
                      const Tensor& x1, const Tensor& x2, const Tensor& x3);
   Tensor attention_backward_rows(int l, LayerActs& a, const Tensor& x, const DeviceBatch& b, uint64_t dropout_base,
                                  const Tensor& dao, const Tensor& t1, const Tensor& dctx_rows, const Tensor& t3);
-  void last_layer_forward(const Tensor& x, LayerActs& a, const DeviceBatch& b, uint64_t dropout_base);
-  void first_token_rows(const Tensor& out, const Tensor& x, const DeviceBatch& b, bool pk);
-  void first_token_rows_backward(const Tensor& dx, const Tensor& dout, const DeviceBatch& b, bool pk);
+  void last_layer_forward(const Tensor& x, LayerActs& a, const DeviceBatch& b, bool training, uint64_t dropout_base,
+                          const Tensor& ctx0, const Tensor& x0);
   Tensor last_layer_backward(LayerActs& a, const Tensor& x, const DeviceBatch& b, uint64_t dropout_base,
                              const Tensor& t1, const Tensor& t2, const Tensor& t3);
   // The q|k|v projection's backward from dqkv [N, 3H]: its weight and bias gradients, and

@@ -118,9 +118,10 @@ struct ModelShape {
   bool fp8 = false;
   // The output gradients' fp8 format (--fp8-format): E5M2 ("hybrid", the default) or E4M3.
   Fp8Format fp8_grads = Fp8Format::E5M2;
-  // Training with a head on the first token (sequence classification, regression, multi-label;
-  // BERT, RoBERTa, XLM-R, DistilBERT, ELECTRA): the last layer computes past its attention on the
-  // first tokens alone (Note [last layer on the first tokens] in bert.cpp). false: on every token.
+  // A head on the first token (sequence classification, regression, multi-label; ModernBERT's
+  // cls pooling): in training and in the packed evaluation the last layer computes past its
+  // attention on the first tokens alone (Note [last layer on the first tokens] in bert.cpp, Note
+  // [modernbert first tokens]). false: on every token.
   bool last_layer_first_tokens = true;
 };
 

@@ -1,6 +1,7 @@
 #include "model/heads.h"
 
 #include "core/error.h"
+#include "model/encoder.h"
 
 namespace anatomy {
 
@@ -79,6 +80,22 @@ void sequence_loss(Backend& be, ProblemType p, const Tensor& losses, const Tenso
     case ProblemType::SingleLabel: be.cross_entropy(losses, dlogits, logits, labels, grad_scale); return;
     case ProblemType::Regression: be.mse_loss(losses, dlogits, logits, labels, grad_scale); return;
     case ProblemType::MultiLabel: be.bce_with_logits(losses, dlogits, logits, labels, grad_scale); return;
+  }
+}
+
+void first_token_rows(Backend& be, const Tensor& out, const Tensor& x, const DeviceBatch& b, bool packed) {
+  if (packed)
+    be.gather_rows(out, x, b.first_rows);
+  else
+    be.select_token(out, x.view({b.batch(), b.seq(), x.dim(1)}), 0);
+}
+
+void first_token_rows_backward(Backend& be, const Tensor& dx, const Tensor& dout, const DeviceBatch& b, bool packed) {
+  if (packed) {
+    be.fill(dx, 0.0f);
+    be.scatter_rows(dx, dout, b.first_rows);
+  } else {
+    be.select_token_backward(dx.view({b.batch(), b.seq(), dx.dim(1)}), dout, 0);
   }
 }
 

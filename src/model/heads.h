@@ -9,6 +9,8 @@
 
 namespace anatomy {
 
+struct DeviceBatch;  // model/encoder.h
+
 // Note [problem types]
 // transformers picks the loss from config.problem_type, or when it is unset from num_labels and
 // the labels' dtype on the first forward: num_labels 1 -> regression; integer labels ->
@@ -67,6 +69,12 @@ bool is_token_classification(const BertConfig& cfg);
 std::string token_classification_class(const BertConfig& cfg);
 // Labels per token I32 [B, T] (masked-LM or token classification).
 bool has_token_labels(const BertConfig& cfg);
+
+// The sequence heads' input: out [B, H] = the first token's row of each sequence of x, the
+// batch's rows [B*T, H] padded, or its packed token rows (`packed`: DeviceBatch::first_rows).
+// Backward: dx gets dout on those rows and zero on the others.
+void first_token_rows(Backend& be, const Tensor& out, const Tensor& x, const DeviceBatch& b, bool packed);
+void first_token_rows_backward(Backend& be, const Tensor& dx, const Tensor& dout, const DeviceBatch& b, bool packed);
 
 // Per-sample losses F32 [B] and dlogits (may be undefined) for the batch's labels, by problem type.
 void sequence_loss(Backend& be, ProblemType p, const Tensor& losses, const Tensor& dlogits, const Tensor& logits,

@@ -105,6 +105,7 @@ struct ModernBertForSequenceClassification::Acts {
   // the training layout's, or the pooling's buffer in the packed evaluation).
   bool first_tokens = false;
   Tensor cls_ctx, first_ctx;
+  Tensor final_out;  // the final norm's output rows this forward: xf's, or on the first tokens pooled_c
   // The pooled head in fp32 (Note [modernbert fp32 pooled head]): the pooling's output and
   // backward's input in the compute dtype (the F32 tensors themselves in fp32).
   Tensor pooled_c, dpooled_c;
@@ -134,7 +135,7 @@ bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern
 // head on the first token (classifier_pooling "cls"). In a training step the last layer runs its
 // attention norm, q|k|v, rotary and attention on every token, then gathers the first tokens'
 // context and input rows; its output projection, residual, MLP norm, MLP and residual run on B
-// rows, and so do the final norm and the pooling (a copy). Backward starts from the pooled
+// rows, and so does the final norm, which writes the pooled rows itself. Backward starts from the pooled
 // gradient on those rows and scatters d ctx and the residual's gradient into zeroed rows for
 // attention's backward. The other rows' gradients are exactly zero in the full computation, so
 // the loss and gradients are the same up to the GEMMs' summation order. The layer's tensors keep
@@ -541,8 +542,8 @@ void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch
   const Tensor out = next < m_acts->layers.size() ? m_acts->layers[next].x : m_acts->xl;
   if (m_acts->first_tokens && next == m_acts->layers.size()) {  // Note [modernbert first tokens]
     const Tensor ctx0 = m_acts->first_ctx, x0 = shaped(m_acts->t2, {B, H});  // t2: free until the MLP's output
-    first_token_rows(ctx0, rows(A.ctx, H), b);
-    first_token_rows(x0, x, b);
+    first_token_rows(m_be, ctx0, rows(A.ctx, H), b, m_acts->packed);
+    first_token_rows(m_be, x0, x, b, m_acts->packed);
     mlp_forward(l, ctx0, x0, shaped(out, {B, H}));
   } else {
     mlp_forward(l, rows(A.ctx, H), x, rows(out, H));
@@ -566,25 +567,6 @@ void ModernBertForSequenceClassification::mlp_forward(int l, const Tensor& ctx, 
   m_be.add(out, first(A.x1, H), mlp_out);
 }
 
-// out [B, H] = each sequence's first row of x (the encoder's rows, padded or packed); backward:
-// dx's rows get dout there and zero elsewhere.
-void ModernBertForSequenceClassification::first_token_rows(const Tensor& out, const Tensor& x, const DeviceBatch& b) {
-  if (m_acts->packed)
-    m_be.gather_rows(out, x, b.first_rows);
-  else
-    m_be.select_token(out, shaped(x, {b.batch(), b.seq(), m_cfg.hidden_size}), 0);
-}
-
-void ModernBertForSequenceClassification::first_token_rows_backward(const Tensor& dx, const Tensor& dout,
-                                                                    const DeviceBatch& b) {
-  if (m_acts->packed) {
-    m_be.fill(dx, 0.0f);
-    m_be.scatter_rows(dx, dout, b.first_rows);
-  } else {
-    m_be.select_token_backward(shaped(dx, {b.batch(), b.seq(), m_cfg.hidden_size}), dout, 0);
-  }
-}
-
 // The head's input: the first token (classifier_pooling "cls"), or the mean of the encoder's
 // output over the tokens the attention mask keeps ("mean"), on the device in fp32 (Note [empty
 // mean pool] in ops/cpu/pool.cpp: a sequence without a token pools to 0).
@@ -594,10 +576,8 @@ void ModernBertForSequenceClassification::pool_forward(const DeviceBatch& b) {
   const Tensor pooled = shaped(A.pooled_c, {B, H});
   if (mean_pooling(m_cfg))
     m_be.masked_mean_forward(pooled, shaped(A.enc, {B, T, H}), b.attention_mask);
-  else if (A.first_tokens)  // the final norm ran on the first tokens' rows (Note [modernbert first tokens])
-    m_be.copy(pooled, shaped(A.xf, {B, H}));
-  else  // each sequence's first row
-    first_token_rows(pooled, shaped(A.xf, {A.n, H}), b);
+  else if (!A.first_tokens)  // each sequence's first row (else the final norm wrote them: Note [modernbert first tokens])
+    first_token_rows(m_be, pooled, shaped(A.xf, {A.n, H}), b, A.packed);
   if (A.pooled_c.data != A.pooled.data) m_be.cast(shaped(A.pooled, {B, H}), pooled);  // Note [modernbert fp32 pooled head]
 }
 
@@ -639,7 +619,8 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b, bool tra
   norm_forward(m_emb_norm, rows(A.layers[0].x, H), shaped(A.rstd_e, {n}), rows(A.emb, H), Tensor(), Tensor());
   for (int l = 0; l < m_cfg.num_hidden_layers; ++l) layer_forward(l, b);
   const int64_t nf = A.first_tokens ? B : n;  // the final norm's rows
-  norm_forward(m_final_norm, shaped(A.xf, {nf, H}), shaped(A.rstd_f, {nf}), shaped(A.xl, {nf, H}), Tensor(), Tensor());
+  A.final_out = A.first_tokens ? shaped(A.pooled_c, {B, H}) : rows(A.xf, H);
+  norm_forward(m_final_norm, A.final_out, shaped(A.rstd_f, {nf}), shaped(A.xl, {nf, H}), Tensor(), Tensor());
   const bool tokens = token_head(m_cfg);
   A.enc = shaped(A.xf, {R, H});
   if (A.packed && (tokens || mean_pooling(m_cfg))) {  // the padded layout, in xl
@@ -727,8 +708,8 @@ void ModernBertForSequenceClassification::layer_backward(int l, const DeviceBatc
     return;
   }
   mlp_backward(l, shaped(dout, {B, H}), S.first_ctx);
-  first_token_rows_backward(rows(S.t2, H), shaped(S.t1, {B, H}), b);  // d ctx on every row
-  first_token_rows_backward(rows(S.t1, H), shaped(S.t3, {B, H}), b);  // d x1 on every row
+  first_token_rows_backward(m_be, rows(S.t2, H), shaped(S.t1, {B, H}), b, S.packed);  // d ctx on every row
+  first_token_rows_backward(m_be, rows(S.t1, H), shaped(S.t3, {B, H}), b, S.packed);  // d x1 on every row
   attention_backward_part(l, b, S.t2, rows(S.t1, H), rows(S.t3, H), din);
 }
 
@@ -818,14 +799,14 @@ void ModernBertForSequenceClassification::backward(const DeviceBatch& b) {
     dx = dpooled;
   } else if (!tokens && !mean_pooling(m_cfg)) {  // each sequence's first row, zero elsewhere
     dx = A.packed ? rows(A.t3, H) : dx;
-    first_token_rows_backward(dx, dpooled, b);
+    first_token_rows_backward(m_be, dx, dpooled, b, A.packed);
   } else if (A.packed) {  // Note [modernbert packed tokens]: back to the token rows, in t3
     dx = rows(A.t3, H);
     m_be.gather_rows(dx, shaped(A.dxf, {R, H}), b.token_rows);
   }
   Tensor d = rows(A.da, H), other = rows(A.db, H);
   const int64_t nf = A.first_tokens ? B : n;  // the final norm's rows
-  norm_backward(m_final_norm, shaped(A.da, {nf, H}), dx, shaped(A.xf, {nf, H}), shaped(A.rstd_f, {nf}));
+  norm_backward(m_final_norm, shaped(A.da, {nf, H}), dx, A.final_out, shaped(A.rstd_f, {nf}));
   for (int l = static_cast<int>(m_cfg.num_hidden_layers) - 1; l >= 0; --l) {
     layer_backward(l, b, d, other);
     std::swap(d, other);

@@ -100,8 +100,6 @@ class ModernBertForSequenceClassification : public EncoderModel {
   void mlp_backward(int l, const Tensor& dout, const Tensor& ctx);
   void attention_backward_part(int l, const DeviceBatch& b, const Tensor& dctx, const Tensor& dx1, const Tensor& free,
                                const Tensor& din);
-  void first_token_rows(const Tensor& out, const Tensor& x, const DeviceBatch& b);
-  void first_token_rows_backward(const Tensor& dx, const Tensor& dout, const DeviceBatch& b);
   // A linear layer's or a LayerNorm's parameters in the layout, found once by the constructor
   // so that a step builds no names and looks nothing up; bias is null where the config has none.
   struct Params {
