@@ -8,10 +8,13 @@
 // bench/attention_sdpa.py prints the same table for PyTorch's scaled_dot_product_attention.
 // --window w (ModernBERT's local layers: w = 64) limits each query to the keys within w of it
 // (rows named "anatomy <forward>/<backward kernel>, window w"); their TFLOP/s still count the full T^2 products, so
-// compare times, not TFLOP/s, across windows.
+// compare times, not TFLOP/s, across windows. --queries q (Note [attention scope] in
+// ops/op_args.h; 1: the last layer under a first-token head) computes each sequence's first q
+// queries alone (rows "..., first q queries"; TFLOP/s as above).
 //
 //   anatomy_bench_attention [--batch 32 --batch 4] [--seq 512 --seq 128] [--head-dim 64 --head-dim 32]
-//                           [--heads 16] [--dtype bf16] [--window 0 --window 64] [--reps 50] [--warmup 10]
+//                           [--heads 16] [--dtype bf16] [--window 0 --window 64] [--queries 0 --queries 1]
+//                           [--reps 50] [--warmup 10]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -35,7 +38,7 @@ struct Shape4 {
 
 struct Row {
   Shape4 sh;
-  int window = 0;
+  AttentionScope scope;
   float p = 0;
   double fwd_ms = 0, bwd_ms = 0;
 };
@@ -55,7 +58,7 @@ std::vector<uint8_t> random_half(size_t n, DType dt, Rng& rng, double amp) {
   return out;
 }
 
-Row run(Backend& be, DType dt, const Shape4& sh, int window, float p, int reps, int warmup) {
+Row run(Backend& be, DType dt, const Shape4& sh, AttentionScope scope, float p, int reps, int warmup) {
   const int64_t B = sh.B, T = sh.T, heads = sh.heads, H = heads * sh.D;
   constexpr int kSets = 2;
   Allocator& al = be.allocator();
@@ -78,11 +81,11 @@ Row run(Backend& be, DType dt, const Shape4& sh, int window, float p, int reps, 
 
   auto fwd = [&](int s, int i) {
     d.offset = static_cast<uint64_t>(i);
-    be.attention_forward(ctx[s], lse[s], qkv[s], mask, static_cast<int>(heads), d, window);
+    be.attention_forward(ctx[s], lse[s], qkv[s], mask, static_cast<int>(heads), d, scope);
   };
   auto bwd = [&](int s, int i) {
     d.offset = static_cast<uint64_t>(i);
-    be.attention_backward(dqkv, dctx[s], qkv[s], ctx[s], lse[s], mask, static_cast<int>(heads), d, window);
+    be.attention_backward(dqkv, dctx[s], qkv[s], ctx[s], lse[s], mask, static_cast<int>(heads), d, scope);
   };
   for (int i = 0; i < warmup; ++i) {
     fwd(i % kSets, i);
@@ -108,7 +111,7 @@ Row run(Backend& be, DType dt, const Shape4& sh, int window, float p, int reps, 
   for (int i = 0; i < reps; ++i) tf.push_back(be.timing_elapsed_ms(marks[2 * i], marks[2 * i + 1]));
   for (int i = 0; i < reps; ++i) tb.push_back(be.timing_elapsed_ms(marks[2 * (reps + i)], marks[2 * (reps + i) + 1]));
   be.timing_reset();
-  return Row{sh, window, p, median(tf), median(tb)};
+  return Row{sh, scope, p, median(tf), median(tb)};
 }
 
 }  // namespace
@@ -116,7 +119,7 @@ Row run(Backend& be, DType dt, const Shape4& sh, int window, float p, int reps, 
 int main(int argc, char** argv) {
   CLI::App app{"anatomy_bench_attention: attention forward/backward (default: bert-large shapes, T 512, 16 heads, D 64)"};
   std::vector<int64_t> batches, seqs, head_dims;
-  std::vector<int> windows;
+  std::vector<int> windows, queries;
   int64_t heads = 16;
   std::string dtype = "bf16";
   int reps = 50, warmup = 10;
@@ -124,6 +127,7 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seqs, "Sequence lengths (repeatable); default 512");
   app.add_option("--head-dim", head_dims, "Head dims (repeatable); default 64");
   app.add_option("--window", windows, "Local attention windows (repeatable; 0: none); default 0");
+  app.add_option("--queries", queries, "Each sequence's first queries alone (repeatable; 0: every query); default 0");
   app.add_option("--heads", heads, "Attention heads")->capture_default_str();
   app.add_option("--dtype", dtype, "bf16 or fp16")->capture_default_str();
   app.add_option("--reps", reps, "Timed calls per op (median reported)")->capture_default_str();
@@ -135,18 +139,22 @@ int main(int argc, char** argv) {
     ANATOMY_CHECK(reps > 0 && warmup >= 0, "--reps must be positive");
     ANATOMY_CHECK(heads > 0, "--heads must be positive");
     for (int w : windows) ANATOMY_CHECK(w >= 0, "--window ", w, ": expected 0 (none) or a positive width");
+    for (int q : queries) ANATOMY_CHECK(q >= 0, "--queries ", q, ": expected 0 (every query) or a positive count");
     const DType dt = dtype == "bf16" ? DType::BF16 : DType::F16;
     if (batches.empty()) batches = {32, 4};
     if (seqs.empty()) seqs = {512};
     if (head_dims.empty()) head_dims = {64};
     if (windows.empty()) windows = {0};
+    if (queries.empty()) queries = {0};
     auto be = make_cuda_backend(0);
     std::vector<Row> rows;
     for (int64_t D : head_dims)
       for (int64_t T : seqs)
         for (int64_t B : batches)
           for (int w : windows)
-            for (float p : {0.1f, 0.0f}) rows.push_back(run(*be, dt, Shape4{B, T, heads, D}, w, p, reps, warmup));
+            for (int q : queries)
+              for (float p : {0.1f, 0.0f})
+                rows.push_back(run(*be, dt, Shape4{B, T, heads, D}, AttentionScope{w, q}, p, reps, warmup));
     std::printf("\n%s, %s, key padding mask of all ones; median of %d calls. "
                 "FLOPs: forward 4*B*h*T^2*D, backward 2.5x forward.\n\n",
                 be->name().c_str(), dtype.c_str(), reps);
@@ -157,9 +165,11 @@ int main(int argc, char** argv) {
       const Shape4& q = r.sh;
       const double fl = 4.0 * static_cast<double>(q.B) * q.heads * static_cast<double>(q.T) * q.T * q.D;
       // The kernel families, forward/backward.
-      const std::string impl = std::string("anatomy ") + cuda::attention_forward_kernel(dt, q.D, r.window) + "/" +
-                               cuda::attention_backward_kernel(dt, q.D, r.window) +
-                               (r.window > 0 ? ", window " + std::to_string(r.window) : "");
+      const int w = r.scope.window, nq = r.scope.queries;
+      const std::string impl = std::string("anatomy ") + cuda::attention_forward_kernel(dt, q.D, w) + "/" +
+                               cuda::attention_backward_kernel(dt, q.D, w) +
+                               (w > 0 ? ", window " + std::to_string(w) : "") +
+                               (nq > 0 ? ", first " + std::to_string(nq) + " queries" : "");
       std::printf("| %s | %lld | %lld | %lld | %lld | %.1f | %.3f | %.1f | %.3f | %.1f | %.3f | %.1f |\n", impl.c_str(),
                   static_cast<long long>(q.B), static_cast<long long>(q.T), static_cast<long long>(q.heads),
                   static_cast<long long>(q.D), r.p, r.fwd_ms, fl / r.fwd_ms / 1e9, r.bwd_ms, 2.5 * fl / r.bwd_ms / 1e9,

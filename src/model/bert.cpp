@@ -217,8 +217,9 @@ struct ActRegion {
 // this class's sequence heads reads token 0, Note [encoder variants]) reads one row of each
 // sequence from the last layer's output, and everything in a layer past attention works row by
 // row (the output projection, dropout, the residual LayerNorms, the feed-forward). So in
-// training the last layer runs attention on every token (the first tokens' queries attend to
-// all keys, and K and V come from every row) and then gathers the first tokens' context and
+// training the last layer projects q|k|v on every token (K and V come from every row), runs
+// attention for each sequence's first query alone (its scope, Note [attention scope] in
+// ops/op_args.h: on the GPU the query tile holding it) and then gathers the first tokens' context and
 // input rows: the output projection, LayerNorm 1, the feed-forward and LayerNorm 2 run on B rows
 // instead of B x T, writing the head's input (cls) directly. Backward starts from the head's
 // gradient of cls on those B rows and scatters the first tokens' dctx and ds1 into zeroed B x T
@@ -229,7 +230,9 @@ struct ActRegion {
 // run's (same distribution). bert-large at seq 512 does 2.88% fewer FLOPs a step (9 of a
 // layer's 12 H x H-sized GEMM units, in one layer of 24) and keeps 320 MiB less of the last
 // layer's activations in bf16 at batch 32 (h1, the GELU input and output, the layer output);
-// measured, 2% more samples/s on the H200 (bench/results/2026-11-28-h200/session29/). The packed
+// measured, 2% more samples/s on the H200 (bench/results/2026-11-28-h200/session29/). Attention
+// of the first query alone then took that layer's attention from 0.155 + 0.398 to 0.057 + 0.174 ms
+// and the step 0.6% more samples/s (bench/results/2026-11-29-h200/session30/). The packed
 // evaluation (forward_eval of a packed batch, which keeps no hidden state) does the same; the
 // padded one keeps the [B, T, H] hidden state and runs every token. Not for per-token heads.
 // ModernBERT: Note [modernbert first tokens] in modernbert.cpp. ModelShape::last_layer_first_tokens
@@ -554,6 +557,11 @@ static void carve_packed(BertForSequenceClassification::Acts& a, Arena& act, Are
   a.losses = act.take(DType::F32, {B});
 }
 
+int64_t AttendedPairs::of(int queries) const {
+  ANATOMY_CHECK(queries == 0 || queries == 1, "internal error: attended pairs of ", queries, " queries");
+  return queries == 0 ? every : first;
+}
+
 PackedRows pack_token_rows(const int32_t* mask, int64_t B, int64_t T, int64_t multiple) {
   PackedRows p;
   p.first_rows.resize(static_cast<size_t>(B));
@@ -570,12 +578,13 @@ PackedRows pack_token_rows(const int32_t* mask, int64_t B, int64_t T, int64_t mu
         taken[b * T + t] = true;
         prefixes = prefixes && m[t] != 0 && t == len++;
       }
-    p.attended_pairs += len * len;
+    p.attended_pairs.every += len * len;
+    p.attended_pairs.first += len;
   }
   if (prefixes)
     p.sequence_rows = static_cast<int32_t>(p.token_rows.size());
   else
-    p.attended_pairs = 0;
+    p.attended_pairs = {};
   if (multiple > 1) {
     const int64_t n = static_cast<int64_t>(p.token_rows.size());
     const int64_t want = std::min(B * T, (n + multiple - 1) / multiple * multiple);
@@ -808,10 +817,11 @@ void BertForSequenceClassification::layer_forward(int l, const Tensor& x, const 
 
 // q|k|v and attention of layer l on its input rows x; returns the context rows (x's rows).
 Tensor BertForSequenceClassification::attention_forward_rows(int l, const Tensor& x, LayerActs& a, const DeviceBatch& b,
-                                                             bool training, uint64_t base) {
+                                                             bool training, uint64_t base, int queries) {
   const LayerNames& p = m_layer_names[static_cast<size_t>(l)];
   const int64_t H = m_cfg.hidden_size, nh = m_cfg.num_attention_heads;
   const float ap = static_cast<float>(m_cfg.attention_probs_dropout_prob);
+  const AttentionScope scope{0, queries};
   const ParamInfo& wq = m_layout.get(p.q_w);
   const ParamInfo& bq = m_layout.get(p.q_b);
   Tensor wqkv = ParamLayout::range(m_compute_view, wq.offset, {3 * H, H});
@@ -832,12 +842,12 @@ Tensor BertForSequenceClassification::attention_forward_rows(int l, const Tensor
   if (pa) {  // the packed inference layout's context overlays its q|k|v: it goes to ctx_pad's rows
     if (m_acts->packed) ctx_rows = m_acts->ctx_pad.slice(0, n);
     m_be.attention_packed_forward(ctx_rows, a.lse, qkv_rows, b.seq_offsets, static_cast<int>(nh),
-                                  drop(ap, base, site_attn(l), training), b.attended_pairs);
+                                  drop(ap, base, site_attn(l), training), b.attended_pairs.of(queries), scope);
   } else if (m_acts->packed) {  // Note [packed inference]: attention on the padded layout
     const Tensor& qkv_pad = m_acts->qkv_pad;
     m_be.scatter_rows(qkv_pad, a.qkv, b.token_rows);
     m_be.attention_forward(m_acts->ctx_pad.view({m_acts->B, m_acts->T, H}), a.lse,
-                           qkv_pad.view({m_acts->B, m_acts->T, 3 * H}), b.attention_mask, static_cast<int>(nh), {});
+                           qkv_pad.view({m_acts->B, m_acts->T, 3 * H}), b.attention_mask, static_cast<int>(nh), {}, scope);
     m_be.gather_rows(a.ctx, m_acts->ctx_pad, b.token_rows);
   } else {
     if (pk) {
@@ -845,7 +855,7 @@ Tensor BertForSequenceClassification::attention_forward_rows(int l, const Tensor
       m_be.scatter_rows(a.qkv, qkv_rows, b.token_rows);
     }
     m_be.attention_forward(a.ctx.view({m_acts->B, m_acts->T, H}), a.lse, a.qkv.view({m_acts->B, m_acts->T, 3 * H}),
-                           b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), training));
+                           b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), training), scope);
     if (pk) {
       ctx_rows = m_acts->t2.slice(0, x.dim(0));
       m_be.gather_rows(ctx_rows, a.ctx, b.token_rows);
@@ -934,11 +944,12 @@ void BertForSequenceClassification::rows_backward(int l, const Tensor& dy, Layer
 Tensor BertForSequenceClassification::attention_backward_rows(int l, LayerActs& a, const Tensor& x,
                                                               const DeviceBatch& b, uint64_t base, const Tensor& dao,
                                                               const Tensor& X1, const Tensor& dctx_rows,
-                                                              const Tensor& X3) {
+                                                              const Tensor& X3, int queries) {
   const LayerNames& p = m_layer_names[static_cast<size_t>(l)];
   const int64_t H = m_cfg.hidden_size, nh = m_cfg.num_attention_heads;
   const int64_t R = m_acts->B * m_acts->T, n = x.dim(0);
   const float ap = static_cast<float>(m_cfg.attention_probs_dropout_prob);
+  const AttentionScope scope{0, queries};
   const MatmulArgs wgrad = weight_gradient_args();
   const bool pk = m_acts->packed_train;
   const Tensor big = m_acts->big.view({static_cast<int64_t>(m_acts->big.numel())});
@@ -951,8 +962,8 @@ Tensor BertForSequenceClassification::attention_backward_rows(int l, LayerActs& 
     const Tensor dqkv_rows = dqkv.slice(0, n);
     if (dao.defined()) m_be.matmul(G(p.ao_w), dao, Trans::T, ctx_rows, Trans::N, wgrad);
     m_be.attention_packed_backward(dqkv_rows, dctx_rows, qkv_rows, ctx_rows, a.lse, b.seq_offsets,
-                                   static_cast<int>(nh), drop(ap, base, site_attn(l), true), b.attended_pairs, 0,
-                                   dqkv_bias);
+                                   static_cast<int>(nh), drop(ap, base, site_attn(l), true), b.attended_pairs.of(queries),
+                                   scope, dqkv_bias);
     return qkv_backward(l, dqkv_rows, x, X3);
   }
   Tensor ctx_rows = a.ctx, dctx = dctx_rows;
@@ -968,7 +979,7 @@ Tensor BertForSequenceClassification::attention_backward_rows(int l, LayerActs& 
   }
   m_be.attention_backward(dqkv.view({m_acts->B, m_acts->T, 3 * H}), dctx.view({m_acts->B, m_acts->T, H}),
                           a.qkv.view({m_acts->B, m_acts->T, 3 * H}), a.ctx.view({m_acts->B, m_acts->T, H}), a.lse,
-                          b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), true), 0, dqkv_bias);
+                          b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), true), scope, dqkv_bias);
   Tensor dqkv_rows = dqkv;
   if (pk) {
     dqkv_rows = m_acts->pk.slice(0, n);
@@ -1059,7 +1070,7 @@ void BertForSequenceClassification::last_layer_forward(const Tensor& x, LayerAct
   Acts& a = *m_acts;
   const int l = static_cast<int>(m_cfg.num_hidden_layers) - 1;
   const bool pk = b.packed();  // the packed training step, or the packed evaluation
-  first_token_rows(m_be, ctx0, attention_forward_rows(l, x, la, b, training, base), b, pk);
+  first_token_rows(m_be, ctx0, attention_forward_rows(l, x, la, b, training, base, 1), b, pk);
   first_token_rows(m_be, x0, x, b, pk);
   LayerActs v = token_rows_of(la, a.B);
   rows_forward(l, ctx0, x0, a.cls, v, training, base, a.t1.slice(0, a.B));
@@ -1081,7 +1092,7 @@ Tensor BertForSequenceClassification::last_layer_backward(LayerActs& la, const T
               weight_gradient_args());
   first_token_rows_backward(m_be, X1.slice(0, n), x3, b, pk);
   first_token_rows_backward(m_be, X3.slice(0, n), x2, b, pk);
-  return attention_backward_rows(l, la, x, b, base, Tensor(), X2, X3.slice(0, n), X1);
+  return attention_backward_rows(l, la, x, b, base, Tensor(), X2, X3.slice(0, n), X1, 1);
 }
 
 void BertForSequenceClassification::forward(const DeviceBatch& b, bool training, uint64_t base) {

@@ -110,15 +110,17 @@ class BertForSequenceClassification : public EncoderModel {
                         uint64_t dropout_base, const Tensor& t1, const Tensor& t2, const Tensor& t3);
   // A layer in two parts: attention (its rows are the sequences' tokens) and what follows it,
   // row by row (the output projection, the LayerNorms, the feed-forward), which the last layer
-  // runs on the first tokens alone (Note [last layer on the first tokens]).
+  // runs on the first tokens alone (Note [last layer on the first tokens]); there attention's
+  // scope asks for the first query alone (queries 1; Note [attention scope] in ops/op_args.h).
   Tensor attention_forward_rows(int l, const Tensor& x, LayerActs& a, const DeviceBatch& b, bool training,
-                                uint64_t dropout_base);
+                                uint64_t dropout_base, int queries = 0);
   void rows_forward(int l, const Tensor& ctx_rows, const Tensor& x, const Tensor& out, LayerActs& a, bool training,
                     uint64_t dropout_base, const Tensor& branch);
   void rows_backward(int l, const Tensor& dy, LayerActs& a, const Tensor& out, uint64_t dropout_base,
                      const Tensor& x1, const Tensor& x2, const Tensor& x3);
   Tensor attention_backward_rows(int l, LayerActs& a, const Tensor& x, const DeviceBatch& b, uint64_t dropout_base,
-                                 const Tensor& dao, const Tensor& t1, const Tensor& dctx_rows, const Tensor& t3);
+                                 const Tensor& dao, const Tensor& t1, const Tensor& dctx_rows, const Tensor& t3,
+                                 int queries = 0);
   void last_layer_forward(const Tensor& x, LayerActs& a, const DeviceBatch& b, bool training, uint64_t dropout_base,
                           const Tensor& ctx0, const Tensor& x0);
   Tensor last_layer_backward(LayerActs& a, const Tensor& x, const DeviceBatch& b, uint64_t dropout_base,

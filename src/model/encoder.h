@@ -38,6 +38,15 @@ enum class CheckpointPolicy : uint8_t { None, Layer, Selective };
 const char* checkpoint_policy_name(CheckpointPolicy p);
 CheckpointPolicy parse_checkpoint_policy(const std::string& s);  // throws with the flag name
 
+// The (query, key) pairs of a right-padded packed batch, the packed attention's cost: every query
+// of each sequence on its keys (the sum of the squared lengths), and its first query alone (the
+// sum of the lengths: Note [attention scope] in ops/op_args.h).
+struct AttendedPairs {
+  int64_t every = 0, first = 0;
+  // The pairs of a scope asking for every query (0) or the first (1).
+  int64_t of(int queries) const;
+};
+
 // A batch on the backend's device: ids, token types and mask I32 [B, T]; labels I32 [B], or F32
 // [B, num_labels] for regression and multi-label (Note [problem types] in model/heads.h).
 // forward_eval computes on the tokens alone when the packing index is given (Note [packed
@@ -50,7 +59,7 @@ struct DeviceBatch {
   // I32 [B + 1], sequence b the packed rows [seq_offsets[b], seq_offsets[b + 1]) (Note [packed
   // attention] in ops/cpu/attention.cpp), and the sum of the squared lengths (the attention's cost).
   Tensor seq_offsets{};
-  int64_t attended_pairs = 0;
+  AttendedPairs attended_pairs{};
   // Masked-LM (Note [masked LM head] in model/heads.h): labels are I32 [B, T] with -100 where a
   // token is not masked, and this counts the masked ones (the loss is their mean; 0: no loss).
   int64_t masked_tokens = 0;
@@ -67,11 +76,11 @@ struct DeviceBatch {
 // padded forward computes them, and nothing reads them.
 // When every sequence is a prefix of valid tokens (mask 1...1 0...0, at least one 1), its rows
 // are consecutive in token_rows: sequence_rows counts them (the sequence offsets are first_rows
-// followed by it), and attended_pairs is the sum of the squared lengths; else sequence_rows is -1.
+// followed by it), and attended_pairs counts their pairs; else sequence_rows is -1.
 struct PackedRows {
   std::vector<int32_t> token_rows, first_rows;
   int32_t sequence_rows = -1;
-  int64_t attended_pairs = 0;
+  AttendedPairs attended_pairs{};
   bool right_padded() const { return sequence_rows >= 0; }
   // The B + 1 sequence offsets (DeviceBatch::seq_offsets), empty unless right_padded().
   std::vector<int32_t> seq_offsets() const {

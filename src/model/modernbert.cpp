@@ -133,8 +133,8 @@ bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern
 
 // Note [modernbert first tokens]: BERT's Note [last layer on the first tokens] for ModernBERT's
 // head on the first token (classifier_pooling "cls"). In a training step the last layer runs its
-// attention norm, q|k|v, rotary and attention on every token, then gathers the first tokens'
-// context and input rows; its output projection, residual, MLP norm, MLP and residual run on B
+// attention norm, q|k|v and rotary on every token and attention for each sequence's first query
+// (its scope: attention_of), then gathers the first tokens' context and input rows; its output projection, residual, MLP norm, MLP and residual run on B
 // rows, and so does the final norm, which writes the pooled rows itself. Backward starts from the pooled
 // gradient on those rows and scatters d ctx and the residual's gradient into zeroed rows for
 // attention's backward. The other rows' gradients are exactly zero in the full computation, so
@@ -508,11 +508,13 @@ Tensor ModernBertForSequenceClassification::rows(const Tensor& t, int64_t width)
   return shaped(t, {m_acts->n, width});
 }
 
-std::pair<float, int> ModernBertForSequenceClassification::attention_of(int l) const {
+std::pair<float, AttentionScope> ModernBertForSequenceClassification::attention_of(int l) const {
   const bool global = m_cfg.is_global_layer(l);
   const ModernBertFields& m = m_cfg.modern;
+  // Note [modernbert first tokens]: the last layer's first query alone (Note [attention scope]).
+  const bool first = m_acts->first_tokens && static_cast<size_t>(l) + 1 == m_acts->layers.size();
   return {static_cast<float>(global ? m.global_rope_theta : m.local_rope_theta),
-          global ? 0 : static_cast<int>(m.local_attention / 2)};
+          {global ? 0 : static_cast<int>(m.local_attention / 2), first ? 1 : 0}};
 }
 
 void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch& b) {
@@ -528,15 +530,15 @@ void ModernBertForSequenceClassification::layer_forward(int l, const DeviceBatch
   }
   const Tensor qkv = shaped(A.qkv, {B, T, 3 * H});
   linear(rows(A.qkv, 3 * H), h, P.wqkv);
-  const auto [theta, window] = attention_of(l);
+  const auto [theta, scope] = attention_of(l);
   if (m_acts->packed) {  // Note [modernbert packed tokens]
     m_be.rotary_forward(qkv, qkv, heads, theta, b.token_rows);
     m_be.attention_packed_forward(rows(A.ctx, H), shaped(A.lse, {B, heads, T}), rows(A.qkv, 3 * H), b.seq_offsets,
-                                  heads, {}, b.attended_pairs, window);
+                                  heads, {}, b.attended_pairs.of(scope.queries), scope);
   } else {
     m_be.rotary_forward(qkv, qkv, heads, theta);
     m_be.attention_forward(shaped(A.ctx, {B, T, H}), shaped(A.lse, {B, heads, T}), qkv, b.attention_mask, heads, {},
-                           window);
+                           scope);
   }
   const size_t next = static_cast<size_t>(l) + 1;
   const Tensor out = next < m_acts->layers.size() ? m_acts->layers[next].x : m_acts->xl;
@@ -745,16 +747,16 @@ void ModernBertForSequenceClassification::attention_backward_part(int l, const D
   const int64_t B = b.batch(), T = b.seq(), n = S.n, H = m_cfg.hidden_size;
   const int heads = static_cast<int>(m_cfg.num_attention_heads);
   const LayerParams& P = m_layer_params[static_cast<size_t>(l)];
-  const auto [theta, window] = attention_of(l);
+  const auto [theta, scope] = attention_of(l);
   const bool store = gradients_in_activations();
   const Tensor dqkv = shaped(S.dqkv, {B, T, 3 * H}), lse = shaped(A.lse, {B, heads, T});
   if (S.packed) {  // Note [modernbert packed tokens]
     m_be.attention_packed_backward(rows(S.dqkv, 3 * H), rows(dctx, H), rows(A.qkv, 3 * H), rows(A.ctx, H), lse,
-                                   b.seq_offsets, heads, {}, b.attended_pairs, window);
+                                   b.seq_offsets, heads, {}, b.attended_pairs.of(scope.queries), scope);
     m_be.rotary_backward(dqkv, dqkv, heads, theta, b.token_rows);
   } else {
     m_be.attention_backward(dqkv, shaped(dctx, {B, T, H}), shaped(A.qkv, {B, T, 3 * H}), shaped(A.ctx, {B, T, H}), lse,
-                            b.attention_mask, heads, {}, window);
+                            b.attention_mask, heads, {}, scope);
     m_be.rotary_backward(dqkv, dqkv, heads, theta);
   }
   const Tensor h = l > 0 ? rows(A.h, H) : rows(A.x, H);

@@ -88,8 +88,9 @@ class ModernBertForSequenceClassification : public EncoderModel {
   void pool_forward(const DeviceBatch& b);
   // The first Acts::n rows of a [B*T, width] tensor: the rows the encoder runs on.
   Tensor rows(const Tensor& t, int64_t width) const;
-  // Layer l's rotary theta and local attention window (0: global).
-  std::pair<float, int> attention_of(int l) const;
+  // Layer l's rotary theta and attention scope: its local window (0: global) and, in the last
+  // layer under a first-token head, the first query alone (Note [modernbert first tokens]).
+  std::pair<float, AttentionScope> attention_of(int l) const;
   // Per-sample losses F32 [B] of the head's logits, and dlogits (when defined) scaled by grad_scale.
   void loss(const DeviceBatch& b, const Tensor& dlogits, float grad_scale);
   void layer_forward(int l, const DeviceBatch& b);

@@ -126,26 +126,27 @@ class Backend {
   // ctx [B, T, H]; lse F32 [B, heads, T] = log-sum-exp of the scaled, masked scores.
   // scale = 1/sqrt(D). Dropout (on the probabilities) with element index
   // attention_dropout_index(b*heads + h, q, k, T) (Note [attention dropout index] in core/rng.h).
-  // window > 0: query i sees key j only when |i - j| <= window (ModernBERT's local layers; Note
-  // [local attention window] in ops/cpu/attention.cpp); 0: every key the mask keeps.
+  // scope: the key window and the queries the caller reads (Note [attention scope] in
+  // ops/op_args.h); {} computes every query on every key the mask keeps.
   void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                         const DropoutSpec& dropout, int window = 0);
+                         const DropoutSpec& dropout, AttentionScope scope = {});
   // dbias F32 [3H] (if defined) += the column sums of dqkv as stored: the q|k|v bias gradient,
   // taken where dqkv is written (Note [fused bias gradient] in ops/op_args.h).
   void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                           const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
-                          int window = 0, const Tensor& dbias = Tensor());
+                          AttentionScope scope = {}, const Tensor& dbias = Tensor());
   // Attention on packed rows (Note [packed attention] in ops/cpu/attention.cpp): qkv [N, 3H],
   // ctx [N, H]; sequence b is rows [offsets[b], offsets[b + 1]) of offsets I32 [B + 1], 1 to T
   // tokens, every one a valid key; lse F32 [B, heads, T] as above, 0 past a sequence's end; the
   // dropout index that of the padded [B, T] batch. Rows from offsets[B] on get a zero ctx
-  // (forward) and a zero dqkv (backward). pairs = sum over b of len_b^2 (the host's count, for
-  // the op's cost: the offsets live on the device). Only where packed_attention_supported().
+  // (forward) and a zero dqkv (backward). pairs = the (query, key) pairs the scope asks for, the
+  // host's count for the op's cost (the offsets live on the device): sum over b of len_b^2, or
+  // of min(len_b, scope.queries) len_b. Only where packed_attention_supported().
   void attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets,
-                                int heads, const DropoutSpec& dropout, int64_t pairs, int window = 0);
+                                int heads, const DropoutSpec& dropout, int64_t pairs, AttentionScope scope = {});
   void attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                  const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& dropout,
-                                 int64_t pairs, int window = 0, const Tensor& dbias = Tensor());  // dbias as above
+                                 int64_t pairs, AttentionScope scope = {}, const Tensor& dbias = Tensor());  // dbias as above
   // Whether the packed attention runs here for activations of `dt`, batches padded to `seq` and
   // head dim `head_dim` (the CPU: always; CUDA: where its flash kernels do). Where it does not,
   // the model keeps attention on the padded layout (scatter, attention, gather).
@@ -299,16 +300,16 @@ class Backend {
   virtual void fp8_scale_update_impl(const Tensor& meta) = 0;
   virtual void bias_grad_impl(const Tensor& db, const Tensor& dy) = 0;
   virtual void attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask,
-                                      int heads, const DropoutSpec& dropout, int window) = 0;
+                                      int heads, const DropoutSpec& dropout, AttentionScope scope) = 0;
   virtual void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                        const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
-                                       int window, const Tensor& dbias) = 0;
+                                       AttentionScope scope, const Tensor& dbias) = 0;
   virtual void attention_packed_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv,
                                              const Tensor& offsets, int heads, const DropoutSpec& dropout,
-                                             int window) = 0;
+                                             AttentionScope scope) = 0;
   virtual void attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
                                               const Tensor& ctx, const Tensor& lse, const Tensor& offsets, int heads,
-                                              const DropoutSpec& dropout, int window, const Tensor& dbias) = 0;
+                                              const DropoutSpec& dropout, AttentionScope scope, const Tensor& dbias) = 0;
   virtual void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows) = 0;
   virtual void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta,
                                     const Tensor& rows) = 0;

@@ -112,8 +112,14 @@ void elementwise(const Check& c, const Tensor& y, const Tensor& x, const Tensor*
 }
 
 // qkv [B, T, 3H] with H divisible by heads; ctx [B, T, H]; lse F32 [B, heads, T]; mask I32 [B, T].
+// Note [attention scope] in ops/op_args.h: a window and a query count, neither negative.
+void attention_scope(const Check& c, AttentionScope scope) {
+  c.holds(scope.window >= 0, [&] { return str_cat("window ", scope.window, " is negative"); });
+  c.holds(scope.queries >= 0, [&] { return str_cat("queries ", scope.queries, " is negative"); });
+}
+
 DType attention(const Check& c, const Tensor& qkv, const Tensor& ctx, const Tensor& lse, const Tensor& mask,
-                int heads, const DropoutSpec& d) {
+                int heads, const DropoutSpec& d, AttentionScope scope) {
   const DType dt = c.compute(qkv, "qkv");
   c.holds(qkv.shape.rank == 3 && qkv.dim(2) % 3 == 0, [&] { return str_cat("qkv ", qkv.shape.str(), " is not [B, T, 3H]"); });
   const int64_t b = qkv.dim(0), t = qkv.dim(1), h = qkv.dim(2) / 3;
@@ -122,6 +128,7 @@ DType attention(const Check& c, const Tensor& qkv, const Tensor& ctx, const Tens
   c.sized(lse, F32, static_cast<size_t>(b * heads * t), "lse");
   c.optional(mask, I32, static_cast<size_t>(b * t), "mask");
   c.dropout(d);
+  attention_scope(c, scope);
   return dt;
 }
 
@@ -310,29 +317,27 @@ void Backend::bias_grad(const Tensor& db, const Tensor& dy) {
 
 // ---- attention -----------------------------------------------------------------------------------
 void Backend::attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                                const DropoutSpec& dropout, int window) {
+                                const DropoutSpec& dropout, AttentionScope scope) {
   const Check c(*this, "attention_forward");
-  attention(c, qkv, ctx, lse, mask, heads, dropout);
-  c.holds(window >= 0, [&] { return str_cat("window ", window, " is negative"); });
-  observed("attention", [&] { return attention_cost(qkv, ctx, heads, false); },
-           [&] { attention_forward_impl(ctx, lse, qkv, mask, heads, dropout, window); });
+  attention(c, qkv, ctx, lse, mask, heads, dropout, scope);
+  observed("attention", [&] { return attention_cost(qkv, ctx, heads, scope.queries, false); },
+           [&] { attention_forward_impl(ctx, lse, qkv, mask, heads, dropout, scope); });
 }
 void Backend::attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                  const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
-                                 int window, const Tensor& dbias) {
+                                 AttentionScope scope, const Tensor& dbias) {
   const Check c(*this, "attention_backward");
-  const DType dt = attention(c, qkv, ctx, lse, mask, heads, dropout);
+  const DType dt = attention(c, qkv, ctx, lse, mask, heads, dropout, scope);
   c.sized(dqkv, dt, qkv.numel(), "dqkv");
   c.sized(dctx, dt, ctx.numel(), "dctx");
   c.optional(dbias, F32, static_cast<size_t>(as_matrix(dqkv).cols), "dbias");
-  c.holds(window >= 0, [&] { return str_cat("window ", window, " is negative"); });
-  observed("attention", [&] { return attention_cost(qkv, ctx, heads, true); },
-           [&] { attention_backward_impl(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, window, dbias); });
+  observed("attention", [&] { return attention_cost(qkv, ctx, heads, scope.queries, true); },
+           [&] { attention_backward_impl(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scope, dbias); });
 }
 
 // Packed: qkv [N, 3H] with H divisible by heads; ctx [N, H]; lse F32 [B, heads, T]; offsets I32 [B + 1].
 DType packed_attention(const Check& c, const Tensor& qkv, const Tensor& ctx, const Tensor& lse,
-                       const Tensor& offsets, int heads, const DropoutSpec& d, int window) {
+                       const Tensor& offsets, int heads, const DropoutSpec& d, AttentionScope scope) {
   const DType dt = c.compute(qkv, "qkv");
   c.holds(qkv.shape.rank == 2 && qkv.dim(1) % 3 == 0, [&] { return str_cat("qkv ", qkv.shape.str(), " is not [N, 3H]"); });
   const int64_t n = qkv.dim(0), h = qkv.dim(1) / 3;
@@ -342,29 +347,30 @@ DType packed_attention(const Check& c, const Tensor& qkv, const Tensor& ctx, con
   c.holds(lse.shape.rank == 3 && lse.dim(1) == heads, [&] { return str_cat("lse ", lse.shape.str(), " is not [B, heads, T]"); });
   c.sized(offsets, I32, static_cast<size_t>(lse.dim(0) + 1), "offsets");
   c.dropout(d);
-  c.holds(window >= 0, [&] { return str_cat("window ", window, " is negative"); });
+  attention_scope(c, scope);
   c.holds(c.backend().packed_attention_supported(dt, lse.dim(2), h / heads),
           [&] { return str_cat("the ", c.backend().name(), " backend has no packed attention for ", dtype_name(dt), ", T ",
                   lse.dim(2), ", head dim ", h / heads); });
   return dt;
 }
 void Backend::attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets,
-                                       int heads, const DropoutSpec& dropout, int64_t pairs, int window) {
+                                       int heads, const DropoutSpec& dropout, int64_t pairs, AttentionScope scope) {
   const Check c(*this, "attention_packed_forward");
-  packed_attention(c, qkv, ctx, lse, offsets, heads, dropout, window);
+  packed_attention(c, qkv, ctx, lse, offsets, heads, dropout, scope);
   observed("attention", [&] { return packed_attention_cost(qkv, ctx, lse, heads, pairs, false); },
-           [&] { attention_packed_forward_impl(ctx, lse, qkv, offsets, heads, dropout, window); });
+           [&] { attention_packed_forward_impl(ctx, lse, qkv, offsets, heads, dropout, scope); });
 }
 void Backend::attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                         const Tensor& lse, const Tensor& offsets, int heads,
-                                        const DropoutSpec& dropout, int64_t pairs, int window, const Tensor& dbias) {
+                                        const DropoutSpec& dropout, int64_t pairs, AttentionScope scope,
+                                        const Tensor& dbias) {
   const Check c(*this, "attention_packed_backward");
-  const DType dt = packed_attention(c, qkv, ctx, lse, offsets, heads, dropout, window);
+  const DType dt = packed_attention(c, qkv, ctx, lse, offsets, heads, dropout, scope);
   c.sized(dqkv, dt, qkv.numel(), "dqkv");
   c.sized(dctx, dt, ctx.numel(), "dctx");
   c.optional(dbias, F32, static_cast<size_t>(as_matrix(dqkv).cols), "dbias");
   observed("attention", [&] { return packed_attention_cost(qkv, ctx, lse, heads, pairs, true); },
-           [&] { attention_packed_backward_impl(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, window, dbias); });
+           [&] { attention_packed_backward_impl(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, scope, dbias); });
 }
 
 // qkv [B, T, 3H] with an even head dim; y the same; rows (optional) I32 [N], N <= B*T. The

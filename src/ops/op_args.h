@@ -35,6 +35,24 @@ struct DropoutSpec {
   uint64_t offset = 0;
 };
 
+// Note [attention scope]
+// Which (query, key) pairs an attention call computes. window > 0: query i sees key j only when
+// |i - j| <= window (ModernBERT's local layers; Note [local attention window] in
+// ops/cpu/attention.cpp); 0: every key the mask keeps. queries > 0: the caller reads only the
+// first `queries` queries of each sequence (a head on the first token reads query 0 of the last
+// layer: Note [last layer on the first tokens] in model/bert.cpp); 0: every query. Then:
+//   - the forward computes at least those queries; each later query of the sequence gets either
+//     its value or a zero context and an lse of +inf (an implementation may round up to its
+//     query tile: the CUDA wgmma kernels to 128 queries, the CPU twin computes exactly these);
+//   - the backward needs dctx to be zero on the later queries and may skip them: their dq is
+//     zero and they add nothing to dk and dv. With either forward result they add exactly zero
+//     (a zero dctx gives dP = 0 and Dsum = 0, and an lse of +inf gives P = 0), so any forward and
+//     backward kernels pair up.
+struct AttentionScope {
+  int window = 0;
+  int queries = 0;
+};
+
 // One operand of an fp8 GEMM (Note [fp8 training] in core/fp8.h): its scaling row, F32
 // [kFp8MetaWidth] on the op's device (read for the scale, its amax raised), and its format.
 struct Fp8Operand {

@@ -1,5 +1,7 @@
 #include "telemetry/op_cost.h"
 
+#include <algorithm>
+
 namespace anatomy {
 
 std::string_view op_class_name(OpClass c) {
@@ -34,13 +36,14 @@ OpCost matmul_cost(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, 
   return o;
 }
 
-OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, bool backward) {
+OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, int queries, bool backward) {
   const double B = static_cast<double>(qkv.dim(0)), T = static_cast<double>(qkv.dim(1));
+  const double Q = queries > 0 ? std::min(T, static_cast<double>(queries)) : T;
   const double H = static_cast<double>(ctx.dim(-1)), D = H / heads;
   const double lse = B * heads * T * 4;
-  if (!backward) return {4 * B * heads * T * T * D, nbytes(qkv) + nbytes(ctx) + lse, OpClass::TensorContraction};
+  if (!backward) return {4 * B * heads * Q * T * D, nbytes(qkv) + nbytes(ctx) + lse, OpClass::TensorContraction};
   // Reads qkv, ctx, dctx, lse; writes dqkv.
-  return {10 * B * heads * T * T * D, 2 * nbytes(qkv) + 2 * nbytes(ctx) + lse, OpClass::TensorContraction};
+  return {10 * B * heads * Q * T * D, 2 * nbytes(qkv) + 2 * nbytes(ctx) + lse, OpClass::TensorContraction};
 }
 
 OpCost packed_attention_cost(const Tensor& qkv, const Tensor& ctx, const Tensor& lse_t, int heads, int64_t pairs,

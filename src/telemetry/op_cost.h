@@ -16,9 +16,10 @@ std::string_view op_class_name(OpClass c);
 // C[M,N] = op(A) op(B) (+ beta C) (+ bias) (+ GELU).
 OpCost matmul_cost(const Tensor& c, const Tensor& a, Trans ta, const Tensor& b, const MatmulArgs& args);
 // Forward: S = QK^T and O = PV, 4 B h T^2 D flops; backward recomputes S and does 4 more
-// products: 10 B h T^2 D.
-OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, bool backward);
-// The packed form over N rows: its FLOPs count the pairs = sum of len_b^2 (query, key) pairs.
+// products: 10 B h T^2 D. queries > 0 (Note [attention scope] in ops/op_args.h): the first
+// min(queries, T) queries' share, the pairs the caller asked for.
+OpCost attention_cost(const Tensor& qkv, const Tensor& ctx, int heads, int queries, bool backward);
+// The packed form over N rows: its FLOPs count the (query, key) pairs the caller passes.
 OpCost packed_attention_cost(const Tensor& qkv, const Tensor& ctx, const Tensor& lse, int heads, int64_t pairs,
                              bool backward);
 // Per element: LayerNorm forward ~8 flops (add, mean, var, normalize, scale, shift),

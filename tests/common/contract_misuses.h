@@ -87,18 +87,24 @@ inline std::vector<Misuse> contract_misuses() {
          B qkv = buf(be, F32, {2, 4, 3 * 6}), ctx = buf(be, F32, {2, 4, 6}), lse = buf(be, F32, {2, 4, 4});
          be.attention_forward(ctx, lse, qkv, Tensor{}, 4, {});
        }},
+      // Note [attention scope]: neither its window nor its query count negative.
+      {"attention scope of negative queries",
+       [=](Backend& be) {
+         B qkv = buf(be, F32, {2, 4, 3 * 8}), ctx = buf(be, F32, {2, 4, 8}), lse = buf(be, F32, {2, 2, 4});
+         be.attention_forward(ctx, lse, qkv, Tensor{}, 2, {}, {0, -1});
+       }},
       // The q|k|v bias gradient: F32 [3H], the width of dqkv.
       {"attention backward bias gradient of the wrong length",
        [=](Backend& be) {
          B qkv = buf(be, F32, {2, 4, 3 * 8}), ctx = buf(be, F32, {2, 4, 8}), lse = buf(be, F32, {2, 2, 4});
          B dqkv = buf(be, F32, {2, 4, 3 * 8}), dctx = buf(be, F32, {2, 4, 8}), db = buf(be, F32, {8});
-         be.attention_backward(dqkv, dctx, qkv, ctx, lse, Tensor{}, 2, {}, 0, db);
+         be.attention_backward(dqkv, dctx, qkv, ctx, lse, Tensor{}, 2, {}, {}, db);
        }},
       {"attention backward bias gradient in BF16",
        [=](Backend& be) {
          B qkv = buf(be, F32, {2, 4, 3 * 8}), ctx = buf(be, F32, {2, 4, 8}), lse = buf(be, F32, {2, 2, 4});
          B dqkv = buf(be, F32, {2, 4, 3 * 8}), dctx = buf(be, F32, {2, 4, 8}), db = buf(be, DType::BF16, {3 * 8});
-         be.attention_backward(dqkv, dctx, qkv, ctx, lse, Tensor{}, 2, {}, 0, db);
+         be.attention_backward(dqkv, dctx, qkv, ctx, lse, Tensor{}, 2, {}, {}, db);
        }},
       // Packed rows (Note [packed attention] in ops/cpu/attention.cpp): offsets I32 [B + 1], lse [B, heads, T].
       {"attention_packed offsets not B + 1",

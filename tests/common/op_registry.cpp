@@ -486,7 +486,7 @@ std::vector<OpEntry> build_registry() {
     const DropoutSpec drop = dropout(g, 0.1f);
     const int heads = static_cast<int>(d.heads), window = static_cast<int>(d.window);
     return OpCase{attention_args(d, g),
-                  [=](Backend& be, T t) { be.attention_forward(t[0], t[1], t[2], t[3], heads, drop, window); }};
+                  [=](Backend& be, T t) { be.attention_forward(t[0], t[1], t[2], t[3], heads, drop, {window}); }};
   }, [](Rng& g) {
     attention_gradient(g, 0.0f);
     attention_gradient(g, 0.0f, 1);
@@ -499,8 +499,8 @@ std::vector<OpEntry> build_registry() {
     c.args.push_back(in(g, "dctx", {d.batch, d.seq, d.hidden}));
     c.args.push_back(acc_f32(g, "dbias", {3 * d.hidden}));  // the column sums of dqkv
     c.run = [=](Backend& be, T t) {
-      be.attention_forward(t[0], t[1], t[2], t[3], heads, drop, window);
-      be.attention_backward(t[4], t[5], t[2], t[0], t[1], t[3], heads, drop, window, t[6]);
+      be.attention_forward(t[0], t[1], t[2], t[3], heads, drop, {window});
+      be.attention_backward(t[4], t[5], t[2], t[0], t[1], t[3], heads, drop, {window}, t[6]);
     };
     return c;
   }, [](Rng& g) {
@@ -537,7 +537,7 @@ std::vector<OpEntry> build_registry() {
     const Packed p = packed_dims(d);
     const DropoutSpec drop = dropout(g, 0.1f);
     return OpCase{packed_args(p, g), [=](Backend& be, T t) {
-                    be.attention_packed_forward(t[0], t[1], t[2], t[3], p.heads, drop, p.pairs, p.window);
+                    be.attention_packed_forward(t[0], t[1], t[2], t[3], p.heads, drop, p.pairs, {p.window});
                   }};
   }, [](Rng& g) {
     packed_attention_matches_padded(g, 0.0f);
@@ -552,8 +552,8 @@ std::vector<OpEntry> build_registry() {
     c.args.push_back(in(g, "dctx", {p.N, p.H}));
     c.args.push_back(acc_f32(g, "dbias", {3 * p.H}));  // the column sums of dqkv
     c.run = [=](Backend& be, T t) {
-      be.attention_packed_forward(t[0], t[1], t[2], t[3], p.heads, drop, p.pairs, p.window);
-      be.attention_packed_backward(t[4], t[5], t[2], t[0], t[1], t[3], p.heads, drop, p.pairs, p.window, t[6]);
+      be.attention_packed_forward(t[0], t[1], t[2], t[3], p.heads, drop, p.pairs, {p.window});
+      be.attention_packed_backward(t[4], t[5], t[2], t[0], t[1], t[3], p.heads, drop, p.pairs, {p.window}, t[6]);
     };
     return c;
   }, [](Rng& g) {

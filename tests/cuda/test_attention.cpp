@@ -303,11 +303,11 @@ struct Problem {
   }
   void forward(const DropoutSpec& d) {
     anatomy::cuda::attention_forward(t_ctx(), t_lse(), t_qkv(), t_mask(), c.heads, d, scratch.p, nullptr, options(),
-                                     c.window);
+                                     {c.window});
   }
   void backward(const DropoutSpec& d) {
     anatomy::cuda::attention_backward(t_dqkv(), t_dctx(), t_qkv(), t_ctx(), t_lse(), t_mask(), c.heads, d,
-                                      scratch.p, nullptr, options(), c.window);
+                                      scratch.p, nullptr, options(), {c.window});
   }
 };
 
@@ -570,6 +570,99 @@ TEST(Attention, WgmmaRepeatsAgree) {
     check_case({2, 257, 2, 32, DType::BF16, 0.1f, MaskKind::AllMaskedBatch}, test_seed());
     check_case({2, 200, 2, 64, DType::BF16, 0.1f, MaskKind::Padded}, test_seed());
   }
+}
+
+// Note [attention scope] (ops/op_args.h): a scope of each sequence's first query. That query
+// matches the CPU twin's full attention; every later one is either computed (the twin's value) or
+// skipped (a zero context and an lse of +inf), and the wgmma forward skips the CTAs past the first
+// 128 queries; with dctx zero past the first query the backward equals the twin's full backward.
+// Head dims 64 (wgmma both ways), 32 (mma.sync forward, wgmma backward) and 128 (mma.sync both),
+// and the wgmma forward before the mma.sync backward.
+void check_first_query_scope(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(describe(c));
+  anatomy::Rng rng(seed);
+  Problem pr(c);
+  const size_t H = pr.H, W = 3 * H;
+  const std::vector<float> qkv = random_values(pr.n_qkv, 2.5f, c.dt, rng);
+  std::vector<float> dctx = random_values(pr.n_ctx, 1.0f, c.dt, rng);
+  for (size_t r = 0; r < static_cast<size_t>(c.B) * c.T; ++r)
+    if (r % c.T != 0) std::fill(dctx.begin() + r * H, dctx.begin() + (r + 1) * H, 0.0f);
+  const std::vector<int32_t> mask = make_mask(c, rng);
+  DropoutSpec d;
+  d.p = c.p;
+  d.seed = rng.next();
+  pr.qkv.upload(encode(qkv, c.dt).data());
+  pr.dctx.upload(encode(dctx, c.dt).data());
+  pr.mask.upload(mask.data());
+  pr.ctx.poison();
+  pr.lse.poison();
+  pr.dqkv.poison();
+  const anatomy::AttentionScope first{0, 1};
+  anatomy::cuda::attention_forward(pr.t_ctx(), pr.t_lse(), pr.t_qkv(), pr.t_mask(), c.heads, d, pr.scratch.p, nullptr,
+                                   pr.options(), first);
+  anatomy::cuda::attention_backward(pr.t_dqkv(), pr.t_dctx(), pr.t_qkv(), pr.t_ctx(), pr.t_lse(), pr.t_mask(), c.heads,
+                                    d, pr.scratch.p, nullptr, pr.options(), first);
+  cuda_ok(cudaDeviceSynchronize(), "attention kernels");
+  std::vector<uint8_t> ctx_b(pr.ctx.n), dqkv_b(pr.dqkv.n);
+  std::vector<float> lse(pr.n_lse);
+  pr.ctx.download(ctx_b.data());
+  pr.dqkv.download(dqkv_b.data());
+  pr.lse.download(lse.data());
+  const std::vector<float> ctx = decode(ctx_b, c.dt), dqkv = decode(dqkv_b, c.dt);
+
+  // The CPU twin in double, every query (its backward then equals the scope's: dctx is zero past it).
+  std::vector<double> q64(qkv.begin(), qkv.end()), d64(dctx.begin(), dctx.end());
+  std::vector<double> t_ctx(pr.n_ctx), t_lse(pr.n_lse), t_dqkv(pr.n_qkv);
+  anatomy::ref::attention_forward<double>(t_ctx.data(), t_lse.data(), q64.data(), mask.data(), c.B, c.T,
+                                          static_cast<int64_t>(H), c.heads, d);
+  anatomy::ref::attention_backward<double>(t_dqkv.data(), d64.data(), q64.data(), t_ctx.data(), t_lse.data(),
+                                           mask.data(), c.B, c.T, static_cast<int64_t>(H), c.heads, d);
+  // Per query row: the first ones and the computed later ones against the twin; count the skipped.
+  const double nan = std::nan("");
+  std::vector<double> first_ctx(pr.n_ctx, nan), later_ctx(pr.n_ctx, nan), first_lse(pr.n_lse, nan);
+  int64_t skipped = 0, skipped_past_tile = 0;
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.heads; ++h)
+      for (int q = 0; q < c.T; ++q) {
+        const size_t li = (static_cast<size_t>(b) * c.heads + h) * c.T + q;
+        const size_t c0 = (static_cast<size_t>(b) * c.T + q) * H + static_cast<size_t>(h) * c.D;
+        const bool zero = std::all_of(ctx.begin() + c0, ctx.begin() + c0 + c.D, [](float x) { return x == 0.0f; });
+        if (q > 0 && zero && lse[li] == INFINITY) {
+          ++skipped;
+          skipped_past_tile += q >= 128;
+          continue;
+        }
+        ASSERT_TRUE(std::isfinite(lse[li])) << "query " << q << " neither computed nor skipped";
+        std::copy(t_ctx.begin() + c0, t_ctx.begin() + c0 + c.D, (q == 0 ? first_ctx : later_ctx).begin() + c0);
+        if (q == 0) first_lse[li] = t_lse[li];
+      }
+  for (float x : dqkv) ASSERT_TRUE(std::isfinite(x)) << "dqkv has a non-finite element";
+  const double e_first = rel_err(ctx, first_ctx), e_lse = rel_err(lse, first_lse), e_later = rel_err(ctx, later_ctx);
+  const double e_dq = rel_err(dqkv, t_dqkv, W, 0, H), e_dkv = rel_err(dqkv, t_dqkv, W, H, 3 * H);
+  std::printf("  %-56s first ctx %.2e lse %.2e, later ctx %.2e, dq %.2e dk|dv %.2e, %lld skipped\n",
+              describe(c).c_str(), e_first, e_lse, e_later, e_dq, e_dkv, static_cast<long long>(skipped));
+  EXPECT_LT(e_first, 1e-2);
+  EXPECT_LT(e_lse, 1e-3);
+  EXPECT_LT(e_later, 1e-2);
+  EXPECT_LT(e_dq, 1e-2);
+  EXPECT_LT(e_dkv, 1e-2);
+  // The wgmma forward skips every query past its first CTA's 128, and computes that CTA's.
+  if (std::string(anatomy::cuda::attention_forward_kernel(c.dt, c.D, 0)) == "wgmma") {
+    EXPECT_EQ(skipped_past_tile, static_cast<int64_t>(c.B) * c.heads * std::max(0, c.T - 128));
+    EXPECT_EQ(skipped, skipped_past_tile);
+  }
+}
+
+TEST(Attention, ScopeOfTheFirstQuery) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  for (float p : {0.0f, 0.1f})
+    for (int D : {64, 32, 128}) {
+      check_first_query_scope({3, 300, 2, D, DType::BF16, p}, test_seed());
+      check_first_query_scope({2, 100, 2, D, DType::F16, p}, test_seed());
+    }
+  EnvGuard mma("ANATOMY_ATTENTION_BWD", "mma");
+  check_first_query_scope({3, 300, 2, 64, DType::BF16, 0.1f}, test_seed());
 }
 
 TEST(Attention, HalfReferenceKernels) {

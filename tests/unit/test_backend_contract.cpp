@@ -46,19 +46,19 @@ class ContractOnlyCuda final : public Backend {
   void bias_grad_impl(const Tensor&, const Tensor&) override { ++impl_calls; }
   void fp8_scale_update_impl(const Tensor&) override { ++impl_calls; }
   void attention_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int, const DropoutSpec&,
-                              int) override {
+                              AttentionScope) override {
     ++impl_calls;
   }
   void attention_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               int, const DropoutSpec&, int, const Tensor&) override {
+                               int, const DropoutSpec&, AttentionScope, const Tensor&) override {
     ++impl_calls;
   }
   void attention_packed_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int, const DropoutSpec&,
-                                     int) override {
+                                     AttentionScope) override {
     ++impl_calls;
   }
   void attention_packed_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                      const Tensor&, int, const DropoutSpec&, int, const Tensor&) override {
+                                      const Tensor&, int, const DropoutSpec&, AttentionScope, const Tensor&) override {
     ++impl_calls;
   }
   void rotary_forward_impl(const Tensor&, const Tensor&, int, float, const Tensor&) override { ++impl_calls; }
@@ -171,6 +171,7 @@ TEST(BackendContract, MessagesNameTheOpAndTheTensor) {
   EXPECT_EQ(message("attention backward bias gradient of the wrong length"),
             "attention_backward: dbias [8] has 8 elements, expected 24");
   EXPECT_EQ(message("attention backward bias gradient in BF16"), "attention_backward: dbias is BF16, expected F32");
+  EXPECT_EQ(message("attention scope of negative queries"), "attention_forward: queries -1 is negative");
 }
 
 // A backend without packed attention for the dtype refuses the call before any kernel runs,

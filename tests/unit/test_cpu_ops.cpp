@@ -136,7 +136,7 @@ TEST_F(CpuOps, AttentionMatchesDoubleReference) {
                         host(mask, {B, T}), heads, drop);
   be->attention_backward(host(dqkv, {B, T, 3 * H}), host(dctx, {B, T, H}), host(qkv, {B, T, 3 * H}),
                          host(ctx, {B, T, H}), host(lse, {B, heads, T}), host(mask, {B, T}), heads,
-                         drop, 0, host(db, {3 * H}));
+                         drop, {}, host(db, {3 * H}));
   be->bias_grad(host(want_db, {3 * H}), host(dqkv, {B * T, 3 * H}));
   EXPECT_EQ(0, std::memcmp(db.data(), want_db.data(), db.size() * sizeof(float)));
   EXPECT_NE(db, db0);
@@ -166,11 +166,56 @@ TEST_F(CpuOps, PackedAttentionBackwardAddsTheColumnSumsOfDqkv) {
   be->attention_packed_forward(host(ctx, {N, H}), host(lse, {B, heads, T}), host(qkv, {N, 3 * H}),
                                host(offsets, {B + 1}), heads, drop, 16 + 4);
   be->attention_packed_backward(host(dqkv, {N, 3 * H}), host(dctx, {N, H}), host(qkv, {N, 3 * H}), host(ctx, {N, H}),
-                                host(lse, {B, heads, T}), host(offsets, {B + 1}), heads, drop, 16 + 4, 0,
+                                host(lse, {B, heads, T}), host(offsets, {B + 1}), heads, drop, 16 + 4, {},
                                 host(db, {3 * H}));
   be->bias_grad(host(want, {3 * H}), host(dqkv, {N, 3 * H}));
   EXPECT_EQ(0, std::memcmp(db.data(), want.data(), db.size() * sizeof(float)));
   EXPECT_NE(db, db0);
+}
+
+// Note [attention scope] (ops/op_args.h): the CPU twin computes each sequence's first `queries`
+// queries, as every query does, gives the later ones a zero context and an lse of +inf, and with
+// dctx zero past them its backward equals the backward of every query; padded and packed.
+TEST_F(CpuOps, AttentionScopeComputesTheFirstQueries) {
+  ANATOMY_FRESH_RNG(rng);
+  const int64_t B = 2, T = 6, H = 8, N = 9;  // packed: sequences of 6 and 3 tokens
+  const int heads = 2, queries = 2;
+  const DropoutSpec drop{0.2f, rng.next(), rng.next()};
+  std::vector<int32_t> mask = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0}, offsets = {0, 6, 9};
+  for (bool packed : {false, true}) {
+    SCOPED_TRACE(packed ? "packed" : "padded");
+    const int64_t rows = packed ? N : B * T;
+    auto qkv = randn<float>(rng, rows * 3 * H), dctx = randn<float>(rng, rows * H);
+    auto query = [&](int64_t r) { return packed ? (r < 6 ? r : r - 6) : r % T; };
+    for (int64_t r = 0; r < rows; ++r)
+      if (query(r) >= queries) std::fill(dctx.begin() + r * H, dctx.begin() + (r + 1) * H, 0.0f);
+    std::vector<float> ctx[2], lse[2], dqkv[2];
+    for (int scoped = 0; scoped < 2; ++scoped) {
+      ctx[scoped] = poisoned(rows * H), lse[scoped] = poisoned(B * heads * T), dqkv[scoped] = poisoned(qkv.size());
+      const AttentionScope scope{0, scoped ? queries : 0};
+      const Tensor c = host(ctx[scoped], {rows, H}), l = host(lse[scoped], {B, heads, T}), d = host(dqkv[scoped], {rows, 3 * H});
+      if (packed) {
+        const int64_t pairs = scoped ? 2 * 6 + 2 * 3 : 36 + 9;
+        be->attention_packed_forward(c, l, host(qkv, {N, 3 * H}), host(offsets, {B + 1}), heads, drop, pairs, scope);
+        be->attention_packed_backward(d, host(dctx, {N, H}), host(qkv, {N, 3 * H}), c, l, host(offsets, {B + 1}), heads,
+                                      drop, pairs, scope);
+      } else {
+        be->attention_forward(c.view({B, T, H}), l, host(qkv, {B, T, 3 * H}), host(mask, {B, T}), heads, drop, scope);
+        be->attention_backward(d.view({B, T, 3 * H}), host(dctx, {B, T, H}), host(qkv, {B, T, 3 * H}), c.view({B, T, H}),
+                               l, host(mask, {B, T}), heads, drop, scope);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t b = packed ? (r < 6 ? 0 : 1) : r / T, q = query(r);
+      for (int64_t j = 0; j < H; ++j)
+        EXPECT_EQ(ctx[1][r * H + j], q < queries ? ctx[0][r * H + j] : 0.0f) << "row " << r;
+      for (int h = 0; h < heads; ++h) {
+        const size_t li = static_cast<size_t>((b * heads + h) * T + q);
+        EXPECT_EQ(lse[1][li], q < queries ? lse[0][li] : INFINITY) << "row " << r;
+      }
+    }
+    EXPECT_EQ(dqkv[1], dqkv[0]);
+  }
 }
 
 TEST_F(CpuOps, AttentionHandCase) {

@@ -2,7 +2,8 @@
 // Note [modernbert first tokens] in model/modernbert.cpp): the same losses and gradients as the
 // last layer on every token, for each encoder of the BERT class and ModernBERT, padded and
 // packed, under each checkpointing policy and gradient placement, with exactly the GEMM FLOPs of
-// the other rows left out (so a silent fallback to every token fails); the packed evaluation;
+// the other rows left out and the attention FLOPs of the other queries (so a silent fallback to
+// every token fails); the packed evaluation;
 // the activation bytes it saves for bert-large; the trainer's switch.
 #include <gtest/gtest.h>
 
@@ -34,14 +35,25 @@ BertConfig family_config(Architecture arch) {
   return c;
 }
 
-// The FLOPs of the GEMMs a backend ran ("matmul", "matmul+bias", "matmul (weight grad)", ...).
+// The FLOPs of the GEMMs a backend ran ("matmul", "matmul+bias", "matmul (weight grad)", ...),
+// and of its attention ops.
 struct GemmFlops : OpObserver {
-  double flops = 0;
+  double flops = 0, attention = 0;
   void before(Backend&, const OpEvent& e) override {
     if (std::string(e.name).rfind("matmul", 0) == 0) flops += e.cost.flops;
+    if (std::string(e.name) == "attention") attention += e.cost.flops;
   }
   void after(Backend&, const OpEvent&) override {}
 };
+
+// The attention FLOPs (forward 4 and backward 10 a query-key pair and head dimension, times
+// `forwards` forwards) of the queries after the first (Note [attention scope] in ops/op_args.h):
+// padded, each sequence's T - 1 later queries on its T keys; packed, len - 1 on len.
+double later_query_flops(const BertConfig& cfg, const std::vector<int64_t>& lens, int64_t T, bool packed, int forwards = 1) {
+  double pairs = 0;
+  for (int64_t len : lens) pairs += packed ? static_cast<double>(len) * (len - 1) : static_cast<double>(T) * (T - 1);
+  return (4.0 * forwards + 10.0) * static_cast<double>(cfg.hidden_size) * pairs;
+}
 
 // The GEMM FLOPs of one row of a BERT layer past attention: forward, dX and dW of three Linears,
 // and the forward's epilogues (one operation an element for each bias, 8 more for the GELU:
@@ -55,7 +67,8 @@ double bert_row_flops(const BertConfig& cfg) {
 
 TEST(LastLayerFirstTokens, EqualsEveryTokenInEachFamilyPaddedAndPacked) {
   auto cpu = make_cpu_backend(1);
-  const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
+  const std::vector<int64_t> lens = {5, 12, 3, 16, 9};
+  const HostBatch hb = batch_of(lens, 16, 3);
   for (Architecture arch : {Architecture::Bert, Architecture::Roberta, Architecture::DistilBert, Architecture::Electra}) {
     const BertConfig cfg = family_config(arch);
     for (CheckpointPolicy policy : {CheckpointPolicy::None, CheckpointPolicy::Selective, CheckpointPolicy::Layer}) {
@@ -77,6 +90,7 @@ TEST(LastLayerFirstTokens, EqualsEveryTokenInEachFamilyPaddedAndPacked) {
           // The first tokens' path ran (the last layer is never recomputed): its GEMMs' FLOPs, exactly.
           const double rows = packed ? 5 + 12 + 3 + 16 + 9 : 5 * 16;
           EXPECT_DOUBLE_EQ(all_ops.flops - first_ops.flops, (rows - 5) * bert_row_flops(cfg));
+          EXPECT_DOUBLE_EQ(all_ops.attention - first_ops.attention, later_query_flops(cfg, lens, 16, packing == 1));
         }
       }
     }
@@ -86,7 +100,8 @@ TEST(LastLayerFirstTokens, EqualsEveryTokenInEachFamilyPaddedAndPacked) {
 TEST(LastLayerFirstTokens, ModernBertEqualsEveryTokenPaddedAndPacked) {
   auto cpu = make_cpu_backend(1);
   const BertConfig cfg = modernbert_config("ModernBertForSequenceClassification", "cls");
-  const HostBatch hb = batch_of({5, 12, 3, 16, 9}, 16, 3);
+  const std::vector<int64_t> lens = {5, 12, 3, 16, 9};
+  const HostBatch hb = batch_of(lens, 16, 3);
   const double H = static_cast<double>(cfg.hidden_size), I = static_cast<double>(cfg.intermediate_size);
   // Forward, dX and dW of the output projection, Wi (H -> 2I) and the MLP's Wo, and their bias epilogues.
   const double per_row = 3 * 2 * (H * H + 2 * H * I + I * H) + (H + 2 * I + H);
@@ -109,6 +124,8 @@ TEST(LastLayerFirstTokens, ModernBertEqualsEveryTokenPaddedAndPacked) {
         const double recomputed = policy == CheckpointPolicy::Layer ? 2 : 1;  // layer recompute runs forward again
         EXPECT_DOUBLE_EQ(all_ops.flops - first_ops.flops,
                          (rows - 5) * (per_row + (recomputed - 1) * (2 * (H * H + 2 * H * I + I * H) + H + 2 * I + H)));
+        EXPECT_DOUBLE_EQ(all_ops.attention - first_ops.attention,
+                         later_query_flops(cfg, lens, 16, packed, static_cast<int>(recomputed)));
       }
     }
   }

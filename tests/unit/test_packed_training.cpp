@@ -80,7 +80,8 @@ TEST(PackedTraining, OffsetsOnlyWhenEverySequenceIsRightPadded) {
                              empty = {1, 1, 0, 0, 0, 0, 0, 0};
   const PackedRows r = pack_token_rows(right.data(), 2, 4, 8);
   EXPECT_EQ(r.seq_offsets(), (std::vector<int32_t>{0, 3, 4}));
-  EXPECT_EQ(r.attended_pairs, 9 + 1);
+  EXPECT_EQ(r.attended_pairs.every, 9 + 1);
+  EXPECT_EQ(r.attended_pairs.first, 3 + 1);
   EXPECT_EQ(r.token_rows.size(), 8u);  // padded to the multiple with rows after the sequences
   EXPECT_TRUE(pack_token_rows(hole.data(), 2, 4).seq_offsets().empty());
   EXPECT_TRUE(pack_token_rows(empty.data(), 2, 4).seq_offsets().empty());  // sequence 1 attends to nothing

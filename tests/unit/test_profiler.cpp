@@ -37,9 +37,13 @@ TEST(OpCost, MatmulFlopsAndBytesByHand) {
 
 TEST(OpCost, AttentionAndNormalizationByHand) {
   Tensor qkv = t(DType::BF16, {32, 512, 3072}), ctx = t(DType::BF16, {32, 512, 1024});
-  OpCost f = attention_cost(qkv, ctx, 16, false), b = attention_cost(qkv, ctx, 16, true);
+  OpCost f = attention_cost(qkv, ctx, 16, 0, false), b = attention_cost(qkv, ctx, 16, 0, true);
   EXPECT_DOUBLE_EQ(f.flops, 4.0 * 32 * 16 * 512 * 512 * 64);
   EXPECT_DOUBLE_EQ(b.flops, 2.5 * f.flops);
+  // A scope of the first query (Note [attention scope]): that query's pairs; past T, every query's.
+  EXPECT_DOUBLE_EQ(attention_cost(qkv, ctx, 16, 1, false).flops, f.flops / 512);
+  EXPECT_DOUBLE_EQ(attention_cost(qkv, ctx, 16, 1, true).flops, b.flops / 512);
+  EXPECT_DOUBLE_EQ(attention_cost(qkv, ctx, 16, 600, false).flops, f.flops);
   EXPECT_DOUBLE_EQ(f.bytes, 2.0 * 32 * 512 * 3072 + 2.0 * 32 * 512 * 1024 + 4.0 * 32 * 16 * 512);
   Tensor y = t(DType::BF16, {16384, 1024});
   OpCost ln = layernorm_cost(y, true, false);  // reads branch and residual, writes y

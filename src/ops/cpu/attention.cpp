@@ -35,12 +35,15 @@ struct Layout {
   int64_t batch, seq, hidden, heads, d;
   const int32_t* mask;
   int64_t window;  // Note [local attention window]; 0: every key
+  int64_t queries;  // Note [attention scope] in ops/op_args.h; 0: every query
   // Note [packed attention]: sequence b is rows [offsets[b], offsets[b + 1]) of packed qkv and
   // ctx, its tokens 0..len-1 (all valid keys); nullptr: the padded [B, T] layout under `mask`.
   const int32_t* offsets = nullptr;
   int64_t row(int64_t b, int64_t t) const { return offsets ? offsets[b] + t : b * seq + t; }
   // The tokens of sequence b (its queries, and the keys it can attend to).
   int64_t len(int64_t b) const { return offsets ? offsets[b + 1] - offsets[b] : seq; }
+  // Whether query i is computed (the scope's first queries), else skipped.
+  bool computed(int64_t i) const { return queries == 0 || i < queries; }
   // Offsets into qkv of head h's q, k, v for token (b, t).
   int64_t q(int64_t b, int64_t t, int64_t h) const { return row(b, t) * 3 * hidden + h * d; }
   int64_t k(int64_t b, int64_t t, int64_t h) const { return q(b, t, h) + hidden; }
@@ -80,7 +83,8 @@ void recompute_probs(double* p, const Layout& L, const T* qkv, int64_t b, int64_
   }
 }
 
-// Queries t >= len(b) of a packed sequence get lse 0 and no ctx row (there is none).
+// Queries t >= len(b) of a packed sequence get lse 0 and no ctx row (there is none); queries past
+// the scope's a zero ctx row and an lse of +inf.
 template <class T>
 void forward(const Layout& L, T* ctx, T* lse, const T* qkv, const DropoutSpec& dropout) {
   const int64_t seq = L.seq;
@@ -95,6 +99,11 @@ void forward(const Layout& L, T* ctx, T* lse, const T* qkv, const DropoutSpec& d
       const int64_t i = row % seq, bh = row / seq, h = bh % L.heads, b = bh / L.heads, keys = L.len(b);
       if (i >= keys) {
         lse[row] = static_cast<T>(0);
+        continue;
+      }
+      if (!L.computed(i)) {
+        lse[row] = static_cast<T>(INFINITY);
+        std::fill(ctx + L.o(b, i, h), ctx + L.o(b, i, h) + L.d, static_cast<T>(0));
         continue;
       }
       const bool any = L.any_key(b, i);
@@ -136,6 +145,10 @@ void backward(const Layout& L, T* dqkv, const T* dctx, const T* qkv, const T* ls
       std::fill(dk.begin(), dk.end(), 0.0);
       std::fill(dv.begin(), dv.end(), 0.0);
       for (int64_t i = 0; i < keys; ++i) {
+        if (!L.computed(i)) {  // a zero dctx row: dq = 0, nothing into dk and dv
+          std::fill(dqkv + L.q(b, i, h), dqkv + L.q(b, i, h) + D, static_cast<T>(0));
+          continue;
+        }
         const int64_t row = bh * seq + i;
         const bool any = L.any_key(b, i);
         const T* q = qkv + L.q(b, i, h);
@@ -181,33 +194,34 @@ void backward(const Layout& L, T* dqkv, const T* dctx, const T* qkv, const T* ls
 
 template <class T>
 void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_t batch,
-                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window) {
-  forward(Layout{batch, seq, hidden, heads, hidden / heads, mask, window}, ctx, lse, qkv, dropout);
+                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window, int64_t queries) {
+  forward(Layout{batch, seq, hidden, heads, hidden / heads, mask, window, queries}, ctx, lse, qkv, dropout);
 }
 
 template <class T>
 void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, const T* lse,
                         const int32_t* mask, int64_t batch, int64_t seq, int64_t hidden, int heads,
-                        const DropoutSpec& dropout, int64_t window) {
+                        const DropoutSpec& dropout, int64_t window, int64_t queries) {
   (void)ctx;
-  backward(Layout{batch, seq, hidden, heads, hidden / heads, mask, window}, dqkv, dctx, qkv, lse, dropout);
+  backward(Layout{batch, seq, hidden, heads, hidden / heads, mask, window, queries}, dqkv, dctx, qkv, lse, dropout);
 }
 
 // Note [packed attention]: ANATOMY_CHECKs the offsets (the CPU trusts no device index).
 template <class T>
 void attention_packed_forward(T* ctx, T* lse, const T* qkv, const int32_t* offsets, int64_t rows, int64_t batch,
-                              int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window) {
+                              int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window,
+                              int64_t queries) {
   check_packed_offsets(offsets, rows, batch, seq);
-  forward(Layout{batch, seq, hidden, heads, hidden / heads, nullptr, window, offsets}, ctx, lse, qkv, dropout);
+  forward(Layout{batch, seq, hidden, heads, hidden / heads, nullptr, window, queries, offsets}, ctx, lse, qkv, dropout);
   std::fill(ctx + offsets[batch] * hidden, ctx + rows * hidden, static_cast<T>(0));
 }
 
 template <class T>
 void attention_packed_backward(T* dqkv, const T* dctx, const T* qkv, const T* lse, const int32_t* offsets,
                                int64_t rows, int64_t batch, int64_t seq, int64_t hidden, int heads,
-                               const DropoutSpec& dropout, int64_t window) {
+                               const DropoutSpec& dropout, int64_t window, int64_t queries) {
   check_packed_offsets(offsets, rows, batch, seq);
-  backward(Layout{batch, seq, hidden, heads, hidden / heads, nullptr, window, offsets}, dqkv, dctx, qkv, lse, dropout);
+  backward(Layout{batch, seq, hidden, heads, hidden / heads, nullptr, window, queries, offsets}, dqkv, dctx, qkv, lse, dropout);
   std::fill(dqkv + offsets[batch] * 3 * hidden, dqkv + rows * 3 * hidden, static_cast<T>(0));
 }
 
@@ -222,14 +236,14 @@ void check_packed_offsets(const int32_t* offsets, int64_t rows, int64_t batch, i
 
 #define ANATOMY_INSTANTIATE(T)                                                                      \
   template void attention_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, int64_t,   \
-                                     int, const DropoutSpec&, int64_t);                             \
+                                     int, const DropoutSpec&, int64_t, int64_t);                    \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const T*, const int32_t*,   \
-                                      int64_t, int64_t, int64_t, int, const DropoutSpec&, int64_t); \
+                                      int64_t, int64_t, int64_t, int, const DropoutSpec&, int64_t, int64_t); \
   template void attention_packed_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t,     \
-                                            int64_t, int64_t, int, const DropoutSpec&, int64_t);    \
+                                            int64_t, int64_t, int, const DropoutSpec&, int64_t, int64_t); \
   template void attention_packed_backward<T>(T*, const T*, const T*, const T*, const int32_t*,      \
                                              int64_t, int64_t, int64_t, int64_t, int,               \
-                                             const DropoutSpec&, int64_t);
+                                             const DropoutSpec&, int64_t, int64_t);
 ANATOMY_INSTANTIATE(float)
 ANATOMY_INSTANTIATE(double)
 #undef ANATOMY_INSTANTIATE

@@ -93,27 +93,27 @@ class CpuBackend final : public Backend {
 
   // ---- attention ---------------------------------------------------------------------
   void attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                              const DropoutSpec& dropout, int window) override {
+                              const DropoutSpec& dropout, AttentionScope scope) override {
     ref::attention_forward(f32(ctx), f32(lse), f32(qkv), i32(mask), qkv.dim(0), qkv.dim(1), qkv.dim(2) / 3, heads,
-                           dropout, window);
+                           dropout, scope.window, scope.queries);
   }
   void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
-                               int window, const Tensor& dbias) override {
+                               AttentionScope scope, const Tensor& dbias) override {
     ref::attention_backward(f32(dqkv), f32(dctx), f32(qkv), f32(ctx), f32(lse), i32(mask), qkv.dim(0), qkv.dim(1),
-                            qkv.dim(2) / 3, heads, dropout, window);
+                            qkv.dim(2) / 3, heads, dropout, scope.window, scope.queries);
     if (dbias.defined()) ref::bias_grad(f32(dbias), f32(dqkv), qkv.dim(0) * qkv.dim(1), qkv.dim(2));
   }
   void attention_packed_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets,
-                                     int heads, const DropoutSpec& dropout, int window) override {
+                                     int heads, const DropoutSpec& dropout, AttentionScope scope) override {
     ref::attention_packed_forward(f32(ctx), f32(lse), f32(qkv), i32(offsets), qkv.dim(0), lse.dim(0), lse.dim(2),
-                                  qkv.dim(1) / 3, heads, dropout, window);
+                                  qkv.dim(1) / 3, heads, dropout, scope.window, scope.queries);
   }
   void attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor&,
                                       const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& dropout,
-                                      int window, const Tensor& dbias) override {
+                                      AttentionScope scope, const Tensor& dbias) override {
     ref::attention_packed_backward(f32(dqkv), f32(dctx), f32(qkv), f32(lse), i32(offsets), qkv.dim(0), lse.dim(0),
-                                   lse.dim(2), qkv.dim(1) / 3, heads, dropout, window);
+                                   lse.dim(2), qkv.dim(1) / 3, heads, dropout, scope.window, scope.queries);
     if (dbias.defined()) ref::bias_grad(f32(dbias), f32(dqkv), qkv.dim(0), qkv.dim(1));
   }
   void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows) override {

@@ -46,7 +46,7 @@ void fp8_scale_update(float* meta, int64_t rows);
 // Pd = P * keep / (1 - p) with the dropout index ((b*heads + h)*T + q)*T + k; ctx = Pd V.
 template <class T>
 void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_t batch,
-                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window = 0);
+                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window = 0, int64_t queries = 0);
 // dqkv [B, T, 3H] (overwritten). Recomputes P from lse, then, per head:
 //   dV = Pd^T dO;  dPd = dO V^T;  dP = dPd * keep / (1 - p);
 //   dS = P * (dP - D), D_i = sum_j P_ij dP_ij (= dO_i . O_i, also with dropout);
@@ -55,19 +55,21 @@ void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_
 template <class T>
 void attention_backward(T* dqkv, const T* dctx, const T* qkv, const T* ctx, const T* lse,
                         const int32_t* mask, int64_t batch, int64_t seq, int64_t hidden, int heads,
-                        const DropoutSpec& dropout, int64_t window = 0);
-// window > 0: Note [local attention window] in attention.cpp.
+                        const DropoutSpec& dropout, int64_t window = 0, int64_t queries = 0);
+// window > 0: Note [local attention window] in attention.cpp. queries > 0 (Note [attention scope]
+// in ops/op_args.h): the forward computes each sequence's first `queries` queries and gives the
+// later ones a zero ctx and an lse of +inf; the backward skips them (their dq is zero).
 // The packed forms (Note [packed attention] in attention.cpp): qkv [rows, 3H], ctx [rows, H],
 // sequence b the rows [offsets[b], offsets[b + 1]), 1 to seq tokens each, lse [B, heads, seq];
 // rows from offsets[B] on are zeroed (ctx; dqkv). check_packed_offsets throws on offsets that
 // break this.
 template <class T>
 void attention_packed_forward(T* ctx, T* lse, const T* qkv, const int32_t* offsets, int64_t rows, int64_t batch,
-                              int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window = 0);
+                              int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window = 0, int64_t queries = 0);
 template <class T>
 void attention_packed_backward(T* dqkv, const T* dctx, const T* qkv, const T* lse, const int32_t* offsets,
                                int64_t rows, int64_t batch, int64_t seq, int64_t hidden, int heads,
-                               const DropoutSpec& dropout, int64_t window = 0);
+                               const DropoutSpec& dropout, int64_t window = 0, int64_t queries = 0);
 void check_packed_offsets(const int32_t* offsets, int64_t rows, int64_t batch, int64_t seq);
 
 // ---- ModernBERT's rotary embeddings and gated GELU (rotary.cpp) --------------------------

@@ -447,6 +447,13 @@ size_t align_up(size_t n) { return (n + 255) & ~static_cast<size_t>(255); }
 // ANATOMY_ATTENTION=reference forces the reference kernels (tests, debugging).
 bool force_reference() { return env_is("ANATOMY_ATTENTION", "reference"); }
 
+// Note [attention scope]: the window, and the queries unless ANATOMY_ATTENTION_QUERIES=all (every
+// query computed, for A/Bs).
+void set_scope(Params& p, AttentionScope scope) {
+  p.window = scope.window;
+  p.queries = env_is("ANATOMY_ATTENTION_QUERIES", "all") ? 0 : scope.queries;
+}
+
 int smem_optin_limit() {
   int dev = 0, v = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 48 * 1024;
@@ -537,11 +544,12 @@ size_t attention_scratch_bytes(int64_t B, int64_t T, int heads, int head_dim, DT
 }
 
 void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                       const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt, int window) {
+                       const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt,
+                       AttentionScope scope) {
   attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
-  p.window = window;
+  attn::set_scope(p, scope);
   // The F32 cuBLAS path has no window; the flash kernels do (Note [window tiles]).
-  const bool reference = attn::force_reference() || (window > 0 && qkv.dtype == DType::F32);
+  const bool reference = attn::force_reference() || (p.window > 0 && qkv.dtype == DType::F32);
   p.ctx = ctx.data;
   if (p.B == 0 || p.T == 0) return;
   const bool is_bf16 = qkv.dtype == DType::BF16;
@@ -584,11 +592,11 @@ int64_t attention_tma_fallbacks() { return attn::tma_fallbacks(); }
 
 void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
-                        cudaStream_t s, const AttentionOptions& opt, int window, const Tensor& dbias,
+                        cudaStream_t s, const AttentionOptions& opt, AttentionScope scope, const Tensor& dbias,
                         const ReduceScratch& reduce) {
   attn::Params p = attn::make_params(qkv, lse, mask, heads, d);
-  p.window = window;
-  const bool reference = attn::force_reference() || (window > 0 && qkv.dtype == DType::F32);
+  attn::set_scope(p, scope);
+  const bool reference = attn::force_reference() || (p.window > 0 && qkv.dtype == DType::F32);
   ANATOMY_CHECK(scratch != nullptr, "attention: backward needs scratch memory");
   p.ctx = ctx.data;
   p.dctx = dctx.data;
@@ -631,7 +639,7 @@ namespace {
 
 // The packed call's Params: B, T from lse [B, heads, T]; N rows of qkv [N, 3H].
 attn::Params packed_params(const Tensor& qkv, const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& d,
-                           int window) {
+                           AttentionScope scope) {
   const int64_t n = qkv.dim(0);
   ANATOMY_CHECK(lse.dim(0) <= 65535 && heads <= 65535 && lse.dim(2) < (1 << 30) && n < (int64_t{1} << 31),
                 "attention: packed shape ", qkv.shape.str(), " with lse ", lse.shape.str(), " is too large");
@@ -640,15 +648,15 @@ attn::Params packed_params(const Tensor& qkv, const Tensor& lse, const Tensor& o
                                      Tensor(), heads, d);
   p.offsets = offsets.ptr<const int32_t>();
   p.rows = static_cast<int>(n);
-  p.window = window;
+  attn::set_scope(p, scope);
   return p;
 }
 
 }  // namespace
 
 void attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets, int heads,
-                              const DropoutSpec& d, cudaStream_t s, int window) {
-  attn::Params p = packed_params(qkv, lse, offsets, heads, d, window);
+                              const DropoutSpec& d, cudaStream_t s, AttentionScope scope) {
+  attn::Params p = packed_params(qkv, lse, offsets, heads, d, scope);
   p.ctx = ctx.data;
   if (p.B == 0) return;
   ANATOMY_CHECK(attn::flash_forward(p, qkv.dtype == DType::BF16, attn::smem_optin_limit(), s),
@@ -666,8 +674,8 @@ void attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor
 
 void attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& d, void* scratch,
-                               cudaStream_t s, int window, const Tensor& dbias) {
-  attn::Params p = packed_params(qkv, lse, offsets, heads, d, window);
+                               cudaStream_t s, AttentionScope scope, const Tensor& dbias) {
+  attn::Params p = packed_params(qkv, lse, offsets, heads, d, scope);
   ANATOMY_CHECK(scratch != nullptr, "attention: backward needs scratch memory");
   p.ctx = ctx.data;
   p.dctx = dctx.data;

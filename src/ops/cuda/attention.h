@@ -29,17 +29,20 @@ struct AttentionOptions {
 };
 
 size_t attention_scratch_bytes(int64_t B, int64_t T, int heads, int head_dim, DType dt);
-// window > 0 (ModernBERT's local layers): the flash kernels for BF16/F16 (head_dim 32, 64, 128),
-// the reference kernels otherwise.
+// scope (Note [attention scope] in ops/op_args.h): with a window (ModernBERT's local layers) the
+// flash kernels for BF16/F16 (head_dim 32, 64, 128), the reference kernels otherwise; the queries
+// are honoured by the wgmma kernels (Params::queries). ANATOMY_ATTENTION_QUERIES=all computes
+// every query, for A/Bs.
 void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
                        const DropoutSpec& d, void* scratch, cudaStream_t s, const AttentionOptions& opt = {},
-                       int window = 0);
+                       AttentionScope scope = {});
 // dbias (F32 [3H], optional) += the column sums of dqkv as stored: the flash kernels add them as
 // they write dqkv (Note [attention bias gradient] in attention.cu), the other paths run bias_grad
 // over dqkv with `reduce` (its scratch) after.
 void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,
-                        cudaStream_t s, const AttentionOptions& opt = {}, int window = 0, const Tensor& dbias = {},
+                        cudaStream_t s, const AttentionOptions& opt = {}, AttentionScope scope = {},
+                        const Tensor& dbias = {},
                         const ReduceScratch& reduce = {});
 
 // The kernel family attention_forward takes on the current device for this dtype, head dim and
@@ -56,9 +59,9 @@ int64_t attention_tma_fallbacks();
 // offsets I32 [B + 1], lse [B, heads, T]; the backward's scratch as attention_scratch_bytes(B, T, ...).
 bool packed_attention_supported(DType dt, int64_t T, int64_t head_dim);
 void attention_packed_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets, int heads,
-                              const DropoutSpec& d, cudaStream_t s, int window = 0);
+                              const DropoutSpec& d, cudaStream_t s, AttentionScope scope = {});
 void attention_packed_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& d, void* scratch,
-                               cudaStream_t s, int window = 0, const Tensor& dbias = {});  // dbias as above
+                               cudaStream_t s, AttentionScope scope = {}, const Tensor& dbias = {});  // dbias as above
 
 }  // namespace anatomy::cuda

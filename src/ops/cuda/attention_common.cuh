@@ -56,6 +56,11 @@ struct Params {
   // reference and flash kernels implement it (Note [window tiles], attention_flash.cu); F32
   // calls with a window take the reference kernels.
   int window = 0;
+  // > 0: the caller reads only each sequence's first `queries` queries (Note [attention scope] in
+  // ops/op_args.h). The wgmma kernels compute only the query tiles that hold them: the forward's
+  // other CTAs write a zero context and an lse of +inf, the backward skips the later query tiles.
+  // The other kernels compute every query, which the note allows.
+  int queries = 0;
   float scale = 1.0f;
   // Dropout (Note [dropout bits] and Note [attention dropout index] in core/rng.h): the
   // element of (b*heads + h, q, k) is kept iff its 16-bit field of the group bits

@@ -248,6 +248,24 @@ __device__ __forceinline__ bool forward_tile_absent(const Params& p, int b, int 
   return true;
 }
 
+// Note [attention scope] (ops/op_args.h): a forward CTA whose queries [q0, q0 + BR) all lie past
+// the first p.queries of its sequence writes their context rows as zeros and their lse as +inf
+// (0 at or past TK, as forward_tile_absent does), and has nothing else to do; returns whether that
+// is the case. Its key and value reads, scores and dropout are skipped.
+template <int BR, int D, int NTH>
+__device__ __forceinline__ bool forward_tile_out_of_scope(const Params& p, const SeqRows& sq, int b, int h, int q0,
+                                                          int TK) {
+  if (p.queries <= 0 || q0 < p.queries) return false;
+  float* lse = p.lse + (static_cast<size_t>(b) * p.heads + h) * p.T;
+  for (int i = threadIdx.x; i < BR && q0 + i < p.T; i += NTH) lse[q0 + i] = q0 + i < TK ? INFINITY : 0.0f;
+  uint4* ctx = reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.ctx) + sq.row0 * p.H + static_cast<size_t>(h) * D);
+  constexpr int CPR = D / 8;  // 16-byte chunks of a row
+  const size_t row_chunks = static_cast<size_t>(p.H) / 8;
+  for (int i = threadIdx.x; i < BR * CPR && q0 + i / CPR < TK; i += NTH)
+    ctx[static_cast<size_t>(q0 + i / CPR) * row_chunks + i % CPR] = make_uint4(0, 0, 0, 0);
+  return true;
+}
+
 // Stores the warp's `rows` rows from `row0` of an O tile staged in shared memory (swizzled [rows][D],
 // fragment row r holding query q0 + perm16(r)) to ctx, 16 bytes a lane; queries at or past TK
 // are not stored.

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
   const int T = p.T;
   const SeqRows sq = seq_rows(p, b);  // TK: the sequence's tokens, T when padded
   const int TK = sq.len;
-  if (forward_tile_absent<BR, NTH>(p, b, h, q0, TK)) return;
+  if (forward_tile_absent<BR, NTH>(p, b, h, q0, TK) || forward_tile_out_of_scope<BR, D, NTH>(p, sq, b, h, q0, TK)) return;
   const auto [qg, kg, vg, rs] = head_qkv(p, sq, h);
   const int nkv_all = (T + BC - 1) / BC;
   load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, TK);  // (its copies run during the mask's scan)

@@ -145,7 +145,9 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   const uint16_t* dog = static_cast<const uint16_t*>(p.dctx) + sq.row0 * p.H + h * D;
   const float* lse_g = p.lse + bh * T;
   const float* dsum_g = p.dsum + bh * T;
-  const int nq = (TK + BR - 1) / BR;
+  // Note [attention scope]: the query tiles that hold the first p.queries; later ones have a zero
+  // dO and add nothing.
+  const int nq = ((p.queries > 0 ? min(TK, p.queries) : TK) + BR - 1) / BR;
 
   // Note [masked key tiles]: BC masked keys have dK = dV = 0 and no share in dQ.
   const int kend = valid_key_end<NTH>(p.mask, b, TK);

@@ -340,13 +340,13 @@ void* CudaBackend::scratch(Buffer& buf, size_t bytes, const char* what) {
 void* CudaBackend::attention_scratch(size_t bytes) { return scratch(m_attn_scratch, bytes, "attention"); }
 
 void CudaBackend::attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask,
-                                         int heads, const DropoutSpec& dropout, int window) {
+                                         int heads, const DropoutSpec& dropout, AttentionScope scope) {
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t b = qkv.dim(0), t = qkv.dim(1), d = qkv.dim(2) / 3 / heads;
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(b, t, heads, static_cast<int>(d), qkv.dtype));
-  cuda::attention_forward(ctx, lse, qkv, mask, heads, dropout, scratch, m_stream, attention_options(), window);
+  cuda::attention_forward(ctx, lse, qkv, mask, heads, dropout, scratch, m_stream, attention_options(), scope);
 #else
-  (void)ctx, (void)lse, (void)qkv, (void)mask, (void)heads, (void)dropout, (void)window;
+  (void)ctx, (void)lse, (void)qkv, (void)mask, (void)heads, (void)dropout, (void)scope;
   fail("attention_forward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
 #endif
 }
@@ -362,26 +362,26 @@ bool CudaBackend::packed_attention_supported(DType dt, int64_t seq, int64_t head
 
 void CudaBackend::attention_packed_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv,
                                                 const Tensor& offsets, int heads, const DropoutSpec& dropout,
-                                                int window) {
+                                                AttentionScope scope) {
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
-  cuda::attention_packed_forward(ctx, lse, qkv, offsets, heads, dropout, m_stream, window);
+  cuda::attention_packed_forward(ctx, lse, qkv, offsets, heads, dropout, m_stream, scope);
 #else
-  (void)ctx, (void)lse, (void)qkv, (void)offsets, (void)heads, (void)dropout, (void)window;
+  (void)ctx, (void)lse, (void)qkv, (void)offsets, (void)heads, (void)dropout, (void)scope;
   fail("attention_packed_forward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
 #endif
 }
 
 void CudaBackend::attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv,
                                                  const Tensor& ctx, const Tensor& lse, const Tensor& offsets, int heads,
-                                                 const DropoutSpec& dropout, int window, const Tensor& dbias) {
+                                                 const DropoutSpec& dropout, AttentionScope scope, const Tensor& dbias) {
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t d = qkv.dim(1) / 3 / heads;  // the scratch of the padded batch [B, T] (N <= B T rows)
   void* scratch =
       attention_scratch(cuda::attention_scratch_bytes(lse.dim(0), lse.dim(2), heads, static_cast<int>(d), qkv.dtype));
-  cuda::attention_packed_backward(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, scratch, m_stream, window,
+  cuda::attention_packed_backward(dqkv, dctx, qkv, ctx, lse, offsets, heads, dropout, scratch, m_stream, scope,
                                   dbias);
 #else
-  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)offsets, (void)heads, (void)dropout, (void)window,
+  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)offsets, (void)heads, (void)dropout, (void)scope,
       (void)dbias;
   fail("attention_packed_backward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
 #endif
@@ -389,14 +389,14 @@ void CudaBackend::attention_packed_backward_impl(const Tensor& dqkv, const Tenso
 
 void CudaBackend::attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                           const Tensor& lse, const Tensor& mask, int heads,
-                                          const DropoutSpec& dropout, int window, const Tensor& dbias) {
+                                          const DropoutSpec& dropout, AttentionScope scope, const Tensor& dbias) {
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   const int64_t b = qkv.dim(0), t = qkv.dim(1), d = qkv.dim(2) / 3 / heads;
   void* scratch = attention_scratch(cuda::attention_scratch_bytes(b, t, heads, static_cast<int>(d), qkv.dtype));
   cuda::attention_backward(dqkv, dctx, qkv, ctx, lse, mask, heads, dropout, scratch, m_stream, attention_options(),
-                           window, dbias, reduce_scratch());
+                           scope, dbias, reduce_scratch());
 #else
-  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)mask, (void)heads, (void)dropout, (void)window,
+  (void)dqkv, (void)dctx, (void)qkv, (void)ctx, (void)lse, (void)mask, (void)heads, (void)dropout, (void)scope,
       (void)dbias;
   fail("attention_backward: this build has no CUDA attention kernels (ops/cuda/attention.h is missing)");
 #endif

@@ -94,15 +94,15 @@ class CudaBackend final : public Backend {
 
   // ---- attention -------------------------------------------------------------------------------
   void attention_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& mask, int heads,
-                              const DropoutSpec& dropout, int window) override;
+                              const DropoutSpec& dropout, AttentionScope scope) override;
   void attention_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& dropout,
-                               int window, const Tensor& dbias) override;
+                               AttentionScope scope, const Tensor& dbias) override;
   void attention_packed_forward_impl(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, const Tensor& offsets,
-                                     int heads, const DropoutSpec& dropout, int window) override;
+                                     int heads, const DropoutSpec& dropout, AttentionScope scope) override;
   void attention_packed_backward_impl(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                                       const Tensor& lse, const Tensor& offsets, int heads, const DropoutSpec& dropout,
-                                      int window, const Tensor& dbias) override;
+                                      AttentionScope scope, const Tensor& dbias) override;
   void rotary_forward_impl(const Tensor& y, const Tensor& x, int heads, float theta, const Tensor& rows) override;
   void rotary_backward_impl(const Tensor& dx, const Tensor& dy, int heads, float theta, const Tensor& rows) override;
 
