@@ -31,8 +31,15 @@ namespace {
 // The thread's element (n, e) of a 64 x BC tile is s[4n + e]: row g + 8 (e >> 1) of its warp's
 // 16, column 8n + 2 t4 + (e & 1); a row's 4 threads are lanes 4g..4g+3.
 
+// Note [lazy rescale] (FlashAttention-4's): a row's running max m moves only when a tile's max
+// exceeds it by more than this (log2 domain, a factor 256), so after the first tiles O is rarely
+// rescaled (32 multiplications a thread and tile at D 64, and the two exponentials of corr). The
+// probabilities exp2(s - m) of a tile then reach 2^8 at most: fp32 sums, bf16 P V operands whose
+// relative rounding is the same at any scale; lse = m + log2(l) whichever m was kept.
+constexpr float kLazyRescale = 8.0f;
+
 // Scale and key bias (log2 domain), the running max m and sum l (undropped) of rows g, g + 8;
-// s becomes exp2(s - m_new), corr the factor for what was accumulated before.
+// s becomes exp2(s - m), corr the factor for what was accumulated before (Note [lazy rescale]).
 template <int NS>
 __device__ __forceinline__ void online_softmax(float (&s)[4 * NS], const float* kb, float scale_mul, int t4,
                                                float (&m)[2], float (&l)[2], float (&corr)[2]) {
@@ -51,9 +58,15 @@ __device__ __forceinline__ void online_softmax(float (&s)[4 * NS], const float* 
     for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hf], s[4 * n + 2 * hf + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mu = mx == -INFINITY ? 0.0f : mx;  // no finite score yet: exp2(-inf - 0) = 0
-    corr[hf] = fast_exp2(m[hf] - mu);
-    m[hf] = mx;
+    // Note [lazy rescale]: the running max moves only when the tile's exceeds it by more than
+    // kLazyRescale (log2 domain); below that the tile's exp2(s - m) stay at most 2^kLazyRescale,
+    // O and l keep their scale (corr 1) and the rescale of O is skipped. The row's four threads
+    // hold the same mx, so they decide alike. (-inf - -inf is NaN: no growth while no score is finite.)
+    const bool grow = mx - m[hf] > kLazyRescale;
+    const float mnew = grow ? mx : m[hf];
+    const float mu = mnew == -INFINITY ? 0.0f : mnew;  // no finite score yet: exp2(-inf - 0) = 0
+    corr[hf] = grow ? fast_exp2(m[hf] - mu) : 1.0f;
+    m[hf] = mnew;
     float sum = 0.0f;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
@@ -82,6 +95,7 @@ __device__ __forceinline__ void drop_tile(float (&s)[4 * NS], uint64_t z, uint32
 
 template <int NO>
 __device__ __forceinline__ void rescale(float (&o)[4 * NO], const float (&corr)[2]) {
+  if (corr[0] == 1.0f && corr[1] == 1.0f) return;  // Note [lazy rescale]
 #pragma unroll
   for (int n = 0; n < NO; ++n) {
     o[4 * n + 0] *= corr[0];
