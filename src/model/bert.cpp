@@ -847,7 +847,8 @@ Tensor BertForSequenceClassification::attention_forward_rows(int l, const Tensor
     const Tensor& qkv_pad = m_acts->qkv_pad;
     m_be.scatter_rows(qkv_pad, a.qkv, b.token_rows);
     m_be.attention_forward(m_acts->ctx_pad.view({m_acts->B, m_acts->T, H}), a.lse,
-                           qkv_pad.view({m_acts->B, m_acts->T, 3 * H}), b.attention_mask, static_cast<int>(nh), {}, scope);
+                           qkv_pad.view({m_acts->B, m_acts->T, 3 * H}), b.attention_mask, static_cast<int>(nh), {},
+                           scope);
     m_be.gather_rows(a.ctx, m_acts->ctx_pad, b.token_rows);
   } else {
     if (pk) {

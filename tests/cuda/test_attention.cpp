@@ -301,13 +301,39 @@ struct Problem {
     o.allow_tf32 = c.tf32;
     return o;
   }
-  void forward(const DropoutSpec& d) {
+  void forward(const DropoutSpec& d, int queries = 0) {
     anatomy::cuda::attention_forward(t_ctx(), t_lse(), t_qkv(), t_mask(), c.heads, d, scratch.p, nullptr, options(),
-                                     {c.window});
+                                     {c.window, queries});
   }
-  void backward(const DropoutSpec& d) {
+  void backward(const DropoutSpec& d, int queries = 0) {
     anatomy::cuda::attention_backward(t_dqkv(), t_dctx(), t_qkv(), t_ctx(), t_lse(), t_mask(), c.heads, d,
-                                      scratch.p, nullptr, options(), {c.window});
+                                      scratch.p, nullptr, options(), {c.window, queries});
+  }
+  struct Outputs {
+    std::vector<float> ctx, lse, dqkv;
+  };
+  // Uploads the inputs, poisons the outputs and the scratch, runs forward and backward (on each
+  // sequence's first `queries` queries: Note [attention scope]) and returns the outputs.
+  Outputs run(const std::vector<float>& q, const std::vector<float>& dout, const std::vector<int32_t>& m,
+              const DropoutSpec& d, int queries = 0) {
+    qkv.upload(encode(q, c.dt).data());
+    dctx.upload(encode(dout, c.dt).data());
+    mask.upload(m.data());
+    ctx.poison();
+    lse.poison();
+    dqkv.poison();
+    scratch.poison();
+    forward(d, queries);
+    backward(d, queries);
+    cuda_ok(cudaDeviceSynchronize(), "attention kernels");
+    std::vector<uint8_t> ctx_b(ctx.n), dqkv_b(dqkv.n);
+    Outputs o{{}, std::vector<float>(n_lse), {}};
+    ctx.download(ctx_b.data());
+    dqkv.download(dqkv_b.data());
+    lse.download(o.lse.data());
+    o.ctx = decode(ctx_b, c.dt);
+    o.dqkv = decode(dqkv_b, c.dt);
+    return o;
   }
 };
 
@@ -325,23 +351,7 @@ void check_case(const Case& c, uint64_t seed, std::vector<std::pair<int, int>> s
   d.p = c.p;
   d.seed = rng.next();
   d.offset = rng.next() % 100000;
-  pr.qkv.upload(encode(qkv, c.dt).data());
-  pr.dctx.upload(encode(dctx, c.dt).data());
-  pr.mask.upload(mask.data());
-  pr.ctx.poison();
-  pr.lse.poison();
-  pr.dqkv.poison();
-  pr.scratch.poison();
-  pr.forward(d);
-  pr.backward(d);
-  cuda_ok(cudaDeviceSynchronize(), "attention kernels");
-
-  std::vector<uint8_t> ctx_b(pr.ctx.n), dqkv_b(pr.dqkv.n);
-  std::vector<float> lse(pr.n_lse);
-  pr.ctx.download(ctx_b.data());
-  pr.dqkv.download(dqkv_b.data());
-  pr.lse.download(lse.data());
-  std::vector<float> ctx = decode(ctx_b, c.dt), dqkv = decode(dqkv_b, c.dt);
+  const auto [ctx, lse, dqkv] = pr.run(qkv, dctx, mask, d);
 
   // Every element written, not just the checked ones.
   for (float x : ctx) ASSERT_TRUE(std::isfinite(x)) << "ctx has a non-finite element";
@@ -591,24 +601,7 @@ void check_first_query_scope(const Case& c, uint64_t seed) {
   DropoutSpec d;
   d.p = c.p;
   d.seed = rng.next();
-  pr.qkv.upload(encode(qkv, c.dt).data());
-  pr.dctx.upload(encode(dctx, c.dt).data());
-  pr.mask.upload(mask.data());
-  pr.ctx.poison();
-  pr.lse.poison();
-  pr.dqkv.poison();
-  const anatomy::AttentionScope first{0, 1};
-  anatomy::cuda::attention_forward(pr.t_ctx(), pr.t_lse(), pr.t_qkv(), pr.t_mask(), c.heads, d, pr.scratch.p, nullptr,
-                                   pr.options(), first);
-  anatomy::cuda::attention_backward(pr.t_dqkv(), pr.t_dctx(), pr.t_qkv(), pr.t_ctx(), pr.t_lse(), pr.t_mask(), c.heads,
-                                    d, pr.scratch.p, nullptr, pr.options(), first);
-  cuda_ok(cudaDeviceSynchronize(), "attention kernels");
-  std::vector<uint8_t> ctx_b(pr.ctx.n), dqkv_b(pr.dqkv.n);
-  std::vector<float> lse(pr.n_lse);
-  pr.ctx.download(ctx_b.data());
-  pr.dqkv.download(dqkv_b.data());
-  pr.lse.download(lse.data());
-  const std::vector<float> ctx = decode(ctx_b, c.dt), dqkv = decode(dqkv_b, c.dt);
+  const auto [ctx, lse, dqkv] = pr.run(qkv, dctx, mask, d, 1);
 
   // The CPU twin in double, every query (its backward then equals the scope's: dctx is zero past it).
   std::vector<double> q64(qkv.begin(), qkv.end()), d64(dctx.begin(), dctx.end());

@@ -194,7 +194,8 @@ void backward(const Layout& L, T* dqkv, const T* dctx, const T* qkv, const T* ls
 
 template <class T>
 void attention_forward(T* ctx, T* lse, const T* qkv, const int32_t* mask, int64_t batch,
-                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window, int64_t queries) {
+                       int64_t seq, int64_t hidden, int heads, const DropoutSpec& dropout, int64_t window,
+                       int64_t queries) {
   forward(Layout{batch, seq, hidden, heads, hidden / heads, mask, window, queries}, ctx, lse, qkv, dropout);
 }
 
@@ -221,7 +222,8 @@ void attention_packed_backward(T* dqkv, const T* dctx, const T* qkv, const T* ls
                                int64_t rows, int64_t batch, int64_t seq, int64_t hidden, int heads,
                                const DropoutSpec& dropout, int64_t window, int64_t queries) {
   check_packed_offsets(offsets, rows, batch, seq);
-  backward(Layout{batch, seq, hidden, heads, hidden / heads, nullptr, window, queries, offsets}, dqkv, dctx, qkv, lse, dropout);
+  backward(Layout{batch, seq, hidden, heads, hidden / heads, nullptr, window, queries, offsets}, dqkv, dctx, qkv, lse,
+           dropout);
   std::fill(dqkv + offsets[batch] * 3 * hidden, dqkv + rows * 3 * hidden, static_cast<T>(0));
 }
 

@@ -58,10 +58,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[4 * NS], const float* 
     for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hf], s[4 * n + 2 * hf + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    // Note [lazy rescale]: the running max moves only when the tile's exceeds it by more than
-    // kLazyRescale (log2 domain); below that the tile's exp2(s - m) stay at most 2^kLazyRescale,
-    // O and l keep their scale (corr 1) and the rescale of O is skipped. The row's four threads
-    // hold the same mx, so they decide alike. (-inf - -inf is NaN: no growth while no score is finite.)
+    // The max moves only past m + kLazyRescale (Note [lazy rescale]); else corr is 1 and O keeps
+    // its scale. The row's four threads hold the same mx, so they decide alike; -inf - -inf is
+    // NaN, so no move while no score is finite.
     const bool grow = mx - m[hf] > kLazyRescale;
     const float mnew = grow ? mx : m[hf];
     const float mu = mnew == -INFINITY ? 0.0f : mnew;  // no finite score yet: exp2(-inf - 0) = 0
@@ -170,7 +169,8 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
   const int T = p.T;
   const SeqRows sq = seq_rows(p, b);  // TK: the sequence's tokens, T when padded
   const int TK = sq.len;
-  if (forward_tile_absent<BR, NTH>(p, b, h, q0, TK) || forward_tile_out_of_scope<BR, D, NTH>(p, sq, b, h, q0, TK)) return;
+  if (forward_tile_absent<BR, NTH>(p, b, h, q0, TK) || forward_tile_out_of_scope<BR, D, NTH>(p, sq, b, h, q0, TK))
+    return;
   const auto [qg, kg, vg, rs] = head_qkv(p, sq, h);
   const int nkv_all = (T + BC - 1) / BC;
   load_tile<BR, D, NTH, true>(q_s, qg, rs, q0, TK);  // (its copies run during the mask's scan)
