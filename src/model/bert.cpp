@@ -219,8 +219,8 @@ struct ActRegion {
 // row (the output projection, dropout, the residual LayerNorms, the feed-forward). So in
 // training the last layer projects q|k|v on every token (K and V come from every row), runs
 // attention for each sequence's first query alone (its scope, Note [attention scope] in
-// ops/op_args.h: on the GPU the query tile holding it) and then gathers the first tokens' context and
-// input rows: the output projection, LayerNorm 1, the feed-forward and LayerNorm 2 run on B rows
+// ops/op_args.h: on the GPU the query tile holding it) and then gathers the first tokens' context
+// and input rows: the output projection, LayerNorm 1, the feed-forward and LayerNorm 2 run on B rows
 // instead of B x T, writing the head's input (cls) directly. Backward starts from the head's
 // gradient of cls on those B rows and scatters the first tokens' dctx and ds1 into zeroed B x T
 // buffers for attention's backward and the q|k|v projection's. The other rows' gradients are

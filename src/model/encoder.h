@@ -57,7 +57,7 @@ struct DeviceBatch {
   Tensor token_rows{}, first_rows{};  // optional (an initializer: aggregates may leave them out)
   // With the packing index, when every sequence is right-padded (PackedRows::right_padded()):
   // I32 [B + 1], sequence b the packed rows [seq_offsets[b], seq_offsets[b + 1]) (Note [packed
-  // attention] in ops/cpu/attention.cpp), and the sum of the squared lengths (the attention's cost).
+  // attention] in ops/cpu/attention.cpp), and their attended pairs (the attention's cost).
   Tensor seq_offsets{};
   AttendedPairs attended_pairs{};
   // Masked-LM (Note [masked LM head] in model/heads.h): labels are I32 [B, T] with -100 where a
