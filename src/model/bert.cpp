@@ -1249,7 +1249,7 @@ void BertForSequenceClassification::forward_packed(const DeviceBatch& b) {
     else
       token_head_forward(in, false, 0);
   } else {
-    if (!first) m_be.gather_rows(a.cls, x, b.first_rows);
+    if (!first) first_token_rows(m_be, a.cls, x, b, true);
     head_forward(false, 0);
   }
   m_losses = a.losses;

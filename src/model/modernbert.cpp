@@ -137,8 +137,9 @@ bool mean_pooling(const BertConfig& cfg) { return !token_head(cfg) && cfg.modern
 // (its scope: attention_of), then gathers the first tokens' context and input rows; its output
 // projection, residual, MLP norm, MLP and residual run on B rows, and so does the final norm,
 // which writes the pooled rows itself. Backward starts from the pooled gradient on those rows and
-// scatters d ctx and the residual's gradient into zeroed rows for attention's backward. The other rows' gradients are exactly zero in the full computation, so
-// the loss and gradients are the same up to the GEMMs' summation order. The layer's tensors keep
+// scatters d ctx and the residual's gradient into zeroed rows for attention's backward. The other
+// rows' gradients are exactly zero in the full computation, so the loss and gradients are the same
+// up to the GEMMs' summation order. The layer's tensors keep
 // their B*T rows (one [B, H] tensor more, the context): fewer FLOPs, not fewer bytes (the same
 // tensors serve forward_eval, which keeps the padded hidden state). The packed evaluation (no
 // hidden state) does the same, the context in the pooling's buffer (written after the layer has
