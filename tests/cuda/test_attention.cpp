@@ -544,7 +544,8 @@ TEST(Attention, HopperTakesTheWgmmaForward) {
 
 // The wgmma backward (Note [wgmma backward]), Hopper's default at head dims 32 and 64 without a
 // window, with two warpgroups a CTA (query tiles by TMA or cp.async; dQ by TMA reduces or by
-// atomics) and one (wgmma64), and the mma.sync backward it replaces.
+// atomics; K and V from registers or shared memory) and one (wgmma64), and the mma.sync backward
+// it replaces.
 TEST(Attention, HopperWgmmaBackward) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
@@ -565,6 +566,7 @@ TEST(Attention, HopperWgmmaBackward) {
                         {"ANATOMY_ATTENTION_BWD_LOAD", "cp.async"},
                         {"ANATOMY_ATTENTION_BWD_DQ", "tma"},
                         {"ANATOMY_ATTENTION_BWD_DQ", "atomics"},
+                        {"ANATOMY_ATTENTION_BWD_SCORES", "smem"},
                         {"ANATOMY_ATTENTION_BWD", "wgmma64"},
                         {"ANATOMY_ATTENTION_BWD", "mma"}});
 }

@@ -7,8 +7,9 @@
 // A CTA of WG warpgroups owns 64 WG keys (K and V loaded with their rows paired, perm16), warpgroup
 // w the 64 from k0 + 64 w, and streams 64-query tiles of Q, dO, lse and Dsum, as the mma.sync
 // kernel does. Per query tile, in the transposed frame (rows = keys, columns = queries), each
-// warpgroup from shared memory:
-//   S^T = K Q^T and dP^T = V dO^T     wgmma m64n64k16, A = K / V, B = Q / dO, all K-major;
+// warpgroup:
+//   S^T = K Q^T and dP^T = V dO^T     wgmma m64n64k16, A = K / V from registers (Note [scores
+//                                     from registers]), B = Q / dO from shared memory, K-major;
 // the element-wise step (P, dropout, dS) is the mma.sync kernel's, on accumulators of the same
 // layout (a thread's four elements of an n-tile are one 2x2 dropout block); then
 //   dV += (P Z')^T dO and dK += dS^T Q   A from registers, B = dO / Q read MN-major;
@@ -22,6 +23,18 @@
 // stages dK and dV through the K and V tiles after a barrier: every warp's last dQ product reads
 // all of K.
 //
+// Note [scores from registers]
+// Both operands from shared memory, an m64n64k16 product reads 4 KB there: 32 cycles at its 128
+// bytes a cycle, as long as the tensor cores take for its 64 x 64 x 16 multiply-adds (2048 a cycle
+// on an SM), and the scores are 8 of a warpgroup's 20 such products a tile. K and V do not change over the query tiles, so each
+// warp loads its 16 rows of them once (ldmatrix, 16 + 16 registers at D 64) and the scores read
+// only Q and dO there: 2 KB a product. At B 32, T 512, p 0.1 (H200) the backward went from 0.398
+// to 0.390 ms at D 64 and 0.311 to 0.303 at D 32 (bench/results/2026-11-29-h200/session31/
+// call2-bwd-scores-from-registers/). ANATOMY_ATTENTION_BWD_SCORES=smem reads them from shared
+// memory, for A/Bs. (The same for Q in the forward was no faster at p 0.1 and made ptxas reuse
+// Q's registers inside the loop of its one-wait-a-product form:
+// session31/call3-fwd-q-from-registers-not-kept/.)
+//
 // Note [wgmma backward pipeline]
 // One wait for the tensor cores per query tile: after the barrier that publishes dS^T (and the
 // next query tile, loaded one tile ahead), the warpgroup issues dQ of tile j and then the scores
@@ -31,6 +44,12 @@
 // through three stages (tile j + 2's stage was read by tile j - 1, whose products every thread
 // waited for before the barrier) and dS^T through two (its writer, tile j + 1, runs after a
 // barrier that follows every thread's wait for dQ of tile j - 1).
+// Splitting a tile's scores and its dV / dK products into two halves of 32 queries, so that one
+// half's element-wise step runs under the other's products, was slower (0.397 -> 0.410 ms at
+// D 64, p 0.1: session31/call1-bwd-parts-not-kept/): the m64n32 scores read more shared memory
+// a product, and ptxas serializes every product unless the groups a wait_group leaves pending
+// were issued in the same loop iteration (scores issued at the end of one and waited for in the
+// next can only be waited for with wait_group 0).
 #include <type_traits>
 
 #include "ops/cuda/attention_tiles.cuh"
@@ -116,7 +135,7 @@ __device__ __forceinline__ void add_dq_rows(const float (&dq)[N], float* row0, s
   }
 }
 
-template <bool BF16, int D, int WG, bool DROP, bool TMA, bool DQT>
+template <bool BF16, int D, int WG, bool DROP, bool TMA, bool DQT, bool RK>
 __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, const __grid_constant__ BwdMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgBwdCfg<D, WG>;
@@ -178,12 +197,18 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   // g + 8 (e >> 1) of the warp's 16, query 8n + 2 t4 + (e & 1).
   const uint64_t k_desc = tile_desc<D>(k_s + wg * 64 * kRow), v_desc = tile_desc<D>(v_s + wg * 64 * kRow);
   float s[BR / 2], dp[BR / 2];
+  uint32_t kf[KS][4], vf[KS][4];  // RK: A = K / V from registers (Note [scores from registers])
   auto issue_scores = [&](int st) {
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
-      wgmma_ss<BF16>(s, k_desc + 2 * ks, tile_desc<D>(q_s + st * C::kQBytes) + 2 * ks, ks);
-      wgmma_ss<BF16>(dp, v_desc + 2 * ks, tile_desc<D>(do_s + st * C::kQBytes) + 2 * ks, ks);
+      if constexpr (RK) {
+        wgmma_rs<BF16, true>(s, kf[ks], tile_desc<D>(q_s + st * C::kQBytes) + 2 * ks, ks);
+        wgmma_rs<BF16, true>(dp, vf[ks], tile_desc<D>(do_s + st * C::kQBytes) + 2 * ks, ks);
+      } else {
+        wgmma_ss<BF16>(s, k_desc + 2 * ks, tile_desc<D>(q_s + st * C::kQBytes) + 2 * ks, ks);
+        wgmma_ss<BF16>(dp, v_desc + 2 * ks, tile_desc<D>(do_s + st * C::kQBytes) + 2 * ks, ks);
+      }
     }
     wgmma_commit();
   };
@@ -215,6 +240,17 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   fence_proxy_async();
   __syncthreads();
 
+  if constexpr (RK) {
+    // The warp's 16 rows of the warpgroup's K and V, k-step by k-step: ldmatrix x4 of rows r,
+    // r + 8 (lanes 0-15) and chunks 2 ks, 2 ks + 1 (lanes 16-31) gives the A fragment (a[0] row
+    // g, a[1] row g + 8, a[2], a[3] the next 8 columns).
+    const int row = wg * 64 + warp * 16 + (lane & 15);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      ldsm_x4(kf[ks], k_s + swz<D>(row, 2 * ks + (lane >> 4)));
+      ldsm_x4(vf[ks], v_s + swz<D>(row, 2 * ks + (lane >> 4)));
+    }
+  }
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
@@ -326,7 +362,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
 #endif
 }
 
-template <bool BF16, int D, int WG, bool TMA, bool DQT = false>
+template <bool BF16, int D, int WG, bool TMA, bool DQT = false, bool RK = true>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   static_assert(TMA || !DQT, "the dQ reduce relies on the TMA loads' zero rows past the sequence");
   using C = WgBwdCfg<D, WG>;
@@ -337,10 +373,10 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
     if (!make_tile_map(&maps.q, p.qkv, rows, 3 * H, C::BR, D) || !make_tile_map(&maps.d_o, p.dctx, rows, H, C::BR, D) ||
         (DQT && !make_tile_map(&maps.dq, p.dq_acc, rows, H, C::BR, D / WG, true))) {
       count_tma_fallback();
-      return launch<BF16, D, WG, false>(p, smem_limit, s);
+      return launch<BF16, D, WG, false, false, RK>(p, smem_limit, s);
     }
   }
-  auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, WG, true, TMA, DQT> : wgmma_bwd_kernel<BF16, D, WG, false, TMA, DQT>;
+  auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, WG, true, TMA, DQT, RK> : wgmma_bwd_kernel<BF16, D, WG, false, TMA, DQT, RK>;
   return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(DQT), smem_limit, s, maps);
 }
 
@@ -349,12 +385,15 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
 // warpgroup (bench/results/2026-11-27-h200/session17/call1/bwdab.md, scripts/device.sh attentionab).
 // dQ by TMA reduces (Note [tma dq reduce]) is the default at D 64 only: 188.3 -> 197.5 there,
 // 135.2 -> 129.7 at D 32, where each tile's two warpgroup barriers cost more than its 4 KB of
-// atomics (session17/call9/dqab.md). ANATOMY_ATTENTION_BWD_DQ=tma or =atomics picks either.
+// atomics (session17/call9/dqab.md). ANATOMY_ATTENTION_BWD_DQ=tma or =atomics picks either;
+// ANATOMY_ATTENTION_BWD_SCORES=smem: K and V from shared memory (Note [scores from registers]).
 template <bool BF16, int D>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   if (env_is("ANATOMY_ATTENTION_BWD", "wgmma64")) return launch<BF16, D, 1, false>(p, smem_limit, s);
   if (env_is("ANATOMY_ATTENTION_BWD_LOAD", "cp.async")) return launch<BF16, D, 2, false>(p, smem_limit, s);
   const bool dq_tma = env_is("ANATOMY_ATTENTION_BWD_DQ", "tma") || (D == 64 && !env_is("ANATOMY_ATTENTION_BWD_DQ", "atomics"));
+  if (env_is("ANATOMY_ATTENTION_BWD_SCORES", "smem"))
+    return dq_tma ? launch<BF16, D, 2, true, true, false>(p, smem_limit, s) : launch<BF16, D, 2, true, false, false>(p, smem_limit, s);
   if (dq_tma) return launch<BF16, D, 2, true, true>(p, smem_limit, s);
   return launch<BF16, D, 2, true>(p, smem_limit, s);
 }

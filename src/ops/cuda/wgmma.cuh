@@ -89,20 +89,21 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a, uint64_t b,
 }
 
 // m64n64k16, A from registers (the accumulator layout packed to 16 bits), B from shared memory,
-// MN-major (trans-b): d += A B.
-template <bool BF16>
-__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+// MN-major (trans-b) unless KB (K-major, like the shared-memory forms): d = A B, or d += A B when
+// accumulate.
+template <bool BF16, bool KB = false>
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int accumulate = 1) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ANATOMY_WGMMA(TY) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
                "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
-               "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n" \
+               "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n" \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
                  "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
                  "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
                  "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
                  "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1))
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(KB ? 0 : 1))
   if constexpr (BF16) ANATOMY_WGMMA("bf16"); else ANATOMY_WGMMA("f16");
 #undef ANATOMY_WGMMA
 #endif
