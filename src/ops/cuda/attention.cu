@@ -384,6 +384,8 @@ bool dsum_vec_fits(const Params& p) {
 // dqkv[row, 0:H] = scale * dq_acc[row, :] over the rows of qkv: a block is 32 column quads x 8
 // rows (grid x over the quads, y over the rows); packed rows from offsets[B] on get zeros in all
 // of q|k|v (Note [packed attention]). With p.dbias, dbias[0:H] += the block's column sums.
+// (Done instead by the wgmma backward's last CTA of each head, from L2, it was correct and 7 us
+// slower at bert-large's shape: bench/results/2026-11-29-h200/session31/call6-...-not-kept/.)
 template <class T>
 __global__ void __launch_bounds__(256) dq_convert_kernel(Params p) {
   const int64_t rows = p.offsets ? p.rows : static_cast<int64_t>(p.B) * p.T;
