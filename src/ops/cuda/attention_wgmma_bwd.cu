@@ -26,9 +26,10 @@
 // Note [scores from registers]
 // Both operands from shared memory, an m64n64k16 product reads 4 KB there: 32 cycles at its 128
 // bytes a cycle, as long as the tensor cores take for its 64 x 64 x 16 multiply-adds (2048 a cycle
-// on an SM), and the scores are 8 of a warpgroup's 20 such products a tile. K and V do not change over the query tiles, so each
-// warp loads its 16 rows of them once (ldmatrix, 16 + 16 registers at D 64) and the scores read
-// only Q and dO there: 2 KB a product. At B 32, T 512, p 0.1 (H200) the backward went from 0.398
+// on an SM), and the scores are 8 of a warpgroup's 20 such products a tile. K and V do not change
+// over the query tiles, so each warp loads its 16 rows of them once (ldmatrix, 16 + 16 registers
+// at D 64; the default kernel's 241 registers become 254, no spills) and the scores read only Q
+// and dO there: 2 KB a product. At B 32, T 512, p 0.1 (H200) the backward went from 0.398
 // to 0.390 ms at D 64 and 0.311 to 0.303 at D 32 (bench/results/2026-11-29-h200/session31/
 // call2-bwd-scores-from-registers/). ANATOMY_ATTENTION_BWD_SCORES=smem reads them from shared
 // memory, for A/Bs. (The same for Q in the forward was no faster at p 0.1 and made ptxas reuse
@@ -376,7 +377,8 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
       return launch<BF16, D, WG, false, false, RK>(p, smem_limit, s);
     }
   }
-  auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, WG, true, TMA, DQT, RK> : wgmma_bwd_kernel<BF16, D, WG, false, TMA, DQT, RK>;
+  auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, WG, true, TMA, DQT, RK>
+                        : wgmma_bwd_kernel<BF16, D, WG, false, TMA, DQT, RK>;
   return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(DQT), smem_limit, s, maps);
 }
 
@@ -393,7 +395,8 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   if (env_is("ANATOMY_ATTENTION_BWD_LOAD", "cp.async")) return launch<BF16, D, 2, false>(p, smem_limit, s);
   const bool dq_tma = env_is("ANATOMY_ATTENTION_BWD_DQ", "tma") || (D == 64 && !env_is("ANATOMY_ATTENTION_BWD_DQ", "atomics"));
   if (env_is("ANATOMY_ATTENTION_BWD_SCORES", "smem"))
-    return dq_tma ? launch<BF16, D, 2, true, true, false>(p, smem_limit, s) : launch<BF16, D, 2, true, false, false>(p, smem_limit, s);
+    return dq_tma ? launch<BF16, D, 2, true, true, false>(p, smem_limit, s)
+                  : launch<BF16, D, 2, true, false, false>(p, smem_limit, s);
   if (dq_tma) return launch<BF16, D, 2, true, true>(p, smem_limit, s);
   return launch<BF16, D, 2, true>(p, smem_limit, s);
 }
