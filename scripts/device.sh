@@ -338,7 +338,7 @@ step_wgmmatiles() {
 step_attentionab() {
   local shape=(${ATTN_SHAPE:---batch 32 --seq 128 --seq 512 --head-dim 32 --head-dim 64}) round v setting
   local ab=(${ATTN_AB:-ANATOMY_ATTENTION_BWD=mma ANATOMY_ATTENTION_BWD=wgmma64 ANATOMY_ATTENTION_BWD_LOAD=cp.async
-            ANATOMY_ATTENTION_BWD_DQ=atomics ANATOMY_ATTENTION_BWD_DQ=tma})
+            ANATOMY_ATTENTION_BWD_DQ=atomics})
   for round in 1 2; do
     if [ -x .carry/before/anatomy_bench_attention ]; then
       timeout 100 .carry/before/anatomy_bench_attention "${shape[@]}" | grep "^| anatomy" |

@@ -564,7 +564,6 @@ TEST(Attention, HopperWgmmaBackward) {
   // The default (two warpgroups, query tiles by TMA), then each of its alternatives.
   check_wgmma_variants({{"ANATOMY_ATTENTION_BWD", "wgmma"},
                         {"ANATOMY_ATTENTION_BWD_LOAD", "cp.async"},
-                        {"ANATOMY_ATTENTION_BWD_DQ", "tma"},
                         {"ANATOMY_ATTENTION_BWD_DQ", "atomics"},
                         {"ANATOMY_ATTENTION_BWD_SCORES", "smem"},
                         {"ANATOMY_ATTENTION_BWD", "wgmma64"},

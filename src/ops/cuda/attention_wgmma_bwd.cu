@@ -39,9 +39,9 @@
 // Note [wgmma backward pipeline]
 // One wait for the tensor cores per query tile: after the barrier that publishes dS^T (and the
 // next query tile, loaded one tile ahead), the warpgroup issues dQ of tile j and then the scores
-// of tile j + 1, waits for everything but the scores, adds dQ into global memory 16 bytes a lane
-// (red.v4; at D 64 by a TMA reduce, Note [tma dq reduce]) while the scores run, and starts the
-// load of tile j + 2. So the query tiles rotate
+// of tile j + 1, waits for everything but the scores, stages dQ for a TMA reduce (Note [tma dq
+// reduce]; with ANATOMY_ATTENTION_BWD_DQ=atomics adds it into global memory 16 bytes a lane,
+// red.v4) while the scores run, and starts the load of tile j + 2. So the query tiles rotate
 // through three stages (tile j + 2's stage was read by tile j - 1, whose products every thread
 // waited for before the barrier) and dS^T through two (its writer, tile j + 1, runs after a
 // barrier that follows every thread's wait for dQ of tile j - 1).
@@ -71,13 +71,20 @@ namespace {
 // tiles]), so the last query tile gives its queries at or past TK probability 0.
 // ANATOMY_ATTENTION_BWD_LOAD=cp.async: Q and dO by every thread too.
 //
-// Note [tma dq reduce] (the default at D 64): instead of every thread adding its dQ
-// fragment into the f32 accumulator with vector atomics, each warpgroup stages its 64 x D/2 tile
-// in shared memory (in the TMA's swizzle) and one thread adds it with one
-// cp.reduce.async.bulk.tensor (atomic per element). Rows past the sequence add 0: their dS is 0,
-// since the TMA query tiles give them probability 0, so this goes with TMA loads only. A
-// warpgroup barrier comes before the staging (the issuing thread has waited until its previous
-// reduce read the tile) and one after (every fragment written and fenced for the async proxy).
+// Note [tma dq reduce] (the default): instead of every thread adding its dQ fragment into the
+// f32 accumulator with vector atomics, each warpgroup stages its 64 x D/2 tile in shared memory
+// (in the TMA's swizzle) and one thread adds it with one cp.reduce.async.bulk.tensor (atomic per
+// element). Rows past the sequence add 0: their dS is 0, since the TMA query tiles give them
+// probability 0, so this goes with TMA loads only. The reduce waits for the barrier the next
+// tile has anyway: tile j stages into its warpgroup's staging tile j % 2 at its end; tile j + 1's
+// fence (every thread's, for the async proxy) and CTA barrier publish it, and the issuing
+// thread, which before that barrier has waited until tile j - 1's reduce read staging tile
+// (j + 1) % 2, adds tile j's after it. The last tile's is added after the loop. At B 32, T 512,
+// p 0.1 (H200) the backward went from 0.394 to 0.373 ms at D 64 and, against its atomics, from
+// 0.305 to 0.296 at D 32 (bench/results/2026-11-29-h200/session32/call2-deferred-dq-reduce/); it
+// had two warpgroup barriers and a fence of its own a tile, whose waits for the staging stores
+// (shared memory busy with the scores' reads) held 11% of the kernel's warp samples
+// (session22/call1/ncu_attn_bwd_sass.csv.xz).
 template <int D, int WG>
 struct WgBwdCfg {
   static constexpr int kThreads = 128 * WG, BC = 64 * WG, BR = 64, kStages = 3;
@@ -87,9 +94,10 @@ struct WgBwdCfg {
   static constexpr int kLse = kS + 2 * kSBytes, kDsum = kLse + kStages * BR * 4;
   static constexpr int kBar = kDsum + kStages * BR * 4;
   static constexpr int kBytes = kBar + 8 * kStages;
-  // DQT: each warpgroup's f32 dQ tile [BR][D / WG], staged for the TMA reduce (1024-aligned).
+  // DQT: each warpgroup's two f32 dQ tiles [BR][D / WG] (query tile j's in tile j % 2), staged
+  // for the TMA reduce (1024-aligned).
   static constexpr int kDQ = (kBytes + 1023) / 1024 * 1024, kDQBytes = BR * (D / WG) * 4;
-  static size_t smem_bytes(bool dqt) { return 1024 + (dqt ? kDQ + WG * kDQBytes : kBytes); }
+  static size_t smem_bytes(bool dqt) { return 1024 + (dqt ? kDQ + 2 * WG * kDQBytes : kBytes); }
 };
 
 // The backward's TMA maps: Q (qkv) and dO (dctx); DQT: the f32 dQ accumulator.
@@ -256,6 +264,11 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
   if (nq > 0) issue_scores(0);
+  // DQT: query tile jq's staging tile of this warpgroup, and its reduce (one thread).
+  auto dq_tile = [&](int jq) { return smem + C::kDQ + (2 * wg + (jq & 1)) * C::kDQBytes; };
+  auto reduce_dq = [&](int jq) {
+    tma_reduce_add_2d(smem_addr(dq_tile(jq)), &maps.dq, h * D + wg * DQ, static_cast<int>(sq.row0) + jq * BR);
+  };
 
   // Query tile j; LAST: no next tile's scores to issue behind dQ. (Two bodies, so that every
   // wait retires the same groups on every path: a conditional issue made ptxas serialize the
@@ -305,8 +318,17 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     wgmma_commit();
     if constexpr (!LAST) wait_q_tile(j + 1);
     cp_async_wait_all();  // the next query tile (TMA: its lse and Dsum)
-    fence_proxy_async();  // dS^T and the next tile: this thread's stores, before the barrier and the products
+    fence_proxy_async();  // dS^T, the dQ tile before and the next tile: this thread's stores, before the barrier
+    if constexpr (DQT) {
+      // Note [tma dq reduce]: the reduce of tile j - 2 (issued at tile j - 1) has read staging
+      // tile j % 2, which this tile's dQ will overwrite.
+      if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
+    }
     __syncthreads();
+    if constexpr (DQT) {  // tile j - 1's dQ, staged at its end, fenced and published by the barrier
+      if (j > 0 && threadIdx.x % 128 == 0) reduce_dq(j - 1);
+      __syncwarp();  // the warp whole again for the wgmma
+    }
 
     // dQ (64 queries x DQ columns from wg DQ) = dS K: A = dS^T [key][query] read MN-major, B = K
     // [key][d] MN-major from column wg DQ (the start moves wg DQ * 2 bytes along the swizzled row),
@@ -327,14 +349,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     fence_regs(ap);
     fence_regs(as);
     if constexpr (DQT) {
-      // Note [tma dq reduce]: the warpgroup's tile once its last reduce has read it, then one add.
-      unsigned char* tile_dq = smem + C::kDQ + wg * C::kDQBytes;
-      if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
-      named_barrier(1 + wg, 128);
-      stage_dq<DQ>(tile_dq, dq, warp, g, t4);
-      fence_proxy_async();
-      named_barrier(1 + wg, 128);
-      if (threadIdx.x % 128 == 0) tma_reduce_add_2d(smem_addr(tile_dq), &maps.dq, h * D + wg * DQ, static_cast<int>(sq.row0) + j * BR);
+      stage_dq<DQ>(dq_tile(j), dq, warp, g, t4);  // added by the next tile (or after the loop)
     } else {
       add_dq_rows(dq, p.dq_acc + sq.row0 * p.H + h * D + wg * DQ, p.H, j * BR + warp * 16, g, t4, TK);
     }
@@ -349,11 +364,16 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   wgmma_wait<0>();  // (nothing pending; tells ptxas that dK and dV are final on every path)
   fence_regs(dk);
   fence_regs(dv);
+  if constexpr (DQT) fence_proxy_async();  // the last tile's dQ, staged
   __syncthreads();  // every warp's last dQ product, which reads all of K, is done
   if constexpr (DQT) {
-    // The last reduce has read its tile before the CTA's shared memory goes; its additions
-    // complete with the grid (waiting for them here would also invalidate the L1 cache).
-    if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
+    // The last tile's reduce; the reduces have read their tiles before the CTA's shared memory
+    // goes; their additions complete with the grid (waiting for them here would also invalidate
+    // the L1 cache).
+    if (threadIdx.x % 128 == 0) {
+      if (nq > 0) reduce_dq(nq - 1);
+      bulk_wait<0, true>();
+    }
   }
 
   // Epilogue: dK * scale and dV * inv_keep, staged through this warp's own rows of the K and
@@ -385,15 +405,14 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
 // Two warpgroups a CTA with TMA query tiles: at B 32, T 512, p 0.1 (H200) 186.9 TFLOP/s at D 64
 // and 134.2 at D 32, against 178.7 and 125.3 with the tiles by cp.async, 158.1 and 115.0 with one
 // warpgroup (bench/results/2026-11-27-h200/session17/call1/bwdab.md, scripts/device.sh attentionab).
-// dQ by TMA reduces (Note [tma dq reduce]) is the default at D 64 only: 188.3 -> 197.5 there,
-// 135.2 -> 129.7 at D 32, where each tile's two warpgroup barriers cost more than its 4 KB of
-// atomics (session17/call9/dqab.md). ANATOMY_ATTENTION_BWD_DQ=tma or =atomics picks either;
+// dQ by TMA reduces (Note [tma dq reduce]) is the default (with barriers of its own it was at D 64
+// only: session17/call9/dqab.md). ANATOMY_ATTENTION_BWD_DQ=atomics takes the vector atomics;
 // ANATOMY_ATTENTION_BWD_SCORES=smem: K and V from shared memory (Note [scores from registers]).
 template <bool BF16, int D>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
   if (env_is("ANATOMY_ATTENTION_BWD", "wgmma64")) return launch<BF16, D, 1, false>(p, smem_limit, s);
   if (env_is("ANATOMY_ATTENTION_BWD_LOAD", "cp.async")) return launch<BF16, D, 2, false>(p, smem_limit, s);
-  const bool dq_tma = env_is("ANATOMY_ATTENTION_BWD_DQ", "tma") || (D == 64 && !env_is("ANATOMY_ATTENTION_BWD_DQ", "atomics"));
+  const bool dq_tma = !env_is("ANATOMY_ATTENTION_BWD_DQ", "atomics");
   if (env_is("ANATOMY_ATTENTION_BWD_SCORES", "smem"))
     return dq_tma ? launch<BF16, D, 2, true, true, false>(p, smem_limit, s)
                   : launch<BF16, D, 2, true, false, false>(p, smem_limit, s);
