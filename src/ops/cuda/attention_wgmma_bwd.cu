@@ -38,13 +38,16 @@
 //
 // Note [wgmma backward pipeline]
 // One wait for the tensor cores per query tile: after the barrier that publishes dS^T (and the
-// next query tile, loaded one tile ahead), the warpgroup issues dQ of tile j and then the scores
-// of tile j + 1, waits for everything but the scores, stages dQ for a TMA reduce (Note [tma dq
+// next query tile, loaded one tile ahead), the warpgroup issues dQ of tile j and the scores of
+// tile j + 1, waits for everything but the scores, and stages dQ for a TMA reduce (Note [tma dq
 // reduce]; with ANATOMY_ATTENTION_BWD_DQ=atomics adds it into global memory 16 bytes a lane,
-// red.v4) while the scores run, and starts the load of tile j + 2. So the query tiles rotate
-// through three stages (tile j + 2's stage was read by tile j - 1, whose products every thread
-// waited for before the barrier) and dS^T through two (its writer, tile j + 1, runs after a
-// barrier that follows every thread's wait for dQ of tile j - 1).
+// red.v4) while the scores run. The load of tile j + 2 starts right after the barrier without
+// dropout and after the staging with it: at B 32, T 512 (H200) the first took the backward from
+// 0.331 to 0.318 ms at D 64, p 0 (0.255 to 0.244 at D 32) and from 0.370 to 0.372 at p 0.1 (0.294
+// to 0.296 at D 32) (bench/results/2026-11-29-h200/session32/call3-early-load/). So the query tiles rotate
+// through three stages (tile j + 2's stage was read by tile j - 1, whose products and
+// element-wise step every thread finished before the barrier) and dS^T through two (its writer,
+// tile j + 1, runs after a barrier that follows every thread's wait for dQ of tile j - 1).
 // Splitting a tile's scores and its dV / dK products into two halves of 32 queries, so that one
 // half's element-wise step runs under the other's products, was slower (0.397 -> 0.410 ms at
 // D 64, p 0.1: session31/call1-bwd-parts-not-kept/): the m64n32 scores read more shared memory
@@ -269,6 +272,10 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   auto reduce_dq = [&](int jq) {
     tma_reduce_add_2d(smem_addr(dq_tile(jq)), &maps.dq, h * D + wg * DQ, static_cast<int>(sq.row0) + jq * BR);
   };
+  auto load_next = [&](int j) {  // (in tile j) the load of tile j + 2
+    if (j + 2 < nq) load_q_tile(j + 2, (j + 2) % C::kStages);
+    cp_async_commit();
+  };
 
   // Query tile j; LAST: no next tile's scores to issue behind dQ. (Two bodies, so that every
   // wait retires the same groups on every path: a conditional issue made ptxas serialize the
@@ -325,10 +332,15 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
       if (threadIdx.x % 128 == 0) bulk_wait<0, true>();
     }
     __syncthreads();
-    if constexpr (DQT) {  // tile j - 1's dQ, staged at its end, fenced and published by the barrier
+    // Past the barrier every thread is done with tile j - 1: its products and element-wise step
+    // read stage (j + 2) % 3, where tile j + 2's load goes (here without dropout, at the end of
+    // the tile with: Note [wgmma backward pipeline]); (DQT) its dQ, staged at its end and fenced,
+    // is added.
+    if constexpr (!DROP) load_next(j);
+    if constexpr (DQT) {
       if (j > 0 && threadIdx.x % 128 == 0) reduce_dq(j - 1);
-      __syncwarp();  // the warp whole again for the wgmma
     }
+    if constexpr (TMA || DQT) __syncwarp();  // the warps whole again for the wgmma
 
     // dQ (64 queries x DQ columns from wg DQ) = dS K: A = dS^T [key][query] read MN-major, B = K
     // [key][d] MN-major from column wg DQ (the start moves wg DQ * 2 bytes along the swizzled row),
@@ -353,11 +365,10 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     } else {
       add_dq_rows(dq, p.dq_acc + sq.row0 * p.H + h * D + wg * DQ, p.H, j * BR + warp * 16, g, t4, TK);
     }
-    // Stage (j + 2) % 3 was last read by tile j - 1's products, which every thread waited for
-    // before the barrier above.
-    if (j + 2 < nq) load_q_tile(j + 2, (j + 2) % C::kStages);
-    cp_async_commit();
-    if constexpr (TMA) __syncwarp();  // thread 0's copies issued: warp 0 whole again for the wgmma
+    if constexpr (DROP) {
+      load_next(j);
+      if constexpr (TMA) __syncwarp();  // thread 0's copies issued: warp 0 whole again
+    }
   };
   for (int j = 0; j + 1 < nq; ++j) tile(j, std::false_type{});
   if (nq > 0) tile(nq - 1, std::true_type{});
