@@ -43,11 +43,12 @@
 // reduce]; with ANATOMY_ATTENTION_BWD_DQ=atomics adds it into global memory 16 bytes a lane,
 // red.v4) while the scores run. The load of tile j + 2 starts right after the barrier without
 // dropout and after the staging with it: at B 32, T 512 (H200) the first took the backward from
-// 0.331 to 0.318 ms at D 64, p 0 (0.255 to 0.244 at D 32) and from 0.370 to 0.372 at p 0.1 (0.294
-// to 0.296 at D 32) (bench/results/2026-11-29-h200/session32/call3-early-load/). So the query tiles rotate
-// through three stages (tile j + 2's stage was read by tile j - 1, whose products and
-// element-wise step every thread finished before the barrier) and dS^T through two (its writer,
-// tile j + 1, runs after a barrier that follows every thread's wait for dQ of tile j - 1).
+// 0.331 to 0.318 ms at D 64, p 0 (0.255 to 0.244 at D 32), and at p 0.1 gained nothing (0.370 ->
+// 0.372; D 32 0.294 -> 0.296: bench/results/2026-11-29-h200/session32/call3-early-load/). So the
+// query tiles rotate through three stages (tile j + 2's stage was read by tile j - 1, whose
+// products and element-wise step every thread finished before the barrier) and dS^T through two
+// (its writer, tile j + 1, runs after a barrier that follows every thread's wait for dQ of tile
+// j - 1).
 // Splitting a tile's scores and its dV / dK products into two halves of 32 queries, so that one
 // half's element-wise step runs under the other's products, was slower (0.397 -> 0.410 ms at
 // D 64, p 0.1: session31/call1-bwd-parts-not-kept/): the m64n32 scores read more shared memory
