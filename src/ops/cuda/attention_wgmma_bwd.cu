@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     if constexpr (DQT) {
       if (j > 0 && threadIdx.x % 128 == 0) reduce_dq(j - 1);
     }
-    if constexpr (TMA || DQT) __syncwarp();  // the warps whole again for the wgmma
+    if constexpr ((TMA && !DROP) || DQT) __syncwarp();  // after a thread's copies or reduce: the warp whole again
 
     // dQ (64 queries x DQ columns from wg DQ) = dS K: A = dS^T [key][query] read MN-major, B = K
     // [key][d] MN-major from column wg DQ (the start moves wg DQ * 2 bytes along the swizzled row),
