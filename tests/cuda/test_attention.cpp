@@ -583,6 +583,109 @@ TEST(Attention, WgmmaRepeatsAgree) {
   }
 }
 
+// Note [attention keep bits] (core/rng.h): with DropoutSpec::keep_bits the forward stores the
+// decision of every (query, key) it computes in the note's layout, bit for bit the hash's, and
+// the backward that reads them returns, bit for bit, what it returns when it hashes again. For
+// each forward that can run (wgmma, mma.sync with the keep-bits kernel, the reference kernels)
+// against the default backward, and the default pair against the backward's other variants.
+void check_keep_bits(const Case& c, uint64_t seed, const char* fwd_var, const char* fwd_val, const char* bwd_var,
+                     const char* bwd_val) {
+  SCOPED_TRACE(describe(c) + " " + fwd_var + "=" + (fwd_val ? fwd_val : "(default)") + " " + bwd_var + "=" +
+               (bwd_val ? bwd_val : "(default)"));
+  anatomy::Rng rng(seed);
+  Problem pr(c);
+  const std::vector<float> qkv = random_values(pr.n_qkv, 2.5f, c.dt, rng);
+  const std::vector<float> dctx = random_values(pr.n_ctx, 1.0f, c.dt, rng);
+  const std::vector<int32_t> mask = make_mask(c, rng);
+  DropoutSpec d;
+  d.p = c.p;
+  d.seed = rng.next();
+  d.offset = rng.next() % 100000;
+  const uint64_t bh_count = static_cast<uint64_t>(c.B) * c.heads;
+  DevBuf keep(anatomy::attention_keep_bits_bytes(bh_count, c.T));
+  pr.qkv.upload(encode(qkv, c.dt).data());
+  pr.dctx.upload(encode(dctx, c.dt).data());
+  pr.mask.upload(mask.data());
+  // Forward under fwd_var, backward under bwd_var, outputs poisoned before.
+  auto run = [&](const DropoutSpec& ds) {
+    {
+      EnvGuard f(fwd_var, fwd_val);
+      pr.ctx.poison();
+      pr.lse.poison();
+      pr.forward(ds);
+    }
+    {
+      EnvGuard g(bwd_var, bwd_val);
+      pr.dqkv.poison();
+      pr.scratch.poison();
+      pr.backward(ds);
+    }
+    cuda_ok(cudaDeviceSynchronize(), "attention kernels");
+    std::vector<uint8_t> ctx_b(pr.ctx.n), dqkv_b(pr.dqkv.n);
+    Problem::Outputs o{{}, std::vector<float>(pr.n_lse), {}};
+    pr.ctx.download(ctx_b.data());
+    pr.dqkv.download(dqkv_b.data());
+    pr.lse.download(o.lse.data());
+    o.ctx = decode(ctx_b, c.dt);
+    o.dqkv = decode(dqkv_b, c.dt);
+    return o;
+  };
+  const Problem::Outputs hashed = run(d);
+  keep.poison();
+  DropoutSpec dk = d;
+  dk.keep_bits = Tensor(keep.p, DType::U8, Shape{static_cast<int64_t>(keep.n)}, anatomy::Device::CUDA);
+  const Problem::Outputs kept = run(dk);
+  for (float x : hashed.dqkv) ASSERT_TRUE(std::isfinite(x)) << "dqkv has a non-finite element";
+  EXPECT_EQ(kept.ctx, hashed.ctx);
+  EXPECT_EQ(kept.lse, hashed.lse);
+  EXPECT_EQ(kept.dqkv, hashed.dqkv) << "the backward reading the kept bits differs from hashing";
+
+  // The stored bits: every (query, key) the forward computed, i.e. every query and the keys up to
+  // the last valid one's 64-key tile (all of them in a batch with no valid key).
+  std::vector<uint32_t> words(keep.n / 4);
+  keep.download(words.data());
+  const uint64_t key = anatomy::dropout_key(d.seed, d.offset);
+  const uint32_t thr = anatomy::dropout_threshold(d.p);
+  int64_t checked = 0, wrong = 0;
+  for (int b = 0; b < c.B; ++b) {
+    int kend = 0;
+    for (int k = 0; k < c.T; ++k)
+      if (mask[static_cast<size_t>(b) * c.T + k] != 0) kend = k + 1;
+    const int keys = kend == 0 ? c.T : std::min(c.T, (kend + 63) / 64 * 64);
+    for (int h = 0; h < c.heads; ++h)
+      for (int q = 0; q < c.T; ++q)
+        for (int k = 0; k < keys; ++k) {
+          const uint64_t bh = static_cast<uint64_t>(b) * c.heads + h;
+          const bool want = anatomy::dropout_keep_key(key, anatomy::attention_dropout_index(bh, q, k, c.T), thr);
+          const anatomy::KeepBit kb = anatomy::attention_keep_bit(bh, q, k, c.T);
+          wrong += ((words[kb.word] >> kb.bit) & 1u) != (want ? 1u : 0u);
+          ++checked;
+        }
+  }
+  EXPECT_EQ(wrong, 0) << "of " << checked << " stored decisions";
+}
+
+TEST(Attention, KeepBits) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device";
+  const bool wgmma = anatomy::cuda::attention_keeps_bits(DType::BF16, 64);
+  for (const Case& c : {Case{2, 300, 2, 64, DType::BF16, 0.1f, MaskKind::Padded},
+                        Case{2, 257, 2, 32, DType::BF16, 0.1f, MaskKind::AllMaskedBatch},
+                        Case{3, 64, 2, 64, DType::F16, 0.2f, MaskKind::Gaps}, Case{1, 100, 1, 32, DType::BF16, 0.1f}}) {
+    check_keep_bits(c, test_seed(), "ANATOMY_ATTENTION_FWD", nullptr, "ANATOMY_ATTENTION_BWD", nullptr);
+    check_keep_bits(c, test_seed(), "ANATOMY_ATTENTION_FWD", "mma", "ANATOMY_ATTENTION_BWD", nullptr);
+    check_keep_bits(c, test_seed(), "ANATOMY_ATTENTION", "reference", "ANATOMY_ATTENTION_BWD", nullptr);
+    if (!wgmma) continue;
+    check_keep_bits(c, test_seed(), "ANATOMY_ATTENTION_FWD", nullptr, "ANATOMY_ATTENTION_BWD_DQ", "atomics");
+    check_keep_bits(c, test_seed(), "ANATOMY_ATTENTION_FWD", nullptr, "ANATOMY_ATTENTION_BWD_SCORES", "smem");
+    check_keep_bits(c, test_seed(), "ANATOMY_ATTENTION_FWD", nullptr, "ANATOMY_ATTENTION_BWD_LOAD", "cp.async");
+    check_keep_bits(c, test_seed(), "ANATOMY_ATTENTION_FWD", nullptr, "ANATOMY_ATTENTION_BWD", "mma");
+  }
+  if (wgmma) {
+    EXPECT_EQ(anatomy::cuda::attention_backward_kernel(DType::BF16, 64, 0), std::string("wgmma"));
+  }
+}
+
 // Note [attention scope] (ops/op_args.h): a scope of each sequence's first query. That query
 // matches the CPU twin's full attention; every later one is either computed (the twin's value) or
 // skipped (a zero context and an lse of +inf), and the wgmma forward skips the CTAs past the first

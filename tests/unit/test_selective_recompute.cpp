@@ -147,3 +147,42 @@ TEST(SelectiveRecompute, BertLargeBatch32PlansUnderSixtyPercentOfPyTorch) {
   const int64_t region_without_pre = live["layer 2 backward"] - live["layer 1 backward"];
   EXPECT_EQ(whole_region - region_without_pre, 32 * 512 * cfg.intermediate_size * 2);
 }
+
+// Note [attention keep bits] (core/rng.h): where the backend's attention backward reads kept
+// dropout decisions (ModelShape::attention_keep_bits), each layer keeps them without
+// checkpointing: exactly the note's bytes a layer more, and the same losses and gradients (the
+// CPU's backward hashes again, so this checks the plan and the plumbing; the GPU tests check the
+// kernels that read them). Selective checkpointing keeps none.
+TEST(SelectiveRecompute, KeptAttentionBitsAddTheirBytesAndChangeNothing) {
+  ANATOMY_FRESH_RNG(rng);
+  const BertConfig cfg = thirteen_layers();
+  const uint64_t seed = rng.next();
+  for (GradientPlacement place : {GradientPlacement::Own, GradientPlacement::InActivations}) {
+    SCOPED_TRACE(gradient_placement_name(place));
+    const ModelShape none{3, 24, DType::F32, CheckpointPolicy::None, true, place};
+    ModelShape kept = none;
+    kept.attention_keep_bits = true;
+    const std::vector<Step> a = two_steps(cfg, none, seed), b = two_steps(cfg, kept, seed);
+    for (size_t call = 0; call < 2; ++call) {
+      EXPECT_TRUE(testing_compare::same_values(a[call].losses, b[call].losses)) << "call " << call;
+      EXPECT_TRUE(testing_compare::same_values(a[call].grads, b[call].grads)) << "call " << call;
+    }
+    const MemoryPlan plan = plan_memory({cfg, kept, OptimizerKind::AdamW, Device::CPU});
+    for (Category c : {Category::Weights, Category::Gradients, Category::Activations, Category::Temporary})
+      EXPECT_EQ(b.back().peak[c], plan.bytes[c]) << category_name(c);
+    const size_t per_layer = attention_keep_bits_bytes(3 * cfg.num_attention_heads, 24);
+    EXPECT_EQ(per_layer, static_cast<size_t>(3 * cfg.num_attention_heads) * 512);  // one 64 x 64 chunk a head
+    EXPECT_EQ(model_arena_bytes(cfg, kept).activations - model_arena_bytes(cfg, none).activations,
+              static_cast<size_t>(cfg.num_hidden_layers) * per_layer);
+  }
+  ModelShape sel{3, 24, DType::F32, CheckpointPolicy::Selective, true, GradientPlacement::Own};
+  const size_t sel_bytes = model_arena_bytes(cfg, sel).activations;
+  sel.attention_keep_bits = true;
+  EXPECT_EQ(model_arena_bytes(cfg, sel).activations, sel_bytes);
+  ModelShape no_dropout{3, 24, DType::F32, CheckpointPolicy::None, true, GradientPlacement::Own};
+  BertConfig quiet = cfg;
+  quiet.attention_probs_dropout_prob = 0.0;
+  const size_t quiet_bytes = model_arena_bytes(quiet, no_dropout).activations;
+  no_dropout.attention_keep_bits = true;
+  EXPECT_EQ(model_arena_bytes(quiet, no_dropout).activations, quiet_bytes);
+}

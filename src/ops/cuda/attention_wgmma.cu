@@ -79,17 +79,22 @@ __device__ __forceinline__ void online_softmax(float (&s)[4 * NS], const float* 
 }
 
 // Zeroes the dropped elements: n-tile n is the 2x2 block of group bits mix64(z + 4n kGolden)
-// (Note [paired rows]).
-template <int NS>
-__device__ __forceinline__ void drop_tile(float (&s)[4 * NS], uint64_t z, uint32_t thr_m1) {
+// (Note [paired rows]), element e its field e. KB: returns the tile's keep bits, n-tile n's in
+// nibble n (the thread's word of Note [attention keep bits]; BC = 64: eight n-tiles).
+template <int NS, bool KB>
+__device__ __forceinline__ uint32_t drop_tile(float (&s)[4 * NS], uint64_t z, uint32_t thr_m1) {
+  uint32_t word = 0;
 #pragma unroll
   for (int n = 0; n < NS; ++n) {
     bool keep[4];
     keep4(keep, mix64(z + static_cast<uint64_t>(n) * (4 * kGolden)), thr_m1);
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
+    for (int e = 0; e < 4; ++e) {
       if (!keep[e]) s[4 * n + e] = 0.0f;
+      if constexpr (KB) word |= keep[e] ? 1u << (4 * n + e) : 0u;
+    }
   }
+  return word;
 }
 
 template <int NO>
@@ -144,7 +149,7 @@ struct WgFwdCfg {
   static size_t smem_bytes(int T) { return 1024 + kBiasOffset + static_cast<size_t>(bias_floats(T)) * 4 + 16 * STAGES; }
 };
 
-template <bool BF16, int D, bool OVL, bool DROP, int AHEAD_, bool TMA>
+template <bool BF16, int D, bool OVL, bool DROP, int AHEAD_, bool TMA, bool KB = false>
 __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgFwdCfg<D, OVL, AHEAD_>;
@@ -259,6 +264,13 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
   const uint64_t tp = (static_cast<uint64_t>(T) + 1) >> 1;
   const uint64_t qpair = static_cast<uint64_t>((q0 + row0) / 2 + g);
   const uint64_t z0 = p.rng_key + (((static_cast<uint64_t>(b) * p.heads + h) * tp + qpair) * tp + t4) * kGolden;
+  // KB: the thread's word of key tile j (chunk j of the warpgroup's 64 queries) at keep_words + 128 j.
+  const bool keep_row = q0 + wg * 64 < T;
+  const uint64_t chunks = attention_keep_chunks(static_cast<uint64_t>(T));
+  static_assert(!KB || BC == 64, "a key tile is a chunk of Note [attention keep bits]");
+  uint32_t* keep_words =
+      KB ? p.keep_bits + ((static_cast<uint64_t>(b) * p.heads + h) * chunks + (q0 / 64 + wg)) * chunks * 128 + warp * 32 + lane
+         : nullptr;
 
   for (int j = 0; j < jend; ++j) {
     load_kv(j + AHEAD);
@@ -273,7 +285,12 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
     }
     fence_regs(s);
     online_softmax<NS>(s, kb + j * BC, scale_mul, t4, m, l, corr);
-    if constexpr (DROP) drop_tile<NS>(s, z0 + static_cast<uint64_t>(j) * (BC / 2) * kGolden, p.thr_m1);
+    if constexpr (DROP) {
+      const uint32_t word = drop_tile<NS, KB>(s, z0 + static_cast<uint64_t>(j) * (BC / 2) * kGolden, p.thr_m1);
+      if constexpr (KB) {
+        if (keep_row) keep_words[static_cast<size_t>(j) * 128] = word;
+      }
+    }
     if constexpr (OVL) {
       wgmma_wait<0>();
       if (j > 0) release_tile(j - 1);
@@ -329,7 +346,9 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
       return launch<BF16, D, OVL, AHEAD>(p, smem_limit, s);
     }
   }
-  auto kernel = p.drop ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA> : wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD, TMA>;
+  auto kernel = !p.drop             ? wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD, TMA>
+                : p.keep_bits != nullptr ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA, true>
+                                         : wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA>;
   return launch_tiles(kernel, p, C::BR, C::kThreads, C::smem_bytes(p.T), smem_limit, s, map);
 }
 
