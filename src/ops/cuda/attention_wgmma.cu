@@ -264,13 +264,13 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
   const uint64_t tp = (static_cast<uint64_t>(T) + 1) >> 1;
   const uint64_t qpair = static_cast<uint64_t>((q0 + row0) / 2 + g);
   const uint64_t z0 = p.rng_key + (((static_cast<uint64_t>(b) * p.heads + h) * tp + qpair) * tp + t4) * kGolden;
-  // KB: the thread's word of key tile j (chunk j of the warpgroup's 64 queries) at keep_words + 128 j.
-  const bool keep_row = q0 + wg * 64 < T;
-  const uint64_t chunks = attention_keep_chunks(static_cast<uint64_t>(T));
+  // KB: the thread's word of key tile j (chunk j of the warpgroup's 64 queries) is
+  // p.keep_bits[keep_word + 128 j] (a 32-bit index: the launcher checks the buffer's size).
   static_assert(!KB || BC == 64, "a key tile is a chunk of Note [attention keep bits]");
-  uint32_t* keep_words =
-      KB ? p.keep_bits + ((static_cast<uint64_t>(b) * p.heads + h) * chunks + (q0 / 64 + wg)) * chunks * 128 + warp * 32 + lane
-         : nullptr;
+  const bool keep_row = q0 + wg * 64 < T;
+  const uint32_t chunks = static_cast<uint32_t>(attention_keep_chunks(static_cast<uint64_t>(T)));
+  const uint32_t keep_word =
+      ((static_cast<uint32_t>(b) * p.heads + h) * chunks + (q0 / 64 + wg)) * chunks * 128 + warp * 32 + lane;
 
   for (int j = 0; j < jend; ++j) {
     load_kv(j + AHEAD);
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
     if constexpr (DROP) {
       const uint32_t word = drop_tile<NS, KB>(s, z0 + static_cast<uint64_t>(j) * (BC / 2) * kGolden, p.thr_m1);
       if constexpr (KB) {
-        if (keep_row) keep_words[static_cast<size_t>(j) * 128] = word;
+        if (keep_row) p.keep_bits[keep_word + 128 * j] = word;
       }
     }
     if constexpr (OVL) {
@@ -346,6 +346,10 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
       return launch<BF16, D, OVL, AHEAD>(p, smem_limit, s);
     }
   }
+  ANATOMY_CHECK(p.keep_bits == nullptr ||
+                    attention_keep_bits_bytes(static_cast<uint64_t>(p.B) * p.heads, static_cast<uint64_t>(p.T)) / 4 <=
+                        UINT32_MAX,
+                "attention: ", p.B, " x ", p.heads, " heads x ", p.T, " tokens is too many keep bits for 32-bit words");
   auto kernel = !p.drop             ? wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD, TMA>
                 : p.keep_bits != nullptr ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA, true>
                                          : wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA>;
