@@ -638,7 +638,18 @@ void check_keep_bits(const Case& c, uint64_t seed, const char* fwd_var, const ch
   for (float x : hashed.dqkv) ASSERT_TRUE(std::isfinite(x)) << "dqkv has a non-finite element";
   EXPECT_EQ(kept.ctx, hashed.ctx);
   EXPECT_EQ(kept.lse, hashed.lse);
-  EXPECT_EQ(kept.dqkv, hashed.dqkv) << "the backward reading the kept bits differs from hashing";
+  // dK and dV (summed in registers in a fixed order) bit for bit: a misread decision changes them
+  // (dV takes P Z, dK dS). dQ is added across CTAs by atomics or TMA reduces, in no fixed order:
+  // the same within its rounding.
+  const size_t H = pr.H, W = 3 * H;
+  int64_t kv_diff = 0;
+  std::vector<double> hashed_dq(hashed.dqkv.size(), std::nan(""));
+  for (size_t i = 0; i < hashed.dqkv.size(); ++i) {
+    if (i % W >= H) kv_diff += kept.dqkv[i] != hashed.dqkv[i];
+    else hashed_dq[i] = hashed.dqkv[i];
+  }
+  EXPECT_EQ(kv_diff, 0) << "dK / dV elements differ when the backward reads the kept bits";
+  EXPECT_LT(rel_err(kept.dqkv, hashed_dq), 2e-3);
 
   // The stored bits: every (query, key) the forward computed, i.e. every query and the keys up to
   // the last valid one's 64-key tile (all of them in a batch with no valid key).
@@ -673,6 +684,7 @@ TEST(Attention, KeepBits) {
                         Case{2, 257, 2, 32, DType::BF16, 0.1f, MaskKind::AllMaskedBatch},
                         Case{3, 64, 2, 64, DType::F16, 0.2f, MaskKind::Gaps}, Case{1, 100, 1, 32, DType::BF16, 0.1f}}) {
     check_keep_bits(c, test_seed(), "ANATOMY_ATTENTION_FWD", nullptr, "ANATOMY_ATTENTION_BWD", nullptr);
+    check_keep_bits(c, test_seed(), "ANATOMY_ATTENTION_KEEP_BITS", "write", "ANATOMY_ATTENTION_BWD", nullptr);
     check_keep_bits(c, test_seed(), "ANATOMY_ATTENTION_FWD", "mma", "ANATOMY_ATTENTION_BWD", nullptr);
     check_keep_bits(c, test_seed(), "ANATOMY_ATTENTION", "reference", "ANATOMY_ATTENTION_BWD", nullptr);
     if (!wgmma) continue;

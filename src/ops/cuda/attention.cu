@@ -494,19 +494,25 @@ Params make_params(const Tensor& qkv, const Tensor& lse, const Tensor& mask, int
   return p;
 }
 
-// One thread a word of Note [attention keep bits]: its eight groups' bits from the hash.
+// One thread a word of Note [attention keep bits]: its eight groups' bits from the hash. The
+// groups of a word are key pairs 4n + t4 of one query pair: group indices 4 apart (Note [attention
+// dropout index]), so the hash's counter steps by 4 kGolden, as in the kernels.
 __global__ void keep_bits_kernel(Params p, uint64_t words) {
   const uint64_t w = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
   if (w >= words) return;
   const uint64_t T = static_cast<uint64_t>(p.T), c = attention_keep_chunks(T), chunk = w / 128;
   const uint32_t r = static_cast<uint32_t>(w % 128), qp = 8 * (r / 32) + (r / 4) % 8, t4 = r % 4;
-  const uint64_t bh = chunk / (c * c), q = (chunk / c) % c * 64 + 2 * qp;
+  const uint64_t bh = chunk / (c * c), q = (chunk / c) % c * 64 + 2 * qp, k0 = chunk % c * 64 + 2 * t4;
+  const uint64_t z = p.rng_key + (attention_dropout_index(bh, q, k0, T) >> 2) * kGolden;
   uint32_t word = 0;
-  for (uint32_t n = 0; n < 8; ++n) {
-    const uint64_t k = chunk % c * 64 + 2 * (4 * n + t4);
-    if (q >= T || k >= T) continue;
-    const uint64_t bits = dropout_group_bits(p.rng_key, attention_dropout_index(bh, q, k, T) >> 2);
-    for (int f = 0; f < 4; ++f) word |= dropout_field_keep(bits, f, p.thr) ? 1u << (4 * n + f) : 0u;
+  if (q < T) {
+#pragma unroll
+    for (uint32_t n = 0; n < 8; ++n) {
+      bool keep[4];
+      keep4(keep, mix64(z + n * (4 * kGolden)), p.thr_m1);
+#pragma unroll
+      for (int f = 0; f < 4; ++f) word |= keep[f] ? 1u << (4 * n + f) : 0u;
+    }
   }
   p.keep_bits[w] = word;
 }
