@@ -263,12 +263,8 @@ int run_plan(const TrainOptions& o, int64_t gpu_memory, bool has_gpu) {
     where = "a CUDA GPU (--device cuda; none present: --gpu-memory 16GiB asks whether it fits one)";
   }
   std::printf("Planning for %s\n", where.c_str());
-  // The GPU present decides whether attention keeps its dropout bits (Note [attention keep bits]).
-  const bool keeps_bits = !cpu && has_gpu &&
-                          make_cuda_backend(0)->attention_keeps_bits(compute_dtype(o.precision, Device::CUDA),
-                                                                     cfg.hidden_size / cfg.num_attention_heads);
-  const PlanInput in = plan_input(o, cfg, o.per_device_train_batch_size, cpu ? Device::CPU : Device::CUDA,
-                                  std::max(1, o.nproc_per_node), 0, keeps_bits);
+  const PlanInput in =
+      plan_input(o, cfg, o.per_device_train_batch_size, cpu ? Device::CPU : Device::CUDA, std::max(1, o.nproc_per_node));
   MemoryPlan p = plan_memory(in);
   if (in.world_size > 1)
     std::printf("Data parallel: %d ranks, ZeRO stage %d; the table is what rank 0 holds\n", in.world_size, in.zero_stage);

@@ -63,15 +63,8 @@ Row run(Backend& be, DType dt, const Shape4& sh, AttentionScope scope, float p, 
   constexpr int kSets = 2;
   Allocator& al = be.allocator();
   Rng rng(1234 + static_cast<uint64_t>(B));
-  std::vector<Buffer> qkv, ctx, lse, dctx, keep;
-  // Note [attention keep bits]: as the trainer passes them (with dropout, where the backward reads them).
-  const bool keep_bits = p > 0.0f && be.attention_keeps_bits(dt, sh.D);
+  std::vector<Buffer> qkv, ctx, lse, dctx;
   for (int s = 0; s < kSets; ++s) {
-    if (keep_bits)
-      keep.emplace_back(al, DType::U8,
-                        Shape{static_cast<int64_t>(attention_keep_bits_bytes(static_cast<uint64_t>(B * heads),
-                                                                             static_cast<uint64_t>(T)))},
-                        Category::Other);
     qkv.emplace_back(al, dt, Shape{B, T, 3 * H}, Category::Other);
     ctx.emplace_back(al, dt, Shape{B, T, H}, Category::Other);
     lse.emplace_back(al, DType::F32, Shape{B, heads, T}, Category::Other);
@@ -88,12 +81,10 @@ Row run(Backend& be, DType dt, const Shape4& sh, AttentionScope scope, float p, 
 
   auto fwd = [&](int s, int i) {
     d.offset = static_cast<uint64_t>(i);
-    d.keep_bits = keep_bits ? keep[s].tensor() : Tensor();
     be.attention_forward(ctx[s], lse[s], qkv[s], mask, static_cast<int>(heads), d, scope);
   };
   auto bwd = [&](int s, int i) {
     d.offset = static_cast<uint64_t>(i);
-    d.keep_bits = keep_bits ? keep[s].tensor() : Tensor();
     be.attention_backward(dqkv, dctx[s], qkv[s], ctx[s], lse[s], mask, static_cast<int>(heads), d, scope);
   };
   for (int i = 0; i < warmup; ++i) {

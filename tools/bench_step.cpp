@@ -131,8 +131,7 @@ Result run(const Config& c, int steps, int warmup, const Nvml& nvml) {
   const BertConfig cfg = BertConfig::preset(c.preset);
   ANATOMY_CHECK(c.seq <= cfg.max_sequence_length(), "--config ", c.str(), ": seq exceeds max_position_embeddings ",
                 cfg.max_sequence_length());
-  ModelShape shape{c.batch, c.seq, compute_dtype(prec, Device::CUDA), CheckpointPolicy::None, true};
-  shape.attention_keep_bits = be.attention_keeps_bits(shape.compute, cfg.hidden_size / cfg.num_attention_heads);
+  const ModelShape shape{c.batch, c.seq, compute_dtype(prec, Device::CUDA), CheckpointPolicy::None, true};
   BertForSequenceClassification model(be, cfg, shape);
   model.init_weights(1);
   model.set_dropout_seed(42);

@@ -88,32 +88,6 @@ ANATOMY_HD uint64_t attention_dropout_index(uint64_t bh, uint64_t q, uint64_t k,
   return (((bh * tp + (q >> 1)) * tp + (k >> 1)) << 2) | ((q & 1) << 1) | (k & 1);
 }
 
-// Note [attention keep bits]
-// An attention call may keep its dropout decisions (DropoutSpec::keep_bits in ops/op_args.h): the
-// forward stores them, one bit an element, and the backward reads them instead of hashing again.
-// The layout follows the 2x2 groups above. Per (b*heads + h) there are C x C chunks (C =
-// ceil(T / 64)) of 64 queries x 64 keys, query chunk major; a chunk is 128 32-bit words, and the
-// group of query pair qp = (q % 64) / 2 and key pair kp = (k % 64) / 2 is nibble kp / 4 of word
-// 32 (qp / 8) + 4 (qp % 8) + kp % 4, its bits the group's fields ((q % 2) * 2 + k % 2), a set
-// bit kept. That word is what one thread of the wgmma forward holds for one key tile (its rows
-// are query pairs, its n-tiles key pairs: ops/cuda/attention_wgmma.cu), so the forward stores a
-// word a thread and tile.
-ANATOMY_HD uint64_t attention_keep_chunks(uint64_t T) { return (T + 63) >> 6; }
-ANATOMY_HD uint64_t attention_keep_bits_bytes(uint64_t bh_count, uint64_t T) {
-  const uint64_t c = attention_keep_chunks(T);
-  return bh_count * c * c * 512;
-}
-// The word (of the whole buffer) and bit of element (bh, q, k).
-struct KeepBit {
-  uint64_t word;
-  uint32_t bit;
-};
-ANATOMY_HD KeepBit attention_keep_bit(uint64_t bh, uint64_t q, uint64_t k, uint64_t T) {
-  const uint64_t c = attention_keep_chunks(T), qp = (q & 63) >> 1, kp = (k & 63) >> 1;
-  const uint64_t word = ((bh * c + (q >> 6)) * c + (k >> 6)) * 128 + 32 * (qp >> 3) + 4 * (qp & 7) + (kp & 3);
-  return {word, static_cast<uint32_t>(4 * (kp >> 2) + 2 * (q & 1) + (k & 1))};
-}
-
 // Host-side generator for initialization and shuffling (deterministic from a seed).
 class Rng {
  public:

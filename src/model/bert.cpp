@@ -54,7 +54,6 @@ struct BertForSequenceClassification::LayerActs {
   Tensor pre;                // (R, I)   GELU input
   Tensor g;                  // (R, I)   GELU output (a temporary under selective checkpointing)
   Tensor rstd2;              // (R) F32: LayerNorm 2 statistics (its backward reads the layer output)
-  Tensor keep;               // U8: attention's dropout decisions (Note [attention keep bits]), or none
 };
 
 struct BertForSequenceClassification::Acts {
@@ -155,14 +154,12 @@ namespace {
 // given, receives the byte offset of this layer's GELU input, which then has R rows (the layers
 // below write theirs there). N: the rows past attention (R, or B on the first tokens: Note [last
 // layer on the first tokens]).
-// keep_bytes: attention's keep bits (Note [attention keep bits] in core/rng.h), 0 for none.
 void carve_layer(Arena& ar, DType dt, int64_t R, int64_t N, int64_t B, int64_t T, int64_t H, int64_t I, int64_t nh,
                  bool keep_g, BertForSequenceClassification::LayerActs& la, bool keep_pre = true,
-                 size_t* pre_begin = nullptr, int64_t keep_bytes = 0) {
+                 size_t* pre_begin = nullptr) {
   la.qkv = ar.take(dt, {R, 3 * H});
   la.ctx = ar.take(dt, {R, H});
   la.lse = ar.take(DType::F32, {B, nh, T});
-  if (keep_bytes > 0) la.keep = ar.take(DType::U8, {keep_bytes});
   la.rstd1 = ar.take(DType::F32, {N});
   la.h1 = ar.take(dt, {N, H});
   if (pre_begin) *pre_begin = ar.used();
@@ -246,19 +243,6 @@ static bool last_layer_on_first_tokens(const BertConfig& cfg, const ModelShape& 
 
 // The one place that lays out activations and temporaries; run dry it is the plan. `regions`
 // (training only) receives the arena's byte ranges with their last readers.
-// Note [attention keep bits] (core/rng.h): a layer keeps its attention's dropout decisions (1 bit
-// an element: 16 MiB a layer of bert-large at batch 32 x 512) where the backend's attention
-// backward reads them (ModelShape::attention_keep_bits) and nothing is recomputed (selective and
-// layer checkpointing save memory: their backward hashes again, as Note [recomputed FFN input]
-// counts). 0 otherwise.
-static int64_t attention_keep_bits_bytes_of(const BertConfig& cfg, const ModelShape& s, int64_t B, int64_t T) {
-  if (!s.attention_keep_bits || !s.training || s.checkpointing != CheckpointPolicy::None ||
-      !(cfg.attention_probs_dropout_prob > 0))
-    return 0;
-  return static_cast<int64_t>(attention_keep_bits_bytes(static_cast<uint64_t>(B * cfg.num_attention_heads),
-                                                        static_cast<uint64_t>(T)));
-}
-
 static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena& tmp, const BertConfig& cfg,
                        const ModelShape& s, int64_t B, int64_t T, bool training,
                        std::vector<ActRegion>* regions = nullptr);
@@ -454,12 +438,11 @@ static void carve_acts(BertForSequenceClassification::Acts& a, Arena& act, Arena
   } else if (policy != CheckpointPolicy::Layer) {
     a.layers.assign(L, {});
     const int64_t K = recomputed_pre_layers(cfg, policy, training);  // Note [recomputed FFN input]
-    const int64_t keep_bytes = attention_keep_bits_bytes_of(cfg, s, B, T);
     size_t slot = 0;
     for (int64_t l = 0; l < L; ++l) {
       open();
       const int64_t N = a.first_tokens && l == L - 1 ? B : R;
-      carve_layer(act, dt, R, N, B, T, H, I, nh, keep_g, a.layers[l], l >= K, l == K ? &slot : nullptr, keep_bytes);
+      carve_layer(act, dt, R, N, B, T, H, I, nh, keep_g, a.layers[l], l >= K, l == K ? &slot : nullptr);
       take_output(l);
       close(stage_of_layer(l, L));
     }
@@ -819,13 +802,6 @@ static float head_dropout(const BertConfig& c) {
   return static_cast<float>(c.classifier_dropout.value_or(c.hidden_dropout_prob));
 }
 static int site_attn(int l) { return 1 + 3 * l; }
-// Layer l's attention dropout, with the layer's keep bits where it has them.
-DropoutSpec BertForSequenceClassification::attn_drop(const LayerActs& a, float p, uint64_t base, int l,
-                                                    bool training) const {
-  DropoutSpec d = drop(p, base, site_attn(l), training);
-  if (d.p > 0.0f) d.keep_bits = a.keep;
-  return d;
-}
 static int site_attn_out(int l) { return 2 + 3 * l; }
 static int site_ffn_out(int l) { return 3 + 3 * l; }
 // The attention output's dropout probability (none in DistilBERT, Note [encoder variants]).
@@ -866,7 +842,7 @@ Tensor BertForSequenceClassification::attention_forward_rows(int l, const Tensor
   if (pa) {  // the packed inference layout's context overlays its q|k|v: it goes to ctx_pad's rows
     if (m_acts->packed) ctx_rows = m_acts->ctx_pad.slice(0, n);
     m_be.attention_packed_forward(ctx_rows, a.lse, qkv_rows, b.seq_offsets, static_cast<int>(nh),
-                                  attn_drop(a, ap, base, l, training), b.attended_pairs.of(queries), scope);
+                                  drop(ap, base, site_attn(l), training), b.attended_pairs.of(queries), scope);
   } else if (m_acts->packed) {  // Note [packed inference]: attention on the padded layout
     const Tensor& qkv_pad = m_acts->qkv_pad;
     m_be.scatter_rows(qkv_pad, a.qkv, b.token_rows);
@@ -880,7 +856,7 @@ Tensor BertForSequenceClassification::attention_forward_rows(int l, const Tensor
       m_be.scatter_rows(a.qkv, qkv_rows, b.token_rows);
     }
     m_be.attention_forward(a.ctx.view({m_acts->B, m_acts->T, H}), a.lse, a.qkv.view({m_acts->B, m_acts->T, 3 * H}),
-                           b.attention_mask, static_cast<int>(nh), attn_drop(a, ap, base, l, training), scope);
+                           b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), training), scope);
     if (pk) {
       ctx_rows = m_acts->t2.slice(0, x.dim(0));
       m_be.gather_rows(ctx_rows, a.ctx, b.token_rows);
@@ -987,7 +963,7 @@ Tensor BertForSequenceClassification::attention_backward_rows(int l, LayerActs& 
     const Tensor dqkv_rows = dqkv.slice(0, n);
     if (dao.defined()) m_be.matmul(G(p.ao_w), dao, Trans::T, ctx_rows, Trans::N, wgrad);
     m_be.attention_packed_backward(dqkv_rows, dctx_rows, qkv_rows, ctx_rows, a.lse, b.seq_offsets,
-                                   static_cast<int>(nh), attn_drop(a, ap, base, l, true), b.attended_pairs.of(queries),
+                                   static_cast<int>(nh), drop(ap, base, site_attn(l), true), b.attended_pairs.of(queries),
                                    scope, dqkv_bias);
     return qkv_backward(l, dqkv_rows, x, X3);
   }
@@ -1004,7 +980,7 @@ Tensor BertForSequenceClassification::attention_backward_rows(int l, LayerActs& 
   }
   m_be.attention_backward(dqkv.view({m_acts->B, m_acts->T, 3 * H}), dctx.view({m_acts->B, m_acts->T, H}),
                           a.qkv.view({m_acts->B, m_acts->T, 3 * H}), a.ctx.view({m_acts->B, m_acts->T, H}), a.lse,
-                          b.attention_mask, static_cast<int>(nh), attn_drop(a, ap, base, l, true), scope, dqkv_bias);
+                          b.attention_mask, static_cast<int>(nh), drop(ap, base, site_attn(l), true), scope, dqkv_bias);
   Tensor dqkv_rows = dqkv;
   if (pk) {
     dqkv_rows = m_acts->pk.slice(0, n);

@@ -129,7 +129,6 @@ class BertForSequenceClassification : public EncoderModel {
   // dx[:N] += dqkv Wqkv; returns dx.
   Tensor qkv_backward(int l, const Tensor& dqkv, const Tensor& x, const Tensor& dx);
   DropoutSpec drop(float p, uint64_t base, int site, bool training) const;
-  DropoutSpec attn_drop(const LayerActs& a, float p, uint64_t base, int l, bool training) const;
   // args with layer l's fp8 rows of `site` for A (role ra) and B (role rb) when the step runs in
   // fp8 (Note [fp8 training]); unchanged otherwise.
   MatmulArgs fp8(MatmulArgs args, int l, Fp8Site site, Fp8Role ra, Fp8Role rb, bool training = true) const;

@@ -132,10 +132,6 @@ struct ModelShape {
   // attention on the first tokens alone (Note [last layer on the first tokens] in bert.cpp, Note
   // [modernbert first tokens]). false: on every token.
   bool last_layer_first_tokens = true;
-  // The backend's attention backward reads kept dropout decisions (Backend::attention_keeps_bits):
-  // BERT-family layers then keep them in training without checkpointing (Note [attention keep
-  // bits] in core/rng.h).
-  bool attention_keep_bits = false;
 };
 
 // fp8 scaling rows (Note [fp8 training]): for each layer, each of its fp8 Linear sites x the

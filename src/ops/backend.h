@@ -154,14 +154,6 @@ class Backend {
     (void)dt, (void)seq, (void)head_dim;
     return true;
   }
-  // Whether this backend's attention backward with dropout, for activations of `dt` and head
-  // dim `head_dim`, reads DropoutSpec::keep_bits (Note [attention keep bits] in core/rng.h)
-  // rather than hashing again: where it does, a caller that can spare the memory passes them
-  // (the CPU: never; CUDA: its Hopper kernels).
-  virtual bool attention_keeps_bits(DType dt, int64_t head_dim) const {
-    (void)dt, (void)head_dim;
-    return false;
-  }
   // Rotary position embeddings (ModernBERT) on q and k of qkv [B, T, 3H], head dim D even, the
   // position of a token its index t in the sequence: for head h and d < D/2, with
   // a = t * theta^(-2d/D), (x[d], x[d + D/2]) -> (x[d] cos a - x[d + D/2] sin a,

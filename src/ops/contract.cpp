@@ -15,7 +15,6 @@
 #include <cmath>
 #include <type_traits>
 
-#include "core/rng.h"
 #include "ops/backend.h"
 #include "telemetry/op_cost.h"
 
@@ -24,7 +23,6 @@ namespace anatomy {
 namespace {
 
 constexpr DType F32 = DType::F32;
-constexpr DType U8 = DType::U8;
 constexpr DType I32 = DType::I32;
 
 bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
@@ -130,8 +128,6 @@ DType attention(const Check& c, const Tensor& qkv, const Tensor& ctx, const Tens
   c.sized(lse, F32, static_cast<size_t>(b * heads * t), "lse");
   c.optional(mask, I32, static_cast<size_t>(b * t), "mask");
   c.dropout(d);
-  c.optional(d.keep_bits, U8, attention_keep_bits_bytes(static_cast<uint64_t>(b * heads), static_cast<uint64_t>(t)),
-             "keep_bits");
   attention_scope(c, scope);
   return dt;
 }
@@ -351,9 +347,6 @@ DType packed_attention(const Check& c, const Tensor& qkv, const Tensor& ctx, con
   c.holds(lse.shape.rank == 3 && lse.dim(1) == heads, [&] { return str_cat("lse ", lse.shape.str(), " is not [B, heads, T]"); });
   c.sized(offsets, I32, static_cast<size_t>(lse.dim(0) + 1), "offsets");
   c.dropout(d);
-  c.optional(d.keep_bits, U8,
-             attention_keep_bits_bytes(static_cast<uint64_t>(lse.dim(0) * heads), static_cast<uint64_t>(lse.dim(2))),
-             "keep_bits");
   attention_scope(c, scope);
   c.holds(c.backend().packed_attention_supported(dt, lse.dim(2), h / heads),
           [&] { return str_cat("the ", c.backend().name(), " backend has no packed attention for ", dtype_name(dt), ", T ",

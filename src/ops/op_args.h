@@ -30,17 +30,9 @@ enum class Trans : uint8_t { N, T };
 enum class Epilogue : uint8_t { None, Bias, BiasGelu, BiasGrad };
 
 struct DropoutSpec {
-  DropoutSpec() = default;
-  DropoutSpec(float p_, uint64_t seed_, uint64_t offset_, Tensor keep_bits_ = {})
-      : p(p_), seed(seed_), offset(offset_), keep_bits(keep_bits_) {}
   float p = 0.0f;
   uint64_t seed = 0;
   uint64_t offset = 0;
-  // Attention only, optional: U8 [attention_keep_bits_bytes(B * heads, T)] (Note [attention keep
-  // bits] in core/rng.h). The forward stores there the keep decision of every (query, key) it
-  // computes; the backward of the same call, on a backend that says attention_keeps_bits(), may
-  // read them instead of hashing again. Results are the same either way.
-  Tensor keep_bits;
 };
 
 // Note [attention scope]

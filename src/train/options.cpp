@@ -35,15 +35,13 @@ DType compute_dtype(Precision p, Device device) {
 
 const char* cadence_name(Cadence c) { return c == Cadence::Steps ? "steps" : c == Cadence::Epoch ? "epoch" : "no"; }
 
-PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch, Device device, int world, int rank,
-                     bool keeps_bits) {
+PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch, Device device, int world, int rank) {
   const int zero = world > 1 ? o.zero_stage : 0;
   ModelShape shape{batch, o.seq_len, compute_dtype(o.precision, device), o.gradient_checkpointing, true,
                    resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps, zero == 2)};
   shape.packed_tokens = o.skip_padding && !o.train_file.empty() && shape.checkpointing != CheckpointPolicy::Layer;
   shape.fp8 = o.precision == Precision::Fp8;
   shape.fp8_grads = o.fp8_grads;
-  shape.attention_keep_bits = keeps_bits;
   // ANATOMY_LAST_LAYER=all: the last layer on every token, to compare (Note [last layer on the
   // first tokens] in model/bert.cpp).
   const char* last = std::getenv("ANATOMY_LAST_LAYER");

@@ -144,8 +144,6 @@ struct TrainOptions {
 // `anatomy plan` share. Text data trains on its real tokens (packed_tokens; Note [packed
 // training] in model/bert.cpp) except under layer checkpointing. Throws naming
 // --gradient-placement for a placement the accumulation cannot use.
-// keeps_bits: the device's Backend::attention_keeps_bits for this model (ModelShape::attention_keep_bits).
-PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch, Device device, int world, int rank = 0,
-                     bool keeps_bits = false);
+PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch, Device device, int world, int rank = 0);
 
 }  // namespace anatomy

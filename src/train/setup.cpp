@@ -118,18 +118,11 @@ void OutputDir::append_metrics(const std::string& json_line) {
   if (m_metrics) *m_metrics << json_line << "\n" << std::flush;
 }
 
-bool attention_keeps_bits(const TrainOptions& opt, const BertConfig& cfg, const TrainDevice& dev) {
-  const Device device = dev.cuda ? Device::CUDA : Device::CPU;
-  return dev.backend->attention_keeps_bits(compute_dtype(opt.precision, device),
-                                           cfg.hidden_size / std::max<int64_t>(1, cfg.num_attention_heads));
-}
-
 int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const TrainDevice& dev, Communicator& comm) {
   if (opt.per_device_train_batch_size != TrainOptions::kAutoBatch) return opt.per_device_train_batch_size;
   auto mem = dev.cuda ? process_nvml().memory(dev.nvml_index) : std::nullopt;
   ANATOMY_CHECK(mem.has_value(), "--per-device-train-batch-size auto needs a GPU whose free memory NVML reports");
-  double b = static_cast<double>(largest_batch_that_fits(plan_input(opt, cfg, 1, Device::CUDA, comm.size(), comm.rank(),
-                                                                    attention_keeps_bits(opt, cfg, dev)),
+  double b = static_cast<double>(largest_batch_that_fits(plan_input(opt, cfg, 1, Device::CUDA, comm.size(), comm.rank()),
                                                          static_cast<int64_t>(mem->free), int64_t{256} << 20));
   comm.all_reduce_host(std::span<double>(&b, 1), Communicator::Op::Min);  // every rank runs the same batch
   ANATOMY_CHECK(b > 0, "--per-device-train-batch-size auto: not even a batch of 1 fits in ", mem->free >> 20, " MiB free");

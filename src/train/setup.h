@@ -62,8 +62,6 @@ class OutputDir {
 // The micro-batch that the plan is made for: --per-device-train-batch-size, or with "auto" the
 // largest that fits every rank's free memory (agreed across ranks: the smallest).
 int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const TrainDevice& dev, Communicator& comm);
-// The device's Backend::attention_keeps_bits for this model's attention (plan_input's keeps_bits).
-bool attention_keeps_bits(const TrainOptions& opt, const BertConfig& cfg, const TrainDevice& dev);
 
 // Refuses a plan that does not fit the device's free memory, with the levers that would make it.
 void check_plan_fits(const PlanInput& in, const MemoryPlan& plan, const TrainDevice& dev, int64_t accum);

@@ -187,8 +187,7 @@ void RankRun::setup() {
   m_accum = m_opt.gradient_accumulation_steps;
   ANATOMY_CHECK(!m_opt.gemm_tuning || m_dev.cuda,
                 "--gemm-tuning measure times cuBLASLt's algorithms: it needs the GPU (this run is on the CPU)");
-  const PlanInput plan_in = plan_input(m_opt, m_cfg, m_B, m_dev.cuda ? Device::CUDA : Device::CPU, N, m_comm.rank(),
-                                       attention_keeps_bits(m_opt, m_cfg, m_dev));
+  const PlanInput plan_in = plan_input(m_opt, m_cfg, m_B, m_dev.cuda ? Device::CUDA : Device::CPU, N, m_comm.rank());
   m_shape = plan_in.shape;
   m_plan = plan_memory(plan_in);
   if ((m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end)) || m_data->test)  // evaluate() holds its batch while it runs

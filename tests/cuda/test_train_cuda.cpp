@@ -13,7 +13,6 @@
 
 #include "model/bert.h"
 #include "ops/backend.h"
-#include "ops/cuda/attention.h"
 #include "train/trainer.h"
 #include "../common/dirs.h"
 
@@ -45,10 +44,7 @@ TEST(TrainCuda, MixedPrecisionAnatomyIs18BytesPerParameterPlusActivations) {
   EXPECT_EQ(r.peak_bytes[Category::Weights], 6 * n);  // fp32 master + bf16 copy
   EXPECT_EQ(r.peak_bytes[Category::Gradients], 4 * n);
   EXPECT_EQ(r.peak_bytes[Category::OptimizerState], 8 * n);
-  // With the layers' attention keep bits where the backward reads them (Note [attention keep bits]).
-  ModelShape shape{8, 128, DType::BF16, CheckpointPolicy::None, true};
-  shape.attention_keep_bits = cuda::attention_keeps_bits(DType::BF16, 64);
-  const ArenaBytes a = model_arena_bytes(BertConfig::preset("bert-tiny"), shape);
+  ArenaBytes a = model_arena_bytes(BertConfig::preset("bert-tiny"), {8, 128, DType::BF16, CheckpointPolicy::None, true});
   EXPECT_EQ(r.peak_bytes[Category::Activations], static_cast<int64_t>(a.activations));
   EXPECT_GT(r.gpu_memory_occupied_mb, 0);
 }

@@ -6,10 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <exception>
 #include <set>
-#include <string>
-#include <utility>
 #include <vector>
 
 #include "core/rng.h"
@@ -156,64 +153,4 @@ TEST(DropoutBits, CpuDropoutOpUsesTheMask) {
   be->dropout_forward(Tensor(y.data(), DType::F32, {n}, Device::CPU), Tensor(x.data(), DType::F32, {n}, Device::CPU), d);
   for (int64_t i = 0; i < n; ++i)
     ASSERT_EQ(y[i], dropout_keep(d.seed, d.offset, static_cast<uint64_t>(i), d.p) ? 1.0f / 0.75f : 0.0f) << i;
-}
-
-// Note [attention keep bits]: one bit an element, one to one, inside the buffer; the words of a
-// 64 x 64 chunk are the wgmma forward's threads (warp 32 + lane of a query tile's warpgroup,
-// its rows 2g, 2g + 1 of the warp's 16: query pair 8 warp + g), nibble n its n-tile of 8 keys.
-TEST(DropoutBits, AttentionKeepBitsLayout) {
-  for (uint64_t T : {1ull, 2ull, 63ull, 64ull, 65ull, 130ull}) {
-    SCOPED_TRACE("T " + std::to_string(T));
-    const uint64_t words = attention_keep_bits_bytes(3, T) / 4;
-    std::set<std::pair<uint64_t, uint32_t>> seen;
-    for (uint64_t bh = 0; bh < 3; ++bh)
-      for (uint64_t q = 0; q < T; ++q)
-        for (uint64_t k = 0; k < T; ++k) {
-          const KeepBit kb = attention_keep_bit(bh, q, k, T);
-          ASSERT_LT(kb.word, words);
-          ASSERT_LT(kb.bit, 32u);
-          ASSERT_TRUE(seen.insert({kb.word, kb.bit}).second) << "shared bit for " << bh << ", " << q << ", " << k;
-          // The field of the element's 2x2 group, in the nibble of its key pair's n-tile.
-          ASSERT_EQ(kb.bit % 4, attention_dropout_index(bh, q, k, T) & 3);
-          ASSERT_EQ(kb.bit / 4, (k % 64) / 8);
-          const uint64_t qp = (q % 64) / 2, warp = qp / 8, g = qp % 8, t4 = (k % 8) / 2;
-          ASSERT_EQ(kb.word % 128, warp * 32 + 4 * g + t4);
-        }
-  }
-  EXPECT_EQ(attention_keep_bits_bytes(32 * 16, 512), 16u << 20);  // bert-large at batch 32: 16 MiB a layer
-}
-
-// The CPU forward stores the decisions it applies (the op's contract: its backward may take them
-// or hash again), and the contract names a keep-bits buffer of the wrong size.
-TEST(DropoutBits, CpuAttentionStoresKeepBits) {
-  auto be = make_cpu_backend(2);
-  const int64_t B = 2, T = 70, heads = 2, D = 4, H = heads * D;
-  std::vector<float> qkv(static_cast<size_t>(B * T * 3 * H), 0.5f), ctx(static_cast<size_t>(B * T * H)),
-      lse(static_cast<size_t>(B * heads * T));
-  std::vector<uint32_t> words(attention_keep_bits_bytes(B * heads, T) / 4, 0xdeadbeefu);
-  DropoutSpec d{0.3f, 11, 4};
-  d.keep_bits = Tensor(words.data(), DType::U8, {static_cast<int64_t>(words.size() * 4)}, Device::CPU);
-  be->attention_forward(Tensor(ctx.data(), DType::F32, {B, T, H}, Device::CPU),
-                        Tensor(lse.data(), DType::F32, {B, heads, T}, Device::CPU),
-                        Tensor(qkv.data(), DType::F32, {B, T, 3 * H}, Device::CPU), Tensor(), static_cast<int>(heads), d);
-  int64_t kept = 0;
-  for (uint64_t bh = 0; bh < static_cast<uint64_t>(B * heads); ++bh)
-    for (uint64_t q = 0; q < static_cast<uint64_t>(T); ++q)
-      for (uint64_t k = 0; k < static_cast<uint64_t>(T); ++k) {
-        const KeepBit kb = attention_keep_bit(bh, q, k, T);
-        const bool want = dropout_keep(d.seed, d.offset, attention_dropout_index(bh, q, k, T), d.p);
-        ASSERT_EQ((words[kb.word] >> kb.bit) & 1u, want ? 1u : 0u) << bh << ", " << q << ", " << k;
-        kept += want;
-      }
-  EXPECT_GT(kept, 0);
-  d.keep_bits = Tensor(words.data(), DType::U8, {static_cast<int64_t>(words.size() * 4 - 16)}, Device::CPU);
-  try {
-    be->attention_forward(Tensor(ctx.data(), DType::F32, {B, T, H}, Device::CPU),
-                          Tensor(lse.data(), DType::F32, {B, heads, T}, Device::CPU),
-                          Tensor(qkv.data(), DType::F32, {B, T, 3 * H}, Device::CPU), Tensor(), static_cast<int>(heads),
-                          d);
-    FAIL() << "a short keep-bits buffer was accepted";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("keep_bits"), std::string::npos) << e.what();
-  }
 }

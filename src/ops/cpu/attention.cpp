@@ -83,29 +83,10 @@ void recompute_probs(double* p, const Layout& L, const T* qkv, int64_t b, int64_
   }
 }
 
-// Note [attention keep bits] in core/rng.h: the decision of every (query, key) of the padded
-// T x T, computed or not (the CPU's backward hashes again: attention_keeps_bits() is false here).
-void store_keep_bits(const DropoutSpec& d, int64_t bh_count, int64_t seq) {
-  if (!d.keep_bits.defined() || !(d.p > 0.0f)) return;
-  auto* words = static_cast<uint32_t*>(d.keep_bits.data);
-  const uint64_t T = static_cast<uint64_t>(seq), n = static_cast<uint64_t>(bh_count);
-  std::fill(words, words + attention_keep_bits_bytes(n, T) / 4, 0u);
-  const uint64_t key = dropout_key(d.seed, d.offset);
-  const uint32_t thr = dropout_threshold(d.p);
-  for (uint64_t bh = 0; bh < n; ++bh)
-    for (uint64_t q = 0; q < T; ++q)
-      for (uint64_t k = 0; k < T; ++k)
-        if (dropout_keep_key(key, attention_dropout_index(bh, q, k, T), thr)) {
-          const KeepBit kb = attention_keep_bit(bh, q, k, T);
-          words[kb.word] |= 1u << kb.bit;
-        }
-}
-
 // Queries t >= len(b) of a packed sequence get lse 0 and no ctx row (there is none); queries past
 // the scope's a zero ctx row and an lse of +inf.
 template <class T>
 void forward(const Layout& L, T* ctx, T* lse, const T* qkv, const DropoutSpec& dropout) {
-  store_keep_bits(dropout, L.batch * L.heads, L.seq);
   const int64_t seq = L.seq;
   const double scale = 1.0 / std::sqrt(static_cast<double>(L.d));
   const DropoutMask drop(dropout);

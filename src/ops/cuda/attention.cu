@@ -7,7 +7,6 @@
 #include "ops/backend_memory.h"
 #include "ops/cuda/attention.h"
 
-#include <string_view>
 #include <cmath>
 #include <type_traits>
 
@@ -487,34 +486,8 @@ Params make_params(const Tensor& qkv, const Tensor& lse, const Tensor& mask, int
     p.thr = dropout_threshold(d.p);  // >= 1 since p > 0
     p.thr_m1 = static_cast<uint32_t>(static_cast<uint64_t>(p.thr) * 65536u - 1u);
     p.rng_key = dropout_key(d.seed, d.offset);
-    // ANATOMY_ATTENTION_KEEP_BITS=off (for A/Bs; set for the whole run): neither stored nor read.
-    if (d.keep_bits.defined() && !env_is("ANATOMY_ATTENTION_KEEP_BITS", "off"))
-      p.keep_bits = d.keep_bits.ptr<uint32_t>();
   }
   return p;
-}
-
-// One thread a word of Note [attention keep bits]: its eight groups' bits from the hash. The
-// groups of a word are key pairs 4n + t4 of one query pair: group indices 4 apart (Note [attention
-// dropout index]), so the hash's counter steps by 4 kGolden, as in the kernels.
-__global__ void keep_bits_kernel(Params p, uint64_t words) {
-  const uint64_t w = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
-  if (w >= words) return;
-  const uint64_t T = static_cast<uint64_t>(p.T), c = attention_keep_chunks(T), chunk = w / 128;
-  const uint32_t r = static_cast<uint32_t>(w % 128), qp = 8 * (r / 32) + (r / 4) % 8, t4 = r % 4;
-  const uint64_t bh = chunk / (c * c), q = (chunk / c) % c * 64 + 2 * qp, k0 = chunk % c * 64 + 2 * t4;
-  const uint64_t z = p.rng_key + (attention_dropout_index(bh, q, k0, T) >> 2) * kGolden;
-  uint32_t word = 0;
-  if (q < T) {
-#pragma unroll
-    for (uint32_t n = 0; n < 8; ++n) {
-      bool keep[4];
-      keep4(keep, mix64(z + n * (4 * kGolden)), p.thr_m1);
-#pragma unroll
-      for (int f = 0; f < 4; ++f) word |= keep[f] ? 1u << (4 * n + f) : 0u;
-    }
-  }
-  p.keep_bits[w] = word;
 }
 
 dim3 ref_grid(const Params& p) {
@@ -566,13 +539,6 @@ bool backward_passes(const Params& p, bool fast, bool is_bf16, cudaStream_t s) {
 }
 
 }  // namespace
-
-void store_keep_bits(const Params& p, cudaStream_t s) {
-  const uint64_t words = attention_keep_bits_bytes(static_cast<uint64_t>(p.B) * p.heads, static_cast<uint64_t>(p.T)) / 4;
-  keep_bits_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, s>>>(p, words);
-  check_launch("attention keep bits");
-}
-
 }  // namespace attn
 
 size_t attention_scratch_bytes(int64_t B, int64_t T, int heads, int head_dim, DType dt) {
@@ -592,18 +558,18 @@ void attention_forward(const Tensor& ctx, const Tensor& lse, const Tensor& qkv, 
   if (qkv.dtype == DType::F32 && !reference) {
     ANATOMY_CHECK(scratch != nullptr, "attention: the F32 forward needs scratch memory");
     attn::gemm_forward(p, attn::gemm_buffer(scratch, p, 0), opt, s);
-  } else if (qkv.dtype != DType::F32 && !reference && attn::flash_forward(p, is_bf16, attn::smem_optin_limit(), s)) {
-    attn::check_launch("attention flash forward");
-    return;  // (the flash forwards store p.keep_bits)
-  } else {
-    switch (qkv.dtype) {
-      case DType::F32: attn::ref_forward<float>(p, s); break;
-      case DType::BF16: attn::ref_forward<__nv_bfloat16>(p, s); break;
-      case DType::F16: attn::ref_forward<__half>(p, s); break;
-      default: fail("attention: unsupported dtype");
-    }
+    return;
   }
-  if (p.keep_bits != nullptr) attn::store_keep_bits(p, s);
+  if (qkv.dtype != DType::F32 && !reference && attn::flash_forward(p, is_bf16, attn::smem_optin_limit(), s)) {
+    attn::check_launch("attention flash forward");
+    return;
+  }
+  switch (qkv.dtype) {
+    case DType::F32: attn::ref_forward<float>(p, s); break;
+    case DType::BF16: attn::ref_forward<__nv_bfloat16>(p, s); break;
+    case DType::F16: attn::ref_forward<__half>(p, s); break;
+    default: fail("attention: unsupported dtype");
+  }
 }
 
 namespace {
@@ -625,10 +591,6 @@ const char* attention_backward_kernel(DType dt, int64_t head_dim, int window) {
   return kernel_family(dt, head_dim, window, false);
 }
 int64_t attention_tma_fallbacks() { return attn::tma_fallbacks(); }
-bool attention_keeps_bits(DType dt, int64_t head_dim) {
-  return std::string_view(kernel_family(dt, head_dim, 0, false)) == "wgmma" &&
-         !env_is("ANATOMY_ATTENTION_KEEP_BITS", "off");
-}
 
 void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qkv, const Tensor& ctx,
                         const Tensor& lse, const Tensor& mask, int heads, const DropoutSpec& d, void* scratch,

@@ -50,9 +50,6 @@ void attention_backward(const Tensor& dqkv, const Tensor& dctx, const Tensor& qk
 // cuBLAS) or "reference" (ANATOMY_ATTENTION=reference, or what the others do not cover).
 const char* attention_forward_kernel(DType dt, int64_t head_dim, int window);
 const char* attention_backward_kernel(DType dt, int64_t head_dim, int window);  // likewise
-// Whether the backward with dropout reads DropoutSpec::keep_bits (Note [attention keep bits] in
-// core/rng.h): its wgmma kernel, unless ANATOMY_ATTENTION_KEEP_BITS=off.
-bool attention_keeps_bits(DType dt, int64_t head_dim);
 // Calls of the wgmma forward or backward that fell back from TMA to cp.async tiles because the
 // driver refused the tensor map (Note [tma key tiles]); 0 on a working Hopper setup.
 int64_t attention_tma_fallbacks();

@@ -70,9 +70,6 @@ struct Params {
   uint32_t thr = 0;       // dropout_threshold(p)
   uint32_t thr_m1 = 0;    // thr * 2^16 - 1 (keep4)
   uint64_t rng_key = 0;   // dropout_key(seed, offset)
-  // Note [attention keep bits] (core/rng.h), with dropout only: the forward stores its decisions
-  // there; the backward's wgmma kernel reads them. nullptr: neither.
-  uint32_t* keep_bits = nullptr;
 };
 
 // Sequence b's first row and its token count (T in the padded layout): the queries and keys
@@ -146,8 +143,6 @@ bool wgmma_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s
 bool flash_backward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);
 bool wgmma_backward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s);  // attention_wgmma_bwd.cu
 bool flash_supports(const Params& p);
-// Stores p.keep_bits from the hash (one thread a word): for the forwards that do not store them.
-void store_keep_bits(const Params& p, cudaStream_t s);
 // Whether the flash kernels' shared memory holds batches padded to T at head dim D (32, 64, 128).
 bool flash_fits(int T, int D, int smem_limit);
 

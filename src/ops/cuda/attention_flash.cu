@@ -487,9 +487,8 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
         }
         return x;
       };
-      bool keep[4] = {true, true, true, true};
-      if constexpr (DROP) keep4(keep, mix64(zj + static_cast<uint64_t>(n) * 4 * zstep), p.thr_m1);
-      backward_elements<DROP>(s[n], dp[n], keep, lse_s + st * BR + c, dsum_s + st * BR + c, scale_mul, kbias, p, window);
+      const uint64_t bits = DROP ? mix64(zj + static_cast<uint64_t>(n) * 4 * zstep) : 0;
+      backward_elements<DROP>(s[n], dp[n], bits, lse_s + st * BR + c, dsum_s + st * BR + c, scale_mul, kbias, p, window);
     }
 
     // dV += (P Z')^T dO and dK += dS^T Q: A from the registers above (rows = keys,
@@ -656,10 +655,8 @@ const char* flash_backward_kernel(const Params& p) { return bwd_takes_wgmma(p) ?
 
 bool flash_forward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s) {
   if (!flash_supports(p)) return false;
-  if (takes_wgmma(p) && wgmma_forward(p, is_bf16, smem_limit, s)) return true;  // (stores p.keep_bits)
-  if (!(is_bf16 ? forward_for<true>(p, smem_limit, s) : forward_for<false>(p, smem_limit, s))) return false;
-  if (p.keep_bits != nullptr) store_keep_bits(p, s);
-  return true;
+  if (takes_wgmma(p) && wgmma_forward(p, is_bf16, smem_limit, s)) return true;
+  return is_bf16 ? forward_for<true>(p, smem_limit, s) : forward_for<false>(p, smem_limit, s);
 }
 
 bool flash_backward(const Params& p, bool is_bf16, int smem_limit, cudaStream_t s) {

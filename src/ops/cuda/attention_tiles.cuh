@@ -355,13 +355,14 @@ __device__ __forceinline__ KeyRowDropout key_row_dropout(const Params& p, size_t
 // The backward's element-wise step on one n-tile of the transposed frame (the thread's key rows
 // 2g, 2g + 1 x query columns c, c + 1; element e is key 2g + (e >> 1), query c + (e & 1)): the
 // scores s (K Q^T) become P Z' (for dV), dp (V dO^T) becomes dS = P (Z dP / (1 - p) - Dsum).
-// keep: the block's dropout decisions by field (keep4), element e's field 2 (e & 1) + (e >> 1);
-// lse, dsum: the query tile's rows from column c; window(x, e): element e's log2 score x after a
-// local window.
+// bits: the block's dropout bits, element e field 2 (e & 1) + (e >> 1); lse, dsum: the query
+// tile's rows from column c; window(x, e): element e's log2 score x after a local window.
 template <bool DROP, class Window>
-__device__ __forceinline__ void backward_elements(float* s, float* dp, const bool (&keep)[4], const float* lse,
+__device__ __forceinline__ void backward_elements(float* s, float* dp, uint64_t bits, const float* lse,
                                                   const float* dsum, float scale_mul, const float (&kbias)[2],
                                                   const Params& p, Window window) {
+  [[maybe_unused]] bool keep[4] = {true, true, true, true};
+  if constexpr (DROP) keep4(keep, bits, p.thr_m1);
   const float2 L = *reinterpret_cast<const float2*>(lse);
   const float2 Dv = *reinterpret_cast<const float2*>(dsum);
   const float lse2[2] = {L.x * kLog2e, L.y * kLog2e};

@@ -79,32 +79,17 @@ __device__ __forceinline__ void online_softmax(float (&s)[4 * NS], const float* 
 }
 
 // Zeroes the dropped elements: n-tile n is the 2x2 block of group bits mix64(z + 4n kGolden)
-// (Note [paired rows]), element e its field e. KB: returns the tile's keep bits, n-tile n's in
-// nibble n (the thread's word of Note [attention keep bits]; BC = 64: eight n-tiles).
-template <int NS, bool KB>
-__device__ __forceinline__ uint32_t drop_tile(float (&s)[4 * NS], uint64_t z, uint32_t thr_m1) {
-  uint32_t word = 0;
+// (Note [paired rows]).
+template <int NS>
+__device__ __forceinline__ void drop_tile(float (&s)[4 * NS], uint64_t z, uint32_t thr_m1) {
 #pragma unroll
   for (int n = 0; n < NS; ++n) {
     bool keep[4];
     keep4(keep, mix64(z + static_cast<uint64_t>(n) * (4 * kGolden)), thr_m1);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (!keep[e]) s[4 * n + e] = 0.0f;
-      if constexpr (KB) word |= keep[e] ? 1u << (4 * n + e) : 0u;
-    }
-  }
-  return word;
-}
-// Zeroes the dropped elements of the thread's word of Note [attention keep bits] (n-tile n is
-// nibble n, element e its bit e).
-template <int NS>
-__device__ __forceinline__ void drop_tile_kept(float (&s)[4 * NS], uint32_t word) {
-#pragma unroll
-  for (int n = 0; n < NS; ++n)
-#pragma unroll
     for (int e = 0; e < 4; ++e)
-      if (!((word >> (4 * n + e)) & 1u)) s[4 * n + e] = 0.0f;
+      if (!keep[e]) s[4 * n + e] = 0.0f;
+  }
 }
 
 template <int NO>
@@ -159,9 +144,7 @@ struct WgFwdCfg {
   static size_t smem_bytes(int T) { return 1024 + kBiasOffset + static_cast<size_t>(bias_floats(T)) * 4 + 16 * STAGES; }
 };
 
-// KB (with dropout): 0 the hash; 1 the hash, its words stored to p.keep_bits; 2 the words read
-// from p.keep_bits (stored beforehand by store_keep_bits).
-template <bool BF16, int D, bool OVL, bool DROP, int AHEAD_, bool TMA, int KB = 0>
+template <bool BF16, int D, bool OVL, bool DROP, int AHEAD_, bool TMA>
 __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __grid_constant__ CUtensorMap kv_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgFwdCfg<D, OVL, AHEAD_>;
@@ -276,19 +259,8 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
   const uint64_t tp = (static_cast<uint64_t>(T) + 1) >> 1;
   const uint64_t qpair = static_cast<uint64_t>((q0 + row0) / 2 + g);
   const uint64_t z0 = p.rng_key + (((static_cast<uint64_t>(b) * p.heads + h) * tp + qpair) * tp + t4) * kGolden;
-  // KB: the thread's word of key tile j (chunk j of the warpgroup's 64 queries) is
-  // p.keep_bits[keep_word + 128 j] (a 32-bit index: the launcher checks the buffer's size).
-  static_assert(!KB || BC == 64, "a key tile is a chunk of Note [attention keep bits]");
-  const bool keep_row = q0 + wg * 64 < T;
-  const uint32_t chunks = static_cast<uint32_t>(attention_keep_chunks(static_cast<uint64_t>(T)));
-  const uint32_t keep_word =
-      ((static_cast<uint32_t>(b) * p.heads + h) * chunks + (q0 / 64 + wg)) * chunks * 128 + warp * 32 + lane;
 
-  // KB 2: tile j's word, loaded a tile ahead.
-  uint32_t kept = KB == 2 && keep_row ? p.keep_bits[keep_word] : 0u;
   for (int j = 0; j < jend; ++j) {
-    [[maybe_unused]] const uint32_t kept_j = kept;
-    if constexpr (KB == 2) kept = keep_row && j + 1 < jend ? p.keep_bits[keep_word + 128 * (j + 1)] : 0u;
     load_kv(j + AHEAD);
     if constexpr (TMA) __syncwarp();  // thread 0's loads done: warp 0 whole again for the wgmma
     wait_tile(j);
@@ -301,16 +273,7 @@ __global__ void __launch_bounds__(256, 2) wgmma_fwd_kernel(Params p, const __gri
     }
     fence_regs(s);
     online_softmax<NS>(s, kb + j * BC, scale_mul, t4, m, l, corr);
-    if constexpr (DROP) {
-      if constexpr (KB == 2) {
-        drop_tile_kept<NS>(s, kept_j);
-      } else {
-        const uint32_t word = drop_tile<NS, KB == 1>(s, z0 + static_cast<uint64_t>(j) * (BC / 2) * kGolden, p.thr_m1);
-        if constexpr (KB == 1) {
-          if (keep_row) p.keep_bits[keep_word + 128 * j] = word;
-        }
-      }
-    }
+    if constexpr (DROP) drop_tile<NS>(s, z0 + static_cast<uint64_t>(j) * (BC / 2) * kGolden, p.thr_m1);
     if constexpr (OVL) {
       wgmma_wait<0>();
       if (j > 0) release_tile(j - 1);
@@ -366,18 +329,7 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
       return launch<BF16, D, OVL, AHEAD>(p, smem_limit, s);
     }
   }
-  ANATOMY_CHECK(p.keep_bits == nullptr ||
-                    attention_keep_bits_bytes(static_cast<uint64_t>(p.B) * p.heads, static_cast<uint64_t>(p.T)) / 4 <=
-                        UINT32_MAX,
-                "attention: ", p.B, " x ", p.heads, " heads x ", p.T, " tokens is too many keep bits for 32-bit words");
-  // Note [attention keep bits]: store_keep_bits first, then the forward reads them
-  // (ANATOMY_ATTENTION_KEEP_BITS=write: the forward hashes and stores them).
-  const bool keep_bits_first = p.drop && p.keep_bits != nullptr && !env_is("ANATOMY_ATTENTION_KEEP_BITS", "write");
-  if (keep_bits_first) store_keep_bits(p, s);
-  auto kernel = !p.drop             ? wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD, TMA>
-                : p.keep_bits != nullptr && keep_bits_first ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA, 2>
-                : p.keep_bits != nullptr ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA, 1>
-                                         : wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA>;
+  auto kernel = p.drop ? wgmma_fwd_kernel<BF16, D, OVL, true, AHEAD, TMA> : wgmma_fwd_kernel<BF16, D, OVL, false, AHEAD, TMA>;
   return launch_tiles(kernel, p, C::BR, C::kThreads, C::smem_bytes(p.T), smem_limit, s, map);
 }
 

@@ -65,9 +65,8 @@ namespace anatomy::cuda::attn {
 namespace {
 
 // Shared memory (1024-byte aligned): K [BC][D] | V [BC][D] | Q [3][64][D] | dO [3][64][D] |
-// dS^T [2][BC][64] | lse [3][64] | Dsum [3][64] f32 (Note [wgmma backward pipeline]) | keep words
-// [3][WG][128] | with TMA, a barrier per query-tile stage | with the dQ reduce, each warpgroup's f32
-// dQ tile [64][D / WG].
+// dS^T [2][BC][64] | lse [3][64] | Dsum [3][64] f32 (Note [wgmma backward pipeline]) | with TMA, a
+// barrier per query-tile stage | with the dQ reduce, each warpgroup's f32 dQ tile [64][D / WG].
 //
 // TMA (the default): thread 0 brings each query tile's Q and dO as two TMA copies onto its stage's
 // barrier, where the threads wait; lse and Dsum (rows of T floats, not 16-byte aligned in general)
@@ -97,9 +96,7 @@ struct WgBwdCfg {
   static constexpr int kK = 0, kV = kKBytes, kQ = 2 * kKBytes, kDO = kQ + kStages * kQBytes;
   static constexpr int kS = kDO + kStages * kQBytes;
   static constexpr int kLse = kS + 2 * kSBytes, kDsum = kLse + kStages * BR * 4;
-  // KB: each stage's keep words, the WG chunks of the query tile (Note [attention keep bits]).
-  static constexpr int kKeep = kDsum + kStages * BR * 4, kKeepBytes = WG * 512;
-  static constexpr int kBar = kKeep + kStages * kKeepBytes;
+  static constexpr int kBar = kDsum + kStages * BR * 4;
   static constexpr int kBytes = kBar + 8 * kStages;
   // DQT: each warpgroup's two f32 dQ tiles [BR][D / WG] (query tile j's in tile j % 2), staged
   // for the TMA reduce (1024-aligned).
@@ -151,12 +148,7 @@ __device__ __forceinline__ void add_dq_rows(const float (&dq)[N], float* row0, s
   }
 }
 
-// Note [attention keep bits] in the backward (KB): with each query tile come its keep words, the
-// 64 x 64 chunk of each warpgroup's keys (threads 128-191, cp.async with lse and Dsum; a chunk
-// past T arrives as zeros, its keys masked); a thread's eight groups of the tile are nibble
-// 2 warp + g / 4 of words 16 n + 4 t4 + g % 4 of its warpgroup's chunk: one shared load and a
-// shift a group instead of the hash.
-template <bool BF16, int D, int WG, bool DROP, bool TMA, bool DQT, bool RK, bool KB = false>
+template <bool BF16, int D, int WG, bool DROP, bool TMA, bool DQT, bool RK>
 __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, const __grid_constant__ BwdMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgBwdCfg<D, WG>;
@@ -172,8 +164,6 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   const uint32_t ds_s = base + C::kS;
   const float* lse_s = reinterpret_cast<const float*>(smem + C::kLse);
   const float* dsum_s = reinterpret_cast<const float*>(smem + C::kDsum);
-  const uint32_t* keep_s = reinterpret_cast<const uint32_t*>(smem + C::kKeep);
-  static_assert(!KB || (DROP && TMA && WG == 2), "the keep words come with the TMA query tiles, by the second warpgroup");
 
   // gw: the warp's 16 keys of the CTA's BC; warp: its 16 rows of the warpgroup's products.
   const int gw = threadIdx.x / 32, wg = gw / 4, warp = gw % 4, lane = threadIdx.x % 32, g = lane >> 2, t4 = lane & 3;
@@ -199,19 +189,9 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
   }
 
   const uint32_t bar = base + C::kBar;  // stage st's at bar + 8 st
-  const uint64_t chunks = attention_keep_chunks(static_cast<uint64_t>(T));
   auto load_q_tile = [&](int jt, int st) {
     if constexpr (TMA) {
       load_query_stats<BR>(base + C::kLse + st * BR * 4, base + C::kDsum + st * BR * 4, lse_g, dsum_g, jt, TK);
-      if constexpr (KB) {
-        const int i = static_cast<int>(threadIdx.x) - 128;  // 16 bytes each; chunk i / 32
-        const uint64_t kc = static_cast<uint64_t>(k0 / 64 + i / 32);
-        if (i >= 0 && i < 2 * 32) {
-          const bool ok = kc < chunks;
-          cp_async16(base + C::kKeep + st * C::kKeepBytes + i * 16,
-                     p.keep_bits + ((bh * chunks + jt) * chunks + (ok ? kc : 0)) * 128 + (i % 32) * 4, ok);
-        }
-      }
       if (threadIdx.x != 0) return;
       const uint32_t full = bar + 8 * st;
       const int row = static_cast<int>(sq.row0) + jt * BR;
@@ -310,22 +290,14 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
     fence_regs(dp);
 
     // Element-wise: s <- P Z' (for dV), dp <- dS (backward_elements), n-tile by n-tile.
-    [[maybe_unused]] const uint64_t zj = zk + static_cast<uint64_t>(j) * (BR / 2) * zstep;
-    [[maybe_unused]] const uint32_t* kw = keep_s + st * (C::kKeepBytes / 4) + wg * 128 + 4 * t4 + (g & 3);
+    const uint64_t zj = zk + static_cast<uint64_t>(j) * (BR / 2) * zstep;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
       const int c = n * 8 + 2 * t4;
-      bool keep[4] = {true, true, true, true};
-      if constexpr (KB) {
-        const uint32_t nib = kw[16 * n] >> (4 * (2 * warp + (g >> 2)));
-#pragma unroll
-        for (int f = 0; f < 4; ++f) keep[f] = (nib >> f) & 1u;
-      } else if constexpr (DROP) {
-        keep4(keep, mix64(zj + static_cast<uint64_t>(n) * 4 * zstep), p.thr_m1);
-      }
+      const uint64_t bits = DROP ? mix64(zj + static_cast<uint64_t>(n) * 4 * zstep) : 0;
       // TMA: the last tile's queries past the sequence are another's rows; probability 0.
       const int q_end = TMA && LAST ? TK - j * BR - c : BR;
-      backward_elements<DROP>(&s[4 * n], &dp[4 * n], keep, lse_s + st * BR + c, dsum_s + st * BR + c, scale_mul, kbias,
+      backward_elements<DROP>(&s[4 * n], &dp[4 * n], bits, lse_s + st * BR + c, dsum_s + st * BR + c, scale_mul, kbias,
                               p, [q_end](float x, int e) { return (e & 1) < q_end ? x : -INFINITY; });
     }
 
@@ -425,7 +397,6 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
 
 template <bool BF16, int D, int WG, bool TMA, bool DQT = false, bool RK = true>
 bool launch(const Params& p, int smem_limit, cudaStream_t s) {
-  constexpr bool kKeepBits = TMA && WG == 2;  // the variants that read p.keep_bits
   static_assert(TMA || !DQT, "the dQ reduce relies on the TMA loads' zero rows past the sequence");
   using C = WgBwdCfg<D, WG>;
   BwdMaps maps{};
@@ -438,9 +409,8 @@ bool launch(const Params& p, int smem_limit, cudaStream_t s) {
       return launch<BF16, D, WG, false, false, RK>(p, smem_limit, s);
     }
   }
-  auto kernel = !p.drop ? wgmma_bwd_kernel<BF16, D, WG, false, TMA, DQT, RK>
-                : kKeepBits && p.keep_bits != nullptr ? wgmma_bwd_kernel<BF16, D, WG, true, TMA, DQT, RK, kKeepBits>
-                                                      : wgmma_bwd_kernel<BF16, D, WG, true, TMA, DQT, RK>;
+  auto kernel = p.drop ? wgmma_bwd_kernel<BF16, D, WG, true, TMA, DQT, RK>
+                        : wgmma_bwd_kernel<BF16, D, WG, false, TMA, DQT, RK>;
   return launch_tiles(kernel, p, C::BC, C::kThreads, C::smem_bytes(DQT), smem_limit, s, maps);
 }
 

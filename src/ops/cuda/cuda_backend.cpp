@@ -351,15 +351,6 @@ void CudaBackend::attention_forward_impl(const Tensor& ctx, const Tensor& lse, c
 #endif
 }
 
-bool CudaBackend::attention_keeps_bits(DType dt, int64_t head_dim) const {
-#if defined(ANATOMY_HAVE_CUDA_ATTENTION)
-  return cuda::attention_keeps_bits(dt, head_dim);
-#else
-  (void)dt, (void)head_dim;
-  return false;
-#endif
-}
-
 bool CudaBackend::packed_attention_supported(DType dt, int64_t seq, int64_t head_dim) const {
 #if defined(ANATOMY_HAVE_CUDA_ATTENTION)
   return cuda::packed_attention_supported(dt, seq, head_dim);

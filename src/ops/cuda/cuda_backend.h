@@ -40,7 +40,6 @@ class CudaBackend final : public Backend {
     return dt == DType::F32 || dt == DType::BF16 || dt == DType::F16;
   }
   bool packed_attention_supported(DType dt, int64_t seq, int64_t head_dim) const override;
-  bool attention_keeps_bits(DType dt, int64_t head_dim) const override;
 
   cudaStream_t stream() const { return m_stream; }
   // Timing marks are CUDA events recorded on the stream; the pool grows while profiling and
