@@ -52,7 +52,7 @@
 #             (flash, cuDNN), T 128/512, D 32/64, p 0/0.1
 #   wgmmatiles the wgmma forward with and without its overlap, and the mma.sync forward, on the same shapes
 #   attentionab the attention kernels' variants, each an environment setting of ATTN_AB (default: the backward's:
-#             mma.sync, wgmma with one warpgroup a CTA, query tiles by cp.async, dQ by atomics or TMA reduces),
+#             mma.sync, wgmma with one warpgroup a CTA, query tiles by cp.async, dQ by atomics instead of the default TMA reduces),
 #             on ATTN_SHAPE's shapes, alternated twice. Earlier results' loadab is ATTN_AB='ANATOMY_ATTENTION_FWD_AHEAD=1
 #             ANATOMY_ATTENTION_FWD_LOAD=cp.async ANATOMY_ATTENTION_FWD_LOAD=tma', fwd32ab ATTN_AB='ANATOMY_ATTENTION_FWD=mma
 #             ANATOMY_ATTENTION_FWD=wgmma' with ATTN_SHAPE='--batch 32 --seq 128 --seq 512 --head-dim 32', bwdab the default.
