@@ -163,7 +163,7 @@ class Bench:
                 rec["error"] = f"no JSON result (rc {rc})"
                 rec["stderr_tail"] = err[-1500:]
             r = rec.get("result", {})
-            rec.update(clock_mhz=r.get("gpu_sm_clock_mhz_median"),
+            rec.update(clock_mhz=r.get("gpu_sm_clock_mhz_median"), power_w=r.get("gpu_power_w_median"),
                        batch=r.get("bs", bs), steady=r.get("steady_samples_per_s"),
                        run_sps=r.get("samples_per_s"), time_s=r.get("time_s"),
                        mem_mb=r.get("gpu_mem_used_mb"), loss=r.get("train_loss"))
@@ -223,7 +223,8 @@ class Bench:
                     if isinstance(v, (int, float)):
                         return v
                 return None
-            rec.update(clock_mhz=num("gpu_sm_clock_mhz_median"), steady=num("steady_samples_per_second"),
+            rec.update(clock_mhz=num("gpu_sm_clock_mhz_median"), power_w=num("gpu_power_w_median"),
+                       steady=num("steady_samples_per_second"),
                        run_sps=num("train_samples_per_second"),
                        time_s=num("train_runtime"), mem_mb=num("gpu_memory_occupied_mb"),
                        loss=num("train_loss"))
@@ -288,8 +289,9 @@ class Bench:
     def write_table(self):
         fmt = lambda v, d=1: "n/a" if not isinstance(v, (int, float)) else f"{v:.{d}f}"
         hdr = ("| config | side | batch | samples/s (steady) | ratio anatomy/HF-best | MFU | NVML used MB "
-               "| SM clock MHz (steady, median) | samples/s (whole run) | train s | note |")
-        lines = [hdr, "|" + "---|" * 11]
+               "| SM clock MHz (steady, median) | J a sample (median W / steady samples/s) | samples/s (whole run) "
+               "| train s | note |")
+        lines = [hdr, "|" + "---|" * 12]
         for config in dict.fromkeys(c for c, _ in self.rows):
             recs = [r for c, r in self.rows if c == config]
             hf_vals = [r["steady"] for r in recs if r["side"] == "hf" and isinstance(r.get("steady"), (int, float))]
@@ -302,6 +304,9 @@ class Bench:
                 ratio = (f"{s / hf_best:.2f}" if r["side"] == "anatomy" and ok and hf_best else
                          ("—" if r["side"] == "hf" else "n/a"))
                 mfu = f"{s * FLOP_PER_SAMPLE / PEAK_FLOPS:.3f}" if ok else "n/a"
+                # At the board's power limit samples/s is watts over joules a sample (README, "How far from 2x").
+                watts = r.get("power_w", (r.get("result") or {}).get("gpu_power_w_median"))  # older records: result
+                joules = watts / s if ok and s > 0 and isinstance(watts, (int, float)) else None
                 note = r["name"]
                 best = hf_best if r["side"] == "hf" else an_best
                 if ok and s == best and len(hf_vals if r["side"] == "hf" else an_vals) > 1:
@@ -313,10 +318,10 @@ class Bench:
                         note += " — " + tail[-1].replace("|", "/")[:120]
                 lines.append(f"| {CONFIG_TITLES.get(config, config)} | {r['side']} | {r.get('batch') or 'n/a'} "
                              f"| {fmt(s)} | {ratio} | {mfu} | {fmt(r.get('mem_mb'), 0)} | {fmt(r.get('clock_mhz'), 0)} "
-                             f"| {fmt(r.get('run_sps'))} | {fmt(r.get('time_s'))} | {note} |")
+                             f"| {fmt(joules, 3)} | {fmt(r.get('run_sps'))} | {fmt(r.get('time_s'))} | {note} |")
             if config == "best" and hf_best and an_best:
                 lines.append(f"| {CONFIG_TITLES['best']} | **best vs best** | | {an_best:.1f} vs {hf_best:.1f} "
-                             f"| {an_best / hf_best:.2f} | {an_best * FLOP_PER_SAMPLE / PEAK_FLOPS:.3f} | | | | | |")
+                             f"| {an_best / hf_best:.2f} | {an_best * FLOP_PER_SAMPLE / PEAK_FLOPS:.3f} | | | | | | |")
         text = "\n".join(lines) + "\n"
         tmp = os.path.join(self.out, "side_by_side.md.tmp")
         with open(tmp, "w") as f:

@@ -60,7 +60,8 @@
 #             labelled before (session 23's attnab: ATTN_AB=default ATTN_SHAPE='--batch 32 --seq 512 --head-dim 64
 #             --head-dim 32')
 #   gemmalgos bert-large's twelve layer GEMMs (bench/gemm_algos.cu): cuBLASLt's first heuristic pick vs the
-#             fastest of its first 16, each timed alone (compiled here by nvcc)
+#             fastest of its first 16, each timed alone (compiled here by nvcc); GEMMALGOS_ARGS='16384 --sustained':
+#             the energy a call of each of the first 6 at the power limit instead
 #   fp8       --precision fp8: its GPU tests, bert-large batch 32's per-op profile, fp8 vs bf16 vs the PyTorch loop
 #             (bench/side_by_side.py fp8_bs32), bert-base on real text in bf16 and fp8 with loss curves (~9 min; alone)
 #   pretext   the real text after masked-LM pretraining of each model: the Trainer vs anatomy
@@ -90,7 +91,9 @@
 #             backward ops and the weight gradients at bert-large shapes) A B A B, then bert-large bf16 batch 32's
 #             per-op profile of A and B, every op (earlier results' lnab and epilogue steps)
 #   envab     the bert-large bf16 batch 32 step (anatomy_bench_step) without and with each setting of ENVAB
-#             (e.g. ENVAB='ANATOMY_ATTENTION_BWD=mma', or several, space-separated), alternated twice; the "with"
+#             (e.g. ENVAB='ANATOMY_ATTENTION_BWD=mma', or several, space-separated; a setting may join VAR=value
+#             and anatomy_bench_step flags with commas: '--gemm-tuning ANATOMY_GEMM_TUNING_TIMING=burst,--gemm-tuning'),
+#             alternated twice; the "with"
 #             runs' stderr kept; with ENVAB_OPS (a regex of op names) also those ops' per-op profile lines a side
 #   ncuattn   Nsight Compute's every section on the attention backward (B 32, T 512, D 64, p 0.1 and 0), with
 #             per-instruction stall samples of the p 0.1 launch (ncu_attn_bwd_sass.csv); NCU_KERNEL=wgmma_fwd: the
@@ -354,7 +357,9 @@ step_attentionab() {
 }
 
 step_gemmalgos() {
-  nvcc -O2 -std=c++17 -arch=sm_90 bench/gemm_algos.cu -lcublasLt -o /tmp/gemm_algos && /tmp/gemm_algos | tee "$OUT/gemm_algos.md"
+  nvcc -O2 -std=c++17 -arch=sm_90 bench/gemm_algos.cu -lcublasLt -o /tmp/gemm_algos || return
+  # shellcheck disable=SC2086  # GEMMALGOS_ARGS: the token count, then --sustained
+  /tmp/gemm_algos ${GEMMALGOS_ARGS:-} | tee "$OUT/gemm_algos.md"
 }
 
 step_realtext() {
@@ -707,7 +712,10 @@ step_envab() {  # ENVAB: one or more VAR=value settings, each a "with" side; ENV
     for setting in ${ENVAB:-}; do
       i=$((i + 1))
       echo "== with $setting (round $round)"
-      env "$setting" timeout 200 $b/anatomy_bench_step "${cfg[@]}" > "$OUT/envab_with_${i}_$round.log" 2>&1
+      local v items envs=() args=()
+      IFS=, read -ra items <<< "$setting"  # VAR=value items go to the environment, --flag items to the command
+      for v in "${items[@]}"; do if [[ $v == --* ]]; then args+=("$v"); else envs+=("$v"); fi; done
+      env "${envs[@]}" timeout 200 $b/anatomy_bench_step "${cfg[@]}" "${args[@]}" > "$OUT/envab_with_${i}_$round.log" 2>&1
       tail -1 "$OUT/envab_with_${i}_$round.log"
     done
   done | tee "$OUT/envab.md"

@@ -16,6 +16,7 @@
 //
 //   anatomy_bench_step                      # bert-large seq 512: fp32 batch 4, bf16 batch 32
 //   anatomy_bench_step --config bert-large:bf16:32:512 --config bert-base:fp16:32:128 --steps 30
+//   anatomy_bench_step --config bert-large:bf16:32:512 --gemm-tuning   # Note [gemm tuning] after the warm-up
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
@@ -118,7 +119,7 @@ float mean_loss(Backend& be, const Tensor& losses) {
   return static_cast<float>(s / static_cast<double>(h.size()));
 }
 
-Result run(const Config& c, int steps, int warmup, const Nvml& nvml) {
+Result run(const Config& c, int steps, int warmup, bool tune, const Nvml& nvml) {
   Result r;
   r.cfg = c;
   auto owner = make_cuda_backend(0);
@@ -175,6 +176,13 @@ Result run(const Config& c, int steps, int warmup, const Nvml& nvml) {
 
   for (int i = 0; i < warmup; ++i) step();
   be.synchronize();
+  if (tune) {  // as the trainer does after its first step: the activation arena holds nothing now
+    const auto [scratch, bytes] = model.activation_memory();
+    const std::string report = be.tune_matmuls(scratch, bytes);
+    std::fprintf(stderr, "bench_step: --gemm-tuning: %s", report.c_str());
+    step();  // once more before timing
+    be.synchronize();
+  }
 
   // (a) eager.
   UtilSampler util(nvml, static_cast<unsigned>(cuda_be->device_index()));
@@ -214,11 +222,14 @@ int main(int argc, char** argv) {
                "from a CUDA graph"};
   std::vector<std::string> configs;
   int steps = 20, warmup = 3;
+  bool tune = false;
   app.add_option("--config", configs,
                  "preset:precision:batch:seq (repeatable); default bert-large:fp32:4:512 and bert-large:bf16:32:512");
   app.add_option("--steps", steps, "Timed steps per mode")->capture_default_str();
   app.add_option("--warmup", warmup, "Eager steps before timing (at least 1: sizes the attention scratch)")
       ->capture_default_str();
+  app.add_flag("--gemm-tuning", tune, "Time cuBLASLt's candidates after the warm-up (Note [gemm tuning]), as the "
+                                      "trainer's --gemm-tuning measure does");
   CLI11_PARSE(app, argc, argv);
   try {
     ANATOMY_CHECK(cuda_available(), "no CUDA device (or this build has no CUDA backend)");
@@ -230,7 +241,7 @@ int main(int argc, char** argv) {
     std::vector<Result> results;
     for (const Config& c : todo) {
       std::fprintf(stderr, "bench_step: %s (%d warm-up, %d timed steps per mode)...\n", c.str().c_str(), warmup, steps);
-      results.push_back(run(c, steps, warmup, nvml));
+      results.push_back(run(c, steps, warmup, tune, nvml));
     }
     std::printf("\n%s. Graph replays repeat the captured step's arguments: dropout masks, learning rate and AdamW "
                 "step are fixed by the capture (a timing experiment, not training).\n\n",

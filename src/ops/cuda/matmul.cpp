@@ -264,7 +264,11 @@ bool LtMatmul::run_bias_grad(const Tensor& c, const Tensor& a, Trans ta, const T
 // order: a tuned run is not bitwise equal to an untuned one, nor, where the timings differ, to
 // another tuned run. Measured on bert-large bf16 batch 32 (session25/call4-tuning-bench-mbtext):
 // the profiled step 69.66 -> 67.94 ms, every class of product faster, but steady samples/s only
-// +0.4% over 60 steps; why the steady run keeps so little of it was not measured. So it is opt-in.
+// +0.4% over 60 steps: the steady step runs at the board's power limit (README, "How far from
+// 2x"). Timing each candidate held at that limit instead (100 ms of the first pick, then 10 ms to
+// settle and 30 ms timed a candidate, two rounds) left the step where it was (anatomy_bench_step:
+// 69.09 / 69.32 ms untuned, 69.63 / 69.22 held, 68.79 / 68.77 in bursts;
+// bench/results/2026-11-29-h200/session34/call2-held-gemm-tuning-not-kept/). So it is opt-in.
 
 // ms a launch of `algo` on the operands: two launches to warm up, then the median of five runs of
 // three (CUDA events); < 0 when the library refuses it.
