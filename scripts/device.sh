@@ -92,7 +92,7 @@
 #             per-op profile of A and B, every op (earlier results' lnab and epilogue steps)
 #   envab     the bert-large bf16 batch 32 step (anatomy_bench_step) without and with each setting of ENVAB
 #             (e.g. ENVAB='ANATOMY_ATTENTION_BWD=mma', or several, space-separated; a setting may join VAR=value
-#             and anatomy_bench_step flags with commas: '--gemm-tuning ANATOMY_GEMM_TUNING_TIMING=burst,--gemm-tuning'),
+#             and anatomy_bench_step flags with commas: '--gemm-tuning ANATOMY_ATTENTION_BWD=mma,--gemm-tuning'),
 #             alternated twice; the "with"
 #             runs' stderr kept; with ENVAB_OPS (a regex of op names) also those ops' per-op profile lines a side
 #   ncuattn   Nsight Compute's every section on the attention backward (B 32, T 512, D 64, p 0.1 and 0), with
