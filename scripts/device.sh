@@ -83,6 +83,8 @@
 #   power     the GPU's SM clock, power and clock event reasons (nvidia-smi every 100 ms) while the PyTorch loop and
 #             anatomy each train bert-large bf16 batch 32 (120 steps): power.md (is the steady step held by
 #             the power limit rather than by its kernels?)
+#   attnpower the attention ops alone (anatomy_bench_attention, B 32, T 512, D 64, 8000 calls of each, p 0.1 and 0)
+#             with nvidia-smi's samples beside: do they hold the power limit, at what clock (attnpower.md)
 #   realtextab the real-text runs (bench/real_text.py, REALTEXTAB_ARGS; default: anatomy on real tokens, bert-base and
 #             MiniLM, 2 epochs) of .carry/before and .carry/bin, alternated twice (needs .carry/fortunes); with
 #             REALTEXTAB_ENV='VAR=value ...', of .carry/bin under those settings and without
@@ -640,14 +642,18 @@ step_trainab() {
   cat /tmp/dist/trainab_s1_profile/gemm_tuning.md 2>/dev/null | tee "$OUT/gemm_tuning.md"
 }
 
-step_power() {
+# nvidia-smi's samples every 100 ms (scripts/power_summary.py's columns) into $1 until killed.
+power_samples() {
   local smi=(nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,enforced.power.limit,temperature.gpu)
   nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv >/dev/null 2>&1 && smi[1]+=,clocks_event_reasons.active \
     || smi[1]+=,clocks_throttle_reasons.active
-  smi+=(--format=csv,noheader,nounits -lms 100)
+  exec "${smi[@]}" --format=csv,noheader,nounits -lms 100 > "$1"
+}
+
+step_power() {
   local pid side
   for side in torch anatomy; do
-    "${smi[@]}" > "$OUT/power_$side.csv" & pid=$!
+    power_samples "$OUT/power_$side.csv" & pid=$!
     sleep 1
     if [ $side = torch ]; then
       timeout 200 python3 bench/hf_anchor.py torch_bf16_bs32 --steps 120 > "$OUT/power_torch.log" 2>&1
@@ -663,6 +669,17 @@ step_power() {
     echo "- PyTorch loop: $(grep -o '"steady_samples_per_s": *[0-9.]*' "$OUT/power_torch.log")"
     echo "- anatomy: $(grep -o '"steady_samples_per_second": *[0-9.]*' /tmp/power/train_results.json)"
   } | tee "$OUT/power.md"
+}
+
+step_attnpower() {  # the attention ops alone, long enough to hold the power limit, with the board's power beside
+  local pid
+  power_samples "$OUT/power_attention.csv" & pid=$!
+  sleep 1
+  timeout 150 $b/anatomy_bench_attention --batch 32 --seq 512 --head-dim 64 --reps 8000 --warmup 800 \
+    > "$OUT/attnpower.log" 2>&1
+  kill $pid; wait $pid 2>/dev/null
+  { python3 scripts/power_summary.py attention="$OUT/power_attention.csv"; echo; grep "^|" "$OUT/attnpower.log"; } \
+    | tee "$OUT/attnpower.md"
 }
 
 step_stepab() {  # same shapes, the two builds alternated twice: A B A B
