@@ -22,10 +22,11 @@ ANATOMY_HD uint64_t mix64(uint64_t z) {
 // Note [dropout bits]
 // One 64-bit hash decides four elements: element i of a dropout stream belongs to group i / 4
 // and reads the 16-bit field i % 4 (bits 16*(i%4) .. +16) of
-//   bits(group) = mix64(key + group * kGolden),   key = dropout_key(seed, offset),
+//   bits(group) = dropout_mix(key + group * kGolden),   key = dropout_key(seed, offset),
 // and is kept iff field >= thr = ceil(p * 2^16) (p quantized up to a multiple of 2^-16; p >= 1
-// keeps nothing). bits(0), bits(1), ... is the splitmix64 sequence started at state `key`
-// (which passes BigCrush), so the fields are as good as independent uniform 16-bit numbers.
+// keeps nothing). bits(0), bits(1), ... is splitmix64's Weyl sequence of states from `key`, each
+// through dropout_mix (Note [dropout mix]) instead of splitmix64's own output mix, so the fields
+// are as good as independent uniform 16-bit numbers as far as dieharder tells.
 // The hash (two 64-bit multiplies, the costly part on a GPU) is paid once per four elements:
 // kernels whose threads own aligned groups of four (16-byte packs, the attention fragments)
 // hash once per group; any other element evaluates its own group and takes its field, with
@@ -48,8 +49,23 @@ ANATOMY_HD uint32_t dropout_threshold(float p) {
   const uint32_t f = static_cast<uint32_t>(t);
   return static_cast<float>(f) < t ? f + 1 : f;  // ceil
 }
+// Note [dropout mix]
+// The group's 64 bits come from a cheaper bijective mix than mix64: two multiplies, as splitmix64's
+// finalizer, but every xorshift by 32, which on a GPU of 32-bit registers is one xor of the high
+// word into the low (the splitmix64 shifts by 30, 27 and 31 each take two funnel shifts and two
+// xors): ~9 instructions a group instead of ~20. Its stream over the dropout counters (the
+// splitmix64 sequence's states, sequentially and at the attention kernels' strides) passes
+// dieharder -a as mix64's does (bench/results/2026-11-29-h200/session34/). The hash was 20% of the
+// attention forward's time at p 0.1 and 5% of its backward's (session34/call6-hash-ceiling-not-kept/).
+ANATOMY_HD uint64_t dropout_mix(uint64_t z) {
+  z ^= z >> 32;
+  z *= 0xbf58476d1ce4e5b9ULL;
+  z ^= z >> 32;
+  z *= 0x94d049bb133111ebULL;
+  return z ^ (z >> 32);
+}
 // The 64 random bits of a group (four 16-bit fields).
-ANATOMY_HD uint64_t dropout_group_bits(uint64_t key, uint64_t group) { return mix64(key + group * kGolden); }
+ANATOMY_HD uint64_t dropout_group_bits(uint64_t key, uint64_t group) { return dropout_mix(key + group * kGolden); }
 // Field f (0..3) of a group's bits kept under threshold thr.
 ANATOMY_HD bool dropout_field_keep(uint64_t bits, int f, uint32_t thr) {
   return static_cast<uint32_t>((bits >> (16 * f)) & 0xffffu) >= thr;

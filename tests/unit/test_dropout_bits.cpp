@@ -105,6 +105,26 @@ TEST(DropoutBits, DecisionDoesNotDependOnWhoAsks) {
   }
 }
 
+// Note [dropout mix] at the attention layout's strides: the groups beside a 2x2 block along its
+// row (the next two keys) and its column (the next two queries), and the same block of the next
+// head, are kept together with probability (1-p)^2, field by field.
+TEST(DropoutBits, AttentionNeighboursAreIndependent) {
+  const uint64_t T = 512;
+  const float p = 0.5f;
+  int64_t n = 0, row = 0, col = 0, head = 0;
+  for (uint64_t q = 0; q + 2 < T; q += 3)
+    for (uint64_t k = 0; k + 2 < T; ++k) {
+      const bool a = dropout_keep(5, 6, attention_dropout_index(3, q, k, T), p);
+      row += a && dropout_keep(5, 6, attention_dropout_index(3, q, k + 2, T), p);
+      col += a && dropout_keep(5, 6, attention_dropout_index(3, q + 2, k, T), p);
+      head += a && dropout_keep(5, 6, attention_dropout_index(4, q, k, T), p);
+      ++n;
+    }
+  EXPECT_LT(sigmas(row, n, 0.25), 4.0) << row << " of " << n;
+  EXPECT_LT(sigmas(col, n, 0.25), 4.0) << col << " of " << n;
+  EXPECT_LT(sigmas(head, n, 0.25), 4.0) << head << " of " << n;
+}
+
 // Distinct (seed, offset) streams agree only as independent masks would: p^2 + (1-p)^2.
 TEST(DropoutBits, StreamsAreIndependent) {
   const int64_t n = 400000;

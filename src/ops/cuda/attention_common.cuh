@@ -64,7 +64,7 @@ struct Params {
   float scale = 1.0f;
   // Dropout (Note [dropout bits] and Note [attention dropout index] in core/rng.h): the
   // element of (b*heads + h, q, k) is kept iff its 16-bit field of the group bits
-  // mix64(rng_key + group * kGolden) is >= thr.
+  // dropout_mix(rng_key + group * kGolden) is >= thr.
   bool drop = false;
   float inv_keep = 1.0f;  // 1 / (1 - p)
   uint32_t thr = 0;       // dropout_threshold(p)

@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(128, (MT == 1 && D <= 64) ? 3 : 2) flash_fwd_k
 #pragma unroll
         for (int n = 0; n < NS; ++n) {
           bool keep[4];
-          keep4(keep, mix64(zrow[mt] + static_cast<uint64_t>(n) * (4 * kGolden)), p.thr_m1);
+          keep4(keep, dropout_mix(zrow[mt] + static_cast<uint64_t>(n) * (4 * kGolden)), p.thr_m1);
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             if (!keep[e]) s[mt][n][e] = 0.0f;
@@ -487,7 +487,7 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(Params p) {
         }
         return x;
       };
-      const uint64_t bits = DROP ? mix64(zj + static_cast<uint64_t>(n) * 4 * zstep) : 0;
+      const uint64_t bits = DROP ? dropout_mix(zj + static_cast<uint64_t>(n) * 4 * zstep) : 0;
       backward_elements<DROP>(s[n], dp[n], bits, lse_s + st * BR + c, dsum_s + st * BR + c, scale_mul, kbias, p, window);
     }
 

@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kRowThreads) softmax_forward_pairs_kernel(Para
   uint64_t z = p.rng_key + ((bh * tp + static_cast<uint64_t>(q / 2)) * tp + lane) * kGolden;
   for (int kp = lane; kp < half; kp += 32, z += 32 * kGolden) {
     bool keep[4];
-    keep4(keep, mix64(z), p.thr_m1);  // field (q % 2) * 2 + (k % 2)
+    keep4(keep, dropout_mix(z), p.thr_m1);  // field (q % 2) * 2 + (k % 2)
     const bool v0 = mask == nullptr || mask[2 * kp] != 0, v1 = mask == nullptr || mask[2 * kp + 1] != 0;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kRowThreads) softmax_backward_pairs_kernel(Par
   uint64_t z = p.rng_key + ((bh * tp + static_cast<uint64_t>(q / 2)) * tp + lane) * kGolden;
   for (int kp = lane; kp < half; kp += 32, z += 32 * kGolden) {
     bool keep[4];
-    keep4(keep, mix64(z), p.thr_m1);
+    keep4(keep, dropout_mix(z), p.thr_m1);
     const bool v[2] = {mask == nullptr || mask[2 * kp] != 0, mask == nullptr || mask[2 * kp + 1] != 0};
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

@@ -78,14 +78,14 @@ __device__ __forceinline__ void online_softmax(float (&s)[4 * NS], const float* 
   }
 }
 
-// Zeroes the dropped elements: n-tile n is the 2x2 block of group bits mix64(z + 4n kGolden)
+// Zeroes the dropped elements: n-tile n is the 2x2 block of group bits dropout_mix(z + 4n kGolden)
 // (Note [paired rows]).
 template <int NS>
 __device__ __forceinline__ void drop_tile(float (&s)[4 * NS], uint64_t z, uint32_t thr_m1) {
 #pragma unroll
   for (int n = 0; n < NS; ++n) {
     bool keep[4];
-    keep4(keep, mix64(z + static_cast<uint64_t>(n) * (4 * kGolden)), thr_m1);
+    keep4(keep, dropout_mix(z + static_cast<uint64_t>(n) * (4 * kGolden)), thr_m1);
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       if (!keep[e]) s[4 * n + e] = 0.0f;

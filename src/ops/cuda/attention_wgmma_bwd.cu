@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(128 * WG, 2 / WG) wgmma_bwd_kernel(Params p, c
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
       const int c = n * 8 + 2 * t4;
-      const uint64_t bits = DROP ? mix64(zj + static_cast<uint64_t>(n) * 4 * zstep) : 0;
+      const uint64_t bits = DROP ? dropout_mix(zj + static_cast<uint64_t>(n) * 4 * zstep) : 0;
       // TMA: the last tile's queries past the sequence are another's rows; probability 0.
       const int q_end = TMA && LAST ? TK - j * BR - c : BR;
       backward_elements<DROP>(&s[4 * n], &dp[4 * n], bits, lse_s + st * BR + c, dsum_s + st * BR + c, scale_mul, kbias,
