@@ -163,7 +163,7 @@ class Bench:
                 rec["error"] = f"no JSON result (rc {rc})"
                 rec["stderr_tail"] = err[-1500:]
             r = rec.get("result", {})
-            rec.update(clock_mhz=r.get("gpu_sm_clock_mhz_median"), power_w=r.get("gpu_power_w_median"),
+            rec.update(clock_mhz=r.get("gpu_sm_clock_mhz_median"),
                        batch=r.get("bs", bs), steady=r.get("steady_samples_per_s"),
                        run_sps=r.get("samples_per_s"), time_s=r.get("time_s"),
                        mem_mb=r.get("gpu_mem_used_mb"), loss=r.get("train_loss"))
@@ -223,8 +223,7 @@ class Bench:
                     if isinstance(v, (int, float)):
                         return v
                 return None
-            rec.update(clock_mhz=num("gpu_sm_clock_mhz_median"), power_w=num("gpu_power_w_median"),
-                       steady=num("steady_samples_per_second"),
+            rec.update(clock_mhz=num("gpu_sm_clock_mhz_median"), steady=num("steady_samples_per_second"),
                        run_sps=num("train_samples_per_second"),
                        time_s=num("train_runtime"), mem_mb=num("gpu_memory_occupied_mb"),
                        loss=num("train_loss"))
@@ -305,7 +304,7 @@ class Bench:
                          ("—" if r["side"] == "hf" else "n/a"))
                 mfu = f"{s * FLOP_PER_SAMPLE / PEAK_FLOPS:.3f}" if ok else "n/a"
                 # At the board's power limit samples/s is watts over joules a sample (README, "How far from 2x").
-                watts = r.get("power_w", (r.get("result") or {}).get("gpu_power_w_median"))  # older records: result
+                watts = (r.get("result") or {}).get("gpu_power_w_median")  # both sides' results name it so
                 joules = watts / s if ok and s > 0 and isinstance(watts, (int, float)) else None
                 note = r["name"]
                 best = hf_best if r["side"] == "hf" else an_best
