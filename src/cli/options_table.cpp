@@ -81,7 +81,7 @@ std::vector<OptionSpec> build() {
   add({"train-file", {}, OptType::Text, kTrainPlan, "", "Labelled text (.jsonl, .csv, .tsv) to train on", 0, 0, false,
        false, false, true, {}, [](R& r, const V& v) { r.train.train_file = v.s; }, "same"});
   add({"validation-file", {"eval-file"}, OptType::Text, kAll, "",
-       "Labelled text to evaluate on (train: every --eval-strategy, and at the end unless --do-eval false; eval: the file evaluated)", 0, 0, false,
+       "Labelled text to evaluate on (train: every --eval-strategy, and at the end unless --do-eval false with no --eval-strategy; eval: the file evaluated)", 0, 0, false,
        false, false, true, {}, [](R& r, const V& v) { r.train.validation_file = v.s; }, "same"});
   add({"validation-split", {}, OptType::Float, kTrainPlan, "0", "Hold out this fraction of the training data", 0, 1, false,
        true, false, false, {}, [](R& r, const V& v) { r.train.validation_split = v.d; }});
@@ -149,7 +149,7 @@ std::vector<OptionSpec> build() {
        false, false, false, false, {}, [](R& r, const V& v) { r.do_train = v.b; },
        "differs: implied by `anatomy train`"});
   add({"do-eval", {}, OptType::Bool, kTrain, "true with validation data",
-       "Evaluate on the validation data at the end (eval_results.json); false: only every --eval-strategy", 0, 0, false,
+       "Evaluate on the validation data at the end (eval_results.json); false: no evaluation, unless an --eval-strategy evaluates (then the end is evaluated too, as the Trainer turns do_eval on for any eval_strategy)", 0, 0, false,
        false, false, false, {}, [](R& r, const V& v) { r.do_eval = v.b; },
        "differs: on whenever there is validation data (false turns it off)"});
   add({"do-predict", {}, OptType::Bool, kTrain, "false",

@@ -53,7 +53,7 @@ SyntheticDataset::SyntheticDataset(SyntheticKind kind, size_t n, int64_t seq_len
   ANATOMY_CHECK(n <= static_cast<size_t>(host / 32), "--num-samples ", n, ": the shuffled order of one epoch alone needs ",
                 static_cast<int64_t>(std::min<size_t>(n, SIZE_MAX / 16) * 16 >> 20), " MiB, more than half of this machine's ",
                 host >> 20, " MiB of memory; lower --num-samples");
-  ANATOMY_CHECK(seq_len >= 2, "--seq-len must be at least 2");
+  ANATOMY_CHECK(seq_len >= 2, "--max-seq-length must be at least 2");
   // The seed set draws ids from 100 up; the learnable one marks its classes with ids 1000-1099
   // and 2000-2099 and fills with ids from 300 up.
   const int64_t least = kind == SyntheticKind::Seed ? 101 : 2101;

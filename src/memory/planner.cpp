@@ -38,7 +38,7 @@ struct SizeFlags {
   const char *batch, *seq;
 };
 SizeFlags size_flags(const PlanInput& in) {
-  if (in.shape.training) return {"--per-device-train-batch-size", "--seq-len"};
+  if (in.shape.training) return {"--per-device-train-batch-size", "--max-seq-length"};
   return {"--per-device-eval-batch-size", "--max-seq-length"};
 }
 

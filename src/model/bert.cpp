@@ -648,7 +648,7 @@ BertForSequenceClassification::BertForSequenceClassification(Backend& be, const 
                 "(model/modernbert.h; make_model picks it)");
   for (int l = 0; l < cfg.num_hidden_layers; ++l) m_layer_names.push_back(layer_names(cfg, l));
   ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
-  ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
+  ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--max-seq-length ", shape.max_seq,
                 " must be between 1 and ", cfg.max_sequence_length(), " (the positions of max_position_embeddings ",
                 cfg.max_position_embeddings, cfg.position_offset() ? " after pad_token_id + 1" : "", ")");
   ANATOMY_CHECK(!(shape.packed_tokens && shape.checkpointing == CheckpointPolicy::Layer),
@@ -701,7 +701,7 @@ BertForSequenceClassification::~BertForSequenceClassification() = default;
 void BertForSequenceClassification::carve(int64_t B, int64_t T, bool training, bool packed) {
   ANATOMY_CHECK(B >= 1 && B <= m_shape.max_batch, "batch of ", B, " samples exceeds the planned micro-batch of ",
                 m_shape.max_batch);
-  ANATOMY_CHECK(T >= 1 && T <= m_shape.max_seq, "sequence length ", T, " exceeds the planned --seq-len ",
+  ANATOMY_CHECK(T >= 1 && T <= m_shape.max_seq, "sequence length ", T, " exceeds the planned --max-seq-length ",
                 m_shape.max_seq);
   ANATOMY_CHECK(!training || m_shape.training, "internal error: backward on an inference-only model");
   if (m_acts->B == B && m_acts->T == T && m_acts->training == training && m_acts->packed == packed &&

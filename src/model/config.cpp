@@ -274,6 +274,22 @@ BertConfig BertConfig::from_json_file(const std::string& path) {
     const auto* pe = dynamic_cast<const json::parse_error*>(&e);
     fail(path, ": not valid JSON", pe ? str_cat(" at byte ", pe->byte) : std::string(), ": ", msg);
   }
+  // Without model_type, transformers' AutoConfig takes the longest model type named in the path
+  // (old BERT checkpoints such as google/bert_uncased_L-2_H-128_A-2 have none) and refuses
+  // the file when the path names none; so does anatomy, rather than read another family's
+  // fields as BERT's defaults.
+  if (j.is_object() && !j.contains("model_type")) {
+    std::string named;
+    for (const char* t : {"xlm-roberta", "modernbert", "distilbert", "roberta", "electra", "bert"})
+      if (path.find(t) != std::string::npos) {
+        named = t;
+        break;
+      }
+    if (named.empty())
+      fail(path, ": has no model_type and its path names no model type (bert, roberta, xlm-roberta, distilbert, ",
+           "electra, modernbert); add \"model_type\" to it, as transformers' AutoConfig asks");
+    j["model_type"] = named;
+  }
   return from_json(j, path);
 }
 
@@ -369,9 +385,11 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
       int id = 0;
       ANATOMY_CHECK(parse_label_id(k, id), source, ": field 'id2label' keys must be non-negative integers, got '",
                     truncated(k), "'");
-      ANATOMY_CHECK(v.is_string(), source, ": field 'id2label' values must be strings, got ", truncated(v.dump()));
-      ANATOMY_CHECK(c.id2label.emplace(id, v.get<std::string>()).second, source, ": field 'id2label' has the id ",
-                    id, " twice");
+      // run_glue.py writes integer labels' values as numbers ({"0": 1} for the label 1): their text names them.
+      ANATOMY_CHECK(v.is_string() || v.is_number_integer(), source,
+                    ": field 'id2label' values must be strings or integers, got ", truncated(v.dump()));
+      ANATOMY_CHECK(c.id2label.emplace(id, v.is_string() ? v.get<std::string>() : v.dump()).second, source,
+                    ": field 'id2label' has the id ", id, " twice");
     }
     c.num_labels = static_cast<int64_t>(c.id2label.size());
     c.label2id.clear();

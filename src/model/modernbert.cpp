@@ -364,7 +364,7 @@ ModernBertForSequenceClassification::ModernBertForSequenceClassification(Backend
   ANATOMY_CHECK(cfg.is_modernbert(), "ModernBertForSequenceClassification: model_type is ", cfg.model_type());
   cfg.validate("config");
   ANATOMY_CHECK(shape.max_batch > 0, "--per-device-train-batch-size must be at least 1");
-  ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--seq-len ", shape.max_seq,
+  ANATOMY_CHECK(shape.max_seq > 0 && shape.max_seq <= cfg.max_sequence_length(), "--max-seq-length ", shape.max_seq,
                 " must be between 1 and ", cfg.max_sequence_length(), " (max_position_embeddings)");
   ANATOMY_CHECK(!(shape.packed_tokens && shape.checkpointing == CheckpointPolicy::Layer),
                 "training on real tokens does not combine with --gradient-checkpointing layer (use selective or none)");
@@ -605,7 +605,7 @@ void ModernBertForSequenceClassification::forward(const DeviceBatch& b, bool tra
   const int64_t B = b.batch(), T = b.seq(), R = B * T, H = m_cfg.hidden_size, C = head_outputs(m_cfg);
   ANATOMY_CHECK(B >= 1 && B <= m_shape.max_batch, "batch of ", B, " samples exceeds the planned micro-batch of ",
                 m_shape.max_batch);
-  ANATOMY_CHECK(T >= 1 && T <= m_shape.max_seq, "sequence length ", T, " exceeds the planned --seq-len ",
+  ANATOMY_CHECK(T >= 1 && T <= m_shape.max_seq, "sequence length ", T, " exceeds the planned --max-seq-length ",
                 m_shape.max_seq);
   Acts& A = *m_acts;
   A.packed = packed_attention_applies(m_be, m_shape.compute, m_cfg, b);  // Note [modernbert packed tokens]

@@ -56,7 +56,7 @@ void TrainOptions::validate() const {
   ANATOMY_CHECK(gradient_accumulation_steps >= 1, "--gradient-accumulation-steps must be at least 1 (got ",
                 gradient_accumulation_steps, ")");
   ANATOMY_CHECK(num_samples >= 1, "--num-samples must be at least 1 (got ", num_samples, ")");
-  ANATOMY_CHECK(seq_len >= 2, "--seq-len must be at least 2 (got ", seq_len, ")");
+  ANATOMY_CHECK(seq_len >= 2, "--max-seq-length must be at least 2 (got ", seq_len, ")");
   ANATOMY_CHECK(num_train_epochs >= 1 || max_steps > 0, "--num-train-epochs must be at least 1 unless --max-steps is set");
   ANATOMY_CHECK(learning_rate >= 0 && std::isfinite(learning_rate), "--learning-rate must be a finite non-negative number");
   ANATOMY_CHECK(max_grad_norm >= 0, "--max-grad-norm must be non-negative (0 disables clipping)");

@@ -23,7 +23,7 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
                         {"train_steps_per_second", res.train_steps_per_second},
                         {"steady_samples_per_second", res.steady_samples_per_second},
                         {"train_loss", res.train_loss},
-                        {"train_samples", res.samples},
+                        {"train_samples", res.train_dataset_samples},
                         {"epoch", res.epoch},
                         {"first_step_loss", res.first_loss},
                         {"last_step_loss", res.last_loss},
@@ -62,7 +62,7 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
   nlohmann::json all = {{"epoch", res.epoch},
                         {"train_loss", res.train_loss},
                         {"train_runtime", res.train_runtime},
-                        {"train_samples", res.samples},
+                        {"train_samples", res.train_dataset_samples},
                         {"train_samples_per_second", res.train_samples_per_second},
                         {"train_steps_per_second", res.train_steps_per_second}};
   if (res.eval_loss >= 0) {

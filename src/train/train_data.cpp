@@ -123,6 +123,8 @@ static TrainData load_text_data(const TrainOptions& opt, BertConfig& cfg, const 
     cfg.id2label = labels.id2label();
     cfg.label2id = labels.label2id();
   }
+  // As transformers' sequence-classification forward records it (integer labels, more than one class).
+  if (!cfg.problem_type && labels.num_labels > 1) cfg.problem_type = "single_label_classification";
   d.labels = labels;
 
   std::vector<int64_t> lengths = train->lengths();

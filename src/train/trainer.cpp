@@ -86,7 +86,7 @@ BertConfig model_config(const TrainOptions& opt) {
                                                   : BertConfig::from_json_file(config_path_of(opt.model_name_or_path));
   if (opt.model_name_or_path.empty() && cfg.num_labels != opt.num_labels) cfg.set_num_labels(opt.num_labels);
   cfg.validate(opt.model_name_or_path.empty() ? opt.preset : config_path_of(opt.model_name_or_path));
-  ANATOMY_CHECK(opt.seq_len <= cfg.max_sequence_length(), "--seq-len ", opt.seq_len,
+  ANATOMY_CHECK(opt.seq_len <= cfg.max_sequence_length(), "--max-seq-length ", opt.seq_len,
                 " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings,
                 cfg.position_offset() ? str_cat(", of which ", cfg.max_sequence_length(), " follow pad_token_id") : "", ")");
   // What we train and save, whatever head it was saved with.
@@ -209,6 +209,12 @@ void RankRun::setup() {
   m_fingerprint = run_fingerprint(m_opt, m_B * N);
   m_res.device = N > 1 ? str_cat(m_dev.backend->name(), " x ", N, " ranks") : m_dev.backend->name();
   if (!resume_dir.empty()) resume(resume_dir);
+  if (m_start_step > m_total_steps) {  // as the Trainer does: no step to take; the end (evaluation, saving) still runs
+    if (m_lead)
+      std::fprintf(stderr, "anatomy: the checkpoint is at step %lld, past this run's %lld steps: nothing to train\n",
+                   static_cast<long long>(m_start_step), static_cast<long long>(m_total_steps));
+    m_total_steps = m_start_step;
+  }
   m_res.start_step = m_last_save = m_start_step;
   m_samples_before = m_p.samples;
   m_out = std::make_unique<OutputDir>(m_opt, m_start_step);
@@ -482,8 +488,7 @@ bool RankRun::loop() {
   m_dev.backend->synchronize();
   m_runtime = std::chrono::duration<double>(Clock::now() - t0).count();
   // The end of the run is evaluated once (Trainer's do_eval), whatever the strategy did before.
-  if (m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end) && last_eval != m_total_steps &&
-      m_total_steps > m_start_step)
+  if (m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end) && last_eval != m_total_steps)
     evaluate_now(m_total_steps);
   if (m_opt.load_best_model_at_end) load_best_model();
   sampler.stop();
@@ -498,6 +503,7 @@ void RankRun::finish() {
   const int N = m_comm.size();
   res.steps = m_total_steps;
   res.samples = m_p.samples;
+  res.train_dataset_samples = static_cast<int64_t>(m_data->train->size());
   res.skipped_steps = m_p.skipped;
   res.nonfinite_steps = m_p.nonfinite;
   res.first_loss = m_p.first_loss;

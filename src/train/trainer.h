@@ -28,6 +28,7 @@ struct TrainResult {
   double steady_samples_per_second = 0;
   double train_loss = 0;                 // mean over all samples seen
   double first_loss = 0, last_loss = 0;  // mean of the first and last optimizer step
+  int64_t train_dataset_samples = 0;    // rows of the training data (run_glue.py's train_samples)
   int64_t steps = 0, samples = 0, skipped_steps = 0;  // skipped: fp16 overflows, and non-finite steps with skip_nonfinite_steps
   int64_t nonfinite_steps = 0;           // of the skipped, those with a non-finite loss or norm
   int64_t steps_launched_ahead = 0;      // launched before the step before them was read (Note [a step in flight])

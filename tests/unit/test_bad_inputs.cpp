@@ -351,11 +351,11 @@ const std::vector<Case> kCases = {
      {"--per-device-train-batch-size 1000000000000000 is out of range", "[1, 1048576]"}, {}},
     {"PlanBatchBeyondHostMemory", [](const std::string&) {},
      "plan --device cpu --preset bert-tiny --per-device-train-batch-size 1048576 --seq-len 128", 2,
-     {"--per-device-train-batch-size 1048576 with --seq-len 128: the plan needs", "of memory; lower --per-device-train-batch-size"},
+     {"--per-device-train-batch-size 1048576 with --max-seq-length 128: the plan needs", "of memory; lower --per-device-train-batch-size"},
      {}},
     {"TrainBatchBeyondHostMemory", [](const std::string&) {},
      kTrain + "--num-samples 64 --per-device-train-batch-size 1048576 --max-steps 1 --output-dir {dir}/out", 2,
-     {"--per-device-train-batch-size 1048576 with --seq-len 32: the plan needs", "of memory; lower --per-device-train-batch-size"},
+     {"--per-device-train-batch-size 1048576 with --max-seq-length 32: the plan needs", "of memory; lower --per-device-train-batch-size"},
      {}},
     {"TrainBatchOverflows", [](const std::string&) {},
      kTrain + "--num-samples 64 --per-device-train-batch-size 9223372036854775807 --max-steps 1 --output-dir {dir}/out", 2,
@@ -426,8 +426,8 @@ TEST(PlannerSizes, RefusedBeforeTheyWrapAndTheSearchesNeverThrow) {
   const BertConfig cfg = BertConfig::preset("bert-tiny");
   PlanInput in{cfg, {int64_t{1} << 50, 128, DType::F32, CheckpointPolicy::None, true}, OptimizerKind::AdamW, Device::CUDA};
   const std::string e = error_of([&] { plan_memory(in); });
-  EXPECT_NE(e.find("--per-device-train-batch-size 1125899906842624 with --seq-len 128"), std::string::npos) << e;
-  EXPECT_NE(e.find("more than any machine holds; lower --per-device-train-batch-size (or --seq-len)"), std::string::npos) << e;
+  EXPECT_NE(e.find("--per-device-train-batch-size 1125899906842624 with --max-seq-length 128"), std::string::npos) << e;
+  EXPECT_NE(e.find("more than any machine holds; lower --per-device-train-batch-size (or --max-seq-length)"), std::string::npos) << e;
   in.shape.training = false;  // an inference plan names `anatomy eval`'s flags
   const std::string ev = error_of([&] { plan_memory(in); });
   EXPECT_NE(ev.find("lower --per-device-eval-batch-size (or --max-seq-length)"), std::string::npos) << ev;
@@ -456,8 +456,8 @@ TEST(PlannerSizes, PlansBeyondACapacityNameWhatToLower) {
   ASSERT_LT(model, p.total());
   // Room for the model but not the batch: the batch flags; not even for the model: its field.
   const std::string batch = error_of([&] { refuse_plan_beyond(in, p, model, "the test has less"); });
-  EXPECT_NE(batch.find("--per-device-train-batch-size 1024 with --seq-len 128: the plan needs"), std::string::npos) << batch;
-  EXPECT_NE(batch.find("but the test has less; lower --per-device-train-batch-size (or --seq-len)"), std::string::npos) << batch;
+  EXPECT_NE(batch.find("--per-device-train-batch-size 1024 with --max-seq-length 128: the plan needs"), std::string::npos) << batch;
+  EXPECT_NE(batch.find("but the test has less; lower --per-device-train-batch-size (or --max-seq-length)"), std::string::npos) << batch;
   const std::string whole = error_of([&] { refuse_plan_beyond(in, p, model - 1, "the test has less"); });
   EXPECT_NE(whole.find("the model alone (4386178 parameters, most of them from vocab_size 30522 in config.json)"),
             std::string::npos) << whole;
@@ -467,7 +467,7 @@ TEST(PlannerSizes, PlansBeyondACapacityNameWhatToLower) {
   in.shape.max_batch = int64_t{1} << 30;
   ASSERT_GT(static_cast<double>(in.shape.max_batch) * 128 * 128 * 4, static_cast<double>(host_memory_bytes()));
   const std::string host = error_of([&] { plan_memory(in); });
-  EXPECT_NE(host.find("of memory; lower --per-device-train-batch-size (or --seq-len)"), std::string::npos) << host;
+  EXPECT_NE(host.find("of memory; lower --per-device-train-batch-size (or --max-seq-length)"), std::string::npos) << host;
 }
 
 TEST(ConfigSizes, ParameterCountBoundedNamingTheField) {

@@ -20,8 +20,10 @@ class ConfigTest : public testing::Test {
  protected:
   void SetUp() override {
     const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+    // "bert" in the path: the configs written here without model_type are BERT's (see
+    // ModelTypeComesFromThePathOrIsRefused).
     m_dir = fs::path(testing::TempDir()) /
-            ("anatomy_cfg_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+            ("anatomy_bert_cfg_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
     fs::remove_all(m_dir);
     fs::create_directories(m_dir);
   }
@@ -205,6 +207,35 @@ TEST_F(ConfigTest, LabelsFollowTransformers) {
   EXPECT_EQ(r.num_labels, 1);
   EXPECT_EQ(*r.problem_type, "regression");
   EXPECT_FALSE(BertConfig::from_json(json{{"problem_type", nullptr}}, "n.json").problem_type);
+  // run_glue.py on integer labels 1..3 writes them as numbers: their text names the classes.
+  BertConfig g = BertConfig::from_json(json{{"id2label", {{"0", 1}, {"1", 2}, {"2", 3}}}, {"label2id", {{"1", 0}, {"2", 1}, {"3", 2}}}},
+                                       "g.json");
+  EXPECT_EQ(g.num_labels, 3);
+  EXPECT_EQ(g.id2label.at(0), "1");
+  EXPECT_EQ(g.label2id.at("3"), 2);
+}
+
+// transformers' AutoConfig: without model_type, the longest model type the path names; none: refused.
+TEST_F(ConfigTest, ModelTypeComesFromThePathOrIsRefused) {
+  const fs::path plain = fs::path(testing::TempDir()) / ("anatomy_no_type_" + std::to_string(::getpid()));
+  fs::create_directories(plain / "my-distilbert-run");
+  const std::string distil = R"({"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64, "vocab_size": 100})";
+  std::ofstream(plain / "config.json") << distil;
+  std::ofstream(plain / "my-distilbert-run" / "config.json") << distil;
+  const std::string p = (plain / "config.json").string();
+  try {
+    BertConfig::from_json_file(p);
+    ADD_FAILURE() << "a config without model_type in a path naming none was read";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(p + ": has no model_type and its path names no model type", 0), 0u) << e.what();
+  }
+  const BertConfig d = BertConfig::from_json_file((plain / "my-distilbert-run" / "config.json").string());
+  EXPECT_EQ(d.architecture, Architecture::DistilBert);
+  EXPECT_EQ(d.hidden_size, 32);
+  EXPECT_EQ(d.num_hidden_layers, 2);
+  EXPECT_EQ(BertConfig::from_json_file(write("config.json", R"({"hidden_size": 64, "num_attention_heads": 2})")).architecture,
+            Architecture::Bert);
+  fs::remove_all(plain);
 }
 
 TEST_F(ConfigTest, BadConfigsAreOneLineErrors) {
@@ -244,7 +275,7 @@ TEST_F(ConfigTest, BadConfigsAreOneLineErrors) {
   expect_bad(R"({"num_labels": 0})", "field 'num_labels' must be a positive integer");
   expect_bad(R"({"id2label": {"0": "a", "2": "b"}})", "1 is missing");
   expect_bad(R"({"id2label": {"x": "a"}})", "field 'id2label' keys must be non-negative integers");
-  expect_bad(R"({"id2label": {"0": 5}})", "field 'id2label' values must be strings");
+  expect_bad(R"({"id2label": {"0": 5.5}})", "field 'id2label' values must be strings or integers");
   expect_bad(R"({"id2label": {"0": "a", "00": "b"}})", "has the id 0 twice");
   expect_bad(R"({"label2id": {"a": "0"}})", "field 'label2id' values");
   expect_bad(R"({"problem_type": "ranking"})", "problem_type 'ranking'");

@@ -197,6 +197,7 @@ void loadable(const std::string& dir) {
   EXPECT_EQ(c["id2label"], (json{{"0", "negative"}, {"1", "neutral"}, {"2", "positive"}}));
   EXPECT_EQ(c["label2id"], (json{{"negative", 0}, {"neutral", 1}, {"positive", 2}}));
   EXPECT_EQ(c["architectures"], json::array({"BertForSequenceClassification"}));
+  EXPECT_EQ(c["problem_type"], "single_label_classification");  // as transformers' forward records it
   const anatomy::SafetensorsReader r = anatomy::SafetensorsReader::open(dir + "/model.safetensors");
   EXPECT_EQ(r.info("classifier.weight").shape, (std::vector<int64_t>{3, 128}));
   for (const char* f : {"tokenizer.json", "vocab.txt"}) EXPECT_EQ(slurp(dir + "/" + f), slurp(kTok + "/" + f)) << f;
@@ -212,7 +213,7 @@ const std::function<void(const std::string&)> kOutputLoadable = [](const std::st
     EXPECT_TRUE(train.contains(k)) << k;
     EXPECT_EQ(all[k], train[k]) << k;
   }
-  EXPECT_EQ(train["train_samples"], 16);  // 2 steps of 8
+  EXPECT_EQ(train["train_samples"], 197);  // the training file's rows, as run_glue.py counts them (not 2 steps of 8)
   const json ev = read_json(d + "/out/eval_results.json");
   for (const char* k : {"epoch", "eval_loss", "eval_accuracy", "eval_runtime", "eval_samples", "eval_samples_per_second",
                         "eval_steps_per_second"}) {
@@ -409,6 +410,28 @@ const std::vector<Case> kCases = {
      kOutputLoadable},
     {"DoPredictWritesPredictResults", copy_text,
      kTextRun + "--max-steps 1 --do_predict --test_file {dir}/s.jsonl", 0, {"predicted 197 samples"}, {}, kPredictResults},
+    // A checkpoint past this run's last step: nothing trained, the end evaluated and written as the Trainer does.
+    {"ResumePastTheEndTrainsNothingAndEvaluates",
+     [](const std::string& d) {
+       copy_text(d);
+       const CmdResult r = run(expand(kTextRun + "--max-steps 4 --save-strategy steps --save-steps 2", d));
+       ASSERT_EQ(r.status, 0) << r.output;
+     },
+     kTextRun + "--max-steps 2 --validation-file {dir}/s.jsonl --resume-from-checkpoint latest", 0,
+     {"the checkpoint is at step 4, past this run's 2 steps: nothing to train"}, {},
+     [](const std::string& d) {
+       const json train = read_json(d + "/out/train_results.json"), all = read_json(d + "/out/all_results.json");
+       EXPECT_EQ(train["steps"], 4);
+       EXPECT_EQ(train["train_steps_per_second"], 0.0);
+       EXPECT_EQ(train["train_samples_per_second"], 0.0);
+       EXPECT_TRUE(all.contains("eval_loss")) << all.dump();
+       EXPECT_EQ(read_json(d + "/out/eval_results.json")["eval_samples"], 197);
+     }},
+    {"SeqLongerThanThePositionsNamesTheFlagTyped", copy_text,
+     "train --device cpu --disable-tqdm --preset bert-tiny --train-file {dir}/s.jsonl --tokenizer " + kTok +
+         " --max_seq_length 600 --max-steps 1 --output-dir {dir}/out",
+     2,
+     {"--max-seq-length 600 is longer than the model's position table"}, {"--seq-len"}},
     {"DoPredictNeedsTestFile", copy_text, kTextRun + "--max-steps 1 --do-predict", 2, {"--do-predict needs --test-file"}},
     {"TestFileNeedsDoPredict", copy_text, kTextRun + "--max-steps 1 --test-file {dir}/s.jsonl", 2,
      {"is predicted only with --do-predict"}},
