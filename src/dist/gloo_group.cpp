@@ -22,7 +22,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/error.h"
 #include "dist/bootstrap.h"
@@ -98,9 +102,10 @@ class GlooCommunicator final : public Communicator {
       fail("gloo: rank ", m_rank, " could not connect to the other ", m_world - 1, " ranks (rendezvous at ",
            m_store->address(), "): ", first_line(e.what()));
     }
-    m_store->watch([this] { m_failed = true; });
+    m_store->watch([this] { on_peer_failure(); });
   }
   ~GlooCommunicator() override {
+    m_closing = true;  // the watcher's on_peer_failure returns; m_store's destructor joins it
     if (m_store) (m_failed || std::uncaught_exceptions() > 0 ? m_store->leave() : m_store->finish());
   }
 
@@ -202,6 +207,7 @@ class GlooCommunicator final : public Communicator {
   void abort() noexcept override {
     if (m_aborted.exchange(true) || !m_store) return;
     m_failed = true;
+    m_closing = true;  // leave() joins the watcher: on_peer_failure returns at once
     m_store->leave();  // the others' watches fire (Note [failure watch])
     // Peers blocked on this rank see its sockets close at once.
     try {
@@ -216,12 +222,33 @@ class GlooCommunicator final : public Communicator {
   template <class F>
   void engine(const char* what, F&& run) {
     ANATOMY_CHECK(!m_failed, "gloo ", what, ": another rank of the group failed (rank ", m_rank, " of ", m_world, ")");
+    m_in_collective = what;
+    struct Done {
+      std::atomic<const char*>& in;
+      ~Done() { in = nullptr; }
+    } done{m_in_collective};
     try {
       run();
     } catch (const gloo::Exception& e) {
       m_failed = true;
       fail("gloo ", what, ": rank ", m_rank, " of ", m_world, " lost its peers (another rank failed, or ",
            m_timeout.count() / 1000, " s passed): ", first_line(e.what()));
+    }
+  }
+
+  // Note [failure watch], on the watcher's thread. A collective blocked on the failed rank mostly
+  // ends at once (its sockets reset), but Gloo can miss the reset and wait out its whole timeout
+  // (a receive posted as the peer died), and its buffers cannot be aborted from outside. So a
+  // collective entered before the failure and still running 2 s later ends the process with the
+  // error; one entered after it is refused by engine's check.
+  void on_peer_failure() {
+    m_failed = true;
+    for (int i = 0; i < 40 && !m_closing; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (const char* what = m_in_collective.load(); what && !m_closing) {
+      std::fprintf(stderr, "anatomy: error: gloo %s: rank %d of %d lost its peers (another rank failed)\n", what, m_rank,
+                   m_world);
+      std::fflush(stderr);
+      std::_Exit(2);
     }
   }
 
@@ -242,7 +269,8 @@ class GlooCommunicator final : public Communicator {
   std::chrono::milliseconds m_timeout;
   std::unique_ptr<TcpStore> m_store;
   std::shared_ptr<gloo::Context> m_ctx;
-  std::atomic<bool> m_failed{false}, m_aborted{false};
+  std::atomic<bool> m_failed{false}, m_aborted{false}, m_closing{false};
+  std::atomic<const char*> m_in_collective{nullptr};  // the collective running, for on_peer_failure
 };
 
 }  // namespace

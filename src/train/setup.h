@@ -41,6 +41,13 @@ unsigned nvml_index_of(int cuda_device);
 // a run that fails to start loses nothing. The input model's directory is never an output.
 void check_output_dir(const TrainOptions& opt);
 
+// Note [ranks agree]: every rank of a run must be started with the same flags. Those that would
+// train something else without a word (another seed's weights stitched into the shards, another
+// batch) or leave a rank waiting on collectives the others never call (other steps, other data)
+// are compared at start-up, with the training data's rows; a difference ends every rank with
+// one line naming the flags. A world of one has nothing to compare.
+void check_ranks_agree(const TrainOptions& opt, int64_t train_rows, Communicator& comm);
+
 // The files of the output directory that the loop writes (rank 0 only).
 class OutputDir {
  public:

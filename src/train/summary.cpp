@@ -31,6 +31,7 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
                         {"resumed_from_step", res.start_step},
                         {"samples", res.samples},
                         {"skipped_steps", res.skipped_steps},
+                        {"nonfinite_steps", res.nonfinite_steps},
                         {"device", res.device},
                         {"precision", precision_name(opt.precision)},
                         {"per_device_train_batch_size", shape.max_batch},
@@ -175,7 +176,13 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
   if (res.gpu_clocks)
     std::printf("GPU over the steady steps (NVML, %d samples): %s\n", res.gpu_clocks->samples,
                 clock_summary_line(*res.gpu_clocks).c_str());
-  if (res.skipped_steps) std::printf("fp16: %lld steps skipped on overflow\n", static_cast<long long>(res.skipped_steps));
+  // Skipped steps: fp16's overflows (the loss scale backs off), and with --skip-nonfinite-steps the
+  // steps whose loss or gradient norm was not finite.
+  if (const int64_t overflow = res.skipped_steps - res.nonfinite_steps; overflow > 0)
+    std::printf("fp16: %lld steps skipped on overflow\n", static_cast<long long>(overflow));
+  if (res.nonfinite_steps)
+    std::printf("%lld steps skipped: their loss or gradient norm was not finite (--skip-nonfinite-steps)\n",
+                static_cast<long long>(res.nonfinite_steps));
   if (res.train_runtime > 0)
     std::printf("Data loading: the loop waited %.2f s for batches (%.1f%% of the run)\n", res.data_wait_s,
                 100.0 * res.data_wait_s / res.train_runtime);

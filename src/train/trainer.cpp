@@ -173,6 +173,7 @@ void RankRun::setup() {
   if (!m_lead) m_comm.barrier();
   m_data.emplace(load_train_data(m_opt, m_cfg));
   if (m_lead) m_comm.barrier();
+  check_ranks_agree(m_opt, static_cast<int64_t>(m_data->train->size()), m_comm);
   if (m_lead && !m_data->warning.empty()) std::fprintf(stderr, "anatomy: %s\n", m_data->warning.c_str());
   ANATOMY_CHECK(m_opt.eval_strategy == Cadence::No || m_data->validation, "--eval-strategy ", cadence_name(m_opt.eval_strategy),
                 " needs validation data: --validation-file or --validation-split");

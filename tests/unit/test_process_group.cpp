@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "../common/dirs.h"
+#include "core/error.h"
 #include "dist/spawn.h"
 #include "../dist/pg_script.h"
 
@@ -182,6 +183,31 @@ TEST_P(ProcessGroupTorchrunEnv, KillingOneProcessEndsTheOthersWithinSeconds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, ProcessGroupTorchrunEnv, ::testing::Values(2, 3));
+
+// Note [ranks agree]: ranks started with different flags (here the batch) end at start-up, each
+// naming the flag and its own value, instead of training on silently or waiting on each other.
+TEST(TrainRanks, DifferentFlagsEndEveryRankNamingThem) {
+  const std::string dir = testing_dirs::fresh_dir("train_ranks_differ");
+  const int port = free_local_port();
+  std::vector<pid_t> pids;
+  for (int r = 1; r >= 0; --r)
+    pids.push_back(start_rank({ANATOMY_BINARY, "train", "--device", "cpu", "--threads", "1", "--disable-tqdm", "--preset",
+                               "bert-tiny", "--num-samples", "32", "--seq-len", "16", "--max-steps", "2", "--output-dir",
+                               dir + "/out", "--per-device-train-batch-size", r == 0 ? "4" : "2"},
+                              r, 2, port, dir + "/log" + std::to_string(r)));
+  for (size_t i = 0; i < pids.size(); ++i) {
+    const int r = 1 - static_cast<int>(i);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pids[i], &status, 0), pids[i]);
+    const std::string log = slurp(dir + "/log" + std::to_string(r));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << log;
+    EXPECT_NE(log.find(anatomy::str_cat("anatomy: error: the ranks were started with different flags: ",
+                                        "--per-device-train-batch-size (rank ", r, ": ", r == 0 ? 4 : 2, ")")),
+              std::string::npos)
+        << log;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "/out/train_results.json"));
+}
 
 // Open MPI's launcher (openmpi-bin from scripts/setup.sh) starts the ranks; they find rank 0's
 // store through the MASTER_ADDR/MASTER_PORT it forwards (-x). One node, so no ssh: plm=isolated.

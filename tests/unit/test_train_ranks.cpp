@@ -186,7 +186,11 @@ TEST(TrainRanks, NonFiniteStepStopsTheRunKeepingTheLastCheckpoint) {
     const TrainResult r = train(o);
     EXPECT_EQ(r.nonfinite_steps, 3);
     EXPECT_EQ(r.skipped_steps, 3);
-    EXPECT_TRUE(fs::exists(fs::path(o.output_dir) / "train_results.json"));
+    std::ifstream results(fs::path(o.output_dir) / "train_results.json");
+    ASSERT_TRUE(results.good());
+    const json j = json::parse(results);
+    EXPECT_EQ(j.at("nonfinite_steps"), 3);  // the README's troubleshooting names it there
+    EXPECT_EQ(j.at("skipped_steps"), 3);
   }
 }
 
