@@ -77,8 +77,9 @@ void TrainLog::step(int64_t done, double loss_sum, int64_t samples, double grad_
   if (!log_now && !m_tty) return;
   const double sps = static_cast<double>(samples_here) / std::max(elapsed, 1e-9);
   if (log_now) {
-    const double loss = window_loss / static_cast<double>(std::max<int64_t>(1, window_samples));
-    nlohmann::json j = {{"loss", loss},       {"grad_norm", grad_norm},          {"learning_rate", lr},
+    // A window of skipped steps only (--skip-nonfinite-steps) has no loss: null, not 0.
+    const double loss = window_samples > 0 ? window_loss / static_cast<double>(window_samples) : std::nan("");
+    nlohmann::json j = {{"loss", window_samples > 0 ? nlohmann::json(loss) : nlohmann::json(nullptr)},       {"grad_norm", grad_norm},          {"learning_rate", lr},
                         {"epoch", epoch},     {"step", done},                    {"samples_per_second", sps},
                         {"elapsed_s", elapsed}, {"data_wait_s", data_wait},      {"loss_scale", loss_scale}};
     if (m_opt.report_jsonl) m_out.append_metrics(j.dump());

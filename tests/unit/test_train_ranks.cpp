@@ -183,8 +183,16 @@ TEST(TrainRanks, NonFiniteStepStopsTheRunKeepingTheLastCheckpoint) {
 
     o.output_dir = fresh_dir("ranks_nan_skip" + std::to_string(world));
     o.skip_nonfinite_steps = true;
+    o.logging_steps = 1;
     const TrainResult r = train(o);
     EXPECT_EQ(r.nonfinite_steps, 3);
+    std::ifstream metrics(fs::path(o.output_dir) / "metrics.jsonl");
+    std::vector<json> logged;
+    for (std::string line; std::getline(metrics, line);)
+      if (json j = json::parse(line); j.contains("loss")) logged.push_back(j);
+    ASSERT_EQ(logged.size(), 4u);
+    EXPECT_TRUE(logged[0]["loss"].is_number());  // step 1 trained
+    for (size_t i = 1; i < 4; ++i) EXPECT_TRUE(logged[i]["loss"].is_null()) << logged[i].dump();  // skipped: no loss
     EXPECT_EQ(r.skipped_steps, 3);
     std::ifstream results(fs::path(o.output_dir) / "train_results.json");
     ASSERT_TRUE(results.good());
