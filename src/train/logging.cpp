@@ -79,9 +79,15 @@ void TrainLog::step(int64_t done, double loss_sum, int64_t samples, double grad_
   if (log_now) {
     // A window of skipped steps only (--skip-nonfinite-steps) has no loss: null, not 0.
     const double loss = window_samples > 0 ? window_loss / static_cast<double>(window_samples) : std::nan("");
-    nlohmann::json j = {{"loss", window_samples > 0 ? nlohmann::json(loss) : nlohmann::json(nullptr)},       {"grad_norm", grad_norm},          {"learning_rate", lr},
-                        {"epoch", epoch},     {"step", done},                    {"samples_per_second", sps},
-                        {"elapsed_s", elapsed}, {"data_wait_s", data_wait},      {"loss_scale", loss_scale}};
+    nlohmann::json j = {{"loss", window_samples > 0 ? nlohmann::json(loss) : nlohmann::json(nullptr)},
+                        {"grad_norm", grad_norm},
+                        {"learning_rate", lr},
+                        {"epoch", epoch},
+                        {"step", done},
+                        {"samples_per_second", sps},
+                        {"elapsed_s", elapsed},
+                        {"data_wait_s", data_wait},
+                        {"loss_scale", loss_scale}};
     if (m_opt.report_jsonl) m_out.append_metrics(j.dump());
     std::fprintf(stderr, "%s{'loss': %.4f, 'grad_norm': %.4g, 'learning_rate': %.3g, 'epoch': %.2f, 'step': %lld/%lld, "
                  "'samples_per_second': %.2f}\n",

@@ -223,31 +223,52 @@ void load_starting_weights(const TrainOptions& opt, EncoderModel& model, bool an
 
 void check_ranks_agree(const TrainOptions& o, int64_t train_rows, Communicator& comm) {
   if (comm.size() == 1) return;
-  const nlohmann::json run = {
-      {"--per-device-train-batch-size", o.per_device_train_batch_size}, {"--gradient-accumulation-steps", o.gradient_accumulation_steps},
-      {"--seed", o.seed}, {"--precision", precision_name(o.precision)}, {"--optim", optimizer_name(o.optim.kind)},
-      {"--max-seq-length", o.seq_len}, {"--max-steps", o.max_steps}, {"--num-train-epochs", o.num_train_epochs + o.train_epochs},
-      {"--learning-rate", o.learning_rate}, {"--lr-scheduler-type", schedule_name(o.lr_scheduler_type)},
-      {"--warmup-steps", o.warmup_steps}, {"--warmup-ratio", o.warmup_ratio}, {"--weight-decay", o.optim.weight_decay},
-      {"--max-grad-norm", o.max_grad_norm}, {"--zero-stage", o.zero_stage}, {"--ddp-bucket-cap-mb", o.ddp_bucket_cap_mb},
-      {"--gradient-checkpointing", checkpoint_policy_name(o.gradient_checkpointing)},
-      {"--model-name-or-path", o.model_name_or_path}, {"--preset", o.model_name_or_path.empty() ? o.preset : ""},
-      {"--task", o.task}, {"--train-file", o.train_file}, {"--dataset", o.train_file.empty() ? o.dataset : ""},
-      {"--num-samples", o.train_file.empty() ? o.num_samples : 0}, {"--validation-file", o.validation_file},
-      {"--validation-split", o.validation_split}, {"--group-by-length", o.group_by_length}, {"--output-dir", o.output_dir},
-      {"--resume-from-checkpoint", o.resume_from_checkpoint}, {"--eval-strategy", cadence_name(o.eval_strategy)},
-      {"--eval-steps", o.eval_steps}, {"--save-strategy", cadence_name(o.checkpoint_strategy)}, {"--save-steps", o.save_steps},
-      {"--skip-nonfinite-steps", o.skip_nonfinite_steps}, {"the training data's rows", train_rows}};
+  const nlohmann::json run = {{"--per-device-train-batch-size", o.per_device_train_batch_size},
+                              {"--gradient-accumulation-steps", o.gradient_accumulation_steps},
+                              {"--seed", o.seed},
+                              {"--precision", precision_name(o.precision)},
+                              {"--optim", optimizer_name(o.optim.kind)},
+                              {"--max-seq-length", o.seq_len},
+                              {"--max-steps", o.max_steps},
+                              {"--num-train-epochs", o.num_train_epochs + o.train_epochs},
+                              {"--learning-rate", o.learning_rate},
+                              {"--lr-scheduler-type", schedule_name(o.lr_scheduler_type)},
+                              {"--warmup-steps", o.warmup_steps},
+                              {"--warmup-ratio", o.warmup_ratio},
+                              {"--weight-decay", o.optim.weight_decay},
+                              {"--max-grad-norm", o.max_grad_norm},
+                              {"--zero-stage", o.zero_stage},
+                              {"--ddp-bucket-cap-mb", o.ddp_bucket_cap_mb},
+                              {"--gradient-checkpointing", checkpoint_policy_name(o.gradient_checkpointing)},
+                              {"--model-name-or-path", o.model_name_or_path},
+                              {"--preset", o.model_name_or_path.empty() ? o.preset : ""},
+                              {"--task", o.task},
+                              {"--train-file", o.train_file},
+                              {"--dataset", o.train_file.empty() ? o.dataset : ""},
+                              {"--num-samples", o.train_file.empty() ? o.num_samples : 0},
+                              {"--validation-file", o.validation_file},
+                              {"--validation-split", o.validation_split},
+                              {"--group-by-length", o.group_by_length},
+                              {"--output-dir", o.output_dir},
+                              {"--resume-from-checkpoint", o.resume_from_checkpoint},
+                              {"--eval-strategy", cadence_name(o.eval_strategy)},
+                              {"--eval-steps", o.eval_steps},
+                              {"--save-strategy", cadence_name(o.checkpoint_strategy)},
+                              {"--save-steps", o.save_steps},
+                              {"--skip-nonfinite-steps", o.skip_nonfinite_steps},
+                              {"the training data's rows", train_rows}};
   // 32 bits of each value's hash: exact in a double, the same on every rank of one binary.
   std::vector<double> lo, hi;
-  for (const auto& [flag, value] : run.items()) lo.push_back(static_cast<double>(std::hash<std::string>{}(value.dump()) & 0xffffffffu));
+  for (const auto& [flag, value] : run.items())
+    lo.push_back(static_cast<double>(std::hash<std::string>{}(value.dump()) & 0xffffffffu));
   hi = lo;
   comm.all_reduce_host(lo, Communicator::Op::Min);
   comm.all_reduce_host(hi, Communicator::Op::Max);
   std::string differ;
   size_t i = 0;
   for (const auto& [flag, value] : run.items()) {
-    if (lo[i] != hi[i]) differ += str_cat(differ.empty() ? "" : ", ", flag, " (rank ", comm.rank(), ": ", value.dump(), ")");
+    if (lo[i] != hi[i])
+      differ += str_cat(differ.empty() ? "" : ", ", flag, " (rank ", comm.rank(), ": ", value.dump(), ")");
     ++i;
   }
   ANATOMY_CHECK(differ.empty(), "the ranks were started with different flags: ", differ,
