@@ -62,7 +62,7 @@ std::vector<OptionSpec> build() {
   // ---- task ----
   add({"task", {}, OptType::Choice, kTrainPlan, "text-classification",
        "What to train: text-classification (single-label, regression or multi-label, from the labels), mlm "
-       "(masked-language modelling on the texts, as run_mlm.py; BERT, RoBERTa, XLM-R) or token-classification "
+       "(masked-language modelling on the texts, as run_mlm.py; BERT, RoBERTa, XLM-R, DistilBERT, ModernBERT; not ELECTRA) or token-classification "
        "(JSONL with a list of words and of their tags, as run_ner.py: --text-column tokens, --label-column ner_tags)",
        0, 0, false, false, false, false,
        {{"text-classification", "text-classification"}, {"sequence-classification", "text-classification"},

@@ -409,6 +409,12 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
       c.label2id[k] = v.get<int>();
     }
   }
+  // The masked-LM decoder is the word embeddings (transformers' default tie_word_embeddings true);
+  // a checkpoint with its own decoder would be evaluated and trained with another one, silently.
+  if (const json* tie = f.get_non_null("tie_word_embeddings"); tie && *tie == false && !c.architectures.empty() &&
+      c.architectures.front().ends_with("ForMaskedLM"))
+    fail(source, ": tie_word_embeddings false: a masked-LM decoder of its own (lm_head.decoder) is not supported; ",
+         "anatomy ties the decoder to the word embeddings");
   c.validate(source);
   return c;
 }

@@ -35,6 +35,7 @@ EvalResult evaluate_per_token(EncoderModel& model, const Dataset& ds, const Eval
   r.samples = static_cast<int64_t>(n);
   r.batch_size = B;
   r.labelled = opt.labelled;
+  r.skip_padding = opt.skip_padding;
   r.predictions.assign(n, 0);
   r.labels.assign(n, 0);
   r.losses.assign(n, 0.0);

@@ -213,8 +213,7 @@ void load_starting_weights(const TrainOptions& opt, EncoderModel& model, bool an
   }
   if (!rep.unused.empty())
     std::fprintf(stderr, "note: %zu tensors of %s are not used by %s (e.g. %s)\n", rep.unused.size(),
-                 opt.model_name_or_path.c_str(), model.config().sequence_classification_class().c_str(),
-                 rep.unused[0].c_str());
+                 opt.model_name_or_path.c_str(), cls, rep.unused[0].c_str());
   if (const auto small = model.layernorm_weights_below(1e-3f); !small.empty())
     std::fprintf(stderr, "note: %zu LayerNorm weights of %s have elements below 1e-3 in magnitude (e.g. %s); LayerNorm "
                  "backward divides by them, so their gradients are less precise (exactly 0: not exact)\n",

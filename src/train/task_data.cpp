@@ -173,7 +173,14 @@ TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokeni
   use_run_ner_columns(to, opt.train_file, "--train-file", opt.text_columns_given, opt.label_column_given);
   const LabelSet from_config = LabelSet::from_id2label(cfg.id2label);
   if (from_config.kind == LabelSet::Kind::Names && !opt.ignore_mismatched_sizes) to.tags = from_config.names;
-  auto train = named("--train-file", [&] { return std::make_shared<TokenTagDataset>(opt.train_file, tok, to); });
+  std::shared_ptr<TokenTagDataset> train;
+  try {
+    train = named("--train-file", [&] { return std::make_shared<TokenTagDataset>(opt.train_file, tok, to); });
+  } catch (const Error& e) {  // as the sequence tasks say it (train_data.cpp)
+    if (!to.tags || std::string(e.what()).find("unknown tag") == std::string::npos) throw;
+    fail(e.what(), "; the tags are those of --model-name-or-path ", opt.model_name_or_path,
+         "'s head (--ignore-mismatched-sizes trains a new head for the file's tags)");
+  }
   const std::vector<std::string>& tags = train->tag_names();
   ANATOMY_CHECK(!opt.num_labels_given || opt.num_labels == static_cast<int64_t>(tags.size()), "--num-labels ",
                 opt.num_labels, " disagrees with --train-file ", opt.train_file, ", whose tags make ", tags.size());

@@ -280,6 +280,8 @@ TEST_F(ConfigTest, BadConfigsAreOneLineErrors) {
   expect_bad(R"({"label2id": {"a": "0"}})", "field 'label2id' values");
   expect_bad(R"({"problem_type": "ranking"})", "problem_type 'ranking'");
   expect_bad(R"({"architectures": "BertModel"})", "field 'architectures'");
+  expect_bad(R"({"architectures": ["RobertaForMaskedLM"], "model_type": "roberta", "tie_word_embeddings": false})",
+             "tie_word_embeddings false: a masked-LM decoder of its own");
 
   BertConfig c;
   c.num_attention_heads = 5;

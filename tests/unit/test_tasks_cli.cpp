@@ -334,6 +334,14 @@ TEST(TasksCli, MaskedLmLossFallsOnRealText) {
   ASSERT_EQ(t.status, 0) << t.output;
   EXPECT_NE(t.output.find("perplexity: "), std::string::npos) << t.output;
   EXPECT_EQ(read_lines(dir + "/eval_txt/predictions.jsonl").size(), 197u);  // the same texts as the JSON Lines file's
+  // Batches padded to their longest text, not to --max-seq-length, and skipping padding says so.
+  const auto w = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + dir + "/run_jsonl --eval-file " +
+                                          std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl" +
+                                          " --max-seq-length 64 --output-dir " + dir + "/eval64");
+  ASSERT_EQ(w.status, 0) << w.output;
+  const nlohmann::json ev = nlohmann::json::parse(read_regular_file(dir + "/eval64/eval_results.json"));
+  EXPECT_EQ(ev.at("eval_skip_padding"), true) << ev.dump();
+  EXPECT_LT(ev.at("eval_padded_tokens").get<int64_t>(), 197 * 64 * 3 / 4) << ev.dump();  // the texts are mostly short
 }
 
 // The same for ModernBERT (ModernBertForMaskedLM: Note [modernbert token head] in
@@ -367,6 +375,8 @@ TEST(TasksCli, DistilBertMaskedLmLossFallsOnRealText) {
       "/tests/data/text/sentiment.jsonl --validation-split 0.1 --max-seq-length 32 --per-device-train-batch-size 16"
       " --num-train-epochs 20 --learning-rate 3e-3 --logging-steps 11 --disable-tqdm --output-dir " + out);
   expect_masked_lm_run(r, out, "DistilBertForMaskedLM");  // dim 32, 2 layers: slower than RoBERTa's 8 epochs
+  // The fixture's classifier tensors are named as unused by the class being built.
+  EXPECT_NE(r.output.find("are not used by DistilBertForMaskedLM (e.g. classifier."), std::string::npos) << r.output;
   const std::set<std::string> names = tensor_names(out + "/model.safetensors");
   for (const char* n : {"vocab_transform.weight", "vocab_transform.bias", "vocab_layer_norm.weight",
                         "vocab_layer_norm.bias", "vocab_projector.bias"})
@@ -532,6 +542,19 @@ TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {
   const auto dev_rows = read_lines(dev);
   for (size_t i = 0; i < preds.size() && i < dev_rows.size(); ++i)
     EXPECT_EQ(preds[i].at("label"), dev_rows[i].at("ner_tags")) << i;
+  EXPECT_EQ(nlohmann::json::parse(read_regular_file(dir + "/eval/eval_results.json")).at("eval_skip_padding"), true);
+
+  // A tag the trained head does not have: the error says where the tags come from and the way on.
+  {
+    std::ofstream(dir + "/new_tag.jsonl") << R"({"tokens": ["Paris"], "ner_tags": ["B-MISC"]})" << "\n";
+  }
+  const auto again = testing_cli::run_anatomy("train --device cpu --task token-classification --model-name-or-path " + out +
+                                              " --train-file " + dir + "/new_tag.jsonl --max-steps 1 --max-seq-length 32 "
+                                              "--disable-tqdm --output-dir " + dir + "/again");
+  EXPECT_EQ(again.status, 2) << again.output;
+  EXPECT_NE(again.output.find("unknown tag \"B-MISC\""), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("(--ignore-mismatched-sizes trains a new head for the file's tags)"), std::string::npos)
+      << again.output;
 }
 
 // The same for ModernBERT (Note [modernbert token head] in model/modernbert.cpp): a tiny
