@@ -221,11 +221,14 @@ step_sanitize() {
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     filter=$kernels limit=${SANITIZE_LIMIT:-150}
     [ $tool = memcheck ] && filter=$mem limit=${SANITIZE_LIMIT:-240}
-    rc=0
+    rc=0 t0=$SECONDS
     timeout -s KILL $limit compute-sanitizer --tool $tool $b/anatomy_gpu_tests --gtest_filter="$filter" \
       > "$OUT/$tool.log" 2>&1 || rc=$?
     { grep -E "SUMMARY|PASSED|FAILED" "$OUT/$tool.log"
-      if [ $rc = 137 ]; then echo "$tool: TIMED OUT after ${limit}s: incomplete ($(grep -c '^\[ *OK' "$OUT/$tool.log") tests finished)"; fi
+      # Killed at the limit (137 alone could be another SIGKILL: the out-of-memory killer).
+      if [ $rc = 137 ] && [ $((SECONDS - t0)) -ge $limit ]; then
+        echo "$tool: TIMED OUT after ${limit}s: incomplete ($(grep -cE '^\[ *(OK|FAILED) *\]' "$OUT/$tool.log") tests finished)"
+      elif [ $rc = 137 ]; then echo "$tool: KILLED (SIGKILL) after $((SECONDS - t0))s, before its limit"; fi
     } | tee "$OUT/$tool.txt"
   done
 }

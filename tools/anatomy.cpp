@@ -79,6 +79,14 @@ void check_eval_output_dir(const EvalFlags& f) {
   ANATOMY_CHECK(!(fs::exists(f.output_dir, ec) && fs::equivalent(f.output_dir, f.model, ec)), "--output-dir ",
                 f.output_dir, " is the model's directory (--model-name-or-path): its eval_results.json would be "
                 "replaced; name another directory");
+  // Before the evaluation, not after it: the nearest existing part of the path is a directory.
+  for (fs::path p = f.output_dir; !p.empty(); p = p.parent_path()) {
+    if (fs::exists(p, ec)) {
+      ANATOMY_CHECK(fs::is_directory(p, ec), "--output-dir ", f.output_dir, ": ", p.string(), " is not a directory");
+      break;
+    }
+    if (p == p.parent_path()) break;
+  }
   if (f.overwrite_output_dir) return;
   for (const char* name : {"eval_results.json", "predictions.jsonl"})
     ANATOMY_CHECK(!fs::exists(fs::path(f.output_dir) / name, ec), "--output-dir ", f.output_dir,
@@ -102,6 +110,7 @@ int run_eval(EvalFlags f) {
                 " needs a GPU (--device cuda); the CPU backend computes in fp32");
   BertConfig cfg = BertConfig::from_json_file(config_file);
   cfg.validate(config_file);
+  check_masked_lm_decoder(cfg, config_file);
   if (f.max_seq_length < 0) f.max_seq_length = std::min<int64_t>(128, cfg.max_sequence_length());
   ANATOMY_CHECK(f.max_seq_length <= cfg.max_sequence_length(), "--max-seq-length ", f.max_seq_length,
                 " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings,

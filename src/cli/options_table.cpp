@@ -46,7 +46,7 @@ std::vector<OptionSpec> build() {
        "A Hugging Face model directory, or a Hub name (org/name) found in the local Hugging Face cache "
        "(HF_HUB_CACHE, HF_HOME) or downloaded into it (HF_ENDPOINT, HF_TOKEN; not with HF_HUB_OFFLINE)",
        0, 0, false, false, false, true, {}, [](R& r, const V& v) { r.train.model_name_or_path = v.s; }, "same"});
-  add({"revision", {"model-revision"}, OptType::Text, kTrain | kEval, "main",
+  add({"revision", {"model-revision"}, OptType::Text, kTrain | kEval | kPlan, "main",
        "With a Hub name: the branch, tag or commit to use", 0, 0, false, false, false, true, {},
        [](R& r, const V& v) { r.revision = v.s; }, "same (run_glue's model_revision)"});
   add({"num-labels", {}, OptType::Int, kTrainPlan, "2", "Classes of the classification head (presets)", 1, 100000, false,
@@ -62,7 +62,8 @@ std::vector<OptionSpec> build() {
   // ---- task ----
   add({"task", {}, OptType::Choice, kTrainPlan, "text-classification",
        "What to train: text-classification (single-label, regression or multi-label, from the labels), mlm "
-       "(masked-language modelling on the texts, as run_mlm.py; BERT, RoBERTa, XLM-R, DistilBERT, ModernBERT; not ELECTRA) or token-classification "
+       "(masked-language modelling on the texts, as run_mlm.py; BERT, RoBERTa, XLM-R, DistilBERT, ModernBERT; not "
+       "ELECTRA) or token-classification "
        "(JSONL with a list of words and of their tags, as run_ner.py: --text-column tokens, --label-column ner_tags)",
        0, 0, false, false, false, false,
        {{"text-classification", "text-classification"}, {"sequence-classification", "text-classification"},
@@ -81,8 +82,9 @@ std::vector<OptionSpec> build() {
   add({"train-file", {}, OptType::Text, kTrainPlan, "", "Labelled text (.jsonl, .csv, .tsv) to train on", 0, 0, false,
        false, false, true, {}, [](R& r, const V& v) { r.train.train_file = v.s; }, "same"});
   add({"validation-file", {"eval-file"}, OptType::Text, kAll, "",
-       "Labelled text to evaluate on (train: every --eval-strategy, and at the end unless --do-eval false with no --eval-strategy; eval: the file evaluated)", 0, 0, false,
-       false, false, true, {}, [](R& r, const V& v) { r.train.validation_file = v.s; }, "same"});
+       "Labelled text to evaluate on (train: every --eval-strategy, and at the end unless --do-eval false with no "
+       "--eval-strategy; eval: the file evaluated)",
+       0, 0, false, false, false, true, {}, [](R& r, const V& v) { r.train.validation_file = v.s; }, "same"});
   add({"validation-split", {}, OptType::Float, kTrainPlan, "0", "Hold out this fraction of the training data", 0, 1, false,
        true, false, false, {}, [](R& r, const V& v) { r.train.validation_split = v.d; }});
   add({"text-column", {"text-column-name"}, OptType::Text, kAll, "text", "Column (JSON key or CSV header) holding the text; when no text column is named and the file "
@@ -149,8 +151,9 @@ std::vector<OptionSpec> build() {
        false, false, false, false, {}, [](R& r, const V& v) { r.do_train = v.b; },
        "differs: implied by `anatomy train`"});
   add({"do-eval", {}, OptType::Bool, kTrain, "true with validation data",
-       "Evaluate on the validation data at the end (eval_results.json); false: no evaluation, unless an --eval-strategy evaluates (then the end is evaluated too, as the Trainer turns do_eval on for any eval_strategy)", 0, 0, false,
-       false, false, false, {}, [](R& r, const V& v) { r.do_eval = v.b; },
+       "Evaluate on the validation data at the end (eval_results.json); false: no evaluation, unless an "
+       "--eval-strategy evaluates (then the end is evaluated too, as the Trainer turns do_eval on for any eval_strategy)",
+       0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.do_eval = v.b; },
        "differs: on whenever there is validation data (false turns it off)"});
   add({"do-predict", {}, OptType::Bool, kTrain, "false",
        "After training, predict --test-file's labels into predict_results.txt (index, prediction)", 0, 0, false, false,

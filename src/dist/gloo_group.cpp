@@ -247,7 +247,7 @@ class GlooCommunicator final : public Communicator {
     if (const char* what = m_in_collective.load(); what && !m_closing) {
       std::fprintf(stderr, "anatomy: error: gloo %s: rank %d of %d lost its peers (another rank failed)\n", what, m_rank,
                    m_world);
-      std::fflush(stderr);
+      std::fflush(nullptr);
       std::_Exit(2);
     }
   }

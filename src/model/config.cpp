@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -274,20 +275,25 @@ BertConfig BertConfig::from_json_file(const std::string& path) {
     const auto* pe = dynamic_cast<const json::parse_error*>(&e);
     fail(path, ": not valid JSON", pe ? str_cat(" at byte ", pe->byte) : std::string(), ": ", msg);
   }
-  // Without model_type, transformers' AutoConfig takes the longest model type named in the path
-  // (old BERT checkpoints such as google/bert_uncased_L-2_H-128_A-2 have none) and refuses
-  // the file when the path names none; so does anatomy, rather than read another family's
-  // fields as BERT's defaults.
+  // Without model_type, transformers' AutoConfig takes the longest model type named in the model's
+  // name (old BERT checkpoints such as google/bert_uncased_L-2_H-128_A-2 have none) and refuses
+  // the file when the name holds none; so does anatomy, rather than read another family's fields
+  // as BERT's defaults. The name: the directory's, or a Hub cache snapshot's models--org--name
+  // (not the directories above it). Families whose names contain a supported one's (ALBERT,
+  // CamemBERT, DeBERTa, ...) are named so as to be refused, not read as BERT.
   if (j.is_object() && !j.contains("model_type")) {
+    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    std::string name = dir.filename().string();
+    for (const std::filesystem::path& part : dir)
+      if (part.string().starts_with("models--")) name = part.string();
     std::string named;
-    for (const char* t : {"xlm-roberta", "modernbert", "distilbert", "roberta", "electra", "bert"})
-      if (path.find(t) != std::string::npos) {
-        named = t;
-        break;
-      }
+    for (const char* t : {"xlm-roberta", "modernbert", "distilbert", "roberta", "electra", "bert", "albert", "camembert",
+                          "mobilebert", "deberta", "megatron-bert", "squeezebert", "convbert", "flaubert", "rembert",
+                          "roc_bert", "bert-generation"})
+      if (name.find(t) != std::string::npos && std::strlen(t) > named.size()) named = t;
     if (named.empty())
-      fail(path, ": has no model_type and its path names no model type (bert, roberta, xlm-roberta, distilbert, ",
-           "electra, modernbert); add \"model_type\" to it, as transformers' AutoConfig asks");
+      fail(path, ": has no model_type and its directory's name names no model type (bert, roberta, xlm-roberta, ",
+           "distilbert, electra, modernbert); add \"model_type\" to it, as transformers' AutoConfig asks");
     j["model_type"] = named;
   }
   return from_json(j, path);
@@ -409,12 +415,11 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
       c.label2id[k] = v.get<int>();
     }
   }
-  // The masked-LM decoder is the word embeddings (transformers' default tie_word_embeddings true);
-  // a checkpoint with its own decoder would be evaluated and trained with another one, silently.
-  if (const json* tie = f.get_non_null("tie_word_embeddings"); tie && *tie == false && !c.architectures.empty() &&
-      c.architectures.front().ends_with("ForMaskedLM"))
-    fail(source, ": tie_word_embeddings false: a masked-LM decoder of its own (lm_head.decoder) is not supported; ",
-         "anatomy ties the decoder to the word embeddings");
+  if (const json* tie = f.get_non_null("tie_word_embeddings")) {
+    ANATOMY_CHECK(tie->is_boolean(), source, ": field 'tie_word_embeddings' must be true or false, got ",
+                  truncated(tie->dump()));
+    c.tie_word_embeddings = tie->get<bool>();
+  }
   c.validate(source);
   return c;
 }
@@ -479,6 +484,7 @@ json BertConfig::to_json() const {
   if (bos_token_id) j["bos_token_id"] = *bos_token_id;
   if (eos_token_id) j["eos_token_id"] = *eos_token_id;
   if (problem_type) j["problem_type"] = *problem_type;
+  if (!tie_word_embeddings) j["tie_word_embeddings"] = false;
   return j;
 }
 

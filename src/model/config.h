@@ -53,6 +53,7 @@ struct BertConfig {
   double hidden_dropout_prob = 0.1;
   double attention_probs_dropout_prob = 0.1;
   std::optional<double> classifier_dropout;  // unset: the head uses hidden_dropout_prob
+  bool tie_word_embeddings = true;  // false: a masked-LM decoder of its own (refused: check_masked_lm_decoder)
   int64_t max_position_embeddings = 512;
   int64_t type_vocab_size = 2;
   double initializer_range = 0.02;

@@ -61,6 +61,12 @@ std::string masked_lm_class(const BertConfig& cfg) {
        "ModernBERT do; ELECTRA's masked LM is its generator, a model of its own, not built)");
 }
 
+void check_masked_lm_decoder(const BertConfig& cfg, const std::string& source) {
+  ANATOMY_CHECK(!is_masked_lm(cfg) || cfg.tie_word_embeddings, source,
+                ": tie_word_embeddings false: a masked-LM decoder of its own (lm_head.decoder) is not supported; "
+                "anatomy ties the decoder to the word embeddings");
+}
+
 DType label_dtype(const BertConfig& cfg) {
   return !is_masked_lm(cfg) && has_float_labels(problem_type_of(cfg)) ? DType::F32 : DType::I32;
 }

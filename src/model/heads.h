@@ -57,6 +57,10 @@ bool is_masked_lm(const BertConfig& cfg);
 // "BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM", "ModernBertForMaskedLM"
 // (Note [modernbert token head] in model/modernbert.cpp); throws for the others.
 std::string masked_lm_class(const BertConfig& cfg);
+// The masked-LM decoder is the word embeddings (transformers' default tie_word_embeddings true): a
+// masked-LM model whose config unties them (a decoder of its own) is refused, naming `source`,
+// rather than trained or evaluated with the tied one. Other heads never read the decoder.
+void check_masked_lm_decoder(const BertConfig& cfg, const std::string& source);
 
 // Note [token classification head]
 // *ForTokenClassification (architectures names one; the trainer sets it for --task

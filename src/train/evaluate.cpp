@@ -301,6 +301,7 @@ nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix)
   j[prefix + "samples"] = r.samples;
   j[prefix + "runtime"] = r.runtime;
   j[prefix + "samples_per_second"] = r.samples_per_second;
+  j[prefix + "steps_per_second"] = static_cast<double>(r.batches) / std::max(r.runtime, 1e-9);  // the Trainer's key
   j[prefix + "tokens"] = r.tokens;
   j[prefix + "padded_tokens"] = r.padded_tokens;
   j[prefix + "computed_tokens"] = r.computed_tokens;

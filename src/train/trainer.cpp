@@ -93,6 +93,7 @@ BertConfig model_config(const TrainOptions& opt) {
   cfg.architectures = {opt.masked_lm()              ? masked_lm_class(cfg)
                        : opt.token_classification() ? token_classification_class(cfg)
                                                     : cfg.sequence_classification_class()};
+  if (!opt.model_name_or_path.empty()) check_masked_lm_decoder(cfg, config_path_of(opt.model_name_or_path));
   return cfg;
 }
 

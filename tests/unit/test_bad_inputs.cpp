@@ -382,6 +382,21 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class BadInputs : public ::testing::TestWithParam<Case> {};
 
+// An output directory that cannot be made is refused before the evaluation runs, not after it.
+TEST(BadInputsEval, OutputUnderAFileIsRefusedBeforeEvaluating) {
+  const std::string dir = anatomy::testing_cli::fresh_dir("anatomy_bad_eval_output_file");
+  copy_run(dir);
+  spit(dir + "/afile", "x");
+  const CmdResult r = run(expand("eval --device cpu --model-name-or-path {dir}/run --eval-file {dir}/s.jsonl --tokenizer " +
+                                     kTok + " --output-dir {dir}/afile/sub",
+                                 dir));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find(expand("anatomy: error: --output-dir {dir}/afile/sub: {dir}/afile is not a directory", dir)),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("eval_loss"), std::string::npos) << r.output;  // nothing was evaluated
+}
+
 TEST_P(BadInputs, RefusedCleanly) {
   const Case& c = GetParam();
   const std::string dir = anatomy::testing_cli::fresh_dir(std::string("anatomy_bad_") + c.name);

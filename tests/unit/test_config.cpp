@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/config.h"
+#include "model/heads.h"
 #include "model/params.h"
 
 using namespace anatomy;
@@ -227,7 +228,22 @@ TEST_F(ConfigTest, ModelTypeComesFromThePathOrIsRefused) {
     BertConfig::from_json_file(p);
     ADD_FAILURE() << "a config without model_type in a path naming none was read";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()).rfind(p + ": has no model_type and its path names no model type", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(p + ": has no model_type and its directory's name names no model type", 0), 0u)
+        << e.what();
+  }
+  // A Hub cache snapshot: the repository's name counts, not the directories above the cache.
+  const fs::path snap = plain / "roberta_home" / "hub" / "models--google--bert_uncased_L-2" / "snapshots" / "0123abc";
+  fs::create_directories(snap);
+  std::ofstream(snap / "config.json") << R"({"hidden_size": 64, "num_attention_heads": 2})";
+  EXPECT_EQ(BertConfig::from_json_file((snap / "config.json").string()).architecture, Architecture::Bert);
+  // A family whose name holds a supported one's is refused, not read as BERT.
+  fs::create_directories(plain / "albert-base-v2");
+  std::ofstream(plain / "albert-base-v2" / "config.json") << R"({"hidden_size": 64, "num_attention_heads": 2})";
+  try {
+    BertConfig::from_json_file((plain / "albert-base-v2" / "config.json").string());
+    ADD_FAILURE() << "an ALBERT directory was read as BERT";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model_type 'albert' is not supported"), std::string::npos) << e.what();
   }
   const BertConfig d = BertConfig::from_json_file((plain / "my-distilbert-run" / "config.json").string());
   EXPECT_EQ(d.architecture, Architecture::DistilBert);
@@ -236,6 +252,24 @@ TEST_F(ConfigTest, ModelTypeComesFromThePathOrIsRefused) {
   EXPECT_EQ(BertConfig::from_json_file(write("config.json", R"({"hidden_size": 64, "num_attention_heads": 2})")).architecture,
             Architecture::Bert);
   fs::remove_all(plain);
+}
+
+// tie_word_embeddings false is kept through a save, and refused only where the decoder is read.
+TEST_F(ConfigTest, AnUntiedMaskedLmDecoderIsRefusedOnlyForMaskedLm) {
+  BertConfig c = BertConfig::from_json_file(write("config.json", R"({"tie_word_embeddings": false})"));
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.to_json().at("tie_word_embeddings"), false);
+  EXPECT_FALSE(BertConfig::preset("bert-tiny").to_json().contains("tie_word_embeddings"));  // the default, as before
+  c.architectures = {"BertForSequenceClassification"};
+  check_masked_lm_decoder(c, "c.json");  // the classifier never reads the decoder
+  c.architectures = {"BertForMaskedLM"};
+  try {
+    check_masked_lm_decoder(c, "c.json");
+    ADD_FAILURE() << "an untied masked-LM decoder was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("c.json: tie_word_embeddings false: a masked-LM decoder of its own", 0), 0u)
+        << e.what();
+  }
 }
 
 TEST_F(ConfigTest, BadConfigsAreOneLineErrors) {
@@ -280,8 +314,7 @@ TEST_F(ConfigTest, BadConfigsAreOneLineErrors) {
   expect_bad(R"({"label2id": {"a": "0"}})", "field 'label2id' values");
   expect_bad(R"({"problem_type": "ranking"})", "problem_type 'ranking'");
   expect_bad(R"({"architectures": "BertModel"})", "field 'architectures'");
-  expect_bad(R"({"architectures": ["RobertaForMaskedLM"], "model_type": "roberta", "tie_word_embeddings": false})",
-             "tie_word_embeddings false: a masked-LM decoder of its own");
+  expect_bad(R"({"tie_word_embeddings": 0})", "field 'tie_word_embeddings' must be true or false");
 
   BertConfig c;
   c.num_attention_heads = 5;

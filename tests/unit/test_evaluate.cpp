@@ -505,6 +505,7 @@ TEST_F(EvalCli, WritesResultsAndPredictions) {
   EXPECT_LT(res["eval_computed_tokens"].get<int64_t>(), res["eval_padded_tokens"].get<int64_t>());
   EXPECT_GE(res["eval_computed_tokens"].get<int64_t>(), res["eval_tokens"].get<int64_t>());
   EXPECT_GT(res["eval_packed_batches"].get<int64_t>(), 0);
+  EXPECT_GT(res["eval_steps_per_second"].get<double>(), 0);  // the Trainer's evaluate() key
   // Inference-only in fp32: 4 bytes/param of weights, no gradients, no optimizer state, and the
   // plan equal to the allocation in every category.
   EXPECT_DOUBLE_EQ(res["weights_bytes_per_param"].get<double>(), 4.0);

@@ -450,6 +450,10 @@ const std::vector<Case> kCases = {
     {"PlanNotFittingExitsOneNamingTheLever", [](const std::string&) {},
      "plan --preset bert-base --per-device-train-batch-size 64 --gpu-memory 4GiB", 1,
      {"Planning for a GPU of 4096 MiB", "the plan does not fit", "change "}},
+    {"PlanTakesTheRevisionTrainingWillUse", [](const std::string&) {},
+     "plan --device cpu --model-name-or-path " + std::string(ANATOMY_SOURCE_DIR) +
+         "/tests/fixtures/models/distilbert --model_revision main",
+     0, {"Memory plan: ", "total"}, {"not an option of `anatomy plan`"}},
     {"PlanOnCpuNamesTheDevice", [](const std::string&) {}, "plan --device cpu", 0,
      {"Planning for the CPU (--device cpu)", "bert-tiny, batch 8 x seq 128"}},
 };
