@@ -247,6 +247,8 @@ void print_rank_plans(PlanInput in) {
 int run_plan(const TrainOptions& o, int64_t gpu_memory, bool has_gpu) {
   ANATOMY_CHECK(o.per_device_train_batch_size >= 1,
                 "--per-device-train-batch-size: plan needs a number (it prints the largest batch that fits)");
+  ANATOMY_CHECK(o.device != DeviceChoice::Cpu || gpu_memory < 0,
+                "--gpu-memory plans for a GPU of that size; --device cpu plans for the CPU: drop one of them");
   const BertConfig cfg = model_config(o);
   const bool cpu = o.device == DeviceChoice::Cpu || (o.device == DeviceChoice::Auto && !has_gpu && gpu_memory < 0);
   int64_t capacity = -1, reserved = 0;
@@ -344,9 +346,11 @@ int run_report(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::fprintf(stderr, "anatomy: error: report: %s (anatomy report --help)\n", e.what());
+    return 2;
   }
+  ANATOMY_CHECK(app.count("--output") == 0 || !report_out.empty(), "report: -o/--output needs a file name");
   if (report_out.empty()) report_out = report_dirs.size() == 1 ? report_dirs[0] + "/report.html" : "report.html";
   write_report(report_dirs, report_out);
   std::printf("Report: %s\n", report_out.c_str());

@@ -207,7 +207,15 @@ std::vector<Lever> levers_that_fit(const PlanInput& in, int64_t capacity, int64_
     if (total >= 0 && total <= capacity - reserved) out.push_back({what, total});
   };
   const int64_t B = in.shape.max_batch;
-  for (int64_t d = 2; d <= B && accum <= std::numeric_limits<int64_t>::max() / d; d = d > B / 2 ? B + 1 : 2 * d) {
+  // Micro-batch x accumulation equal to the batch asked for: B's divisors d (15: 5 x 3, 3 x 5, 1 x 15).
+  std::vector<int64_t> divisors;
+  for (int64_t d = 2; d <= B / d; ++d)
+    if (B % d == 0) divisors.insert(divisors.end(), {d, B / d});
+  if (B >= 2) divisors.push_back(B);
+  std::sort(divisors.begin(), divisors.end());
+  divisors.erase(std::unique(divisors.begin(), divisors.end()), divisors.end());
+  for (const int64_t d : divisors) {
+    if (accum > std::numeric_limits<int64_t>::max() / d) break;
     PlanInput t = in;
     t.shape.max_batch = B / d;
     t.shape.gradients = GradientPlacement::Own;  // accumulated gradients need a buffer of their own

@@ -1,8 +1,11 @@
 #include "train/evaluate_float.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 
@@ -104,16 +107,25 @@ std::string float_prediction_text(const EvalResult& r, int64_t i, const std::map
   return out;
 }
 
+// Float32 values as the shortest decimals that read back as them (a label 4.22 is written 4.22,
+// not 4.21999979019165); one value or a list.
+static nlohmann::json shortest(std::span<const float> v) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const float x : v) {
+    char buf[32];
+    const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
+    out.push_back(std::strtod(std::string(buf, ec == std::errc() ? end : buf).c_str(), nullptr));
+  }
+  return v.size() == 1 ? out[0] : out;
+}
+
 std::string float_prediction_line(const EvalResult& r, int64_t i, const std::map<int, std::string>& id2label) {
   const int64_t C = r.num_labels;
   const std::span<const float> x = row_of(r.outputs, i, C);
   nlohmann::ordered_json j = {{"index", i}};
   if (r.problem == ProblemType::Regression) {
-    j["prediction"] = C == 1 ? nlohmann::json(x[0]) : nlohmann::json(std::vector<float>(x.begin(), x.end()));
-    if (r.labelled) {
-      const std::span<const float> y = row_of(r.targets, i, C);
-      j["label"] = C == 1 ? nlohmann::json(y[0]) : nlohmann::json(std::vector<float>(y.begin(), y.end()));
-    }
+    j["prediction"] = shortest(x);
+    if (r.labelled) j["label"] = shortest(row_of(r.targets, i, C));
     return j.dump();
   }
   std::vector<std::string> names, truth;

@@ -456,6 +456,8 @@ const std::vector<Case> kCases = {
      0, {"Memory plan: ", "total"}, {"not an option of `anatomy plan`"}},
     {"PlanOnCpuNamesTheDevice", [](const std::string&) {}, "plan --device cpu", 0,
      {"Planning for the CPU (--device cpu)", "bert-tiny, batch 8 x seq 128"}},
+    {"PlanRefusesACpuWithAGpuSize", [](const std::string&) {}, "plan --device cpu --gpu-memory 80GB", 2,
+     {"--gpu-memory plans for a GPU of that size; --device cpu plans for the CPU"}},
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }

@@ -347,8 +347,12 @@ TEST(Report, CommandLineWritesThePage) {
   EXPECT_EQ(count(r.output, "\n"), 1u) << r.output;
   EXPECT_FALSE(fs::exists(bad_out));
   r = run(bin + " report 2>&1");
-  EXPECT_NE(r.status, 0) << r.output;
-  EXPECT_TRUE(has(r.output, "RUN_DIR")) << r.output;
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "anatomy: error: report: RUN_DIR is required")) << r.output;
+  EXPECT_EQ(count(r.output, "\n"), 1u) << r.output;
+  r = run(bin + " report " + d + " -o '' 2>&1");  // an empty name is not the default
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "anatomy: error: report: -o/--output needs a file name")) << r.output;
 }
 
 // ---- headless Chromium ------------------------------------------------------------------

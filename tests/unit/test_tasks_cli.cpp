@@ -4,6 +4,8 @@
 // predictions for it; plus the float-label reader and metrics on their own.
 #include <gtest/gtest.h>
 
+#include <charconv>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -179,6 +181,12 @@ TEST(TasksCli, RegressionTrainsEvaluatesAndPredicts) {
   ASSERT_EQ(preds.size(), 96u);
   EXPECT_TRUE(preds[0].at("prediction").is_number_float()) << preds[0].dump();
   EXPECT_TRUE(preds[0].at("label").is_number()) << preds[0].dump();
+  // Labels as the shortest decimals of their float32 values (2.4166667, not 2.4166667461395264).
+  for (size_t i = 0; i < 3; ++i) {
+    char buf[32];
+    const auto end = std::to_chars(buf, buf + sizeof buf, static_cast<float>(rows[i].at("label").get<double>())).ptr;
+    EXPECT_EQ(preds[i].at("label").dump(), std::string(buf, end)) << preds[i].dump();
+  }
 }
 
 // Lists of class ids as labels: a multi-label head (BCE with logits) on the model's three

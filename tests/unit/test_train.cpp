@@ -2,6 +2,9 @@
 // checkpointing policies.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <set>
+
 #include "../common/dirs.h"
 #include "../common/compare.h"
 
@@ -116,6 +119,25 @@ TEST(Planner, LeversThatFitAreCheaperThanThePlan) {
   auto levers = levers_that_fit(in, cap, 0, 1);
   ASSERT_FALSE(levers.empty());
   for (const auto& l : levers) EXPECT_LE(l.total, cap) << l.description;
+  // Micro-batch x accumulation keeps the batch asked for: 15 is 5 x 3, 3 x 5 or 1 x 15, never 7 x 2.
+  in.shape.max_batch = 15;
+  PlanInput one = in;  // room for a micro-batch of one with its own gradient buffer, not for 15
+  one.shape.max_batch = 1;
+  one.shape.gradients = GradientPlacement::Own;
+  const int64_t cap15 = plan_memory(one).total() + (int64_t{1} << 20);
+  ASSERT_GT(plan_memory(in).total(), cap15);
+  std::set<std::string> splits;
+  for (const auto& l : levers_that_fit(in, cap15, 0, 1))
+    if (l.description.rfind("--per-device-train-batch-size ", 0) == 0) {
+      int64_t b = 0, a = 0;
+      ASSERT_EQ(std::sscanf(l.description.c_str(), "--per-device-train-batch-size %ld --gradient-accumulation-steps %ld",
+                            &b, &a),
+                2)
+          << l.description;
+      EXPECT_EQ(b * a, 15) << l.description;
+      splits.insert(l.description);
+    }
+  EXPECT_TRUE(splits.count("--per-device-train-batch-size 1 --gradient-accumulation-steps 15")) << splits.size();
 }
 
 TEST(Train, LossFallsOnTheLearnableTask) {
