@@ -16,6 +16,7 @@
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
 #include "io/hub.h"
+#include "io/read_file.h"
 #include "model/config.h"
 #include "model/heads.h"
 #include "memory/planner.h"
@@ -213,6 +214,19 @@ int run_eval(EvalFlags f) {
     const std::string preds = (fs::path(f.output_dir) / "predictions.jsonl").string();
     write_predictions(preds, r, cfg.id2label);
     write_file_atomic((fs::path(f.output_dir) / "eval_results.json").string(), out.dump(2) + "\n");
+    // A run's directory (--overwrite-output-dir): its all_results.json takes the new eval_ keys, as
+    // the Trainer's save_metrics("eval", combined=True) does, so that the two files agree.
+    if (const fs::path all = fs::path(f.output_dir) / "all_results.json"; fs::is_regular_file(all)) {
+      nlohmann::json merged;
+      try {
+        merged = nlohmann::json::parse(read_regular_file(all.string()));
+      } catch (const nlohmann::json::exception&) {
+      }
+      ANATOMY_CHECK(merged.is_object(), all.string(),
+                    ": not a JSON object; eval_results.json was written, this file was not updated");
+      merged.update(eval_metrics_json(r));
+      write_file_atomic(all.string(), merged.dump(2) + "\n");
+    }
     std::printf("Results: %s/eval_results.json, predictions: %s\n", f.output_dir.c_str(), preds.c_str());
   }
   return 0;

@@ -343,6 +343,25 @@ const std::vector<Case> kCases = {
          " --output-dir {dir}/ev --overwrite-output-dir",
      0, {"Results: {dir}/ev/eval_results.json"}, {"run/model.safetensors"},
      [](const std::string& d) { EXPECT_NE(slurp(d + "/ev/eval_results.json").find("eval_loss"), std::string::npos); }},
+    // Into a training run's directory: its all_results.json takes the new eval_ keys (save_metrics
+    // combined=True), its train_ keys stay.
+    {"EvalOverwriteIntoARunUpdatesAllResults",
+     [](const std::string& d) {
+       copy_run(d);
+       fs::create_directory(d + "/ev");
+       spit(d + "/ev/eval_results.json", "{\"eval_accuracy\": 0.5}");
+       spit(d + "/ev/all_results.json", "{\"eval_accuracy\": 0.5, \"eval_loss\": 9.0, \"train_loss\": 1.5}");
+     },
+     "eval --device cpu --model-name-or-path {dir}/run --eval-file {dir}/s.jsonl --tokenizer " + kTok +
+         " --output-dir {dir}/ev --overwrite-output-dir",
+     0, {"Results: {dir}/ev/eval_results.json"}, {"run/model.safetensors"},
+     [](const std::string& d) {
+       const auto ev = nlohmann::json::parse(slurp(d + "/ev/eval_results.json"));
+       const auto all = nlohmann::json::parse(slurp(d + "/ev/all_results.json"));
+       EXPECT_EQ(all.at("eval_loss"), ev.at("eval_loss"));
+       EXPECT_EQ(all.at("eval_accuracy"), ev.at("eval_accuracy"));
+       EXPECT_EQ(all.at("train_loss"), 1.5);
+     }},
 
     // Sizes: refused by the planner before anything is allocated, naming what to lower; never a
     // wrapped (negative or "fitting") figure, never bad_alloc.
