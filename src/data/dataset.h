@@ -34,6 +34,9 @@ class Dataset {
   virtual int64_t seq_len() const = 0;
   // Writes sample i into row `row` of the batch (length seq_len()).
   virtual void get(size_t i, HostBatch& out, int64_t row) const = 0;
+  // Each sample's tokens, padding excluded (evaluation pads a batch to its longest); empty when
+  // not known: every sample is seq_len() long.
+  virtual std::vector<int64_t> lengths() const { return {}; }
 };
 
 enum class SyntheticKind : uint8_t {

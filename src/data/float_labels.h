@@ -58,6 +58,7 @@ class FloatLabelDataset final : public Dataset {
   size_t size() const override { return m_base->size(); }
   int64_t seq_len() const override { return m_base->seq_len(); }
   void get(size_t i, HostBatch& out, int64_t row) const override;
+  std::vector<int64_t> lengths() const override { return m_base->lengths(); }
   const FloatLabels& labels() const { return m_labels; }
   const Dataset& base() const { return *m_base; }
 

@@ -55,6 +55,7 @@ class MaskedLMDataset final : public Dataset {
   size_t size() const override { return m_base->size(); }
   int64_t seq_len() const override { return m_base->seq_len(); }
   void get(size_t i, HostBatch& out, int64_t row) const override;
+  std::vector<int64_t> lengths() const override { return m_base->lengths(); }  // masking keeps them
   const Dataset& base() const { return *m_base; }
 
  private:
@@ -73,7 +74,7 @@ class LinesDataset final : public Dataset {
   size_t size() const override { return m_offsets.size() - 1; }
   int64_t seq_len() const override { return m_max_length; }
   void get(size_t i, HostBatch& out, int64_t row) const override;
-  std::vector<int64_t> lengths() const;
+  std::vector<int64_t> lengths() const override;
 
  private:
   int64_t m_max_length;

@@ -127,7 +127,7 @@ class TextDataset final : public Dataset {
   void get(size_t i, HostBatch& out, int64_t row) const override;
 
   int64_t length(size_t i) const { return static_cast<int64_t>(m_offsets[i + 1] - m_offsets[i]); }
-  std::vector<int64_t> lengths() const;
+  std::vector<int64_t> lengths() const override;
   // The batch length for dynamic padding: the longest sample among `indices`.
   int64_t longest_in(const std::vector<size_t>& indices) const;
   std::span<const int32_t> ids(size_t i) const { return {m_ids + m_offsets[i], static_cast<size_t>(length(i))}; }

@@ -45,7 +45,7 @@ class TokenTagDataset final : public Dataset {
   int64_t seq_len() const override { return m_max_length; }
   // Ids, mask (types 0) and HostBatch::token_labels.
   void get(size_t i, HostBatch& out, int64_t row) const override;
-  std::vector<int64_t> lengths() const;
+  std::vector<int64_t> lengths() const override;
   // id -> tag name (integer tags: their decimal text).
   const std::vector<std::string>& tag_names() const { return m_tags; }
   bool integer_tags() const { return m_integer; }

@@ -148,7 +148,7 @@ EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& o
   const auto* float_labelled = dynamic_cast<const FloatLabelDataset*>(&ds);
   if (float_labelled) text = dynamic_cast<const TextDataset*>(&float_labelled->base());
   std::vector<int64_t> lengths = opt.lengths;
-  if (lengths.empty() && text) lengths = text->lengths();
+  if (lengths.empty()) lengths = ds.lengths();
   ANATOMY_CHECK(lengths.empty() || lengths.size() == n, "evaluate: ", lengths.size(), " lengths for ", n, " samples");
   const int64_t max_seq = model.shape().max_seq, C = model.config().num_labels;
   const int64_t longest = lengths.empty() ? ds.seq_len() : *std::max_element(lengths.begin(), lengths.end());

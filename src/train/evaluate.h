@@ -121,14 +121,14 @@ EvalResult evaluate_token_classification(EncoderModel& model, const Dataset& ds,
 EvalResult evaluate_masked_lm(EncoderModel& model, const Dataset& ds, const EvalOptions& options);
 
 // What the two per-token evaluations share (train/evaluate_tokens.cpp): `ds` in padded batches
-// (to each batch's longest of `lengths`, rounded up to pad_to_multiple_of; the dataset's length
-// without lengths) through the inference forward; `visit(r, batch, logits, first, T)` scores each
+// (to each batch's longest of opt.lengths, else of ds.lengths(), rounded up to pad_to_multiple_of;
+// the dataset's length without either) through the inference forward; `visit(r, batch, logits, first, T)` scores each
 // batch's [b * T, classes] logits (samples first .. first + b - 1). The result carries the counts,
 // batches and timing; the visitor and the caller fill in the metrics.
 using TokenBatchVisitor = std::function<void(EvalResult& r, const HostBatch& batch, const std::vector<float>& logits,
                                              size_t first, int64_t T)>;
 EvalResult evaluate_per_token(EncoderModel& model, const Dataset& ds, const EvalOptions& opt,
-                              std::span<const int64_t> lengths, const TokenBatchVisitor& visit);
+                              const TokenBatchVisitor& visit);
 // Device logits (compute dtype) to host floats.
 void download_logits(Backend& be, const Tensor& logits, std::vector<float>& out);
 // The first `rows` x `cols` elements of a flat device buffer as a [rows, cols] tensor.

@@ -2,8 +2,6 @@
 #include <cmath>
 
 #include "data/dataset.h"
-#include "data/masked_lm.h"
-#include "data/text_dataset.h"
 #include "train/evaluate.h"
 
 namespace anatomy {
@@ -11,14 +9,8 @@ namespace anatomy {
 EvalResult evaluate_masked_lm(EncoderModel& model, const Dataset& ds, const EvalOptions& opt) {
   const int64_t V = model.config().vocab_size;
   double total = 0;
-  // Batches padded to their longest sample, as the sequence tasks' (and run_mlm.py's collator) are.
-  std::vector<int64_t> lengths = opt.lengths;
-  if (const auto* m = dynamic_cast<const MaskedLMDataset*>(&ds); m && lengths.empty()) {
-    if (const auto* lines = dynamic_cast<const LinesDataset*>(&m->base())) lengths = lines->lengths();
-    if (const auto* text = dynamic_cast<const TextDataset*>(&m->base())) lengths = text->lengths();
-  }
   EvalResult r = evaluate_per_token(
-      model, ds, opt, lengths,
+      model, ds, opt,
       [&](EvalResult& res, const HostBatch& hb, const std::vector<float>& logits, size_t first, int64_t T) {
         if (!res.labelled) return;
         ANATOMY_CHECK(hb.token_labels.size() == hb.input_ids.size(),

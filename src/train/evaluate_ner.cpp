@@ -15,8 +15,6 @@ EvalResult evaluate_token_classification(EncoderModel& model, const Dataset& ds,
                                          const EvalOptions& opt) {
   const BertConfig& cfg = model.config();
   const int64_t C = cfg.num_labels;
-  std::vector<int64_t> lengths = opt.lengths;
-  if (const auto* t = dynamic_cast<const TokenTagDataset*>(&ds); t && lengths.empty()) lengths = t->lengths();
   auto name = [&](int32_t id) {
     auto it = cfg.id2label.find(id);
     return it != cfg.id2label.end() ? it->second : std::to_string(id);
@@ -25,7 +23,7 @@ EvalResult evaluate_token_classification(EncoderModel& model, const Dataset& ds,
   double total = 0;
   int64_t hits = 0;
   EvalResult r = evaluate_per_token(
-      model, ds, opt, lengths,
+      model, ds, opt,
       [&](EvalResult& res, const HostBatch& hb, const std::vector<float>& logits, size_t first, int64_t T) {
         ANATOMY_CHECK(hb.token_labels.size() == hb.input_ids.size(),
                       "evaluate: the data has no per-word tags (a token-classification model evaluates tagged words)");

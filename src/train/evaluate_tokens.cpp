@@ -24,11 +24,12 @@ void download_logits(Backend& be, const Tensor& logits, std::vector<float>& out)
 }
 
 EvalResult evaluate_per_token(EncoderModel& model, const Dataset& ds, const EvalOptions& opt,
-                              std::span<const int64_t> lengths, const TokenBatchVisitor& visit) {
+                              const TokenBatchVisitor& visit) {
   const auto t0 = std::chrono::steady_clock::now();
   Backend& be = model.backend();
   const size_t n = ds.size();
   ANATOMY_CHECK(n > 0, "evaluate: the evaluation data has no samples");
+  const std::vector<int64_t> lengths = opt.lengths.empty() ? ds.lengths() : opt.lengths;
   ANATOMY_CHECK(lengths.empty() || lengths.size() == n, "evaluate: ", lengths.size(), " lengths for ", n, " samples");
   const int64_t max_seq = model.shape().max_seq, B = std::min(opt.batch_size, model.shape().max_batch);
   EvalResult r;

@@ -77,9 +77,9 @@ void TrainLog::step(int64_t done, double loss_sum, int64_t samples, double grad_
   if (!log_now && !m_tty) return;
   const double sps = static_cast<double>(samples_here) / std::max(elapsed, 1e-9);
   if (log_now) {
-    // A window of skipped steps only (--skip-nonfinite-steps) has no loss: null, not 0.
+    // A window of skipped steps only (--skip-nonfinite-steps) has no loss: NaN (JSON null), not 0.
     const double loss = window_samples > 0 ? window_loss / static_cast<double>(window_samples) : std::nan("");
-    nlohmann::json j = {{"loss", window_samples > 0 ? nlohmann::json(loss) : nlohmann::json(nullptr)},
+    nlohmann::json j = {{"loss", loss},
                         {"grad_norm", grad_norm},
                         {"learning_rate", lr},
                         {"epoch", epoch},
