@@ -43,14 +43,6 @@ std::string join_names(const std::vector<std::string>& names) {
   return out;
 }
 
-bool is_integer_text(std::string_view s) {
-  size_t i = (!s.empty() && s[0] == '-') ? 1 : 0;
-  if (i == s.size()) return false;
-  for (; i < s.size(); ++i)
-    if (s[i] < '0' || s[i] > '9') return false;
-  return true;
-}
-
 bool is_blank(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
 }
@@ -408,6 +400,14 @@ RecordColumns default_text_columns(const std::string& path, const std::string& f
                  glue.text_pair.empty() ? std::string(" as the text") : str_cat(" and '", glue.text_pair, "' as a text pair"),
                  ", as run_glue.py would (--text-column-names names others)");
   return glue;
+}
+
+bool is_integer_text(std::string_view s) {
+  size_t i = (!s.empty() && s[0] == '-') ? 1 : 0;
+  if (i == s.size()) return false;
+  for (; i < s.size(); ++i)
+    if (s[i] < '0' || s[i] > '9') return false;
+  return true;
 }
 
 }  // namespace anatomy

@@ -104,4 +104,7 @@ RecordColumns default_text_columns(const std::string& path, const std::string& f
 // itself when it is valid.
 std::string sanitize_utf8(std::string_view s);
 
+// Whether s is a decimal integer: an optional '-' and digits only (how a CSV label is taken as a class id).
+bool is_integer_text(std::string_view s);
+
 }  // namespace anatomy

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "data/text_dataset.h"
 #include "io/read_file.h"
 
 namespace anatomy {
@@ -150,41 +151,43 @@ FloatLabels read_float_labels(const std::string& path, TextFormat format, char d
     lines.push_back(line);
   });
   out.integer_ids = integers.value_or(!o.classes.has_value());
-  std::map<std::string, int64_t> index;
-  if (out.integer_ids) {
-    int64_t top = -1;
-    for (size_t r = 0; r < rows.size(); ++r)
-      for (const auto& x : rows[r]) {
-        const int64_t id = x.get<int64_t>();
-        ANATOMY_CHECK(id >= 0 && id < 65536, path, ":", lines[r], ": class id ", id, " is out of range [0, 65536)");
-        top = std::max(top, id);
-      }
-    out.width = o.num_ids.value_or(top + 1);
-    if (o.classes && !o.num_ids) out.width = static_cast<int64_t>(o.classes->size());
-    ANATOMY_CHECK(out.width >= 1, path, ": no classes in the label lists");
-  } else {
-    if (o.classes) {
-      out.classes = *o.classes;
-    } else {
-      std::set<std::string> names;
-      for (const auto& row : rows)
-        for (const auto& x : row) names.insert(x.get<std::string>());
-      out.classes.assign(names.begin(), names.end());
-    }
-    ANATOMY_CHECK(!out.classes.empty(), path, ": no classes in the label lists");
-    for (size_t i = 0; i < out.classes.size(); ++i) index[out.classes[i]] = static_cast<int64_t>(i);
-    out.width = static_cast<int64_t>(out.classes.size());
+  if (o.classes) {
+    out.classes = *o.classes;
+  } else if (out.integer_ids && !o.num_ids) {  // the sorted distinct ids, as for single labels (LabelSet)
+    std::vector<int64_t> values;
+    for (const auto& row : rows)
+      for (const auto& x : row) values.push_back(x.get<int64_t>());
+    ANATOMY_CHECK(!values.empty(), path, ": no classes in the label lists");
+    const LabelSet set = LabelSet::from_integers(std::move(values));
+    if (set.kind == LabelSet::Kind::Names) out.classes = set.names;
+    else out.width = set.num_labels;
+  } else if (!out.integer_ids) {
+    std::set<std::string> names;
+    for (const auto& row : rows)
+      for (const auto& x : row) names.insert(x.get<std::string>());
+    out.classes.assign(names.begin(), names.end());
   }
+  if (o.num_ids && !o.classes) out.width = *o.num_ids;
+  if (!out.classes.empty()) out.width = static_cast<int64_t>(out.classes.size());
+  ANATOMY_CHECK(out.width >= 1, path, ": no classes in the label lists");
+  // Names are looked up; integers too when the classes are integers named by their text (a head
+  // trained on ids 1..5), else they are the ids themselves.
+  const bool by_name = !out.classes.empty() && (!out.integer_ids || std::all_of(out.classes.begin(), out.classes.end(),
+                                                                                [](const std::string& c) {
+                                                                                  return is_integer_text(c);
+                                                                                }));
+  std::map<std::string, int64_t> index;
+  for (size_t i = 0; i < out.classes.size(); ++i) index[out.classes[i]] = static_cast<int64_t>(i);
   out.values.assign(rows.size() * static_cast<size_t>(out.width), 0.0f);
   for (size_t r = 0; r < rows.size(); ++r)
     for (const auto& x : rows[r]) {
       int64_t id;
-      if (out.integer_ids) {
+      if (!by_name) {
         id = x.get<int64_t>();
-        ANATOMY_CHECK(id < out.width, path, ":", lines[r], ": class id ", id, " is unknown (the classes are 0..",
-                      out.width - 1, ")");
+        ANATOMY_CHECK(id >= 0 && id < out.width, path, ":", lines[r], ": class id ", id,
+                      " is unknown (the classes are 0..", out.width - 1, ")");
       } else {
-        const auto it = index.find(x.get<std::string>());
+        const auto it = index.find(x.is_string() ? x.get<std::string>() : std::to_string(x.get<int64_t>()));
         ANATOMY_CHECK(it != index.end(), path, ":", lines[r], ": unknown class ", x.dump());
         id = it->second;
       }

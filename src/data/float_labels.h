@@ -28,8 +28,8 @@ LabelColumnKind sniff_label_column(const std::string& path, TextFormat format, c
 //     `width` numbers; integers count as numbers.
 //   Multi-label (lists true): a JSON array of class ids (integers) or class names per record,
 //     made multi-hot. `classes` given (a trained head's names, or the training file's): every
-//     label must be one of them. Not given: integer ids make max + 1 classes; names make their
-//     sorted distinct set (as LabelSet does for single labels).
+//     label must be one of them. Not given: the sorted distinct ids or names are the classes, as
+//     LabelSet numbers single labels (ids 0..n-1 stay ids; ids 1..5 become five classes named "1".."5").
 struct FloatLabels {
   int64_t width = 0;
   std::vector<float> values;

@@ -25,7 +25,7 @@ namespace anatomy {
 
 // ---------------------------------------------------------------------------------- labels
 
-// Integer labels become ids directly; above this bound they are almost surely not class ids.
+// More classes than this is almost surely not a label column (a wrong column?).
 static constexpr int64_t kMaxLabelId = int64_t{1} << 16;
 
 LabelSet LabelSet::ids(int64_t num_labels) {
@@ -46,6 +46,24 @@ LabelSet LabelSet::from_names(std::vector<std::string> names) {
   s.num_labels = static_cast<int64_t>(names.size());
   s.names = std::move(names);
   return s;
+}
+
+LabelSet LabelSet::from_integers(std::vector<int64_t> values) {
+  std::sort(values.begin(), values.end());
+  values.erase(std::unique(values.begin(), values.end()), values.end());
+  ANATOMY_CHECK(!values.empty(), "a label set needs at least one label");
+  const int64_t n = static_cast<int64_t>(values.size());
+  if (values.front() == 0 && values.back() == n - 1) return ids(n);
+  ANATOMY_CHECK(n <= kMaxLabelId, "number of labels ", n, " out of range");
+  std::vector<std::string> names;
+  for (int64_t v : values) names.push_back(std::to_string(v));
+  return from_names(std::move(names));
+}
+
+int64_t LabelSet::id_of_integer(int64_t v) const {
+  if (kind == Kind::Ids) return v >= 0 && v < num_labels ? v : -1;
+  const auto it = std::find(names.begin(), names.end(), std::to_string(v));
+  return it == names.end() ? -1 : it - names.begin();
 }
 
 LabelSet LabelSet::from_id2label(const std::map<int, std::string>& id2label) {
@@ -175,7 +193,7 @@ struct Mapping {
   }
 };
 
-constexpr char kMagic[8] = {'A', 'N', 'A', 'T', 'T', 'X', 'T', '2'};
+constexpr char kMagic[8] = {'A', 'N', 'A', 'T', 'T', 'X', 'T', '3'};
 
 struct CacheHeader {
   char magic[8];
@@ -254,13 +272,12 @@ struct RawLabel {
   size_t first_line = 0;
 };
 
-// The integer value of an integer label, or an error naming where it was.
+// The value of an integer label, or an error naming where it was.
 int64_t integer_label(const std::string& path, const RawLabel& r) {
   int64_t v = 0;
   auto [ptr, ec] = std::from_chars(r.text.data(), r.text.data() + r.text.size(), v);
-  ANATOMY_CHECK(ec == std::errc() && ptr == r.text.data() + r.text.size() && v >= 0 && v < kMaxLabelId, path, ":",
-                r.first_line, ": label ", shown(r.text), " is not a class id (integer labels must be in [0, ",
-                kMaxLabelId, "))");
+  ANATOMY_CHECK(ec == std::errc() && ptr == r.text.data() + r.text.size(), path, ":", r.first_line, ": label ",
+                shown(r.text), " is not a 64-bit integer");
   return v;
 }
 
@@ -274,9 +291,11 @@ std::vector<int32_t> resolve_labels(const std::string& path, const std::vector<R
     for (size_t i = 0; i < given->names.size(); ++i) index.emplace(given->names[i], static_cast<int32_t>(i));
     for (size_t c = 0; c < raw.size(); ++c) {
       auto it = index.find(raw[c].text);
-      ANATOMY_CHECK(it != index.end(), path, ":", raw[c].first_line, ": unknown label ", shown(raw[c].text),
-                    " (known labels: ", known_list(given->names), ")");
-      id[c] = it->second;
+      // An integer written otherwise ("007" for the class "7") is the same class.
+      const int64_t by_value = it == index.end() && raw[c].integer ? given->id_of_integer(integer_label(path, raw[c])) : -1;
+      ANATOMY_CHECK(it != index.end() || by_value >= 0, path, ":", raw[c].first_line, ": unknown label ",
+                    shown(raw[c].text), " (known labels: ", known_list(given->names), ")");
+      id[c] = static_cast<int32_t>(it != index.end() ? it->second : by_value);
     }
     out = *given;
     return id;
@@ -286,7 +305,7 @@ std::vector<int32_t> resolve_labels(const std::string& path, const std::vector<R
       ANATOMY_CHECK(raw[c].integer, path, ":", raw[c].first_line, ": unknown label ", shown(raw[c].text),
                     " (the labels are integer ids 0..", given->num_labels - 1, ")");
       const int64_t v = integer_label(path, raw[c]);
-      ANATOMY_CHECK(v < given->num_labels, path, ":", raw[c].first_line, ": unknown label ", v,
+      ANATOMY_CHECK(given->id_of_integer(v) >= 0, path, ":", raw[c].first_line, ": unknown label ", v,
                     " (the labels are integer ids 0..", given->num_labels - 1, ")");
       id[c] = static_cast<int32_t>(v);
     }
@@ -300,13 +319,11 @@ std::vector<int32_t> resolve_labels(const std::string& path, const std::vector<R
     ANATOMY_CHECK(raw.empty() || r.integer == raw[0].integer, path, ":", r.first_line, ": label ", shown(r.text), " is ",
                   r.integer ? "an integer" : "a name", " but line ", raw[0].first_line, "'s label ", shown(raw[0].text),
                   " is ", raw[0].integer ? "an integer" : "a name", "; a label column holds class ids or class names, not both");
-  if (all_integer) {
-    int64_t max_id = 0;
-    for (size_t c = 0; c < raw.size(); ++c) {
-      id[c] = static_cast<int32_t>(integer_label(path, raw[c]));
-      max_id = std::max<int64_t>(max_id, id[c]);
-    }
-    out = LabelSet::ids(max_id + 1);
+  if (all_integer) {  // run_glue.py's rule: the sorted distinct values are the classes 0..n-1
+    std::vector<int64_t> value(raw.size());
+    for (size_t c = 0; c < raw.size(); ++c) value[c] = integer_label(path, raw[c]);
+    out = LabelSet::from_integers(value);
+    for (size_t c = 0; c < raw.size(); ++c) id[c] = static_cast<int32_t>(out.id_of_integer(value[c]));
     return id;
   }
   std::vector<std::string> names;

@@ -31,10 +31,11 @@ namespace anatomy {
 class Tokenizer;
 
 // The classes of a labelled file, and how its labels become ids.
-//   Ids: every label in the file is an integer, used as the id; num_labels is the largest + 1.
-//     Ids must lie in [0, 65536): a larger one is almost surely not a class id (a wrong column?).
-//   Names: labels are strings (or a mix); the distinct strings sorted by byte value get ids
-//     0, 1, ... in that order, so the same set of labels always gets the same ids.
+//   Ids: the file's labels are the integers 0..n-1 (each present), used as the ids.
+//   Names: labels are strings; the distinct strings sorted by byte value get ids 0, 1, ... in
+//     that order, so the same set of labels always gets the same ids. Integer labels other than
+//     0..n-1 (1..5, -1 and 1) are named by their decimal text and numbered in numeric order, as
+//     run_glue.py maps the sorted distinct labels to 0..n-1 (labels 1..5 make five classes).
 //   None: the file was read without a label column; every label is 0.
 struct LabelSet {
   enum class Kind : uint8_t { None, Ids, Names };
@@ -44,6 +45,12 @@ struct LabelSet {
 
   static LabelSet ids(int64_t num_labels);
   static LabelSet from_names(std::vector<std::string> names);  // id = position, names unique
+  // run_glue.py's classes of integer labels (any order, repeats allowed): Ids when they are
+  // 0..n-1, else Names, the distinct values' decimal text in numeric order.
+  static LabelSet from_integers(std::vector<int64_t> values);
+  // The id of the integer label v: Ids: v when in range; Names: the name that is v's decimal
+  // text. -1 when it names no class.
+  int64_t id_of_integer(int64_t v) const;
   // From a config.json's id2label: the default names "LABEL_<i>" give Ids, anything else Names.
   static LabelSet from_id2label(const std::map<int, std::string>& id2label);
 

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "data/csv.h"
+#include "data/text_dataset.h"
 #include "data/tokenizer.h"
 #include "io/read_file.h"
 
@@ -93,11 +94,16 @@ TokenTagDataset::TokenTagDataset(const std::string& path, const Tokenizer& tok, 
   std::map<std::string, int32_t> index;
   if (o.tags) {
     m_tags = *o.tags;
-  } else if (m_integer) {
-    int64_t top = o.num_ids.value_or(0) - 1;
+  } else if (m_integer && o.num_ids) {  // a trained head's ids: the file's tags must lie among them
+    for (int64_t i = 0; i < *o.num_ids; ++i) m_tags.push_back(std::to_string(i));
+  } else if (m_integer) {  // the sorted distinct ids as classes (LabelSet::from_integers)
+    std::vector<int64_t> values;
     for (const Row& r : rows)
-      for (const auto& t : r.tags) top = std::max<int64_t>(top, t.is_number_integer() ? t.get<int64_t>() : 0);
-    for (int64_t i = 0; i <= top; ++i) m_tags.push_back(std::to_string(i));
+      for (const auto& t : r.tags)
+        if (t.is_number_integer()) values.push_back(t.get<int64_t>());
+    const LabelSet set = LabelSet::from_integers(std::move(values));
+    m_integers_named = set.kind == LabelSet::Kind::Names;
+    for (int64_t i = 0; i < set.num_labels; ++i) m_tags.push_back(m_integers_named ? set.names[i] : std::to_string(i));
   } else {
     std::set<std::string> names;
     for (const Row& r : rows)

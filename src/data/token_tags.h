@@ -20,7 +20,7 @@ struct TokenTagOptions {
   int64_t max_length = 128;
   // The tag set: given (a trained head's names, or the training file's), every tag must be one of
   // them; else string tags make their sorted distinct set (as run_ner.py sorts its label list)
-  // and integer tags the ids 0..max.
+  // and integer tags theirs too (LabelSet::from_integers: ids 0..n-1 stay ids).
   std::optional<std::vector<std::string>> tags;
   std::optional<int64_t> num_ids;  // integer tags of a given count
   // A file without the tags column is read untagged (text to predict: --do-predict's --test-file);
@@ -48,7 +48,9 @@ class TokenTagDataset final : public Dataset {
   std::vector<int64_t> lengths() const override;
   // id -> tag name (integer tags: their decimal text).
   const std::vector<std::string>& tag_names() const { return m_tags; }
-  bool integer_tags() const { return m_integer; }
+  // The tags are the ids 0..n-1 themselves (transformers' default names LABEL_i). Integer tags
+  // other than 0..n-1 are numbered in sorted order as run_ner.py numbers them, named by their text.
+  bool tags_are_ids() const { return m_integer && !m_integers_named; }
   // False for a file read without tags (TokenTagOptions::tags_optional): each word's first
   // sub-token is labelled 0, a place holder that marks where the word's prediction is.
   bool tagged() const { return m_tagged; }
@@ -57,7 +59,7 @@ class TokenTagDataset final : public Dataset {
   int64_t m_max_length;
   int32_t m_pad;
   std::vector<std::string> m_tags;
-  bool m_integer = false, m_tagged = true;
+  bool m_integer = false, m_integers_named = false, m_tagged = true;
   std::vector<int32_t> m_ids, m_labels;
   std::vector<size_t> m_offsets{0};
 };

@@ -184,7 +184,7 @@ TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokeni
   const std::vector<std::string>& tags = train->tag_names();
   ANATOMY_CHECK(!opt.num_labels_given || opt.num_labels == static_cast<int64_t>(tags.size()), "--num-labels ",
                 opt.num_labels, " disagrees with --train-file ", opt.train_file, ", whose tags make ", tags.size());
-  const LabelSet names = train->integer_tags() ? LabelSet::ids(static_cast<int64_t>(tags.size())) : LabelSet::from_names(tags);
+  const LabelSet names = train->tags_are_ids() ? LabelSet::ids(static_cast<int64_t>(tags.size())) : LabelSet::from_names(tags);
   cfg.set_num_labels(static_cast<int64_t>(tags.size()));
   cfg.id2label = names.id2label();
   cfg.label2id = names.label2id();

@@ -161,6 +161,14 @@ const auto kGluePairCsv = [](const std::string& d) {
   spit(d + "/p.csv", out);
 };
 
+// {dir}/r.csv: star ratings 1..5 as integer labels (review-rating data), three columns.
+const auto kStarRatings = [](const std::string& d) {
+  std::string out = "review,stars,source\n";
+  const char* words[] = {"awful", "poor", "fine", "good", "great"};
+  for (int i = 0; i < 25; ++i) out += std::string(words[i % 5]) + " food," + std::to_string(i % 5 + 1) + ",web\n";
+  spit(d + "/r.csv", out);
+};
+
 // ---- checks on the output -----------------------------------------------------------------------
 
 std::function<void(const std::string&)> files_exist(std::vector<std::string> names) {
@@ -346,6 +354,28 @@ const std::vector<Case> kCases = {
          EXPECT_TRUE(pred == "0" || pred == "1") << line;
        }
        EXPECT_EQ(n, 24);
+     }},
+    // Ratings 1..5: run_glue.py maps the sorted distinct labels to 0..4, a head of five classes
+    // named by the ratings, and predicts the ratings.
+    {"StarRatingsMakeFiveClassesAsRunGlueMapsThem", kStarRatings,
+     kTiny + "--train_file {dir}/r.csv --validation_file {dir}/r.csv --test_file {dir}/r.csv --do_predict "
+             "--text_column_names review --label_column_name stars --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out",
+     0, {"5 classes"}, {},
+     [](const std::string& d) {
+       const json cfg = read_json(d + "/out/config.json");
+       EXPECT_EQ(cfg["id2label"], (json{{"0", "1"}, {"1", "2"}, {"2", "3"}, {"3", "4"}, {"4", "5"}}));
+       EXPECT_EQ(cfg["label2id"]["5"], 4);
+       std::ifstream in(d + "/out/predict_results.txt");
+       std::string line;
+       ASSERT_TRUE(std::getline(in, line));
+       int n = 0;
+       for (; std::getline(in, line); ++n) {
+         const std::string pred = line.substr(line.find('\t') + 1);
+         EXPECT_TRUE(pred.size() == 1 && pred[0] >= '1' && pred[0] <= '5') << line;
+       }
+       EXPECT_EQ(n, 25);
+       const json ev = read_json(d + "/out/eval_results.json");
+       EXPECT_EQ(ev["eval_samples"], 25) << ev.dump();
      }},
     // run_ner.py's and run_mlm.py's columns (Note [run_ner.py's columns] in data/token_tags.h,
     // use_run_mlm_column in data/text_dataset.h).

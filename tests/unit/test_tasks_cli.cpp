@@ -16,6 +16,7 @@
 #include "../common/dirs.h"
 #include "core/error.h"
 #include "data/float_labels.h"
+#include "data/tokenizer.h"
 #include "data/token_tags.h"
 #include "io/read_file.h"
 #include "io/safetensors.h"
@@ -133,6 +134,26 @@ TEST(FloatLabels, SniffsTheLabelColumnAsRunClassificationDoes) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("f.jsonl:1: unknown class \"sport\""), std::string::npos) << e.what();
   }
+
+  // Integer ids as single labels take them: 0..n-1 stay ids, other sets become the classes of
+  // their sorted values, named by their text; a head named so maps the same ids again.
+  FloatLabelOptions ids;
+  ids.lists = true;
+  const std::string g = file("g.jsonl", "{\"text\":\"x\",\"label\":[10, 2]}\n{\"text\":\"y\",\"label\":[1]}\n");
+  const FloatLabels gapped = read_float_labels(g, TextFormat::Auto, 0, "label", ids);
+  ASSERT_EQ(gapped.classes, (std::vector<std::string>{"1", "2", "10"}));
+  EXPECT_EQ(gapped.values, (std::vector<float>{0, 1, 1, 1, 0, 0}));
+  ids.classes = gapped.classes;
+  EXPECT_EQ(read_float_labels(g, TextFormat::Auto, 0, "label", ids).values, gapped.values);
+  ids.classes.reset();
+  const FloatLabels dense = read_float_labels(
+      file("h.jsonl", "{\"text\":\"x\",\"label\":[0, 2]}\n{\"text\":\"y\",\"label\":[1]}\n"), TextFormat::Auto, 0,
+      "label", ids);
+  EXPECT_TRUE(dense.classes.empty());
+  EXPECT_EQ(dense.width, 3);
+  EXPECT_EQ(dense.values, (std::vector<float>{1, 0, 1, 0, 1, 0}));
+  ids.classes = std::vector<std::string>{"arts", "news", "sport"};  // a head named otherwise: ids are positions
+  EXPECT_EQ(read_float_labels(dir + "/h.jsonl", TextFormat::Auto, 0, "label", ids).values, dense.values);
 }
 
 TEST(FloatLabelMetrics, MsePearsonAndMicroF1) {
@@ -504,6 +525,36 @@ TEST(EntityScores, ConllChunking) {
 // precision/recall/F1, --do-predict writes each test sentence's tags (predictions.txt) and, the
 // test file being tagged, the predict_ metrics as run_ner.py does, and `anatomy eval` writes each
 // sentence's word tags.
+// Integer tags as run_ner.py numbers them: ids 0..n-1 stay ids; any other set becomes the classes
+// of its sorted values, named by their text; a trained head's ids bound the tags a file may use.
+TEST(TokenTags, IntegerTagsAreNumberedAsRunNerNumbersThem) {
+  const std::string dir = testing_dirs::fresh_dir("token_tags_integers");
+  const auto tok = Tokenizer::from_directory(model_dir());
+  std::ofstream(dir + "/gap.jsonl") << R"({"tokens": ["Anna", "lives"], "ner_tags": [7, 3]})" << "\n"
+                                    << R"({"tokens": ["Bob"], "ner_tags": [3]})" << "\n";
+  std::ofstream(dir + "/dense.jsonl") << R"({"tokens": ["Anna", "lives"], "ner_tags": [1, 0]})" << "\n";
+  TokenTagOptions o;
+  const TokenTagDataset gap(dir + "/gap.jsonl", tok, o);
+  EXPECT_EQ(gap.tag_names(), (std::vector<std::string>{"3", "7"}));
+  EXPECT_FALSE(gap.tags_are_ids());
+  const TokenTagDataset dense(dir + "/dense.jsonl", tok, o);
+  EXPECT_EQ(dense.tag_names(), (std::vector<std::string>{"0", "1"}));
+  EXPECT_TRUE(dense.tags_are_ids());
+  o.tags = gap.tag_names();  // a validation file through the training tags
+  HostBatch b;
+  b.resize(1, 8);
+  TokenTagDataset(dir + "/gap.jsonl", tok, o).get(1, b, 0);
+  EXPECT_EQ(b.token_labels[1], 0) << "Bob's tag 3 is class 0";
+  o.tags.reset();
+  o.num_ids = 1;  // a head of one default-named class: tag 1 is unknown
+  try {
+    TokenTagDataset(dir + "/dense.jsonl", tok, o);
+    ADD_FAILURE() << "a tag beyond the head was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dense.jsonl:1: unknown tag 1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {
   const std::string dir = testing_cli::fresh_dir("tasks_ner");
   const std::string train = write_tagged(dir + "/train.jsonl", 150, 0), dev = write_tagged(dir + "/dev.jsonl", 30, 7);

@@ -186,10 +186,10 @@ TEST_F(TextDatasetTest, CsvIntegerLabelsAndColumnNames) {
   o.label_column = "y";
   TextDataset ds = TextDataset::load(p, tokenizer(), o);
   ASSERT_EQ(ds.size(), 2u);
-  EXPECT_EQ(ds.labels().kind, LabelSet::Kind::Ids);
-  EXPECT_EQ(ds.labels().num_labels, 4);
-  EXPECT_EQ(ds.labels().id2label().at(3), "LABEL_3");
-  EXPECT_EQ(ds.label(0), 3);
+  // Labels 3 and 0 are two classes, numbered in numeric order as run_glue.py numbers them.
+  EXPECT_EQ(ds.labels().kind, LabelSet::Kind::Names);
+  EXPECT_EQ(ds.labels().names, (std::vector<std::string>{"0", "3"}));
+  EXPECT_EQ(ds.label(0), 1);
   EXPECT_EQ(ds.label(1), 0);
   EXPECT_EQ(ids(ds, 0),
             tokenizer().encode("Hello, world.", std::nullopt, 128, Truncation::LongestFirst, Padding::None).input_ids);
@@ -522,6 +522,42 @@ TEST_F(TextDatasetTest, SplitSubsetAndSeparateValidationFile) {
   EXPECT_EQ(LabelSet::from_id2label({{0, "neg"}, {1, "pos"}}).names, (std::vector<std::string>{"neg", "pos"}));
 }
 
+// Integer labels as run_glue.py takes them: the sorted distinct values are the classes 0..n-1.
+// 0..n-1 keep their ids (transformers' default names); any other set is named by its values, in
+// numeric order, so star ratings 1..5 make five classes, not six with class 0 unused.
+TEST_F(TextDatasetTest, IntegerLabelsAreNumberedAsRunGlueNumbersThem) {
+  TextDataset dense = TextDataset::load(write("dense.csv", "text,label\na,2\nb,0\nc,1\nd,2\n"), tokenizer(), no_cache());
+  EXPECT_EQ(dense.labels(), LabelSet::ids(3));
+  EXPECT_EQ(dense.label(0), 2);
+
+  TextDataset stars = TextDataset::load(write("stars.csv", "text,label\na,5\nb,1\nc,10\nd,2\ne,9\nf,5\n"),
+                                        tokenizer(), no_cache());
+  EXPECT_EQ(stars.labels().names, (std::vector<std::string>{"1", "2", "5", "9", "10"}));  // numeric, not byte order
+  std::vector<int32_t> got;
+  for (size_t i = 0; i < stars.size(); ++i) got.push_back(stars.label(i));
+  EXPECT_EQ(got, (std::vector<int32_t>{2, 0, 4, 1, 3, 2}));
+  EXPECT_EQ(stars.labels().id2label().at(0), "1");  // what config.json records; run_glue.py writes the number 1
+
+  TextDataset signs = TextDataset::load(write("signs.jsonl", "{\"text\": \"a\", \"label\": 1}\n"
+                                                             "{\"text\": \"b\", \"label\": -1}\n"),
+                                        tokenizer(), no_cache());
+  EXPECT_EQ(signs.labels().names, (std::vector<std::string>{"-1", "1"}));
+  EXPECT_EQ(signs.label(1), 0);
+
+  // A validation file is read through the training classes: the same values, however written;
+  // a value the training file lacks is refused naming the file, line and classes.
+  TextDataOptions o = no_cache();
+  o.labels = stars.labels();
+  TextDataset v = TextDataset::load(write("v.csv", "text,label\na,10\nb,01\n"), tokenizer(), o);
+  EXPECT_EQ(v.label(0), 4);
+  EXPECT_EQ(v.label(1), 0);
+  expect_error(write("v3.csv", "text,label\na,1\nb,3\n"), {"v3.csv:3: unknown label '3'", "'1', '2', '5'"}, o);
+  EXPECT_EQ(stars.labels().id_of_integer(9), 3);
+  EXPECT_EQ(stars.labels().id_of_integer(3), -1);
+  EXPECT_EQ(LabelSet::ids(3).id_of_integer(3), -1);
+  EXPECT_EQ(LabelSet::from_integers({4, 0, 4}).names, (std::vector<std::string>{"0", "4"}));
+}
+
 // ------------------------------------------------------------------------------ hostile input
 
 TEST_F(TextDatasetTest, InvalidUtf8IsReplacedNotFatal) {
@@ -549,8 +585,8 @@ TEST_F(TextDatasetTest, MissingColumnsAndFields) {
   expect_error(write("j2.jsonl", "{\"text\": \"a\"}\n"), {"j2.jsonl:1: no field 'label'"});
   expect_error(write("j3.jsonl", "{\"text\": 5, \"label\": 0}\n"), {"j3.jsonl:1: field 'text' must be a string"});
   expect_error(write("j4.jsonl", "{\"text\": \"a\", \"label\": 0.5}\n"), {"j4.jsonl:1: label", "0.5"});
-  expect_error(write("j5.jsonl", "{\"text\": \"a\", \"label\": -1}\n"), {"j5.jsonl:1: label '-1' is not a class id"});
-  expect_error(write("big_id.csv", "text,label\na,0\nb,70000\n"), {"big_id.csv:3: label '70000' is not a class id"});
+  expect_error(write("big_id.csv", "text,label\na,0\nb,99999999999999999999\n"),
+               {"big_id.csv:3: label '99999999999999999999' is not a 64-bit integer"});
   expect_error(write("r.csv", "text,label\na,1\nb,2,3\n"), {"r.csv:3: 3 fields where the header has 2"});
   // Unlabelled files need no label column.
   TextDataOptions o = no_cache();
