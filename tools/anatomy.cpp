@@ -89,10 +89,12 @@ void check_eval_output_dir(const EvalFlags& f) {
     if (p == p.parent_path()) break;
   }
   if (f.overwrite_output_dir) return;
+  // A training run's directory holds its final evaluation too: say which it is.
+  const bool run = fs::exists(fs::path(f.output_dir) / "train_results.json", ec);
   for (const char* name : {"eval_results.json", "predictions.jsonl"})
-    ANATOMY_CHECK(!fs::exists(fs::path(f.output_dir) / name, ec), "--output-dir ", f.output_dir,
-                  " already holds an evaluation (", name, "): use --overwrite-output-dir to replace it, or name another "
-                  "directory");
+    ANATOMY_CHECK(!fs::exists(fs::path(f.output_dir) / name, ec), "--output-dir ", f.output_dir, " already holds ",
+                  run ? "a training run's evaluation (" : "an evaluation (", name,
+                  "): use --overwrite-output-dir to replace it, or name another directory");
 }
 
 int run_eval(EvalFlags f) {

@@ -87,6 +87,7 @@ HubSettings hub_settings_from_env() {
     s.token = read_small_file(token_path);
   }
   s.offline = env_true("HF_HUB_OFFLINE") || env_true("TRANSFORMERS_OFFLINE");
+  if (!env_true("HF_HUB_OFFLINE") && s.offline) s.offline_variable = "TRANSFORMERS_OFFLINE";
   s.progress = ::isatty(STDERR_FILENO) == 1;
   return s;
 }
@@ -184,7 +185,8 @@ std::string resolve_model(const std::string& name, const std::string& revision, 
     if (missing == "tokenizer.json") return snapshot;
     fail("model '", name, "' (revision ", rev, ") is not in the Hugging Face cache ", s.cache_dir,
          missing == "config.json" ? std::string() : " (its snapshot lacks " + missing + ")",
-         " and HF_HUB_OFFLINE is set: fetch it with ", fetch_command(name, rev), " or unset HF_HUB_OFFLINE");
+         " and ", s.offline_variable, " is set: fetch it with ", fetch_command(name, rev), " or unset ",
+         s.offline_variable);
   }
   ANATOMY_CHECK(hub_downloads_available(), "model '", name, "' (revision ", rev, ") is not in the Hugging Face cache ",
                 s.cache_dir, " and this anatomy was built without libcurl, so it cannot download: fetch it with ",

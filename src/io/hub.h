@@ -24,6 +24,7 @@ struct HubSettings {
   std::string endpoint = "https://huggingface.co";  // $HF_ENDPOINT, no trailing '/'
   std::string token;                               // $HF_TOKEN, else the stored token file
   bool offline = false;                            // $HF_HUB_OFFLINE (or $TRANSFORMERS_OFFLINE)
+  std::string offline_variable = "HF_HUB_OFFLINE";  // the one that was set, for errors
   bool progress = false;                           // a progress bar on stderr (a terminal)
 };
 

@@ -130,10 +130,13 @@ int64_t total_or_minus_one(const PlanInput& in) {
 
 void refuse_model_beyond(const PlanInput& in, const MemoryPlan& p, int64_t capacity, const std::string& memory) {
   const int64_t model = p.bytes[Category::Weights] + p.bytes[Category::Gradients] + p.bytes[Category::OptimizerState];
+  const bool preset = in.config_source != "config.json";
   if (model > capacity)
-    fail("the model alone (", p.num_parameters, " parameters, most of them from ", in.config.largest_field(),
-         " in config.json) needs ", mib(static_cast<long double>(model)), " for weights",
-         in.shape.training ? ", gradients and optimizer state" : "", " but ", memory, "; lower that field or use a smaller model");
+    fail("the model alone (", p.num_parameters, " parameters, most of them from ", in.config.largest_field(), " in ",
+         in.config_source, ") needs ", mib(static_cast<long double>(model)), " for weights",
+         in.shape.training ? ", gradients and optimizer state" : "", " but ", memory, "; ",
+         preset ? "use a smaller model" : "lower that field or use a smaller model",
+         in.device == Device::CPU && in.world_size > 1 ? " or fewer ranks" : "");
 }
 
 void refuse_plan_beyond(const PlanInput& in, const MemoryPlan& p, int64_t capacity, const std::string& memory) {

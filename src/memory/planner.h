@@ -21,6 +21,7 @@ struct PlanInput {
   int world_size = 1, zero_stage = 0;  // data parallelism (Note [ZeRO over the flat buffers])
   int rank = 0;                         // whose shard: the last rank's may be smaller
   int64_t accumulation = 1;             // micro-batches per step (ZeRO-2's gradient shard buffer)
+  std::string config_source = "config.json";  // where `config` came from, for errors ("--preset bert-large")
 };
 
 struct MemoryPlan {

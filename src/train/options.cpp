@@ -46,7 +46,8 @@ PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch
   // first tokens] in model/bert.cpp).
   const char* last = std::getenv("ANATOMY_LAST_LAYER");
   shape.last_layer_first_tokens = !(last && std::string(last) == "all");
-  return PlanInput{cfg, shape, o.optim.kind, device, world, zero, rank, o.gradient_accumulation_steps};
+  return PlanInput{cfg,  shape, o.optim.kind, device, world, zero, rank, o.gradient_accumulation_steps,
+                   o.model_name_or_path.empty() ? "--preset " + o.preset : "config.json"};
 }
 
 void TrainOptions::validate() const {

@@ -333,6 +333,16 @@ const std::vector<Case> kCases = {
          " --output-dir {dir}/ev",
      2, {"--output-dir {dir}/ev already holds an evaluation (eval_results.json)", "--overwrite-output-dir"},
      {"ev/eval_results.json"}},
+    {"EvalOutputIsAnotherTrainingRun",  // said as what it is
+     [](const std::string& d) {
+       copy_run(d);
+       fs::copy(d + "/run", d + "/run2", fs::copy_options::recursive);
+       spit(d + "/run2/eval_results.json", "{\"eval_accuracy\": 0.5}");
+     },
+     "eval --device cpu --model-name-or-path {dir}/run --eval-file {dir}/s.jsonl --tokenizer " + kTok +
+         " --output-dir {dir}/run2",
+     2, {"--output-dir {dir}/run2 already holds a training run's evaluation (eval_results.json)"},
+     {"run2/eval_results.json", "run2/train_results.json"}},
     {"EvalOverwriteOutputDir",
      [](const std::string& d) {
        copy_run(d);
@@ -495,7 +505,16 @@ TEST(PlannerSizes, PlansBeyondACapacityNameWhatToLower) {
   const std::string whole = error_of([&] { refuse_plan_beyond(in, p, model - 1, "the test has less"); });
   EXPECT_NE(whole.find("the model alone (4386178 parameters, most of them from vocab_size 30522 in config.json)"),
             std::string::npos) << whole;
+  EXPECT_NE(whole.find("; lower that field or use a smaller model"), std::string::npos) << whole;
   EXPECT_EQ(error_of([&] { refuse_plan_beyond(in, p, p.total(), "enough"); }), "(no error)");
+  // A preset has no config.json to lower a field in; CPU ranks share the machine's memory.
+  PlanInput preset = in;
+  preset.config_source = "--preset bert-tiny";
+  preset.device = Device::CPU;
+  preset.world_size = 4;
+  const std::string named = error_of([&] { refuse_plan_beyond(preset, p, model - 1, "the test has less"); });
+  EXPECT_NE(named.find("vocab_size 30522 in --preset bert-tiny) needs"), std::string::npos) << named;
+  EXPECT_NE(named.find("; use a smaller model or fewer ranks"), std::string::npos) << named;
   // On the CPU the capacity is the machine's memory.
   in.device = Device::CPU;
   in.shape.max_batch = int64_t{1} << 30;

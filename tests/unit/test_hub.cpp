@@ -219,6 +219,13 @@ TEST(HubSettings, ReadAsHuggingfaceHubReadsThem) {
   EXPECT_EQ(s.cache_dir, "/home/someone/hubcache");
   EXPECT_EQ(s.endpoint, "http://mirror.example");
   EXPECT_TRUE(s.offline);
+  EXPECT_EQ(s.offline_variable, "HF_HUB_OFFLINE");
   env.set("HF_HUB_OFFLINE", "0");
   EXPECT_FALSE(hub_settings_from_env().offline);
+  env.set("TRANSFORMERS_OFFLINE", "1");  // the older variable: errors name the one the user set
+  s = hub_settings_from_env();
+  EXPECT_TRUE(s.offline);
+  EXPECT_EQ(s.offline_variable, "TRANSFORMERS_OFFLINE");
+  s.cache_dir = testing_dirs::fresh_dir("hub_cache_transformers_offline");
+  expect_error([&] { resolve_model("org/absent", "", s); }, {"TRANSFORMERS_OFFLINE is set", "unset TRANSFORMERS_OFFLINE"});
 }
