@@ -62,10 +62,14 @@ class UploadStaging {
     }
     if (db.labels.dtype == DType::I32 && db.labels.numel() != static_cast<size_t>(hb.batch)) {  // masked-LM token labels
       int32_t* tokens = m_p[slot] + m_targets_at;
+      ANATOMY_CHECK(hb.token_labels.size() >= db.labels.numel(), "internal error: ", hb.token_labels.size(),
+                    " token labels for a batch of ", db.labels.numel());
       std::copy_n(hb.token_labels.begin(), db.labels.numel(), tokens);
       m_token[slot] = m_be.upload_async(db.labels, tokens);
     } else if (db.labels.dtype == DType::F32) {  // float labels: the targets, not the class ids
       float* targets = reinterpret_cast<float*>(m_p[slot] + m_targets_at);
+      ANATOMY_CHECK(hb.targets.size() >= db.labels.numel(), "internal error: ", hb.targets.size(),
+                    " float labels for a batch of ", db.labels.numel(), " (a head of one output reads them as regression)");
       std::copy_n(hb.targets.begin(), db.labels.numel(), targets);
       m_token[slot] = m_be.upload_async(db.labels, targets);
     } else {

@@ -182,6 +182,9 @@ TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokeni
          "'s head (--ignore-mismatched-sizes trains a new head for the file's tags)");
   }
   const std::vector<std::string>& tags = train->tag_names();
+  ANATOMY_CHECK(!tags.empty(), "--train-file ", opt.train_file, ": no tags in it");
+  ANATOMY_CHECK(to.tags || tags.size() >= 2, "--train-file ", opt.train_file, ": every tag is '", tags[0],
+                "', one class; token classification needs two or more");
   ANATOMY_CHECK(!opt.num_labels_given || opt.num_labels == static_cast<int64_t>(tags.size()), "--num-labels ",
                 opt.num_labels, " disagrees with --train-file ", opt.train_file, ", whose tags make ", tags.size());
   const LabelSet names = train->tags_are_ids() ? LabelSet::ids(static_cast<int64_t>(tags.size())) : LabelSet::from_names(tags);

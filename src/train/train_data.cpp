@@ -115,6 +115,10 @@ static TrainData load_text_data(const TrainOptions& opt, BertConfig& cfg, const 
   }
   const LabelSet labels = train->labels();
   ANATOMY_CHECK(labels.num_labels >= 1, "--train-file ", opt.train_file, ": no labels (is --label-column right?)");
+  // One class would make a head of one output, which transformers reads as regression.
+  ANATOMY_CHECK(to.labels || labels.num_labels >= 2, "--train-file ", opt.train_file, ": every label is '",
+                labels.kind == LabelSet::Kind::Names ? labels.names[0] : std::string("0"),
+                "', one class; a classifier needs two or more (numbers as labels train a regression)");
   ANATOMY_CHECK(!opt.num_labels_given || opt.num_labels == labels.num_labels, "--num-labels ", opt.num_labels,
                 " disagrees with --train-file ", opt.train_file, ", whose labels make ", labels.num_labels,
                 " classes (drop --num-labels: the file's labels size the head)");

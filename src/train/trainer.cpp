@@ -548,8 +548,10 @@ void RankRun::finish() {
     save_pretrained(m_opt.output_dir, *m_model);
     copy_files_into(m_opt.output_dir, m_data->tokenizer_files);
   }
-  if (m_lead && m_data->test)
+  if (m_lead && m_data->test) {
+    m_out->claim();  // with --save-strategy no, nothing has made the directory yet
     res.predict_samples = predict_into(m_opt, *m_model, *m_data->test, std::min(m_opt.per_device_eval_batch_size, m_B), m_cfg);
+  }
   if (m_opt.profile_steps > 0) profile();
   if (m_lead) {
     m_out->claim();

@@ -194,6 +194,17 @@ const std::vector<Case> kCases = {
     {"DirectoryTrainFile", [](const std::string& d) { fs::create_directory(d + "/t.jsonl"); },
      kTrain + "--train-file {dir}/t.jsonl --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out", 2,
      {"--train-file {dir}/t.jsonl", "not a regular file"}, {}},
+    // One class (a small debug subset) made a head of one output, read as regression: it crashed.
+    {"OneClassTrainFile", [](const std::string& d) { spit(d + "/one.csv", "text,label\nhello,pos\nworld,pos\n"); },
+     kTrain + "--train-file {dir}/one.csv --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out", 2,
+     {"--train-file {dir}/one.csv: every label is 'pos', one class; a classifier needs two or more"}, {}},
+    {"OneTagTrainFile",
+     [](const std::string& d) {
+       spit(d + "/one.jsonl", "{\"tokens\": [\"a\", \"b\"], \"ner_tags\": [\"O\", \"O\"]}\n");
+     },
+     kTrain + "--task token-classification --train-file {dir}/one.jsonl --tokenizer " + kTok +
+         " --max-steps 1 --output-dir {dir}/out",
+     2, {"--train-file {dir}/one.jsonl: every tag is 'O', one class; token classification needs two or more"}, {}},
     {"FifoValidationFile",
      [](const std::string& d) {
        copy_text(d);

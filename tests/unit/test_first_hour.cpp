@@ -355,6 +355,16 @@ const std::vector<Case> kCases = {
        }
        EXPECT_EQ(n, 24);
      }},
+    // Nothing saved but the predictions: the directory is made for them (it was not, and the run
+    // ended in an error after training).
+    {"PredictWithoutSavingMakesTheOutputDirectory", kGluePairCsv,
+     kTiny + "--train_file {dir}/p.csv --test_file {dir}/p.csv --do_predict --save_strategy no --report_to none "
+             "--tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/new/out",
+     0, {}, {"cannot create"},
+     [](const std::string& d) {
+       EXPECT_TRUE(fs::exists(d + "/new/out/predict_results.txt"));
+       EXPECT_FALSE(fs::exists(d + "/new/out/model.safetensors"));
+     }},
     // Ratings 1..5: run_glue.py maps the sorted distinct labels to 0..4, a head of five classes
     // named by the ratings, and predicts the ratings.
     {"StarRatingsMakeFiveClassesAsRunGlueMapsThem", kStarRatings,
