@@ -44,9 +44,9 @@ DataParallelStep::DataParallelStep(Backend& be, Communicator& comm, const Optimi
   if (shard_bytes) m_grad_shard = Buffer(be.allocator(), DType::F32, {static_cast<int64_t>(shard_bytes / 4)}, Category::Gradients);
 }
 
-void DataParallelStep::before_backward(EncoderModel& model, int64_t m) {
+void DataParallelStep::before_backward(EncoderModel& model, int64_t m, bool last) {
   if (m == 0) m_reduced = false;
-  m_reducing = m_comm.size() > 1 && (m_stage == 2 || m == m_accum - 1);
+  m_reducing = m_comm.size() > 1 && (m_stage == 2 || last);
   if (!m_reducing) return;
   const auto& stages = model.gradient_stages();
   m_low = m_pending = stages.back().first;  // the tail is final only when backward ends
@@ -98,7 +98,7 @@ DataParallelStep::ReductionTiming DataParallelStep::take_reduction_timing() {
   return t;
 }
 
-void DataParallelStep::after_backward(EncoderModel& model, int64_t m) {
+void DataParallelStep::after_backward(EncoderModel& model, int64_t m, bool last) {
   if (!m_reducing) return;
   model.on_layer_gradients(nullptr);
   const Tensor grads = model.grads();
@@ -106,14 +106,16 @@ void DataParallelStep::after_backward(EncoderModel& model, int64_t m) {
   reduce(grads, model.gradient_stages().back().first, static_cast<size_t>(grads.numel()));  // the tail
   m_comm.end_async();
   m_reducing = false;
-  m_reduced = m == m_accum - 1;
-  if (m_stage != 2 || m_accum == 1 || m_shard.size() == 0) return;
+  m_reduced = last;
+  // ZeRO-2: this rank's shard of each micro-batch's reduced gradients is summed in m_grad_shard,
+  // and the sum lands in the gradients' own shard with the step's last micro-batch.
+  if (m_stage != 2 || m_accum == 1 || m_shard.size() == 0 || (m == 0 && last)) return;
   const Tensor own = grads.view({static_cast<int64_t>(grads.numel())})
                          .slice(static_cast<int64_t>(m_shard.begin), static_cast<int64_t>(m_shard.end));
   const Tensor sum = m_grad_shard.tensor();
   if (m == 0)
     m_be.copy(sum, own);
-  else if (m < m_accum - 1)
+  else if (!last)
     m_be.add(sum, sum, own);
   else
     m_be.add(own, sum, own);

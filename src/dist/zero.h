@@ -73,12 +73,13 @@ class DataParallelStep {
   // Whether the gradients are reduced after each micro-batch (stage 2): the caller then clears
   // them before each micro-batch rather than accumulating into them.
   bool reduces_each_micro_batch() const { return m_stage == 2; }
-  // Around micro-batch m's forward_backward: on the step's last micro-batch (every one under
+  // Around micro-batch m's forward_backward (`last`: the step's last, which a step that ends an
+  // epoch may reach before the accumulation steps): on the step's last micro-batch (every one under
   // stage 2) the gradients are reduced bucket by bucket as backward goes (Note [bucketed
   // reduction]); under stage 2 each rank then adds its shard into its sum (on the last
   // micro-batch the sum is left in the gradients' own range, where the update reads it).
-  void before_backward(EncoderModel& model, int64_t m);
-  void after_backward(EncoderModel& model, int64_t m);
+  void before_backward(EncoderModel& model, int64_t m, bool last);
+  void after_backward(EncoderModel& model, int64_t m, bool last);
   int64_t buckets_last_step() const { return m_buckets; }  // reductions of the last micro-batch
   // --profile-steps: the buckets reduced during backward, the collectives' time and what of it
   // backward did not hide (Note [overlap timing] in dist/communicator.h), totals since the last take.

@@ -205,9 +205,10 @@ void validate_trainer_state(const nlohmann::json& tr, const std::string& file, i
     const nlohmann::json& accum = fp.value("--gradient-accumulation-steps", nlohmann::json());
     ANATOMY_CHECK(accum.is_number_integer() && accum.get<int64_t>() >= 1, file,
                   ": trainer.fingerprint --gradient-accumulation-steps must be a positive integer, got ", accum.dump());
-    ANATOMY_CHECK(micro / accum.get<int64_t>() == global && micro % accum.get<int64_t>() == 0, file,
-                  ": trainer.micro_batches ", micro, " is not global_step ", global, " x --gradient-accumulation-steps ",
-                  accum.get<int64_t>());
+    // Each step takes 1 to A micro-batches (Note [accumulation within an epoch] in train/step.h).
+    ANATOMY_CHECK(micro >= global && (micro == 0 || (micro - 1) / accum.get<int64_t>() < global), file, ": trainer.micro_batches ", micro,
+                  " is not global_step ", global, " steps of 1 to --gradient-accumulation-steps ", accum.get<int64_t>(),
+                  " micro-batches");
   }
 }
 

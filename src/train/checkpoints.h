@@ -93,7 +93,7 @@ nlohmann::json load_training_checkpoint(const std::string& dir, EncoderModel& mo
 // global_step, skipped_steps, samples, window_samples, loss_scale_clean_steps non-negative
 // integers; loss_sum, first_step_loss, window_loss finite; loss_scale positive; fingerprint an
 // object; global_step equal to `step` and to optimizer_steps + skipped_steps; micro_batches, when
-// present, global_step x the fingerprint's --gradient-accumulation-steps. load_training_checkpoint
+// present, global_step steps of 1 to the fingerprint's --gradient-accumulation-steps. load_training_checkpoint
 // calls it; one-line errors name the file and the field.
 void validate_trainer_state(const nlohmann::json& trainer, const std::string& file, int64_t step, int64_t optimizer_steps);
 

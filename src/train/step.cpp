@@ -46,12 +46,11 @@ TrainStep::~TrainStep() { m_be.host_free(m_host); }
 // whichever micro-batch or rank holds it: accumulation of 2 x B equals one batch of 2B, and 2
 // ranks x B equal one rank x 2B, up to the order of fp32 sums. The per-sample losses are each
 // sequence's token losses over M, so their sum over the step is its mean token loss.
-int64_t TrainStep::labelled_tokens_of_step(Prefetcher& source, int64_t micro, double& data_wait,
+int64_t TrainStep::labelled_tokens_of_step(Prefetcher& source, int64_t micro, int64_t micro_batches, double& data_wait,
                                            const std::function<std::pair<int64_t, int64_t>(int64_t)>& real_rows) {
-  const int64_t accum = m_opt.gradient_accumulation_steps;
-  m_ahead.resize(static_cast<size_t>(accum));
+  m_ahead.resize(static_cast<size_t>(micro_batches));
   double count = 0;
-  for (int64_t m = 0; m < accum; ++m) {
+  for (int64_t m = 0; m < micro_batches; ++m) {
     double waited = 0;
     HostBatch& hb = m_ahead[static_cast<size_t>(m)];
     ANATOMY_CHECK(source.next(hb, waited), "internal error: the data loader ran dry");
@@ -64,7 +63,9 @@ int64_t TrainStep::labelled_tokens_of_step(Prefetcher& source, int64_t micro, do
 }
 
 TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double& data_wait, int signal) {
-  const int64_t accum = m_opt.gradient_accumulation_steps, N = m_comm.size(), r = m_comm.rank();
+  const int64_t N = m_comm.size(), r = m_comm.rank();
+  // Note [accumulation within an epoch]: the epoch's last step may take fewer.
+  const int64_t accum = MicroBatchSchedule{m_micro_per_epoch, m_opt.gradient_accumulation_steps}.count_from(micro);
   ANATOMY_ASSERT(m_launched - m_finished < 2);  // at most two steps in flight: two figure slots
   Launched out;
   out.signal = signal;
@@ -83,7 +84,7 @@ TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double
   };
   // Per-token tasks read the step's micro-batches first, to count its labelled tokens.
   const bool per_token = has_token_labels(m_model.config());
-  const int64_t step_tokens = per_token ? labelled_tokens_of_step(source, micro, data_wait, real_rows) : 0;
+  const int64_t step_tokens = per_token ? labelled_tokens_of_step(source, micro, accum, data_wait, real_rows) : 0;
   for (int64_t m = 0; m < accum; ++m, ++micro) {
     double waited = 0;
     if (per_token) std::swap(m_hb, m_ahead[static_cast<size_t>(m)]);  // both keep their capacity: no allocation
@@ -115,10 +116,10 @@ TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double
     }
     m_be.set_phase(Phase::Data);
     m_staging.upload(m_hb, db, micro, &packing);
-    m_dps.before_backward(m_model, m);
+    m_dps.before_backward(m_model, m, m == accum - 1);
     m_model.forward_backward(db, weight, static_cast<uint64_t>(micro * N + r) << 12);
     m_be.set_phase(Phase::Optimizer);
-    m_dps.after_backward(m_model, m);
+    m_dps.after_backward(m_model, m, m == accum - 1);
     m_be.set_phase(Phase::Data);
     if (real > 0) {
       const Tensor sums = m_loss_sums.tensor().slice(0, real);

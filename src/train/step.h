@@ -2,6 +2,7 @@
 // the ranks and the update (dist/zero.h), fp16 loss scaling, and the step's global figures:
 // the summed loss, the samples, the gradient norm, and whether the update was applied.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <utility>
@@ -50,6 +51,23 @@ struct StepOutcome {
   int stop_signal = 0;   // SIGINT or SIGTERM when some rank received one (agreed: every rank stops)
 };
 
+// Note [accumulation within an epoch]
+// As the Trainer (4.x from 4.46, 5.x) does, each epoch starts a fresh accumulation: an epoch of M
+// micro-batches makes S = ceil(M / A) optimizer steps (A = --gradient-accumulation-steps), the
+// last of them taking the M - (S - 1) A micro-batches left, and a step's gradient is the mean of
+// its micro-batches' mean losses (divided by its own count of micro-batches). Step s (0-based)
+// starts at micro-batch (s / S) M + (s % S) A; so a step's count follows from where it starts.
+struct MicroBatchSchedule {
+  int64_t per_epoch = 1, accum = 1;  // M, A
+  int64_t steps_per_epoch() const { return (per_epoch + accum - 1) / accum; }
+  int64_t first_of_step(int64_t step) const {  // also where `step` steps end
+    const int64_t S = steps_per_epoch();
+    return step / S * per_epoch + step % S * accum;
+  }
+  int64_t count_from(int64_t micro) const { return std::min(accum, per_epoch - micro % per_epoch); }
+  bool ends_epoch(int64_t step) const { return step % steps_per_epoch() == 0; }  // 1-based `step`
+};
+
 class TrainStep {
  public:
   // plan: the global batches (per-device batch x ranks); this rank trains on its slice of each.
@@ -70,7 +88,7 @@ class TrainStep {
     int64_t index = 0;             // launches before it (its figures' host block: index % 2)
   };
   // Queues one step from `source` (this rank's slices, from micro-batch `micro` on); `micro`
-  // advances by the accumulation steps. `signal` is this rank's pending SIGINT/SIGTERM (0: none).
+  // advances by the step's micro-batches (Note [accumulation within an epoch]). `signal` is this rank's pending SIGINT/SIGTERM (0: none).
   // At most two steps may be launched and not finished; finish them in order.
   Launched launch(Prefetcher& source, int64_t& micro, double& data_wait, int signal);
   // Waits for a launched step's figures and agrees the step's outcome with the other ranks.
@@ -95,7 +113,7 @@ class TrainStep {
  private:
   // Per-token tasks: reads the step's micro-batches into m_ahead and returns their labelled
   // tokens summed over the ranks (Note [labelled tokens per step] in step.cpp).
-  int64_t labelled_tokens_of_step(Prefetcher& source, int64_t micro, double& data_wait,
+  int64_t labelled_tokens_of_step(Prefetcher& source, int64_t micro, int64_t count, double& data_wait,
                                   const std::function<std::pair<int64_t, int64_t>(int64_t)>& real_rows);
   const TrainOptions& m_opt;
   EncoderModel& m_model;

@@ -130,9 +130,7 @@ class RankRun {
   void account(int64_t done, const StepOutcome& s, const TrainStep::Launched& l);
   void profile();
   void load_best_model();
-  bool epoch_ends_at(int64_t step) const {  // does optimizer step `step` (1-based) finish an epoch?
-    return (step * m_accum) / m_micro_per_epoch > ((step - 1) * m_accum) / m_micro_per_epoch;
-  }
+  bool epoch_ends_at(int64_t step) const { return m_sched.ends_epoch(step); }  // `step` 1-based
   double epoch_of(int64_t micro) const { return static_cast<double>(micro) / static_cast<double>(m_micro_per_epoch); }
   int64_t per_rank() const { return m_comm.size() > 1 ? m_B : 0; }
 
@@ -151,6 +149,7 @@ class RankRun {
   std::unique_ptr<OutputDir> m_out;
   std::unique_ptr<TrainLog> m_log;
   int64_t m_B = 0, m_accum = 1, m_micro_per_epoch = 1, m_total_steps = 0, m_start_step = 0, m_last_save = 0;
+  MicroBatchSchedule m_sched;  // Note [accumulation within an epoch] (train/step.h)
   int64_t m_used_weights = -1;
   double m_window_loss = 0, m_data_wait = 0, m_runtime = 0;
   int64_t m_window_samples = 0, m_samples_before = 0;
@@ -205,8 +204,8 @@ void RankRun::setup() {
   // Global batches of B x N samples in the order one process with that micro-batch takes them.
   m_batches = std::make_unique<BatchPlan>(m_data->batch_plan(m_B * N, m_opt.seed, m_opt.group_by_length));
   m_micro_per_epoch = m_batches->batches_per_epoch();
-  const int64_t steps_per_epoch = std::max<int64_t>(1, m_micro_per_epoch / m_accum);
-  m_total_steps = m_opt.total_steps(steps_per_epoch);
+  m_sched = MicroBatchSchedule{m_micro_per_epoch, m_accum};
+  m_total_steps = m_opt.total_steps(m_sched.steps_per_epoch());
   m_step = std::make_unique<TrainStep>(m_opt, *m_model, *m_dev.backend, m_comm, *m_batches, m_total_steps);
   m_fingerprint = run_fingerprint(m_opt, m_B * N);
   m_res.device = N > 1 ? str_cat(m_dev.backend->name(), " x ", N, " ranks") : m_dev.backend->name();
@@ -240,7 +239,10 @@ void RankRun::resume(const std::string& dir) {
                   it.key() == "--per-device-train-batch-size" ? " (per-device batch x ranks)" : "");
   }
   m_start_step = st.at("global_step").get<int64_t>();
-  m_p.micro = st.value("micro_batches", m_start_step * m_accum);
+  m_p.micro = st.value("micro_batches", m_sched.first_of_step(m_start_step));
+  ANATOMY_CHECK(m_p.micro == m_sched.first_of_step(m_start_step), "--resume-from-checkpoint ", dir, ": its ", m_start_step,
+                " steps took ", m_p.micro, " micro-batches, where this run's take ", m_sched.first_of_step(m_start_step),
+                " (an anatomy before 2026-11-29 carried the accumulation across epochs; resume it with that version)");
   m_p.loss_sum = st.at("loss_sum").get<double>();
   m_p.samples = st.at("samples").get<int64_t>();
   m_p.first_loss = st.at("first_step_loss").get<double>();
@@ -365,13 +367,14 @@ void RankRun::account(int64_t done, const StepOutcome& s, const TrainStep::Launc
   }
   if (m_lead) {
     m_log->step(done, counted ? s.loss_sum : 0.0, counted ? s.samples : 0, s.grad_norm, s.lr, epoch_of(l.micro_end), m_now,
-                (done - m_start_step) * m_B * m_accum * m_comm.size(), l.data_wait_end, m_step->scaler().scale);
+                (m_sched.first_of_step(done) - m_sched.first_of_step(m_start_step)) * m_B * m_comm.size(), l.data_wait_end,
+                m_step->scaler().scale);
   }
 }
 
 bool RankRun::loop() {
   StopSignals stop;
-  Prefetcher loader(*m_data->train, *m_batches, m_start_step * m_accum, m_total_steps * m_accum, m_opt.prefetch,
+  Prefetcher loader(*m_data->train, *m_batches, m_sched.first_of_step(m_start_step), m_sched.first_of_step(m_total_steps), m_opt.prefetch,
                     m_comm.rank(), per_rank());
   NvmlSampler sampler(process_nvml(), (fs::path(m_opt.output_dir) / "nvml.jsonl").string(), 0.1, m_dev.nvml_index);
   auto used = [&] { return nvml_used_bytes(m_dev); };
@@ -519,7 +522,8 @@ void RankRun::finish() {
   res.train_loss = m_p.loss_sum / static_cast<double>(std::max<int64_t>(1, res.samples));
   const std::vector<double>& t = m_train_stamps;
   const size_t half = t.size() / 2;
-  const int64_t per_step = m_B * m_accum * N;
+  const int64_t per_step = m_B * N * (m_sched.first_of_step(m_total_steps) - m_sched.first_of_step(m_start_step)) /
+                           std::max<int64_t>(1, steps_here);  // a short step at an epoch's end: the mean
   res.steady_samples_per_second =
       t.size() > 3 ? static_cast<double>((t.size() - 1 - half) * per_step) / (t.back() - t[half]) : res.train_samples_per_second;
   res.data_wait_s = m_data_wait;
@@ -576,7 +580,8 @@ void RankRun::load_best_model() {
 
 // --profile-steps: extra steps, outside the timed ones, with every op between timing marks.
 void RankRun::profile() {
-  Prefetcher source(*m_data->train, *m_batches, 0, m_opt.profile_steps * m_accum, m_opt.prefetch, m_comm.rank(), per_rank());
+  Prefetcher source(*m_data->train, *m_batches, 0, m_sched.first_of_step(m_opt.profile_steps), m_opt.prefetch, m_comm.rank(),
+                    per_rank());
   m_prof.enable(true);
   m_step->time_reduction(m_comm.size() > 1);
   int64_t micro = 0;

@@ -241,7 +241,7 @@ const std::vector<Case> kCases = {
     {"StateTrainerNotObject", edit_state([](nlohmann::json& s) { s["trainer"] = 3; }), kResume, 2,
      {"trainer_state.json", "trainer must be an object"}, kCheckpointFiles},
     {"StateMicroBatchesDisagree", edit_state([](nlohmann::json& s) { s["trainer"]["micro_batches"] = 5; }), kResume, 2,
-     {"trainer_state.json", "micro_batches 5 is not global_step 2"}, kCheckpointFiles},
+     {"trainer_state.json", "micro_batches 5 is not global_step 2 steps of 1 to --gradient-accumulation-steps 1"}, kCheckpointFiles},
     {"StateMalformedJson", write_state("{\"format_version\": 1, \"step\": "), kResume, 2,
      {"trainer_state.json", "not valid JSON"}, kCheckpointFiles},
 

@@ -272,9 +272,9 @@ TEST(ModernBertTrain, GoldenAdamWStepsThroughTheTrainersPath) {
     std::vector<double> ours;
     for (int s = 0; s <= 5; ++s) {
       model->zero_grads();
-      dps.before_backward(*model, 0);
+      dps.before_backward(*model, 0, true);
       model->forward_backward(batch.db, 1.0f / static_cast<float>(f.B), 0);
-      dps.after_backward(*model, 0);
+      dps.after_backward(*model, 0, true);
       double loss = 0;
       for (float v : golden::to_f32(*be, model->losses())) loss += v / static_cast<double>(f.B);
       ours.push_back(loss);

@@ -229,6 +229,45 @@ TEST(Train, GradientAccumulationEqualsTheLargerBatch) {
   EXPECT_LT(max_rel(acc, big), 1e-5);
 }
 
+// Note [accumulation within an epoch]: 20 samples in micro-batches of 4 with accumulation 2 make
+// three steps an epoch (8, 8 and the 4 left), each epoch a fresh accumulation, as the Trainer
+// takes them: the same steps as batches of 8 without accumulation (8, 8, 4), to fp32 rounding.
+// (Accumulation carried across epochs took 2 steps an epoch and 1.6 epochs for 2.)
+TEST(Train, AccumulationStartsAfreshEachEpoch) {
+  // Without dropout: its masks are indexed by micro-batch, and the two runs number theirs apart.
+  const std::string model = anatomy::testing_dirs::fresh_dir("anatomy_accum_epochs_model");
+  BertConfig c = BertConfig::preset("bert-tiny");
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.0;
+  std::ofstream(model + "/config.json") << c.to_json().dump(2);
+  auto run = [&](const std::string& name, int64_t micro, int64_t accum) {
+    TrainOptions o = tiny(name);
+    o.model_name_or_path = model;
+    o.num_samples = 20;
+    o.num_train_epochs = 2;
+    o.per_device_train_batch_size = micro;
+    o.gradient_accumulation_steps = accum;
+    o.learning_rate = 1e-3f;
+    o.save_model = true;
+    TrainResult r = train(o);
+    return std::make_pair(r, o.output_dir);
+  };
+  const auto [acc, acc_dir] = run("anatomy_accum_epochs", 4, 2);
+  const auto [big, big_dir] = run("anatomy_accum_epochs_big", 8, 1);
+  EXPECT_EQ(acc.steps, 6);
+  EXPECT_EQ(big.steps, 6);
+  EXPECT_EQ(acc.samples, 40);
+  EXPECT_DOUBLE_EQ(acc.epoch, 2.0);
+  EXPECT_NEAR(acc.last_loss, big.last_loss, 1e-5 * std::abs(big.last_loss));
+  EXPECT_NEAR(acc.train_loss, big.train_loss, 1e-5 * std::abs(big.train_loss));
+  auto be = make_cpu_backend();
+  const BertConfig cfg = BertConfig::from_json_file(acc_dir + "/config.json");
+  BertForSequenceClassification a(*be, cfg, {1, 8, DType::F32, CheckpointPolicy::None, false});
+  BertForSequenceClassification b(*be, cfg, {1, 8, DType::F32, CheckpointPolicy::None, false});
+  load_pretrained_weights(acc_dir, a);
+  load_pretrained_weights(big_dir, b);
+  EXPECT_LT(max_rel(a.master_to_host(), b.master_to_host()), 1e-5);
+}
+
 TEST(Train, CheckpointingGivesIdenticalGradients) {
   std::vector<float> none = grads_for(CheckpointPolicy::None, 4, 1, 0.1f);
   std::vector<float> layer = grads_for(CheckpointPolicy::Layer, 4, 1, 0.1f);
