@@ -337,8 +337,14 @@ std::vector<OptionSpec> build() {
   add({"greater-is-better", {}, OptType::Bool, kTrain, "false for loss, else true", "Whether a larger metric is better",
        0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.greater_is_better = v.b; }, "same"});
   add({"resume-from-checkpoint", {}, OptType::Text, kTrain, "",
-       "Continue from a checkpoint directory, or latest (the newest in --output-dir)", 0, 0, false, false, false, true, {},
-       [](R& r, const V& v) { r.train.resume_from_checkpoint = v.s; }, "differs: latest names the newest checkpoint"});
+       "Continue from a checkpoint directory, or latest (the newest in --output-dir; true, as the Trainer's "
+       "resume_from_checkpoint=True, means the same; false: no resume)",
+       0, 0, false, false, false, true, {},
+       [](R& r, const V& v) {
+         const bool yes = v.s == "true" || v.s == "True", no = v.s == "false" || v.s == "False";
+         r.train.resume_from_checkpoint = yes ? "latest" : no ? "" : v.s;
+       },
+       "same (a path, or true for the newest); latest names the newest too"});
   add({"disable-tqdm", {}, OptType::Bool, kTrain, "false", "No progress bar on a terminal", 0, 0, false, false, false,
        false, {}, [](R& r, const V& v) { r.train.disable_progress_bar = v.b; }, "same"});
   // ---- anatomy's own ----

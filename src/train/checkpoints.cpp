@@ -349,8 +349,8 @@ void rotate_checkpoints(const std::string& output_dir, int64_t limit, const std:
   std::sort(complete.begin(), complete.end());
   if (!keep.empty()) {
     const auto best = std::find_if(complete.begin(), complete.end(), [&](const auto& c) {
-      std::error_code eq;
-      return fs::equivalent(c.second, keep, eq);
+      std::error_code eq;  // the best is one of output_dir's own: its name identifies it
+      return c.second.filename() == fs::path(keep).filename() || fs::equivalent(c.second, keep, eq);
     });
     if (best != complete.end()) {
       complete.erase(best);
@@ -360,7 +360,7 @@ void rotate_checkpoints(const std::string& output_dir, int64_t limit, const std:
   for (size_t i = 0; i + static_cast<size_t>(limit) < complete.size(); ++i) remove_via_trash(complete[i].second);
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& output_dir) {
+std::optional<std::string> latest_checkpoint(const std::string& output_dir, std::vector<std::string>* skipped) {
   std::error_code ec;
   if (!fs::is_directory(output_dir, ec)) return std::nullopt;
   std::vector<std::pair<int64_t, fs::path>> found;
@@ -371,15 +371,22 @@ std::optional<std::string> latest_checkpoint(const std::string& output_dir) {
     if (step && rest.empty() && e.is_directory(dir_ec)) found.emplace_back(*step, e.path());
   }
   std::sort(found.rbegin(), found.rend());
-  for (const auto& [step, path] : found)  // incomplete or damaged: fall back to the next older one
-    if (checkpoint_problem(path, step).empty()) return path.string();
+  for (const auto& [step, path] : found) {  // incomplete or damaged: fall back to the next older one
+    const std::string problem = checkpoint_problem(path, step);
+    if (problem.empty()) return path.string();
+    if (skipped) skipped->push_back(str_cat(path.filename().string(), " (", problem, ")"));
+  }
   return std::nullopt;
 }
 
-std::string resolve_resume_path(const std::string& arg, const std::string& output_dir) {
+std::string resolve_resume_path(const std::string& arg, const std::string& output_dir, std::vector<std::string>* skipped) {
   if (arg == "latest") {
-    std::optional<std::string> p = latest_checkpoint(output_dir);
-    ANATOMY_CHECK(p, "--resume-from-checkpoint latest: no complete checkpoint in ", output_dir);
+    std::vector<std::string> passed;
+    std::optional<std::string> p = latest_checkpoint(output_dir, &passed);
+    std::string why;
+    for (const std::string& s : passed) why += (why.empty() ? "; passed over " : ", ") + s;
+    ANATOMY_CHECK(p, "--resume-from-checkpoint latest: no complete checkpoint in ", output_dir, why);
+    if (skipped) *skipped = std::move(passed);
     return *p;
   }
   ANATOMY_CHECK(!arg.empty() && fs::is_directory(arg), "--resume-from-checkpoint ", arg, ": not a directory");

@@ -72,12 +72,14 @@ void rotate_checkpoints(const std::string& output_dir, int64_t limit, const std:
 
 // The complete checkpoint of output_dir with the highest step (numeric: 10 beats 9), or nullopt.
 // Complete: trainer_state.json parses, names the step of the directory's name, and every file it
-// lists is there with its recorded size.
-std::optional<std::string> latest_checkpoint(const std::string& output_dir);
+// lists is there with its recorded size. `skipped`: the newer ones passed over, with why.
+std::optional<std::string> latest_checkpoint(const std::string& output_dir, std::vector<std::string>* skipped = nullptr);
 
-// --resume-from-checkpoint: "latest" is latest_checkpoint(output_dir); anything else must be a
-// complete checkpoint directory. Errors name the flag (and the path).
-std::string resolve_resume_path(const std::string& arg, const std::string& output_dir);
+// --resume-from-checkpoint: "latest" is latest_checkpoint(output_dir) (the newer checkpoints it
+// passed over, with why, into `skipped`); anything else must be a complete checkpoint directory.
+// Errors name the flag (and the path).
+std::string resolve_resume_path(const std::string& arg, const std::string& output_dir,
+                                std::vector<std::string>* skipped = nullptr);
 
 // Loads a checkpoint into the model's master weights (and its compute copy) and the optimizer's
 // state and step count; returns the trainer's JSON. Everything is read and checked first (sizes,

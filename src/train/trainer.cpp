@@ -178,7 +178,12 @@ void RankRun::setup() {
   ANATOMY_CHECK(m_opt.eval_strategy == Cadence::No || m_data->validation, "--eval-strategy ", cadence_name(m_opt.eval_strategy),
                 " needs validation data: --validation-file or --validation-split");
   std::string resume_dir;
-  if (!m_opt.resume_from_checkpoint.empty()) resume_dir = resolve_resume_path(m_opt.resume_from_checkpoint, m_opt.output_dir);
+  if (!m_opt.resume_from_checkpoint.empty()) {
+    std::vector<std::string> skipped;
+    resume_dir = resolve_resume_path(m_opt.resume_from_checkpoint, m_opt.output_dir, &skipped);
+    for (const std::string& s : skipped)
+      if (m_lead) std::fprintf(stderr, "anatomy: warning: passing over %s, not a complete checkpoint\n", s.c_str());
+  }
   const int N = m_comm.size();
   const int zero = N > 1 ? m_opt.zero_stage : 0;
   if (zero >= 1) Optimizer::range_state_bytes(m_opt.optim.kind, 0);  // refuses, naming --optim, what cannot be sharded
@@ -252,7 +257,10 @@ void RankRun::resume(const std::string& dir) {
   m_window_samples = st.at("window_samples").get<int64_t>();
   m_step->scaler().scale = st.at("loss_scale").get<float>();
   m_step->scaler().clean = st.at("loss_scale_clean_steps").get<int64_t>();
+  // The best checkpoint is one of this output directory's, whatever path the run that saved it
+  // named the directory by (relative to another working directory, or since moved).
   m_best_ckpt = st.value("best_model_checkpoint", std::string());
+  if (!m_best_ckpt.empty()) m_best_ckpt = (fs::path(m_opt.output_dir) / fs::path(m_best_ckpt).filename()).string();
   m_best_metric = st.value("best_metric", 0.0);
   if (m_lead)
     std::fprintf(stderr, "anatomy: resumed from %s at step %lld of %lld\n", dir.c_str(), static_cast<long long>(m_start_step),

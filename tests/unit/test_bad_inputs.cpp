@@ -437,6 +437,35 @@ TEST(BadInputsEval, OutputUnderAFileIsRefusedBeforeEvaluating) {
   EXPECT_EQ(r.output.find("eval_loss"), std::string::npos) << r.output;  // nothing was evaluated
 }
 
+// A run's best checkpoint is recorded as the path the run named its directory by; resumed from
+// another working directory (or after a move), that path named nothing, rotation deleted the
+// best checkpoint, and loading it at the end failed. It is one of --output-dir's own.
+TEST(Resume, TheBestCheckpointIsTheOutputDirectorysOwn) {
+  const std::string dir = anatomy::testing_cli::fresh_dir("anatomy_resume_best_moved");
+  copy_text(dir);
+  const std::string args = kTrain + "--train-file {dir}/s.jsonl --validation-file {dir}/s.jsonl --tokenizer " + kTok +
+                           " --learning-rate 0 --eval-strategy steps --eval-steps 1 --save-strategy steps --save-steps 1"
+                           " --save-total-limit 1 --load-best-model-at-end --output-dir {dir}/run";
+  const CmdResult first = run(expand(args + " --max-steps 3", dir));
+  ASSERT_EQ(first.status, 0) << first.output;
+  // Without learning, every evaluation ties and the first stays the best.
+  const std::string state = dir + "/run/checkpoint-3/trainer_state.json";
+  nlohmann::json st = nlohmann::json::parse(slurp(state));
+  ASSERT_EQ(st["trainer"]["best_model_checkpoint"], dir + "/run/checkpoint-1");
+  st["trainer"]["best_model_checkpoint"] = "elsewhere/checkpoint-1";
+  spit(state, st.dump());
+  // Passed over with a warning that says why: a newer checkpoint that is not complete.
+  fs::create_directory(dir + "/run/checkpoint-9");
+  const CmdResult resumed = run(expand(args + " --max-steps 5 --resume-from-checkpoint true", dir));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("anatomy: warning: passing over checkpoint-9 ("), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + dir + "/run/checkpoint-3"), std::string::npos) << resumed.output;
+  EXPECT_TRUE(fs::exists(dir + "/run/checkpoint-1/model.safetensors"));
+  const nlohmann::json res = nlohmann::json::parse(slurp(dir + "/run/train_results.json"));
+  EXPECT_EQ(res["best_model_checkpoint"], dir + "/run/checkpoint-1");
+  EXPECT_EQ(slurp(dir + "/run/checkpoint-1/model.safetensors"), slurp(dir + "/run/model.safetensors"));
+}
+
 TEST_P(BadInputs, RefusedCleanly) {
   const Case& c = GetParam();
   const std::string dir = anatomy::testing_cli::fresh_dir(std::string("anatomy_bad_") + c.name);
