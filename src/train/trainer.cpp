@@ -115,14 +115,24 @@ class RankRun {
 
   TrainResult run() {
     setup();
-    if (loop()) finish();
+    // Note [stopping cleanly] (train/signals.h): held through the end as well, so that a SIGINT
+    // or SIGTERM after the last step lets the final save and results finish (at any world size:
+    // a launcher forwards the signal to every rank) instead of killing a rank half way.
+    StopSignals stop;
+    if (loop(stop)) {
+      if (m_opt.sigterm_at_end && m_lead) ::raise(SIGTERM);
+      finish();
+      if (m_lead && stop.pending())
+        std::fprintf(stderr, "anatomy: %s arrived after the last step; the run's files were written in full\n",
+                     stop.pending() == SIGINT ? "SIGINT" : "SIGTERM");
+    }
     return m_res;
   }
 
  private:
   void setup();
   void resume(const std::string& dir);
-  bool loop();  // false: stopped by a signal, the checkpoint saved
+  bool loop(const StopSignals& stop);  // false: stopped by a signal, the checkpoint saved
   void finish();
   void evaluate_now(int64_t step);
   void tune_gemms();
@@ -380,8 +390,7 @@ void RankRun::account(int64_t done, const StepOutcome& s, const TrainStep::Launc
   }
 }
 
-bool RankRun::loop() {
-  StopSignals stop;
+bool RankRun::loop(const StopSignals& stop) {
   Prefetcher loader(*m_data->train, *m_batches, m_sched.first_of_step(m_start_step), m_sched.first_of_step(m_total_steps), m_opt.prefetch,
                     m_comm.rank(), per_rank());
   NvmlSampler sampler(process_nvml(), (fs::path(m_opt.output_dir) / "nvml.jsonl").string(), 0.1, m_dev.nvml_index);

@@ -369,6 +369,28 @@ TEST(TrainRanks, SteadyThroughputLeavesOutTheEvaluationsBetweenSteps) {
 // A SIGTERM (on the last rank only) pending from step 3's launch: read one step at a time, the run
 // stops after step 3; with step 4 launched behind step 3, it stops after step 4, whose weights its
 // checkpoint holds. Either way, resuming ends where the uninterrupted run ends.
+// A SIGTERM after the last step (a launcher forwarding one while the final model is written) let
+// the final save be killed half way at 2 ranks; the handler now lasts through the end, whose
+// files are written in full, on every rank.
+TEST(TrainRanks, ASignalDuringTheFinalSaveLetsItFinish) {
+  const std::string model = dropout_free_model("end_signal_model");
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(std::to_string(world) + " ranks");
+    TrainOptions o = options("cpu", model, str_cat("end_signal", world), world, 4 / world, 1);
+    o.threads = world;
+    o.save_model = true;
+    TrainOptions plain = o;
+    plain.output_dir = fresh_dir(str_cat("end_signal_plain", world));
+    o.sigterm_at_end = true;
+    const TrainResult r = train(o);
+    EXPECT_FALSE(r.interrupted);
+    EXPECT_EQ(r.steps, o.max_steps);
+    train(plain);
+    EXPECT_TRUE(fs::exists(fs::path(o.output_dir) / "train_results.json"));
+    EXPECT_EQ(max_abs_diff(saved_weights(plain.output_dir), saved_weights(o.output_dir)), 0.0);
+  }
+}
+
 TEST(TrainRanks, AStopAgreedWithAStepInFlightEndsAfterThatStep) {
   const std::string model = dropout_free_model("ahead_stop_model");
   for (int world : {1, 2}) {
