@@ -60,6 +60,24 @@ void check_rank(const LaunchEnv& e, const char* rank_var, const char* size_var, 
                 "=", e.world_size);
 }
 
+// Variables of another launch left in the environment (a shell started by torchrun, a pod that
+// sets RANK and WORLD_SIZE) would make each of N processes a world of one, training alone, and
+// all writing the same files: refused when the chosen launcher's world is one while another
+// launcher's variables say more (mpirun within a one-task srun step has a larger world: kept).
+void refuse_stale_launch(const Env& env, const LaunchEnv& e) {
+  if (e.world_size != 1) return;
+  const std::pair<const char*, const char*> sizes[] = {
+      {"torchrun", "WORLD_SIZE"}, {"mpirun", "OMPI_COMM_WORLD_SIZE"}, {"srun", "SLURM_STEP_NUM_TASKS"}};
+  for (const auto& [launcher, var] : sizes) {
+    const std::string* v = find(env, var);
+    if (launcher == e.launcher || !v || std::atoi(v->c_str()) <= 1) continue;
+    fail(e.launcher, "'s variables say a world of 1 but ", var, "=", *v, " (", launcher,
+         "'s) says more: variables of an earlier launch are left in the environment; unset the ", e.launcher,
+         " ones (", e.launcher == "torchrun" ? "RANK, WORLD_SIZE" : e.launcher == "mpirun" ? "OMPI_COMM_WORLD_*" : "SLURM_*",
+         ") or launch with ", launcher, " alone");
+  }
+}
+
 }  // namespace
 
 LaunchEnv detect_launch(const Env& env) {
@@ -94,6 +112,8 @@ LaunchEnv detect_launch(const Env& env) {
   } else {
     return e;  // not launched: a group of one, no rendezvous
   }
+  refuse_stale_launch(env, e);
+  if (e.world_size == 1) return LaunchEnv{};  // a group of one needs no rendezvous (nor MASTER_ADDR)
 
   if (const std::string* a = find(env, "MASTER_ADDR"); a && !a->empty()) {
     e.master_addr = *a;
@@ -105,9 +125,10 @@ LaunchEnv detect_launch(const Env& env) {
     fail("MASTER_ADDR is not set (", e.launcher, " rank ", e.rank, " needs rank 0's address: ", addr_hint,
          e.launcher == "mpirun" ? ", e.g. mpirun -x MASTER_ADDR=host -x MASTER_PORT=29500)" : ")");
   }
-  // srun without MASTER_PORT: a port every task of the job derives alike (Note [bootstrap port]).
+  // srun without MASTER_PORT: a port every task of the step derives alike (Note [bootstrap port]);
+  // the step id too, so that steps of one job run side by side (a sweep) do not meet.
   if (e.launcher == "srun" && !find(env, "MASTER_PORT"))
-    e.master_port = 20000 + int_var_or(env, "SLURM_JOB_ID", 0, 0) % 10000;
+    e.master_port = 20000 + (int_var_or(env, "SLURM_JOB_ID", 0, 0) % 10000 + 7919 * int_var_or(env, "SLURM_STEP_ID", 0, 0)) % 10000;
   else
     e.master_port = int_var(env, "MASTER_PORT", 1, "rank 0's port, the same on every rank");
   ANATOMY_CHECK(e.master_port <= 65535, "MASTER_PORT=", e.master_port, " is not a TCP port");

@@ -75,8 +75,48 @@ TEST(Launch, SrunTakesTheFirstHostOfTheNodeList) {
   EXPECT_EQ(e.local_world_size, 2);
   EXPECT_EQ(e.master_addr, "gpu07");
   EXPECT_EQ(e.master_port, 20000 + 123456 % 10000);
-  EXPECT_EQ(detect_launch(Env{{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}, {"SLURM_JOB_NODELIST", "solo"}}).master_addr,
+  EXPECT_EQ(detect_launch(Env{{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_JOB_NODELIST", "solo"}}).master_addr,
             "solo");
+}
+
+// Two steps of one job side by side (a sweep: srun ... & srun ... &) derive different ports.
+TEST(Launch, SrunStepsOfOneJobTakeDifferentPorts) {
+  auto port = [](const std::string& step) {
+    Env env{{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_JOB_NODELIST", "n1"}, {"SLURM_JOB_ID", "4242"}};
+    if (!step.empty()) env["SLURM_STEP_ID"] = step;
+    return detect_launch(env).master_port;
+  };
+  EXPECT_EQ(port(""), 24242);
+  EXPECT_EQ(port("0"), 24242);
+  EXPECT_NE(port("1"), port("0"));
+  EXPECT_NE(port("2"), port("1"));
+  for (const std::string& s : {"1", "2", "3", "40"}) {
+    EXPECT_GE(port(s), 20000);
+    EXPECT_LT(port(s), 30000);
+  }
+}
+
+// Another launch's variables left in the environment (a shell torchrun started, then mpirun -np
+// 3): each process would be a world of one training alone into the same files. Refused, naming
+// both; a world of one by itself needs no address.
+TEST(Launch, VariablesOfAnEarlierLaunchAreRefused) {
+  const std::string stale = error_of(Env{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"},
+                                         {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"}});
+  EXPECT_NE(stale.find("torchrun's variables say a world of 1 but OMPI_COMM_WORLD_SIZE=3 (mpirun's)"), std::string::npos)
+      << stale;
+  EXPECT_NE(stale.find("unset the torchrun ones (RANK, WORLD_SIZE)"), std::string::npos) << stale;
+  const std::string old_mpi = error_of(Env{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"},
+                                           {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}});
+  EXPECT_NE(old_mpi.find("SLURM_STEP_NUM_TASKS=2 (srun's)"), std::string::npos) << old_mpi;
+  // mpirun inside a one-task srun step: mpirun's world is the larger, and it is taken.
+  const LaunchEnv inside = detect_launch(Env{{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "3"},
+                                             {"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "1"}, {"MASTER_ADDR", "h"},
+                                             {"MASTER_PORT", "29500"}});
+  EXPECT_EQ(inside.launcher, "mpirun");
+  EXPECT_EQ(inside.world_size, 3);
+  const LaunchEnv one = detect_launch(Env{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}});
+  EXPECT_EQ(one.world_size, 1);
+  EXPECT_FALSE(one.launched());
 }
 
 // A batch script's own shell (no srun): rank 0 of the allocation's tasks, but nobody else runs.
