@@ -14,8 +14,10 @@
 #include "io/read_file.h"
 
 // Note [Two references]
-// Hugging Face has two BERT tokenizers and they disagree at the edges; each loader follows the one
-// that reads its file format (measured with transformers 5.23 and tokenizers 0.23):
+// Hugging Face has two BERT tokenizers and they disagree at the edges; a tokenizer.json follows
+// the Rust library that reads it, and so does a model directory's vocab.txt (AutoTokenizer, as
+// run_glue.py calls it, converts it to the fast tokenizer); from_vocab_txt alone follows the
+// Python BertTokenizer (measured with transformers 5.23 and tokenizers 0.23):
 //   - control characters: Python drops every C* category (so unassigned code points too),
 //     Rust drops Cc, Cf and Co (private use) and keeps unassigned ones;
 //   - whitespace in cleaning: Python maps ' ', \t, \n, \r and Zs to ' ' and splits words with
@@ -111,11 +113,11 @@ size_t count_code_points(std::string_view s) {
 // Loading
 
 WordPieceTokenizer WordPieceTokenizer::from_vocab_txt(const std::string& path, bool do_lower_case,
-                                                      std::optional<bool> strip_accents) {
+                                                      std::optional<bool> strip_accents, BertSemantics semantics) {
   const std::string data = read_file(path, "vocabulary file");
   ANATOMY_CHECK(!data.empty(), "vocabulary file '", path, "' is empty");
   WordPieceTokenizer t;
-  t.m_semantics = BertSemantics::Transformers;
+  t.m_semantics = semantics;
   t.m_norm.lowercase = do_lower_case;
   t.m_norm.strip_accents = strip_accents;
   // Python reads it in text mode: \n, \r\n and \r all end a line; an id is a line number.
@@ -170,7 +172,9 @@ WordPieceTokenizer WordPieceTokenizer::from_directory(const std::string& dir) {
     if (j.is_object() && j.contains("do_lower_case") && j["do_lower_case"].is_boolean()) lower = j["do_lower_case"].get<bool>();
     if (j.is_object() && j.contains("strip_accents") && j["strip_accents"].is_boolean()) strip = j["strip_accents"].get<bool>();
   }
-  return from_vocab_txt((d / "vocab.txt").string(), lower, strip);
+  // What AutoTokenizer gives run_glue.py (use_fast=True) for such a directory: the fast
+  // tokenizer converted from vocab.txt, with the tokenizers library's rules (Note [Two references]).
+  return from_vocab_txt((d / "vocab.txt").string(), lower, strip, BertSemantics::Tokenizers);
 }
 
 std::vector<std::string> WordPieceTokenizer::files_in(const std::string& dir) {

@@ -42,16 +42,19 @@ struct Encoding {
 
 class WordPieceTokenizer {
  public:
-  // A vocab.txt (one token a line, the line number its id) with the Python BertTokenizer's rules.
-  // strip_accents unset strips accents exactly when lower-casing.
+  // A vocab.txt (one token a line, the line number its id) with the Python BertTokenizer's rules
+  // (or the fast tokenizer's, which AutoTokenizer converts it to). strip_accents unset strips
+  // accents exactly when lower-casing.
   static WordPieceTokenizer from_vocab_txt(const std::string& path, bool do_lower_case = true,
-                                           std::optional<bool> strip_accents = std::nullopt);
+                                           std::optional<bool> strip_accents = std::nullopt,
+                                           BertSemantics semantics = BertSemantics::Transformers);
   // A tokenizer.json of the BERT kind (WordPiece model, BertNormalizer, BertPreTokenizer, and a
   // BERT post-processor) with the tokenizers library's rules. Its truncation and padding
   // sections are ignored: encode() takes them as arguments.
   static WordPieceTokenizer from_tokenizer_json(const std::string& path);
   // A Hugging Face model directory: its tokenizer.json when present, else its vocab.txt with
-  // do_lower_case / strip_accents from tokenizer_config.json (lower-casing when it says nothing).
+  // do_lower_case / strip_accents from tokenizer_config.json (lower-casing when it says nothing),
+  // read as AutoTokenizer reads it: the fast tokenizer's rules (BertSemantics::Tokenizers).
   // The error names the directory when it holds neither.
   static WordPieceTokenizer from_directory(const std::string& dir);
   // The tokenizer files of a model directory (tokenizer.json, vocab.txt, tokenizer_config.json,

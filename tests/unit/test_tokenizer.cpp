@@ -314,6 +314,23 @@ TEST(Tokenizer, LowerCasingFollowsPythonOrRust) {
   EXPECT_EQ(variant("fast_uncased").tokenize("İstanbul"), (std::vector<std::string>{"istanbul"}));
 }
 
+// A model directory with only vocab.txt is read as AutoTokenizer (run_glue.py's use_fast=True)
+// reads it: converted to the fast tokenizer, so with the tokenizers library's rules, as its
+// tokenizer.json would be (the Python rules truncated pairs and lowered Greek otherwise).
+TEST(Tokenizer, AVocabTxtDirectoryFollowsTheFastTokenizer) {
+  const std::string dir = (scratch().dir / "vocab_only").string();
+  fs::create_directories(dir);
+  fs::copy_file(kVocab, dir + "/vocab.txt", fs::copy_options::overwrite_existing);
+  scratch().write("vocab_only/tokenizer_config.json", R"({"do_lower_case": true})");
+  const WordPieceTokenizer t = WordPieceTokenizer::from_directory(dir);
+  EXPECT_EQ(t.semantics(), BertSemantics::Tokenizers);
+  const std::string a = "one two three four five six seven eight", b = "alpha beta gamma delta epsilon zeta eta theta";
+  EXPECT_EQ(t.encode(a, b, 12, Truncation::LongestFirst, Padding::None).input_ids,
+            variant("fast_uncased").encode(a, b, 12, Truncation::LongestFirst, Padding::None).input_ids);
+  EXPECT_EQ(t.tokenize("ΟΔΟΣ"), variant("fast_uncased").tokenize("ΟΔΟΣ"));
+  EXPECT_NE(t.tokenize("ΟΔΟΣ"), variant("slow_uncased").tokenize("ΟΔΟΣ"));
+}
+
 TEST(Tokenizer, SpecialTokensInTextKeepTheirIds) {
   for (const char* v : {"slow_uncased", "fast_uncased"}) {
     EXPECT_EQ(variant(v).tokenize("hello [SEP] world[MASK]x [cls]"),
