@@ -1,6 +1,8 @@
 #include "train/setup.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -66,6 +68,20 @@ std::string previous_run_in(const fs::path& dir) {
   return "";
 }
 
+// The temporary files of an atomic write (io/atomic_file.h: <name>.tmp-XXXXXX beside the file)
+// that a killed run left behind.
+void remove_atomic_leftovers(const fs::path& dir) {
+  std::error_code ec;
+  std::vector<fs::path> left;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.rfind(".tmp-");
+    std::error_code fe;
+    if (at != std::string::npos && at > 0 && name.size() == at + 11 && e.is_regular_file(fe)) left.push_back(e.path());
+  }
+  for (const fs::path& p : left) fs::remove(p, ec);
+}
+
 }  // namespace
 
 void check_output_dir(const TrainOptions& opt) {
@@ -99,8 +115,16 @@ void OutputDir::claim() {
     for (const fs::path& p : old) fs::remove_all(p, ec);
   }
   rotate_checkpoints(m_opt.output_dir, 0);  // clears the staging leftovers of a killed run; keeps every checkpoint
+  remove_atomic_leftovers(dir);
   const fs::path metrics = dir / "metrics.jsonl";
-  if (!m_opt.report_jsonl) return;  // --report-to none: no metrics.jsonl
+  if (!m_opt.report_jsonl) {  // --report-to none: no metrics.jsonl; the directory is still written to
+    const fs::path probe = dir / ".anatomy-write-check";
+    const bool ok = static_cast<bool>(std::ofstream(probe));
+    const int err = errno;
+    fs::remove(probe, ec);
+    ANATOMY_CHECK(ok, m_opt.output_dir, ": cannot write in the output directory: ", std::strerror(err));
+    return;
+  }
   if (m_start_step > 0) {  // the lines up to the checkpoint's step, then the new ones
     std::ifstream in(metrics);
     std::string line, kept;
@@ -114,11 +138,15 @@ void OutputDir::claim() {
     write_file_atomic(metrics.string(), kept);
   }
   m_metrics = std::make_unique<std::ofstream>(metrics, m_start_step > 0 ? std::ios::app : std::ios::trunc);
+  ANATOMY_CHECK(*m_metrics, metrics.string(), ": cannot be written: ", std::strerror(errno));
 }
 
 void OutputDir::append_metrics(const std::string& json_line) {
   claim();
-  if (m_metrics) *m_metrics << json_line << "\n" << std::flush;
+  if (!m_metrics) return;
+  *m_metrics << json_line << "\n" << std::flush;
+  ANATOMY_CHECK(*m_metrics, (fs::path(m_opt.output_dir) / "metrics.jsonl").string(),
+                ": write failed (is the disk full?); the run stops rather than lose its log");
 }
 
 int64_t choose_micro_batch(const TrainOptions& opt, const BertConfig& cfg, const TrainDevice& dev, Communicator& comm) {

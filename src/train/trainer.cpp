@@ -415,10 +415,8 @@ bool RankRun::loop(const StopSignals& stop) {
     si.planned_bytes = m_plan.total();
     si.has_test = m_data->test != nullptr;
     m_log->startup(si);
-    if (m_dev.cuda) {
-      m_out->claim();
-      sampler.start();
-    }
+    m_out->claim();  // before the first step: an output directory that cannot be written ends the run now
+    if (m_dev.cuda) sampler.start();
   }
   if (m_dev.cuda) {
     m_dev.backend->synchronize();

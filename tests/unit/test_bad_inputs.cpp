@@ -194,6 +194,15 @@ const std::vector<Case> kCases = {
     {"DirectoryTrainFile", [](const std::string& d) { fs::create_directory(d + "/t.jsonl"); },
      kTrain + "--train-file {dir}/t.jsonl --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out", 2,
      {"--train-file {dir}/t.jsonl", "not a regular file"}, {}},
+    // The output directory's metrics.jsonl cannot be written: said before the first step, not
+    // ignored until the end's writes fail.
+    {"MetricsFileUnwritable",
+     [](const std::string& d) {
+       copy_text(d);
+       fs::create_directories(d + "/out/metrics.jsonl");
+     },
+     kTrain + "--train-file {dir}/s.jsonl --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out", 2,
+     {"{dir}/out/metrics.jsonl: cannot be written"}, {}},
     // One class (a small debug subset) made a head of one output, read as regression: it crashed.
     {"OneClassTrainFile", [](const std::string& d) { spit(d + "/one.csv", "text,label\nhello,pos\nworld,pos\n"); },
      kTrain + "--train-file {dir}/one.csv --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out", 2,

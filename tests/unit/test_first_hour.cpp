@@ -365,6 +365,21 @@ const std::vector<Case> kCases = {
        EXPECT_TRUE(fs::exists(d + "/new/out/predict_results.txt"));
        EXPECT_FALSE(fs::exists(d + "/new/out/model.safetensors"));
      }},
+    // A killed run's atomic-write temporaries (model.safetensors.tmp-XXXXXX) go with the next run.
+    {"LeftoversOfAKilledSaveAreRemoved",
+     [](const std::string& d) {
+       kGluePairCsv(d);
+       fs::create_directories(d + "/out");
+       spit(d + "/out/model.safetensors.tmp-Ab12Cd", "half");
+       spit(d + "/out/notes.tmp-keep.txt", "mine");
+     },
+     kTiny + "--train_file {dir}/p.csv --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out",
+     0, {}, {},
+     [](const std::string& d) {
+       EXPECT_FALSE(fs::exists(d + "/out/model.safetensors.tmp-Ab12Cd"));
+       EXPECT_TRUE(fs::exists(d + "/out/notes.tmp-keep.txt"));  // not an atomic write's name
+       EXPECT_TRUE(fs::exists(d + "/out/model.safetensors"));
+     }},
     // Ratings 1..5: run_glue.py maps the sorted distinct labels to 0..4, a head of five classes
     // named by the ratings, and predicts the ratings.
     {"StarRatingsMakeFiveClassesAsRunGlueMapsThem", kStarRatings,
