@@ -205,7 +205,10 @@ std::vector<OptionSpec> build() {
        [](R& r, const V& v) { r.train.optim.beta2 = static_cast<float>(v.d); }, "same"});
   add({"adam-epsilon", {}, OptType::Float, kTrainPlan, "1e-08", "AdamW epsilon", 0, 1, true, false, false, false, {},
        [](R& r, const V& v) { r.train.optim.eps = static_cast<float>(v.d); }, "same"});
-  add({"sgd-momentum", {}, OptType::Float, kTrainPlan, "0.9", "SGD momentum", 0, 1, false, true, false, false, {},
+  add({"sgd-momentum", {}, OptType::Float, kTrainPlan, "0",
+       "SGD momentum: 0 (torch.optim.SGD's default, the Trainer's --optim sgd) keeps no momentum buffer; "
+       "0.9 keeps one (4 bytes/param)",
+       0, 1, false, true, false, false, {},
        [](R& r, const V& v) { r.train.optim.momentum = static_cast<float>(v.d); }});
   add({"lr-scheduler-type", {}, OptType::Choice, kTrainPlan, "linear", "Learning-rate schedule after the warm-up", 0, 0,
        false, false, false, false,

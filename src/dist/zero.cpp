@@ -9,9 +9,10 @@
 
 namespace anatomy {
 
-size_t zero_optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout, int world, int stage, int rank) {
-  if (stage == 0 || world == 1) return optimizer_state_bytes(k, layout);
-  return Optimizer::range_state_bytes(k, shard_ranges(layout.total(), world)[static_cast<size_t>(rank)].size());
+size_t zero_optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout, int world, int stage, int rank,
+                                  bool sgd_momentum) {
+  if (stage == 0 || world == 1) return optimizer_state_bytes(k, layout, sgd_momentum);
+  return Optimizer::range_state_bytes(k, shard_ranges(layout.total(), world)[static_cast<size_t>(rank)].size(), sgd_momentum);
 }
 
 size_t zero_gradient_shard_bytes(const ParamLayout& layout, int world, int stage, int64_t accumulation, int rank) {

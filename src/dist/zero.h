@@ -61,7 +61,8 @@ class EncoderModel;
 class ParamLayout;
 
 // Bytes of optimizer state rank `rank` holds.
-size_t zero_optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout, int world, int stage, int rank = 0);
+size_t zero_optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout, int world, int stage, int rank = 0,
+                                  bool sgd_momentum = false);
 // Bytes of the gradient shard buffer rank `rank` holds (ZeRO-2 with accumulation; else 0).
 size_t zero_gradient_shard_bytes(const ParamLayout& layout, int world, int stage, int64_t accumulation, int rank = 0);
 

@@ -87,7 +87,7 @@ MemoryPlan plan_categories(const PlanInput& in) {
   if (s.training) {
     p.bytes[Category::Gradients] = 4 * n;  // the full gradients (one micro-batch's, under ZeRO-2)
     p.bytes[Category::OptimizerState] =
-        static_cast<int64_t>(zero_optimizer_state_bytes(in.optimizer, lay, in.world_size, in.zero_stage, in.rank) +
+        static_cast<int64_t>(zero_optimizer_state_bytes(in.optimizer, lay, in.world_size, in.zero_stage, in.rank, in.sgd_momentum) +
                              fp8_meta_bytes(c, s));
   }
   const ArenaBytes a = model_arena_bytes(c, s);
@@ -235,6 +235,7 @@ std::vector<Lever> levers_that_fit(const PlanInput& in, int64_t capacity, int64_
     t.optimizer = OptimizerKind::AdamW8bit;
     consider(t, "--optim adamw-8bit");
     t.optimizer = OptimizerKind::Sgd;
+    t.sgd_momentum = false;
     consider(t, "--optim sgd");
   }
   if (in.shape.compute == DType::F32) {

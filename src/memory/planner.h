@@ -22,6 +22,7 @@ struct PlanInput {
   int rank = 0;                         // whose shard: the last rank's may be smaller
   int64_t accumulation = 1;             // micro-batches per step (ZeRO-2's gradient shard buffer)
   std::string config_source = "config.json";  // where `config` came from, for errors ("--preset bert-large")
+  bool sgd_momentum = false;                  // --optim sgd with momentum: a momentum buffer
 };
 
 struct MemoryPlan {

@@ -27,11 +27,11 @@ const char* optimizer_name(OptimizerKind k) {
   return "?";
 }
 
-size_t optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout) {
+size_t optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout, bool sgd_momentum) {
   const size_t n = layout.total();
   switch (k) {
-    case OptimizerKind::AdamW: return 8 * n;  // two F32 moments
-    case OptimizerKind::Sgd: return 4 * n;    // one F32 momentum buffer
+    case OptimizerKind::AdamW: return 8 * n;                     // two F32 moments
+    case OptimizerKind::Sgd: return sgd_momentum ? 4 * n : 0;    // one F32 momentum buffer, with momentum
     case OptimizerKind::AdamW8bit: return adamw8bit_state_bytes(layout);
     case OptimizerKind::Adafactor: return adafactor_state_bytes(layout);
   }
@@ -78,8 +78,9 @@ class AdamW final : public Optimizer {
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(Backend& be, const OptimizerOptions& o, size_t n)
-      : m_be(be), m_opt(o), m_buf(be.allocator(), DType::F32, {static_cast<int64_t>(n)}, Category::OptimizerState) {
+  Sgd(Backend& be, const OptimizerOptions& o, size_t n) : m_be(be), m_opt(o) {
+    if (o.momentum == 0.0f) return;  // plain SGD keeps no state
+    m_buf = Buffer(be.allocator(), DType::F32, {static_cast<int64_t>(n)}, Category::OptimizerState);
     be.fill(m_buf, 0.0f);
   }
   void step(const ParamGroups& p, const GradTransform& g, float lr) override {
@@ -91,7 +92,10 @@ class Sgd final : public Optimizer {
     args.weight_decay = 0.0f;
     if (w.b.numel()) m_be.sgd_update(w.b, b.b, h.b, gr.b, g, args);
   }
-  std::vector<std::pair<std::string, Tensor>> state() override { return {{"momentum_buffer", m_buf}}; }
+  std::vector<std::pair<std::string, Tensor>> state() override {
+    if (m_opt.momentum == 0.0f) return {};
+    return {{"momentum_buffer", m_buf}};
+  }
 
  private:
   Backend& m_be;
@@ -124,10 +128,10 @@ std::unique_ptr<Optimizer> Optimizer::create_for_range(Backend& be, const Optimi
   return opt;
 }
 
-size_t Optimizer::range_state_bytes(OptimizerKind k, size_t n) {
+size_t Optimizer::range_state_bytes(OptimizerKind k, size_t n, bool sgd_momentum) {
   ANATOMY_CHECK(k == OptimizerKind::AdamW || k == OptimizerKind::Sgd, "--optim ", optimizer_name(k),
                 ": --zero-stage 1 shards element-wise optimizer state only (adamw or sgd)");
-  return (k == OptimizerKind::AdamW ? 8 : 4) * n;
+  return (k == OptimizerKind::AdamW ? 8 : sgd_momentum ? 4 : 0) * n;
 }
 
 Schedule parse_schedule(const std::string& s) {

@@ -17,15 +17,16 @@ enum class OptimizerKind : uint8_t { AdamW, Sgd, AdamW8bit, Adafactor };
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::AdamW;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // AdamW and 8-bit AdamW (the Trainer's defaults)
-  float momentum = 0.9f;                             // SGD
+  float momentum = 0.0f;  // SGD: torch.optim.SGD's default, as the Trainer's --optim sgd (0: no momentum buffer)
   float weight_decay = 0.0f;
 };
 
 OptimizerKind parse_optimizer(const std::string& s);  // throws naming --optim
 const char* optimizer_name(OptimizerKind k);
 // Bytes the optimizer allocates (all Category::OptimizerState) for a model's flat parameter
-// layout: the planner's arithmetic, exactly what Optimizer::create allocates.
-size_t optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout);
+// layout: the planner's arithmetic, exactly what Optimizer::create allocates. SGD keeps a
+// momentum buffer only with momentum (`sgd_momentum`), as torch.optim.SGD does.
+size_t optimizer_state_bytes(OptimizerKind k, const ParamLayout& layout, bool sgd_momentum = false);
 
 // The parameters an update touches: F32 masters and gradients, the optional half copy, and
 // where the weight-decay group ends.
@@ -49,7 +50,7 @@ class Optimizer {
   // State for `n` elements of any flat range (a ZeRO shard): the element-wise optimizers only
   // (AdamW, SGD); throws naming --optim for the others, whose state follows parameter shapes.
   static std::unique_ptr<Optimizer> create_for_range(Backend& be, const OptimizerOptions& o, size_t n);
-  static size_t range_state_bytes(OptimizerKind k, size_t n);
+  static size_t range_state_bytes(OptimizerKind k, size_t n, bool sgd_momentum = false);
 
  protected:
   int64_t m_steps = 0;

@@ -47,7 +47,7 @@ PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch
   const char* last = std::getenv("ANATOMY_LAST_LAYER");
   shape.last_layer_first_tokens = !(last && std::string(last) == "all");
   return PlanInput{cfg,  shape, o.optim.kind, device, world, zero, rank, o.gradient_accumulation_steps,
-                   o.model_name_or_path.empty() ? "--preset " + o.preset : "config.json"};
+                   o.model_name_or_path.empty() ? "--preset " + o.preset : "config.json", o.optim.momentum != 0.0f};
 }
 
 void TrainOptions::validate() const {

@@ -61,13 +61,14 @@ nlohmann::json run_fingerprint(const TrainOptions& o, int64_t global_batch) {
           {"--validation-split", o.validation_split},
           {"--group-by-length", o.group_by_length}};
   if (o.precision == Precision::Fp8) fp["--fp8-format"] = fp8_format_name(o.fp8_grads);
+  if (o.optim.kind == OptimizerKind::Sgd) fp["--sgd-momentum"] = o.optim.momentum;
   return fp;
 }
 
 // Fingerprint flags added after checkpoints already existed: the value a checkpoint without the
 // flag ran with.
 const nlohmann::json& fingerprint_defaults() {
-  static const nlohmann::json d = {{"--fp8-format", "hybrid"}};
+  static const nlohmann::json d = {{"--fp8-format", "hybrid"}, {"--sgd-momentum", 0.9f}};  // SGD's default until 2026-11-29
   return d;
 }
 

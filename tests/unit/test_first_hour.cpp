@@ -509,6 +509,11 @@ const std::vector<Case> kCases = {
      "plan --device cpu --model-name-or-path " + std::string(ANATOMY_SOURCE_DIR) +
          "/tests/fixtures/models/distilbert --model_revision main",
      0, {"Memory plan: ", "total"}, {"not an option of `anatomy plan`"}},
+    // --optim sgd is torch.optim.SGD as the Trainer builds it: no momentum, so no state.
+    {"PlainSgdKeepsNoOptimizerState", [](const std::string&) {}, "plan --device cpu --optim sgd", 0,
+     {"optimizer_state           0.0 MiB"}},
+    {"SgdWithMomentumKeepsItsBuffer", [](const std::string&) {}, "plan --device cpu --optim sgd --sgd-momentum 0.9", 0,
+     {"optimizer_state          16.7 MiB     4.00 bytes/param"}},
     {"PlanOnCpuNamesTheDevice", [](const std::string&) {}, "plan --device cpu", 0,
      {"Planning for the CPU (--device cpu)", "bert-tiny, batch 8 x seq 128"}},
     {"PlanRefusesACpuWithAGpuSize", [](const std::string&) {}, "plan --device cpu --gpu-memory 80GB", 2,

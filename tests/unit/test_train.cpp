@@ -54,9 +54,13 @@ TrainOptions learnable(const std::string& out, int64_t steps) {
 }  // namespace
 
 TEST(Train, MemoryAnatomyMatchesTheArithmetic) {
-  for (OptimizerKind k : {OptimizerKind::AdamW, OptimizerKind::Sgd}) {
+  // AdamW; plain SGD (torch.optim.SGD's default: no state); SGD with momentum (a buffer).
+  for (auto [k, momentum] : {std::pair{OptimizerKind::AdamW, 0.0f}, std::pair{OptimizerKind::Sgd, 0.0f},
+                             std::pair{OptimizerKind::Sgd, 0.9f}}) {
+    SCOPED_TRACE(str_cat(optimizer_name(k), " momentum ", momentum));
     TrainOptions o = tiny("anatomy_mem");
     o.optim.kind = k;
+    o.optim.momentum = momentum;
     o.max_steps = 1;
     TrainResult r = train(o);
     const int64_t n = r.num_parameters;
@@ -65,13 +69,15 @@ TEST(Train, MemoryAnatomyMatchesTheArithmetic) {
     // No padding in the flat layout for this config: the table is exact bytes per parameter.
     EXPECT_EQ(r.peak_bytes[Category::Weights], 4 * n);
     EXPECT_EQ(r.peak_bytes[Category::Gradients], 4 * n);
-    EXPECT_EQ(r.peak_bytes[Category::OptimizerState], k == OptimizerKind::AdamW ? 8 * n : 4 * n);
+    EXPECT_EQ(r.peak_bytes[Category::OptimizerState], k == OptimizerKind::AdamW ? 8 * n : momentum != 0 ? 4 * n : 0);
     ModelShape s{8, 32, DType::F32, CheckpointPolicy::None, true};
     ArenaBytes a = model_arena_bytes(cfg, s);
     EXPECT_EQ(r.peak_bytes[Category::Activations], static_cast<int64_t>(a.activations));
     EXPECT_EQ(r.peak_bytes[Category::Temporary], static_cast<int64_t>(a.temporary));
     // The planner predicted every category exactly, before the run.
-    MemoryPlan plan = plan_memory({cfg, s, k, Device::CPU});
+    PlanInput in{cfg, s, k, Device::CPU};
+    in.sgd_momentum = momentum != 0;
+    MemoryPlan plan = plan_memory(in);
     for (int c = 0; c < kNumCategories; ++c)
       EXPECT_EQ(r.peak_bytes.v[c], plan.bytes.v[c]) << category_name(static_cast<Category>(c));
   }
@@ -82,13 +88,16 @@ TEST(Planner, PlansEveryPresetPrecisionOptimizerAndPolicyConsistently) {
     BertConfig cfg = BertConfig::preset(preset);
     const int64_t n = cfg.num_parameters();
     for (DType dt : {DType::F32, DType::BF16})
-      for (OptimizerKind k : {OptimizerKind::AdamW, OptimizerKind::Sgd})
+      for (auto [k, momentum] : {std::pair{OptimizerKind::AdamW, false}, std::pair{OptimizerKind::Sgd, false},
+                                 std::pair{OptimizerKind::Sgd, true}})
         for (CheckpointPolicy pol : {CheckpointPolicy::None, CheckpointPolicy::Layer, CheckpointPolicy::Selective}) {
-          MemoryPlan p = plan_memory({cfg, {4, 512, dt, pol, true}, k, Device::CUDA});
+          PlanInput in{cfg, {4, 512, dt, pol, true}, k, Device::CUDA};
+          in.sgd_momentum = momentum;
+          MemoryPlan p = plan_memory(in);
           EXPECT_EQ(p.num_parameters, n);
           // 16 bytes/param in fp32 AdamW training, 18 in mixed precision (the seed page's figures).
           const int64_t static_bytes = p.bytes[Category::Weights] + p.bytes[Category::Gradients] + p.bytes[Category::OptimizerState];
-          const int64_t per_param = (dt == DType::F32 ? 8 : 10) + (k == OptimizerKind::AdamW ? 8 : 4);
+          const int64_t per_param = (dt == DType::F32 ? 8 : 10) + (k == OptimizerKind::AdamW ? 8 : momentum ? 4 : 0);
           EXPECT_EQ(static_bytes, per_param * n) << preset;
           EXPECT_GT(p.bytes[Category::Activations], 0);
         }
