@@ -396,7 +396,8 @@ int run_command(int argc, char** argv) {
       return 0;
     }
   cli::RunArgs a = cli::parse_args(cmd, rest);
-  if (!a.notes.empty()) {  // once per job: rank 0, or a process no launcher started
+  auto print_notes = [&] {
+    if (a.notes.empty()) return;  // once per job: rank 0, or a process no launcher started
     int rank = 0;
     try {
       rank = detect_launch().rank;
@@ -404,15 +405,19 @@ int run_command(int argc, char** argv) {
     }
     if (rank == 0)
       for (const std::string& n : a.notes) std::fprintf(stderr, "anatomy: %s\n", n.c_str());
-  }
+  };
   // A Hub name becomes its directory in the local Hugging Face cache, downloaded there when
   // missing (io/hub.h); before any process is spawned, so that the ranks find it cached.
   if (!a.train.model_name_or_path.empty()) {
     a.train.model_name = a.train.model_name_or_path;
     a.train.model_name_or_path = resolve_model(a.train.model_name_or_path, a.revision);
   }
-  if (cmd == cli::kEval) return run_eval(eval_flags(a));
+  if (cmd == cli::kEval) {
+    print_notes();
+    return run_eval(eval_flags(a));
+  }
   TrainOptions o = cli::finish_train_args(a, cmd, cuda_available());
+  print_notes();  // with those finishing the arguments adds
   if (cmd == cli::kPlan) return run_plan(o, a.gpu_memory, cuda_available());
   o.command_line = resume_command(argc, argv);
   // One process per rank (dist/spawn.h): under a launcher (torchrun, mpirun, srun) this process

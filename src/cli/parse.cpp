@@ -114,8 +114,8 @@ Value convert(const OptionSpec& s, const std::string& raw) {
       v.s = raw;
       return v;
     case OptType::Choice: {
-      for (const auto& [spelling, meaning] : s.choices)
-        if (raw == spelling) {
+      for (const auto& [spelling, meaning] : s.choices)  // an empty list (report_to=[]) is "none"
+        if (raw == spelling || (raw.empty() && std::string_view(meaning) == "none")) {
           v.s = meaning;
           return v;
         }
@@ -200,7 +200,7 @@ std::vector<std::pair<std::string, std::string>> read_json_args(const std::strin
         s += (s.empty() ? "" : ",") + e.get<std::string>();
       }
     } else if (v.is_null()) continue;  // HfArgumentParser: null is the default
-    else usage(path, ": ", it.key(), ": expected a string, number, boolean or list");
+    else s = v.dump();  // an object (accelerator_config): the field decides, by name
     out.emplace_back(it.key(), s);
   }
   return out;

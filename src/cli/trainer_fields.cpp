@@ -96,6 +96,43 @@ const std::vector<NeutralValue>& neutral_values() {
       {"dataloader_persistent_workers", "*", kLoader},
       {"remove_unused_columns", "*", "anatomy reads only the columns --text-column and --label-column name"},
       {"logging_nan_inf_filter", "false", "losses are logged as they are"},
+      // The defaults that TrainingArguments(...).to_json_string() writes for what anatomy does
+      // not do: an arguments file dumped from the Trainer runs as it is.
+      {"logging_nan_inf_filter", "true", "a non-finite loss is not filtered from the log: it stops the run, keeping the "
+                                         "last checkpoint (--skip-nonfinite-steps skips and counts such steps)"},
+      {"accelerator_config", "*", "anatomy does not use Accelerate"},
+      {"activation_checkpointing", "false", "--gradient-checkpointing says what is recomputed"},
+      {"average_tokens_across_devices", "true", "per-token losses are averaged over every rank's labelled tokens"},
+      {"batch_eval_metrics", "false", "metrics are computed over the whole evaluation"},
+      {"dataloader_drop_last", "false", "the last, smaller batch of an epoch is trained on"},
+      {"dataloader_in_order", "true", kLoader},
+      {"ddp_timeout", "1800", "collectives wait ANATOMY_DIST_TIMEOUT seconds (300 unless set)"},
+      {"debug", "", "no PyTorch debug modes"},
+      {"enable_jit_checkpoint", "false", "checkpoints are written every --save-steps or epoch"},
+      {"eval_delay", "0", "evaluations start with the first --eval-steps"},
+      {"eval_do_concat_batches", "true", "metrics are computed over the whole evaluation"},
+      {"eval_on_start", "false", "the first evaluation comes after training starts"},
+      {"eval_use_gather_object", "false", "metrics are computed over the whole evaluation"},
+      {"full_determinism", "false", "CPU runs are deterministic; GPU kernels are not all bit-reproducible"},
+      {"hub_always_push", "false", "nothing is uploaded"},
+      {"hub_strategy", "*", "nothing is uploaded"},
+      {"hub_token", "<hub_token>", "nothing is uploaded"},
+      {"hub_private_repo", "*", "nothing is uploaded"},
+      {"ignore_data_skip", "false", "resuming skips the batches already seen, exactly"},
+      {"include_for_metrics", "", "metrics are computed from the predictions and labels"},
+      {"length_column_name", "length", "--group-by-length measures the tokenized samples"},
+      {"log_level", "passive", "logs are one line every --logging-steps and metrics.jsonl"},
+      {"log_level_replica", "warning", "only rank 0 logs"},
+      {"log_on_each_node", "true", "only rank 0 logs"},
+      {"prediction_loss_only", "false", "evaluation reports the loss and the task's metrics"},
+      {"project", "huggingface", "no tracking integrations"},
+      {"restore_callback_states_from_checkpoint", "false", "anatomy has no callbacks"},
+      {"save_on_each_node", "false", "rank 0 writes the model; each rank its optimizer shard"},
+      {"save_only_model", "false", "checkpoints hold the model, optimizer and trainer state"},
+      {"skip_memory_metrics", "true", "memory is always measured: that is anatomy's purpose"},
+      {"train_sampling_strategy", "random", "samples are shuffled every epoch with --seed"},
+      {"use_cache", "false", "BERT encoders keep no key/value cache"},
+      {"use_liger_kernel", "false", "anatomy's kernels are its own"},
   };
   return table;
 }
@@ -106,15 +143,21 @@ const NeutralValue* neutral_value(const std::string& field, const std::string& r
   for (const NeutralValue& n : neutral_values()) {
     if (field != n.name) continue;
     const std::string want = n.value;
-    if (want == "*") return &n;
-    if (want == "false" || want == "true") {  // HfArgumentParser's spellings of a boolean
+    bool match = false;
+    if (want == "*") {
+      match = true;
+    } else if (want == "false" || want == "true") {  // HfArgumentParser's spellings of a boolean
       const bool no = v == "false" || v == "no" || v == "n" || v == "f" || v == "0";
       const bool yes = v == "true" || v == "yes" || v == "y" || v == "t" || v == "1";
-      return (want == "false" ? no : yes) ? &n : nullptr;
+      match = want == "false" ? no : yes;
+    } else if (want.empty() || !(std::isdigit(static_cast<unsigned char>(want[0])) || want[0] == '-')) {
+      match = v == want;  // a word (or an empty list), as TrainingArguments writes it
+    } else {
+      char* end = nullptr;
+      const double got = std::strtod(v.c_str(), &end);
+      match = !v.empty() && end == v.c_str() + v.size() && got == std::strtod(want.c_str(), nullptr);
     }
-    char* end = nullptr;
-    const double got = std::strtod(v.c_str(), &end);
-    return !v.empty() && end == v.c_str() + v.size() && got == std::strtod(want.c_str(), nullptr) ? &n : nullptr;
+    if (match) return &n;
   }
   return nullptr;
 }
@@ -130,7 +173,7 @@ std::string refusal_reason(const std::string& field) {
       {"ddp_", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
       {"parallelism_config", "anatomy's data parallelism is its own (--nproc-per-node, --zero-stage)"},
       {"accelerator_config", "anatomy does not use Accelerate"},
-      {"average_tokens_across_devices", "the loss is the mean over each step's samples"},
+      {"average_tokens_across_devices", "per-token losses are always averaged over every rank's labelled tokens"},
       {"torch", "a PyTorch setting; anatomy's kernels are its own"},
       {"jit_mode_eval", "a PyTorch setting; anatomy's kernels are its own"},
       {"use_liger_kernel", "a PyTorch setting; anatomy's kernels are its own"},

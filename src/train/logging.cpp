@@ -68,10 +68,12 @@ void TrainLog::startup(const StartupInfo& s) {
   std::fflush(stderr);
 }
 
-void TrainLog::step(int64_t done, double loss_sum, int64_t samples, double grad_norm, float lr, double epoch, double elapsed,
-                    int64_t samples_here, double data_wait, float loss_scale) {
-  window_loss += loss_sum;
-  window_samples += samples;
+void TrainLog::step(int64_t done, std::optional<double> loss_of_step, double grad_norm, float lr, double epoch,
+                    double elapsed, int64_t samples_here, double data_wait, float loss_scale) {
+  if (loss_of_step) {
+    window_loss += *loss_of_step;
+    ++window_samples;
+  }
   const bool log_now = (m_opt.logging_steps > 0 && (done % m_opt.logging_steps == 0 || done == m_total)) ||
                        (m_opt.logging_first_step && done == 1);
   if (!log_now && !m_tty) return;

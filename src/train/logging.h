@@ -3,6 +3,7 @@
 // epoch), the same keys in metrics.jsonl, and the same at any world size; a progress bar when
 // stderr is a terminal.
 #pragma once
+#include <optional>
 #include <cstdint>
 #include <string>
 
@@ -33,12 +34,14 @@ class TrainLog {
   void startup(const StartupInfo& s);
   // The figures of optimizer step `done` (1-based); prints and records a line when it is a
   // logging step, and keeps the progress bar moving on a terminal.
-  void step(int64_t done, double loss_sum, int64_t samples, double grad_norm, float lr, double epoch, double elapsed,
+  // `loss`: the step's (Note [loss per step] in trainer.cpp); none for a skipped non-finite step.
+  void step(int64_t done, std::optional<double> loss, double grad_norm, float lr, double epoch, double elapsed,
             int64_t samples_here, double data_wait, float loss_scale);
   void eval(int64_t step, const EvalResult& ev);
   void end_of_bar() const;  // the newline after the progress bar
   bool tty() const { return m_tty; }
-  // The loss window of a checkpoint (what is logged at the next logging step).
+  // The loss window of a checkpoint (what is logged at the next logging step): the sum of its
+  // steps' losses and their count (the checkpoint's window_loss and window_samples).
   double window_loss = 0;
   int64_t window_samples = 0;
 

@@ -102,10 +102,13 @@ BertConfig model_config(const TrainOptions& opt) {
 namespace {
 
 // What a checkpoint carries besides weights and optimizer state: the run's running totals.
+// Note [loss per step]: as the Trainer logs it, a window's loss and train_loss are the mean of
+// the steps' losses (each step's the mean of its micro-batches'), not of the samples: a short
+// last batch or step weighs as one step. loss_sum sums step losses over loss_steps steps.
 struct Progress {
   int64_t micro = 0;  // global micro-batches done
   double loss_sum = 0, first_loss = 0, last_loss = 0;
-  int64_t samples = 0, skipped = 0, nonfinite = 0;
+  int64_t samples = 0, skipped = 0, nonfinite = 0, loss_steps = 0;
 };
 
 // One rank's run: set-up, the loop, the end (Note [one loop]).
@@ -261,11 +264,18 @@ void RankRun::resume(const std::string& dir) {
                 " (an anatomy before 2026-11-29 carried the accumulation across epochs; resume it with that version)");
   m_p.loss_sum = st.at("loss_sum").get<double>();
   m_p.samples = st.at("samples").get<int64_t>();
+  m_p.loss_steps = st.value("loss_steps", int64_t{-1});
   m_p.first_loss = st.at("first_step_loss").get<double>();
   m_p.skipped = st.at("skipped_steps").get<int64_t>();
   m_p.nonfinite = st.value("nonfinite_steps", int64_t{0});
   m_window_loss = st.at("window_loss").get<double>();
   m_window_samples = st.at("window_samples").get<int64_t>();
+  if (m_p.loss_steps < 0) {  // written before Note [loss per step]: sums over samples, made means of steps
+    m_p.loss_steps = std::max<int64_t>(0, m_start_step - m_p.nonfinite);
+    m_p.loss_sum = m_p.loss_sum / static_cast<double>(std::max<int64_t>(1, m_p.samples)) * static_cast<double>(m_p.loss_steps);
+    m_window_loss = m_window_samples > 0 ? m_window_loss / static_cast<double>(m_window_samples) : 0.0;
+    m_window_samples = m_window_samples > 0 ? 1 : 0;
+  }
   m_step->scaler().scale = st.at("loss_scale").get<float>();
   m_step->scaler().clean = st.at("loss_scale_clean_steps").get<int64_t>();
   // The best checkpoint is one of this output directory's, whatever path the run that saved it
@@ -307,6 +317,7 @@ void RankRun::save_checkpoint(int64_t step) {
                              {"rng", {{"dropout_seed", m_opt.seed}, {"dropout_counter", micro}}},
                              {"loss_sum", m_p.loss_sum},
                              {"samples", m_p.samples},
+                             {"loss_steps", m_p.loss_steps},
                              {"first_step_loss", m_p.first_loss},
                              {"skipped_steps", m_p.skipped},
                              {"nonfinite_steps", m_p.nonfinite},
@@ -381,11 +392,12 @@ void RankRun::account(int64_t done, const StepOutcome& s, const TrainStep::Launc
   if (counted) {
     if (done == 1) m_p.first_loss = mean;
     m_p.last_loss = mean;
-    m_p.loss_sum += s.loss_sum;
+    m_p.loss_sum += mean;  // Note [loss per step]
+    ++m_p.loss_steps;
     m_p.samples += s.samples;
   }
   if (m_lead) {
-    m_log->step(done, counted ? s.loss_sum : 0.0, counted ? s.samples : 0, s.grad_norm, s.lr, epoch_of(l.micro_end), m_now,
+    m_log->step(done, counted ? std::optional<double>(mean) : std::nullopt, s.grad_norm, s.lr, epoch_of(l.micro_end), m_now,
                 (m_sched.first_of_step(done) - m_sched.first_of_step(m_start_step)) * m_B * m_comm.size(), l.data_wait_end,
                 m_step->scaler().scale);
   }
@@ -535,7 +547,7 @@ void RankRun::finish() {
   const int64_t steps_here = m_total_steps - m_start_step;
   res.train_samples_per_second = static_cast<double>(res.samples - m_samples_before) / std::max(m_runtime, 1e-9);
   res.train_steps_per_second = static_cast<double>(steps_here) / std::max(m_runtime, 1e-9);
-  res.train_loss = m_p.loss_sum / static_cast<double>(std::max<int64_t>(1, res.samples));
+  res.train_loss = m_p.loss_sum / static_cast<double>(std::max<int64_t>(1, m_p.loss_steps));  // Note [loss per step]
   const std::vector<double>& t = m_train_stamps;
   const size_t half = t.size() / 2;
   const int64_t per_step = m_B * N * (m_sched.first_of_step(m_total_steps) - m_sched.first_of_step(m_start_step)) /

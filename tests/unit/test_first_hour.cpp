@@ -380,6 +380,15 @@ const std::vector<Case> kCases = {
        EXPECT_TRUE(fs::exists(d + "/out/notes.tmp-keep.txt"));  // not an atomic write's name
        EXPECT_TRUE(fs::exists(d + "/out/model.safetensors"));
      }},
+    // Every TrainingArguments field at its default (to_json_string() of transformers 5.24): what
+    // asks for nothing anatomy lacks is accepted with a note, so the dump runs as it is.
+    {"ATrainingArgumentsDumpRunsAsItIs", [](const std::string&) {},
+     "train " + std::string(ANATOMY_SOURCE_DIR) + "/tests/data/trainer_args/training_arguments_defaults.json "
+     "--device cpu --preset bert-tiny --num-samples 16 --max-seq-length 16 --max-steps 1 --output-dir {dir}/out",
+     0,
+     {"--accelerator-config {", "--dataloader-drop-last false: accepted, it changes nothing here",
+      "--do-train false: accepted as TrainingArguments' default"},
+     {"error"}, files_exist({"out/train_results.json"})},
     // Ratings 1..5: run_glue.py maps the sorted distinct labels to 0..4, a head of five classes
     // named by the ratings, and predicts the ratings.
     {"StarRatingsMakeFiveClassesAsRunGlueMapsThem", kStarRatings,

@@ -277,6 +277,34 @@ TEST(Train, AccumulationStartsAfreshEachEpoch) {
   EXPECT_LT(max_rel(a.master_to_host(), b.master_to_host()), 1e-5);
 }
 
+// Note [loss per step]: the logged loss and train_loss are means of the steps' losses, as the
+// Trainer logs them: 20 samples in batches of 8 make steps of 8, 8 and 4, each weighing as one.
+TEST(Train, LoggedLossesAreMeansOfStepLosses) {
+  auto run = [](const std::string& name, int64_t logging_steps) {
+    TrainOptions o = tiny(name);
+    o.num_samples = 20;
+    o.num_train_epochs = 1;
+    o.logging_steps = logging_steps;
+    const TrainResult r = train(o);
+    std::vector<double> losses;
+    std::ifstream in(o.output_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
+    }
+    return std::make_pair(r, losses);
+  };
+  const auto [each, per_step] = run("anatomy_loss_per_step", 1);
+  const auto [window, logged] = run("anatomy_loss_window", 3);
+  ASSERT_EQ(per_step.size(), 3u);
+  ASSERT_EQ(logged.size(), 1u);
+  const double mean = (per_step[0] + per_step[1] + per_step[2]) / 3;
+  EXPECT_NEAR(logged[0], mean, 1e-12);
+  EXPECT_NEAR(each.train_loss, mean, 1e-12);
+  EXPECT_NEAR(window.train_loss, mean, 1e-12);
+  EXPECT_DOUBLE_EQ(each.last_loss, per_step[2]);
+}
+
 TEST(Train, CheckpointingGivesIdenticalGradients) {
   std::vector<float> none = grads_for(CheckpointPolicy::None, 4, 1, 0.1f);
   std::vector<float> layer = grads_for(CheckpointPolicy::Layer, 4, 1, 0.1f);
