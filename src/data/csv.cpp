@@ -1,6 +1,7 @@
 #include "data/csv.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -68,11 +69,30 @@ std::string json_error_reason(const nlohmann::json::exception& e) {
 
 const char* json_type(const nlohmann::json& v) { return v.type_name(); }
 
+// Note [ill-formed UTF-8]: bytes that are not UTF-8 (a Latin-1 file) are read as U+FFFD, as
+// Python decodes with errors="replace", and the tokenizer's cleaning drops them; pandas and
+// datasets refuse such a file instead. Said once per file, with the count and the first line,
+// so that the text that changed is not changed silently.
+struct IllFormedLines {
+  size_t count = 0, first = 0;
+  void check(std::string_view bytes, size_t line) {
+    if (sanitize_utf8(bytes) == bytes) return;
+    if (count++ == 0) first = line;
+  }
+  void say(const std::string& name) const {
+    if (count == 0) return;
+    std::fprintf(stderr, "anatomy: warning: %s: %zu record%s bytes that are not UTF-8 (the first at line %zu); "
+                 "they were read as U+FFFD (re-encode the file as UTF-8 to keep those characters)\n",
+                 name.c_str(), count, count == 1 ? " holds" : "s hold", first);
+  }
+};
+
 size_t read_jsonl(std::string_view data, const std::string& name, const RecordColumns& cols, size_t max_record_bytes,
                   const std::function<void(const TextRecord&)>& fn) {
   size_t count = 0, line = 0, pos = 0;
   bool first = true;
   std::string label_text;
+  IllFormedLines ill_formed;
   while (pos < data.size()) {
     ++line;
     // Look for the line end no further than the bound, so a huge line is refused unbuffered.
@@ -91,6 +111,7 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
       ANATOMY_CHECK(raw[c] != '[', name, ":", line, ": a JSON array; expected JSON Lines (one JSON object per line)");
       first = false;
     }
+    ill_formed.check(raw, line);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(sanitize_utf8(raw));
@@ -135,6 +156,7 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
     fn(rec);
     ++count;
   }
+  ill_formed.say(name);
   return count;
 }
 
@@ -156,6 +178,7 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
   const size_t c_text = column(cols.text), c_pair = column(cols.text_pair), c_label = column(cols.label);
   size_t count = 0;
   std::string label_text;
+  IllFormedLines ill_formed;
   while (parser.next(row)) {
     const size_t line = parser.record_line();
     ANATOMY_CHECK(row.size() == header.size(), name, ":", line, ": ", row.size(), " field", row.size() == 1 ? "" : "s",
@@ -163,7 +186,11 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
     TextRecord rec;
     rec.line = line;
     rec.text = row[c_text];
+    std::string fields = row[c_text];
     if (c_pair != SIZE_MAX) rec.text_pair = row[c_pair];
+    if (c_pair != SIZE_MAX) fields += row[c_pair];
+    if (c_label != SIZE_MAX) fields += row[c_label];
+    ill_formed.check(fields, line);
     if (c_label != SIZE_MAX) {
       label_text = sanitize_utf8(row[c_label]);
       ANATOMY_CHECK(!label_text.empty(), name, ":", line, ": empty label");
@@ -173,6 +200,7 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
     fn(rec);
     ++count;
   }
+  ill_formed.say(name);
   return count;
 }
 
@@ -400,6 +428,11 @@ RecordColumns default_text_columns(const std::string& path, const std::string& f
                  glue.text_pair.empty() ? std::string(" as the text") : str_cat(" and '", glue.text_pair, "' as a text pair"),
                  ", as run_glue.py would (--text-column-names names others)");
   return glue;
+}
+
+std::string json_error_text(const std::exception& e) {
+  if (const auto* je = dynamic_cast<const nlohmann::json::exception*>(&e)) return json_error_reason(*je);
+  return printable(e.what(), 160);
 }
 
 bool is_integer_text(std::string_view s) {

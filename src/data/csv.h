@@ -20,6 +20,7 @@
 //     a label that is neither a string nor an integer are errors. A file whose first character is
 //     '[' is refused with a hint (a JSON array, not JSON Lines).
 #pragma once
+#include <exception>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -103,6 +104,9 @@ RecordColumns default_text_columns(const std::string& path, const std::string& f
 // `s` with each ill-formed UTF-8 sequence replaced by U+FFFD (Python's errors="replace"); `s`
 // itself when it is valid.
 std::string sanitize_utf8(std::string_view s);
+
+// A JSON parse error in one line, without nlohmann's echo of the input (megabytes, raw bytes).
+std::string json_error_text(const std::exception& e);
 
 // Whether s is a decimal integer: an optional '-' and digits only (how a CSV label is taken as a class id).
 bool is_integer_text(std::string_view s);

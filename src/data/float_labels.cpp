@@ -47,16 +47,20 @@ void for_each_label(const std::string& path, TextFormat format, char delimiter, 
       const std::string_view text = data.substr(pos, end - pos);
       pos = end + 1;
       ++line;
-      if (text.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+      const size_t first = text.find_first_not_of(" \t\r");
+      if (first == std::string_view::npos) continue;
+      // The errors of the records' own reader (data/csv.cpp), which this scan runs before.
+      ANATOMY_CHECK(text[first] != '[', path, ":", line, ": a JSON array; expected JSON Lines (one JSON object per line)");
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(text);
       } catch (const std::exception& e) {
-        fail(path, ":", line, ": not a JSON object (", e.what(), ")");
+        fail(path, ":", line, ": not valid JSON: ", json_error_text(e));
       }
       ANATOMY_CHECK(j.is_object(), path, ":", line, ": not a JSON object");
       const auto it = j.find(column);
-      ANATOMY_CHECK(it != j.end() && !it->is_null(), path, ":", line, ": no label field '", column, "'");
+      ANATOMY_CHECK(it != j.end(), path, ":", line, ": no label field '", column, "'");
+      ANATOMY_CHECK(!it->is_null(), path, ":", line, ": label field '", column, "' is null");
       visit(*it, line);
     }
     return;

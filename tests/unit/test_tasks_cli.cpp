@@ -120,6 +120,26 @@ TEST(FloatLabels, SniffsTheLabelColumnAsRunClassificationDoes) {
                                   TextFormat::Auto, 0, "label"),
                Error);
 
+  // The scan's errors are the record reader's: one short line naming the file and line, without
+  // nlohmann's echo of the input (a 1 MB unterminated string echoed 1 MB), raw bytes or a top-level array.
+  auto error_of_sniff = [&](const std::string& name, const std::string& body) {
+    try {
+      sniff_label_column(file(name, body), TextFormat::Auto, 0, "label");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const std::string huge = error_of_sniff("huge.jsonl", "{\"text\": \"" + std::string(1 << 20, 'x') + "\n");
+  EXPECT_LT(huge.size(), 400u) << huge.substr(0, 400);
+  EXPECT_NE(huge.find("huge.jsonl:1: not valid JSON: "), std::string::npos) << huge.substr(0, 400);
+  EXPECT_NE(error_of_sniff("arr.json", "[{\"text\": \"a\", \"label\": 1}]\n").find("arr.json:1: a JSON array; expected JSON Lines"),
+            std::string::npos);
+  EXPECT_NE(error_of_sniff("null.jsonl", "{\"text\": \"a\", \"label\": null}\n").find("null.jsonl:1: label field 'label' is null"),
+            std::string::npos);
+  const std::string latin = error_of_sniff("latin.jsonl", "{\"text\": \"caf\xe9\", \"label\": 1\n");
+  EXPECT_EQ(latin.find('\xe9'), std::string::npos) << "raw bytes echoed";
+
   FloatLabelOptions o;
   o.lists = true;
   const FloatLabels names = read_float_labels(
