@@ -20,7 +20,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kStateFile = "trainer_state.json";
+// Note [two state files]: anatomy's own state (its manifest: step, files, checksums, the
+// trainer's running totals) is anatomy_state.json, written last; trainer_state.json is the
+// Trainer's TrainerState (log_history, global_step, best_model_checkpoint, ...) for the tools
+// that read it. Checkpoints written before 2026-11-29 hold anatomy's state under that name.
+constexpr const char* kStateFile = "anatomy_state.json";
+constexpr const char* kTrainerStateFile = "trainer_state.json";
+
+// The anatomy state file of a checkpoint: anatomy_state.json, or an older checkpoint's own
+// trainer_state.json.
+fs::path state_path(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir / kStateFile, ec) && fs::exists(dir / kTrainerStateFile, ec)) return dir / kTrainerStateFile;
+  return dir / kStateFile;
+}
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kPrefix = "checkpoint-";
 const char* const kFiles[] = {"config.json", "model.safetensors", kOptimizerFile};
@@ -100,7 +113,7 @@ std::vector<ShardFile> shard_files(const nlohmann::json& st, const std::string& 
   return out;
 }
 
-// Every file trainer_state.json must list: config, model, and the optimizer's file(s).
+// Every file anatomy_state.json must list: config, model, and the optimizer's file(s).
 std::vector<std::string> listed_files(const nlohmann::json& st, const std::string& file) {
   std::vector<std::string> names = {"config.json", "model.safetensors"};
   const std::vector<ShardFile> shards = shard_files(st, file);
@@ -129,10 +142,10 @@ void write_optimizer_file(const std::string& path, EncoderModel& model, Optimize
   write_safetensors(path, entries, metadata);
 }
 
-// trainer_state.json of `dir`, checked against the files it lists (sizes; checksums too when
+// The anatomy state file of `dir`, checked against the files it lists (sizes; checksums too when
 // asked). Throws a one-line error naming the file at fault.
 nlohmann::json read_state(const fs::path& dir, bool verify_checksums) {
-  const std::string file = (dir / kStateFile).string();
+  const std::string file = state_path(dir).string();
   ANATOMY_CHECK(fs::exists(file), file, ": cannot open (not a training checkpoint?)");
   nlohmann::json st = nlohmann::json::parse(read_regular_file(file), nullptr, /*allow_exceptions=*/false);
   ANATOMY_CHECK(st.is_object(), file, ": not valid JSON (truncated or corrupt)");
@@ -218,7 +231,7 @@ namespace {
 std::string checkpoint_problem(const fs::path& dir, std::optional<int64_t> step = std::nullopt) {
   try {
     const int64_t saved = read_state(dir, false)["step"].get<int64_t>();
-    return !step || saved == *step ? "" : str_cat((dir / kStateFile).string(), ": names step ", saved);
+    return !step || saved == *step ? "" : str_cat(state_path(dir).string(), ": names step ", saved);
   } catch (const Error& e) {
     return e.what();
   }
@@ -250,12 +263,13 @@ void copy_files_into(const std::string& dir, const std::vector<std::string>& fil
 
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state,
-                                     const std::vector<std::string>& extra_files) {
+                                     const std::vector<std::string>& extra_files, const nlohmann::json& hf_state) {
   ANATOMY_CHECK(step >= 0, "internal error: checkpoint step ", step);
   const std::string path = (fs::path(output_dir) / checkpoint_name(step)).string();
   AtomicDir dir(path);
   save_pretrained(dir.staging(), model);
   copy_files_into(dir.staging(), extra_files);
+  if (!hf_state.is_null()) write_file_atomic(dir.file(kTrainerStateFile), hf_state.dump(2) + "\n");
 
   const std::string kind = optimizer_name(opt.kind());
   write_optimizer_file(dir.file(kOptimizerFile), model, opt, {});
@@ -273,11 +287,12 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
 
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state, Communicator& comm,
-                                     const OptimizerPart& part, const std::vector<std::string>& extra_files) {
+                                     const OptimizerPart& part, const std::vector<std::string>& extra_files,
+                                     const nlohmann::json& hf_state) {
   const bool lead = comm.rank() == 0;
   const fs::path path = fs::path(output_dir) / checkpoint_name(step);
   if (!part.sharded) {  // the whole state is the same on every rank: rank 0 writes it
-    if (lead) save_training_checkpoint(output_dir, step, model, opt, trainer_state, extra_files);
+    if (lead) save_training_checkpoint(output_dir, step, model, opt, trainer_state, extra_files, hf_state);
     comm.barrier();
     return path.string();
   }
@@ -301,6 +316,7 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
     AtomicDir dir(path.string());
     save_pretrained(dir.staging(), model);
     copy_files_into(dir.staging(), extra_files);
+    if (!hf_state.is_null()) write_file_atomic(dir.file(kTrainerStateFile), hf_state.dump(2) + "\n");
     nlohmann::json shards = nlohmann::json::array(), files = nlohmann::json::object();
     for (int r = 0; r < comm.size(); ++r) {
       const std::string name = shard_file_name(r);
@@ -485,7 +501,7 @@ nlohmann::json load_training_checkpoint(const std::string& dir_str, EncoderModel
                                         const OptimizerPart& part) {
   const fs::path dir(dir_str);
   nlohmann::json st = read_state(dir, /*verify_checksums=*/true);
-  const std::string state_file = (dir / kStateFile).string();
+  const std::string state_file = state_path(dir).string();
   const int64_t step = st["step"].get<int64_t>();
   std::string rest;
   const std::optional<int64_t> named = parse_checkpoint_name(dir.filename().string(), &rest);
@@ -499,10 +515,10 @@ nlohmann::json load_training_checkpoint(const std::string& dir_str, EncoderModel
 
   // Optimizer state, read to the host and checked.
   const size_t total = model.layout().total();
-  std::vector<ShardFile> parts = shard_files(st, (dir / kStateFile).string());
+  std::vector<ShardFile> parts = shard_files(st, state_path(dir).string());
   for (ShardFile& p : parts) p.file = (dir / p.file).string();
   if (!parts.empty())
-    ANATOMY_CHECK(parts.back().end == total, (dir / kStateFile).string(), ": optimizer_shards cover ", parts.back().end,
+    ANATOMY_CHECK(parts.back().end == total, state_path(dir).string(), ": optimizer_shards cover ", parts.back().end,
                   " elements, the model has ", total);
   HostState hs;
   if (parts.empty() && !part.sharded) {

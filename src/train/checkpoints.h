@@ -7,12 +7,15 @@
 //   optimizer.safetensors           every tensor of Optimizer::state(), raw bytes with their
 //                                   dtype and shape; metadata "optimizer" (its kind) and
 //                                   "steps" (the optimizer's step count);
-//   trainer_state.json              {"format_version", "step", "optimizer", "optimizer_steps",
+//   anatomy_state.json              {"format_version", "step", "optimizer", "optimizer_steps",
 //                                    "files": {name: {"bytes", "checksum"}}, "trainer": <the
-//                                    trainer's JSON, verbatim>}.
+//                                    trainer's JSON, verbatim>} (trainer_state.json in
+//                                    checkpoints written before 2026-11-29, still read);
+//   trainer_state.json              the Trainer's TrainerState, for the tools that read it
+//                                   (Note [two state files] in checkpoints.cpp).
 // Under ZeRO stage 1 (Note [optimizer shards]) optimizer.safetensors is replaced by one file per
 // rank, optimizer-shard-<r>.safetensors, each holding elements [begin, end) of every flat state
-// tensor, listed in trainer_state.json as "optimizer_shards": [{"file", "begin", "end"}].
+// tensor, listed in anatomy_state.json as "optimizer_shards": [{"file", "begin", "end"}].
 // The directory is written as "checkpoint-<step>.tmp-XXXXXX", every file fsynced, then renamed
 // into place (AtomicDir), so a checkpoint-<step> directory is complete or absent, whenever the
 // process dies. "files" records each file's size and a checksum: listing (latest_checkpoint)
@@ -35,10 +38,12 @@ inline constexpr int kCheckpointFormatVersion = 1;
 
 // Writes OUTPUT_DIR/checkpoint-<step>/ (Note [checkpoint directory]), replacing one of the same
 // step atomically, with copies of `extra_files` (the tokenizer's: a checkpoint loads with
-// transformers as it is). Returns the checkpoint's path.
+// transformers as it is) and `hf_state` as its trainer_state.json (null: none). Returns the
+// checkpoint's path.
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state,
-                                     const std::vector<std::string>& extra_files = {});
+                                     const std::vector<std::string>& extra_files = {},
+                                     const nlohmann::json& hf_state = nullptr);
 
 // Copies each file into `dir` under its own name, atomically; a file already there as itself is left.
 void copy_files_into(const std::string& dir, const std::vector<std::string>& files);
@@ -55,11 +60,12 @@ struct OptimizerPart {
 };
 
 // The same, collectively over `comm` (every rank calls it with the same step and state): rank 0
-// writes the model and trainer_state.json, each rank its part of the optimizer state; the
+// writes the model and the state files, each rank its part of the optimizer state; the
 // directory appears whole once every part is written. Returns the checkpoint's path.
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state, Communicator& comm,
-                                     const OptimizerPart& part, const std::vector<std::string>& extra_files = {});
+                                     const OptimizerPart& part, const std::vector<std::string>& extra_files = {},
+                                     const nlohmann::json& hf_state = nullptr);
 
 // Keeps the newest `limit` complete checkpoint-<step> directories of output_dir by step (limit
 // <= 0: keeps all) and removes the older ones, each renamed to a hidden ".trash-..." name first
@@ -71,7 +77,7 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
 void rotate_checkpoints(const std::string& output_dir, int64_t limit, const std::string& keep = "");
 
 // The complete checkpoint of output_dir with the highest step (numeric: 10 beats 9), or nullopt.
-// Complete: trainer_state.json parses, names the step of the directory's name, and every file it
+// Complete: anatomy_state.json parses, names the step of the directory's name, and every file it
 // lists is there with its recorded size. `skipped`: the newer ones passed over, with why.
 std::optional<std::string> latest_checkpoint(const std::string& output_dir, std::vector<std::string>* skipped = nullptr);
 
@@ -91,7 +97,7 @@ nlohmann::json load_training_checkpoint(const std::string& dir, EncoderModel& mo
 nlohmann::json load_training_checkpoint(const std::string& dir, EncoderModel& model, Optimizer& opt,
                                         const OptimizerPart& part);
 
-// The trainer's part of trainer_state.json (`file`), field by field (Note [trainer state checks]):
+// The trainer's part of anatomy_state.json (`file`), field by field (Note [trainer state checks]):
 // global_step, skipped_steps, samples, window_samples, loss_scale_clean_steps non-negative
 // integers; loss_sum, first_step_loss, window_loss finite; loss_scale positive; fingerprint an
 // object; global_step equal to `step` and to optimizer_steps + skipped_steps; micro_batches, when
@@ -99,7 +105,7 @@ nlohmann::json load_training_checkpoint(const std::string& dir, EncoderModel& mo
 // calls it; one-line errors name the file and the field.
 void validate_trainer_state(const nlohmann::json& trainer, const std::string& file, int64_t step, int64_t optimizer_steps);
 
-// The checksum trainer_state.json records for a file (Note [checkpoint checksum]), 16 hex digits.
+// The checksum anatomy_state.json records for a file (Note [checkpoint checksum]), 16 hex digits.
 std::string checkpoint_file_checksum(const std::string& path);
 
 }  // namespace anatomy

@@ -91,6 +91,7 @@ void TrainLog::step(int64_t done, std::optional<double> loss_of_step, double gra
                         {"data_wait_s", data_wait},
                         {"loss_scale", loss_scale}};
     if (m_opt.report_jsonl) m_out.append_metrics(j.dump());
+    m_history.push_back(j);
     std::fprintf(stderr, "%s{'loss': %.4f, 'grad_norm': %.4g, 'learning_rate': %.3g, 'epoch': %.2f, 'step': %lld/%lld, "
                  "'samples_per_second': %.2f}\n",
                  m_tty ? "\r\033[K" : "", loss, grad_norm, lr, epoch, static_cast<long long>(done),
@@ -112,6 +113,7 @@ void TrainLog::eval(int64_t step, const EvalResult& ev) {
   nlohmann::json j = eval_metrics_json(ev);
   j["step"] = step;
   if (m_opt.report_jsonl) m_out.append_metrics(j.dump());
+  m_history.push_back(j);
   if (ev.token_classification)
     std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_precision': %.4f, 'eval_recall': %.4f, 'eval_f1': %.4f, 'step': %lld}\n",
                  m_tty ? "\r\033[K" : "", ev.loss, ev.precision, ev.recall, ev.f1, static_cast<long long>(step));
@@ -132,6 +134,12 @@ void TrainLog::eval(int64_t step, const EvalResult& ev) {
 
 void TrainLog::end_of_bar() const {
   if (m_tty) std::fprintf(stderr, "\n");
+}
+
+std::vector<nlohmann::json> TrainLog::log_history() const {
+  std::vector<nlohmann::json> h = m_out.kept_metrics();
+  h.insert(h.end(), m_history.begin(), m_history.end());
+  return h;
 }
 
 }  // namespace anatomy

@@ -141,6 +141,7 @@ class RankRun {
   void evaluate_now(int64_t step);
   void tune_gemms();
   void save_checkpoint(int64_t step);
+  nlohmann::json trainer_state(int64_t step, const nlohmann::json& last = nullptr) const;
   void account(int64_t done, const StepOutcome& s, const TrainStep::Launched& l);
   void profile();
   void load_best_model();
@@ -334,7 +335,8 @@ void RankRun::save_checkpoint(int64_t step) {
   OptimizerPart part;
   if (m_step->zero_stage() >= 1) part = {true, m_step->shard().begin, m_step->shard().end};
   m_res.last_checkpoint =
-      save_training_checkpoint(m_opt.output_dir, step, *m_model, m_step->optimizer(), st, m_comm, part, m_data->tokenizer_files);
+      save_training_checkpoint(m_opt.output_dir, step, *m_model, m_step->optimizer(), st, m_comm, part, m_data->tokenizer_files,
+                               m_lead ? trainer_state(step) : nlohmann::json());
   if (m_lead) rotate_checkpoints(m_opt.output_dir, m_opt.save_total_limit, m_best_ckpt);
   m_last_save = step;
 }
@@ -587,9 +589,51 @@ void RankRun::finish() {
   if (m_opt.profile_steps > 0) profile();
   if (m_lead) {
     m_out->claim();
+    // trainer_state.json beside the model, as run_glue.py's trainer.save_state() leaves it,
+    // its log ending with the run's totals.
+    const nlohmann::json last = {{"epoch", res.epoch},
+                                 {"step", m_total_steps},
+                                 {"total_flos", 0.0},
+                                 {"train_loss", res.train_loss},
+                                 {"train_runtime", res.train_runtime},
+                                 {"train_samples_per_second", res.train_samples_per_second},
+                                 {"train_steps_per_second", res.train_steps_per_second}};
+    write_file_atomic((fs::path(m_opt.output_dir) / "trainer_state.json").string(),
+                      trainer_state(m_total_steps, last).dump(2) + "\n");
     write_run_summary(m_opt, res, m_plan, m_cfg, m_shape, m_dev.used_before);
   }
   m_comm.barrier();  // the run's files are written when any rank returns
+}
+
+// Note [two state files] (train/checkpoints.cpp): the Trainer's TrainerState, field for field as
+// transformers 5 declares it, for the tools that read trainer_state.json (its log_history above
+// all); `last`: the run's final log entry. total_flos is not counted (0).
+nlohmann::json RankRun::trainer_state(int64_t step, const nlohmann::json& last) const {
+  std::vector<nlohmann::json> history = m_log->log_history();
+  if (!last.is_null()) history.push_back(last);
+  const std::string best = m_best_ckpt.empty() ? "" : fs::path(m_best_ckpt).filename().string();
+  const nlohmann::json none;
+  const int64_t per_epoch = m_sched.steps_per_epoch();
+  return {{"best_global_step", best.empty() ? none : nlohmann::json(std::stoll(best.substr(best.find('-') + 1)))},
+          {"best_metric", best.empty() ? none : nlohmann::json(m_best_metric)},
+          {"best_model_checkpoint", best.empty() ? none : nlohmann::json(m_best_ckpt)},
+          {"epoch", epoch_of(m_sched.first_of_step(step))},
+          {"eval_steps", m_opt.eval_steps > 0 ? m_opt.eval_steps : m_opt.logging_steps},
+          {"global_step", step},
+          {"is_hyper_param_search", false},
+          {"is_local_process_zero", true},
+          {"is_world_process_zero", true},
+          {"log_history", history},
+          {"logging_steps", m_opt.logging_steps},
+          {"max_steps", m_total_steps},
+          {"num_input_tokens_seen", 0},
+          {"num_train_epochs", (m_total_steps + per_epoch - 1) / per_epoch},
+          {"save_steps", m_opt.save_steps},
+          {"stateful_callbacks", nlohmann::json::object()},
+          {"total_flos", 0.0},
+          {"train_batch_size", m_B},
+          {"trial_name", none},
+          {"trial_params", none}};
 }
 
 // The best checkpoint's weights become the model (every rank: the weights are replicated), and

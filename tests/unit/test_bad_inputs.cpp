@@ -91,12 +91,12 @@ void copy_run(const std::string& dir) {
   fs::copy(trained_run(), dir + "/run", fs::copy_options::recursive);
 }
 
-// Edits checkpoint-2's trainer_state.json with `f` (a checkpoint's own manifest covers the other
+// Edits checkpoint-2's anatomy_state.json with `f` (a checkpoint's own manifest covers the other
 // files, not this one).
 std::function<void(const std::string&)> edit_state(std::function<void(nlohmann::json&)> f) {
   return [f](const std::string& dir) {
     copy_run(dir);
-    const std::string p = dir + "/run/checkpoint-2/trainer_state.json";
+    const std::string p = dir + "/run/checkpoint-2/anatomy_state.json";
     nlohmann::json st = nlohmann::json::parse(slurp(p));
     f(st);
     spit(p, st.dump(2));
@@ -106,7 +106,7 @@ std::function<void(const std::string&)> edit_state(std::function<void(nlohmann::
 std::function<void(const std::string&)> write_state(const std::string& text) {
   return [text](const std::string& dir) {
     copy_run(dir);
-    spit(dir + "/run/checkpoint-2/trainer_state.json", text);
+    spit(dir + "/run/checkpoint-2/anatomy_state.json", text);
   };
 }
 
@@ -177,7 +177,7 @@ struct Case {
 const std::string kResume = kTrain + "--train-file {dir}/s.jsonl --tokenizer " + kTok +
                             " --max-steps 3 --save-strategy steps --save-steps 1 --output-dir {dir}/run "
                             "--resume-from-checkpoint {dir}/run/checkpoint-2";
-const std::vector<std::string> kCheckpointFiles = {"run/checkpoint-2/trainer_state.json",
+const std::vector<std::string> kCheckpointFiles = {"run/checkpoint-2/anatomy_state.json",
                                                    "run/checkpoint-2/model.safetensors", "run/model.safetensors"};
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -223,36 +223,36 @@ const std::vector<Case> kCases = {
          " --max-steps 1 --output-dir {dir}/out",
      2, {"--validation-file {dir}/v.jsonl", "not a regular file"}, {"s.jsonl"}},
 
-    // trainer_state.json, field by field; the checkpoint and the run's model stay as they were.
+    // anatomy_state.json, field by field; the checkpoint and the run's model stay as they were.
     {"StateGlobalStepHuge", edit_state([](nlohmann::json& s) { s["trainer"]["global_step"] = 1e15; }), kResume, 2,
-     {"trainer_state.json", "trainer.global_step must be a non-negative integer"}, kCheckpointFiles},
+     {"anatomy_state.json", "trainer.global_step must be a non-negative integer"}, kCheckpointFiles},
     {"StateGlobalStepHugeInteger",
      edit_state([](nlohmann::json& s) { s["trainer"]["global_step"] = int64_t{1000000000000000}; }), kResume, 2,
-     {"trainer_state.json", "global_step 1000000000000000 disagrees with step 2"}, kCheckpointFiles},
+     {"anatomy_state.json", "global_step 1000000000000000 disagrees with step 2"}, kCheckpointFiles},
     {"StateGlobalStepNegative", edit_state([](nlohmann::json& s) { s["trainer"]["global_step"] = -100; }), kResume, 2,
-     {"trainer_state.json", "trainer.global_step must be a non-negative integer, got -100"}, kCheckpointFiles},
+     {"anatomy_state.json", "trainer.global_step must be a non-negative integer, got -100"}, kCheckpointFiles},
     {"StateStepNegative", edit_state([](nlohmann::json& s) { s["step"] = -100; }), kResume, 2,
-     {"trainer_state.json", "step must be a non-negative integer"}, kCheckpointFiles},
+     {"anatomy_state.json", "step must be a non-negative integer"}, kCheckpointFiles},
     {"StateStepOfAnotherCheckpoint",
      edit_state([](nlohmann::json& s) {
        s["step"] = 1;
        s["trainer"]["global_step"] = 1;
      }),
-     kResume, 2, {"trainer_state.json", "names step 1 but the directory is checkpoint-2"}, kCheckpointFiles},
+     kResume, 2, {"anatomy_state.json", "names step 1 but the directory is checkpoint-2"}, kCheckpointFiles},
     {"StateOptimizerStepsDisagree", edit_state([](nlohmann::json& s) { s["optimizer_steps"] = 7; }), kResume, 2,
-     {"trainer_state.json", "global_step 2 is not optimizer_steps 7 + skipped_steps 0"}, kCheckpointFiles},
+     {"anatomy_state.json", "global_step 2 is not optimizer_steps 7 + skipped_steps 0"}, kCheckpointFiles},
     {"StateLossSumString", edit_state([](nlohmann::json& s) { s["trainer"]["loss_sum"] = "big"; }), kResume, 2,
-     {"trainer_state.json", "trainer.loss_sum must be a finite number"}, kCheckpointFiles},
+     {"anatomy_state.json", "trainer.loss_sum must be a finite number"}, kCheckpointFiles},
     {"StateLossSumMissing", edit_state([](nlohmann::json& s) { s["trainer"].erase("loss_sum"); }), kResume, 2,
-     {"trainer_state.json", "trainer.loss_sum must be a finite number, got null"}, kCheckpointFiles},
+     {"anatomy_state.json", "trainer.loss_sum must be a finite number, got null"}, kCheckpointFiles},
     {"StateLossScaleNegative", edit_state([](nlohmann::json& s) { s["trainer"]["loss_scale"] = -1; }), kResume, 2,
-     {"trainer_state.json", "trainer.loss_scale must be positive"}, kCheckpointFiles},
+     {"anatomy_state.json", "trainer.loss_scale must be positive"}, kCheckpointFiles},
     {"StateTrainerNotObject", edit_state([](nlohmann::json& s) { s["trainer"] = 3; }), kResume, 2,
-     {"trainer_state.json", "trainer must be an object"}, kCheckpointFiles},
+     {"anatomy_state.json", "trainer must be an object"}, kCheckpointFiles},
     {"StateMicroBatchesDisagree", edit_state([](nlohmann::json& s) { s["trainer"]["micro_batches"] = 5; }), kResume, 2,
-     {"trainer_state.json", "micro_batches 5 is not global_step 2 steps of 1 to --gradient-accumulation-steps 1"}, kCheckpointFiles},
+     {"anatomy_state.json", "micro_batches 5 is not global_step 2 steps of 1 to --gradient-accumulation-steps 1"}, kCheckpointFiles},
     {"StateMalformedJson", write_state("{\"format_version\": 1, \"step\": "), kResume, 2,
-     {"trainer_state.json", "not valid JSON"}, kCheckpointFiles},
+     {"anatomy_state.json", "not valid JSON"}, kCheckpointFiles},
 
     // Model directories: weights in a format anatomy cannot read, weights that are not finite.
     {"OnlyPytorchModelBin",
@@ -278,10 +278,10 @@ const std::vector<Case> kCases = {
        poison_model("classifier.bias", kNaN)(d);  // the run's model, then the same into checkpoint-2
        const std::string ck = d + "/run/checkpoint-2/";
        fs::copy_file(d + "/run/model.safetensors", ck + "model.safetensors", fs::copy_options::overwrite_existing);
-       nlohmann::json st = nlohmann::json::parse(slurp(ck + "trainer_state.json"));  // reseal: only NaN is wrong
+       nlohmann::json st = nlohmann::json::parse(slurp(ck + "anatomy_state.json"));  // reseal: only NaN is wrong
        st["files"]["model.safetensors"] = {{"bytes", fs::file_size(ck + "model.safetensors")},
                                            {"checksum", anatomy::checkpoint_file_checksum(ck + "model.safetensors")}};
-       spit(ck + "trainer_state.json", st.dump(2));
+       spit(ck + "anatomy_state.json", st.dump(2));
      },
      kResume, 2, {"checkpoint-2/model.safetensors", "tensor 'classifier.bias' holds nan"}, {}},
     // Files that are not regular files, wherever a model or checkpoint is read (a FIFO would block).
@@ -302,10 +302,10 @@ const std::vector<Case> kCases = {
     {"FifoTrainerState",
      [](const std::string& d) {
        copy_run(d);
-       fs::remove(d + "/run/checkpoint-2/trainer_state.json");
-       ASSERT_EQ(mkfifo((d + "/run/checkpoint-2/trainer_state.json").c_str(), 0600), 0);
+       fs::remove(d + "/run/checkpoint-2/anatomy_state.json");
+       ASSERT_EQ(mkfifo((d + "/run/checkpoint-2/anatomy_state.json").c_str(), 0600), 0);
      },
-     kResume, 2, {"checkpoint-2/trainer_state.json", "not a regular file"}, {"run/checkpoint-2/model.safetensors"}},
+     kResume, 2, {"checkpoint-2/anatomy_state.json", "not a regular file"}, {"run/checkpoint-2/model.safetensors"}},
 
     // Damaged model files (held before issue 13; kept here so they stay held).
     {"ModelWeightsTruncated",
@@ -458,7 +458,7 @@ TEST(Resume, TheBestCheckpointIsTheOutputDirectorysOwn) {
   const CmdResult first = run(expand(args + " --max-steps 3", dir));
   ASSERT_EQ(first.status, 0) << first.output;
   // Without learning, every evaluation ties and the first stays the best.
-  const std::string state = dir + "/run/checkpoint-3/trainer_state.json";
+  const std::string state = dir + "/run/checkpoint-3/anatomy_state.json";
   nlohmann::json st = nlohmann::json::parse(slurp(state));
   ASSERT_EQ(st["trainer"]["best_model_checkpoint"], dir + "/run/checkpoint-1");
   st["trainer"]["best_model_checkpoint"] = "elsewhere/checkpoint-1";

@@ -112,7 +112,7 @@ nlohmann::json trainer_json(int64_t step, int64_t optimizer_steps, nlohmann::jso
 // After editing a checkpoint's file on purpose, record its new size and checksum so the
 // loader's own checks (not the manifest's) are what the test exercises.
 void reseal(const std::string& dir, const std::string& file) {
-  const std::string state_path = dir + "/trainer_state.json";
+  const std::string state_path = dir + "/anatomy_state.json";
   nlohmann::json st = nlohmann::json::parse(std::ifstream(state_path));
   st["files"][file] = {{"bytes", static_cast<uint64_t>(fs::file_size(dir + "/" + file))},
                        {"checksum", checkpoint_file_checksum(dir + "/" + file)}};
@@ -165,7 +165,7 @@ TEST(Checkpoints, LatestAndRotationSeeOnlyCompleteCheckpoints) {
     fs::copy(out + "/checkpoint-10", out + "/" + name, fs::copy_options::recursive);
   fs::create_directories(out + "/checkpoint-50");
   EXPECT_EQ(latest_checkpoint(out), out + "/checkpoint-10");
-  // A checkpoint whose trainer_state.json names another step does not count either.
+  // A checkpoint whose anatomy_state.json names another step does not count either.
   fs::copy(out + "/checkpoint-10", out + "/checkpoint-40", fs::copy_options::recursive);
   EXPECT_EQ(latest_checkpoint(out), out + "/checkpoint-10");
 
@@ -258,8 +258,15 @@ TEST(Checkpoints, DamagedCheckpointsFailNamingTheFileAndLoadNothing) {
   expect_fails(other, "optimizer.safetensors", "'sgd' optimizer");
 
   const std::string no_state = damaged("no_state");
-  { std::ofstream(no_state + "/trainer_state.json") << "{\"format_version\": 1, \"st"; }
-  expect_fails(no_state, "trainer_state.json", "not valid JSON");
+  { std::ofstream(no_state + "/anatomy_state.json") << "{\"format_version\": 1, \"st"; }
+  expect_fails(no_state, "anatomy_state.json", "not valid JSON");
+  // A checkpoint written before Note [two state files] kept anatomy's state as trainer_state.json.
+  const std::string legacy = damaged("legacy_name");
+  fs::remove(legacy + "/trainer_state.json");
+  fs::rename(legacy + "/anatomy_state.json", legacy + "/trainer_state.json");
+  Trainee old(*be, OptimizerKind::AdamW, 1);
+  EXPECT_NO_THROW(load_training_checkpoint(legacy, old.model, *old.opt));
+  EXPECT_TRUE(old.model.master_to_host() == a.model.master_to_host());
   EXPECT_NE(error_of([&] { resolve_resume_path(no_state, out); }).find("--resume-from-checkpoint " + no_state),
             std::string::npos);
 

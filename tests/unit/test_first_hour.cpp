@@ -274,6 +274,40 @@ const std::function<void(const std::string&)> kBestModelKept = [](const std::str
   EXPECT_TRUE(fs::exists(d + "/out/checkpoint-5"));
 };
 
+// Note [two state files]: trainer_state.json is the Trainer's TrainerState, field for field as
+// transformers 5.24 declares it (TrainerState.load_from_json passes every key to it), in each
+// checkpoint and beside the model; its log_history holds the logged lines and evaluations.
+const std::function<void(const std::string&)> kTrainerStateAsTheTrainerWritesIt = [](const std::string& d) {
+  const std::vector<std::string> fields = {
+      "best_global_step", "best_metric", "best_model_checkpoint", "epoch", "eval_steps", "global_step",
+      "is_hyper_param_search", "is_local_process_zero", "is_world_process_zero", "log_history", "logging_steps",
+      "max_steps", "num_input_tokens_seen", "num_train_epochs", "save_steps", "stateful_callbacks", "total_flos",
+      "train_batch_size", "trial_name", "trial_params"};
+  auto keys = [](const json& j) {
+    std::vector<std::string> k;
+    for (auto it = j.begin(); it != j.end(); ++it) k.push_back(it.key());
+    return k;
+  };
+  const json top = read_json(d + "/out/trainer_state.json");
+  EXPECT_EQ(keys(top), fields);
+  EXPECT_EQ(top["global_step"], 4);
+  EXPECT_EQ(top["max_steps"], 4);
+  int losses = 0, evals = 0;
+  for (const json& e : top["log_history"]) {
+    losses += e.contains("loss");
+    evals += e.contains("eval_loss");
+  }
+  EXPECT_EQ(losses, 4);
+  EXPECT_EQ(evals, 2);
+  EXPECT_TRUE(top["log_history"].back().contains("train_loss"));
+  EXPECT_EQ(top["log_history"].back()["train_loss"], read_json(d + "/out/train_results.json")["train_loss"]);
+  const json ck = read_json(d + "/out/checkpoint-2/trainer_state.json");
+  EXPECT_EQ(keys(ck), fields);
+  EXPECT_EQ(ck["global_step"], 2);
+  EXPECT_EQ(ck["log_history"].size(), 3u);  // steps 1 and 2, the evaluation at 2
+  EXPECT_TRUE(fs::exists(d + "/out/checkpoint-2/anatomy_state.json"));
+};
+
 // ---- the table ----------------------------------------------------------------------------------
 
 struct Case {
@@ -500,6 +534,10 @@ const std::vector<Case> kCases = {
     {"TestFileNeedsDoPredict", copy_text, kTextRun + "--max-steps 1 --test-file {dir}/s.jsonl", 2,
      {"is predicted only with --do-predict"}},
 
+    {"TrainerStateAsTheTrainerWritesIt", copy_text,
+     kTextRun + "--max-steps 4 --validation-file {dir}/s.jsonl --eval-strategy steps --eval-steps 2 --logging-steps 1 "
+                "--save-strategy steps --save-steps 2",
+     0, {}, {}, kTrainerStateAsTheTrainerWritesIt},
     // Note [best model]: the best checkpoint by eval_loss is kept beyond --save-total-limit and ends the run.
     {"LoadBestModelAtEnd", copy_text,
      kTextRun + "--max-steps 5 --learning-rate 0.005 --validation-file {dir}/s.jsonl --eval-strategy steps --eval-steps 1 "

@@ -111,9 +111,9 @@ void expect_checkpoints_whole(const std::string& out) {
   for (const auto& e : fs::directory_iterator(out)) {
     const std::string name = e.path().filename().string();
     if (!is_checkpoint_name(name)) continue;
-    for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json", "config.json"})
+    for (const char* f : {"model.safetensors", "optimizer.safetensors", "anatomy_state.json", "config.json"})
       EXPECT_TRUE(fs::is_regular_file(e.path() / f)) << name << " lacks " << f;
-    auto st = nlohmann::json::parse(slurp(e.path() / "trainer_state.json"));
+    auto st = nlohmann::json::parse(slurp(e.path() / "anatomy_state.json"));
     EXPECT_EQ(std::to_string(st.at("trainer").at("global_step").get<int64_t>()), name.substr(11)) << name;
   }
 }
