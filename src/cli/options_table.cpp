@@ -194,7 +194,7 @@ std::vector<OptionSpec> build() {
        [](R& r, const V& v) { r.optim = v.s; },
        "differs: adamw_torch/adamw_torch_fused/adamw_hf are one fused AdamW; adamw_bnb_8bit/adamw_8bit anatomy's own "
        "blockwise 8-bit AdamW"});
-  add({"learning-rate", {}, OptType::Float, kTrainPlan, "5e-05", "Peak learning rate", 0, 10, false, false, false, false,
+  add({"learning-rate", {}, OptType::Float, kTrainPlan, "5e-05", "Peak learning rate", 0, 1e6, false, false, false, false,
        {}, [](R& r, const V& v) { r.train.learning_rate = static_cast<float>(v.d); }, "same"});
   add({"weight-decay", {}, OptType::Float, kTrainPlan, "0", "Decoupled weight decay (not on biases and LayerNorm)", 0,
        10, false, false, false, false, {}, [](R& r, const V& v) { r.train.optim.weight_decay = static_cast<float>(v.d); },
@@ -203,7 +203,7 @@ std::vector<OptionSpec> build() {
        [](R& r, const V& v) { r.train.optim.beta1 = static_cast<float>(v.d); }, "same"});
   add({"adam-beta2", {}, OptType::Float, kTrainPlan, "0.999", "AdamW beta2", 0, 1, false, true, false, false, {},
        [](R& r, const V& v) { r.train.optim.beta2 = static_cast<float>(v.d); }, "same"});
-  add({"adam-epsilon", {}, OptType::Float, kTrainPlan, "1e-08", "AdamW epsilon", 0, 1, true, false, false, false, {},
+  add({"adam-epsilon", {}, OptType::Float, kTrainPlan, "1e-08", "AdamW epsilon", 0, 1, false, false, false, false, {},
        [](R& r, const V& v) { r.train.optim.eps = static_cast<float>(v.d); }, "same"});
   add({"sgd-momentum", {}, OptType::Float, kTrainPlan, "0",
        "SGD momentum: 0 (torch.optim.SGD's default, the Trainer's --optim sgd) keeps no momentum buffer; "

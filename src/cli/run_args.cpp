@@ -78,6 +78,8 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
     usage("--gemm-tuning measure times cuBLASLt's algorithms: it needs the GPU, not --device cpu");
   o.gradient_checkpointing = parse_checkpoint_policy(a.checkpointing);
   o.optim.kind = parse_optimizer(a.optim);
+  if (a.was_given("sgd-momentum") && o.optim.kind != OptimizerKind::Sgd)
+    usage("--sgd-momentum applies to --optim sgd only (this run: --optim ", a.optim, ")");
   resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps,
                              o.zero_stage == 2);  // a bad combination fails here (the world size: at set-up)
   o.save_model = a.save_strategy != "no";

@@ -26,7 +26,7 @@ int int_var(const Env& env, const std::string& name, int lo, const std::string& 
   errno = 0;
   const long x = std::strtol(v->c_str(), &end, 10);
   ANATOMY_CHECK(!v->empty() && *end == '\0' && errno == 0 && x >= lo && x <= 1 << 30, name, "=", *v,
-                ": expected a whole number of at least ", lo);
+                ": expected a whole number from ", lo, " to ", 1 << 30);
   return static_cast<int>(x);
 }
 

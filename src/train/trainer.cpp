@@ -254,9 +254,14 @@ void RankRun::resume(const std::string& dir) {
   for (auto it = m_fingerprint.begin(); it != m_fingerprint.end(); ++it) {
     const nlohmann::json was = then.contains(it.key()) ? then[it.key()]
                                                        : fingerprint_defaults().value(it.key(), nlohmann::json());
-    ANATOMY_CHECK(was == it.value(), "--resume-from-checkpoint ", dir, ": the checkpoint was trained with ", it.key(), " ",
-                  was.dump(), ", this run has ", it.value().dump(),
-                  it.key() == "--per-device-train-batch-size" ? " (per-device batch x ranks)" : "");
+    if (was == it.value()) continue;
+    // The batch is the global one: said as such, with this run's per-device batch and ranks.
+    if (it.key() == "--per-device-train-batch-size")
+      fail("--resume-from-checkpoint ", dir, ": the checkpoint was trained with a global batch of ", was.dump(),
+           " (--per-device-train-batch-size x ranks), this run's is ", it.value().dump(), " (", m_B, " x ", m_comm.size(),
+           " rank", m_comm.size() > 1 ? "s" : "", ")");
+    fail("--resume-from-checkpoint ", dir, ": the checkpoint was trained with ", it.key(), " ", was.dump(), ", this run has ",
+         it.value().dump());
   }
   m_start_step = st.at("global_step").get<int64_t>();
   m_p.micro = st.value("micro_batches", m_sched.first_of_step(m_start_step));

@@ -133,7 +133,7 @@ TEST(Options, RangeErrorsNameTheFlagAndTheRange) {
   };
   const std::vector<Case> cases = {
       {kTrain, {"--adam-beta1", "1.5"}, "--adam-beta1 1.5 is out of range: allowed [0, 1)"},
-      {kTrain, {"--adam-epsilon", "-1"}, "--adam-epsilon -1 is out of range: allowed (0, 1]"},
+      {kTrain, {"--adam-epsilon", "-1"}, "--adam-epsilon -1 is out of range: allowed [0, 1]"},
       {kTrain, {"--weight-decay", "-5"}, "--weight-decay -5 is out of range: allowed [0, 10]"},
       {kTrain, {"--sgd-momentum", "5"}, "--sgd-momentum 5 is out of range: allowed [0, 1)"},
       {kTrain, {"--threads", "-1"}, "--threads -1 is out of range: allowed [0, 4096]"},
@@ -316,6 +316,7 @@ TEST(Options, FlagsThatContradictEachOther) {
       {{"--warmup-ratio", "0.2", "--warmup-steps", "0.1"}, "--warmup-steps and --warmup-ratio exclude each other"},
       {{"--warmup-steps", "2.5"}, "--warmup-steps 2.5: a whole number of steps, or a fraction of them below 1"},
       {{"--do-train", "false", "--do-predict"}, "--do-train false: `anatomy train` always trains"},
+      {{"--sgd-momentum", "0.9"}, "--sgd-momentum applies to --optim sgd only (this run: --optim adamw"},
       {{"--do-eval"}, "--do-eval needs validation data"},
       {{"--preset", "bert-tiny", "--model-name-or-path", "/tmp"}, "exclude each other"},
       {{"--device", "cpu", "--fp16"}, "--precision fp16 needs a GPU"},

@@ -220,6 +220,8 @@ TEST(Resume, ACheckpointOfAnotherConfigurationIsRefused) {
   const std::string log = slurp(out + "/log2.txt");
   EXPECT_NE(log.find("--per-device-train-batch-size"), std::string::npos) << log;
   EXPECT_NE(log.find("--resume-from-checkpoint"), std::string::npos) << log;
+  // The batch is said as the global one it is, with this run's per-device batch and ranks.
+  EXPECT_NE(log.find(", this run's is 4 (4 x 1 rank)"), std::string::npos) << log;
 }
 
 // fp8's gradient format is part of the run: a hybrid checkpoint does not resume as e4m3, and
