@@ -258,10 +258,18 @@ CsvParser::CsvParser(std::string_view data, char delimiter, std::string name, si
 
 bool CsvParser::next(std::vector<std::string>& fields) {
   const std::string_view d = m_data;
-  // Skip blank lines.
-  while (m_pos < d.size() && (d[m_pos] == '\n' || d[m_pos] == '\r')) {
-    if (d[m_pos] == '\r' && m_pos + 1 < d.size() && d[m_pos + 1] == '\n') ++m_pos;
-    ++m_pos;
+  // Skip blank lines, and lines of spaces (of tabs too, where the tab is not the delimiter), as
+  // pandas does.
+  for (;;) {
+    size_t e = m_pos;
+    while (e < d.size() && (d[e] == ' ' || (d[e] == '\t' && m_delim != '\t'))) ++e;
+    if (e < d.size() && d[e] != '\n' && d[e] != '\r') break;
+    if (e >= d.size()) {
+      m_pos = e;
+      break;
+    }
+    if (d[e] == '\r' && e + 1 < d.size() && d[e + 1] == '\n') ++e;
+    m_pos = e + 1;
     ++m_line;
   }
   if (m_pos >= d.size()) return false;
@@ -309,15 +317,19 @@ bool CsvParser::next(std::vector<std::string>& fields) {
         }
         break;
       }
+      // Text after the closing quote joins the field, as pandas and Python's csv read it
+      // ("quoted start" and more -> quoted start and more).
+      const size_t rest_limit = std::min(d.size(), start + m_max + 1);
+      size_t rest = m_pos;
+      while (rest < rest_limit && d[rest] != m_delim && d[rest] != '\n' && d[rest] != '\r') ++rest;
+      check_size(rest);
+      f.append(d.data() + m_pos, rest - m_pos);
+      m_pos = rest;
       if (m_pos >= d.size()) break;
-      const char c = d[m_pos];
-      if (c == m_delim) {
+      if (d[m_pos] == m_delim) {
         ++m_pos;
         continue;
       }
-      ANATOMY_CHECK(c == '\n' || c == '\r', m_name, ":", m_line, ": unexpected '", printable(std::string_view(&c, 1)),
-                    "' after a closing quote in field ", n,
-                    " (a quoted field must end with a quote followed by the delimiter or a line end)");
       end_line();
       break;
     }
