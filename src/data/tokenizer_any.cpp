@@ -31,7 +31,26 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   return WordPieceTokenizer::from_tokenizer_json(path);  // WordPiece, or its error for other types
 }
 
+namespace {
+
+// transformers truncates on the side tokenizer_config.json's truncation_side names (right by
+// default); anatomy truncates on the right only, so a left-truncating tokenizer is refused rather
+// than given other tokens than the user's script would see.
+void refuse_left_truncation(const std::filesystem::path& dir) {
+  const auto cfg = dir / "tokenizer_config.json";
+  if (!std::filesystem::is_regular_file(cfg)) return;
+  std::ifstream in(cfg, std::ios::binary);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("truncation_side") || !j["truncation_side"].is_string()) return;
+  const std::string side = j["truncation_side"].get<std::string>();
+  ANATOMY_CHECK(side != "left", cfg.string(), ": truncation_side \"left\" is not supported: anatomy keeps a text's "
+                "first tokens (truncation_side \"right\", transformers' default); set it to \"right\" or shorten the texts");
+}
+
+}  // namespace
+
 Tokenizer Tokenizer::from_directory(const std::string& dir) {
+  refuse_left_truncation(dir);
   const auto file = std::filesystem::path(dir) / "tokenizer.json";
   if (std::filesystem::is_regular_file(file)) return from_tokenizer_json(file.string());
   return WordPieceTokenizer::from_directory(dir);

@@ -331,6 +331,25 @@ TEST(Tokenizer, AVocabTxtDirectoryFollowsTheFastTokenizer) {
   EXPECT_NE(t.tokenize("ΟΔΟΣ"), variant("slow_uncased").tokenize("ΟΔΟΣ"));
 }
 
+// A tokenizer that truncates on the left (tokenizer_config.json's truncation_side) would be given
+// other tokens than the user's script sees: refused, naming the file and the setting.
+TEST(Tokenizer, LeftTruncationIsRefused) {
+  const std::string dir = (scratch().dir / "left").string();
+  fs::create_directories(dir);
+  fs::copy_file(kVocab, dir + "/vocab.txt", fs::copy_options::overwrite_existing);
+  scratch().write("left/tokenizer_config.json", R"({"do_lower_case": true, "truncation_side": "left"})");
+  try {
+    Tokenizer::from_directory(dir);
+    ADD_FAILURE() << "a left-truncating tokenizer was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("left/tokenizer_config.json: truncation_side \"left\" is not supported"),
+              std::string::npos)
+        << e.what();
+  }
+  scratch().write("left/tokenizer_config.json", R"({"do_lower_case": true, "truncation_side": "right"})");
+  EXPECT_NO_THROW(Tokenizer::from_directory(dir));
+}
+
 TEST(Tokenizer, SpecialTokensInTextKeepTheirIds) {
   for (const char* v : {"slow_uncased", "fast_uncased"}) {
     EXPECT_EQ(variant(v).tokenize("hello [SEP] world[MASK]x [cls]"),
