@@ -272,6 +272,7 @@ void RankRun::resume(const std::string& dir) {
   m_p.samples = st.at("samples").get<int64_t>();
   m_p.loss_steps = st.value("loss_steps", int64_t{-1});
   m_p.first_loss = st.at("first_step_loss").get<double>();
+  m_p.last_loss = st.value("last_step_loss", m_p.last_loss);  // a run resumed at its end trains no step
   m_p.skipped = st.at("skipped_steps").get<int64_t>();
   m_p.nonfinite = st.value("nonfinite_steps", int64_t{0});
   m_window_loss = st.at("window_loss").get<double>();
@@ -325,6 +326,7 @@ void RankRun::save_checkpoint(int64_t step) {
                              {"samples", m_p.samples},
                              {"loss_steps", m_p.loss_steps},
                              {"first_step_loss", m_p.first_loss},
+                             {"last_step_loss", m_p.last_loss},
                              {"skipped_steps", m_p.skipped},
                              {"nonfinite_steps", m_p.nonfinite},
                              {"window_loss", m_log->window_loss},
