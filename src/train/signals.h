@@ -1,7 +1,7 @@
 // SIGINT and SIGTERM during training (Note [stopping cleanly]).
 //
 // Note [stopping cleanly]: SIGINT and SIGTERM only set a flag (the handler does nothing else, so
-// it is async-signal-safe) and restore the default action, so a second Ctrl-C kills at once.
+// it is async-signal-safe); a second of the same signal says so and kills at once (a second Ctrl-C).
 // Every rank reports its flag in the step's exchange (train/step.h), so all of them see a signal
 // that reached any of them after the same step: each saves its part of the checkpoint, rank 0
 // prints the command that resumes, and all return. A SIGKILL cannot be caught; checkpoints are

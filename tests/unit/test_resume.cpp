@@ -206,6 +206,20 @@ TEST(Resume, SigintSavesAndPrintsTheResumeCommand) {
   EXPECT_TRUE(anatomy::testing_compare::same_file_bytes(fs::path(run) / "model.safetensors", fs::path(ref) / "model.safetensors"));
 }
 
+// A second SIGINT ends the run at once, as a second Ctrl-C should, and says so (it died silently).
+TEST(Resume, ASecondSigintStopsAtOnceAndSaysSo) {
+  const std::string run = tmp("sigint_twice");
+  std::vector<std::string> args = train_args(run);
+  set_flag(args, "--max-steps", "100000");
+  const pid_t pid = spawn(args, run + "/log.txt");
+  for (int i = 0; i < 600 && loss_curve(run).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  kill(pid, SIGINT);
+  kill(pid, SIGINT);
+  EXPECT_EQ(wait_exit(pid), 128 + SIGINT);
+  const std::string log = slurp(run + "/log.txt");
+  EXPECT_NE(log.find("anatomy: a second signal: stopping now, without saving a checkpoint"), std::string::npos) << log;
+}
+
 TEST(Resume, ACheckpointOfAnotherConfigurationIsRefused) {
   const std::string out = tmp("resume_mismatch");
   std::vector<std::string> args = train_args(out);
