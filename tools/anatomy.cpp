@@ -420,6 +420,10 @@ int run_command(int argc, char** argv) {
   print_notes();  // with those finishing the arguments adds
   if (cmd == cli::kPlan) return run_plan(o, a.gpu_memory, cuda_available());
   o.command_line = resume_command(argc, argv);
+  // --ddp-timeout (the Trainer's ddp_timeout) reaches the collectives, and the spawned ranks,
+  // as ANATOMY_DIST_TIMEOUT, which wins when the user set it (dist/launch.h).
+  if (a.was_given("ddp-timeout") && std::getenv("ANATOMY_DIST_TIMEOUT") == nullptr)
+    ::setenv("ANATOMY_DIST_TIMEOUT", std::to_string(a.ddp_timeout).c_str(), 1);
   // One process per rank (dist/spawn.h): under a launcher (torchrun, mpirun, srun) this process
   // is one rank of its group; --nproc-per-node N without one spawns N such processes.
   return run_ranks(o.nproc_per_node, argv, [&](const LaunchEnv& env) {

@@ -135,7 +135,9 @@ std::string markdown_doc() {
       for (const NeutralValue& n : neutral_values())
         if (field == std::string(n.name))
           status = std::string(n.value) == "*" ? str_cat("accepted with any value, which changes nothing here: ", n.why)
-                                               : str_cat(status, "; `", n.value, "` is accepted and changes nothing here");
+                                               : std::string(n.value).empty()
+                                                   ? str_cat(status, "; an empty list is accepted and changes nothing here")
+                                                   : str_cat(status, "; `", n.value, "` is accepted and changes nothing here");
     }
     out += str_cat("| `", field, "` | ", status, " |\n");
   }

@@ -275,6 +275,11 @@ std::vector<OptionSpec> build() {
        "With several ranks: gradients are reduced while backward runs, in buckets of this many MiB (0: each layer)",
        0, 65536, false, false, false, false, {},
        [](R& r, const V& v) { r.train.ddp_bucket_cap_mb = static_cast<int>(v.i); }, "same"});
+  add({"ddp-timeout", {}, OptType::Int, kTrain, "300",
+       "With several ranks: seconds a collective waits for the others before the job ends with an error "
+       "(ANATOMY_DIST_TIMEOUT, when set, wins)",
+       1, 1 << 30, false, false, false, false, {}, [](R& r, const V& v) { r.ddp_timeout = v.i; },
+       "differs: default 300 s (Trainer: 1800)"});
   add({"threads", {}, OptType::Int, kAll, "0", "CPU threads (0: all cores)", 0, 4096, false, false, false, false, {},
        [](R& r, const V& v) { r.train.threads = static_cast<int>(v.i); }});
   // ---- evaluation ----

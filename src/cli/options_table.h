@@ -48,6 +48,7 @@ struct RunArgs {
   bool skip_padding = true, sort_by_length = true;  // eval; skip_padding also train
   std::string revision;                             // with a Hub name (io/hub.h); empty: main
   int64_t gpu_memory = -1;                          // plan: bytes (-1: the GPU present)
+  int64_t ddp_timeout = 0;                          // --ddp-timeout seconds (0: not given)
   std::vector<std::string> given;                   // canonical names set by the user
   std::vector<std::string> notes;                   // neutral Trainer arguments accepted, one line each
   bool was_given(const std::string& name) const;

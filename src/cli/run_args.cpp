@@ -58,14 +58,12 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   TrainOptions o = a.train;
   if (a.was_given("preset") && a.was_given("model-name-or-path"))
     usage("--preset and --model-name-or-path exclude each other (a built-in model or a directory)");
-  // do_train is read by scripts (run_glue.py), not by the Trainer: false with an evaluation or a
-  // prediction asks for no training, which is `anatomy eval`; false alone is TrainingArguments'
-  // default, as an arguments file dumped from it carries it.
-  if (!a.do_train && ((a.was_given("do-eval") && a.do_eval) || a.do_predict))
-    usage("--do-train false: `anatomy train` always trains; `anatomy eval` evaluates a saved model");
+  // do_train is read by scripts (run_glue.py), not by the Trainer, and false is TrainingArguments'
+  // default (an arguments file dumped from it carries it, with do_eval true when it evaluates):
+  // said, not refused.
   if (!a.do_train)
     a.notes.push_back("--do-train false: accepted as TrainingArguments' default; `anatomy train` trains (run_glue.py "
-                      "reads do_train, the Trainer does not)");
+                      "reads do_train, the Trainer does not; `anatomy eval` evaluates a saved model without training)");
   o.skip_padding = a.skip_padding;
   o.num_labels_given = a.was_given("num-labels");
   o.text_columns_given = a.text_columns_given();

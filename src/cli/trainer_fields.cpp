@@ -100,13 +100,17 @@ const std::vector<NeutralValue>& neutral_values() {
       // not do: an arguments file dumped from the Trainer runs as it is.
       {"logging_nan_inf_filter", "true", "a non-finite loss is not filtered from the log: it stops the run, keeping the "
                                          "last checkpoint (--skip-nonfinite-steps skips and counts such steps)"},
-      {"accelerator_config", "*", "anatomy does not use Accelerate"},
+      // Accelerate's defaults as to_json_string() writes them (split_batches true would make the
+      // per-device batch the global one: refused).
+      {"accelerator_config",
+       R"({"dispatch_batches":null,"even_batches":true,"gradient_accumulation_kwargs":null,"non_blocking":false,)"
+       R"("split_batches":false,"use_seedable_sampler":true})",
+       "anatomy does not use Accelerate; these are its defaults"},
       {"activation_checkpointing", "false", "--gradient-checkpointing says what is recomputed"},
       {"average_tokens_across_devices", "true", "per-token losses are averaged over every rank's labelled tokens"},
       {"batch_eval_metrics", "false", "metrics are computed over the whole evaluation"},
       {"dataloader_drop_last", "false", "the last, smaller batch of an epoch is trained on"},
       {"dataloader_in_order", "true", kLoader},
-      {"ddp_timeout", "1800", "collectives wait ANATOMY_DIST_TIMEOUT seconds (300 unless set)"},
       {"debug", "", "no PyTorch debug modes"},
       {"enable_jit_checkpoint", "false", "checkpoints are written every --save-steps or epoch"},
       {"eval_delay", "0", "evaluations start with the first --eval-steps"},

@@ -53,7 +53,7 @@ void for_each_label(const std::string& path, TextFormat format, char delimiter, 
       ANATOMY_CHECK(text[first] != '[', path, ":", line, ": a JSON array; expected JSON Lines (one JSON object per line)");
       nlohmann::json j;
       try {
-        j = nlohmann::json::parse(text);
+        j = nlohmann::json::parse(sanitize_utf8(text));  // as the record reader reads it (Note [ill-formed UTF-8])
       } catch (const std::exception& e) {
         fail(path, ":", line, ": not valid JSON: ", json_error_text(e));
       }

@@ -128,7 +128,8 @@ LaunchEnv detect_launch(const Env& env) {
   // srun without MASTER_PORT: a port every task of the step derives alike (Note [bootstrap port]);
   // the step id too, so that steps of one job run side by side (a sweep) do not meet.
   if (e.launcher == "srun" && !find(env, "MASTER_PORT"))
-    e.master_port = 20000 + (int_var_or(env, "SLURM_JOB_ID", 0, 0) % 10000 + 7919 * int_var_or(env, "SLURM_STEP_ID", 0, 0)) % 10000;
+    e.master_port = 20000 + static_cast<int>((int_var_or(env, "SLURM_JOB_ID", 0, 0) % 10000 +
+                                              int64_t{7919} * int_var_or(env, "SLURM_STEP_ID", 0, 0)) % 10000);
   else
     e.master_port = int_var(env, "MASTER_PORT", 1, "rank 0's port, the same on every rank");
   ANATOMY_CHECK(e.master_port <= 65535, "MASTER_PORT=", e.master_port, " is not a TCP port");

@@ -54,6 +54,12 @@ std::optional<int64_t> parse_checkpoint_name(const std::string& name, std::strin
 
 }  // namespace
 
+std::optional<int64_t> checkpoint_step_of(const std::string& name) {
+  std::string rest;
+  const std::optional<int64_t> step = parse_checkpoint_name(name, &rest);
+  return step && rest.empty() ? step : std::nullopt;
+}
+
 // Note [checkpoint checksum]: 64-bit FNV-1a over little-endian 8-byte words (the tail byte by
 // byte), then the length. Each step is a bijection of the running hash, so any change confined
 // to one word is always detected; it runs near memory speed, unlike byte-wise FNV. It guards
@@ -164,11 +170,12 @@ nlohmann::json read_state(const fs::path& dir, bool verify_checksums) {
     std::error_code ec;
     const uintmax_t size = fs::file_size(path, ec);
     ANATOMY_CHECK(!ec, path, ": missing from the checkpoint (", ec.message(), ")");
-    ANATOMY_CHECK(size == f["bytes"].get<uint64_t>(), path, ": is ", size, " bytes, ", kStateFile, " says ",
+    const std::string manifest = fs::path(file).filename().string();  // anatomy_state.json, or an older name
+    ANATOMY_CHECK(size == f["bytes"].get<uint64_t>(), path, ": is ", size, " bytes, ", manifest, " says ",
                   f["bytes"].get<uint64_t>(), " (truncated or replaced)");
     if (verify_checksums)
       ANATOMY_CHECK(checkpoint_file_checksum(path) == f["checksum"].get<std::string>(), path,
-                    ": checksum differs from the one in ", kStateFile, " (the file is corrupt)");
+                    ": checksum differs from the one in ", manifest, " (the file is corrupt)");
   }
   return st;
 }

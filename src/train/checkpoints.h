@@ -105,6 +105,9 @@ nlohmann::json load_training_checkpoint(const std::string& dir, EncoderModel& mo
 // calls it; one-line errors name the file and the field.
 void validate_trainer_state(const nlohmann::json& trainer, const std::string& file, int64_t step, int64_t optimizer_steps);
 
+// The step of a checkpoint directory's name ("checkpoint-12" -> 12), or nullopt.
+std::optional<int64_t> checkpoint_step_of(const std::string& name);
+
 // The checksum anatomy_state.json records for a file (Note [checkpoint checksum]), 16 hex digits.
 std::string checkpoint_file_checksum(const std::string& path);
 

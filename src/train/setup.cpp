@@ -69,15 +69,23 @@ std::string previous_run_in(const fs::path& dir) {
 }
 
 // The temporary files of an atomic write (io/atomic_file.h: <name>.tmp-XXXXXX beside the file)
-// that a killed run left behind.
+// that a killed run left behind, for the files a run writes into its output directory only: a
+// user's own "notes.tmp-backup" is not ours to remove.
 void remove_atomic_leftovers(const fs::path& dir) {
+  static const char* const ours[] = {
+      "model.safetensors", "config.json", "train_results.json", "eval_results.json", "all_results.json",
+      "predict_results.txt", "trainer_state.json", "memory_timeline.json", "metrics.jsonl", "profile.json",
+      "gemm_tuning.md", "tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
+      "special_tokens_map.json", "added_tokens.json", "sentencepiece.bpe.model", "spm.model"};
   std::error_code ec;
   std::vector<fs::path> left;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     const size_t at = name.rfind(".tmp-");
     std::error_code fe;
-    if (at != std::string::npos && at > 0 && name.size() == at + 11 && e.is_regular_file(fe)) left.push_back(e.path());
+    if (at == std::string::npos || name.size() != at + 11 || !e.is_regular_file(fe)) continue;
+    if (std::any_of(std::begin(ours), std::end(ours), [&](const char* f) { return name.compare(0, at, f) == 0; }))
+      left.push_back(e.path());
   }
   for (const fs::path& p : left) fs::remove(p, ec);
 }

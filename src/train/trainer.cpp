@@ -72,6 +72,19 @@ const nlohmann::json& fingerprint_defaults() {
   return d;
 }
 
+// The best checkpoint a resumed checkpoint names, as a path that exists: the saving run named it
+// by its own spelling of the output directory (relative to another working directory, or since
+// moved), so its name is looked up in this run's output directory, then beside the checkpoint
+// resumed from (a run resumed into another directory); "" when it names none.
+std::string resolve_best_checkpoint(const std::string& named, const std::string& resumed_from, const std::string& output_dir) {
+  if (named.empty()) return "";
+  const fs::path name = fs::path(named).filename();
+  std::error_code ec;
+  for (const fs::path& dir : {fs::path(output_dir), fs::path(resumed_from).parent_path()})
+    if (fs::is_directory(dir / name, ec)) return (dir / name).string();
+  return fs::is_directory(named, ec) ? named : "";
+}
+
 // One value per rank, in rank order, on every rank.
 std::vector<int64_t> gather_per_rank(Communicator& comm, int64_t mine) {
   std::vector<double> v(static_cast<size_t>(comm.size()), 0.0);
@@ -285,10 +298,7 @@ void RankRun::resume(const std::string& dir) {
   }
   m_step->scaler().scale = st.at("loss_scale").get<float>();
   m_step->scaler().clean = st.at("loss_scale_clean_steps").get<int64_t>();
-  // The best checkpoint is one of this output directory's, whatever path the run that saved it
-  // named the directory by (relative to another working directory, or since moved).
-  m_best_ckpt = st.value("best_model_checkpoint", std::string());
-  if (!m_best_ckpt.empty()) m_best_ckpt = (fs::path(m_opt.output_dir) / fs::path(m_best_ckpt).filename()).string();
+  m_best_ckpt = resolve_best_checkpoint(st.value("best_model_checkpoint", std::string()), dir, m_opt.output_dir);
   m_best_metric = st.value("best_metric", 0.0);
   if (m_lead)
     std::fprintf(stderr, "anatomy: resumed from %s at step %lld of %lld\n", dir.c_str(), static_cast<long long>(m_start_step),
@@ -621,7 +631,8 @@ nlohmann::json RankRun::trainer_state(int64_t step, const nlohmann::json& last) 
   const std::string best = m_best_ckpt.empty() ? "" : fs::path(m_best_ckpt).filename().string();
   const nlohmann::json none;
   const int64_t per_epoch = m_sched.steps_per_epoch();
-  return {{"best_global_step", best.empty() ? none : nlohmann::json(std::stoll(best.substr(best.find('-') + 1)))},
+  const std::optional<int64_t> best_step = best.empty() ? std::nullopt : checkpoint_step_of(best);
+  return {{"best_global_step", best_step ? nlohmann::json(*best_step) : none},
           {"best_metric", best.empty() ? none : nlohmann::json(m_best_metric)},
           {"best_model_checkpoint", best.empty() ? none : nlohmann::json(m_best_ckpt)},
           {"epoch", epoch_of(m_sched.first_of_step(step))},

@@ -473,6 +473,13 @@ TEST(Resume, TheBestCheckpointIsTheOutputDirectorysOwn) {
   const nlohmann::json res = nlohmann::json::parse(slurp(dir + "/run/train_results.json"));
   EXPECT_EQ(res["best_model_checkpoint"], dir + "/run/checkpoint-1");
   EXPECT_EQ(slurp(dir + "/run/checkpoint-1/model.safetensors"), slurp(dir + "/run/model.safetensors"));
+  // Resumed into another directory: the best is the one beside the checkpoint resumed from.
+  std::string other = args + " --max-steps 6 --resume-from-checkpoint {dir}/run/checkpoint-5";
+  other.replace(other.find("--output-dir {dir}/run"), std::string("--output-dir {dir}/run").size(), "--output-dir {dir}/other");
+  const CmdResult moved = run(expand(other, dir));
+  ASSERT_EQ(moved.status, 0) << moved.output;
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/other/train_results.json"))["best_model_checkpoint"],
+            dir + "/run/checkpoint-1");
 }
 
 TEST_P(BadInputs, RefusedCleanly) {

@@ -406,12 +406,14 @@ const std::vector<Case> kCases = {
        fs::create_directories(d + "/out");
        spit(d + "/out/model.safetensors.tmp-Ab12Cd", "half");
        spit(d + "/out/notes.tmp-keep.txt", "mine");
+       spit(d + "/out/notes.tmp-backup", "mine too");  // a temporary's length, but not a name anatomy writes
      },
      kTiny + "--train_file {dir}/p.csv --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out",
      0, {}, {},
      [](const std::string& d) {
        EXPECT_FALSE(fs::exists(d + "/out/model.safetensors.tmp-Ab12Cd"));
        EXPECT_TRUE(fs::exists(d + "/out/notes.tmp-keep.txt"));  // not an atomic write's name
+       EXPECT_TRUE(fs::exists(d + "/out/notes.tmp-backup"));
        EXPECT_TRUE(fs::exists(d + "/out/model.safetensors"));
      }},
     // Every TrainingArguments field at its default (to_json_string() of transformers 5.24): what

@@ -307,6 +307,18 @@ TEST(Options, WarmupStepsBelowOneIsARatioAsInTrainer5) {
   EXPECT_EQ(s.warmup(50), 12);
 }
 
+// do_train false is TrainingArguments' default (a dump carries it, with do_eval true when it
+// evaluates): said, not refused. ddp_timeout is taken, as the collectives' timeout.
+TEST(Options, DoTrainFalseIsSaidAndDdpTimeoutIsTaken) {
+  RunArgs r = parse_args(kTrain, {"--do-train", "false", "--do-eval", "--validation-split", "0.1", "--num-samples", "8",
+                                  "--ddp-timeout", "1800"});
+  finish_train_args(r, kTrain, false);
+  ASSERT_FALSE(r.notes.empty());
+  EXPECT_NE(r.notes.back().find("--do-train false: accepted as TrainingArguments' default"), std::string::npos);
+  EXPECT_EQ(r.ddp_timeout, 1800);
+  EXPECT_NE(error_of(kTrain, {"--ddp-timeout", "0"}).find("--ddp-timeout 0 is out of range"), std::string::npos);
+}
+
 TEST(Options, FlagsThatContradictEachOther) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--bf16", "--fp16"}, "--bf16 and --fp16 exclude each other"},
@@ -315,7 +327,6 @@ TEST(Options, FlagsThatContradictEachOther) {
       {{"--warmup-steps", "0.1", "--warmup-ratio", "0.2"}, "--warmup-steps and --warmup-ratio exclude each other"},
       {{"--warmup-ratio", "0.2", "--warmup-steps", "0.1"}, "--warmup-steps and --warmup-ratio exclude each other"},
       {{"--warmup-steps", "2.5"}, "--warmup-steps 2.5: a whole number of steps, or a fraction of them below 1"},
-      {{"--do-train", "false", "--do-predict"}, "--do-train false: `anatomy train` always trains"},
       {{"--sgd-momentum", "0.9"}, "--sgd-momentum applies to --optim sgd only (this run: --optim adamw"},
       {{"--do-eval"}, "--do-eval needs validation data"},
       {{"--preset", "bert-tiny", "--model-name-or-path", "/tmp"}, "exclude each other"},

@@ -139,6 +139,10 @@ TEST(FloatLabels, SniffsTheLabelColumnAsRunClassificationDoes) {
             std::string::npos);
   const std::string latin = error_of_sniff("latin.jsonl", "{\"text\": \"caf\xe9\", \"label\": 1\n");
   EXPECT_EQ(latin.find('\xe9'), std::string::npos) << "raw bytes echoed";
+  // A well-formed line with a byte that is not UTF-8 is read, as the record reader reads it.
+  EXPECT_EQ(sniff_label_column(file("latin_ok.jsonl", "{\"text\": \"caf\xe9\", \"label\": 2.5}\n"), TextFormat::Auto, 0,
+                               "label"),
+            LabelColumnKind::Numbers);
 
   FloatLabelOptions o;
   o.lists = true;

@@ -366,9 +366,6 @@ TEST(TrainRanks, SteadyThroughputLeavesOutTheEvaluationsBetweenSteps) {
   EXPECT_GT(r.steady_samples_per_second, 1.5 * r.train_samples_per_second);  // ~2.7x here; ~1x when counted
 }
 
-// A SIGTERM (on the last rank only) pending from step 3's launch: read one step at a time, the run
-// stops after step 3; with step 4 launched behind step 3, it stops after step 4, whose weights its
-// checkpoint holds. Either way, resuming ends where the uninterrupted run ends.
 // A SIGTERM after the last step (a launcher forwarding one while the final model is written) let
 // the final save be killed half way at 2 ranks; the handler now lasts through the end, whose
 // files are written in full, on every rank.
@@ -391,6 +388,9 @@ TEST(TrainRanks, ASignalDuringTheFinalSaveLetsItFinish) {
   }
 }
 
+// A SIGTERM (on the last rank only) pending from step 3's launch: read one step at a time, the run
+// stops after step 3; with step 4 launched behind step 3, it stops after step 4, whose weights its
+// checkpoint holds. Either way, resuming ends where the uninterrupted run ends.
 TEST(TrainRanks, AStopAgreedWithAStepInFlightEndsAfterThatStep) {
   const std::string model = dropout_free_model("ahead_stop_model");
   for (int world : {1, 2}) {
