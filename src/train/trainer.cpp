@@ -290,11 +290,18 @@ void RankRun::resume(const std::string& dir) {
   m_p.nonfinite = st.value("nonfinite_steps", int64_t{0});
   m_window_loss = st.at("window_loss").get<double>();
   m_window_samples = st.at("window_samples").get<int64_t>();
-  if (m_p.loss_steps < 0) {  // written before Note [loss per step]: sums over samples, made means of steps
+  if (m_p.loss_steps < 0) {  // written before Note [loss per step] and [accumulation within an epoch]
+    // Its steps per epoch were floor(M / A): the same schedule only when A divides M.
+    ANATOMY_CHECK(m_micro_per_epoch % m_accum == 0, "--resume-from-checkpoint ", dir, ": an anatomy before 2026-11-29 "
+                  "wrote it, whose steps carried the accumulation across epochs (", m_micro_per_epoch, " micro-batches an "
+                  "epoch, ", m_accum, " a step); resume it with that version, or start again");
+    // Sums over samples, made means of steps: the open window's steps are those since the last log.
     m_p.loss_steps = std::max<int64_t>(0, m_start_step - m_p.nonfinite);
     m_p.loss_sum = m_p.loss_sum / static_cast<double>(std::max<int64_t>(1, m_p.samples)) * static_cast<double>(m_p.loss_steps);
-    m_window_loss = m_window_samples > 0 ? m_window_loss / static_cast<double>(m_window_samples) : 0.0;
-    m_window_samples = m_window_samples > 0 ? 1 : 0;
+    const int64_t open = m_opt.logging_steps > 0 ? m_start_step % m_opt.logging_steps : 0;
+    const double mean = m_window_samples > 0 ? m_window_loss / static_cast<double>(m_window_samples) : 0.0;
+    m_window_samples = m_window_samples > 0 ? std::max<int64_t>(1, open) : 0;
+    m_window_loss = mean * static_cast<double>(m_window_samples);
   }
   m_step->scaler().scale = st.at("loss_scale").get<float>();
   m_step->scaler().clean = st.at("loss_scale_clean_steps").get<int64_t>();

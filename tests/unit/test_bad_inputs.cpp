@@ -482,6 +482,25 @@ TEST(Resume, TheBestCheckpointIsTheOutputDirectorysOwn) {
             dir + "/run/checkpoint-1");
 }
 
+// A checkpoint of an older version (no loss_steps: its losses were sums over samples) resumes,
+// its sums made means of steps (Note [loss per step]), when its schedule is this version's.
+TEST(Resume, ACheckpointOfTheVersionBeforeResumes) {
+  const std::string dir = anatomy::testing_cli::fresh_dir("anatomy_resume_older_state");
+  copy_text(dir);
+  const std::string args = kTrain + "--train-file {dir}/s.jsonl --tokenizer " + kTok +
+                           " --save-strategy steps --save-steps 1 --logging-steps 2 --output-dir {dir}/run";
+  ASSERT_EQ(run(expand(args + " --max-steps 3", dir)).status, 0);
+  const std::string state = dir + "/run/checkpoint-3/anatomy_state.json";
+  nlohmann::json st = nlohmann::json::parse(slurp(state));
+  st["trainer"].erase("loss_steps");
+  st["trainer"].erase("last_step_loss");
+  spit(state, st.dump());
+  const CmdResult resumed = run(expand(args + " --max-steps 5 --resume-from-checkpoint latest", dir));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const double loss = nlohmann::json::parse(slurp(dir + "/run/train_results.json"))["train_loss"].get<double>();
+  EXPECT_TRUE(std::isfinite(loss) && loss > 0) << loss;
+}
+
 TEST_P(BadInputs, RefusedCleanly) {
   const Case& c = GetParam();
   const std::string dir = anatomy::testing_cli::fresh_dir(std::string("anatomy_bad_") + c.name);
