@@ -41,6 +41,7 @@ class TrainLog {
   // Every logged line and evaluation of the run (a resumed run's kept ones first): the Trainer's
   // log_history (trainer_state.json).
   std::vector<nlohmann::json> log_history() const;
+  const std::vector<nlohmann::json>& own_history() const { return m_history; }  // this process's entries only
   void end_of_bar() const;  // the newline after the progress bar
   bool tty() const { return m_tty; }
   // The loss window of a checkpoint (what is logged at the next logging step): the sum of its

@@ -21,6 +21,7 @@
 
 #include "dist/communicator.h"
 #include "io/atomic_file.h"
+#include "io/read_file.h"
 #include "io/checkpoint.h"
 #include "model/config.h"
 #include "model/heads.h"
@@ -189,6 +190,7 @@ class RankRun {
   std::vector<double> m_train_stamps;   // each step's end, less the evaluations and checkpoints before it
   std::vector<double> m_step_ends_s;    // each step's end on the NVML sampler's clock (sampler_now_s)
   nlohmann::json m_fingerprint;
+  std::vector<nlohmann::json> m_history_before;  // the resumed checkpoint's log_history (trainer_state.json)
   Progress m_p;
   TrainResult m_res;
 };
@@ -305,6 +307,17 @@ void RankRun::resume(const std::string& dir) {
   }
   m_step->scaler().scale = st.at("loss_scale").get<float>();
   m_step->scaler().clean = st.at("loss_scale_clean_steps").get<int64_t>();
+  // The Trainer's log of the steps before (trainer_state.json; older checkpoints have none), so
+  // that the log goes on whether or not metrics.jsonl is there (--report-to none, another directory).
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(dir) / "trainer_state.json", ec)) {
+    const nlohmann::json hf =
+        nlohmann::json::parse(read_regular_file((fs::path(dir) / "trainer_state.json").string()), nullptr, false);
+    if (hf.is_object() && hf.contains("log_history") && hf["log_history"].is_array())
+      for (const nlohmann::json& e : hf["log_history"])
+        if (e.is_object() && e.value("step", int64_t{0}) <= m_start_step && !e.contains("train_runtime"))
+          m_history_before.push_back(e);
+  }
   m_best_ckpt = resolve_best_checkpoint(st.value("best_model_checkpoint", std::string()), dir, m_opt.output_dir);
   m_best_metric = st.value("best_metric", 0.0);
   if (m_lead)
@@ -633,7 +646,8 @@ void RankRun::finish() {
 // transformers 5 declares it, for the tools that read trainer_state.json (its log_history above
 // all); `last`: the run's final log entry. total_flos is not counted (0).
 nlohmann::json RankRun::trainer_state(int64_t step, const nlohmann::json& last) const {
-  std::vector<nlohmann::json> history = m_log->log_history();
+  std::vector<nlohmann::json> history = m_history_before.empty() ? m_log->log_history() : m_history_before;
+  if (!m_history_before.empty()) history.insert(history.end(), m_log->own_history().begin(), m_log->own_history().end());
   if (!last.is_null()) history.push_back(last);
   const std::string best = m_best_ckpt.empty() ? "" : fs::path(m_best_ckpt).filename().string();
   const nlohmann::json none;

@@ -480,6 +480,12 @@ TEST(Resume, TheBestCheckpointIsTheOutputDirectorysOwn) {
   ASSERT_EQ(moved.status, 0) << moved.output;
   EXPECT_EQ(nlohmann::json::parse(slurp(dir + "/other/train_results.json"))["best_model_checkpoint"],
             dir + "/run/checkpoint-1");
+  // Its log goes on from the checkpoint's (trainer_state.json), though this directory had no
+  // metrics.jsonl to read it from: steps 1..5's evaluations, then step 6's.
+  int evals = 0;
+  const nlohmann::json hf = nlohmann::json::parse(slurp(dir + "/other/trainer_state.json"));
+  for (const auto& e : hf["log_history"]) evals += e.contains("eval_loss");
+  EXPECT_GE(evals, 6);
 }
 
 // A checkpoint of an older version (no loss_steps: its losses were sums over samples) resumes,
