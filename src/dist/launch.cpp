@@ -74,7 +74,8 @@ void refuse_stale_launch(const Env& env, const LaunchEnv& e) {
     fail(e.launcher, "'s variables say a world of 1 but ", var, "=", *v, " (", launcher,
          "'s) says more: variables of an earlier launch are left in the environment; unset the ", e.launcher,
          " ones (", e.launcher == "torchrun" ? "RANK, WORLD_SIZE" : e.launcher == "mpirun" ? "OMPI_COMM_WORLD_*" : "SLURM_*",
-         ") or launch with ", launcher, " alone");
+         ") or launch with ", launcher, " alone (ANATOMY_LAUNCHER=", e.launcher, " takes ", e.launcher,
+         "'s variables alone)");
   }
 }
 
@@ -83,21 +84,28 @@ void refuse_stale_launch(const Env& env, const LaunchEnv& e) {
 LaunchEnv detect_launch(const Env& env) {
   LaunchEnv e;
   const std::string addr_hint = "set it to rank 0's host name or address on every rank";
-  if (find(env, "RANK") || find(env, "WORLD_SIZE")) {
+  // ANATOMY_LAUNCHER names the launcher whose variables to read, the others' ignored (torchrun
+  // --standalone per task of a multi-task srun step, say); unset, the first present wins.
+  const std::string* forced = find(env, "ANATOMY_LAUNCHER");
+  ANATOMY_CHECK(!forced || *forced == "torchrun" || *forced == "mpirun" || *forced == "srun" || *forced == "none",
+                "ANATOMY_LAUNCHER=", forced ? *forced : "", ": expected torchrun, mpirun, srun or none");
+  auto take = [&](const char* launcher, bool present) { return forced ? *forced == launcher : present; };
+  if (forced && *forced == "none") return e;
+  if (take("torchrun", find(env, "RANK") || find(env, "WORLD_SIZE"))) {
     e.launcher = "torchrun";
     e.rank = int_var(env, "RANK", 0, "torchrun sets it with WORLD_SIZE");
     e.world_size = int_var(env, "WORLD_SIZE", 1, "torchrun sets it with RANK");
     e.local_rank = int_var(env, "LOCAL_RANK", 0, "torchrun sets it with RANK");
     e.local_world_size = int_var_or(env, "LOCAL_WORLD_SIZE", 1, e.world_size);
     check_rank(e, "RANK", "WORLD_SIZE", "LOCAL_RANK");
-  } else if (find(env, "OMPI_COMM_WORLD_RANK")) {
+  } else if (take("mpirun", find(env, "OMPI_COMM_WORLD_RANK"))) {
     e.launcher = "mpirun";
     e.rank = int_var(env, "OMPI_COMM_WORLD_RANK", 0);
     e.world_size = int_var(env, "OMPI_COMM_WORLD_SIZE", 1, "mpirun sets it with OMPI_COMM_WORLD_RANK");
     e.local_rank = int_var_or(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, 0);
     e.local_world_size = int_var_or(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, e.world_size);
     check_rank(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK");
-  } else if (find(env, "SLURM_PROCID") && find(env, "SLURM_STEP_NUM_TASKS")) {
+  } else if (take("srun", find(env, "SLURM_PROCID") && find(env, "SLURM_STEP_NUM_TASKS"))) {
     // srun sets SLURM_STEP_NUM_TASKS for the tasks of its step; a batch script run without srun
     // has SLURM_PROCID=0 and the allocation's SLURM_NTASKS but no step: a group of one.
     e.launcher = "srun";
@@ -112,7 +120,7 @@ LaunchEnv detect_launch(const Env& env) {
   } else {
     return e;  // not launched: a group of one, no rendezvous
   }
-  refuse_stale_launch(env, e);
+  if (!forced) refuse_stale_launch(env, e);
   if (e.world_size == 1) return LaunchEnv{};  // a group of one needs no rendezvous (nor MASTER_ADDR)
 
   if (const std::string* a = find(env, "MASTER_ADDR"); a && !a->empty()) {

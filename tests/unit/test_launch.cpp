@@ -114,6 +114,19 @@ TEST(Launch, VariablesOfAnEarlierLaunchAreRefused) {
                                              {"MASTER_PORT", "29500"}});
   EXPECT_EQ(inside.launcher, "mpirun");
   EXPECT_EQ(inside.world_size, 3);
+  // torchrun --standalone per task of a multi-task srun step: ANATOMY_LAUNCHER says whose variables.
+  const LaunchEnv standalone = detect_launch(Env{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"},
+                                                 {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "4"},
+                                                 {"ANATOMY_LAUNCHER", "torchrun"}});
+  EXPECT_EQ(standalone.world_size, 1);
+  EXPECT_NE(stale.find("ANATOMY_LAUNCHER=torchrun takes torchrun's variables alone"), std::string::npos) << stale;
+  const LaunchEnv forced = detect_launch(Env{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"OMPI_COMM_WORLD_RANK", "1"},
+                                             {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
+                                             {"ANATOMY_LAUNCHER", "mpirun"}});
+  EXPECT_EQ(forced.launcher, "mpirun");
+  EXPECT_EQ(forced.rank, 1);
+  EXPECT_NE(error_of(Env{{"ANATOMY_LAUNCHER", "slurm"}}).find("ANATOMY_LAUNCHER=slurm: expected torchrun"),
+            std::string::npos);
   const LaunchEnv one = detect_launch(Env{{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}});
   EXPECT_EQ(one.world_size, 1);
   EXPECT_FALSE(one.launched());
