@@ -22,7 +22,7 @@ TrainStep::TrainStep(const TrainOptions& opt, EncoderModel& model, Backend& be, 
       m_mask(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
       m_labels(be.allocator(), label_dtype(model.config()), label_shape(model.config(), m_B, m_T), Category::Other),
       m_loss_sums(be.allocator(), DType::F32, {m_B}, Category::Other),
-      m_host(static_cast<float*>(be.host_alloc(2 * static_cast<size_t>(m_B + 1) * sizeof(float)))),
+      m_host(static_cast<float*>(be.host_alloc(2 * static_cast<size_t>(2 * m_B + 1) * sizeof(float)))),
       m_staging(be, m_B, m_T, label_width(model.config(), m_T)) {
   if (opt.precision == Precision::Fp16) m_scaler.scale = opt.fp16_initial_scale;
   if (model.shape().packed_tokens) {
@@ -121,13 +121,19 @@ TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double
     m_be.set_phase(Phase::Optimizer);
     m_dps.after_backward(m_model, m, m == accum - 1);
     m_be.set_phase(Phase::Data);
-    if (real > 0) {
-      const Tensor sums = m_loss_sums.tensor().slice(0, real);
-      m_be.add(sums, sums, m_model.losses().slice(0, real));
+    if (m == accum - 1) {  // its losses stay in the model's buffer until the next forward
+      out.last_rows = real;
+      out.mine_last = real;
+    } else {
+      if (real > 0) {
+        const Tensor sums = m_loss_sums.tensor().slice(0, real);
+        m_be.add(sums, sums, m_model.losses().slice(0, real));
+      }
+      mine += real;
+      widest = std::max(widest, real);
     }
-    mine += real;
-    widest = std::max(widest, real);
   }
+  out.micro_batches = accum;
   ANATOMY_CHECK(!(r == N - 1 && m_dps.optimizer().steps() == m_opt.fail_last_rank_at_step), "rank ", r, " failed at step ",
                 m_dps.optimizer().steps(), " (injected by the test)");
   m_be.set_phase(Phase::Optimizer);
@@ -141,6 +147,7 @@ TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double
   float* host = figures(out.index);
   out.token = m_be.download_async(host, m_dps.norm_sq());
   if (widest > 0) out.token = m_be.download_async(host + 1, m_loss_sums.tensor().slice(0, widest));
+  if (out.last_rows > 0) out.token = m_be.download_async(host + 1 + m_B, m_model.losses().slice(0, out.last_rows));
   out.widest = widest;
   out.mine = mine;
   out.scale = m_scaler.scale;
@@ -155,19 +162,25 @@ StepOutcome TrainStep::finish(const Launched& l) {
   m_be.wait_copy(l.token);  // the end of this rank's step
   const float* host = figures(l.index);
   const float norm_sq = host[0];
-  double local = 0;
-  for (int64_t i = 0; i < l.widest; ++i) local += host[1 + i];
+  double first = 0, last = 0;
+  for (int64_t i = 0; i < l.widest; ++i) first += host[1 + i];
+  for (int64_t i = 0; i < l.last_rows; ++i) last += host[1 + m_B + i];
   StepOutcome out;
   out.lr = l.lr;
   // The step's global figures and decisions, in one exchange.
-  double v[4] = {local, static_cast<double>(l.mine), l.signal == SIGINT ? 1.0 : 0.0, l.signal == SIGTERM ? 1.0 : 0.0};
+  double v[6] = {first, last, static_cast<double>(l.mine), static_cast<double>(l.mine_last),
+                 l.signal == SIGINT ? 1.0 : 0.0, l.signal == SIGTERM ? 1.0 : 0.0};
   m_comm.all_reduce_host(v, Communicator::Op::Sum);
-  out.loss_sum = v[0];
-  out.samples = static_cast<int64_t>(v[1]);
-  // Per-token tasks: v[0] is the step's mean over its labelled tokens, transformers' logged loss;
-  // as a sum over the samples it reads back as that mean (StepOutcome::loss_sum / samples).
-  if (has_token_labels(m_model.config())) out.loss_sum = v[0] * static_cast<double>(out.samples);
-  out.stop_signal = v[2] > 0 ? SIGINT : v[3] > 0 ? SIGTERM : 0;
+  out.samples = static_cast<int64_t>(v[2] + v[3]);
+  // Note [loss per step]: the mean of the micro-batches' means, as the gradient weighs them (every
+  // micro-batch but an epoch's last is full, so the others share one size); as a sum over the
+  // samples it reads back as that mean (StepOutcome::loss_sum / samples). Per-token tasks: the
+  // parts already sum to the step's mean over its labelled tokens, transformers' logged loss.
+  const double C = static_cast<double>(l.micro_batches);
+  const double mean = has_token_labels(m_model.config()) ? v[0] + v[1]
+                      : ((C - 1) * (v[2] > 0 ? v[0] / v[2] : 0.0) + (v[3] > 0 ? v[1] / v[3] : 0.0)) / C;
+  out.loss_sum = mean * static_cast<double>(out.samples);
+  out.stop_signal = v[4] > 0 ? SIGINT : v[5] > 0 ? SIGTERM : 0;
   out.grad_norm = std::sqrt(static_cast<double>(norm_sq)) / l.scale;
   // Note [non-finite steps]: a non-finite loss comes from non-finite logits, whose gradient is
   // non-finite too, so the update kernels have skipped such a step on every rank (dist/zero.h)

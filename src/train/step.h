@@ -80,7 +80,11 @@ class TrainStep {
   // A step whose device work is queued and whose figures are on their way to the host.
   struct Launched {
     float lr = 0, scale = 1;       // the learning rate and the loss scale it ran with
-    int64_t widest = 0, mine = 0;  // the most real rows of a micro-batch, and this rank's samples
+    // Note [loss per step]: the step's micro-batches but the last (all of one size) summed row by
+    // row, the last one's own losses apart: widest / last_rows rows of each, and this rank's
+    // samples in each part.
+    int64_t widest = 0, mine = 0, last_rows = 0, mine_last = 0;
+    int64_t micro_batches = 1;  // of this step
     int64_t micro_end = 0;         // the micro-batches done once it has run
     double data_wait_end = 0;      // the data wait so far, its own included
     int signal = 0;
@@ -130,8 +134,9 @@ class TrainStep {
   int64_t m_row_multiple = 1;
   HostBatch m_hb;
   std::vector<HostBatch> m_ahead;  // the step's micro-batches, read ahead (per-token tasks)
-  float* m_host = nullptr;  // page-locked, two blocks: the squared gradient norm, then the loss sums
-  float* figures(int64_t index) const { return m_host + (index % 2) * (m_B + 1); }  // a launch's block
+  // Page-locked, two blocks: the squared gradient norm, the loss sums, the last micro-batch's losses.
+  float* m_host = nullptr;
+  float* figures(int64_t index) const { return m_host + (index % 2) * (2 * m_B + 1); }  // a launch's block
   int64_t m_launched = 0, m_finished = 0;  // steps launched and finished
   UploadStaging m_staging;
 };

@@ -305,6 +305,40 @@ TEST(Train, LoggedLossesAreMeansOfStepLosses) {
   EXPECT_DOUBLE_EQ(each.last_loss, per_step[2]);
 }
 
+// A step that ends an epoch with a short micro-batch logs the mean of its micro-batches' means, as
+// its gradient weighs them: 22 samples in micro-batches of 4, two a step, end with a step of 4 + 2
+// samples. Without learning (lr 0) and dropout, each micro-batch's mean is a run's step loss in
+// micro-batches of 2: steps 9, 10 (the 4) and 11 (the 2).
+TEST(Train, AShortStepLogsTheMeanOfItsMicroBatchMeans) {
+  const std::string model = anatomy::testing_dirs::fresh_dir("anatomy_short_step_model");
+  BertConfig c = BertConfig::preset("bert-tiny");
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.0;
+  std::ofstream(model + "/config.json") << c.to_json().dump(2);
+  auto losses = [&](const std::string& name, int64_t micro, int64_t accum) {
+    TrainOptions o = tiny(name);
+    o.model_name_or_path = model;
+    o.num_samples = 22;
+    o.num_train_epochs = 1;
+    o.per_device_train_batch_size = micro;
+    o.gradient_accumulation_steps = accum;
+    o.learning_rate = 0.0f;
+    o.logging_steps = 1;
+    train(o);
+    std::vector<double> out;
+    std::ifstream in(o.output_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+    }
+    return out;
+  };
+  const std::vector<double> accum = losses("anatomy_short_step_accum", 4, 2), pairs = losses("anatomy_short_step_pairs", 2, 1);
+  ASSERT_EQ(accum.size(), 3u);
+  ASSERT_EQ(pairs.size(), 11u);
+  EXPECT_NEAR(accum[2], ((pairs[8] + pairs[9]) / 2 + pairs[10]) / 2, 1e-6);
+  EXPECT_NEAR(accum[0], (pairs[0] + pairs[1] + pairs[2] + pairs[3]) / 4, 1e-6);
+}
+
 TEST(Train, CheckpointingGivesIdenticalGradients) {
   std::vector<float> none = grads_for(CheckpointPolicy::None, 4, 1, 0.1f);
   std::vector<float> layer = grads_for(CheckpointPolicy::Layer, 4, 1, 0.1f);
