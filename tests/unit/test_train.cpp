@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <set>
 
+#include "../common/data_parallel.h"
 #include "../common/dirs.h"
 #include "../common/compare.h"
 
@@ -37,6 +38,18 @@ TrainOptions tiny(const std::string& out) {
   o.output_dir = anatomy::testing_dirs::fresh_dir(out);
   o.save_model = false;
   o.disable_progress_bar = true;
+  return o;
+}
+
+// tiny() from `model`'s config: `samples` in one epoch of micro-batches of `micro`, `accum` a step.
+TrainOptions accumulating(const std::string& out, const std::string& model, int64_t samples, int64_t micro,
+                          int64_t accum) {
+  TrainOptions o = tiny(out);
+  o.model_name_or_path = model;
+  o.num_samples = samples;
+  o.num_train_epochs = 1;
+  o.per_device_train_batch_size = micro;
+  o.gradient_accumulation_steps = accum;
   return o;
 }
 
@@ -244,17 +257,10 @@ TEST(Train, GradientAccumulationEqualsTheLargerBatch) {
 // (Accumulation carried across epochs took 2 steps an epoch and 1.6 epochs for 2.)
 TEST(Train, AccumulationStartsAfreshEachEpoch) {
   // Without dropout: its masks are indexed by micro-batch, and the two runs number theirs apart.
-  const std::string model = anatomy::testing_dirs::fresh_dir("anatomy_accum_epochs_model");
-  BertConfig c = BertConfig::preset("bert-tiny");
-  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.0;
-  std::ofstream(model + "/config.json") << c.to_json().dump(2);
+  const std::string model = anatomy::testing_dp::dropout_free_model("anatomy_accum_epochs_model");
   auto run = [&](const std::string& name, int64_t micro, int64_t accum) {
-    TrainOptions o = tiny(name);
-    o.model_name_or_path = model;
-    o.num_samples = 20;
+    TrainOptions o = accumulating(name, model, 20, micro, accum);
     o.num_train_epochs = 2;
-    o.per_device_train_batch_size = micro;
-    o.gradient_accumulation_steps = accum;
     o.learning_rate = 1e-3f;
     o.save_model = true;
     TrainResult r = train(o);
@@ -310,17 +316,9 @@ TEST(Train, LoggedLossesAreMeansOfStepLosses) {
 // samples. Without learning (lr 0) and dropout, each micro-batch's mean is a run's step loss in
 // micro-batches of 2: steps 9, 10 (the 4) and 11 (the 2).
 TEST(Train, AShortStepLogsTheMeanOfItsMicroBatchMeans) {
-  const std::string model = anatomy::testing_dirs::fresh_dir("anatomy_short_step_model");
-  BertConfig c = BertConfig::preset("bert-tiny");
-  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0.0;
-  std::ofstream(model + "/config.json") << c.to_json().dump(2);
+  const std::string model = anatomy::testing_dp::dropout_free_model("anatomy_short_step_model");
   auto losses = [&](const std::string& name, int64_t micro, int64_t accum) {
-    TrainOptions o = tiny(name);
-    o.model_name_or_path = model;
-    o.num_samples = 22;
-    o.num_train_epochs = 1;
-    o.per_device_train_batch_size = micro;
-    o.gradient_accumulation_steps = accum;
+    TrainOptions o = accumulating(name, model, 22, micro, accum);
     o.learning_rate = 0.0f;
     o.logging_steps = 1;
     train(o);
