@@ -317,27 +317,14 @@ bool CsvParser::next(std::vector<std::string>& fields) {
         }
         break;
       }
-      // Text after the closing quote joins the field, as pandas and Python's csv read it
-      // ("quoted start" and more -> quoted start and more).
-      const size_t rest_limit = std::min(d.size(), start + m_max + 1);
-      size_t rest = m_pos;
-      while (rest < rest_limit && d[rest] != m_delim && d[rest] != '\n' && d[rest] != '\r') ++rest;
-      check_size(rest);
-      f.append(d.data() + m_pos, rest - m_pos);
-      m_pos = rest;
-      if (m_pos >= d.size()) break;
-      if (d[m_pos] == m_delim) {
-        ++m_pos;
-        continue;
-      }
-      end_line();
-      break;
     }
+    // The unquoted field, or the text after a closing quote, which joins the field as pandas and
+    // Python's csv read it ("quoted start" and more -> quoted start and more).
     const size_t limit = std::min(d.size(), start + m_max + 1);
     size_t e = m_pos;
     while (e < limit && d[e] != m_delim && d[e] != '\n' && d[e] != '\r') ++e;
     check_size(e);
-    f.assign(d.data() + m_pos, e - m_pos);
+    f.append(d.data() + m_pos, e - m_pos);
     m_pos = e;
     if (m_pos >= d.size()) break;
     if (d[m_pos] == m_delim) {
