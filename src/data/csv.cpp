@@ -69,21 +69,34 @@ std::string json_error_reason(const nlohmann::json::exception& e) {
 
 const char* json_type(const nlohmann::json& v) { return v.type_name(); }
 
+// Records of a file worth a word, said once per file with their count and first line.
 // Note [ill-formed UTF-8]: bytes that are not UTF-8 (a Latin-1 file) are read as U+FFFD, as
 // Python decodes with errors="replace", and the tokenizer's cleaning drops them; pandas and
-// datasets refuse such a file instead. Said once per file, with the count and the first line,
-// so that the text that changed is not changed silently.
-struct IllFormedLines {
+// datasets refuse such a file instead. A record whose text is empty trains as the special tokens
+// alone; pandas reads the cell as NaN, which run_glue.py's tokenizer refuses.
+struct LineTally {
+  const char* what;  // "hold bytes that are not UTF-8 ...": completes "<file>: <n> record(s) "
   size_t count = 0, first = 0;
-  void check(std::string_view bytes, size_t line) {
-    if (sanitize_utf8(bytes) == bytes) return;
+  void add(size_t line) {
     if (count++ == 0) first = line;
   }
   void say(const std::string& name) const {
     if (count == 0) return;
-    std::fprintf(stderr, "anatomy: warning: %s: %zu record%s bytes that are not UTF-8 (the first at line %zu); "
-                 "they were read as U+FFFD (re-encode the file as UTF-8 to keep those characters)\n",
-                 name.c_str(), count, count == 1 ? " holds" : "s hold", first);
+    std::fprintf(stderr, "anatomy: warning: %s: %zu record%s %s (the first at line %zu)\n", name.c_str(), count,
+                 count == 1 ? "" : "s", what, first);
+  }
+};
+struct RecordNotes {
+  LineTally ill_formed{"with bytes that are not UTF-8, read as U+FFFD (re-encode the file as UTF-8 to keep those "
+                       "characters)"};
+  LineTally empty{"with an empty text, trained on as the special tokens alone"};
+  void check(std::string_view bytes, std::string_view text, size_t line) {
+    if (sanitize_utf8(bytes) != bytes) ill_formed.add(line);
+    if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) empty.add(line);
+  }
+  void say(const std::string& name) const {
+    ill_formed.say(name);
+    empty.say(name);
   }
 };
 
@@ -92,7 +105,7 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
   size_t count = 0, line = 0, pos = 0;
   bool first = true;
   std::string label_text;
-  IllFormedLines ill_formed;
+  RecordNotes notes;
   while (pos < data.size()) {
     ++line;
     // Look for the line end no further than the bound, so a huge line is refused unbuffered.
@@ -111,7 +124,6 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
       ANATOMY_CHECK(raw[c] != '[', name, ":", line, ": a JSON array; expected JSON Lines (one JSON object per line)");
       first = false;
     }
-    ill_formed.check(raw, line);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(sanitize_utf8(raw));
@@ -139,6 +151,7 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
     rec.line = line;
     rec.text = text_field(cols.text);
     if (!cols.text_pair.empty()) rec.text_pair = text_field(cols.text_pair);
+    notes.check(raw, std::string(rec.text) + std::string(rec.text_pair), line);
     if (!cols.label.empty()) {
       const nlohmann::json& v = field(cols.label);
       if (v.is_number_integer()) {
@@ -146,6 +159,8 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
         rec.label_is_integer = true;
       } else if (v.is_string()) {
         label_text = v.get<std::string>();
+      } else if (v.is_boolean()) {  // two classes, named as Python prints them (run_glue.py's label list)
+        label_text = v.get<bool>() ? "True" : "False";
       } else {
         fail(name, ":", line, ": label '", printable(cols.label), "' must be a string or an integer, not ",
              v.is_number_float() ? std::string("a fractional number ") + v.dump() : std::string(json_type(v)));
@@ -156,7 +171,7 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
     fn(rec);
     ++count;
   }
-  ill_formed.say(name);
+  notes.say(name);
   return count;
 }
 
@@ -178,7 +193,7 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
   const size_t c_text = column(cols.text), c_pair = column(cols.text_pair), c_label = column(cols.label);
   size_t count = 0;
   std::string label_text;
-  IllFormedLines ill_formed;
+  RecordNotes notes;
   while (parser.next(row)) {
     const size_t line = parser.record_line();
     ANATOMY_CHECK(row.size() == header.size(), name, ":", line, ": ", row.size(), " field", row.size() == 1 ? "" : "s",
@@ -189,8 +204,9 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
     std::string fields = row[c_text];
     if (c_pair != SIZE_MAX) rec.text_pair = row[c_pair];
     if (c_pair != SIZE_MAX) fields += row[c_pair];
+    const size_t text_bytes = fields.size();
     if (c_label != SIZE_MAX) fields += row[c_label];
-    ill_formed.check(fields, line);
+    notes.check(fields, std::string_view(fields).substr(0, text_bytes), line);
     if (c_label != SIZE_MAX) {
       label_text = sanitize_utf8(row[c_label]);
       ANATOMY_CHECK(!label_text.empty(), name, ":", line, ": empty label");
@@ -200,7 +216,7 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
     fn(rec);
     ++count;
   }
-  ill_formed.say(name);
+  notes.say(name);
   return count;
 }
 

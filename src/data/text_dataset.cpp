@@ -495,8 +495,9 @@ TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, con
   const std::optional<std::string_view> empty_pair = pair ? std::optional<std::string_view>("") : std::nullopt;
   const auto min_length = std::max<int64_t>(
       1, static_cast<int64_t>(tok.encode("", empty_pair, 0, Truncation::None, Padding::None).input_ids.size()));
-  ANATOMY_CHECK(opt.max_length >= min_length && opt.max_length <= 65536, path, ": max_length ", opt.max_length,
-                " out of range [", min_length, ", 65536]");
+  ANATOMY_CHECK(opt.max_length >= min_length && opt.max_length <= 65536, path, ": --max-seq-length ", opt.max_length,
+                " cannot hold ", pair ? "a text pair's" : "a text's", " special tokens: it must lie in [", min_length,
+                ", 65536]");
   const TextFormat format = opt.format == TextFormat::Auto ? format_from_path(path) : opt.format;
 
   Mapping data;

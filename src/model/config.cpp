@@ -391,10 +391,13 @@ BertConfig BertConfig::from_json(const json& j, const std::string& source) {
       int id = 0;
       ANATOMY_CHECK(parse_label_id(k, id), source, ": field 'id2label' keys must be non-negative integers, got '",
                     truncated(k), "'");
-      // run_glue.py writes integer labels' values as numbers ({"0": 1} for the label 1): their text names them.
-      ANATOMY_CHECK(v.is_string() || v.is_number_integer(), source,
-                    ": field 'id2label' values must be strings or integers, got ", truncated(v.dump()));
-      ANATOMY_CHECK(c.id2label.emplace(id, v.is_string() ? v.get<std::string>() : v.dump()).second, source,
+      // run_glue.py writes integer labels' values as numbers ({"0": 1} for the label 1) and boolean
+      // labels' as booleans ({"0": false}): their text names them (Python's, False / True).
+      ANATOMY_CHECK(v.is_string() || v.is_number_integer() || v.is_boolean(), source,
+                    ": field 'id2label' values must be strings, integers or booleans, got ", truncated(v.dump()));
+      const std::string name = v.is_string() ? v.get<std::string>() : v.is_boolean() ? (v.get<bool>() ? "True" : "False")
+                                                                                       : v.dump();
+      ANATOMY_CHECK(c.id2label.emplace(id, name).second, source,
                     ": field 'id2label' has the id ", id, " twice");
     }
     c.num_labels = static_cast<int64_t>(c.id2label.size());

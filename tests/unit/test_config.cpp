@@ -203,6 +203,9 @@ TEST_F(ConfigTest, LabelsFollowTransformers) {
                                        "b.json");
   EXPECT_EQ(b.num_labels, 3);
   EXPECT_EQ(b.label2id.at("mid"), 2);
+  // run_glue.py writes boolean labels' id2label values as booleans: named as Python prints them.
+  BertConfig bools = BertConfig::from_json(json{{"id2label", {{"0", false}, {"1", true}}}}, "bools.json");
+  EXPECT_EQ(bools.id2label.at(1), "True");
   // Regression with one label.
   BertConfig r = BertConfig::from_json(json{{"num_labels", 1}, {"problem_type", "regression"}}, "r.json");
   EXPECT_EQ(r.num_labels, 1);
@@ -309,7 +312,7 @@ TEST_F(ConfigTest, BadConfigsAreOneLineErrors) {
   expect_bad(R"({"num_labels": 0})", "field 'num_labels' must be a positive integer");
   expect_bad(R"({"id2label": {"0": "a", "2": "b"}})", "1 is missing");
   expect_bad(R"({"id2label": {"x": "a"}})", "field 'id2label' keys must be non-negative integers");
-  expect_bad(R"({"id2label": {"0": 5.5}})", "field 'id2label' values must be strings or integers");
+  expect_bad(R"({"id2label": {"0": 5.5}})", "field 'id2label' values must be strings, integers or booleans");
   expect_bad(R"({"id2label": {"0": "a", "00": "b"}})", "has the id 0 twice");
   expect_bad(R"({"label2id": {"a": "0"}})", "field 'label2id' values");
   expect_bad(R"({"problem_type": "ranking"})", "problem_type 'ranking'");

@@ -558,6 +558,17 @@ TEST_F(TextDatasetTest, IntegerLabelsAreNumberedAsRunGlueNumbersThem) {
   EXPECT_EQ(LabelSet::from_integers({4, 0, 4}).names, (std::vector<std::string>{"0", "4"}));
 }
 
+// Boolean labels in JSON Lines are two classes, named as Python prints them (run_glue.py sorts the
+// distinct labels: False, True); they were refused.
+TEST_F(TextDatasetTest, BooleanLabelsAreTwoClasses) {
+  TextDataset ds = TextDataset::load(write("b.jsonl", "{\"text\": \"a\", \"label\": true}\n"
+                                                      "{\"text\": \"b\", \"label\": false}\n"),
+                                     tokenizer(), no_cache());
+  EXPECT_EQ(ds.labels().names, (std::vector<std::string>{"False", "True"}));
+  EXPECT_EQ(ds.label(0), 1);
+  EXPECT_EQ(ds.label(1), 0);
+}
+
 // ------------------------------------------------------------------------------ hostile input
 
 TEST_F(TextDatasetTest, InvalidUtf8IsReplacedNotFatal) {
@@ -570,7 +581,15 @@ TEST_F(TextDatasetTest, InvalidUtf8IsReplacedNotFatal) {
   TextDataset csv = TextDataset::load(write("u.csv", "text,label\nfine,l\n" + bad + ",l\xfe\n" + bad + ",l\n"),
                                       tokenizer(), no_cache());
   const std::string said = testing::internal::GetCapturedStderr();
-  EXPECT_NE(said.find("u.csv: 2 records hold bytes that are not UTF-8 (the first at line 3)"), std::string::npos) << said;
+  EXPECT_NE(said.find("u.csv: 2 records with bytes that are not UTF-8"), std::string::npos) << said;
+  EXPECT_NE(said.find("(the first at line 3)"), std::string::npos) << said;
+  // An empty text trains as the special tokens alone (pandas would read NaN): said the same way.
+  testing::internal::CaptureStderr();
+  TextDataset::load(write("e.csv", "text,label\nfine,l\n,l\n  ,m\n"), tokenizer(), no_cache());
+  const std::string empty = testing::internal::GetCapturedStderr();
+  EXPECT_NE(empty.find("e.csv: 2 records with an empty text, trained on as the special tokens alone (the first at line 3)"),
+            std::string::npos)
+      << empty;
   TextDataset jsonl =
       TextDataset::load(write("u.jsonl", "{\"text\": \"" + bad + "\", \"label\": 1}\n"), tokenizer(), no_cache());
   const auto want =
@@ -627,7 +646,11 @@ TEST_F(TextDatasetTest, EmptyAndBlankFiles) {
   o.format = TextFormat::Csv;
   expect_error(m_dir.string(), {"not a regular file"}, o);
   o.max_length = 1;
-  expect_error(write("x.csv", "text,label\na,1\n"), {"x.csv: max_length 1 out of range"}, o);
+  expect_error(write("x.csv", "text,label\na,1\n"),
+               {"x.csv: --max-seq-length 1 cannot hold a text's special tokens: it must lie in [2, 65536]"}, o);
+  o.max_length = 2;
+  o.text_pair_column = "text";
+  expect_error(write("x2.csv", "text,label\na,1\n"), {"x2.csv: --max-seq-length 2 cannot hold a text pair's"}, o);
 }
 
 TEST_F(TextDatasetTest, HugeLines) {
