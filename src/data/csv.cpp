@@ -117,7 +117,7 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
     pos = end + 1;
     if (!raw.empty() && raw.back() == '\r') raw.remove_suffix(1);
     ANATOMY_CHECK(raw.size() <= max_record_bytes, name, ":", line, ": line longer than ", max_record_bytes,
-                  " bytes; split it or raise the record limit");
+                  " bytes (the most a record may hold); split it");
     if (is_blank(raw)) continue;
     if (first) {
       const size_t c = raw.find_first_not_of(" \t");
@@ -293,7 +293,7 @@ bool CsvParser::next(std::vector<std::string>& fields) {
   const size_t start = m_pos;
   auto check_size = [&](size_t upto) {
     ANATOMY_CHECK(upto - start <= m_max, m_name, ":", m_record_line, ": record longer than ", m_max,
-                  " bytes; split it or raise the record limit");
+                  " bytes (the most a record may hold); split it");
   };
   // Consumes a line end at m_pos (which must be one): "\r\n", "\n" or "\r".
   auto end_line = [&] {

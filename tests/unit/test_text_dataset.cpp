@@ -671,7 +671,7 @@ TEST_F(TextDatasetTest, HugeLines) {
   // Beyond the bound: one line naming the record, nothing buffered.
   o.max_record_bytes = 1 << 20;
   expect_error(write("big2.jsonl", "{\"text\": \"a\", \"label\": 0}\n{\"text\": \"" + big + "\"}\n"),
-               {"big2.jsonl:2: line longer than 1048576 bytes"}, o);
+               {"big2.jsonl:2: line longer than 1048576 bytes (the most a record may hold); split it"}, o);
   expect_error(write("big3.csv", "text,label\nx,0\n" + big + ",1\n"), {"big3.csv:3: record longer than 1048576 bytes"},
                o);
   expect_error(write("big4.csv", "text,label\n\"" + big + "\",1\n"), {"big4.csv:2: record longer than"}, o);
