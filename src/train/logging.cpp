@@ -72,7 +72,7 @@ void TrainLog::step(int64_t done, std::optional<double> loss_of_step, double gra
                     double elapsed, int64_t samples_here, double data_wait, float loss_scale) {
   if (loss_of_step) {
     window_loss += *loss_of_step;
-    ++window_samples;
+    ++window_steps;
   }
   const bool log_now = (m_opt.logging_steps > 0 && (done % m_opt.logging_steps == 0 || done == m_total)) ||
                        (m_opt.logging_first_step && done == 1);
@@ -80,7 +80,7 @@ void TrainLog::step(int64_t done, std::optional<double> loss_of_step, double gra
   const double sps = static_cast<double>(samples_here) / std::max(elapsed, 1e-9);
   if (log_now) {
     // A window of skipped steps only (--skip-nonfinite-steps) has no loss: NaN (JSON null), not 0.
-    const double loss = window_samples > 0 ? window_loss / static_cast<double>(window_samples) : std::nan("");
+    const double loss = window_steps > 0 ? window_loss / static_cast<double>(window_steps) : std::nan("");
     nlohmann::json j = {{"loss", loss},
                         {"grad_norm", grad_norm},
                         {"learning_rate", lr},
@@ -91,14 +91,14 @@ void TrainLog::step(int64_t done, std::optional<double> loss_of_step, double gra
                         {"data_wait_s", data_wait},
                         {"loss_scale", loss_scale}};
     if (m_opt.report_jsonl) m_out.append_metrics(j.dump());
-    m_history.push_back(j);
+    history.push_back(j);
     std::fprintf(stderr, "%s{'loss': %.4f, 'grad_norm': %.4g, 'learning_rate': %.3g, 'epoch': %.2f, 'step': %lld/%lld, "
                  "'samples_per_second': %.2f}\n",
                  m_tty ? "\r\033[K" : "", loss, grad_norm, lr, epoch, static_cast<long long>(done),
                  static_cast<long long>(m_total), sps);
     std::fflush(stderr);
     window_loss = 0;
-    window_samples = 0;
+    window_steps = 0;
   }
   if (m_tty) {
     const double eta = elapsed * static_cast<double>(m_total - done) / static_cast<double>(std::max<int64_t>(1, done - m_start));
@@ -113,7 +113,7 @@ void TrainLog::eval(int64_t step, const EvalResult& ev) {
   nlohmann::json j = eval_metrics_json(ev);
   j["step"] = step;
   if (m_opt.report_jsonl) m_out.append_metrics(j.dump());
-  m_history.push_back(j);
+  history.push_back(j);
   if (ev.token_classification)
     std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_precision': %.4f, 'eval_recall': %.4f, 'eval_f1': %.4f, 'step': %lld}\n",
                  m_tty ? "\r\033[K" : "", ev.loss, ev.precision, ev.recall, ev.f1, static_cast<long long>(step));
@@ -134,12 +134,6 @@ void TrainLog::eval(int64_t step, const EvalResult& ev) {
 
 void TrainLog::end_of_bar() const {
   if (m_tty) std::fprintf(stderr, "\n");
-}
-
-std::vector<nlohmann::json> TrainLog::log_history() const {
-  std::vector<nlohmann::json> h = m_out.kept_metrics();
-  h.insert(h.end(), m_history.begin(), m_history.end());
-  return h;
 }
 
 }  // namespace anatomy

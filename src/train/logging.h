@@ -38,23 +38,21 @@ class TrainLog {
   void step(int64_t done, std::optional<double> loss, double grad_norm, float lr, double epoch, double elapsed,
             int64_t samples_here, double data_wait, float loss_scale);
   void eval(int64_t step, const EvalResult& ev);
-  // Every logged line and evaluation of the run (a resumed run's kept ones first): the Trainer's
-  // log_history (trainer_state.json).
-  std::vector<nlohmann::json> log_history() const;
-  const std::vector<nlohmann::json>& own_history() const { return m_history; }  // this process's entries only
   void end_of_bar() const;  // the newline after the progress bar
   bool tty() const { return m_tty; }
   // The loss window of a checkpoint (what is logged at the next logging step): the sum of its
   // steps' losses and their count (the checkpoint's window_loss and window_samples).
   double window_loss = 0;
-  int64_t window_samples = 0;
+  int64_t window_steps = 0;
+  // The Trainer's log_history (trainer_state.json): a resumed checkpoint's, then every line logged
+  // and every evaluation.
+  std::vector<nlohmann::json> history;
 
  private:
   const TrainOptions& m_opt;
   OutputDir& m_out;
   int64_t m_start, m_total;
   bool m_tty;
-  std::vector<nlohmann::json> m_history;
 };
 
 }  // namespace anatomy

@@ -138,10 +138,7 @@ void OutputDir::claim() {
     std::string line, kept;
     while (std::getline(in, line)) {
       try {
-        nlohmann::json j = nlohmann::json::parse(line);
-        if (j.value("step", int64_t{0}) > m_start_step) continue;
-        kept += line + "\n";
-        m_kept.push_back(std::move(j));
+        if (nlohmann::json::parse(line).value("step", int64_t{0}) <= m_start_step) kept += line + "\n";
       } catch (const nlohmann::json::exception&) {
         break;  // a line cut short by a kill: nothing after it was written
       }

@@ -2,7 +2,6 @@
 // plan, and the model with its starting weights. Everything here runs before anything is
 // written, so a failing start-up leaves the previous run's files as they were.
 #pragma once
-#include <nlohmann/json.hpp>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -59,15 +58,12 @@ class OutputDir {
   void claim();
   void append_metrics(const std::string& json_line);  // metrics.jsonl, claimed first
   const std::string& path() const { return m_opt.output_dir; }
-  // The metrics.jsonl records a resumed run kept from before its checkpoint's step.
-  const std::vector<nlohmann::json>& kept_metrics() const { return m_kept; }
 
  private:
   const TrainOptions& m_opt;
   int64_t m_start_step;
   bool m_claimed = false;
   std::unique_ptr<std::ofstream> m_metrics;
-  std::vector<nlohmann::json> m_kept;
 };
 
 // The micro-batch that the plan is made for: --per-device-train-batch-size, or with "auto" the

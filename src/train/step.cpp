@@ -14,7 +14,8 @@ namespace anatomy {
 TrainStep::TrainStep(const TrainOptions& opt, EncoderModel& model, Backend& be, Communicator& comm,
                      const BatchPlan& plan, int64_t total_steps)
     : m_opt(opt), m_model(model), m_be(be), m_comm(comm), m_plan(plan), m_B(model.shape().max_batch),
-      m_T(model.shape().max_seq), m_total_steps(total_steps), m_micro_per_epoch(plan.batches_per_epoch()),
+      m_T(model.shape().max_seq), m_total_steps(total_steps),
+      m_sched{plan.batches_per_epoch(), opt.gradient_accumulation_steps},
       m_dps(be, comm, opt.optim, model.layout(), opt.zero_stage, opt.gradient_accumulation_steps,
             static_cast<size_t>(opt.ddp_bucket_cap_mb) << 20),
       m_ids(be.allocator(), DType::I32, {m_B, m_T}, Category::Other),
@@ -65,7 +66,7 @@ int64_t TrainStep::labelled_tokens_of_step(Prefetcher& source, int64_t micro, in
 TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double& data_wait, int signal) {
   const int64_t N = m_comm.size(), r = m_comm.rank();
   // Note [accumulation within an epoch]: the epoch's last step may take fewer.
-  const int64_t accum = MicroBatchSchedule{m_micro_per_epoch, m_opt.gradient_accumulation_steps}.count_from(micro);
+  const int64_t accum = m_sched.count_from(micro);
   ANATOMY_ASSERT(m_launched - m_finished < 2);  // at most two steps in flight: two figure slots
   Launched out;
   out.signal = signal;
@@ -79,7 +80,7 @@ TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double
   // The global micro-batch holds g samples; this rank's slice is rows [r B, r B + B) of it. A
   // rank past its end runs one row with weight 0, so that every rank takes part in the step.
   auto real_rows = [&](int64_t mb) {
-    const int64_t g = static_cast<int64_t>(m_plan.indices(mb / m_micro_per_epoch, mb % m_micro_per_epoch).size());
+    const int64_t g = static_cast<int64_t>(m_plan.indices(mb / m_sched.per_epoch, mb % m_sched.per_epoch).size());
     return std::make_pair(g, std::clamp<int64_t>(g - r * m_B, 0, m_B));
   };
   // Per-token tasks read the step's micro-batches first, to count its labelled tokens.
@@ -123,7 +124,6 @@ TrainStep::Launched TrainStep::launch(Prefetcher& source, int64_t& micro, double
     m_be.set_phase(Phase::Data);
     if (m == accum - 1) {  // its losses stay in the model's buffer until the next forward
       out.last_rows = real;
-      out.mine_last = real;
     } else {
       if (real > 0) {
         const Tensor sums = m_loss_sums.tensor().slice(0, real);
@@ -168,7 +168,7 @@ StepOutcome TrainStep::finish(const Launched& l) {
   StepOutcome out;
   out.lr = l.lr;
   // The step's global figures and decisions, in one exchange.
-  double v[6] = {first, last, static_cast<double>(l.mine), static_cast<double>(l.mine_last),
+  double v[6] = {first, last, static_cast<double>(l.mine), static_cast<double>(l.last_rows),
                  l.signal == SIGINT ? 1.0 : 0.0, l.signal == SIGTERM ? 1.0 : 0.0};
   m_comm.all_reduce_host(v, Communicator::Op::Sum);
   out.samples = static_cast<int64_t>(v[2] + v[3]);

@@ -81,9 +81,9 @@ class TrainStep {
   struct Launched {
     float lr = 0, scale = 1;       // the learning rate and the loss scale it ran with
     // Note [loss per step]: the step's micro-batches but the last (all of one size) summed row by
-    // row, the last one's own losses apart: widest / last_rows rows of each, and this rank's
-    // samples in each part.
-    int64_t widest = 0, mine = 0, last_rows = 0, mine_last = 0;
+    // row, the last one's own losses apart: widest / last_rows rows of each (last_rows: this
+    // rank's samples of the last; mine: of the others).
+    int64_t widest = 0, mine = 0, last_rows = 0;
     int64_t micro_batches = 1;  // of this step
     int64_t micro_end = 0;         // the micro-batches done once it has run
     double data_wait_end = 0;      // the data wait so far, its own included
@@ -124,7 +124,8 @@ class TrainStep {
   Backend& m_be;
   Communicator& m_comm;
   const BatchPlan& m_plan;
-  int64_t m_B, m_T, m_total_steps, m_micro_per_epoch;
+  int64_t m_B, m_T, m_total_steps;
+  MicroBatchSchedule m_sched;  // Note [accumulation within an epoch]
   LossScaler m_scaler;
   DataParallelStep m_dps;
   Buffer m_ids, m_types, m_mask, m_labels, m_loss_sums;

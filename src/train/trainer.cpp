@@ -160,7 +160,7 @@ class RankRun {
   void profile();
   void load_best_model();
   bool epoch_ends_at(int64_t step) const { return m_sched.ends_epoch(step); }  // `step` 1-based
-  double epoch_of(int64_t micro) const { return static_cast<double>(micro) / static_cast<double>(m_micro_per_epoch); }
+  double epoch_of(int64_t micro) const { return static_cast<double>(micro) / static_cast<double>(m_sched.per_epoch); }
   int64_t per_rank() const { return m_comm.size() > 1 ? m_B : 0; }
 
   const TrainOptions& m_opt;
@@ -177,11 +177,11 @@ class RankRun {
   std::unique_ptr<TrainStep> m_step;
   std::unique_ptr<OutputDir> m_out;
   std::unique_ptr<TrainLog> m_log;
-  int64_t m_B = 0, m_accum = 1, m_micro_per_epoch = 1, m_total_steps = 0, m_start_step = 0, m_last_save = 0;
-  MicroBatchSchedule m_sched;  // Note [accumulation within an epoch] (train/step.h)
+  int64_t m_B = 0, m_total_steps = 0, m_start_step = 0, m_last_save = 0;
+  MicroBatchSchedule m_sched;  // micro-batches an epoch and a step: Note [accumulation within an epoch] (train/step.h)
   int64_t m_used_weights = -1;
   double m_window_loss = 0, m_data_wait = 0, m_runtime = 0;
-  int64_t m_window_samples = 0, m_samples_before = 0;
+  int64_t m_window_steps = 0, m_samples_before = 0;
   // Note [best model] (train/options.h): the last evaluation's metric and the best checkpoint's.
   double m_eval_metric = 0, m_best_metric = 0;
   int64_t m_eval_step = -1;
@@ -190,7 +190,7 @@ class RankRun {
   std::vector<double> m_train_stamps;   // each step's end, less the evaluations and checkpoints before it
   std::vector<double> m_step_ends_s;    // each step's end on the NVML sampler's clock (sampler_now_s)
   nlohmann::json m_fingerprint;
-  std::vector<nlohmann::json> m_history_before;  // the resumed checkpoint's log_history (trainer_state.json)
+  std::vector<nlohmann::json> m_history;  // a resumed checkpoint's log_history (trainer_state.json), for m_log
   Progress m_p;
   TrainResult m_res;
 };
@@ -220,7 +220,7 @@ void RankRun::setup() {
 
   // The plan before anything is allocated: a run that cannot fit is refused with its levers.
   m_B = choose_micro_batch(m_opt, m_cfg, m_dev, m_comm);
-  m_accum = m_opt.gradient_accumulation_steps;
+  m_sched.accum = m_opt.gradient_accumulation_steps;
   ANATOMY_CHECK(!m_opt.gemm_tuning || m_dev.cuda,
                 "--gemm-tuning measure times cuBLASLt's algorithms: it needs the GPU (this run is on the CPU)");
   const PlanInput plan_in = plan_input(m_opt, m_cfg, m_B, m_dev.cuda ? Device::CUDA : Device::CPU, N, m_comm.rank());
@@ -229,7 +229,7 @@ void RankRun::setup() {
   if ((m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end)) || m_data->test)  // evaluate() holds its batch while it runs
     m_plan.bytes[Category::Other] +=
         evaluation_buffer_bytes(std::min(m_opt.per_device_eval_batch_size, m_B), m_shape.max_seq, true);
-  check_plan_fits(plan_in, m_plan, m_dev, m_accum);
+  check_plan_fits(plan_in, m_plan, m_dev, m_sched.accum);
 
   m_model = make_model(*m_dev.backend, m_cfg, m_shape);
   load_starting_weights(m_opt, *m_model, m_lead);
@@ -238,8 +238,7 @@ void RankRun::setup() {
 
   // Global batches of B x N samples in the order one process with that micro-batch takes them.
   m_batches = std::make_unique<BatchPlan>(m_data->batch_plan(m_B * N, m_opt.seed, m_opt.group_by_length));
-  m_micro_per_epoch = m_batches->batches_per_epoch();
-  m_sched = MicroBatchSchedule{m_micro_per_epoch, m_accum};
+  m_sched.per_epoch = m_batches->batches_per_epoch();
   m_total_steps = m_opt.total_steps(m_sched.steps_per_epoch());
   m_step = std::make_unique<TrainStep>(m_opt, *m_model, *m_dev.backend, m_comm, *m_batches, m_total_steps);
   m_fingerprint = run_fingerprint(m_opt, m_B * N);
@@ -256,7 +255,8 @@ void RankRun::setup() {
   m_out = std::make_unique<OutputDir>(m_opt, m_start_step);
   m_log = std::make_unique<TrainLog>(m_opt, *m_out, m_start_step, m_total_steps);
   m_log->window_loss = m_window_loss;
-  m_log->window_samples = m_window_samples;
+  m_log->window_steps = m_window_steps;
+  m_log->history = std::move(m_history);
 }
 
 // Weights, optimizer state (this rank's part of it) and position from a checkpoint; the data
@@ -279,10 +279,7 @@ void RankRun::resume(const std::string& dir) {
          it.value().dump());
   }
   m_start_step = st.at("global_step").get<int64_t>();
-  m_p.micro = st.value("micro_batches", m_sched.first_of_step(m_start_step));
-  ANATOMY_CHECK(m_p.micro == m_sched.first_of_step(m_start_step), "--resume-from-checkpoint ", dir, ": its ", m_start_step,
-                " steps took ", m_p.micro, " micro-batches, where this run's take ", m_sched.first_of_step(m_start_step),
-                " (an anatomy before 2026-11-29 carried the accumulation across epochs; resume it with that version)");
+  m_p.micro = m_sched.first_of_step(m_start_step);  // an older schedule is refused below
   m_p.loss_sum = st.at("loss_sum").get<double>();
   m_p.samples = st.at("samples").get<int64_t>();
   m_p.loss_steps = st.value("loss_steps", int64_t{-1});
@@ -291,19 +288,19 @@ void RankRun::resume(const std::string& dir) {
   m_p.skipped = st.at("skipped_steps").get<int64_t>();
   m_p.nonfinite = st.value("nonfinite_steps", int64_t{0});
   m_window_loss = st.at("window_loss").get<double>();
-  m_window_samples = st.at("window_samples").get<int64_t>();
+  m_window_steps = st.at("window_samples").get<int64_t>();  // steps since Note [loss per step]
   if (m_p.loss_steps < 0) {  // written before Note [loss per step] and [accumulation within an epoch]
     // Its steps per epoch were floor(M / A): the same schedule only when A divides M.
-    ANATOMY_CHECK(m_micro_per_epoch % m_accum == 0, "--resume-from-checkpoint ", dir, ": an anatomy before 2026-11-29 "
-                  "wrote it, whose steps carried the accumulation across epochs (", m_micro_per_epoch, " micro-batches an "
-                  "epoch, ", m_accum, " a step); resume it with that version, or start again");
+    ANATOMY_CHECK(m_sched.per_epoch % m_sched.accum == 0, "--resume-from-checkpoint ", dir, ": an anatomy before "
+                  "2026-11-29 wrote it, whose steps carried the accumulation across epochs (", m_sched.per_epoch,
+                  " micro-batches an epoch, ", m_sched.accum, " a step); resume it with that version, or start again");
     // Sums over samples, made means of steps: the open window's steps are those since the last log.
     m_p.loss_steps = std::max<int64_t>(0, m_start_step - m_p.nonfinite);
     m_p.loss_sum = m_p.loss_sum / static_cast<double>(std::max<int64_t>(1, m_p.samples)) * static_cast<double>(m_p.loss_steps);
     const int64_t open = m_opt.logging_steps > 0 ? m_start_step % m_opt.logging_steps : 0;
-    const double mean = m_window_samples > 0 ? m_window_loss / static_cast<double>(m_window_samples) : 0.0;
-    m_window_samples = m_window_samples > 0 ? std::max<int64_t>(1, open) : 0;
-    m_window_loss = mean * static_cast<double>(m_window_samples);
+    const double mean = m_window_steps > 0 ? m_window_loss / static_cast<double>(m_window_steps) : 0.0;
+    m_window_steps = m_window_steps > 0 ? std::max<int64_t>(1, open) : 0;
+    m_window_loss = mean * static_cast<double>(m_window_steps);
   }
   m_step->scaler().scale = st.at("loss_scale").get<float>();
   m_step->scaler().clean = st.at("loss_scale_clean_steps").get<int64_t>();
@@ -316,7 +313,7 @@ void RankRun::resume(const std::string& dir) {
     if (hf.is_object() && hf.contains("log_history") && hf["log_history"].is_array())
       for (const nlohmann::json& e : hf["log_history"])
         if (e.is_object() && e.value("step", int64_t{0}) <= m_start_step && !e.contains("train_runtime"))
-          m_history_before.push_back(e);
+          m_history.push_back(e);
   }
   m_best_ckpt = resolve_best_checkpoint(st.value("best_model_checkpoint", std::string()), dir, m_opt.output_dir);
   m_best_metric = st.value("best_metric", 0.0);
@@ -349,8 +346,8 @@ void RankRun::save_checkpoint(int64_t step) {
   const nlohmann::json st = {{"global_step", step},
                              {"epoch", epoch_of(micro)},
                              {"micro_batches", micro},
-                             {"data", {{"seed", m_opt.seed}, {"epoch", micro / m_micro_per_epoch},
-                                       {"batch_in_epoch", micro % m_micro_per_epoch}}},
+                             {"data", {{"seed", m_opt.seed}, {"epoch", micro / m_sched.per_epoch},
+                                       {"batch_in_epoch", micro % m_sched.per_epoch}}},
                              {"rng", {{"dropout_seed", m_opt.seed}, {"dropout_counter", micro}}},
                              {"loss_sum", m_p.loss_sum},
                              {"samples", m_p.samples},
@@ -360,7 +357,7 @@ void RankRun::save_checkpoint(int64_t step) {
                              {"skipped_steps", m_p.skipped},
                              {"nonfinite_steps", m_p.nonfinite},
                              {"window_loss", m_log->window_loss},
-                             {"window_samples", m_log->window_samples},
+                             {"window_samples", m_log->window_steps},
                              {"loss_scale", m_step->scaler().scale},
                              {"loss_scale_clean_steps", m_step->scaler().clean},
                              {"world_size", m_comm.size()},
@@ -646,8 +643,7 @@ void RankRun::finish() {
 // transformers 5 declares it, for the tools that read trainer_state.json (its log_history above
 // all); `last`: the run's final log entry. total_flos is not counted (0).
 nlohmann::json RankRun::trainer_state(int64_t step, const nlohmann::json& last) const {
-  std::vector<nlohmann::json> history = m_history_before.empty() ? m_log->log_history() : m_history_before;
-  if (!m_history_before.empty()) history.insert(history.end(), m_log->own_history().begin(), m_log->own_history().end());
+  std::vector<nlohmann::json> history = m_log->history;
   if (!last.is_null()) history.push_back(last);
   const std::string best = m_best_ckpt.empty() ? "" : fs::path(m_best_ckpt).filename().string();
   const nlohmann::json none;
