@@ -20,6 +20,7 @@
 #include "data/tokenizer.h"
 #include "data/tokenizer_json.h"
 #include "io/atomic_file.h"
+#include "io/read_file.h"
 
 namespace anatomy {
 
@@ -150,8 +151,6 @@ uint64_t hash64(std::string_view bytes, uint64_t seed) { return Hash64(seed).upd
 // ---------------------------------------------------------------------------------- files
 
 namespace {
-
-std::string errno_text() { return std::strerror(errno); }
 
 // A read-only mapping of a whole file; empty files map to nothing.
 struct Mapping {
@@ -500,12 +499,9 @@ TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, con
                 ", 65536]");
   const TextFormat format = opt.format == TextFormat::Auto ? format_from_path(path) : opt.format;
 
-  Mapping data;
-  bool regular = false;
-  ANATOMY_CHECK(data.open(path, regular), path, ": cannot read: ", errno_text());
-  ANATOMY_CHECK(regular, opt.source_flag, opt.source_flag.empty() ? "" : " ", path,
-                ": not a regular file (a FIFO, directory or device cannot be read as a data set)");
-  ANATOMY_CHECK(data.bytes > 0, path, ": the file is empty");
+  // Read, not mapped: a file cut short while it is tokenized is an error, not SIGBUS.
+  const std::string data = read_regular_file(path, opt.source_flag);
+  ANATOMY_CHECK(!data.empty(), path, ": the file is empty");
 
   TextDataset ds;
   ds.m_path = path;
@@ -514,7 +510,7 @@ TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, con
   ds.m_storage = std::make_unique<Storage>();
 
   Hash64 key(0x616e61746f6d7931ULL);
-  key.field("anatomy text cache v2").field(data.view()).field(tokenizer_fingerprint(tok));
+  key.field("anatomy text cache v2").field(data).field(tokenizer_fingerprint(tok));
   key.field(static_cast<uint64_t>(format)).field(static_cast<uint64_t>(static_cast<unsigned char>(opt.delimiter)));
   key.field(opt.text_column).field(opt.text_pair_column).field(opt.label_column);
   key.field(static_cast<uint64_t>(opt.max_length));
@@ -550,7 +546,7 @@ TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, con
   std::unordered_map<std::string, uint32_t> code_of;
   std::vector<uint32_t> codes;
   RecordColumns cols{opt.text_column, opt.text_pair_column, opt.label_column};
-  read_text_records(data.view(), path, format, opt.delimiter, cols, opt.max_record_bytes, [&](const TextRecord& r) {
+  read_text_records(data, path, format, opt.delimiter, cols, opt.max_record_bytes, [&](const TextRecord& r) {
     const Encoding e = tok.encode(r.text, pair ? std::optional<std::string_view>(r.text_pair) : std::nullopt,
                                   static_cast<size_t>(opt.max_length), Truncation::LongestFirst, Padding::None);
     s.ids.insert(s.ids.end(), e.input_ids.begin(), e.input_ids.end());

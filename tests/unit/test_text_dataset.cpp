@@ -9,6 +9,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -16,6 +17,7 @@
 #include "data/masked_lm.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
+#include "io/read_file.h"
 
 using namespace anatomy;
 namespace fs = std::filesystem;
@@ -640,7 +642,7 @@ TEST_F(TextDatasetTest, EmptyAndBlankFiles) {
   expect_error(write("b.jsonl", "\n  \n\r\n"), {"b.jsonl: no samples"});
   expect_error(write("h.csv", "text,label\n"), {"h.csv: no samples (only a header)"});
   expect_error(write("n.csv", "\n\n"), {"n.csv: no header row"});
-  expect_error((m_dir / "absent.csv").string(), {"absent.csv: cannot read"});
+  expect_error((m_dir / "absent.csv").string(), {"absent.csv: cannot open (No such file or directory)"});
   expect_error(m_dir.string() + "/", {": cannot tell the format"});
   TextDataOptions o = no_cache();
   o.format = TextFormat::Csv;
@@ -651,6 +653,39 @@ TEST_F(TextDatasetTest, EmptyAndBlankFiles) {
   o.max_length = 2;
   o.text_pair_column = "text";
   expect_error(write("x2.csv", "text,label\na,1\n"), {"x2.csv: --max-seq-length 2 cannot hold a text pair's"}, o);
+}
+
+// Note [files that change while read]: a data file cut short (or rewritten) by another process
+// while it is read is an error naming it; mapped, the cut ended the run with SIGBUS.
+// Each changes the file once, after the first chunk read.
+std::string g_changing_file;
+bool g_changed = false;
+void cut_the_file_short() {
+  if (!std::exchange(g_changed, true)) fs::resize_file(g_changing_file, 10);
+}
+void append_to_the_file() {
+  if (!std::exchange(g_changed, true))
+    std::ofstream(g_changing_file, std::ios::app) << "{\"text\": \"more\", \"label\": \"a\"}\n";
+}
+
+TEST_F(TextDatasetTest, AFileThatChangesWhileReadIsRefusedNamingIt) {
+  std::string rows;
+  while (rows.size() < 300'000) rows += "{\"text\": \"a sample of text\", \"label\": \"pos\"}\n";
+  for (void (*change)() : {cut_the_file_short, append_to_the_file}) {
+    g_changing_file = write("c.jsonl", rows);
+    g_changed = false;
+    try {
+      anatomy::detail::read_regular_file(g_changing_file, "--train-file", change);
+      ADD_FAILURE() << "a file that changed while read was taken";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("--train-file " + g_changing_file + ": the file changed while it was read"), std::string::npos) << m;
+    }
+  }
+  // Unchanged, the same file reads whole, and loads.
+  const std::string p = write("c.jsonl", rows);
+  EXPECT_EQ(anatomy::detail::read_regular_file(p, "", nullptr), rows);
+  EXPECT_GT(TextDataset::load(p, tokenizer(), no_cache()).size(), 5000u);
 }
 
 TEST_F(TextDatasetTest, HugeLines) {
