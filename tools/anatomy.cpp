@@ -45,6 +45,7 @@ struct EvalFlags {
   int threads = 0;
   bool skip_padding = true, sort_by_length = true;
   ColumnsNamed named;  // by the user; else the task script's columns (load_eval_file)
+  EvalMasks masks;     // a masked LM's (--seed, --mlm-probability)
 };
 
 EvalFlags eval_flags(cli::RunArgs& a) {
@@ -66,6 +67,7 @@ EvalFlags eval_flags(cli::RunArgs& a) {
   f.threads = o.threads;
   f.skip_padding = a.skip_padding;
   f.sort_by_length = a.sort_by_length;
+  f.masks = {o.seed, o.mlm_probability};
   // The shared default: Trainer's examples' 128, capped by the model's position table.
   f.max_seq_length = a.was_given("max-seq-length") ? o.seq_len : -1;
   return f;
@@ -129,7 +131,7 @@ int run_eval(EvalFlags f) {
   topt.source_flag = "--validation-file";
   topt.max_length = f.max_seq_length;
   topt.cache_dir = f.cache_dir;
-  const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg, f.named);
+  const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg, f.named, f.masks);
   const Dataset& data = *eval_data;
   const std::string unknown = unknown_token_warning(data, tok, tok_dir, cfg.vocab_size, false);
   if (!unknown.empty()) std::fprintf(stderr, "anatomy: %s\n", unknown.c_str());
@@ -176,18 +178,11 @@ int run_eval(EvalFlags f) {
               static_cast<long long>(r.tokens),
               r.padded_tokens ? 100.0 * static_cast<double>(r.padded_tokens - r.computed_tokens) / r.padded_tokens : 0.0,
               static_cast<long long>(r.packed_batches), static_cast<long long>(r.batches));
-  if (r.labelled && r.token_classification)
-    std::printf("eval_loss: %.4f\neval_precision: %.4f\neval_recall: %.4f\neval_f1: %.4f\neval_accuracy: %.4f\n", r.loss,
-                r.precision, r.recall, r.f1, r.accuracy);
-  else if (r.labelled && r.masked_lm)
-    std::printf("eval_loss: %.4f (%lld masked tokens)\nperplexity: %.4f\n", r.loss, static_cast<long long>(r.scored_tokens),
-                r.perplexity);
-  else if (r.labelled && r.problem == ProblemType::Regression)
-    std::printf("eval_loss: %.4f\neval_mse: %.4f\neval_pearson: %.4f\n", r.loss, r.mse, r.pearson);
-  else if (r.labelled && r.problem == ProblemType::MultiLabel)
-    std::printf("eval_loss: %.4f\neval_micro_f1: %.4f (threshold 0.5)\n", r.loss, r.micro_f1);
-  else if (r.labelled)
-    std::printf("eval_loss: %.4f\neval_accuracy: %.4f\neval_macro_f1: %.4f\n", r.loss, r.accuracy, r.macro_f1);
+  if (r.labelled) {
+    for (const std::string& m : metric_names(metric_kind(r))) std::printf("%s: %.4f\n", metric_key(m).c_str(), metric_value(r, m));
+    if (r.masked_lm) std::printf("(%lld masked tokens)\n", static_cast<long long>(r.scored_tokens));
+    if (r.problem == ProblemType::MultiLabel) std::printf("(micro-F1 at threshold 0.5)\n");
+  }
   else
     std::printf("No labels (--label-column is empty): predictions only\n");
   std::printf("Samples: %lld\nTime: %.2f\nSamples/second: %.2f\n", static_cast<long long>(r.samples), r.runtime,

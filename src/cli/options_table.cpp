@@ -70,8 +70,9 @@ std::vector<OptionSpec> build() {
         {"mlm", "mlm"}, {"fill-mask", "mlm"}, {"token-classification", "token-classification"},
         {"ner", "token-classification"}},
        [](R& r, const V& v) { r.train.task = v.s; }});
-  add({"mlm-probability", {}, OptType::Float, kTrainPlan, "0.15",
-       "--task mlm: the fraction of tokens masked (of them 80% [MASK], 10% a random token, 10% unchanged)", 0.001, 0.999,
+  add({"mlm-probability", {}, OptType::Float, kTrainPlan | kEval, "0.15",
+       "--task mlm: the fraction of tokens masked (of them 80% [MASK], 10% a random token, 10% unchanged); eval of a "
+       "masked LM: the same, as the run trained", 0.001, 0.999,
        false, true, false, false, {}, [](R& r, const V& v) { r.train.mlm_probability = v.d; }});
   // ---- data ----
   add({"dataset", {}, OptType::Choice, kTrainPlan, "seed", "Synthetic data without --train-file: seed (random ids) or learnable",
@@ -180,7 +181,9 @@ std::vector<OptionSpec> build() {
        "differs: default 1 (Trainer: 3)"});
   add({"max-steps", {}, OptType::Int, kTrainPlan, "-1", "Optimizer steps (overrides epochs when > 0)", -1, kBig, false,
        false, false, false, {}, [](R& r, const V& v) { r.train.max_steps = v.i; }, "same"});
-  add({"seed", {}, OptType::Int, kTrainPlan, "42", "Seed of initialization, data order and dropout", 0, 4294967295.0,
+  add({"seed", {}, OptType::Int, kTrainPlan | kEval, "42",
+       "Seed of initialization, data order and dropout; eval of a masked LM: the seed of the masks, which with the "
+       "run's own seed and --mlm-probability are its --validation-file's", 0, 4294967295.0,
        false, false, false, false, {}, [](R& r, const V& v) { r.train.seed = static_cast<uint64_t>(v.i); }, "same"});
   add({"data-seed", {}, OptType::Int, kTrainPlan, "--seed", "Seed of the data order; anatomy has one seed, so it must equal --seed",
        0, 4294967295.0, false, false, false, false, {},
@@ -334,14 +337,20 @@ std::vector<OptionSpec> build() {
        "Keep the checkpoint best by --metric-for-best-model (whatever --save-total-limit) and end with its weights; "
        "needs --eval-strategy equal to --save-strategy",
        0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.train.load_best_model_at_end = v.b; }, "same"});
-  add({"metric-for-best-model", {}, OptType::Choice, kTrain, "loss", "With --load-best-model-at-end: what makes a checkpoint best",
+  add({"metric-for-best-model", {}, OptType::Choice, kTrain, "loss",
+       "What makes a checkpoint best: one of the task's metrics (as the Trainer, given one it tracks the best "
+       "checkpoint, keeps it whatever --save-total-limit and names it in trainer_state.json; "
+       "--load-best-model-at-end ends with its weights)",
        0, 0, false, false, false, false,
        {{"loss", "eval_loss"}, {"eval_loss", "eval_loss"}, {"accuracy", "eval_accuracy"}, {"eval_accuracy", "eval_accuracy"},
         {"macro_f1", "eval_macro_f1"}, {"eval_macro_f1", "eval_macro_f1"}, {"mse", "eval_mse"}, {"eval_mse", "eval_mse"},
         {"pearson", "eval_pearson"}, {"eval_pearson", "eval_pearson"}, {"micro_f1", "eval_micro_f1"},
-        {"eval_micro_f1", "eval_micro_f1"}, {"f1", "eval_f1"}, {"eval_f1", "eval_f1"}},
+        {"eval_micro_f1", "eval_micro_f1"}, {"f1", "eval_f1"}, {"eval_f1", "eval_f1"}, {"precision", "eval_precision"},
+        {"eval_precision", "eval_precision"}, {"recall", "eval_recall"}, {"eval_recall", "eval_recall"}},
        [](R& r, const V& v) { r.train.metric_for_best_model = v.s; },
-       "differs: the metrics anatomy computes (loss, accuracy, macro_f1; regression mse, pearson; multi-label micro_f1; token classification f1)"});
+       "differs: the metrics anatomy computes (loss, accuracy, macro_f1; regression mse, pearson; multi-label micro_f1; "
+       "token classification precision, recall, f1, accuracy; masked LM accuracy), refused before the first step when "
+       "the task does not compute it"});
   add({"greater-is-better", {}, OptType::Bool, kTrain, "false for loss, else true", "Whether a larger metric is better",
        0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.greater_is_better = v.b; }, "same"});
   add({"resume-from-checkpoint", {}, OptType::Text, kTrain, "",

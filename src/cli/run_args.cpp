@@ -99,6 +99,7 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   if (a.was_given("do-eval") && a.do_eval && o.validation_file.empty() && o.validation_split == 0)
     usage("--do-eval needs validation data: --validation-file or --validation-split");
   o.eval_at_end = a.do_eval;
+  o.track_best_model = o.load_best_model_at_end || a.was_given("metric-for-best-model");
   o.greater_is_better = a.greater_is_better >= 0 ? a.greater_is_better == 1 : o.metric_for_best_model != "eval_loss" && o.metric_for_best_model != "eval_mse";
   if (o.load_best_model_at_end) {
     if (o.eval_strategy == Cadence::No || o.eval_strategy != o.checkpoint_strategy)

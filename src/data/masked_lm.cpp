@@ -23,6 +23,11 @@ MaskingOptions masking_for(const Tokenizer& tok, const std::string& dir, double 
   return o;
 }
 
+MaskingOptions validation_masking(MaskingOptions o) {
+  o.seed = mix64(o.seed + 1);
+  return o;
+}
+
 int64_t mask_tokens(int32_t* ids, const int32_t* attention, int32_t* labels, int64_t T, uint64_t sample,
                     const MaskingOptions& o, int64_t epoch) {
   const uint64_t stream = o.seed ^ mix64(sample + 0x6d6c6dULL);

@@ -40,6 +40,9 @@ struct MaskingOptions {
 // The mask token of a tokenizer ("[MASK]" or "<mask>") and its special ids; throws naming the
 // tokenizer directory when it has no mask token.
 MaskingOptions masking_for(const Tokenizer& tok, const std::string& tokenizer_dir, double probability, uint64_t seed);
+// The masks of a --validation-file (or `anatomy eval`'s file) from the run's: another stream of
+// the same seed, so that they are not the training texts' masks where the texts coincide.
+MaskingOptions validation_masking(MaskingOptions training);
 
 // Masks one row of a batch in place: ids [T], mask [T]; labels [T] receive the targets.
 // Returns the number of scored tokens. Epoch 0 draws what the masking drew before it depended on

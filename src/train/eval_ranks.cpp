@@ -47,14 +47,13 @@ EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size
     sum[kComputed] = static_cast<double>(part.computed_tokens);
     sum[kBatches] = static_cast<double>(part.batches);
     sum[kRuntime] = part.runtime;
+    sum[kHits] = static_cast<double>(part.correct_tokens);
   }
   if (tags && end > begin && part.labelled) {
     const EntityScores e = entity_scores(part.word_predictions, part.word_labels);
     sum[kPredicted] = static_cast<double>(e.predicted);
     sum[kGold] = static_cast<double>(e.gold);
     sum[kCorrect] = static_cast<double>(e.correct);
-    for (size_t s = 0; s < part.word_labels.size(); ++s)  // a word's tag is its first sub-token's
-      for (size_t w = 0; w < part.word_labels[s].size(); ++w) sum[kHits] += part.word_predictions[s][w] == part.word_labels[s][w];
   }
   comm.all_reduce_host(all, Communicator::Op::Sum);
   const int64_t N = comm.size();
@@ -76,12 +75,13 @@ EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size
   res.runtime = sum[kRuntime] / static_cast<double>(N);
   res.samples_per_second = static_cast<double>(n) / std::max(res.runtime, 1e-9);
   if (!res.labelled || res.scored_tokens == 0) return res;
+  res.correct_tokens = static_cast<int64_t>(sum[kHits]);
   res.loss = sum[kLossSum] / sum[kScored];
+  res.accuracy = sum[kHits] / sum[kScored];
   if (!tags) {
     res.perplexity = std::exp(res.loss);
     return res;
   }
-  res.accuracy = sum[kHits] / sum[kScored];
   const EntityScores e = entity_scores_of_counts(static_cast<int64_t>(sum[kPredicted]), static_cast<int64_t>(sum[kGold]),
                                                  static_cast<int64_t>(sum[kCorrect]));
   res.precision = e.precision;

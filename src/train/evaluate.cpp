@@ -274,30 +274,53 @@ EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& o
   return r;
 }
 
+MetricKind metric_kind(const EvalResult& r) {
+  if (r.masked_lm) return MetricKind::MaskedLm;
+  if (r.token_classification) return MetricKind::Tokens;
+  if (r.problem == ProblemType::Regression) return MetricKind::Regression;
+  if (r.problem == ProblemType::MultiLabel) return MetricKind::MultiLabel;
+  return MetricKind::SingleLabel;
+}
+
+MetricKind metric_kind(const BertConfig& cfg) {
+  if (is_masked_lm(cfg)) return MetricKind::MaskedLm;
+  if (is_token_classification(cfg)) return MetricKind::Tokens;
+  const ProblemType p = problem_type_of(cfg);
+  return p == ProblemType::Regression ? MetricKind::Regression
+         : p == ProblemType::MultiLabel ? MetricKind::MultiLabel
+                                        : MetricKind::SingleLabel;
+}
+
+std::vector<std::string> metric_names(MetricKind kind) {
+  switch (kind) {
+    case MetricKind::SingleLabel: return {"loss", "accuracy", "macro_f1"};
+    case MetricKind::Regression: return {"loss", "mse", "pearson"};
+    case MetricKind::MultiLabel: return {"loss", "micro_f1"};
+    case MetricKind::Tokens: return {"loss", "precision", "recall", "f1", "accuracy"};
+    case MetricKind::MaskedLm: return {"loss", "accuracy", "perplexity"};
+  }
+  return {"loss"};
+}
+
+double metric_value(const EvalResult& r, const std::string& name) {
+  const std::map<std::string, double> all = {{"loss", r.loss},         {"accuracy", r.accuracy}, {"macro_f1", r.macro_f1},
+                                             {"mse", r.mse},           {"pearson", r.pearson},   {"micro_f1", r.micro_f1},
+                                             {"precision", r.precision}, {"recall", r.recall},   {"f1", r.f1},
+                                             {"perplexity", r.perplexity}};
+  const auto it = all.find(name);
+  ANATOMY_CHECK(it != all.end(), "internal error: no metric ", name);
+  return it->second;
+}
+
+std::string metric_key(const std::string& name, const std::string& prefix) {
+  return name == "perplexity" ? name : prefix + name;
+}
+
 nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix) {
   nlohmann::json j;
-  if (r.labelled && r.token_classification) {
-    j[prefix + "loss"] = r.loss;
-    j[prefix + "precision"] = r.precision;
-    j[prefix + "recall"] = r.recall;
-    j[prefix + "f1"] = r.f1;
-    j[prefix + "accuracy"] = r.accuracy;
-  } else if (r.labelled && r.masked_lm) {
-    j[prefix + "loss"] = r.loss;
-    j["perplexity"] = r.perplexity;  // run_mlm.py's key, without the prefix
-    j[prefix + "scored_tokens"] = r.scored_tokens;
-  } else if (r.labelled && r.problem == ProblemType::Regression) {
-    j[prefix + "loss"] = r.loss;
-    j[prefix + "mse"] = r.mse;
-    j[prefix + "pearson"] = r.pearson;
-  } else if (r.labelled && r.problem == ProblemType::MultiLabel) {
-    j[prefix + "loss"] = r.loss;
-    j[prefix + "micro_f1"] = r.micro_f1;
-  } else if (r.labelled) {
-    j[prefix + "loss"] = r.loss;
-    j[prefix + "accuracy"] = r.accuracy;
-    j[prefix + "macro_f1"] = r.macro_f1;
-  }
+  if (r.labelled)
+    for (const std::string& m : metric_names(metric_kind(r))) j[metric_key(m, prefix)] = metric_value(r, m);
+  if (r.labelled && r.masked_lm) j[prefix + "scored_tokens"] = r.scored_tokens;
   j[prefix + "samples"] = r.samples;
   j[prefix + "runtime"] = r.runtime;
   j[prefix + "samples_per_second"] = r.samples_per_second;

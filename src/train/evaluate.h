@@ -101,8 +101,10 @@ struct EvalResult {
   // Masked-LM (Note [masked LM head] in model/heads.h): loss is the mean over every scored
   // (masked) token of the set, perplexity its exp, as run_mlm.py reports; losses[s] holds sample
   // s's sum over its scored tokens.
+  // accuracy is the fraction of scored tokens predicted right (correct_tokens of scored_tokens),
+  // as run_mlm.py's compute_metrics; token classification counts the same way.
   bool masked_lm = false;
-  int64_t scored_tokens = 0;
+  int64_t scored_tokens = 0, correct_tokens = 0;
   double perplexity = kNaN;
   // Token classification (Note [token classification head]): per sample the predicted and
   // gold tag names of its words; entity-level precision, recall, F1 (CoNLL, data/token_tags.h)
@@ -141,7 +143,21 @@ void finish_float_metrics(EvalResult& r);
 // model shape, training or inference; on the CPU and CUDA backends.
 EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& options = {});
 
-// eval_loss, eval_accuracy, eval_macro_f1 (labelled only), eval_samples, eval_runtime,
+// Note [task metrics]: what an evaluation reports, by kind of task, named as the HF scripts name
+// them, loss first: single-label accuracy, macro_f1; regression mse, pearson; multi-label
+// micro_f1; token classification precision, recall, f1, accuracy (run_ner.py); masked LM
+// accuracy (of the masked tokens) and perplexity (run_mlm.py; its key is never prefixed). One list
+// for the result files, the log lines, `anatomy eval` and --metric-for-best-model, which must
+// name one of its task's (the Trainer fails with a KeyError at the first evaluation otherwise).
+enum class MetricKind { SingleLabel, Regression, MultiLabel, Tokens, MaskedLm };
+MetricKind metric_kind(const EvalResult& r);
+MetricKind metric_kind(const BertConfig& cfg);
+std::vector<std::string> metric_names(MetricKind kind);  // "loss" first
+double metric_value(const EvalResult& r, const std::string& name);
+// The key of a metric in a result file: prefix + name, except perplexity.
+std::string metric_key(const std::string& name, const std::string& prefix = "eval_");
+
+// The labelled metrics of Note [task metrics] (prefixed), eval_samples, eval_runtime,
 // eval_samples_per_second, and the token counts, in the Trainer's style (`prefix` + name).
 nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix = "eval_");
 

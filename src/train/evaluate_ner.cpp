@@ -21,7 +21,6 @@ EvalResult evaluate_token_classification(EncoderModel& model, const Dataset& ds,
   };
   std::vector<std::vector<std::string>> words_pred(ds.size()), words_gold(ds.size());
   double total = 0;
-  int64_t hits = 0;
   EvalResult r = evaluate_per_token(
       model, ds, opt,
       [&](EvalResult& res, const HostBatch& hb, const std::vector<float>& logits, size_t first, int64_t T) {
@@ -41,7 +40,7 @@ EvalResult evaluate_token_classification(EncoderModel& model, const Dataset& ds,
           ANATOMY_CHECK(std::isfinite(l), "evaluate: a non-finite loss at sample ", s);
           res.losses[s] += l;
           total += l;
-          hits += pred == label;
+          res.correct_tokens += pred == label;
           ++res.scored_tokens;
         }
       });
@@ -51,7 +50,7 @@ EvalResult evaluate_token_classification(EncoderModel& model, const Dataset& ds,
   r.word_labels = std::move(words_gold);
   if (r.labelled && r.scored_tokens > 0) {
     r.loss = total / static_cast<double>(r.scored_tokens);
-    r.accuracy = static_cast<double>(hits) / static_cast<double>(r.scored_tokens);
+    r.accuracy = static_cast<double>(r.correct_tokens) / static_cast<double>(r.scored_tokens);
     const EntityScores e = entity_scores(r.word_predictions, r.word_labels);
     r.precision = e.precision;
     r.recall = e.recall;

@@ -18,6 +18,12 @@ std::string fmt_duration(double s) {
   return b;
 }
 
+std::string fixed(double v, int digits) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+
 }  // namespace
 
 std::string evaluation_line(const TrainOptions& opt, bool has_validation, bool has_test, int64_t micro_batch) {
@@ -109,26 +115,17 @@ void TrainLog::step(int64_t done, std::optional<double> loss_of_step, double gra
   }
 }
 
-void TrainLog::eval(int64_t step, const EvalResult& ev) {
+void TrainLog::eval(int64_t step, double epoch, const EvalResult& ev) {
   nlohmann::json j = eval_metrics_json(ev);
+  j["epoch"] = epoch;  // as the Trainer's log() adds it to every entry
   j["step"] = step;
   if (m_opt.report_jsonl) m_out.append_metrics(j.dump());
   history.push_back(j);
-  if (ev.token_classification)
-    std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_precision': %.4f, 'eval_recall': %.4f, 'eval_f1': %.4f, 'step': %lld}\n",
-                 m_tty ? "\r\033[K" : "", ev.loss, ev.precision, ev.recall, ev.f1, static_cast<long long>(step));
-  else if (ev.masked_lm)
-    std::fprintf(stderr, "%s{'eval_loss': %.4f, 'perplexity': %.4f, 'step': %lld}\n", m_tty ? "\r\033[K" : "", ev.loss,
-                 ev.perplexity, static_cast<long long>(step));
-  else if (ev.problem == ProblemType::Regression)
-    std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_mse': %.4f, 'eval_pearson': %.4f, 'step': %lld}\n",
-                 m_tty ? "\r\033[K" : "", ev.loss, ev.mse, ev.pearson, static_cast<long long>(step));
-  else if (ev.problem == ProblemType::MultiLabel)
-    std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_micro_f1': %.4f, 'step': %lld}\n", m_tty ? "\r\033[K" : "",
-                 ev.loss, ev.micro_f1, static_cast<long long>(step));
-  else
-    std::fprintf(stderr, "%s{'eval_loss': %.4f, 'eval_accuracy': %.4f, 'eval_macro_f1': %.4f, 'step': %lld}\n",
-                 m_tty ? "\r\033[K" : "", ev.loss, ev.accuracy, ev.macro_f1, static_cast<long long>(step));
+  std::string line;
+  for (const std::string& m : metric_names(metric_kind(ev)))
+    line += str_cat("'", metric_key(m), "': ", fixed(metric_value(ev, m), 4), ", ");
+  std::fprintf(stderr, "%s{%s'epoch': %.2f, 'step': %lld}\n", m_tty ? "\r\033[K" : "", line.c_str(), epoch,
+               static_cast<long long>(step));
   std::fflush(stderr);
 }
 

@@ -37,7 +37,7 @@ class TrainLog {
   // `loss`: the step's (Note [loss per step] in trainer.cpp); none for a skipped non-finite step.
   void step(int64_t done, std::optional<double> loss, double grad_norm, float lr, double epoch, double elapsed,
             int64_t samples_here, double data_wait, float loss_scale);
-  void eval(int64_t step, const EvalResult& ev);
+  void eval(int64_t step, double epoch, const EvalResult& ev);
   void end_of_bar() const;  // the newline after the progress bar
   bool tty() const { return m_tty; }
   // The loss window of a checkpoint (what is logged at the next logging step): the sum of its

@@ -113,10 +113,13 @@ struct TrainOptions {
   Cadence checkpoint_strategy = Cadence::No;
   int64_t save_steps = 500;
   int64_t save_total_limit = 0;  // keep the newest N checkpoints (0: all), and the best one
-  // Note [best model]: with load_best_model_at_end, each checkpoint saved at an evaluation is
-  // compared by metric_for_best_model (eval_loss, eval_accuracy or eval_macro_f1); the best is
-  // kept whatever save_total_limit says and its weights are the final model.
+  // Note [best model]: with load_best_model_at_end, or a metric_for_best_model given (as the
+  // Trainer tracks it whenever one is set), each checkpoint saved at an evaluation is compared by
+  // metric_for_best_model (eval_ + one of its task's metrics, Note [task metrics]); the best is
+  // named in trainer_state.json and kept whatever save_total_limit says; with
+  // load_best_model_at_end its weights are the final model.
   bool load_best_model_at_end = false;
+  bool track_best_model = false;
   std::string metric_for_best_model = "eval_loss";
   bool greater_is_better = false;
   std::string resume_from_checkpoint;  // a checkpoint directory or "latest"

@@ -16,6 +16,7 @@
 #include "model/heads.h"
 #include "optim/optimizer.h"
 #include "train/checkpoints.h"
+#include "train/evaluate.h"
 
 namespace anatomy {
 
@@ -318,6 +319,22 @@ void check_ranks_agree(const TrainOptions& o, int64_t train_rows, Communicator& 
   }
   ANATOMY_CHECK(differ.empty(), "the ranks were started with different flags: ", differ,
                 "; start every rank with the same command");
+}
+
+void check_metric_for_best_model(const TrainOptions& opt, const BertConfig& cfg) {
+  if (!opt.track_best_model) return;
+  const MetricKind kind = metric_kind(cfg);
+  std::string names;
+  for (const std::string& m : metric_names(kind)) {
+    if (m == "perplexity") continue;  // run_mlm.py reports it at the end only, never eval_perplexity
+    if (opt.metric_for_best_model == "eval_" + m) return;
+    names += (names.empty() ? "" : ", ") + m;
+  }
+  const char* task = kind == MetricKind::MaskedLm ? "a masked-LM model"
+                     : kind == MetricKind::Tokens ? "a token-classification model"
+                                                  : nullptr;
+  fail("--metric-for-best-model ", opt.metric_for_best_model.substr(5), " is not computed for ",
+       task ? task : str_cat("problem_type ", problem_type_name(problem_type_of(cfg))), "; it computes ", names);
 }
 
 }  // namespace anatomy

@@ -48,6 +48,11 @@ void check_output_dir(const TrainOptions& opt);
 // one line naming the flags. A world of one has nothing to compare.
 void check_ranks_agree(const TrainOptions& opt, int64_t train_rows, Communicator& comm);
 
+// Note [task metrics] (train/evaluate.h): when the best model is tracked, --metric-for-best-model
+// must name one of the metrics the model's task computes; refused before the first step, naming
+// them, where the Trainer fails with a KeyError at its first evaluation.
+void check_metric_for_best_model(const TrainOptions& opt, const BertConfig& cfg);
+
 // The files of the output directory that the loop writes (rank 0 only).
 class OutputDir {
  public:

@@ -7,6 +7,7 @@
 
 #include "io/atomic_file.h"
 #include "model/bert.h"
+#include "train/evaluate.h"
 
 namespace anatomy {
 
@@ -66,35 +67,14 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
                         {"train_samples", res.train_dataset_samples},
                         {"train_samples_per_second", res.train_samples_per_second},
                         {"train_steps_per_second", res.train_steps_per_second}};
-  if (res.eval_loss >= 0) {
-    out["eval_loss"] = res.eval_loss;
+  if (!res.eval_metrics.empty()) {
     const double rt = std::max(res.eval_runtime, 1e-9);
     nlohmann::json ev = {{"epoch", res.epoch},
-                               {"eval_loss", res.eval_loss},
-                               {"eval_runtime", res.eval_runtime},
-                               {"eval_samples", res.eval_samples},
-                               {"eval_samples_per_second", static_cast<double>(res.eval_samples) / rt},
-                               {"eval_steps_per_second", static_cast<double>(res.eval_steps) / rt}};
-    // The metrics of the problem type (Note [problem types] in model/heads.h).
-    if (res.problem_type == "token_classification") {
-      ev["eval_precision"] = res.eval_precision;
-      ev["eval_recall"] = res.eval_recall;
-      ev["eval_f1"] = res.eval_f1;
-      ev["eval_accuracy"] = res.eval_accuracy;
-    } else if (res.problem_type == "masked_lm") {
-      ev["perplexity"] = res.eval_perplexity;
-    } else if (res.problem_type == "regression") {
-      ev["eval_mse"] = res.eval_mse;
-      ev["eval_pearson"] = res.eval_pearson;
-    } else if (res.problem_type == "multi_label_classification") {
-      ev["eval_micro_f1"] = res.eval_micro_f1;
-    } else {
-      ev["eval_accuracy"] = res.eval_accuracy;
-      ev["eval_macro_f1"] = res.eval_macro_f1;
-    }
-    for (const char* k : {"eval_accuracy", "eval_macro_f1", "eval_mse", "eval_pearson", "eval_micro_f1", "perplexity",
-                          "eval_precision", "eval_recall", "eval_f1"})
-      if (ev.contains(k)) out[k] = ev[k];
+                         {"eval_runtime", res.eval_runtime},
+                         {"eval_samples", res.eval_samples},
+                         {"eval_samples_per_second", static_cast<double>(res.eval_samples) / rt},
+                         {"eval_steps_per_second", static_cast<double>(res.eval_steps) / rt}};
+    for (const auto& [name, value] : res.eval_metrics) ev[metric_key(name)] = out[metric_key(name)] = value;
     write_file_atomic((fs::path(opt.output_dir) / "eval_results.json").string(), ev.dump(4) + "\n");
     all.update(ev);
   }
@@ -186,17 +166,14 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
   if (res.train_runtime > 0)
     std::printf("Data loading: the loop waited %.2f s for batches (%.1f%% of the run)\n", res.data_wait_s,
                 100.0 * res.data_wait_s / res.train_runtime);
-  if (res.eval_loss >= 0 && res.problem_type == "token_classification")
-    std::printf("Evaluation: loss %.4f, entities precision %.4f, recall %.4f, F1 %.4f, token accuracy %.4f\n",
-                res.eval_loss, res.eval_precision, res.eval_recall, res.eval_f1, res.eval_accuracy);
-  else if (res.eval_loss >= 0 && res.problem_type == "masked_lm")
-    std::printf("Evaluation: loss %.4f (masked tokens), perplexity %.2f\n", res.eval_loss, res.eval_perplexity);
-  else if (res.eval_loss >= 0 && res.problem_type == "regression")
-    std::printf("Evaluation: loss %.4f, mse %.4f, pearson %.4f\n", res.eval_loss, res.eval_mse, res.eval_pearson);
-  else if (res.eval_loss >= 0 && res.problem_type == "multi_label_classification")
-    std::printf("Evaluation: loss %.4f, micro-F1 %.4f (threshold 0.5)\n", res.eval_loss, res.eval_micro_f1);
-  else if (res.eval_loss >= 0)
-    std::printf("Evaluation: loss %.4f, accuracy %.4f, macro-F1 %.4f\n", res.eval_loss, res.eval_accuracy, res.eval_macro_f1);
+  if (!res.eval_metrics.empty()) {
+    std::printf("Evaluation (%s):", res.problem_type.c_str());
+    for (const auto& [name, value] : res.eval_metrics) std::printf(" %s %.4f", name.c_str(), value);
+    std::printf("%s\n", res.problem_type == "masked_lm"                  ? " (loss and accuracy over the masked tokens)"
+                        : res.problem_type == "token_classification"       ? " (precision, recall, f1 of entities; accuracy of tokens)"
+                        : res.problem_type == "multi_label_classification" ? " (threshold 0.5)"
+                                                                           : "");
+  }
   if (res.world_size > 1) {
     std::printf("Data parallel: %d ranks, ZeRO stage %d; optimizer state per rank:", res.world_size, res.zero_stage);
     for (int64_t b : res.rank_optimizer_state_bytes) std::printf(" %.1f MiB", mib(b));

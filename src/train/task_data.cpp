@@ -139,9 +139,8 @@ TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, con
   auto train = std::make_shared<MaskedLMDataset>(texts(opt.train_file, "--train-file", lengths), mo);
   d.train = train;
   if (!opt.validation_file.empty()) {
-    MaskingOptions vo = mo;
-    vo.seed = mix64(mo.seed + 1);
-    d.validation = std::make_shared<MaskedLMDataset>(texts(opt.validation_file, "--validation-file", d.validation_lengths), vo);
+    d.validation = std::make_shared<MaskedLMDataset>(texts(opt.validation_file, "--validation-file", d.validation_lengths),
+                                                     validation_masking(mo));
   } else if (opt.validation_split > 0) {
     lengths = d.split_validation(train, lengths, opt.validation_split, opt.seed);
   }
@@ -216,7 +215,7 @@ TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokeni
 }
 
 std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tokenizer& tok, TextDataOptions to,
-                                              const BertConfig& cfg, ColumnsNamed named) {
+                                              const BertConfig& cfg, ColumnsNamed named, EvalMasks masks) {
   if (is_token_classification(cfg)) {  // the tagged words, mapped through the model's tags
     TokenTagOptions o = token_tag_options(to.text_column, to.label_column, to.max_length);
     use_run_ner_columns(o, path, to.source_flag, named.text, named.label);
@@ -225,7 +224,7 @@ std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tok
     else o.num_ids = cfg.num_labels;
     return std::make_shared<TokenTagDataset>(path, tok, o);
   }
-  if (is_masked_lm(cfg)) {  // the texts, masked as for training (Note [masking]) with a fixed seed
+  if (is_masked_lm(cfg)) {  // the texts, masked as a training run masks its --validation-file
     std::shared_ptr<const Dataset> text;
     if (is_lines_file(path)) {  // a .txt file's lines, as training reads them
       text = std::make_shared<LinesDataset>(path, tok, to.max_length);
@@ -235,7 +234,8 @@ std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tok
       if (!named.text) use_run_mlm_column(to, path);
       text = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
     }
-    return std::make_shared<MaskedLMDataset>(text, masking_for(tok, "the model directory", 0.15, 42));
+    return std::make_shared<MaskedLMDataset>(
+        text, validation_masking(masking_for(tok, "the model directory", masks.probability, masks.seed)));
   }
   if (!named.text) use_run_glue_columns(to, path);
   const ProblemType p = problem_type_of(cfg);

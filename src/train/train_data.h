@@ -49,11 +49,17 @@ std::string unknown_token_warning(const Dataset& data, const Tokenizer& tok, con
 // id2label, or for regression and multi-label (Note [problem types] in model/heads.h) the float
 // labels its head was trained on. `to.labels` is set here. Columns the user did not name
 // (`named`) are chosen as the model's task script would: Note [run_glue.py's text columns],
-// use_run_mlm_column, Note [run_ner.py's columns]; a .txt file of a masked LM is read by lines.
+// use_run_mlm_column, Note [run_ner.py's columns]; a .txt file of a masked LM is read by lines
+// and masked as a training run of `masks` masks its --validation-file (Note [fixed evaluation
+// masks]), so that the same seed and probability give the same texts masked the same way.
 struct ColumnsNamed {
   bool text = false, label = false;
 };
+struct EvalMasks {
+  uint64_t seed = 42;
+  double probability = 0.15;
+};
 std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tokenizer& tok, TextDataOptions to,
-                                              const BertConfig& cfg, ColumnsNamed named = {});
+                                              const BertConfig& cfg, ColumnsNamed named = {}, EvalMasks masks = {});
 
 }  // namespace anatomy

@@ -207,6 +207,7 @@ void RankRun::setup() {
   if (m_lead && !m_data->warning.empty()) std::fprintf(stderr, "anatomy: %s\n", m_data->warning.c_str());
   ANATOMY_CHECK(m_opt.eval_strategy == Cadence::No || m_data->validation, "--eval-strategy ", cadence_name(m_opt.eval_strategy),
                 " needs validation data: --validation-file or --validation-split");
+  check_metric_for_best_model(m_opt, m_cfg);
   std::string resume_dir;
   if (!m_opt.resume_from_checkpoint.empty()) {
     std::vector<std::string> skipped;
@@ -338,7 +339,7 @@ void RankRun::tune_gemms() {
 // A checkpoint of everything the next step depends on (collective: every rank its part).
 void RankRun::save_checkpoint(int64_t step) {
   const int64_t micro = m_p.micro;
-  if (m_opt.load_best_model_at_end && m_eval_step == step &&
+  if (m_opt.track_best_model && m_eval_step == step &&
       (m_best_ckpt.empty() || (m_opt.greater_is_better ? m_eval_metric > m_best_metric : m_eval_metric < m_best_metric))) {
     m_best_metric = m_eval_metric;
     m_best_ckpt = (fs::path(m_opt.output_dir) / str_cat("checkpoint-", step)).string();
@@ -378,33 +379,18 @@ void RankRun::save_checkpoint(int64_t step) {
 void RankRun::evaluate_now(int64_t step) {
   const EvalResult ev = evaluate_over_ranks(*m_model, *m_data->validation, m_data->validation_lengths,
                                             std::min(m_opt.per_device_eval_batch_size, m_B), m_comm);
-  m_res.eval_loss = ev.loss;
-  m_res.eval_accuracy = ev.accuracy;
-  m_res.eval_macro_f1 = ev.macro_f1;
+  m_res.eval_metrics.clear();
+  for (const std::string& name : metric_names(metric_kind(ev))) m_res.eval_metrics.emplace_back(name, metric_value(ev, name));
   m_res.eval_runtime = ev.runtime;
   m_res.eval_samples = ev.samples;
   m_res.eval_steps = ev.batches;
   m_eval_step = step;
   m_res.problem_type = ev.masked_lm ? "masked_lm" : ev.token_classification ? "token_classification"
                                                                             : problem_type_name(ev.problem);
-  m_res.eval_precision = ev.precision;
-  m_res.eval_recall = ev.recall;
-  m_res.eval_f1 = ev.f1;
-  m_res.eval_perplexity = ev.perplexity;
-  m_res.eval_mse = ev.mse;
-  m_res.eval_pearson = ev.pearson;
-  m_res.eval_micro_f1 = ev.micro_f1;
-  const std::string& m = m_opt.metric_for_best_model;
-  m_eval_metric = m == "eval_accuracy" ? ev.accuracy
-                  : m == "eval_macro_f1" ? ev.macro_f1
-                  : m == "eval_mse"      ? ev.mse
-                  : m == "eval_pearson"  ? ev.pearson
-                  : m == "eval_micro_f1" ? ev.micro_f1
-                  : m == "eval_f1"       ? ev.f1
-                                         : ev.loss;
-  ANATOMY_CHECK(!std::isnan(m_eval_metric) || m == "eval_pearson" || ev.masked_lm || ev.token_classification, "--metric-for-best-model ", m,
-                " is not computed for problem_type ", problem_type_name(ev.problem));
-  if (m_lead) m_log->eval(step, ev);
+  // --metric-for-best-model names one of the task's metrics (checked at setup); Pearson's is NaN
+  // when the outputs are constant, and NaN is never best (every comparison with it is false).
+  m_eval_metric = m_res.eval(m_opt.metric_for_best_model.substr(std::string("eval_").size()));
+  if (m_lead) m_log->eval(step, epoch_of(m_p.micro), ev);
 }
 
 // The step's figures into the totals; a non-finite step stops the run (every rank alike: the
@@ -559,7 +545,7 @@ bool RankRun::loop(const StopSignals& stop) {
   // The end of the run is evaluated once (Trainer's do_eval), whatever the strategy did before.
   if (m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end) && last_eval != m_total_steps)
     evaluate_now(m_total_steps);
-  if (m_opt.load_best_model_at_end) load_best_model();
+  if (m_opt.track_best_model) load_best_model();
   sampler.stop();
   // The clock and power of the steps steady samples/s counts (Note [clock and power]).
   if (m_step_ends_s.size() > 3)
@@ -671,13 +657,14 @@ nlohmann::json RankRun::trainer_state(int64_t step, const nlohmann::json& last) 
           {"trial_params", none}};
 }
 
-// The best checkpoint's weights become the model (every rank: the weights are replicated), and
-// the validation data is evaluated on them, as the Trainer's evaluate() after train() does.
+// Note [best model]: the best checkpoint is the run's result's; with --load-best-model-at-end its
+// weights become the model (every rank: the weights are replicated), and the validation data is
+// evaluated on them, as the Trainer's evaluate() after train() does.
 void RankRun::load_best_model() {
   if (m_best_ckpt.empty()) return;
   m_res.best_model_checkpoint = m_best_ckpt;
   m_res.best_metric = m_best_metric;
-  if (m_best_ckpt == (fs::path(m_opt.output_dir) / str_cat("checkpoint-", m_total_steps)).string()) return;
+  if (!m_opt.load_best_model_at_end || m_best_ckpt == (fs::path(m_opt.output_dir) / str_cat("checkpoint-", m_total_steps)).string()) return;
   load_pretrained_weights(m_best_ckpt, *m_model);
   if (m_lead)
     std::fprintf(stderr, "anatomy: loading the best model, %s (%s %.6g), as --load-best-model-at-end says\n",

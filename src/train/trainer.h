@@ -48,17 +48,20 @@ struct TrainResult {
   int64_t nvml_after_setup_mb = -1;      // NVML used with model, optimizer and buffers allocated
   int64_t nvml_after_first_step_mb = -1;  // ... and after the first step (kernels loaded)
   std::vector<std::pair<std::string, int64_t>> memory_growth;  // --trace-memory-growth: op -> bytes
-  double eval_loss = -1, eval_accuracy = -1, eval_macro_f1 = -1;  // the last evaluation (-1: none)
-  // Regression (mse, pearson) and multi-label (micro_f1) evaluations (Note [problem types]).
-  std::string problem_type = "single_label_classification";
-  double eval_mse = -1, eval_pearson = -1, eval_micro_f1 = -1;
-  double eval_perplexity = -1;  // --task mlm
-  double eval_precision = -1, eval_recall = -1, eval_f1 = -1;  // --task token-classification (entities)
+  // The last evaluation's metrics (Note [task metrics] in train/evaluate.h), "loss" first, as
+  // named there; empty: none. eval("accuracy") reads one (-1: not computed).
+  std::vector<std::pair<std::string, double>> eval_metrics;
+  double eval(const std::string& name) const {
+    for (const auto& [n, v] : eval_metrics)
+      if (n == name) return v;
+    return -1;
+  }
+  std::string problem_type = "single_label_classification";  // or masked_lm, token_classification
   double eval_runtime = 0;
   int64_t eval_samples = 0, eval_steps = 0;  // eval_steps: the batches of the last evaluation
   double epoch = 0;                      // epochs done at the end (fractional)
   int64_t predict_samples = 0;           // --do-predict: rows of predict_results.txt
-  std::string best_model_checkpoint;     // --load-best-model-at-end: the checkpoint whose weights end the run
+  std::string best_model_checkpoint;     // Note [best model]: the best checkpoint (--load-best-model-at-end: its weights end the run)
   double best_metric = 0;
   // Data parallelism (world size > 1): peak_bytes and the plan are rank 0's.
   int world_size = 1, zero_stage = 0;

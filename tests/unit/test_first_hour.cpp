@@ -248,8 +248,10 @@ const std::function<void(const std::string&)> kPredictResults = [](const std::st
   EXPECT_EQ(n, 197);
 };
 
-const std::function<void(const std::string&)> kBestModelKept = [](const std::string& d) {
-  // The evaluations of steps 1..5 (the last line again: the best model, evaluated after loading).
+// The best checkpoint by eval_loss is named and kept beyond --save-total-limit 1; `loaded`: the
+// run ended with its weights (--load-best-model-at-end), else with the last step's.
+void expect_best_checkpoint_kept(const std::string& d, bool loaded) {
+  // The evaluations of steps 1..5 (with `loaded` the last line again: the best model's).
   std::ifstream in(d + "/out/metrics.jsonl");
   double best = 1e300;
   int64_t best_step = -1;
@@ -264,14 +266,21 @@ const std::function<void(const std::string&)> kBestModelKept = [](const std::str
   const json res = read_json(d + "/out/train_results.json");
   EXPECT_EQ(res["best_model_checkpoint"], d + "/out/checkpoint-" + std::to_string(best_step));
   EXPECT_DOUBLE_EQ(res["best_metric"].get<double>(), best);
-  EXPECT_DOUBLE_EQ(read_json(d + "/out/eval_results.json")["eval_loss"].get<double>(), best);
+  const json st = read_json(d + "/out/trainer_state.json");
+  EXPECT_EQ(st["best_global_step"], best_step);
+  EXPECT_DOUBLE_EQ(st["best_metric"].get<double>(), best);
   const std::string ckpt = res["best_model_checkpoint"].get<std::string>();
   ASSERT_TRUE(fs::exists(ckpt + "/model.safetensors"));
-  EXPECT_EQ(slurp(ckpt + "/model.safetensors"), slurp(d + "/out/model.safetensors"));
+  EXPECT_EQ(slurp(ckpt + "/model.safetensors") == slurp(d + "/out/model.safetensors"), loaded || best_step == 5);
+  if (loaded) EXPECT_DOUBLE_EQ(read_json(d + "/out/eval_results.json")["eval_loss"].get<double>(), best);
   int checkpoints = 0;
   for (const auto& e : fs::directory_iterator(d + "/out")) checkpoints += e.path().filename().string().rfind("checkpoint-", 0) == 0;
   EXPECT_EQ(checkpoints, best_step == 5 ? 1 : 2);  // the best, and the newest to resume from
   EXPECT_TRUE(fs::exists(d + "/out/checkpoint-5"));
+}
+const std::function<void(const std::string&)> kBestModelKept = [](const std::string& d) { expect_best_checkpoint_kept(d, true); };
+const std::function<void(const std::string&)> kBestModelTracked = [](const std::string& d) {
+  expect_best_checkpoint_kept(d, false);
 };
 
 // Note [two state files]: trainer_state.json is the Trainer's TrainerState, field for field as
@@ -546,6 +555,12 @@ const std::vector<Case> kCases = {
      kTextRun + "--max-steps 5 --learning-rate 0.005 --validation-file {dir}/s.jsonl --eval-strategy steps --eval-steps 1 "
                 "--save-strategy steps --save-steps 1 --save-total-limit 1 --load_best_model_at_end",
      0, {}, {}, kBestModelKept},
+    // ... and, as the Trainer, a --metric-for-best-model alone tracks it (named, kept), the run
+    // ending with the last step's weights.
+    {"MetricForBestModelAloneTracksTheBest", copy_text,
+     kTextRun + "--max-steps 5 --learning-rate 0.005 --validation-file {dir}/s.jsonl --eval-strategy steps --eval-steps 1 "
+                "--save-strategy steps --save-steps 1 --save-total-limit 1 --metric-for-best-model loss",
+     0, {}, {}, kBestModelTracked},
     {"LoadBestModelNeedsMatchingStrategies", copy_text,
      kTextRun + "--max-steps 2 --validation-file {dir}/s.jsonl --eval-strategy steps --load-best-model-at-end", 2,
      {"--load-best-model-at-end needs --eval-strategy and --save-strategy alike"}},

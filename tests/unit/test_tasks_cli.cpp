@@ -397,6 +397,63 @@ TEST(TasksCli, MaskedLmLossFallsOnRealText) {
   EXPECT_LT(ev.at("eval_padded_tokens").get<int64_t>(), 197 * 64 * 3 / 4) << ev.dump();  // the texts are mostly short
 }
 
+// Note [task metrics]: a masked LM reports run_mlm.py's accuracy (of the masked tokens) with its
+// loss; --metric-for-best-model accuracy picks by it (every evaluation logged with its epoch) and a
+// metric the task does not compute is refused before the first step (it picked the first
+// checkpoint, comparing NaNs). `anatomy eval` with the run's --seed and --mlm-probability masks
+// the file as the run masked its --validation-file: the same loss and accuracy.
+TEST(TasksCli, MaskedLmReportsAccuracyAndEvalRepeatsTheRunsMasks) {
+  const std::string dir = testing_cli::fresh_dir("tasks_mlm_accuracy");
+  {
+    std::ofstream train(dir + "/train.txt"), dev(dir + "/dev.txt");
+    size_t i = 0;
+    for (const auto& r : sentiment_rows(200)) (i++ % 5 == 0 ? dev : train) << r.at("text").get<std::string>() << "\n";
+  }
+  const std::string common = "train --device cpu --task mlm --model-name-or-path " + model_dir() + " --train-file " + dir +
+                             "/train.txt --validation-file " + dir + "/dev.txt --max-seq-length 32 --seed 7"
+                             " --mlm-probability 0.3 --per-device-train-batch-size 16 --learning-rate 3e-3 --disable-tqdm";
+  const auto bad = testing_cli::run_anatomy(common + " --metric-for-best-model f1 --output-dir " + dir + "/bad");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--metric-for-best-model f1 is not computed for a masked-LM model; it computes loss, accuracy"),
+            std::string::npos) << bad.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/bad/checkpoint-10"));
+
+  const std::string out = dir + "/run";
+  const auto r = testing_cli::run_anatomy(common + " --num-train-epochs 4 --eval-strategy epoch --save-strategy epoch"
+                                          " --metric-for-best-model accuracy --load-best-model-at-end --output-dir " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+  const nlohmann::json st = nlohmann::json::parse(read_regular_file(out + "/trainer_state.json"));
+  const double accuracy = ev.at("eval_accuracy").get<double>();
+  double scored = 0;  // of the end's evaluation, the last in the log
+  for (const auto& e : st.at("log_history")) scored = e.value("eval_scored_tokens", scored);
+  EXPECT_GT(accuracy, 0.0) << ev.dump();
+  EXPECT_NEAR(accuracy * scored, std::round(accuracy * scored), 1e-6) << "a count of masked tokens predicted right";
+  double best = -1;
+  std::string best_step;
+  int evaluations = 0;
+  for (const auto& e : st.at("log_history")) {
+    if (!e.contains("eval_accuracy")) continue;
+    EXPECT_TRUE(e.contains("epoch")) << e.dump();
+    if (++evaluations <= 4 && e.at("eval_accuracy").get<double>() > best) {
+      best = e.at("eval_accuracy").get<double>();
+      best_step = std::to_string(e.at("step").get<int64_t>());
+    }
+  }
+  EXPECT_EQ(evaluations, 5);  // each epoch's, then the best model's at the end
+  EXPECT_EQ(st.at("best_metric").get<double>(), best);
+  EXPECT_EQ(st.at("best_model_checkpoint").get<std::string>(), out + "/checkpoint-" + best_step);
+  EXPECT_EQ(ev.at("eval_accuracy").get<double>(), best);  // the end's evaluation is the best model's
+
+  const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + dir +
+                                          "/dev.txt --max-seq-length 32 --seed 7 --mlm-probability 0.3 --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  const nlohmann::json again = nlohmann::json::parse(read_regular_file(dir + "/eval/eval_results.json"));
+  EXPECT_NEAR(again.at("eval_loss").get<double>(), ev.at("eval_loss").get<double>(), 1e-6);
+  EXPECT_EQ(again.at("eval_accuracy"), ev.at("eval_accuracy"));
+  EXPECT_EQ(again.at("eval_scored_tokens").get<double>(), scored);
+}
+
 // The same for ModernBERT (ModernBertForMaskedLM: Note [modernbert token head] in
 // model/modernbert.cpp): the loss falls, perplexity is reported, and the saved model has the
 // tensors transformers wrote for that class (the decoder tied to tok_embeddings, its bias).

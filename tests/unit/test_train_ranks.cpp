@@ -129,14 +129,14 @@ TEST(TrainRanks, TextEvaluationCheckpointAndResumeOnAnotherWorldSize) {
   ref_opt.checkpoint_strategy = Cadence::Steps;
   ref_opt.save_steps = 2;
   const TrainResult ref = train(ref_opt);
-  ASSERT_GE(ref.eval_accuracy, 0.0);
+  ASSERT_GE(ref.eval("accuracy"), 0.0);
 
   TrainOptions two = text("ranks_text_two", 2);
   two.checkpoint_strategy = Cadence::Steps;
   two.save_steps = 2;
   const TrainResult r2 = train(two);
-  EXPECT_NEAR(r2.eval_loss, ref.eval_loss, 1e-5);
-  EXPECT_EQ(r2.eval_accuracy, ref.eval_accuracy);
+  EXPECT_NEAR(r2.eval("loss"), ref.eval("loss"), 1e-5);
+  EXPECT_EQ(r2.eval("accuracy"), ref.eval("accuracy"));
   const fs::path ckpt = fs::path(two.output_dir) / "checkpoint-2";
   ASSERT_TRUE(fs::exists(ckpt / "optimizer-shard-0.safetensors"));
   ASSERT_TRUE(fs::exists(ckpt / "optimizer-shard-1.safetensors"));
@@ -151,7 +151,7 @@ TEST(TrainRanks, TextEvaluationCheckpointAndResumeOnAnotherWorldSize) {
     o.resume_from_checkpoint = (world == 2 ? whole : ckpt).string();
     const TrainResult r = train(o);
     EXPECT_EQ(r.start_step, 2);
-    EXPECT_NEAR(r.eval_loss, ref.eval_loss, 1e-5);
+    EXPECT_NEAR(r.eval("loss"), ref.eval("loss"), 1e-5);
     EXPECT_NEAR(r.train_loss, ref.train_loss, 1e-5);
     EXPECT_LT(max_abs_diff(saved_weights(ref_opt.output_dir), saved_weights(o.output_dir)), 1e-5);
   }
@@ -305,7 +305,7 @@ TEST(TrainRanks, TheNextStepLaunchedBeforeThisOneIsReadChangesNothing) {
     EXPECT_EQ(on.steps, 10);
     EXPECT_EQ(on.samples, off.samples);
     EXPECT_EQ(on.train_loss, off.train_loss);
-    EXPECT_EQ(on.eval_loss, off.eval_loss);
+    EXPECT_EQ(on.eval("loss"), off.eval("loss"));
     EXPECT_EQ(loss_curve(on_dir), loss_curve(off_dir));
     EXPECT_EQ(loss_curve(on_dir).size(), 10u);
     EXPECT_EQ(max_abs_diff(saved_weights(off_dir), saved_weights(on_dir)), 0.0);
