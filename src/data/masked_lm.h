@@ -15,7 +15,9 @@
 // always 0 and a validation (or --validation-split, or `anatomy eval`) sample keeps the same masks
 // at every evaluation. run_mlm.py re-masks its evaluation set each time it evaluates, so its eval
 // perplexity moves with the draw; here two evaluations of one model give the same perplexity, and
-// the change between evaluations is the model's alone.
+// the change between evaluations is the model's alone. `anatomy eval` masks with its --seed and
+// --mlm-probability as a run with those masks its --validation-file (validation_masking), so the
+// run's own evaluation is repeated exactly.
 #pragma once
 #include <cstdint>
 #include <memory>
