@@ -67,7 +67,7 @@ EvalFlags eval_flags(cli::RunArgs& a) {
   f.threads = o.threads;
   f.skip_padding = a.skip_padding;
   f.sort_by_length = a.sort_by_length;
-  f.masks = {o.seed, o.mlm_probability};
+  f.masks = {o.seed, o.mlm_probability, o.line_by_line};
   // The shared default: Trainer's examples' 128, capped by the model's position table.
   f.max_seq_length = a.was_given("max-seq-length") ? o.seq_len : -1;
   return f;

@@ -141,19 +141,26 @@ std::string markdown_doc() {
     }
     out += str_cat("| `", field, "` | ", status, " |\n");
   }
-  out += "\n## run_glue.py / run_classification.py arguments, and older spellings\n\n| Argument | anatomy |\n|---|---|\n";
+  out += "\n## run_glue.py / run_classification.py / run_mlm.py / run_ner.py arguments, and older spellings\n\n"
+         "| Argument | anatomy |\n|---|---|\n";
   for (const char* arg : {"model_name_or_path", "train_file", "validation_file", "test_file", "text_column_names",
                           "label_column_name", "max_seq_length", "tokenizer_name", "task_name", "dataset_name",
                           "dataset_config_name", "max_train_samples", "max_eval_samples", "max_predict_samples",
                           "pad_to_max_length", "overwrite_cache", "cache_dir", "config_name", "model_revision",
                           "use_fast_tokenizer", "trust_remote_code", "token", "ignore_mismatched_sizes",
-                          "shuffle_train_dataset", "metric_name", "evaluation_strategy"}) {
+                          "shuffle_train_dataset", "metric_name", "evaluation_strategy", "line_by_line",
+                          "mlm_probability", "validation_split_percentage", "preprocessing_num_workers",
+                          "label_all_tokens", "return_entity_level_metrics"}) {
     std::string status;
     if (const OptionSpec* s = spec_of_field(arg)) {
       const std::string how = s->trainer;
       status = how == "same" ? str_cat("supported (`", flag(*s), "`)") : str_cat("supported, ", how, " (`", flag(*s), "`)");
     } else {
       status = std::string("refused: ") + refusal_reason(arg);
+      for (const NeutralValue& n : neutral_values())
+        if (underscored(arg) == n.name)
+          status = std::string(n.value) == "*" ? str_cat("accepted with any value, which changes nothing here: ", n.why)
+                                               : str_cat(status, "; `", n.value, "` is accepted and changes nothing here");
     }
     out += str_cat("| `", underscored(arg), "` | ", status, " |\n");
   }

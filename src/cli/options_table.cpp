@@ -70,10 +70,15 @@ std::vector<OptionSpec> build() {
         {"mlm", "mlm"}, {"fill-mask", "mlm"}, {"token-classification", "token-classification"},
         {"ner", "token-classification"}},
        [](R& r, const V& v) { r.train.task = v.s; }});
+  add({"line-by-line", {}, OptType::Bool, kTrainPlan | kEval, "false",
+       "--task mlm: each text (a .txt file's non-empty line, a record) is a sample, cut to --max-seq-length; false "
+       "(run_mlm.py's default): the texts are joined and cut into blocks of --max-seq-length tokens, each 1000 "
+       "texts' last partial block dropped",
+       0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.train.line_by_line = v.b; }, "same"});
   add({"mlm-probability", {}, OptType::Float, kTrainPlan | kEval, "0.15",
        "--task mlm: the fraction of tokens masked (of them 80% [MASK], 10% a random token, 10% unchanged); eval of a "
        "masked LM: the same, as the run trained", 0.001, 0.999,
-       false, true, false, false, {}, [](R& r, const V& v) { r.train.mlm_probability = v.d; }});
+       false, true, false, false, {}, [](R& r, const V& v) { r.train.mlm_probability = v.d; }, "same"});
   // ---- data ----
   add({"dataset", {}, OptType::Choice, kTrainPlan, "seed", "Synthetic data without --train-file: seed (random ids) or learnable",
        0, 0, false, false, false, false, {{"seed", "seed"}, {"learnable", "learnable"}},

@@ -71,6 +71,12 @@ const std::vector<Refusal>& refused_arguments() {
       {"trust_remote_code", "anatomy runs BERT-family encoders only"},
       {"token", "set HF_TOKEN (or log in with huggingface-cli): anatomy reads the token as huggingface_hub does"},
       {"metric_name", "evaluation reports the loss and the task's metrics (accuracy and macro-F1, MSE and Pearson, ...)"},
+      // run_mlm.py's and run_ner.py's own arguments.
+      {"validation_split_percentage", "use --validation-split, a fraction of the training samples drawn with --seed "
+                                      "(run_mlm.py takes the first N% of the file)"},
+      {"label_all_tokens", "each word's first sub-token carries its tag, the others none (run_ner.py's default)"},
+      {"return_entity_level_metrics", "entity precision, recall and F1 are reported over all entity types together "
+                                      "(run_ner.py's default)"},
       {"logging_nan_inf_filter", "logged losses are never filtered: a non-finite loss stops the run, keeping the last "
                                  "checkpoint (--skip-nonfinite-steps skips and counts such steps instead)"},
   };
@@ -96,6 +102,10 @@ const std::vector<NeutralValue>& neutral_values() {
       {"dataloader_persistent_workers", "*", kLoader},
       {"remove_unused_columns", "*", "anatomy reads only the columns --text-column and --label-column name"},
       {"logging_nan_inf_filter", "false", "losses are logged as they are"},
+      // The example scripts' data arguments whose values change nothing here.
+      {"preprocessing_num_workers", "*", "texts are tokenized once, in this process, into a token cache"},
+      {"label_all_tokens", "false", "each word's first sub-token carries its tag"},
+      {"return_entity_level_metrics", "false", "entity metrics are over all types together"},
       // The defaults that TrainingArguments(...).to_json_string() writes for what anatomy does
       // not do: an arguments file dumped from the Trainer runs as it is.
       {"logging_nan_inf_filter", "true", "a non-finite loss is not filtered from the log: it stops the run, keeping the "

@@ -68,7 +68,7 @@ bool is_lines_file(const std::string& path) {
   return ext == ".txt";
 }
 
-LinesDataset::LinesDataset(const std::string& path, const Tokenizer& tok, int64_t max_length)
+LinesDataset::LinesDataset(const std::string& path, const Tokenizer& tok, int64_t max_length, bool keep_blank_lines)
     : m_max_length(max_length), m_pad(tok.pad_id()) {
   const std::string text = read_regular_file(path);
   size_t pos = 0;
@@ -77,7 +77,7 @@ LinesDataset::LinesDataset(const std::string& path, const Tokenizer& tok, int64_
     std::string_view line(text.data() + pos, end - pos);
     pos = end + 1;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    if (!keep_blank_lines && line.find_first_not_of(" \t") == std::string_view::npos) continue;
     const Encoding e = tok.encode(line, std::nullopt, static_cast<size_t>(max_length), Truncation::LongestFirst,
                                   Padding::None);
     m_ids.insert(m_ids.end(), e.input_ids.begin(), e.input_ids.end());
@@ -94,6 +94,35 @@ void LinesDataset::get(size_t i, HostBatch& out, int64_t row) const {
     out.input_ids[row * T + t] = tok ? m_ids[m_offsets[i] + static_cast<size_t>(t)] : m_pad;
     out.token_type_ids[row * T + t] = 0;
     out.attention_mask[row * T + t] = tok ? 1 : 0;
+  }
+  out.labels[static_cast<size_t>(row)] = 0;
+}
+
+GroupedTextsDataset::GroupedTextsDataset(size_t texts, const std::function<std::span<const int32_t>(size_t)>& text,
+                                         int64_t block, const std::string& source)
+    : m_block(block) {
+  const size_t B = static_cast<size_t>(block);
+  std::vector<int32_t> group;
+  for (size_t first = 0; first < texts; first += kTextsPerGroup) {
+    group.clear();
+    for (size_t i = first; i < std::min(texts, first + kTextsPerGroup); ++i) {
+      const std::span<const int32_t> ids = text(i);
+      group.insert(group.end(), ids.begin(), ids.end());
+    }
+    m_ids.insert(m_ids.end(), group.begin(), group.begin() + static_cast<std::ptrdiff_t>(group.size() / B * B));
+  }
+  ANATOMY_CHECK(size() > 0, source, ": its texts hold fewer tokens than one block of --max-seq-length ", block,
+                " (run_mlm.py's grouping); lower --max-seq-length, or --line-by-line for a sample per text");
+}
+
+void GroupedTextsDataset::get(size_t i, HostBatch& out, int64_t row) const {
+  const int64_t T = out.seq;
+  ANATOMY_CHECK(T >= m_block, "internal error: a block of ", m_block, " tokens in a batch of length ", T);
+  for (int64_t t = 0; t < T; ++t) {
+    const bool real = t < m_block;
+    out.input_ids[row * T + t] = real ? m_ids[i * static_cast<size_t>(m_block) + static_cast<size_t>(t)] : 0;
+    out.token_type_ids[row * T + t] = 0;
+    out.attention_mask[row * T + t] = real ? 1 : 0;
   }
   out.labels[static_cast<size_t>(row)] = 0;
 }

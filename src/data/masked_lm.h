@@ -20,7 +20,9 @@
 // run's own evaluation is repeated exactly.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -71,21 +73,44 @@ class MaskedLMDataset final : public Dataset {
 // A `.txt` path (any case): masked-LM texts read as LinesDataset, one per line.
 bool is_lines_file(const std::string& path);
 
-// A plain text file, one sample per non-empty line, tokenized in memory with [CLS] ... [SEP]
-// (the tokenizer's template) and cut to max_length.
+// A plain text file, one sample per non-empty line (every line with keep_blank_lines, as the
+// datasets library's text loader reads one), tokenized in memory with [CLS] ... [SEP] (the
+// tokenizer's template) and cut to max_length.
 class LinesDataset final : public Dataset {
  public:
-  LinesDataset(const std::string& path, const Tokenizer& tok, int64_t max_length);
+  LinesDataset(const std::string& path, const Tokenizer& tok, int64_t max_length, bool keep_blank_lines = false);
   size_t size() const override { return m_offsets.size() - 1; }
   int64_t seq_len() const override { return m_max_length; }
   void get(size_t i, HostBatch& out, int64_t row) const override;
   std::vector<int64_t> lengths() const override;
+  std::span<const int32_t> ids(size_t i) const { return {m_ids.data() + m_offsets[i], m_offsets[i + 1] - m_offsets[i]}; }
 
  private:
   int64_t m_max_length;
   int32_t m_pad;
   std::vector<int32_t> m_ids;
   std::vector<size_t> m_offsets{0};
+};
+
+// Note [grouped texts]: run_mlm.py without --line_by_line tokenizes each text whole, with its
+// special tokens, joins the texts and cuts the join into blocks of max_seq_length tokens; the
+// datasets library maps 1000 texts at a time, so each 1000 texts' last partial block is dropped.
+// Here the same, in file order: block b is the b-th full block; every token is real (mask 1) and
+// of type 0, the joined texts' [CLS] and [SEP] stay where they fell (never masked: Note [masking]).
+// `text(i)` gives text i's ids (TextDataset::ids, LinesDataset::ids), tokenized untruncated.
+class GroupedTextsDataset final : public Dataset {
+ public:
+  static constexpr size_t kTextsPerGroup = 1000;  // datasets.map's batch_size
+  GroupedTextsDataset(size_t texts, const std::function<std::span<const int32_t>(size_t)>& text, int64_t block,
+                      const std::string& source);
+  size_t size() const override { return m_ids.size() / static_cast<size_t>(m_block); }
+  int64_t seq_len() const override { return m_block; }
+  void get(size_t i, HostBatch& out, int64_t row) const override;
+  std::vector<int64_t> lengths() const override { return std::vector<int64_t>(size(), m_block); }
+
+ private:
+  int64_t m_block;
+  std::vector<int32_t> m_ids;  // the kept blocks, one after another
 };
 
 }  // namespace anatomy

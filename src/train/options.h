@@ -44,6 +44,7 @@ struct TrainOptions {
   // [masked LM head] in model/heads.h; the texts masked as data/masked_lm.h says).
   std::string task = "text-classification";
   double mlm_probability = 0.15;
+  bool line_by_line = false;  // --task mlm: a sample per text; else Note [grouped texts] in data/masked_lm.h
   bool masked_lm() const { return task == "mlm"; }
   bool token_classification() const { return task == "token-classification"; }
   // Data: synthetic, or a labelled text file (--train-file) tokenized with the model's tokenizer.

@@ -1,5 +1,7 @@
 #include "train/task_data.h"
 
+#include <functional>
+
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/float_labels.h"
@@ -108,6 +110,34 @@ TrainData load_float_label_data(const TrainOptions& opt, BertConfig& cfg, const 
   return d;
 }
 
+// A masked LM's texts: a .txt file's lines or the text column `to` names, one sample per text
+// cut to `block` tokens (--line-by-line), or joined and cut into blocks of `block` (Note [grouped
+// texts], run_mlm.py's default). `lengths` receives the samples' lengths.
+static std::shared_ptr<const Dataset> masked_lm_texts(const std::string& path, const char* flag, const Tokenizer& tok,
+                                                      TextDataOptions to, int64_t block, bool line_by_line,
+                                                      std::vector<int64_t>& lengths) {
+  constexpr int64_t kWhole = 65536;  // the longest text the token cache holds
+  const int64_t cut = line_by_line ? block : kWhole;
+  std::shared_ptr<const Dataset> texts;
+  std::function<std::span<const int32_t>(size_t)> ids;
+  if (is_lines_file(path)) {
+    auto lines = named(flag, [&] { return std::make_shared<LinesDataset>(path, tok, cut, !line_by_line); });
+    ids = [lines](size_t i) { return lines->ids(i); };
+    texts = lines;
+  } else {
+    to.label_column = "";
+    to.text_pair_column = "";
+    to.max_length = cut;
+    to.source_flag = flag;
+    auto t = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
+    ids = [t](size_t i) { return t->ids(i); };
+    texts = t;
+  }
+  if (!line_by_line) texts = named(flag, [&] { return std::make_shared<GroupedTextsDataset>(texts->size(), ids, block, path); });
+  lengths = texts->lengths();
+  return texts;
+}
+
 // --task mlm: the texts (JSONL/CSV text column, or a .txt file's lines) tokenized, masked as
 // Note [masking] in data/masked_lm.h says; validation texts with masks of their own seed.
 TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, const std::string& tok_dir, TrainData d) {
@@ -115,25 +145,10 @@ TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, con
   TextDataOptions columns;  // the training file's text column serves every file, as in run_mlm.py
   columns.text_column = opt.text_column;
   columns.source_flag = "--train-file";
+  columns.cache_dir = opt.dataset_cache_dir;
   if (!opt.text_columns_given && !is_lines_file(opt.train_file)) use_run_mlm_column(columns, opt.train_file);
   auto texts = [&](const std::string& path, const char* flag, std::vector<int64_t>& lengths) {
-    std::shared_ptr<const Dataset> base;
-    if (is_lines_file(path)) {
-      auto lines = named(flag, [&] { return std::make_shared<LinesDataset>(path, tok, opt.seq_len); });
-      lengths = lines->lengths();
-      base = lines;
-    } else {
-      TextDataOptions to;
-      to.text_column = columns.text_column;
-      to.label_column = "";
-      to.max_length = opt.seq_len;
-      to.cache_dir = opt.dataset_cache_dir;
-      to.source_flag = flag;
-      auto t = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
-      lengths = t->lengths();
-      base = t;
-    }
-    return base;
+    return masked_lm_texts(path, flag, tok, columns, opt.seq_len, opt.line_by_line, lengths);
   };
   std::vector<int64_t> lengths;
   auto train = std::make_shared<MaskedLMDataset>(texts(opt.train_file, "--train-file", lengths), mo);
@@ -148,7 +163,9 @@ TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, con
   d.train_lengths = std::move(lengths);
   int64_t tokens = 0;
   for (int64_t l : d.train_lengths) tokens += l;
-  d.description = str_cat(opt.train_file, ": ", d.train->size(), " texts for masked-language modelling (",
+  d.description = str_cat(opt.train_file, ": ", d.train->size(),
+                          opt.line_by_line ? " texts" : str_cat(" blocks of ", opt.seq_len, " tokens (its texts joined)"),
+                          " for masked-language modelling (",
                           opt.mlm_probability, " of the tokens masked), mean length ",
                           d.train->size() ? tokens / static_cast<int64_t>(d.train->size()) : 0, " tokens",
                           d.validation ? str_cat(", ", d.validation->size(), " for validation") : std::string());
@@ -224,18 +241,12 @@ std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tok
     else o.num_ids = cfg.num_labels;
     return std::make_shared<TokenTagDataset>(path, tok, o);
   }
-  if (is_masked_lm(cfg)) {  // the texts, masked as a training run masks its --validation-file
-    std::shared_ptr<const Dataset> text;
-    if (is_lines_file(path)) {  // a .txt file's lines, as training reads them
-      text = std::make_shared<LinesDataset>(path, tok, to.max_length);
-    } else {
-      to.label_column = "";
-      to.text_pair_column = "";
-      if (!named.text) use_run_mlm_column(to, path);
-      text = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
-    }
+  if (is_masked_lm(cfg)) {  // the texts, read and masked as a training run reads its --validation-file
+    if (!named.text && !is_lines_file(path)) use_run_mlm_column(to, path);
+    std::vector<int64_t> lengths;
     return std::make_shared<MaskedLMDataset>(
-        text, validation_masking(masking_for(tok, "the model directory", masks.probability, masks.seed)));
+        masked_lm_texts(path, "--eval-file", tok, to, to.max_length, masks.line_by_line, lengths),
+        validation_masking(masking_for(tok, "the model directory", masks.probability, masks.seed)));
   }
   if (!named.text) use_run_glue_columns(to, path);
   const ProblemType p = problem_type_of(cfg);

@@ -58,6 +58,7 @@ struct ColumnsNamed {
 struct EvalMasks {
   uint64_t seed = 42;
   double probability = 0.15;
+  bool line_by_line = false;  // Note [grouped texts] in data/masked_lm.h
 };
 std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tokenizer& tok, TextDataOptions to,
                                               const BertConfig& cfg, ColumnsNamed named = {}, EvalMasks masks = {});

@@ -247,6 +247,21 @@ TEST(Options, NeutralTrainerValuesAreAcceptedAndSaid) {
   EXPECT_EQ(j.train.num_train_epochs, 2);
 }
 
+// run_mlm.py's and run_ner.py's own arguments: --line_by_line is taken (Note [grouped texts]
+// otherwise); those whose value changes nothing are noted; the others refused with the way.
+TEST(Options, RunMlmAndRunNerArguments) {
+  EXPECT_FALSE(parse_args(kTrain, {}).train.line_by_line);
+  EXPECT_TRUE(parse_args(kTrain, {"--line_by_line"}).train.line_by_line);
+  EXPECT_TRUE(parse_args(kEval, {"--line_by_line", "true"}).train.line_by_line);
+  const RunArgs r = parse_args(kTrain, {"--preprocessing_num_workers", "4", "--label_all_tokens", "false",
+                                        "--return_entity_level_metrics", "False"});
+  ASSERT_EQ(r.notes.size(), 3u);
+  EXPECT_NE(r.notes[0].find("--preprocessing-num-workers 4: accepted, it changes nothing here"), std::string::npos);
+  EXPECT_NE(error_of(kTrain, {"--label_all_tokens", "true"}).find("each word's first sub-token carries its tag"),
+            std::string::npos);
+  EXPECT_NE(error_of(kTrain, {"--validation_split_percentage", "5"}).find("use --validation-split"), std::string::npos);
+}
+
 TEST(Options, JsonFileOfArguments) {
   const std::string dir = testing_dirs::fresh_dir("options_json");
   const std::string file = dir + "/args.json";

@@ -16,6 +16,7 @@
 #include "data/masked_lm.h"
 #include "data/tokenizer.h"
 #include "io/read_file.h"
+#include "train/train_data.h"
 #include "train/trainer.h"
 
 using namespace anatomy;
@@ -87,6 +88,7 @@ TrainOptions task_options(const std::string& task, const std::string& model, con
   o.device = DeviceChoice::Cpu;
   o.threads = 1;
   o.seq_len = 32;
+  o.line_by_line = true;  // a sample per text: the per-token losses vary in count (Note [grouped texts] aside)
   o.logging_steps = 1;
   o.learning_rate = 1e-4f;
   o.disable_progress_bar = true;
@@ -124,6 +126,59 @@ TEST(MaskedLmEpochs, MasksAreDrawnAfreshEachEpochAndReproducibly) {
   std::vector<int32_t> labels(32);
   mask_tokens(hb.input_ids.data(), hb.attention_mask.data(), labels.data(), 32, 3, masking_for(tok, "roberta", 0.15, 42));
   EXPECT_EQ(labels, std::vector<int32_t>(e0.begin() + 3 * 32, e0.begin() + 4 * 32));
+}
+
+// Note [grouped texts]: run_mlm.py's group_texts over datasets.map's batches of 1000 texts. 1001
+// texts of 5 tokens in blocks of 4: the first 1000 make 5000 tokens, 1250 blocks; the last text's
+// 5 tokens make one block and drop 1. Every token in the order of the texts, every position real.
+TEST(MaskedLmGroupedTexts, BlocksAreTheJoinedTextsCutPerThousand) {
+  std::vector<std::vector<int32_t>> texts(1001);
+  for (size_t i = 0; i < texts.size(); ++i)
+    for (int32_t t = 0; t < 5; ++t) texts[i].push_back(static_cast<int32_t>(i) * 10 + t);
+  const GroupedTextsDataset ds(texts.size(), [&](size_t i) { return std::span<const int32_t>(texts[i]); }, 4, "t.txt");
+  ASSERT_EQ(ds.size(), 1251u);
+  EXPECT_EQ(ds.lengths(), std::vector<int64_t>(1251, 4));
+  HostBatch hb;
+  hb.resize(3, 4);
+  for (int64_t row = 0; row < 3; ++row) ds.get(std::vector<size_t>{0, 1249, 1250}[static_cast<size_t>(row)], hb, row);
+  // Block 1249 is the first group's last: text 999's tokens 1..4; block 1250 text 1000's first four.
+  EXPECT_EQ(hb.input_ids, (std::vector<int32_t>{0, 1, 2, 3, 9991, 9992, 9993, 9994, 10000, 10001, 10002, 10003}));
+  EXPECT_EQ(hb.attention_mask, std::vector<int32_t>(12, 1));
+  EXPECT_EQ(hb.token_type_ids, std::vector<int32_t>(12, 0));
+  // Texts too short for one block are refused, naming the file and the way out.
+  const std::vector<int32_t> two{1, 2};
+  try {
+    GroupedTextsDataset(1, [&](size_t) { return std::span<const int32_t>(two); }, 4, "short.txt");
+    ADD_FAILURE() << "no block was refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("short.txt: its texts hold fewer tokens than one block of --max-seq-length 4"),
+              std::string::npos) << e.what();
+  }
+}
+
+// A .txt file for --task mlm, grouped: every line is a text (a blank one too: its [CLS] [SEP], as
+// the datasets text loader and the tokenizer give it), joined and cut; --line-by-line keeps a
+// sample per non-empty line. Through the trainer's data loading, counted from the tokenizer.
+TEST(MaskedLmGroupedTexts, ATextFilesLinesAreJoinedAsRunMlmJoinsThem) {
+  const auto tok = Tokenizer::from_directory(std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta");
+  const std::string dir = fresh_dir("mlm_grouped_lines");
+  const std::vector<std::string> lines = {"the film was good", "", "a very long and boring film indeed", "   ", "ok"};
+  {
+    std::ofstream out(dir + "/t.txt");
+    for (const std::string& l : lines) out << l << "\n";
+  }
+  size_t tokens = 0;
+  for (const std::string& l : lines) tokens += tok.encode(l, std::nullopt, 0, Truncation::None, Padding::None).input_ids.size();
+  for (bool line_by_line : {false, true}) {
+    TrainOptions o = task_options("mlm", std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta", dir + "/t.txt",
+                                  line_by_line ? "mlm_lines_on" : "mlm_lines_off");
+    o.seq_len = 8;
+    o.line_by_line = line_by_line;
+    BertConfig cfg = model_config(o);
+    const TrainData d = load_train_data(o, cfg);
+    EXPECT_EQ(d.train->size(), line_by_line ? 3u : tokens / 8) << tokens;
+    if (!line_by_line) EXPECT_EQ(d.train_lengths, std::vector<int64_t>(tokens / 8, 8));
+  }
 }
 
 // Three epochs of --task mlm with a checkpoint inside the second; resumed from it, the run logs

@@ -370,27 +370,27 @@ TEST(TasksCli, MaskedLmLossFallsOnRealText) {
     const auto r = testing_cli::run_anatomy(
         "train --device cpu --task mlm --model-name-or-path " + model_dir() + " --train-file " + data +
         " --validation-split 0.1 --max-seq-length 32 --per-device-train-batch-size 16 --num-train-epochs 8"
-        " --learning-rate 3e-3 --logging-steps 11 --disable-tqdm --output-dir " + out);
+        " --learning-rate 3e-3 --logging-steps 11 --disable-tqdm --line-by-line --output-dir " + out);
     // From about log(400) = 6.0 (a random head over the 400 tokens) well down.
     expect_masked_lm_run(r, out, "RobertaForMaskedLM");
   }
   // `anatomy eval` of the saved model: perplexity on masked texts, a line per text.
   const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + dir + "/run_jsonl --eval-file " +
                                           std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl" +
-                                          " --max-seq-length 32 --output-dir " + dir + "/eval");
+                                          " --max-seq-length 32 --line-by-line --output-dir " + dir + "/eval");
   ASSERT_EQ(e.status, 0) << e.output;
   EXPECT_NE(e.output.find("perplexity: "), std::string::npos) << e.output;
   EXPECT_EQ(read_lines(dir + "/eval/predictions.jsonl").size(), 197u);
   // A .txt file is read by lines in evaluation as in training (not as a CSV with a header).
   const auto t = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + dir + "/run_txt --eval-file " + dir +
-                                          "/text.txt --max-seq-length 32 --output-dir " + dir + "/eval_txt");
+                                          "/text.txt --max-seq-length 32 --line-by-line --output-dir " + dir + "/eval_txt");
   ASSERT_EQ(t.status, 0) << t.output;
   EXPECT_NE(t.output.find("perplexity: "), std::string::npos) << t.output;
   EXPECT_EQ(read_lines(dir + "/eval_txt/predictions.jsonl").size(), 197u);  // the same texts as the JSON Lines file's
   // Batches padded to their longest text, not to --max-seq-length, and skipping padding says so.
   const auto w = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + dir + "/run_jsonl --eval-file " +
                                           std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl" +
-                                          " --max-seq-length 64 --output-dir " + dir + "/eval64");
+                                          " --max-seq-length 64 --line-by-line --output-dir " + dir + "/eval64");
   ASSERT_EQ(w.status, 0) << w.output;
   const nlohmann::json ev = nlohmann::json::parse(read_regular_file(dir + "/eval64/eval_results.json"));
   EXPECT_EQ(ev.at("eval_skip_padding"), true) << ev.dump();
@@ -483,7 +483,7 @@ TEST(TasksCli, DistilBertMaskedLmLossFallsOnRealText) {
       "train --device cpu --task mlm --model-name-or-path " + std::string(ANATOMY_SOURCE_DIR) +
       "/tests/fixtures/models/distilbert --train-file " + std::string(ANATOMY_SOURCE_DIR) +
       "/tests/data/text/sentiment.jsonl --validation-split 0.1 --max-seq-length 32 --per-device-train-batch-size 16"
-      " --num-train-epochs 20 --learning-rate 3e-3 --logging-steps 11 --disable-tqdm --output-dir " + out);
+      " --num-train-epochs 20 --learning-rate 3e-3 --logging-steps 11 --disable-tqdm --line-by-line --output-dir " + out);
   expect_masked_lm_run(r, out, "DistilBertForMaskedLM");  // dim 32, 2 layers: slower than RoBERTa's 8 epochs
   // The fixture's classifier tensors are named as unused by the class being built.
   EXPECT_NE(r.output.find("are not used by DistilBertForMaskedLM (e.g. classifier."), std::string::npos) << r.output;
