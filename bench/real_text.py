@@ -118,7 +118,7 @@ def pretrain_mlm(binary, model_dir, data_dir, labels, epochs, lr, root):
            "--train-file", os.path.join(data_dir, "train.jsonl"), "--validation-file", os.path.join(data_dir, "validation.jsonl"),
            "--max-seq-length", str(MAX_LEN), "--per-device-train-batch-size", str(BATCH), "--num-train-epochs", str(epochs),
            "--learning-rate", str(lr), "--warmup-ratio", "0.1", "--precision", "bf16", "--device", "cuda", "--seed", "0",
-           "--eval-strategy", "no", "--save-strategy", "final", "--logging-steps", "0", "--disable-tqdm",
+           "--eval-strategy", "no", "--save-strategy", "final", "--logging-steps", "0", "--disable-tqdm", "--line-by-line",
            "--output-dir", mlm, "--dataset-cache-dir", os.path.join(root, "cache")]
     with open(os.path.join(root, "mlm.log"), "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=400).returncode
