@@ -131,7 +131,17 @@ int run_eval(EvalFlags f) {
   topt.source_flag = "--validation-file";
   topt.max_length = f.max_seq_length;
   topt.cache_dir = f.cache_dir;
-  const std::shared_ptr<const Dataset> eval_data = load_eval_file(f.eval_file, tok, topt, cfg, f.named, f.masks);
+  std::shared_ptr<const Dataset> eval_data;
+  try {
+    eval_data = load_eval_file(f.eval_file, tok, topt, cfg, f.named, f.masks);
+  } catch (const Error& e) {  // a file without the label column: say the two ways on
+    const std::string m = e.what();
+    const bool no_labels = !f.named.label && (m.find(": no column '") != std::string::npos ||
+                                              m.find(": no field '") != std::string::npos ||
+                                              m.find(": no list of tags '") != std::string::npos);
+    if (!no_labels) throw;
+    fail(m, "; --label-column-name names the labels' column, --label-column \"\" predicts without labels");
+  }
   const Dataset& data = *eval_data;
   const std::string unknown = unknown_token_warning(data, tok, tok_dir, cfg.vocab_size, false);
   if (!unknown.empty()) std::fprintf(stderr, "anatomy: %s\n", unknown.c_str());

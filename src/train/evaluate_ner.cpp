@@ -12,7 +12,10 @@
 namespace anatomy {
 
 EvalResult evaluate_token_classification(EncoderModel& model, const Dataset& ds,
-                                         const EvalOptions& opt) {
+                                         const EvalOptions& options) {
+  // Words read without tags (TokenTagOptions::tags_optional) are predicted, never scored.
+  EvalOptions opt = options;
+  if (const auto* tagged = dynamic_cast<const TokenTagDataset*>(&ds); tagged && !tagged->tagged()) opt.labelled = false;
   const BertConfig& cfg = model.config();
   const int64_t C = cfg.num_labels;
   auto name = [&](int32_t id) {
@@ -61,10 +64,8 @@ EvalResult evaluate_token_classification(EncoderModel& model, const Dataset& ds,
 
 int64_t predict_tags_into(const TrainOptions& opt, EncoderModel& model, const Dataset& ds,
                           int64_t batch) {
-  const auto* tagged = dynamic_cast<const TokenTagDataset*>(&ds);
   EvalOptions eo;
   eo.batch_size = batch;
-  eo.labelled = tagged && tagged->tagged();
   eo.keep_probabilities = false;
   const EvalResult r = evaluate_token_classification(model, ds, eo);
   std::string lines;

@@ -239,6 +239,7 @@ std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tok
     const LabelSet names = LabelSet::from_id2label(cfg.id2label);
     if (names.kind == LabelSet::Kind::Names) o.tags = names.names;
     else o.num_ids = cfg.num_labels;
+    o.tags_optional = named.label && to.label_column.empty();  // --label-column "": predictions only
     return std::make_shared<TokenTagDataset>(path, tok, o);
   }
   if (is_masked_lm(cfg)) {  // the texts, read and masked as a training run reads its --validation-file

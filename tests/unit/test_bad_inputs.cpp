@@ -420,6 +420,15 @@ const std::vector<Case> kCases = {
      {"max_position_embeddings 1000000000 in config.json", "lower that field"}, {"m/config.json"}},
     {"EvalMaxPositionsBeyondHostMemory", model_with("max_position_embeddings", 1000000000), kEvalModel, 2,
      {"max_position_embeddings 1000000000 in config.json", "lower that field"}, {"m/config.json"}},
+    // An evaluation file without the label column: the two ways on are said.
+    {"EvalFileWithoutLabels",
+     [](const std::string& d) {
+       model_with("max_position_embeddings", 512)(d);
+       spit(d + "/s.jsonl", "{\"text\": \"a fine film\"}\n{\"text\": \"a dull one\"}\n");
+     },
+     kEvalModel, 2,
+     {"{dir}/s.jsonl:1: no field 'label'", "--label-column-name names the labels' column, --label-column \"\" predicts"},
+     {}},
     {"EvalBatchBeyondHostMemory", model_with("hidden_size", 128),
      kEvalModel + " --max-seq-length 32 --per-device-eval-batch-size 1048576", 2,
      {"--per-device-eval-batch-size 1048576 with --max-seq-length 32", "lower --per-device-eval-batch-size"}, {}},

@@ -757,6 +757,14 @@ TEST(TasksCli, TokenClassificationPredictsAnUntaggedTestFile) {
   EXPECT_EQ(std::count(first.begin(), first.end(), ' '), 3) << lines;  // four words, four tags
   const auto m = testing_cli::run_anatomy(args + " --test-file " + dir + "/mixed.jsonl --output-dir " + dir + "/run2");
   testing_cli::expect_clean_error(m, "mixed.jsonl:2");
+  // `anatomy eval` of the untagged file: refused naming the two ways on, then predicted with
+  // --label-column "" (a line of tags per sentence).
+  const std::string eval = "eval --device cpu --model-name-or-path " + dir + "/run --eval-file " + dir + "/test.jsonl";
+  testing_cli::expect_clean_error(testing_cli::run_anatomy(eval), "--label-column \"\" predicts without labels");
+  const auto e = testing_cli::run_anatomy(eval + " --label-column '' --output-dir " + dir + "/eval");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_NE(e.output.find("predictions only"), std::string::npos) << e.output;
+  EXPECT_EQ(read_lines(dir + "/eval/predictions.jsonl").size(), 2u);
 }
 
 // plan_memory's categories are what --task token-classification allocates (logits [B*T, tags],
