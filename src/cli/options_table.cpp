@@ -297,8 +297,9 @@ std::vector<OptionSpec> build() {
        [](R& r, const V& v) {
          r.train.eval_strategy = v.s == "steps" ? Cadence::Steps : v.s == "epoch" ? Cadence::Epoch : Cadence::No;
        }, "same"});
-  add({"eval-steps", {}, OptType::Int, kTrainPlan, "0", "Steps between evaluations (0: --logging-steps)", 0, kBig, false,
-       false, false, false, {}, [](R& r, const V& v) { r.train.eval_steps = v.i; }, "same"});
+  add({"eval-steps", {}, OptType::Float, kTrainPlan, "0",
+       "Steps between evaluations (0: --logging-steps; below 1: that fraction of the total steps, rounded up)", 0, kBig,
+       false, false, false, false, {}, [](R& r, const V& v) { r.eval_steps = v.d; }, "same"});
   add({"skip-padding", {}, OptType::Bool, kAll, "true",
        "Compute on real tokens only (eval; train with a text file, Note [packed training]); --no-skip-padding: padded",
        0, 0, false, false, false, false, {}, [](R& r, const V& v) { r.skip_padding = v.b; }});
@@ -315,8 +316,9 @@ std::vector<OptionSpec> build() {
   add({"skip-nonfinite-steps", {}, OptType::Bool, kTrain, "false",
        "Skip (and count) steps whose loss or gradient norm is not finite instead of stopping", 0, 0, false, false,
        false, false, {}, [](R& r, const V& v) { r.train.skip_nonfinite_steps = v.b; }});
-  add({"logging-steps", {}, OptType::Int, kTrainPlan, "50", "Log every N steps (0: summary only)", 0, kBig, false, false,
-       false, false, {}, [](R& r, const V& v) { r.train.logging_steps = v.i; }, "differs: default 50 (Trainer: 500)"});
+  add({"logging-steps", {}, OptType::Float, kTrainPlan, "50",
+       "Log every N steps (0: summary only; below 1: that fraction of the total steps, rounded up)", 0, kBig, false,
+       false, false, false, {}, [](R& r, const V& v) { r.logging_steps = v.d; }, "differs: default 50 (Trainer: 500)"});
   add({"logging-first-step", {}, OptType::Bool, kTrain, "false", "Also log the first step", 0, 0, false, false, false,
        false, {}, [](R& r, const V& v) { r.train.logging_first_step = v.b; }, "same"});
   add({"logging-strategy", {}, OptType::Choice, kTrain, "steps", "steps: a line every --logging-steps; no: the summary only",
@@ -334,8 +336,9 @@ std::vector<OptionSpec> build() {
        0, 0, false, false, false, false, {{"final", "final"}, {"no", "no"}, {"steps", "steps"}, {"epoch", "epoch"}},
        [](R& r, const V& v) { r.save_strategy = v.s; },
        "differs: default final (the model, no checkpoints); no saves nothing, not even the final model"});
-  add({"save-steps", {}, OptType::Int, kTrainPlan, "500", "Steps between checkpoints (--save-strategy steps)", 1, kBig,
-       false, false, false, false, {}, [](R& r, const V& v) { r.train.save_steps = v.i; }, "same"});
+  add({"save-steps", {}, OptType::Float, kTrainPlan, "500",
+       "Steps between checkpoints (--save-strategy steps; below 1: that fraction of the total steps, rounded up)", 0,
+       kBig, true, false, false, false, {}, [](R& r, const V& v) { r.save_steps = v.d; }, "same"});
   add({"save-total-limit", {}, OptType::Int, kTrainPlan, "0", "Keep only the newest N checkpoints (0: all)", 0, kBig,
        false, false, false, false, {}, [](R& r, const V& v) { r.train.save_total_limit = v.i; }, "same"});
   add({"load-best-model-at-end", {}, OptType::Bool, kTrain, "false",

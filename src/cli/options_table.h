@@ -43,6 +43,8 @@ struct RunArgs {
   int greater_is_better = -1;  // -1: not given (from the metric: false for a loss)
   bool schedule_without_warmup = false;
   double warmup_steps = 0;               // --warmup-steps as given: steps, or below 1 a ratio (Trainer 5)
+  // --logging-steps, --eval-steps, --save-steps as given: steps, or below 1 a ratio of the total
+  double logging_steps = 50, eval_steps = 0, save_steps = 500;
   int64_t data_seed = -1;                // -1: not given  // Trainer's "constant": no warm-up at all
   std::string report_to = "jsonl", logging_strategy = "steps";
   bool skip_padding = true, sort_by_length = true;  // eval; skip_padding also train

@@ -93,9 +93,22 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
     o.warmup_ratio = a.warmup_steps;
   else
     o.warmup_steps = static_cast<int64_t>(a.warmup_steps);
-  if (a.schedule_without_warmup && (o.warmup_steps > 0 || o.warmup_ratio > 0))
-    usage("--lr-scheduler-type constant has no warm-up (Trainer's meaning); with --warmup-steps or --warmup-ratio use "
-          "constant_with_warmup");
+  // --logging-steps, --eval-steps, --save-steps: the same rule, resolved once the total is known.
+  auto steps_or_ratio = [&](const char* flag, double given, int64_t& steps, double& ratio) {
+    if (given >= 1 && given != std::floor(given))
+      usage("--", flag, " ", given, ": a whole number of steps, or a fraction of the total steps below 1");
+    ratio = given > 0 && given < 1 ? given : 0;
+    steps = ratio > 0 ? 1 : static_cast<int64_t>(given);  // 1 until resolve_step_ratios
+  };
+  steps_or_ratio("logging-steps", a.logging_steps, o.logging_steps, o.logging_ratio);
+  steps_or_ratio("eval-steps", a.eval_steps, o.eval_steps, o.eval_ratio);
+  steps_or_ratio("save-steps", a.save_steps, o.save_steps, o.save_ratio);
+  if (a.schedule_without_warmup && (o.warmup_steps > 0 || o.warmup_ratio > 0)) {  // as the Trainer's get_scheduler
+    a.notes.push_back("--lr-scheduler-type constant has no warm-up: --warmup-steps / --warmup-ratio are ignored, as "
+                      "the Trainer ignores them (constant_with_warmup warms up)");
+    o.warmup_steps = 0;
+    o.warmup_ratio = 0;
+  }
   if (a.was_given("do-eval") && a.do_eval && o.validation_file.empty() && o.validation_split == 0)
     usage("--do-eval needs validation data: --validation-file or --validation-split");
   o.eval_at_end = a.do_eval;
@@ -105,14 +118,18 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
     if (o.eval_strategy == Cadence::No || o.eval_strategy != o.checkpoint_strategy)
       usage("--load-best-model-at-end needs --eval-strategy and --save-strategy alike, steps or epoch (they are ",
             cadence_name(o.eval_strategy), " and ", a.save_strategy, "): a checkpoint is best by the evaluation of its step");
+    const bool ratios = o.logging_ratio > 0 || o.eval_ratio > 0 || o.save_ratio > 0;  // checked once resolved
     const int64_t every = o.eval_steps > 0 ? o.eval_steps : std::max<int64_t>(1, o.logging_steps);
-    if (o.eval_strategy == Cadence::Steps && o.save_steps % every != 0)
+    if (!ratios && o.eval_strategy == Cadence::Steps && o.save_steps % every != 0)
       usage("--load-best-model-at-end: --save-steps ", o.save_steps, " must be a multiple of the evaluation interval ",
             every, " (--eval-steps)");
   }
   if (a.do_predict && o.test_file.empty()) usage("--do-predict needs --test-file (the text to predict)");
   if (!a.do_predict && !o.test_file.empty()) usage("--test-file ", o.test_file, " is predicted only with --do-predict");
-  if (a.logging_strategy == "no") o.logging_steps = 0;
+  if (a.logging_strategy == "no") {
+    o.logging_steps = 0;
+    o.logging_ratio = 0;
+  }
   if (a.data_seed >= 0) {  // one seed orders the data and initializes the model
     if (a.was_given("seed") && static_cast<uint64_t>(a.data_seed) != o.seed)
       usage("--data-seed ", a.data_seed, ": anatomy orders the data with --seed (", o.seed,

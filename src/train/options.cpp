@@ -50,6 +50,20 @@ PlanInput plan_input(const TrainOptions& o, const BertConfig& cfg, int64_t batch
                    o.model_name_or_path.empty() ? "--preset " + o.preset : "config.json", o.optim.momentum != 0.0f};
 }
 
+void TrainOptions::resolve_step_ratios(int64_t total) {
+  auto resolve = [&](double ratio, int64_t& steps) {
+    if (ratio > 0) steps = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(ratio * static_cast<double>(total))));
+  };
+  resolve(logging_ratio, logging_steps);
+  resolve(eval_ratio, eval_steps);
+  resolve(save_ratio, save_steps);
+  logging_ratio = eval_ratio = save_ratio = 0;
+  const int64_t every = eval_steps > 0 ? eval_steps : std::max<int64_t>(1, logging_steps);
+  ANATOMY_CHECK(!load_best_model_at_end || eval_strategy != Cadence::Steps || save_steps % every == 0,
+                "--load-best-model-at-end: --save-steps (", save_steps, " of ", total,
+                " steps) must be a multiple of the evaluation interval (", every, " steps)");
+}
+
 void TrainOptions::validate() const {
   ANATOMY_CHECK(per_device_train_batch_size >= 1 || per_device_train_batch_size == kAutoBatch,
                 "--per-device-train-batch-size must be at least 1 (got ",

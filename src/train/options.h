@@ -108,6 +108,8 @@ struct TrainOptions {
   // Output and checkpoints (checkpoint_strategy: no, steps (every save_steps) or epoch).
   std::string output_dir = "runs/train";
   int64_t logging_steps = 50;  // 0: only the summary
+  // Below 1: logging_steps, eval_steps, save_steps as a ratio of the total steps (resolve_step_ratios).
+  double logging_ratio = 0, eval_ratio = 0, save_ratio = 0;
   bool logging_first_step = false;
   bool report_jsonl = true;    // metrics.jsonl (--report-to jsonl)
   bool save_model = true;      // the model at the end (config.json, model.safetensors, tokenizer)
@@ -140,6 +142,10 @@ struct TrainOptions {
   int64_t warmup(int64_t total) const {
     return warmup_steps > 0 ? warmup_steps : static_cast<int64_t>(std::ceil(warmup_ratio * total));
   }
+  // The step flags given as a ratio of the total steps (below 1, Trainer's rule) made steps:
+  // ceil(ratio x total), as Trainer.train does once it knows the total. Then checks
+  // --load-best-model-at-end's multiple on the resolved steps.
+  void resolve_step_ratios(int64_t total);
 
   void validate() const;  // one-line errors naming the flag
 };

@@ -297,10 +297,10 @@ void check_ranks_agree(const TrainOptions& o, int64_t train_rows, Communicator& 
                               {"--load-best-model-at-end", o.load_best_model_at_end},
                               {"--metric-for-best-model", o.metric_for_best_model},
                               {"--profile-steps", o.profile_steps},
-                              {"--eval-steps", o.eval_steps},
+                              {"--eval-steps", o.eval_ratio > 0 ? o.eval_ratio : static_cast<double>(o.eval_steps)},
                               {"--save-strategy",
                                str_cat(cadence_name(o.checkpoint_strategy), o.save_model ? "" : ", no final model")},
-                              {"--save-steps", o.save_steps},
+                              {"--save-steps", o.save_ratio > 0 ? o.save_ratio : static_cast<double>(o.save_steps)},
                               {"--skip-nonfinite-steps", o.skip_nonfinite_steps},
                               {"the training data's rows", train_rows}};
   // 32 bits of each value's hash: exact in a double, the same on every rank of one binary.

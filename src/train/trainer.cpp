@@ -163,7 +163,7 @@ class RankRun {
   double epoch_of(int64_t micro) const { return static_cast<double>(micro) / static_cast<double>(m_sched.per_epoch); }
   int64_t per_rank() const { return m_comm.size() > 1 ? m_B : 0; }
 
-  const TrainOptions& m_opt;
+  TrainOptions m_opt;  // the run's, its step ratios resolved (TrainOptions::resolve_step_ratios)
   Communicator& m_comm;
   TrainDevice& m_dev;
   const bool m_lead;
@@ -241,6 +241,7 @@ void RankRun::setup() {
   m_batches = std::make_unique<BatchPlan>(m_data->batch_plan(m_B * N, m_opt.seed, m_opt.group_by_length));
   m_sched.per_epoch = m_batches->batches_per_epoch();
   m_total_steps = m_opt.total_steps(m_sched.steps_per_epoch());
+  m_opt.resolve_step_ratios(m_total_steps);
   m_step = std::make_unique<TrainStep>(m_opt, *m_model, *m_dev.backend, m_comm, *m_batches, m_total_steps);
   m_fingerprint = run_fingerprint(m_opt, m_B * N);
   m_res.device = N > 1 ? str_cat(m_dev.backend->name(), " x ", N, " ranks") : m_dev.backend->name();

@@ -334,11 +334,44 @@ TEST(Options, DoTrainFalseIsSaidAndDdpTimeoutIsTaken) {
   EXPECT_NE(error_of(kTrain, {"--ddp-timeout", "0"}).find("--ddp-timeout 0 is out of range"), std::string::npos);
 }
 
+// The Trainer's get_scheduler builds "constant" without its warm-up whatever the warm-up flags
+// say: said, and done alike (it was refused).
+TEST(Options, ConstantScheduleIgnoresTheWarmUpAsTheTrainerDoes) {
+  RunArgs r = parse_args(kTrain, {"--lr-scheduler-type", "constant", "--warmup-ratio", "0.1", "--num-samples", "8"});
+  const TrainOptions o = finish_train_args(r, kTrain, false);
+  EXPECT_EQ(o.warmup(100), 0);
+  ASSERT_FALSE(r.notes.empty());
+  EXPECT_NE(r.notes.back().find("are ignored, as the Trainer ignores them"), std::string::npos) << r.notes.back();
+}
+
+// --logging-steps, --eval-steps, --save-steps below 1 are ratios of the total steps, rounded up
+// once the total is known (Trainer.train's rule); a ratio that makes --load-best-model-at-end's
+// saves miss the evaluations is refused then.
+TEST(Options, StepFlagsBelowOneAreRatiosOfTheTotal) {
+  RunArgs r = parse_args(kTrain, {"--logging-steps", "0.1", "--eval-steps", "0.25", "--save-steps", "0.5",
+                                  "--num-samples", "8"});
+  TrainOptions o = finish_train_args(r, kTrain, false);
+  o.resolve_step_ratios(30);
+  EXPECT_EQ(o.logging_steps, 3);
+  EXPECT_EQ(o.eval_steps, 8);  // ceil(7.5)
+  EXPECT_EQ(o.save_steps, 15);
+  RunArgs w = parse_args(kTrain, {"--logging-steps", "7", "--num-samples", "8"});
+  TrainOptions whole = finish_train_args(w, kTrain, false);
+  whole.resolve_step_ratios(30);
+  EXPECT_EQ(whole.logging_steps, 7);
+  RunArgs b = parse_args(kTrain, {"--eval-strategy", "steps", "--save-strategy", "steps", "--eval-steps", "0.3",
+                                  "--save-steps", "0.5", "--load-best-model-at-end", "--validation-split", "0.1",
+                                  "--num-samples", "8"});
+  TrainOptions best = finish_train_args(b, kTrain, false);
+  EXPECT_THROW(best.resolve_step_ratios(8), Error);  // saves every 4 steps, evaluations every 3
+}
+
 TEST(Options, FlagsThatContradictEachOther) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--bf16", "--fp16"}, "--bf16 and --fp16 exclude each other"},
       {{"--precision", "fp32", "--bf16"}, "--precision fp32 and --bf16 contradict each other"},
-      {{"--lr-scheduler-type", "constant", "--warmup-steps", "3"}, "use constant_with_warmup"},
+      {{"--logging-steps", "2.5"}, "--logging-steps 2.5: a whole number of steps, or a fraction of the total steps below 1"},
+      {{"--save-steps", "0"}, "--save-steps 0 is out of range"},
       {{"--warmup-steps", "0.1", "--warmup-ratio", "0.2"}, "--warmup-steps and --warmup-ratio exclude each other"},
       {{"--warmup-ratio", "0.2", "--warmup-steps", "0.1"}, "--warmup-steps and --warmup-ratio exclude each other"},
       {{"--warmup-steps", "2.5"}, "--warmup-steps 2.5: a whole number of steps, or a fraction of them below 1"},
