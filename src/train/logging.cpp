@@ -80,8 +80,9 @@ void TrainLog::step(int64_t done, std::optional<double> loss_of_step, double gra
     window_loss += *loss_of_step;
     ++window_steps;
   }
-  const bool log_now = (m_opt.logging_steps > 0 && (done % m_opt.logging_steps == 0 || done == m_total)) ||
-                       (m_opt.logging_first_step && done == 1);
+  // Every --logging-steps, as the Trainer's DefaultFlowCallback: a last partial window is not
+  // logged (its steps count in train_loss).
+  const bool log_now = (m_opt.logging_steps > 0 && done % m_opt.logging_steps == 0) || (m_opt.logging_first_step && done == 1);
   if (!log_now && !m_tty) return;
   const double sps = static_cast<double>(samples_here) / std::max(elapsed, 1e-9);
   if (log_now) {
