@@ -4,7 +4,11 @@
 #include <filesystem>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
+#include "io/read_file.h"
 #include "io/safetensors.h"
+#include "model/heads.h"
 
 namespace anatomy {
 
@@ -24,10 +28,19 @@ void refuse_unreadable_weights(const std::string& dir) {
   for (const char* name : {"pytorch_model.bin", "pytorch_model.bin.index.json", "model.safetensors.index.json",
                            "tf_model.h5", "flax_model.msgpack", "model.ckpt.index"})
     if (fs::exists(fs::path(dir) / name, ec)) found += (found.empty() ? "" : ", ") + std::string(name);
-  ANATOMY_CHECK(found.empty(), "--model-name-or-path ", dir, ": holds ", found,
-                " but no model.safetensors, the only weights anatomy reads; convert it with transformers: "
-                "AutoModelForSequenceClassification.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True) "
-                "(sharded files: save_pretrained(DIR, max_shard_size=\"100GB\"))");
+  if (found.empty()) return;
+  // The class config.json names keeps every tensor the file holds (a masked-LM head too).
+  std::string cls = "AutoModel";
+  try {
+    const nlohmann::json cfg = nlohmann::json::parse(read_regular_file((fs::path(dir) / "config.json").string()));
+    if (cfg.contains("architectures") && cfg["architectures"].is_array() && !cfg["architectures"].empty() &&
+        cfg["architectures"][0].is_string())
+      cls = cfg["architectures"][0].get<std::string>();
+  } catch (const std::exception&) {
+  }
+  fail("--model-name-or-path ", dir, ": holds ", found, " but no model.safetensors, the only weights anatomy reads; "
+       "convert it with transformers: ", cls, ".from_pretrained(DIR).save_pretrained(DIR, max_shard_size=\"100GB\") "
+       "(one model.safetensors with every tensor)");
 }
 
 void refuse_non_finite(const std::string& file, const std::string& tensor, const float* v, size_t n) {
@@ -54,7 +67,7 @@ std::vector<std::string> checkpoint_names_for(const std::string& name) {
   // As saved by *ForSequenceClassification, then by the base model (no "bert.", "roberta.", ... prefix), each also
   // with the legacy LayerNorm names (gamma for weight, beta for bias) of old TF-converted files.
   std::vector<std::string> bases{name};
-  for (const char* base : {"bert.", "roberta.", "distilbert.", "electra."})
+  for (const char* base : {"bert.", "roberta.", "distilbert.", "electra.", "model."})  // model.: ModernBERT's
     if (name.rfind(base, 0) == 0) bases.push_back(name.substr(std::char_traits<char>::length(base)));
   std::vector<std::string> out;
   for (const std::string& b : bases) {
@@ -104,7 +117,11 @@ LoadReport load_pretrained_weights(const std::string& path, EncoderModel& model,
   }
   for (const auto& t : r.tensors())
     if (!used.count(t.name)) rep.unused.push_back(t.name);
-  ANATOMY_CHECK(!used.empty(), file, ": none of its tensors is a ", model.config().sequence_classification_class(),
+  const BertConfig& cfg = model.config();
+  ANATOMY_CHECK(!used.empty(), file, ": none of its tensors is a ",
+                is_masked_lm(cfg)               ? masked_lm_class(cfg)
+                : is_token_classification(cfg) ? token_classification_class(cfg)
+                                               : cfg.sequence_classification_class(),
                 " parameter with Hugging Face names");
   model.set_master_from_host(host);
   return rep;

@@ -650,7 +650,9 @@ bool ModernBertForSequenceClassification::last_forward_packed() const { return m
 void ModernBertForSequenceClassification::forward_eval(const DeviceBatch& b) {
   m_be.set_phase(Phase::Forward);
   forward(b, false);
-  if (b.labels.defined()) loss(b, Tensor(), 0.0f);
+  // The loss too when the labels are the head's (evaluate() passes class ids whatever the
+  // problem type, and scores the logits on the host).
+  if (b.labels.defined() && b.labels.dtype == label_dtype(m_cfg)) loss(b, Tensor(), 0.0f);
 }
 
 // Note [modernbert fp32 pooled head]: in bf16/fp16 the sequence head (pooled -> dense -> GELU ->

@@ -217,7 +217,7 @@ std::string random_init_notice(const TrainOptions& opt) {
   if (!fs::exists(fs::path(opt.model_name_or_path) / "model.safetensors"))
     return str_cat("anatomy: ", opt.model_name_or_path, " has a config.json but no model.safetensors: the model is "
                    "randomly initialized from its config; to start from pretrained weights pass a directory saved with "
-                   "save_pretrained(..., safe_serialization=True)");
+                   "save_pretrained(...)");
   return "";
 }
 

@@ -263,7 +263,7 @@ const std::vector<Case> kCases = {
        spit(d + "/m/pytorch_model.bin", "not really a pickle");
      },
      kCpu + "--train-file {dir}/s.jsonl --tokenizer " + kTok + " --model-name-or-path {dir}/m --max-steps 1 --output-dir {dir}/out",
-     2, {"--model-name-or-path {dir}/m", "pytorch_model.bin", "no model.safetensors", "safe_serialization=True"},
+     2, {"--model-name-or-path {dir}/m", "pytorch_model.bin", "no model.safetensors", ".from_pretrained(DIR).save_pretrained(DIR"},
      {"m/config.json", "m/pytorch_model.bin"}},
     {"ModelHoldsNaN", poison_model("bert.encoder.layer.1.output.dense.weight", kNaN),
      kCpu + "--train-file {dir}/s.jsonl --tokenizer " + kTok + " --model-name-or-path {dir}/run --max-steps 1 --output-dir {dir}/out",

@@ -117,3 +117,33 @@ TEST(ModernBertConfig, PresetHasTransformersParameterCount) {
   EXPECT_EQ(c.num_parameters(), 149606402);
   EXPECT_EQ(static_cast<int64_t>(ParamLayout::for_sequence_classification(c).num_parameters()), c.num_parameters());
 }
+
+// A ModernBertModel checkpoint (the encoder alone, saved without the task classes' "model."
+// prefix, as transformers writes one) starts a classifier: every encoder tensor is read, only
+// the head is new (it was refused: "none of its tensors is a ... parameter").
+TEST(ModernBertCheckpoint, ABaseModelCheckpointStartsAClassifier) {
+  const std::string d = modernbert_dir("modernbert"), out = testing_dirs::fresh_dir("modernbert_base_only");
+  Fixture f(d);
+  const SafetensorsReader full = SafetensorsReader::open(d + "/model.safetensors");
+  std::vector<std::vector<float>> values;
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& t : full.tensors()) {
+    if (t.name.rfind("model.", 0) != 0) continue;
+    values.push_back(read_f32(full, t.name));
+    entries.push_back({t.name.substr(6), DType::F32, full.info(t.name).shape, nullptr});
+  }
+  ASSERT_FALSE(entries.empty());
+  for (size_t i = 0; i < entries.size(); ++i) entries[i].data = values[i].data();
+  write_safetensors(out + "/model.safetensors", entries);
+  auto be = make_cpu_backend();
+  ModernBertForSequenceClassification model(*be, f.cfg, ModelShape{f.B, f.T});
+  const LoadReport rep = load_pretrained_weights(out, model);
+  EXPECT_TRUE(rep.unused.empty()) << rep.unused.front();
+  ASSERT_FALSE(rep.newly_initialized.empty());
+  for (const std::string& n : rep.newly_initialized) EXPECT_NE(n.rfind("model.", 0), 0u) << n << " is the encoder's";
+  const std::vector<float> host = model.master_to_host();
+  const ParamInfo& p = model.layout().get("model.layers.0.attn.Wqkv.weight");
+  EXPECT_TRUE(same_values<float>(std::vector<float>(host.begin() + static_cast<std::ptrdiff_t>(p.offset),
+                                                    host.begin() + static_cast<std::ptrdiff_t>(p.offset + p.numel())),
+                                 read_f32(full, "model.layers.0.attn.Wqkv.weight")));
+}

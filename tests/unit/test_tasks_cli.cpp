@@ -234,6 +234,33 @@ TEST(TasksCli, RegressionTrainsEvaluatesAndPredicts) {
   }
 }
 
+// ModernBERT's regression and multi-label heads through the whole run: evaluated during and
+// after training, predicted, and evaluated again by `anatomy eval` to the same figures (its
+// evaluation passed class ids to a head that takes floats, and every one of these failed).
+TEST(TasksCli, ModernBertFloatLabelsEvaluateAndPredict) {
+  for (const bool lists : {false, true}) {
+    const std::string dir = testing_cli::fresh_dir(lists ? "tasks_modernbert_multilabel" : "tasks_modernbert_regression");
+    tiny_modernbert(dir + "/start", lists ? "modernbert-multilabel" : "modernbert-regression");
+    const std::string train = write_data(dir, "train.jsonl", lists, 48), out = dir + "/run";
+    const auto r = testing_cli::run_anatomy(
+        "train --device cpu --model-name-or-path " + dir + "/start --ignore-mismatched-sizes --train-file " + train +
+        " --validation-file " + train + " --eval-strategy epoch --max-seq-length 32 --per-device-train-batch-size 8"
+        " --num-train-epochs 2 --learning-rate 1e-3 --disable-tqdm --do-predict --test-file " + train + " --output-dir " + out);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string metric = lists ? "eval_micro_f1" : "eval_mse";
+    const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
+    ASSERT_TRUE(ev.contains(metric)) << ev.dump();
+    const std::string predicted = read_regular_file(out + "/predict_results.txt");
+    EXPECT_EQ(std::count(predicted.begin(), predicted.end(), '\n'), 49) << predicted;  // the header, a line per sample
+    const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + train +
+                                            " --max-seq-length 32 --output-dir " + dir + "/eval");
+    ASSERT_EQ(e.status, 0) << e.output;
+    const nlohmann::json again = nlohmann::json::parse(read_regular_file(dir + "/eval/eval_results.json"));
+    EXPECT_NEAR(again.at("eval_loss").get<double>(), ev.at("eval_loss").get<double>(), 1e-6);
+    EXPECT_NEAR(again.at(metric).get<double>(), ev.at(metric).get<double>(), 1e-6);
+  }
+}
+
 // Lists of class ids as labels: a multi-label head (BCE with logits) on the model's three
 // classes, saved with problem_type "multi_label_classification"; micro-F1 at threshold 0.5.
 TEST(TasksCli, MultiLabelTrainsEvaluatesAndPredicts) {
