@@ -124,6 +124,9 @@ class Tokenizer {
   static Tokenizer from_directory(const std::string& dir);
   // The tokenizer files of a model directory that exist, to copy next to a saved model.
   static std::vector<std::string> files_in(const std::string& dir);
+  // Note [prefix space for words] (data/tokenizer_json.h): a byte-level tokenizer that adds a
+  // space before each text, as run_ner.py loads RoBERTa's; any other tokenizer unchanged.
+  Tokenizer with_prefix_space() const;
 
   std::vector<int32_t> encode_words(std::string_view text) const;
   Encoding encode(std::string_view text_a, std::optional<std::string_view> text_b = std::nullopt,

@@ -49,6 +49,8 @@ void refuse_left_truncation(const std::filesystem::path& dir) {
 
 }  // namespace
 
+Tokenizer Tokenizer::with_prefix_space() const { return m_json ? Tokenizer(m_json->with_prefix_space()) : *this; }
+
 Tokenizer Tokenizer::from_directory(const std::string& dir) {
   refuse_left_truncation(dir);
   const auto file = std::filesystem::path(dir) / "tokenizer.json";

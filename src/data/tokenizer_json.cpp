@@ -124,9 +124,29 @@ JsonTokenizer::JsonTokenizer(JsonTokenizer&&) noexcept = default;
 JsonTokenizer& JsonTokenizer::operator=(JsonTokenizer&&) noexcept = default;
 JsonTokenizer::~JsonTokenizer() = default;
 
-JsonTokenizer JsonTokenizer::from_file(const std::string& path) {
+JsonTokenizer JsonTokenizer::from_file(const std::string& path) { return from_text(read_all(path), path); }
+
+// Note [prefix space for words]: transformers builds a byte-level tokenizer asked for
+// add_prefix_space by rewriting its pre-tokenizer's state, as here: each ByteLevel pre-tokenizer
+// (alone or in a Sequence) gets add_prefix_space true.
+JsonTokenizer JsonTokenizer::with_prefix_space() const {
+  json j = json::parse(m_file);
+  auto set = [](json& pre) {
+    if (pre.is_object() && pre.value("type", std::string()) == "ByteLevel") pre["add_prefix_space"] = true;
+  };
+  if (j.contains("pre_tokenizer")) {
+    json& pre = j["pre_tokenizer"];
+    set(pre);
+    if (pre.is_object() && pre.contains("pretokenizers") && pre["pretokenizers"].is_array())
+      for (json& p : pre["pretokenizers"]) set(p);
+  }
+  return from_text(j.dump(), m_path);
+}
+
+JsonTokenizer JsonTokenizer::from_text(std::string bytes, const std::string& path) {
   JsonTokenizer t;
-  t.m_file = read_all(path);
+  t.m_file = std::move(bytes);
+  t.m_path = path;
   json j;
   try {
     j = json::parse(t.m_file);

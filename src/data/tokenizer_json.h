@@ -33,6 +33,10 @@ struct Model;
 class JsonTokenizer {
  public:
   static JsonTokenizer from_file(const std::string& path);
+  // The same pipeline with its byte-level pre-tokenizer adding a space before the text (each
+  // word, for pre-split words), as AutoTokenizer(add_prefix_space=True) builds it (Note [prefix
+  // space for words]); a pipeline without one is the same.
+  JsonTokenizer with_prefix_space() const;
   JsonTokenizer(JsonTokenizer&&) noexcept;
   JsonTokenizer& operator=(JsonTokenizer&&) noexcept;
   ~JsonTokenizer();
@@ -77,8 +81,9 @@ class JsonTokenizer {
   };
   std::vector<Segment> split_added(std::u32string_view text, bool normalized, bool at_origin) const;
   void encode_into(std::string_view text, std::vector<int32_t>& ids) const;
+  static JsonTokenizer from_text(std::string bytes, const std::string& path);
 
-  std::string m_file;
+  std::string m_file, m_path;
   std::unique_ptr<tok::Normalizer> m_normalizer;
   std::unique_ptr<tok::PreTokenizer> m_pre;
   std::unique_ptr<tok::Model> m_model;

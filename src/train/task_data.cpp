@@ -183,7 +183,16 @@ static TokenTagOptions token_tag_options(const std::string& text_column, const s
 
 // --task token-classification (Note [token classification head]): the tagged words, the head
 // sized and named for the file's tags (or mapped through a trained head's names).
-TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokenizer& tok, TrainData d) {
+// Note [prefix space for words]: run_ner.py loads the tokenizer of these model types with
+// add_prefix_space=True, so that each pre-split word is tokenized as a word inside a text ("Ġwas",
+// not "was"), as a pipeline sees it in running text. Of anatomy's families only RoBERTa's.
+static Tokenizer run_ner_tokenizer(const Tokenizer& tok, const BertConfig& cfg) {
+  const std::string type = cfg.model_type();
+  return type == "roberta" || type == "deberta" || type == "gpt2" || type == "bloom" ? tok.with_prefix_space() : tok;
+}
+
+TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokenizer& run_tok, TrainData d) {
+  const Tokenizer tok = run_ner_tokenizer(run_tok, cfg);
   TokenTagOptions to = token_tag_options(opt.text_column, opt.label_column, opt.seq_len);
   // The training file's choice serves every file, as in run_ner.py.
   use_run_ner_columns(to, opt.train_file, "--train-file", opt.text_columns_given, opt.label_column_given);
@@ -240,7 +249,7 @@ std::shared_ptr<const Dataset> load_eval_file(const std::string& path, const Tok
     if (names.kind == LabelSet::Kind::Names) o.tags = names.names;
     else o.num_ids = cfg.num_labels;
     o.tags_optional = named.label && to.label_column.empty();  // --label-column "": predictions only
-    return std::make_shared<TokenTagDataset>(path, tok, o);
+    return std::make_shared<TokenTagDataset>(path, run_ner_tokenizer(tok, cfg), o);
   }
   if (is_masked_lm(cfg)) {  // the texts, read and masked as a training run reads its --validation-file
     if (!named.text && !is_lines_file(path)) use_run_mlm_column(to, path);

@@ -181,6 +181,25 @@ TEST(MaskedLmGroupedTexts, ATextFilesLinesAreJoinedAsRunMlmJoinsThem) {
   }
 }
 
+// Note [prefix space for words]: RoBERTa's tagged words are tokenized with a space before each,
+// as run_ner.py loads its tokenizer (add_prefix_space=True), not as the start of a text.
+TEST(TokenTagWords, RobertaWordsAreTokenizedAsRunNerTokenizesThem) {
+  const std::string roberta = std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta";
+  const std::string data = write_tagged(fresh_dir("ner_prefix_data") + "/train.jsonl", 4, 0);
+  TrainOptions o = task_options("token-classification", roberta, data, "ner_prefix");
+  BertConfig cfg = model_config(o);
+  const TrainData d = load_train_data(o, cfg);
+  const Tokenizer tok = Tokenizer::from_directory(roberta);
+  const std::vector<std::string> words{"John", "visited", "Paris"};  // write_tagged's first sentence
+  const std::vector<int32_t> want = tok.with_prefix_space().encode_split_words(words, 32, Truncation::LongestFirst,
+                                                                              Padding::None).encoding.input_ids;
+  ASSERT_NE(want, tok.encode_split_words(words, 32, Truncation::LongestFirst, Padding::None).encoding.input_ids);
+  HostBatch hb;
+  hb.resize(1, 32);
+  d.train->get(0, hb, 0);
+  EXPECT_EQ(std::vector<int32_t>(hb.input_ids.begin(), hb.input_ids.begin() + static_cast<std::ptrdiff_t>(want.size())), want);
+}
+
 // Three epochs of --task mlm with a checkpoint inside the second; resumed from it, the run logs
 // the same losses and ends with the same weights, bit for bit, as the uninterrupted run: the
 // masks of the epochs after the checkpoint are those the uninterrupted run drew.

@@ -9,11 +9,14 @@
 #include <random>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "../common/dirs.h"
 #include "core/error.h"
 #include "data/text_dataset.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_json.h"
+#include "io/read_file.h"
 
 using namespace anatomy;
 namespace fs = std::filesystem;
@@ -118,11 +121,9 @@ TEST_P(Parity, EveryLineAndPairAsTheTokenizersPackage) {
   EXPECT_EQ(bad_pairs, 0u) << "of " << pairs << " pairs";
 }
 
-// Pre-split words (Hugging Face's is_split_into_words): ids and each token's word index.
-TEST_P(Parity, SplitWordsAsTheTokenizersPackage) {
-  const std::string file = GetParam().substr(0, GetParam().find(':'));
-  const std::string want_file = GetParam().substr(GetParam().find(':') == std::string::npos ? 0 : GetParam().find(':') + 1);
-  const Tokenizer tok = Tokenizer::from_tokenizer_json(unpack(file));
+// Pre-split words (Hugging Face's is_split_into_words): ids and each token's word index, against
+// the tokenizers package's for `want_file`.
+void expect_split_words(const Tokenizer& tok, const std::string& want_file) {
   const std::vector<std::string> cases = split(gunzip(kFixtures / (want_file + ".words.gz")), '\n');
   size_t bad = 0, n = 0;
   for (const std::string& c : cases) {
@@ -137,11 +138,30 @@ TEST_P(Parity, SplitWordsAsTheTokenizersPackage) {
     ++n;
     if (e.encoding.input_ids == parse_ids(f[1]) && e.word_ids == parse_ids(f[2])) continue;
     if (bad++ == 0)
-      ADD_FAILURE() << file << ": first mismatch, line " << head[0] + 1 << " max_length " << head[1] << "\n  want "
+      ADD_FAILURE() << want_file << ": first mismatch, line " << head[0] + 1 << " max_length " << head[1] << "\n  want "
                     << f[1] << " / " << f[2] << "\n  got  " << show(e.encoding.input_ids) << " / " << show(e.word_ids);
   }
   EXPECT_GE(n, 500u);
   EXPECT_EQ(bad, 0u) << "of " << n << " word lists";
+}
+
+TEST_P(Parity, SplitWordsAsTheTokenizersPackage) {
+  const std::string file = GetParam().substr(0, GetParam().find(':'));
+  const std::string want_file = GetParam().substr(GetParam().find(':') == std::string::npos ? 0 : GetParam().find(':') + 1);
+  expect_split_words(Tokenizer::from_tokenizer_json(unpack(file)), want_file);
+}
+
+// Note [prefix space for words]: a byte-level tokenizer saved without add_prefix_space, asked for
+// it (as run_ner.py asks for RoBERTa's), splits words as the one saved with it.
+TEST(TokenizerJsonPrefixSpace, AddedAsTransformersAddsIt) {
+  const std::string path = unpack("roberta_prefix");
+  nlohmann::json j = nlohmann::json::parse(read_regular_file(path));
+  ASSERT_EQ(j["pre_tokenizer"]["add_prefix_space"], true);
+  j["pre_tokenizer"]["add_prefix_space"] = false;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << j.dump();
+  const Tokenizer without = Tokenizer::from_tokenizer_json(path);
+  EXPECT_NE(without.encode_words("word")[0], without.with_prefix_space().encode_words("word")[0]);
+  expect_split_words(without.with_prefix_space(), "roberta_prefix");
 }
 
 INSTANTIATE_TEST_SUITE_P(TokenizerJson, Parity,
