@@ -17,7 +17,9 @@ struct DeviceBatch;  // model/encoder.h
 // single-label; anything else (floats) -> multi-label. anatomy decides before training, from the
 // data (train/train_data.cpp: float labels -> regression, a list of labels per row ->
 // multi-label, as run_classification.py does) and writes problem_type into config.json, so
-// transformers and anatomy agree without looking at a batch.
+// transformers and anatomy agree without looking at a batch. A model whose config.json names
+// another problem type than its training data's is refused, unless --ignore-mismatched-sizes
+// lets the data decide (run_classification.py sets problem_type from the data).
 //   SingleLabel: labels I32 [B], softmax cross-entropy.
 //   Regression:  labels F32 [B, C] (C = num_labels, usually 1), squared error.
 //   MultiLabel:  labels F32 [B, C] multi-hot, binary cross-entropy with logits.

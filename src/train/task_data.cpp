@@ -28,17 +28,24 @@ static auto named(const char* flag, F&& read) {
 ProblemType resolve_problem_type(const TrainOptions& opt, const BertConfig& cfg) {
   const LabelColumnKind col =
       named("--train-file", [&] { return sniff_label_column(opt.train_file, TextFormat::Auto, 0, opt.label_column); });
+  const ProblemType of_data = col == LabelColumnKind::Numbers ? ProblemType::Regression
+                             : col == LabelColumnKind::Lists ? ProblemType::MultiLabel
+                                                              : ProblemType::SingleLabel;
   if (cfg.problem_type) {
     const ProblemType p = problem_type_of(cfg);
-    ANATOMY_CHECK(p != ProblemType::SingleLabel || col == LabelColumnKind::Classes, "--train-file ", opt.train_file,
-                  ": its labels are ", col == LabelColumnKind::Lists ? "lists" : "numbers",
-                  " but the model's problem_type is single_label_classification");
-    ANATOMY_CHECK(p != ProblemType::MultiLabel || col == LabelColumnKind::Lists, "--train-file ", opt.train_file,
-                  ": the model's problem_type is multi_label_classification but the labels are not lists of classes");
-    return p;
+    const bool agree = p == ProblemType::SingleLabel  ? col == LabelColumnKind::Classes
+                       : p == ProblemType::MultiLabel ? col == LabelColumnKind::Lists
+                                                      : col != LabelColumnKind::Classes;  // numbers, or lists of them
+    if (agree) return p;
+    // A model fine-tuned for another problem: run_classification.py sets problem_type from the
+    // data, and a head of other sizes is made anew with --ignore-mismatched-sizes.
+    ANATOMY_CHECK(opt.ignore_mismatched_sizes, "--train-file ", opt.train_file, ": its labels are ",
+                  col == LabelColumnKind::Lists ? "lists" : col == LabelColumnKind::Numbers ? "numbers" : "classes",
+                  " but the model's config.json has problem_type ", problem_type_name(p),
+                  "; --ignore-mismatched-sizes trains a new head for the file's labels (", problem_type_name(of_data), ")");
+    return of_data;
   }
-  if (col == LabelColumnKind::Numbers) return ProblemType::Regression;
-  if (col == LabelColumnKind::Lists) return ProblemType::MultiLabel;
+  if (col != LabelColumnKind::Classes) return of_data;
   if (!opt.model_name_or_path.empty() && cfg.num_labels == 1) return ProblemType::Regression;
   return ProblemType::SingleLabel;
 }

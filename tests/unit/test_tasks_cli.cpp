@@ -306,7 +306,13 @@ TEST(TasksCli, LabelsThatContradictProblemTypeAreRefused) {
   std::ofstream(model + "/config.json") << cfg.dump(2);
   const auto r = testing_cli::run_anatomy("train --device cpu --model-name-or-path " + model + " --train-file " + train +
                                           " --max-steps 1 --output-dir " + dir + "/run");
-  testing_cli::expect_clean_error(r, "train.jsonl");
+  testing_cli::expect_clean_error(r, "train.jsonl: its labels are numbers but the model's config.json has problem_type "
+                                     "multi_label_classification; --ignore-mismatched-sizes trains a new head");
+  // ... and with the flag, the data decides, as run_classification.py sets problem_type from it.
+  const auto again = testing_cli::run_anatomy("train --device cpu --model-name-or-path " + model + " --train-file " +
+                                              train + " --max-steps 1 --ignore-mismatched-sizes --output-dir " + dir + "/run");
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_EQ(nlohmann::json::parse(read_regular_file(dir + "/run/config.json")).at("problem_type"), "regression");
 }
 
 // Two CPU steps of batch 8 x 24 from `data` into dir/run (nothing saved): the TasksPlan runs,
