@@ -432,6 +432,8 @@ int run_command(int argc, char** argv) {
   // One process per rank (dist/spawn.h): under a launcher (torchrun, mpirun, srun) this process
   // is one rank of its group; --nproc-per-node N without one spawns N such processes.
   return run_ranks(o.nproc_per_node, argv, [&](const LaunchEnv& env) {
+    // Under an outside launcher the command alone would resume a world of one: the hint names it.
+    if (env.launched() && !env.by_anatomy) o.command_line = str_cat(env.launcher, " [its options] ", o.command_line);
     if (!env.launched()) {
       train(o);  // interrupted by SIGINT/SIGTERM: a checkpoint was saved; still exit 0
       return 0;

@@ -91,6 +91,7 @@ LaunchEnv detect_launch(const Env& env) {
                 "ANATOMY_LAUNCHER=", forced ? *forced : "", ": expected torchrun, mpirun, srun or none");
   auto take = [&](const char* launcher, bool present) { return forced ? *forced == launcher : present; };
   if (forced && *forced == "none") return e;
+  e.by_anatomy = find(env, "ANATOMY_NPROC_AGENT") != nullptr;
   if (take("torchrun", find(env, "RANK") || find(env, "WORLD_SIZE"))) {
     e.launcher = "torchrun";
     e.rank = int_var(env, "RANK", 0, "torchrun sets it with WORLD_SIZE");

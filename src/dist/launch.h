@@ -21,6 +21,7 @@ struct LaunchEnv {
   int master_port = 0;     // MASTER_PORT as the launcher gave it
   int bootstrap_port = 0;  // where rank 0's store listens: Note [bootstrap port]
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // ANATOMY_DIST_TIMEOUT (seconds)
+  bool by_anatomy = false;  // a rank `anatomy train --nproc-per-node N` started (ANATOMY_NPROC_AGENT)
   bool launched() const { return launcher != "none"; }
 };
 

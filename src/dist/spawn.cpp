@@ -111,6 +111,7 @@ int spawn_local(const SpawnOptions& opt) {
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
       ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");  // no agent store here: rank 0 serves MASTER_PORT
+      ::setenv("ANATOMY_NPROC_AGENT", "1", 1);      // LaunchEnv::by_anatomy
       ::execv(args[0], args.data());
       std::fprintf(stderr, "anatomy: --nproc-per-node: cannot run %s: %s\n", args[0], std::strerror(errno));
       ::_exit(127);

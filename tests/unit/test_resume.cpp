@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../common/compare.h"
+#include "dist/spawn.h"
 #include "train/signals.h"
 
 extern char** environ;
@@ -205,6 +206,31 @@ TEST(Resume, SigintSavesAndPrintsTheResumeCommand) {
   ASSERT_EQ(wait_exit(spawn(args, run + "/log.txt")), 0) << slurp(run + "/log.txt");
   EXPECT_EQ(loss_curve(run), loss_curve(ref));
   EXPECT_TRUE(anatomy::testing_compare::same_file_bytes(fs::path(run) / "model.safetensors", fs::path(ref) / "model.safetensors"));
+}
+
+// Under an outside launcher (here torchrun's variables, two ranks started by hand as torchrun
+// starts them, each sent SIGINT as torchrun forwards it) the bare command would resume a world of
+// one: the hint says to run it under the launcher again.
+TEST(Resume, UnderALauncherTheResumeHintNamesIt) {
+  const std::string run = tmp("sigint_launcher");
+  std::vector<std::string> args = train_args(run);
+  set_flag(args, "--max-steps", "2000");
+  const std::string port = std::to_string(anatomy::free_local_port());
+  std::vector<pid_t> pids;
+  for (const char* rank : {"0", "1"}) {
+    for (auto [k, v] : {std::pair<const char*, const char*>{"RANK", rank}, {"LOCAL_RANK", rank}, {"WORLD_SIZE", "2"},
+                        {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port.c_str()}})
+      ::setenv(k, v, 1);
+    pids.push_back(spawn(args, run + "/log" + rank + ".txt"));
+  }
+  for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(k);
+  for (int i = 0; i < 1500 && loss_curve(run).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (pid_t p : pids) kill(p, SIGINT);
+  for (pid_t p : pids) EXPECT_EQ(wait_exit(p), 0) << slurp(run + "/log0.txt");
+  const std::string log = slurp(run + "/log0.txt");
+  EXPECT_NE(log.find("resume with: torchrun [its options] " + std::string(ANATOMY_BINARY) + " train "), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("--resume-from-checkpoint latest"), std::string::npos) << log;
 }
 
 // A second SIGINT ends the process at once, as a second Ctrl-C should, and says so (it died
