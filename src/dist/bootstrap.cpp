@@ -2,7 +2,8 @@
 // [value length: u32][value], little-endian lengths as the host writes them (every rank of a job
 // runs the same build). Requests: 'S' set (reply 'K'), 'G' get (reply 'F' with the value, or 'N'
 // when no rank has set the key yet: the client polls, so the server never blocks on a key),
-// 'W' watch, 'B' bye. A client waits for a reply only after its own request.
+// 'C' claim (set the key unless some rank did: reply 'K', else 'X' with the value there), 'W'
+// watch, 'B' bye. A client waits for a reply only after its own request.
 //
 // Note [failure watch]: after the rendezvous every rank keeps a second connection to rank 0's
 // server on which it sends only 'W' (its rank) and, when it ends normally, 'B'. The server sees a
@@ -150,6 +151,11 @@ class StoreServer {
         m_kv[key] = value;
         lk.unlock();
         if (!send_frame(fd, 'K', {}, {})) break;
+      } else if (op == 'C') {
+        const auto [it, added] = m_kv.try_emplace(key, value);
+        std::vector<char> held = added ? std::vector<char>{} : it->second;
+        lk.unlock();
+        if (!send_frame(fd, added ? 'K' : 'X', {}, held)) break;
       } else if (op == 'G') {
         auto it = m_kv.find(key);
         const bool found = it != m_kv.end();
@@ -255,6 +261,18 @@ void TcpStore::set(const std::string& key, const std::vector<char>& value) {
   std::vector<char> out;
   request('S', key, value, reply, out);
   ANATOMY_CHECK(reply == 'K', "bootstrap: the store at ", address(), " answered '", reply, "' to a set");
+}
+
+void TcpStore::join(int rank) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string me = str_cat(host, " pid ", ::getpid());
+  char reply = 0;
+  std::vector<char> held;
+  request('C', str_cat("anatomy/rank/", rank), std::vector<char>(me.begin(), me.end()), reply, held);
+  ANATOMY_CHECK(reply == 'K', "rank ", rank, " is already a process of this group (", std::string(held.begin(), held.end()),
+                "; this one is ", me, "): two processes were started with the same rank; check the launcher's ranks "
+                "(RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID) and that one job is started once");
 }
 
 std::vector<char> TcpStore::get(const std::string& key) {

@@ -21,6 +21,9 @@ class TcpStore {
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;
 
+  // This process is `rank` of the group: the first to say so holds it; a second process with the
+  // same rank fails at once, naming both, instead of waiting out the rendezvous.
+  void join(int rank);
   void set(const std::string& key, const std::vector<char>& value);
   // The value of key, once some rank has set it; throws naming the address after the timeout.
   std::vector<char> get(const std::string& key);

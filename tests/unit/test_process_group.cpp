@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -149,6 +150,32 @@ TEST_P(ProcessGroupTorchrunEnv, CollectivesMatchTheInProcessGroupBitwise) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(dir + "/log" + std::to_string(world - 1 - i));
   }
   expect_script_results(dir, world);
+}
+
+// Three processes for a world of two, two of them rank 1 (a launcher's variables set twice): the
+// rank 1 that claims its place second fails at once naming the first, and the group of the other
+// two works (the extra waited out the rendezvous timeout, or took a place in it).
+TEST(ProcessGroupTorchrunEnvDuplicate, ASecondProcessOfOneRankFailsAtOnceNamingTheFirst) {
+  const std::string dir = testing_dirs::fresh_dir("pg_duplicate_rank");
+  const int port = free_local_port();
+  std::vector<pid_t> pids;
+  for (const char* log : {"/log1a", "/log1b"})  // both wait for rank 0's store
+    pids.push_back(start_rank({ANATOMY_PG_WORKER, "script", dir}, 1, 2, port, dir + log));
+  const auto t0 = Clock::now();
+  pids.push_back(start_rank({ANATOMY_PG_WORKER, "script", dir}, 0, 2, port, dir + "/log0"));
+  std::vector<int> codes;
+  std::string logs;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pids[i], &status, 0), pids[i]);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+    logs += slurp(dir + std::vector<const char*>{"/log1a", "/log1b", "/log0"}[i]);
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 20.0);
+  std::sort(codes.begin(), codes.end());
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 2})) << logs;
+  EXPECT_NE(logs.find("rank 1 is already a process of this group"), std::string::npos) << logs;
+  expect_script_results(dir, 2);
 }
 
 // The last rank is killed (SIGKILL: no goodbye, no error of its own) while the others wait for
