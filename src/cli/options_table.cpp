@@ -7,6 +7,7 @@
 
 #include "cli/parse.h"
 #include "core/error.h"
+#include "data/csv.h"
 
 namespace anatomy::cli {
 
@@ -100,15 +101,25 @@ std::vector<OptionSpec> build() {
   add({"text-pair-column", {}, OptType::Text, kAll, "", "Column of the second text of a pair", 0, 0, false, false, false,
        false, {}, [](R& r, const V& v) { r.train.text_pair_column = v.s; }});
   add({"text-column-names", {}, OptType::Text, kAll, "text",
-       "run_classification.py's comma-separated text columns: one, or two for a pair", 0, 0, false, false, false, true, {},
+       "run_classification.py's comma-separated text columns, their values joined by a space into one text (Note "
+       "[joined text columns]; --text-column and --text-pair-column make a pair)", 0, 0, false, false, false, true, {},
        [](R& r, const V& v) {
-         const size_t c = v.s.find(',');
-         ANATOMY_CHECK(v.s.find(',', c == std::string::npos ? c : c + 1) == std::string::npos,
-                       "--text-column-names ", v.s, ": at most two columns (a text and its pair)");
-         r.train.text_column = v.s.substr(0, c);
-         r.train.text_pair_column = c == std::string::npos ? "" : v.s.substr(c + 1);
+         std::string names = v.s;
+         std::replace(names.begin(), names.end(), ',', kColumnJoin);
+         for (const std::string& c : joined_columns(names))
+           ANATOMY_CHECK(!c.empty(), "--text-column-names ", v.s, ": an empty column name");
+         r.train.text_column = names;
+         r.train.text_pair_column = "";
        },
        "same"});
+  add({"text-column-delimiter", {}, OptType::Text, kAll, "\" \"",
+       "run_classification.py's: what joins --text-column-names' values; a space, its default, is the one taken", 0, 0,
+       false, false, false, false, {},
+       [](R&, const V& v) {
+         ANATOMY_CHECK(v.s == " ", "--text-column-delimiter '", v.s,
+                       "': the columns are joined with a space here (run_classification.py's default)");
+       },
+       "differs: a space only"});
   add({"label-column", {"label-column-name"}, OptType::Text, kAll, "label",
        "Column holding the label (integers or class names; token-classification: 'ner_tags', else run_ner.py's "
        "second column); eval: empty for predictions only", 0, 0, false, false, false,

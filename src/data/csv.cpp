@@ -12,6 +12,24 @@
 
 namespace anatomy {
 
+std::vector<std::string> joined_columns(const std::string& text_column) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= text_column.size(); ++i)
+    if (i == text_column.size() || text_column[i] == kColumnJoin) {
+      out.push_back(text_column.substr(start, i - start));
+      start = i + 1;
+    }
+  return out;
+}
+
+std::string column_label(const std::string& text_column) {
+  std::string out = text_column;
+  std::replace(out.begin(), out.end(), kColumnJoin, ',');
+  return out;
+}
+
+
 namespace {
 
 // For error messages: at most `max` bytes, control characters escaped, on one line.
@@ -104,7 +122,8 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
                   const std::function<void(const TextRecord&)>& fn) {
   size_t count = 0, line = 0, pos = 0;
   bool first = true;
-  std::string label_text;
+  std::string label_text, joined_text;
+  const std::vector<std::string> joined = joined_columns(cols.text);
   RecordNotes notes;
   while (pos < data.size()) {
     ++line;
@@ -149,7 +168,13 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
     };
     TextRecord rec;
     rec.line = line;
-    rec.text = text_field(cols.text);
+    if (joined.size() > 1) {
+      joined_text.clear();
+      for (const std::string& c : joined) joined_text.append(joined_text.empty() ? "" : " ").append(text_field(c));
+      rec.text = joined_text;
+    } else {
+      rec.text = text_field(cols.text);
+    }
     if (!cols.text_pair.empty()) rec.text_pair = text_field(cols.text_pair);
     notes.check(raw, std::string(rec.text) + std::string(rec.text_pair), line);
     if (!cols.label.empty()) {
@@ -190,7 +215,10 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
                   printable(want), "' appears twice in the header");
     return static_cast<size_t>(it - header.begin());
   };
-  const size_t c_text = column(cols.text), c_pair = column(cols.text_pair), c_label = column(cols.label);
+  std::vector<size_t> c_texts;
+  for (const std::string& c : joined_columns(cols.text)) c_texts.push_back(column(c));
+  const size_t c_text = c_texts.front(), c_pair = column(cols.text_pair), c_label = column(cols.label);
+  std::string joined_text;
   size_t count = 0;
   std::string label_text;
   RecordNotes notes;
@@ -201,7 +229,12 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
     TextRecord rec;
     rec.line = line;
     rec.text = row[c_text];
-    std::string fields = row[c_text];
+    if (c_texts.size() > 1) {
+      joined_text.clear();
+      for (size_t c : c_texts) joined_text.append(joined_text.empty() ? "" : " ").append(row[c]);
+      rec.text = joined_text;
+    }
+    std::string fields(rec.text);
     if (c_pair != SIZE_MAX) rec.text_pair = row[c_pair];
     if (c_pair != SIZE_MAX) fields += row[c_pair];
     const size_t text_bytes = fields.size();

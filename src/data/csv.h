@@ -69,6 +69,14 @@ struct TextRecord {
   size_t line = 0;                // 1-based line where the record starts
 };
 
+// Note [joined text columns]: run_classification.py's --text_column_names a,b,c makes one text of
+// the columns' values joined by its text_column_delimiter (a space by default, the only one taken
+// here). Such a text column's name holds the names separated by kColumnJoin, so that it passes
+// through every option and cache key as one string; the readers look each up and join the values.
+constexpr char kColumnJoin = '\x1f';
+std::vector<std::string> joined_columns(const std::string& text_column);  // the names, one when not joined
+std::string column_label(const std::string& text_column);                 // "a,b" for messages
+
 struct RecordColumns {
   std::string text = "text";
   std::string text_pair;        // empty: single texts

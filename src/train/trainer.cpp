@@ -462,13 +462,17 @@ bool RankRun::loop(const StopSignals& stop) {
   const int64_t eval_every = m_opt.eval_steps > 0 ? m_opt.eval_steps : std::max<int64_t>(1, m_opt.logging_steps);
   const auto t0 = Clock::now();
   int64_t last_eval = -1;
+  // Note [the last step ends an epoch]: as the Trainer, the run's last step ends its (maybe
+  // partial) epoch, evaluated and saved under the epoch strategies; under the steps strategy it is
+  // saved (DefaultFlowCallback's should_save at max_steps), so that the best checkpoint and a
+  // resume can be the last step's.
   auto evaluates_at = [&](int64_t done) {
     return (m_opt.eval_strategy == Cadence::Steps && done % eval_every == 0) ||
-           (m_opt.eval_strategy == Cadence::Epoch && epoch_ends_at(done));
+           (m_opt.eval_strategy == Cadence::Epoch && (epoch_ends_at(done) || done == m_total_steps));
   };
   auto saves_at = [&](int64_t done) {
-    return (m_opt.checkpoint_strategy == Cadence::Steps && done % m_opt.save_steps == 0) ||
-           (m_opt.checkpoint_strategy == Cadence::Epoch && epoch_ends_at(done));
+    return (m_opt.checkpoint_strategy == Cadence::Steps && (done % m_opt.save_steps == 0 || done == m_total_steps)) ||
+           (m_opt.checkpoint_strategy == Cadence::Epoch && (epoch_ends_at(done) || done == m_total_steps));
   };
   // Note [a step in flight]
   // Reading a step's figures waits for its device work; with nothing queued behind it, the GPU

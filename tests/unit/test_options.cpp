@@ -12,6 +12,7 @@
 
 #include "../common/dirs.h"
 #include "cli/parse.h"
+#include "data/csv.h"
 #include "optim/optimizer.h"
 
 using namespace anatomy;
@@ -31,7 +32,7 @@ std::string sample(const OptionSpec& s) {
       return std::string(s.default_text) == "false" ? "false" : "true";
     case OptType::Int: return std::to_string(static_cast<long long>(s.lo_open ? s.lo + 1 : s.lo));
     case OptType::Float: return s.lo_open ? std::to_string((s.lo + s.hi) / 2) : std::to_string(s.lo);
-    case OptType::Text: return "x";
+    case OptType::Text: return std::string(s.name) == "text-column-delimiter" ? " " : "x";  // takes a space only
     case OptType::Choice: return s.choices.front().first;
     case OptType::Size: return "16GiB";
   }
@@ -277,8 +278,8 @@ TEST(Options, JsonFileOfArguments) {
   EXPECT_EQ(r.train.train_epochs, 0.5);
   EXPECT_EQ(r.train.eval_strategy, Cadence::Steps);
   EXPECT_EQ(r.train.output_dir, "out");
-  EXPECT_EQ(r.train.text_column, "premise");
-  EXPECT_EQ(r.train.text_pair_column, "hypothesis");
+  EXPECT_EQ(joined_columns(r.train.text_column), (std::vector<std::string>{"premise", "hypothesis"}));  // one text
+  EXPECT_EQ(r.train.text_pair_column, "");
   std::ofstream(file) << R"({"fsdp": "full_shard"})";
   EXPECT_NE(error_of(kTrain, {file}).find("--fsdp: not supported by anatomy"), std::string::npos);
   std::ofstream(file) << R"({"adam_beta1": 1.5})";

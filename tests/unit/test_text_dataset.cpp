@@ -246,6 +246,27 @@ TEST_F(TextDatasetTest, PairColumns) {
   expect_error(p, {"pairs.jsonl:1: no field 'missing'"}, o);
 }
 
+// Note [joined text columns]: run_classification.py's --text_column_names title,body is one text,
+// the values joined by a space (it was read as a pair), from JSON Lines and CSV alike.
+TEST_F(TextDatasetTest, JoinedTextColumnsAreOneText) {
+  const std::string j = write("j.jsonl", "{\"title\": \"A fine film\", \"body\": \"with a good plot\", \"label\": \"pos\"}\n");
+  const std::string c = write("c.csv", "title,body,label\nA fine film,with a good plot,pos\n");
+  TextDataOptions o = no_cache();
+  o.text_column = std::string("title") + kColumnJoin + "body";
+  const Encoding want = tokenizer().encode("A fine film with a good plot", std::nullopt, 128, Truncation::LongestFirst,
+                                           Padding::None);
+  for (const std::string& p : {j, c}) {
+    TextDataset ds = TextDataset::load(p, tokenizer(), o);
+    ASSERT_EQ(ds.size(), 1u);
+    EXPECT_EQ(ids(ds, 0), want.input_ids) << p;
+    auto ty = ds.types(0);
+    EXPECT_EQ(std::count(ty.begin(), ty.end(), 1), 0) << "one text, not a pair";
+  }
+  o.text_column = std::string("title") + kColumnJoin + "abstract";
+  expect_error(j, {"j.jsonl:1: no field 'abstract'"}, o);
+  expect_error(c, {"c.csv:1: no column 'abstract'"}, o);
+}
+
 // Note [run_glue.py's text columns]: with no text column named, a file without `text` is read
 // as run_glue.py reads a --train_file; one with `text` (or a named column) as before.
 TEST(TextDatasetColumns, RunGlueChoosesFromTheColumnsBesideTheLabel) {
