@@ -124,9 +124,12 @@ std::vector<OptionSpec> build() {
        "Column holding the label (integers or class names; token-classification: 'ner_tags', else run_ner.py's "
        "second column); eval: empty for predictions only", 0, 0, false, false, false,
        false, {}, [](R& r, const V& v) { r.train.label_column = v.s; }, "same"});
-  add({"max-seq-length", {"seq-len"}, OptType::Int, kAll, "min(128, max_position_embeddings)",
+  add({"max-seq-length", {"seq-len"}, OptType::Int, kAll,
+       "min(128, max_position_embeddings); --task mlm and token-classification: min(1024, max_position_embeddings)",
        "Longest sample in tokens (longer ones are truncated); synthetic data: the sequence length", 2, 1 << 20, false,
-       false, false, false, {}, [](R& r, const V& v) { r.train.seq_len = v.i; }, "same"});
+       false, false, false, {}, [](R& r, const V& v) { r.train.seq_len = v.i; },
+       "same (run_glue.py's and run_classification.py's 128; run_mlm.py's and run_ner.py's the tokenizer's limit, "
+       "run_mlm.py capping it at 1024, here run_ner.py's too)"});
   add({"dataset-cache-dir", {}, OptType::Text, kAll, "beside the data file", "Where the tokenized cache goes", 0, 0,
        false, false, false, true, {}, [](R& r, const V& v) { r.train.dataset_cache_dir = v.s; }});
   // run_glue.py's data flags where their value is what anatomy does anyway; the other is refused.
@@ -164,7 +167,8 @@ std::vector<OptionSpec> build() {
        [](R& r, const V& v) { r.train.prefetch = static_cast<int>(v.i); },
        "differs: batches ahead of one loader thread (no worker processes)"});
   // ---- loop ----
-  add({"do-train", {}, OptType::Bool, kTrain, "true", "Train (anatomy train always trains; false is refused)", 0, 0,
+  add({"do-train", {}, OptType::Bool, kTrain, "true", "Train (anatomy train always trains: false, TrainingArguments' default in a dumped arguments file, is said and "
+       "trains)", 0, 0,
        false, false, false, false, {}, [](R& r, const V& v) { r.do_train = v.b; },
        "differs: implied by `anatomy train`"});
   add({"do-eval", {}, OptType::Bool, kTrain, "true with validation data",

@@ -109,6 +109,10 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
     o.warmup_steps = 0;
     o.warmup_ratio = 0;
   }
+  // run_mlm.py's flags on a run that is not masked-LM would be dropped without a word.
+  for (const char* f : {"line-by-line", "mlm-probability"})
+    if (a.was_given(f) && !o.masked_lm())
+      usage("--", f, " is run_mlm.py's: add --task mlm to train a masked LM (this run trains --task ", o.task, ")");
   if (a.was_given("do-eval") && a.do_eval && o.validation_file.empty() && o.validation_split == 0)
     usage("--do-eval needs validation data: --validation-file or --validation-split");
   o.eval_at_end = a.do_eval;
@@ -148,10 +152,13 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   if (a.seed_experiment) {
     apply_seed_experiment(a, o, gpu, cmd);
   } else if (!a.was_given("max-seq-length")) {
-    // Trainer's examples: max_seq_length 128, never beyond the model's position table.
+    // The scripts' defaults, never beyond the model's position table: run_glue.py's and
+    // run_classification.py's 128; run_ner.py's and run_mlm.py's the tokenizer's limit (the
+    // position table here), run_mlm.py capping it at 1024 (and here run_ner.py too).
     TrainOptions probe = o;
     probe.seq_len = 2;
-    o.seq_len = std::min<int64_t>(128, model_config(probe).max_sequence_length());
+    const int64_t positions = model_config(probe).max_sequence_length();
+    o.seq_len = std::min<int64_t>(o.masked_lm() || o.token_classification() ? 1024 : 128, positions);
   }
   if (cmd == kTrain && !gpu && o.precision != Precision::Fp32 && o.precision != Precision::Fp8)
     usage("--precision ", a.precision, " needs a GPU (--device cuda); the CPU backend computes in fp32 (fp8: its twin)");

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
+#include "data/unicode.h"
 #include "io/read_file.h"
 
 namespace anatomy {
@@ -77,7 +78,7 @@ LinesDataset::LinesDataset(const std::string& path, const Tokenizer& tok, int64_
     std::string_view line(text.data() + pos, end - pos);
     pos = end + 1;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (!keep_blank_lines && line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    if (!keep_blank_lines && unicode::is_blank_text(line)) continue;  // run_mlm.py: not line.isspace()
     const Encoding e = tok.encode(line, std::nullopt, static_cast<size_t>(max_length), Truncation::LongestFirst,
                                   Padding::None);
     m_ids.insert(m_ids.end(), e.input_ids.begin(), e.input_ids.end());

@@ -19,6 +19,7 @@
 #include "core/rng.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_json.h"
+#include "data/unicode.h"
 #include "io/atomic_file.h"
 #include "io/read_file.h"
 
@@ -494,9 +495,9 @@ TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, con
   const std::optional<std::string_view> empty_pair = pair ? std::optional<std::string_view>("") : std::nullopt;
   const auto min_length = std::max<int64_t>(
       1, static_cast<int64_t>(tok.encode("", empty_pair, 0, Truncation::None, Padding::None).input_ids.size()));
-  ANATOMY_CHECK(opt.max_length >= min_length && opt.max_length <= 65536, path, ": --max-seq-length ", opt.max_length,
-                " cannot hold ", pair ? "a text pair's" : "a text's", " special tokens: it must lie in [", min_length,
-                ", 65536]");
+  ANATOMY_CHECK(opt.max_length >= min_length && opt.max_length <= kMaxTextTokens, path, ": --max-seq-length ",
+                opt.max_length, " cannot hold ", pair ? "a text pair's" : "a text's", " special tokens: it must lie in [",
+                min_length, ", ", kMaxTextTokens, "]");
   const TextFormat format = opt.format == TextFormat::Auto ? format_from_path(path) : opt.format;
 
   // Read, not mapped: a file cut short while it is tokenized is an error, not SIGBUS.
@@ -513,7 +514,7 @@ TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, con
   key.field("anatomy text cache v2").field(data).field(tokenizer_fingerprint(tok));
   key.field(static_cast<uint64_t>(format)).field(static_cast<uint64_t>(static_cast<unsigned char>(opt.delimiter)));
   key.field(opt.text_column).field(opt.text_pair_column).field(opt.label_column);
-  key.field(static_cast<uint64_t>(opt.max_length));
+  key.field(static_cast<uint64_t>(opt.max_length)).field(static_cast<uint64_t>(opt.skip_blank_texts));
   if (opt.labels) {
     key.field(static_cast<uint64_t>(opt.labels->kind) + 1).field(static_cast<uint64_t>(opt.labels->num_labels));
     for (const std::string& s : opt.labels->names) key.field(s);
@@ -547,6 +548,7 @@ TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, con
   std::vector<uint32_t> codes;
   RecordColumns cols{opt.text_column, opt.text_pair_column, opt.label_column};
   read_text_records(data, path, format, opt.delimiter, cols, opt.max_record_bytes, [&](const TextRecord& r) {
+    if (opt.skip_blank_texts && unicode::is_blank_text(r.text)) return;
     const Encoding e = tok.encode(r.text, pair ? std::optional<std::string_view>(r.text_pair) : std::nullopt,
                                   static_cast<size_t>(opt.max_length), Truncation::LongestFirst, Padding::None);
     s.ids.insert(s.ids.end(), e.input_ids.begin(), e.input_ids.end());

@@ -65,11 +65,15 @@ enum class CacheMode : uint8_t {
   Off,        // tokenize in memory every time; write nothing
 };
 
+// The most tokens a text is cut to (a record holds at most kMaxRecordBytes bytes anyway).
+constexpr int64_t kMaxTextTokens = int64_t{1} << 24;
+
 struct TextDataOptions {
   std::string text_column = "text";
   std::string text_pair_column;          // empty: single texts; else [CLS] a [SEP] b [SEP]
   std::string label_column = "label";    // empty: an unlabelled file (every label 0)
   int64_t max_length = 128;              // tokens including [CLS]/[SEP]; longer samples are truncated
+  bool skip_blank_texts = false;         // records whose text is empty or Python's isspace() are left out
   TextFormat format = TextFormat::Auto;  // Auto: by extension (format_from_path)
   char delimiter = 0;                    // CSV/TSV; 0: ',' for CSV, '\t' for TSV
   size_t max_record_bytes = kMaxRecordBytes;

@@ -360,4 +360,10 @@ std::vector<size_t> grapheme_bounds(std::u32string_view text) {
   return b;
 }
 
+bool is_blank_text(std::string_view utf8) {
+  for (char32_t c : decode_utf8(utf8))
+    if (!is_python_space(c)) return false;
+  return true;
+}
+
 }  // namespace anatomy::unicode

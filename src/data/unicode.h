@@ -33,6 +33,8 @@ int reference_override(Reference ref, Property prop, char32_t c);
 
 // Python's str.isspace(): bidirectional class WS, B or S, or category Zs.
 bool is_python_space(char32_t c);
+// Empty, or every character is_python_space (Python's str.isspace()).
+bool is_blank_text(std::string_view utf8);
 // Rust's char::is_whitespace(): the White_Space property.
 bool is_white_space_property(char32_t c);
 

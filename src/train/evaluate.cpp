@@ -295,7 +295,7 @@ std::vector<std::string> metric_names(MetricKind kind) {
   switch (kind) {
     case MetricKind::SingleLabel: return {"loss", "accuracy", "macro_f1"};
     case MetricKind::Regression: return {"loss", "mse", "pearson"};
-    case MetricKind::MultiLabel: return {"loss", "micro_f1"};
+    case MetricKind::MultiLabel: return {"loss", "f1", "micro_f1"};  // run_classification.py's f1 is micro
     case MetricKind::Tokens: return {"loss", "precision", "recall", "f1", "accuracy"};
     case MetricKind::MaskedLm: return {"loss", "accuracy", "perplexity"};
   }

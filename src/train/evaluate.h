@@ -145,7 +145,8 @@ EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& o
 
 // Note [task metrics]: what an evaluation reports, by kind of task, named as the HF scripts name
 // them, loss first: single-label accuracy, macro_f1; regression mse, pearson; multi-label
-// micro_f1; token classification precision, recall, f1, accuracy (run_ner.py); masked LM
+// f1 (run_classification.py's name: micro-averaged) and micro_f1 (the same value, anatomy's
+// earlier name); token classification precision, recall, f1, accuracy (run_ner.py); masked LM
 // accuracy (of the masked tokens) and perplexity (run_mlm.py; its key is never prefixed). One list
 // for the result files, the log lines, `anatomy eval` and --metric-for-best-model, which must
 // name one of its task's (the Trainer fails with a KeyError at the first evaluation otherwise).

@@ -86,8 +86,22 @@ void finish_float_metrics(EvalResult& r) {
     r.mse = mean_squared_error(r.outputs, r.targets);
     r.pearson = pearson(r.outputs, r.targets);
   } else {
-    r.micro_f1 = micro_f1_at_half(r.outputs, r.targets);
+    r.micro_f1 = r.f1 = micro_f1_at_half(r.outputs, r.targets);  // f1: run_classification.py's name for it
   }
+}
+
+// A string as Python's repr() writes it: single quotes unless it holds one and no double quote.
+static std::string python_repr(const std::string& s) {
+  const char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+  std::string out(1, q);
+  for (char c : s) {
+    if (c == '\\' || c == q) out += '\\';
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else out += c;
+  }
+  return out + q;
 }
 
 std::string float_prediction_text(const EvalResult& r, int64_t i, const std::map<int, std::string>& id2label) {
@@ -99,12 +113,12 @@ std::string float_prediction_text(const EvalResult& r, int64_t i, const std::map
       std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(x[c]));
       if (c) out += ',';
       out += buf;
-    } else if (x[c] > 0.0f) {
-      if (!out.empty()) out += ',';
-      out += class_name(id2label, static_cast<int64_t>(c));
+    } else if (x[c] > 0.0f) {  // the predicted classes as run_classification.py writes them: a Python list
+      if (!out.empty()) out += ", ";
+      out += python_repr(class_name(id2label, static_cast<int64_t>(c)));
     }
   }
-  return out;
+  return r.problem == ProblemType::Regression ? out : "[" + out + "]";
 }
 
 // Float32 values as the shortest decimals that read back as them (a label 4.22 is written 4.22,

@@ -123,8 +123,7 @@ TrainData load_float_label_data(const TrainOptions& opt, BertConfig& cfg, const 
 static std::shared_ptr<const Dataset> masked_lm_texts(const std::string& path, const char* flag, const Tokenizer& tok,
                                                       TextDataOptions to, int64_t block, bool line_by_line,
                                                       std::vector<int64_t>& lengths) {
-  constexpr int64_t kWhole = 65536;  // the longest text the token cache holds
-  const int64_t cut = line_by_line ? block : kWhole;
+  const int64_t cut = line_by_line ? block : kMaxTextTokens;  // grouped: each text whole
   std::shared_ptr<const Dataset> texts;
   std::function<std::span<const int32_t>(size_t)> ids;
   if (is_lines_file(path)) {
@@ -136,6 +135,7 @@ static std::shared_ptr<const Dataset> masked_lm_texts(const std::string& path, c
     to.text_pair_column = "";
     to.max_length = cut;
     to.source_flag = flag;
+    to.skip_blank_texts = line_by_line;  // run_mlm.py's --line_by_line drops empty and blank lines
     auto t = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
     ids = [t](size_t i) { return t->ids(i); };
     texts = t;

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "data/masked_lm.h"
 #include "data/tokenizer.h"
 #include "train/task_data.h"
 
@@ -95,6 +96,8 @@ static TrainData load_text_data(const TrainOptions& opt, BertConfig& cfg, const 
   to.source_flag = "--train-file";
   if (opt.masked_lm()) return load_masked_lm_data(opt, tok, tok_dir, std::move(d));
   if (opt.token_classification()) return load_token_data(opt, cfg, tok, std::move(d));
+  ANATOMY_CHECK(!is_lines_file(opt.train_file), "--train-file ", opt.train_file, ": a .txt file is lines of text, "
+                "read for --task mlm (run_mlm.py); a classifier trains on JSON Lines or CSV with a label column");
   // The training file's columns serve its validation and test files, as in run_glue.py.
   if (!opt.text_columns_given) use_run_glue_columns(to, opt.train_file);
   if (!opt.label_column.empty()) {

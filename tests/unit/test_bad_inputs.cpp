@@ -420,6 +420,10 @@ const std::vector<Case> kCases = {
      {"max_position_embeddings 1000000000 in config.json", "lower that field"}, {"m/config.json"}},
     {"EvalMaxPositionsBeyondHostMemory", model_with("max_position_embeddings", 1000000000), kEvalModel, 2,
      {"max_position_embeddings 1000000000 in config.json", "lower that field"}, {"m/config.json"}},
+    // A .txt file (run_mlm.py's lines) for a classifier: said, with what a classifier reads.
+    {"TxtTrainFileWithoutTaskMlm", [](const std::string& d) { spit(d + "/t.txt", "a line of text\nanother\n"); },
+     kTrain + "--train-file {dir}/t.txt --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out", 2,
+     {"--train-file {dir}/t.txt: a .txt file is lines of text, read for --task mlm"}, {}},
     // An evaluation file without the label column: the two ways on are said.
     {"EvalFileWithoutLabels",
      [](const std::string& d) {

@@ -373,6 +373,8 @@ TEST(Options, FlagsThatContradictEachOther) {
       {{"--precision", "fp32", "--bf16"}, "--precision fp32 and --bf16 contradict each other"},
       {{"--logging-steps", "2.5"}, "--logging-steps 2.5: a whole number of steps, or a fraction of the total steps below 1"},
       {{"--save-steps", "0"}, "--save-steps 0 is out of range"},
+      {{"--line_by_line"}, "--line-by-line is run_mlm.py's: add --task mlm"},
+      {{"--mlm_probability", "0.2"}, "--mlm-probability is run_mlm.py's: add --task mlm"},
       {{"--warmup-steps", "0.1", "--warmup-ratio", "0.2"}, "--warmup-steps and --warmup-ratio exclude each other"},
       {{"--warmup-ratio", "0.2", "--warmup-steps", "0.1"}, "--warmup-steps and --warmup-ratio exclude each other"},
       {{"--warmup-steps", "2.5"}, "--warmup-steps 2.5: a whole number of steps, or a fraction of them below 1"},

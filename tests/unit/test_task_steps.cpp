@@ -179,6 +179,20 @@ TEST(MaskedLmGroupedTexts, ATextFilesLinesAreJoinedAsRunMlmJoinsThem) {
     EXPECT_EQ(d.train->size(), line_by_line ? 3u : tokens / 8) << tokens;
     if (!line_by_line) EXPECT_EQ(d.train_lengths, std::vector<int64_t>(tokens / 8, 8));
   }
+  // --line-by-line drops empty and blank records as run_mlm.py does (not line.isspace(): an
+  // ideographic space too), from JSON Lines as from a .txt file.
+  {
+    std::ofstream out(dir + "/t.jsonl");
+    for (const char* t : {"the film was good", "", "   ", "\\u3000", "ok", "a very long and boring film"})
+      out << "{\"text\": \"" << t << "\"}\n";
+  }
+  TrainOptions o = task_options("mlm", std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta", dir + "/t.jsonl",
+                                "mlm_lines_json");
+  o.line_by_line = true;
+  BertConfig cfg = model_config(o);
+  const TrainData d = load_train_data(o, cfg);
+  EXPECT_EQ(d.train->size(), 3u);
+  EXPECT_EQ(d.train_lengths.size(), 3u);
 }
 
 // Note [prefix space for words]: RoBERTa's tagged words are tokenized with a space before each,

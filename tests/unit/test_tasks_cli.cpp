@@ -9,6 +9,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -279,9 +281,20 @@ TEST(TasksCli, MultiLabelTrainsEvaluatesAndPredicts) {
   const nlohmann::json ev = nlohmann::json::parse(read_regular_file(out + "/eval_results.json"));
   ASSERT_TRUE(ev.contains("eval_micro_f1")) << ev.dump();
   EXPECT_GT(ev.at("eval_micro_f1").get<double>(), 0.5) << ev.dump();
+  EXPECT_EQ(ev.at("eval_f1"), ev.at("eval_micro_f1"));  // run_classification.py's name for it
   EXPECT_LT(ev.at("eval_loss").get<double>(), std::log(2.0)) << ev.dump();  // below a coin flip per class
   const std::string predicted = read_regular_file(out + "/predict_results.txt");
   EXPECT_EQ(predicted.rfind("index\tprediction\n", 0), 0u) << predicted.substr(0, 100);
+  // Each line's classes as run_classification.py writes them, a Python list: 0\t['negative', 'neutral']
+  const std::regex line(R"(\d+\t\[('\w+'(, '\w+')*)?\])");
+  std::istringstream lines(predicted.substr(17));
+  int with_classes = 0, n = 0;
+  for (std::string l; std::getline(lines, l); ++n) {
+    EXPECT_TRUE(std::regex_match(l, line)) << l;
+    with_classes += l.find('\'') != std::string::npos;
+  }
+  EXPECT_EQ(n, 96);
+  EXPECT_GT(with_classes, 48);
 
   const auto e = testing_cli::run_anatomy("eval --device cpu --model-name-or-path " + out + " --eval-file " + train +
                                           " --output-dir " + dir + "/eval");

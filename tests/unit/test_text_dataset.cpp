@@ -670,7 +670,7 @@ TEST_F(TextDatasetTest, EmptyAndBlankFiles) {
   expect_error(m_dir.string(), {"not a regular file"}, o);
   o.max_length = 1;
   expect_error(write("x.csv", "text,label\na,1\n"),
-               {"x.csv: --max-seq-length 1 cannot hold a text's special tokens: it must lie in [2, 65536]"}, o);
+               {"x.csv: --max-seq-length 1 cannot hold a text's special tokens: it must lie in [2, 16777216]"}, o);
   o.max_length = 2;
   o.text_pair_column = "text";
   expect_error(write("x2.csv", "text,label\na,1\n"), {"x2.csv: --max-seq-length 2 cannot hold a text pair's"}, o);
