@@ -150,7 +150,9 @@ std::string markdown_doc() {
                           "use_fast_tokenizer", "trust_remote_code", "token", "ignore_mismatched_sizes",
                           "shuffle_train_dataset", "metric_name", "evaluation_strategy", "line_by_line",
                           "mlm_probability", "validation_split_percentage", "preprocessing_num_workers",
-                          "label_all_tokens", "return_entity_level_metrics"}) {
+                          "label_all_tokens", "return_entity_level_metrics", "text_column_delimiter", "remove_splits",
+                          "remove_columns", "train_split_name", "validation_split_name", "test_split_name",
+                          "shuffle_seed", "do_regression"}) {
     std::string status;
     if (const OptionSpec* s = spec_of_field(arg)) {
       const std::string how = s->trainer;

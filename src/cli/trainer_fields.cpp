@@ -71,6 +71,15 @@ const std::vector<Refusal>& refused_arguments() {
       {"trust_remote_code", "anatomy runs BERT-family encoders only"},
       {"token", "set HF_TOKEN (or log in with huggingface-cli): anatomy reads the token as huggingface_hub does"},
       {"metric_name", "evaluation reports the loss and the task's metrics (accuracy and macro-F1, MSE and Pearson, ...)"},
+      // run_classification.py's own arguments.
+      {"remove_splits", "the splits are the files: --train-file, --validation-file, --test-file"},
+      {"remove_columns", "only the columns --text-column-names and --label-column-name name are read"},
+      {"train_split_name", "the splits are the files: --train-file, --validation-file, --test-file"},
+      {"validation_split_name", "the splits are the files: --train-file, --validation-file, --test-file"},
+      {"test_split_name", "the splits are the files: --train-file, --validation-file, --test-file"},
+      {"shuffle_seed", "the data order follows --seed"},
+      {"do_regression", "the problem type follows the labels: numbers train a regression (or a config.json's "
+                        "problem_type says it)"},
       // run_mlm.py's and run_ner.py's own arguments.
       {"validation_split_percentage", "use --validation-split, a fraction of the training samples drawn with --seed "
                                       "(run_mlm.py takes the first N% of the file)"},
@@ -104,6 +113,9 @@ const std::vector<NeutralValue>& neutral_values() {
       {"logging_nan_inf_filter", "false", "losses are logged as they are"},
       // The example scripts' data arguments whose values change nothing here.
       {"preprocessing_num_workers", "*", "texts are tokenized once, in this process, into a token cache"},
+      {"metric_name", "accuracy", "evaluation reports the task's metrics, accuracy among them"},
+      {"metric_name", "f1", "evaluation reports the task's metrics, f1 among them"},
+      {"metric_name", "mse", "evaluation reports the task's metrics, mse among them"},
       {"label_all_tokens", "false", "each word's first sub-token carries its tag"},
       {"return_entity_level_metrics", "false", "entity metrics are over all types together"},
       // The defaults that TrainingArguments(...).to_json_string() writes for what anatomy does

@@ -163,7 +163,7 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
     auto text_field = [&](const std::string& key) -> std::string_view {
       const nlohmann::json& v = field(key);
       ANATOMY_CHECK(v.is_string(), name, ":", line, ": field '", printable(key), "' must be a string, not ",
-                    json_type(v));
+                    json_type(v), v.is_array() ? " (a list of words is token classification's: --task token-classification)" : "");
       return v.get_ref<const std::string&>();
     };
     TextRecord rec;

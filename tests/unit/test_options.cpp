@@ -261,6 +261,10 @@ TEST(Options, RunMlmAndRunNerArguments) {
   EXPECT_NE(error_of(kTrain, {"--label_all_tokens", "true"}).find("each word's first sub-token carries its tag"),
             std::string::npos);
   EXPECT_NE(error_of(kTrain, {"--validation_split_percentage", "5"}).find("use --validation-split"), std::string::npos);
+  // run_classification.py's: refused with the way (they were unknown flags), or noted.
+  EXPECT_NE(error_of(kTrain, {"--remove_splits", "test"}).find("the splits are the files"), std::string::npos);
+  EXPECT_NE(error_of(kTrain, {"--do_regression", "true"}).find("the problem type follows the labels"), std::string::npos);
+  EXPECT_EQ(parse_args(kTrain, {"--metric_name", "accuracy"}).notes.size(), 1u);
 }
 
 TEST(Options, JsonFileOfArguments) {
