@@ -193,6 +193,29 @@ struct Mapping {
   }
 };
 
+// Note [stale token caches]: a cache is named by the hash of the text and options it was made
+// from, so each edit of a data file leaves the caches of its earlier versions behind, never to be
+// read again. Writing a new cache removes those of the same data file's name beside it that are
+// older than the file itself (made before its last change); caches of other options (another
+// tokenizer, length) made since stay.
+void remove_stale_caches(const std::string& data_path, const std::string& new_cache) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto data_time = fs::last_write_time(data_path, ec);
+  if (ec) return;
+  const fs::path dir = fs::path(new_cache).parent_path();
+  const std::string stem = fs::path(data_path).filename().string() + ".", suffix = ".anatomy-cache";
+  for (const auto& e : fs::directory_iterator(dir.empty() ? fs::path(".") : dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool ours = name.size() == stem.size() + 16 + suffix.size() && name.rfind(stem, 0) == 0 &&
+                      name.ends_with(suffix) &&
+                      name.find_first_not_of("0123456789abcdef", stem.size()) == stem.size() + 16;
+    if (!ours || e.path() == fs::path(new_cache)) continue;
+    std::error_code ignore;
+    if (fs::last_write_time(e.path(), ignore) < data_time && !ignore) fs::remove(e.path(), ignore);
+  }
+}
+
 constexpr char kMagic[8] = {'A', 'N', 'A', 'T', 'T', 'X', 'T', '3'};
 
 struct CacheHeader {
@@ -580,6 +603,7 @@ TextDataset TextDataset::load(const std::string& path, const Tokenizer& tok, con
       if (mapped->map_cache(ds.m_cache_path, k, opt.max_length, check, tok).empty() && check == ds.m_label_set) {
         ds.m_storage = std::move(mapped);
         ds.m_status = CacheStatus::Created;
+        remove_stale_caches(path, ds.m_cache_path);
       }
     } catch (const Error&) {
     }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -391,10 +392,19 @@ TEST_F(TextDatasetTest, CacheIsInvalidatedWhenTheDataChanges) {
   TextDataset a = TextDataset::load(p, tokenizer());
   EXPECT_EQ(a.cache_status(), CacheStatus::Created);
   write("d.csv", "text,label\nthe first text,a\nthe second one,b\n");  // same labels, one more word
+  fs::last_write_time(a.cache_path(), fs::last_write_time(p) - std::chrono::hours(1));  // made before the edit
   TextDataset b = TextDataset::load(p, tokenizer());
   EXPECT_EQ(b.cache_status(), CacheStatus::Created);
   EXPECT_NE(b.cache_path(), a.cache_path());
   EXPECT_EQ(b.length(1), a.length(1) + 1);
+  // Note [stale token caches]: the earlier version's cache is gone; a cache of other options made
+  // since the edit stays when yet another is written.
+  EXPECT_FALSE(fs::exists(a.cache_path()));
+  TextDataOptions shorter;
+  shorter.max_length = 64;
+  TextDataset other = TextDataset::load(p, tokenizer(), shorter);
+  EXPECT_EQ(other.cache_status(), CacheStatus::Created);
+  EXPECT_TRUE(fs::exists(b.cache_path()));
   // A damaged cache is rebuilt, not trusted.
   {
     std::fstream f(b.cache_path(), std::ios::in | std::ios::out | std::ios::binary);
