@@ -5,12 +5,30 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "data/unicode.h"
 
 namespace anatomy {
+
+void mangle_duplicate_columns(std::vector<std::string>& header) {
+  std::set<std::string> taken(header.begin(), header.end());
+  std::map<std::string, int> seen;
+  for (std::string& name : header) {
+    int& n = seen[name];
+    if (n++ == 0) continue;
+    std::string candidate;
+    for (int k = n - 1;; ++k) {
+      candidate = str_cat(name, ".", k);
+      if (!taken.count(candidate)) break;
+    }
+    taken.insert(candidate);
+    name = candidate;
+  }
+}
 
 std::vector<std::string> joined_columns(const std::string& text_column) {
   std::vector<std::string> out;
@@ -205,14 +223,13 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
   CsvParser parser(data, delim, name, max_record_bytes);
   std::vector<std::string> header, row;
   ANATOMY_CHECK(parser.next(header), name, ": no header row (the file holds only blank lines)");
+  mangle_duplicate_columns(header);
   const size_t header_line = parser.record_line();
   auto column = [&](const std::string& want) -> size_t {
     if (want.empty()) return SIZE_MAX;
     auto it = std::find(header.begin(), header.end(), want);
     ANATOMY_CHECK(it != header.end(), name, ":", header_line, ": no column '", printable(want),
                   "' in the header (columns: ", join_names(header), ")");
-    ANATOMY_CHECK(std::find(it + 1, header.end(), want) == header.end(), name, ":", header_line, ": column '",
-                  printable(want), "' appears twice in the header");
     return static_cast<size_t>(it - header.begin());
   };
   std::vector<size_t> c_texts;
@@ -441,6 +458,7 @@ std::vector<std::string> text_file_columns(const std::string& path, TextFormat f
     } else {
       CsvParser csv(data, delimiter ? delimiter : (format == TextFormat::Tsv ? '\t' : ','), path);
       csv.next(names);
+      mangle_duplicate_columns(names);
     }
   } catch (const std::exception&) {
     return {};

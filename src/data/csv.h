@@ -69,6 +69,10 @@ struct TextRecord {
   size_t line = 0;                // 1-based line where the record starts
 };
 
+// A CSV header's names as pandas reads them (the datasets library's CSV loader): a name that
+// repeats becomes name.1, name.2, ... (skipping names the header already has).
+void mangle_duplicate_columns(std::vector<std::string>& header);
+
 // Note [joined text columns]: run_classification.py's --text_column_names a,b,c makes one text of
 // the columns' values joined by its text_column_delimiter (a space by default, the only one taken
 // here). Such a text column's name holds the names separated by kColumnJoin, so that it passes

@@ -68,6 +68,7 @@ void for_each_label(const std::string& path, TextFormat format, char delimiter, 
   CsvParser csv(data, delimiter ? delimiter : (format == TextFormat::Tsv ? '\t' : ','), path);
   std::vector<std::string> fields;
   ANATOMY_CHECK(csv.next(fields), path, ": empty file (no header)");
+  mangle_duplicate_columns(fields);
   const auto at = std::find(fields.begin(), fields.end(), column);
   ANATOMY_CHECK(at != fields.end(), path, ": no column '", column, "' in the header");
   const size_t c = static_cast<size_t>(at - fields.begin());

@@ -636,7 +636,14 @@ TEST_F(TextDatasetTest, InvalidUtf8IsReplacedNotFatal) {
 
 TEST_F(TextDatasetTest, MissingColumnsAndFields) {
   expect_error(write("c.csv", "sentence,label\nx,1\n"), {"c.csv:1: no column 'text'", "'sentence', 'label'"});
-  expect_error(write("c2.csv", "text,text,label\nx,y,1\n"), {"c2.csv:1: column 'text' appears twice"});
+  // A repeated name is read as pandas reads it (text, text.1), not refused.
+  TextDataOptions second = no_cache();
+  second.text_column = "text.1";
+  const TextDataset dup = TextDataset::load(write("c2.csv", "text,text,label\nx,y,1\n"), tokenizer(), second);
+  EXPECT_EQ(ids(dup, 0), tokenizer().encode("y", std::nullopt, 128, Truncation::LongestFirst, Padding::None).input_ids);
+  std::vector<std::string> h{"a", "a", "a.1", "a"};
+  mangle_duplicate_columns(h);
+  EXPECT_EQ(h, (std::vector<std::string>{"a", "a.2", "a.1", "a.3"}));
   expect_error(write("j.jsonl", "{\"text\": \"a\", \"label\": 0}\n{\"txt\": \"b\", \"label\": 1}\n"),
                {"j.jsonl:2: no field 'text'", "'label', 'txt'"});
   expect_error(write("j2.jsonl", "{\"text\": \"a\"}\n"), {"j2.jsonl:1: no field 'label'"});
