@@ -109,7 +109,6 @@ std::vector<OptionSpec> build() {
          for (const std::string& c : joined_columns(names))
            ANATOMY_CHECK(!c.empty(), "--text-column-names ", v.s, ": an empty column name");
          r.train.text_column = names;
-         r.train.text_pair_column = "";
        },
        "same"});
   add({"text-column-delimiter", {}, OptType::Text, kAll, "\" \"",
@@ -371,7 +370,8 @@ std::vector<OptionSpec> build() {
         {"eval_micro_f1", "eval_micro_f1"}, {"f1", "eval_f1"}, {"eval_f1", "eval_f1"}, {"precision", "eval_precision"},
         {"eval_precision", "eval_precision"}, {"recall", "eval_recall"}, {"eval_recall", "eval_recall"}},
        [](R& r, const V& v) { r.train.metric_for_best_model = v.s; },
-       "differs: the metrics anatomy computes (loss, accuracy, macro_f1; regression mse, pearson; multi-label micro_f1; "
+       "differs: the metrics anatomy computes (loss, accuracy, macro_f1; regression mse, pearson; multi-label f1 "
+       "and micro_f1; "
        "token classification precision, recall, f1, accuracy; masked LM accuracy), refused before the first step when "
        "the task does not compute it"});
   add({"greater-is-better", {}, OptType::Bool, kTrain, "false for loss, else true", "Whether a larger metric is better",

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "cli/parse.h"
+#include "data/csv.h"
 #include "model/bert.h"
 #include "train/trainer.h"
 
@@ -109,6 +110,15 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
     o.warmup_steps = 0;
     o.warmup_ratio = 0;
   }
+  // Note [joined text columns]: a sequence classifier's (run_classification.py's), one text.
+  if (joined_columns(o.text_column).size() > 1) {
+    if (o.masked_lm() || o.token_classification())
+      usage("--text-column-names ", column_label(o.text_column), ": several columns joined are run_classification.py's; "
+            "--task ", o.task, " reads one");
+    if (!o.text_pair_column.empty())
+      usage("--text-column-names ", column_label(o.text_column), " joins its columns into one text; with "
+            "--text-pair-column name the pair's first text with --text-column");
+  }
   // run_mlm.py's flags on a run that is not masked-LM would be dropped without a word.
   for (const char* f : {"line-by-line", "mlm-probability"})
     if (a.was_given(f) && !o.masked_lm())
@@ -122,10 +132,15 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
     if (o.eval_strategy == Cadence::No || o.eval_strategy != o.checkpoint_strategy)
       usage("--load-best-model-at-end needs --eval-strategy and --save-strategy alike, steps or epoch (they are ",
             cadence_name(o.eval_strategy), " and ", a.save_strategy, "): a checkpoint is best by the evaluation of its step");
-    const bool ratios = o.logging_ratio > 0 || o.eval_ratio > 0 || o.save_ratio > 0;  // checked once resolved
-    const int64_t every = o.eval_steps > 0 ? o.eval_steps : std::max<int64_t>(1, o.logging_steps);
-    if (!ratios && o.eval_strategy == Cadence::Steps && o.save_steps % every != 0)
-      usage("--load-best-model-at-end: --save-steps ", o.save_steps, " must be a multiple of the evaluation interval ",
+    // As TrainingArguments checks it: steps with steps, or ratios with ratios (to 1e-6).
+    const double every = a.eval_steps > 0 ? a.eval_steps : std::max(1.0, a.logging_steps);
+    const bool ratio_every = every < 1, ratio_save = a.save_steps < 1;
+    if (o.eval_strategy == Cadence::Steps && ratio_every != ratio_save)
+      usage("--load-best-model-at-end: --save-steps ", a.save_steps, " and the evaluation interval ", every,
+            " (--eval-steps) must both be steps or both fractions of the total");
+    const auto scaled = [](double v) { return static_cast<int64_t>(std::llround(v * 1e6)); };
+    if (o.eval_strategy == Cadence::Steps && scaled(a.save_steps) % std::max<int64_t>(1, scaled(every)) != 0)
+      usage("--load-best-model-at-end: --save-steps ", a.save_steps, " must be a multiple of the evaluation interval ",
             every, " (--eval-steps)");
   }
   if (a.do_predict && o.test_file.empty()) usage("--do-predict needs --test-file (the text to predict)");

@@ -113,9 +113,9 @@ const std::vector<NeutralValue>& neutral_values() {
       {"logging_nan_inf_filter", "false", "losses are logged as they are"},
       // The example scripts' data arguments whose values change nothing here.
       {"preprocessing_num_workers", "*", "texts are tokenized once, in this process, into a token cache"},
-      {"metric_name", "accuracy", "evaluation reports the task's metrics, accuracy among them"},
-      {"metric_name", "f1", "evaluation reports the task's metrics, f1 among them"},
-      {"metric_name", "mse", "evaluation reports the task's metrics, mse among them"},
+      {"metric_name", "accuracy", "evaluation reports the task's own metrics (Note [task metrics])"},
+      {"metric_name", "f1", "evaluation reports the task's own metrics (Note [task metrics])"},
+      {"metric_name", "mse", "evaluation reports the task's own metrics (Note [task metrics])"},
       {"label_all_tokens", "false", "each word's first sub-token carries its tag"},
       {"return_entity_level_metrics", "false", "entity metrics are over all types together"},
       // The defaults that TrainingArguments(...).to_json_string() writes for what anatomy does

@@ -188,7 +188,7 @@ size_t read_jsonl(std::string_view data, const std::string& name, const RecordCo
     rec.line = line;
     if (joined.size() > 1) {
       joined_text.clear();
-      for (const std::string& c : joined) joined_text.append(joined_text.empty() ? "" : " ").append(text_field(c));
+      for (size_t i = 0; i < joined.size(); ++i) joined_text.append(i ? " " : "").append(text_field(joined[i]));
       rec.text = joined_text;
     } else {
       rec.text = text_field(cols.text);
@@ -248,7 +248,7 @@ size_t read_delimited(std::string_view data, const std::string& name, char delim
     rec.text = row[c_text];
     if (c_texts.size() > 1) {
       joined_text.clear();
-      for (size_t c : c_texts) joined_text.append(joined_text.empty() ? "" : " ").append(row[c]);
+      for (size_t i = 0; i < c_texts.size(); ++i) joined_text.append(i ? " " : "").append(row[c_texts[i]]);
       rec.text = joined_text;
     }
     std::string fields(rec.text);

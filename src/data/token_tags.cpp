@@ -84,7 +84,7 @@ TokenTagDataset::TokenTagDataset(const std::string& path, const Tokenizer& tok, 
     : m_max_length(o.max_length), m_pad(tok.pad_id()) {
   const std::vector<Row> rows = read_rows(path, o);
   m_tagged = rows.front().tagged;
-  ANATOMY_CHECK(m_tagged || o.tags, path, ": no list of tags '", o.tags_column, "'");
+  ANATOMY_CHECK(m_tagged || o.tags || (o.tags_optional && o.num_ids), path, ": no list of tags '", o.tags_column, "'");
   m_integer = false;
   for (const Row& r : rows)
     if (!r.tags.empty()) {
@@ -94,7 +94,7 @@ TokenTagDataset::TokenTagDataset(const std::string& path, const Tokenizer& tok, 
   std::map<std::string, int32_t> index;
   if (o.tags) {
     m_tags = *o.tags;
-  } else if (m_integer && o.num_ids) {  // a trained head's ids: the file's tags must lie among them
+  } else if ((m_integer || !m_tagged) && o.num_ids) {  // a trained head's ids: the file's tags must lie among them
     for (int64_t i = 0; i < *o.num_ids; ++i) m_tags.push_back(std::to_string(i));
   } else if (m_integer) {  // the sorted distinct ids as classes (LabelSet::from_integers)
     std::vector<int64_t> values;

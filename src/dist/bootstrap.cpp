@@ -2,8 +2,9 @@
 // [value length: u32][value], little-endian lengths as the host writes them (every rank of a job
 // runs the same build). Requests: 'S' set (reply 'K'), 'G' get (reply 'F' with the value, or 'N'
 // when no rank has set the key yet: the client polls, so the server never blocks on a key),
-// 'C' claim (set the key unless some rank did: reply 'K', else 'X' with the value there), 'W'
-// watch, 'B' bye. A client waits for a reply only after its own request.
+// 'C' claim (set the key unless some rank did: reply 'K', else 'X' with the value there; the key
+// goes when the claiming connection closes), 'W' watch, 'B' bye. A client waits for a reply only
+// after its own request.
 //
 // Note [failure watch]: after the rendezvous every rank keeps a second connection to rank 0's
 // server on which it sends only 'W' (its rank) and, when it ends normally, 'B'. The server sees a
@@ -145,6 +146,7 @@ class StoreServer {
     std::string key;
     std::vector<char> value;
     bool watching = false, said_bye = false;
+    std::vector<std::string> claimed;  // released when this connection closes: a restarted rank may claim again
     while (recv_frame(fd, op, key, value)) {
       std::unique_lock lk(m_mu);
       if (op == 'S') {
@@ -153,6 +155,7 @@ class StoreServer {
         if (!send_frame(fd, 'K', {}, {})) break;
       } else if (op == 'C') {
         const auto [it, added] = m_kv.try_emplace(key, value);
+        if (added) claimed.push_back(key);
         std::vector<char> held = added ? std::vector<char>{} : it->second;
         lk.unlock();
         if (!send_frame(fd, added ? 'K' : 'X', {}, held)) break;
@@ -171,6 +174,7 @@ class StoreServer {
       }
     }
     std::lock_guard lk(m_mu);
+    for (const std::string& k : claimed) m_kv.erase(k);
     m_conns.erase(std::find(m_conns.begin(), m_conns.end(), fd));
     ::close(fd);
     if (watching) {

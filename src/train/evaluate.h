@@ -148,8 +148,9 @@ EvalResult evaluate(EncoderModel& model, const Dataset& ds, const EvalOptions& o
 // f1 (run_classification.py's name: micro-averaged) and micro_f1 (the same value, anatomy's
 // earlier name); token classification precision, recall, f1, accuracy (run_ner.py); masked LM
 // accuracy (of the masked tokens) and perplexity (run_mlm.py; its key is never prefixed). One list
-// for the result files, the log lines, `anatomy eval` and --metric-for-best-model, which must
-// name one of its task's (the Trainer fails with a KeyError at the first evaluation otherwise).
+// for the result files, the log lines, `anatomy eval` and the check that --metric-for-best-model
+// names one of its task's (the Trainer fails with a KeyError at the first evaluation otherwise);
+// the flag's spellings are the option table's (cli/options_table.cpp).
 enum class MetricKind { SingleLabel, Regression, MultiLabel, Tokens, MaskedLm };
 MetricKind metric_kind(const EvalResult& r);
 MetricKind metric_kind(const BertConfig& cfg);

@@ -58,10 +58,6 @@ void TrainOptions::resolve_step_ratios(int64_t total) {
   resolve(eval_ratio, eval_steps);
   resolve(save_ratio, save_steps);
   logging_ratio = eval_ratio = save_ratio = 0;
-  const int64_t every = eval_steps > 0 ? eval_steps : std::max<int64_t>(1, logging_steps);
-  ANATOMY_CHECK(!load_best_model_at_end || eval_strategy != Cadence::Steps || save_steps % every == 0,
-                "--load-best-model-at-end: --save-steps (", save_steps, " of ", total,
-                " steps) must be a multiple of the evaluation interval (", every, " steps)");
 }
 
 void TrainOptions::validate() const {

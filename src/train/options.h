@@ -143,8 +143,8 @@ struct TrainOptions {
     return warmup_steps > 0 ? warmup_steps : static_cast<int64_t>(std::ceil(warmup_ratio * total));
   }
   // The step flags given as a ratio of the total steps (below 1, Trainer's rule) made steps:
-  // ceil(ratio x total), as Trainer.train does once it knows the total. Then checks
-  // --load-best-model-at-end's multiple on the resolved steps.
+  // ceil(ratio x total), as Trainer.train does once it knows the total (--load-best-model-at-end's
+  // multiple is checked on the ratios as given, as TrainingArguments checks it).
   void resolve_step_ratios(int64_t total);
 
   void validate() const;  // one-line errors naming the flag

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "data/csv.h"
 #include "dist/communicator.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
@@ -280,7 +281,7 @@ void check_ranks_agree(const TrainOptions& o, int64_t train_rows, Communicator& 
                               {"--model-name-or-path", o.model_name.empty() ? o.model_name_or_path : o.model_name},
                               {"--ignore-mismatched-sizes", o.ignore_mismatched_sizes},
                               {"--num-labels", o.num_labels_given ? o.num_labels : 0},
-                              {"--text-column", o.text_column + "," + o.text_pair_column},
+                              {"--text-column", column_label(o.text_column) + "," + o.text_pair_column},
                               {"--label-column", o.label_column},
                               {"--preset", o.model_name_or_path.empty() ? o.preset : ""},
                               {"--task", o.task},

@@ -63,13 +63,15 @@ nlohmann::json run_fingerprint(const TrainOptions& o, int64_t global_batch) {
           {"--group-by-length", o.group_by_length}};
   if (o.precision == Precision::Fp8) fp["--fp8-format"] = fp8_format_name(o.fp8_grads);
   if (o.optim.kind == OptimizerKind::Sgd) fp["--sgd-momentum"] = o.optim.momentum;
+  if (o.masked_lm()) fp["--line-by-line"] = o.line_by_line;  // the samples themselves (Note [grouped texts])
   return fp;
 }
 
 // Fingerprint flags added after checkpoints already existed: the value a checkpoint without the
 // flag ran with.
 const nlohmann::json& fingerprint_defaults() {
-  static const nlohmann::json d = {{"--fp8-format", "hybrid"}, {"--sgd-momentum", 0.9f}};  // SGD's default until 2026-11-29
+  // SGD's momentum default until 2026-11-29; masked-LM samples were a text each until then.
+  static const nlohmann::json d = {{"--fp8-format", "hybrid"}, {"--sgd-momentum", 0.9f}, {"--line-by-line", true}};
   return d;
 }
 
@@ -340,7 +342,7 @@ void RankRun::tune_gemms() {
 // A checkpoint of everything the next step depends on (collective: every rank its part).
 void RankRun::save_checkpoint(int64_t step) {
   const int64_t micro = m_p.micro;
-  if (m_opt.track_best_model && m_eval_step == step &&
+  if (m_opt.track_best_model && m_eval_step == step && !std::isnan(m_eval_metric) &&
       (m_best_ckpt.empty() || (m_opt.greater_is_better ? m_eval_metric > m_best_metric : m_eval_metric < m_best_metric))) {
     m_best_metric = m_eval_metric;
     m_best_ckpt = (fs::path(m_opt.output_dir) / str_cat("checkpoint-", step)).string();
@@ -389,7 +391,7 @@ void RankRun::evaluate_now(int64_t step) {
   m_res.problem_type = ev.masked_lm ? "masked_lm" : ev.token_classification ? "token_classification"
                                                                             : problem_type_name(ev.problem);
   // --metric-for-best-model names one of the task's metrics (checked at setup); Pearson's is NaN
-  // when the outputs are constant, and NaN is never best (every comparison with it is false).
+  // when the outputs are constant, and a NaN is never taken as the best (save_checkpoint).
   m_eval_metric = m_res.eval(m_opt.metric_for_best_model.substr(std::string("eval_").size()));
   if (m_lead) m_log->eval(step, epoch_of(m_p.micro), ev);
 }

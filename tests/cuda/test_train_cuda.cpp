@@ -140,6 +140,7 @@ TEST(TrainCuda, TheNextStepLaunchedBeforeThisOneIsReadGivesTheSameLosses) {
   ASSERT_EQ(off_losses.size(), on_losses.size());
   for (size_t i = 0; i < on_losses.size(); ++i)
     EXPECT_NEAR(on_losses[i], off_losses[i], 2e-3 * std::abs(off_losses[i])) << "step " << i + 1;
+  ASSERT_GE(off.eval("loss"), 0.0);  // evaluated
   EXPECT_NEAR(on.eval("loss"), off.eval("loss"), 2e-3 * std::abs(off.eval("loss")));
   EXPECT_EQ(on.samples, off.samples);
 }

@@ -176,6 +176,12 @@ std::function<void(const std::string&)> files_exist(std::vector<std::string> nam
     for (const std::string& n : names) EXPECT_TRUE(fs::exists(d + "/" + n)) << n;
   };
 }
+std::function<void(const std::string&)> files_present(std::vector<std::string> names) {
+  return [names](const std::string& d) {
+    for (const std::string& n : names) EXPECT_TRUE(fs::exists(d + "/" + n)) << n;
+  };
+}
+
 std::function<void(const std::string&)> files_absent(std::vector<std::string> names) {
   return [names](const std::string& d) {
     for (const std::string& n : names) EXPECT_FALSE(fs::exists(d + "/" + n)) << n;
@@ -557,6 +563,13 @@ const std::vector<Case> kCases = {
      kTextRun + "--max-steps 5 --learning-rate 0.005 --validation-file {dir}/s.jsonl --eval-strategy steps --eval-steps 1 "
                 "--save-strategy steps --save-steps 1 --save-total-limit 1 --load_best_model_at_end",
      0, {}, {}, kBestModelKept},
+    // Note [the last step ends an epoch]: the last step is saved under --save-strategy steps (5 is
+    // no multiple of 2) and evaluated and saved under the epoch strategies when the run ends mid-epoch.
+    {"TheLastStepIsSaved", copy_text, kTextRun + "--max-steps 5 --save-strategy steps --save-steps 2", 0, {}, {},
+     files_present({"out/checkpoint-2", "out/checkpoint-4", "out/checkpoint-5"})},
+    {"AnEpochEndingMidwayIsEvaluatedAndSaved", copy_text,
+     kTextRun + "--max-steps 5 --validation-file {dir}/s.jsonl --eval-strategy epoch --save-strategy epoch", 0,
+     {"'step': 5}"}, {}, files_present({"out/checkpoint-5"})},
     // ... and, as the Trainer, a --metric-for-best-model alone tracks it (named, kept), the run
     // ending with the last step's weights.
     {"MetricForBestModelAloneTracksTheBest", copy_text,

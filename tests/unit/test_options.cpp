@@ -364,11 +364,17 @@ TEST(Options, StepFlagsBelowOneAreRatiosOfTheTotal) {
   TrainOptions whole = finish_train_args(w, kTrain, false);
   whole.resolve_step_ratios(30);
   EXPECT_EQ(whole.logging_steps, 7);
-  RunArgs b = parse_args(kTrain, {"--eval-strategy", "steps", "--save-strategy", "steps", "--eval-steps", "0.3",
-                                  "--save-steps", "0.5", "--load-best-model-at-end", "--validation-split", "0.1",
-                                  "--num-samples", "8"});
-  TrainOptions best = finish_train_args(b, kTrain, false);
-  EXPECT_THROW(best.resolve_step_ratios(8), Error);  // saves every 4 steps, evaluations every 3
+  // --load-best-model-at-end: the ratios as given must be multiples (to 1e-6), as TrainingArguments
+  // checks them; a ratio beside a step count is refused.
+  auto best = [](const std::string& eval, const std::string& save) {
+    RunArgs b = parse_args(kTrain, {"--eval-strategy", "steps", "--save-strategy", "steps", "--eval-steps", eval,
+                                    "--save-steps", save, "--load-best-model-at-end", "--validation-split", "0.1",
+                                    "--num-samples", "8"});
+    return finish_train_args(b, kTrain, false);
+  };
+  EXPECT_NO_THROW(best("0.1", "0.2"));
+  EXPECT_THROW(best("0.3", "0.5"), Error);
+  EXPECT_THROW(best("0.1", "20"), Error);
 }
 
 TEST(Options, FlagsThatContradictEachOther) {
@@ -378,6 +384,8 @@ TEST(Options, FlagsThatContradictEachOther) {
       {{"--logging-steps", "2.5"}, "--logging-steps 2.5: a whole number of steps, or a fraction of the total steps below 1"},
       {{"--save-steps", "0"}, "--save-steps 0 is out of range"},
       {{"--line_by_line"}, "--line-by-line is run_mlm.py's: add --task mlm"},
+      {{"--text-column-names", "a,b", "--text-pair-column", "c"}, "--text-column-names a,b joins its columns into one text"},
+      {{"--text-column-names", "a,b", "--task", "ner"}, "--task token-classification reads one"},
       {{"--mlm_probability", "0.2"}, "--mlm-probability is run_mlm.py's: add --task mlm"},
       {{"--warmup-steps", "0.1", "--warmup-ratio", "0.2"}, "--warmup-steps and --warmup-ratio exclude each other"},
       {{"--warmup-ratio", "0.2", "--warmup-steps", "0.1"}, "--warmup-steps and --warmup-ratio exclude each other"},

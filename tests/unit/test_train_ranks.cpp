@@ -135,6 +135,7 @@ TEST(TrainRanks, TextEvaluationCheckpointAndResumeOnAnotherWorldSize) {
   two.checkpoint_strategy = Cadence::Steps;
   two.save_steps = 2;
   const TrainResult r2 = train(two);
+  ASSERT_GE(ref.eval("loss"), 0.0);  // evaluated
   EXPECT_NEAR(r2.eval("loss"), ref.eval("loss"), 1e-5);
   EXPECT_EQ(r2.eval("accuracy"), ref.eval("accuracy"));
   const fs::path ckpt = fs::path(two.output_dir) / "checkpoint-2";
@@ -305,6 +306,7 @@ TEST(TrainRanks, TheNextStepLaunchedBeforeThisOneIsReadChangesNothing) {
     EXPECT_EQ(on.steps, 10);
     EXPECT_EQ(on.samples, off.samples);
     EXPECT_EQ(on.train_loss, off.train_loss);
+    ASSERT_GE(off.eval("loss"), 0.0);  // evaluated
     EXPECT_EQ(on.eval("loss"), off.eval("loss"));
     EXPECT_EQ(loss_curve(on_dir), loss_curve(off_dir));
     EXPECT_EQ(loss_curve(on_dir).size(), 10u);
