@@ -1,6 +1,7 @@
 #include "train/task_data.h"
 
 #include <functional>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -117,32 +118,50 @@ TrainData load_float_label_data(const TrainOptions& opt, BertConfig& cfg, const 
   return d;
 }
 
-// A masked LM's texts: a .txt file's lines or the text column `to` names, one sample per text
-// cut to `block` tokens (--line-by-line), or joined and cut into blocks of `block` (Note [grouped
-// texts], run_mlm.py's default). `lengths` receives the samples' lengths.
+// A masked LM's texts, each tokenized (cut to `block` with --line-by-line, else whole): a .txt
+// file's lines or the text column `to` names; `ids(i)` reads text i's tokens.
+struct MaskedLmTexts {
+  std::shared_ptr<const Dataset> texts;
+  std::function<std::span<const int32_t>(size_t)> ids;
+};
+static MaskedLmTexts read_masked_lm_texts(const std::string& path, const char* flag, const Tokenizer& tok,
+                                          TextDataOptions to, int64_t block, bool line_by_line) {
+  const int64_t cut = line_by_line ? block : kMaxTextTokens;  // grouped: each text whole
+  if (is_lines_file(path)) {
+    auto lines = named(flag, [&] { return std::make_shared<LinesDataset>(path, tok, cut, !line_by_line); });
+    return {lines, [lines](size_t i) { return lines->ids(i); }};
+  }
+  to.label_column = "";
+  to.text_pair_column = "";
+  to.max_length = cut;
+  to.source_flag = flag;
+  to.skip_blank_texts = line_by_line;  // run_mlm.py's --line_by_line drops empty and blank lines
+  auto t = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
+  return {t, [t](size_t i) { return t->ids(i); }};
+}
+
+// Note [grouped texts]: the blocks of the texts `idx` (in that order) of `t`.
+static std::shared_ptr<const Dataset> grouped(const MaskedLmTexts& t, const std::vector<size_t>& idx, int64_t block,
+                                              const std::string& path, const char* flag) {
+  return named(flag, [&] {
+    return std::make_shared<GroupedTextsDataset>(idx.size(), [&](size_t i) { return t.ids(idx[i]); }, block, path);
+  });
+}
+
+// A masked LM's samples from a file: a text each (--line-by-line), or run_mlm.py's blocks of the
+// joined texts. `lengths` receives the samples' lengths.
 static std::shared_ptr<const Dataset> masked_lm_texts(const std::string& path, const char* flag, const Tokenizer& tok,
                                                       TextDataOptions to, int64_t block, bool line_by_line,
                                                       std::vector<int64_t>& lengths) {
-  const int64_t cut = line_by_line ? block : kMaxTextTokens;  // grouped: each text whole
-  std::shared_ptr<const Dataset> texts;
-  std::function<std::span<const int32_t>(size_t)> ids;
-  if (is_lines_file(path)) {
-    auto lines = named(flag, [&] { return std::make_shared<LinesDataset>(path, tok, cut, !line_by_line); });
-    ids = [lines](size_t i) { return lines->ids(i); };
-    texts = lines;
-  } else {
-    to.label_column = "";
-    to.text_pair_column = "";
-    to.max_length = cut;
-    to.source_flag = flag;
-    to.skip_blank_texts = line_by_line;  // run_mlm.py's --line_by_line drops empty and blank lines
-    auto t = std::make_shared<TextDataset>(TextDataset::load(path, tok, to));
-    ids = [t](size_t i) { return t->ids(i); };
-    texts = t;
+  const MaskedLmTexts t = read_masked_lm_texts(path, flag, tok, std::move(to), block, line_by_line);
+  std::shared_ptr<const Dataset> out = t.texts;
+  if (!line_by_line) {
+    std::vector<size_t> all(t.texts->size());
+    std::iota(all.begin(), all.end(), size_t{0});
+    out = grouped(t, all, block, path, flag);
   }
-  if (!line_by_line) texts = named(flag, [&] { return std::make_shared<GroupedTextsDataset>(texts->size(), ids, block, path); });
-  lengths = texts->lengths();
-  return texts;
+  lengths = out->lengths();
+  return out;
 }
 
 // --task mlm: the texts (JSONL/CSV text column, or a .txt file's lines) tokenized, masked as
@@ -158,13 +177,25 @@ TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, con
     return masked_lm_texts(path, flag, tok, columns, opt.seq_len, opt.line_by_line, lengths);
   };
   std::vector<int64_t> lengths;
-  auto train = std::make_shared<MaskedLMDataset>(texts(opt.train_file, "--train-file", lengths), mo);
-  d.train = train;
-  if (!opt.validation_file.empty()) {
-    d.validation = std::make_shared<MaskedLMDataset>(texts(opt.validation_file, "--validation-file", d.validation_lengths),
-                                                     validation_masking(mo));
-  } else if (opt.validation_split > 0) {
-    lengths = d.split_validation(train, lengths, opt.validation_split, opt.seed);
+  if (opt.validation_file.empty() && opt.validation_split > 0 && !opt.line_by_line) {
+    // Split the texts, then group each side, as run_mlm.py splits its texts before group_texts:
+    // a block never holds texts of both sides.
+    const MaskedLmTexts t = read_masked_lm_texts(opt.train_file, "--train-file", tok, columns, opt.seq_len, false);
+    const TrainValSplit sp = split(t.texts->size(), opt.validation_split, opt.seed);
+    auto train = grouped(t, sp.train, opt.seq_len, opt.train_file, "--train-file");
+    auto val = grouped(t, sp.val, opt.seq_len, opt.train_file, "--validation-split");
+    lengths = train->lengths();
+    d.validation_lengths = val->lengths();
+    d.train = std::make_shared<MaskedLMDataset>(train, mo);
+    d.validation = std::make_shared<MaskedLMDataset>(val, mo);
+  } else {
+    auto train = std::make_shared<MaskedLMDataset>(texts(opt.train_file, "--train-file", lengths), mo);
+    d.train = train;
+    if (!opt.validation_file.empty())
+      d.validation = std::make_shared<MaskedLMDataset>(texts(opt.validation_file, "--validation-file", d.validation_lengths),
+                                                       validation_masking(mo));
+    else if (opt.validation_split > 0)
+      lengths = d.split_validation(train, lengths, opt.validation_split, opt.seed);
   }
   ANATOMY_CHECK(opt.test_file.empty(), "--test-file: predictions are not written for --task mlm");
   d.train_lengths = std::move(lengths);

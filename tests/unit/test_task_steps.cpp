@@ -179,6 +179,31 @@ TEST(MaskedLmGroupedTexts, ATextFilesLinesAreJoinedAsRunMlmJoinsThem) {
     EXPECT_EQ(d.train->size(), line_by_line ? 3u : tokens / 8) << tokens;
     if (!line_by_line) EXPECT_EQ(d.train_lengths, std::vector<int64_t>(tokens / 8, 8));
   }
+  // --validation-split splits the texts and groups each side (a block never mixes the two).
+  {
+    std::ofstream out(dir + "/many.txt");
+    for (int i = 0; i < 40; ++i) out << "text number " << i << " of the film was good\n";
+  }
+  TrainOptions s = task_options("mlm", std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta", dir + "/many.txt",
+                                "mlm_grouped_split");
+  s.seq_len = 8;
+  s.line_by_line = false;
+  s.validation_split = 0.25;
+  BertConfig scfg = model_config(s);
+  const TrainData sd = load_train_data(s, scfg);
+  std::vector<size_t> per_text;
+  {
+    std::ifstream in(dir + "/many.txt");
+    for (std::string l; std::getline(in, l);)
+      per_text.push_back(tok.encode(l, std::nullopt, 0, Truncation::None, Padding::None).input_ids.size());
+  }
+  const TrainValSplit sp = split(per_text.size(), 0.25, s.seed);
+  size_t train_tokens = 0, val_tokens = 0;
+  for (size_t i : sp.train) train_tokens += per_text[i];
+  for (size_t i : sp.val) val_tokens += per_text[i];
+  EXPECT_EQ(sd.train->size(), train_tokens / 8);
+  ASSERT_TRUE(sd.validation);
+  EXPECT_EQ(sd.validation->size(), val_tokens / 8);
   // --line-by-line drops empty and blank records as run_mlm.py does (not line.isspace(): an
   // ideographic space too), from JSON Lines as from a .txt file.
   {
