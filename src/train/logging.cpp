@@ -31,7 +31,7 @@ std::string evaluation_line(const TrainOptions& opt, bool has_validation, bool h
   std::string when;
   if (has_validation) {
     if (opt.eval_strategy == Cadence::Steps)
-      when = str_cat("validation data evaluated every ", opt.eval_steps > 0 ? opt.eval_steps : std::max<int64_t>(1, opt.logging_steps),
+      when = str_cat("validation data evaluated every ", opt.eval_interval(),
                      " steps and at the end");
     else if (opt.eval_strategy == Cadence::Epoch)
       when = "validation data evaluated every epoch and at the end";

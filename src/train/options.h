@@ -146,6 +146,9 @@ struct TrainOptions {
   // ceil(ratio x total), as Trainer.train does once it knows the total (--load-best-model-at-end's
   // multiple is checked on the ratios as given, as TrainingArguments checks it).
   void resolve_step_ratios(int64_t total);
+  // Steps between evaluations under --eval-strategy steps: eval_steps, else logging_steps (the
+  // Trainer's rule), at least 1.
+  int64_t eval_interval() const { return eval_steps > 0 ? eval_steps : std::max<int64_t>(1, logging_steps); }
 
   void validate() const;  // one-line errors naming the flag
 };

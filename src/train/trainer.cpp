@@ -461,7 +461,7 @@ bool RankRun::loop(const StopSignals& stop) {
     m_res.nvml_after_setup_mb = used() >> 20;
     if (m_opt.trace_memory_growth) m_prof.probe_memory(used);
   }
-  const int64_t eval_every = m_opt.eval_steps > 0 ? m_opt.eval_steps : std::max<int64_t>(1, m_opt.logging_steps);
+  const int64_t eval_every = m_opt.eval_interval();
   const auto t0 = Clock::now();
   int64_t last_eval = -1;
   // Note [the last step ends an epoch]: as the Trainer, the run's last step ends its (maybe
@@ -646,7 +646,7 @@ nlohmann::json RankRun::trainer_state(int64_t step, const nlohmann::json& last) 
           {"best_metric", best.empty() ? none : nlohmann::json(m_best_metric)},
           {"best_model_checkpoint", best.empty() ? none : nlohmann::json(m_best_ckpt)},
           {"epoch", epoch_of(m_sched.first_of_step(step))},
-          {"eval_steps", m_opt.eval_steps > 0 ? m_opt.eval_steps : m_opt.logging_steps},
+          {"eval_steps", m_opt.eval_interval()},
           {"global_step", step},
           {"is_hyper_param_search", false},
           {"is_local_process_zero", true},
