@@ -116,9 +116,7 @@ int run_eval(EvalFlags f) {
   BertConfig cfg = BertConfig::from_json_file(config_file);
   cfg.validate(config_file);
   check_masked_lm_decoder(cfg, config_file);
-  if (f.max_seq_length < 0)  // training's default for the model's task (cli/run_args.cpp)
-    f.max_seq_length = std::min<int64_t>(is_masked_lm(cfg) || is_token_classification(cfg) ? 1024 : 128,
-                                         cfg.max_sequence_length());
+  if (f.max_seq_length < 0) f.max_seq_length = default_max_seq_length(cfg);  // training's, for the model's task
   ANATOMY_CHECK(f.max_seq_length <= cfg.max_sequence_length(), "--max-seq-length ", f.max_seq_length,
                 " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings,
                 cfg.position_offset() ? str_cat(", of which ", cfg.max_sequence_length(), " follow pad_token_id") : "", ")");

@@ -167,13 +167,9 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   if (a.seed_experiment) {
     apply_seed_experiment(a, o, gpu, cmd);
   } else if (!a.was_given("max-seq-length")) {
-    // The scripts' defaults, never beyond the model's position table: run_glue.py's and
-    // run_classification.py's 128; run_ner.py's and run_mlm.py's the tokenizer's limit (the
-    // position table here), run_mlm.py capping it at 1024 (and here run_ner.py too).
     TrainOptions probe = o;
     probe.seq_len = 2;
-    const int64_t positions = model_config(probe).max_sequence_length();
-    o.seq_len = std::min<int64_t>(o.masked_lm() || o.token_classification() ? 1024 : 128, positions);
+    o.seq_len = default_max_seq_length(model_config(probe));
   }
   if (cmd == kTrain && !gpu && o.precision != Precision::Fp32 && o.precision != Precision::Fp8)
     usage("--precision ", a.precision, " needs a GPU (--device cuda); the CPU backend computes in fp32 (fp8: its twin)");

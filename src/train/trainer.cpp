@@ -98,6 +98,10 @@ std::vector<int64_t> gather_per_rank(Communicator& comm, int64_t mine) {
 
 }  // namespace
 
+int64_t default_max_seq_length(const BertConfig& cfg) {
+  return std::min<int64_t>(is_masked_lm(cfg) || is_token_classification(cfg) ? 1024 : 128, cfg.max_sequence_length());
+}
+
 BertConfig model_config(const TrainOptions& opt) {
   BertConfig cfg = opt.model_name_or_path.empty() ? BertConfig::preset(opt.preset)
                                                   : BertConfig::from_json_file(config_path_of(opt.model_name_or_path));

@@ -77,6 +77,11 @@ struct TrainResult {
 // --model-name-or-path, validated, its position table long enough for --seq-len. Text data may
 // still change the labels (the trainer's load_train_data).
 BertConfig model_config(const TrainOptions& opt);
+// --max-seq-length's default for a model (train, eval, plan): the scripts' defaults, never beyond
+// its position table: run_glue.py's and run_classification.py's 128; for a masked LM or a token
+// classifier run_mlm.py's and run_ner.py's the tokenizer's limit (the position table here),
+// run_mlm.py capping it at 1024 (and here run_ner.py too).
+int64_t default_max_seq_length(const BertConfig& cfg);
 
 class Communicator;
 struct TrainDevice;
