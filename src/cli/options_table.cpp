@@ -94,6 +94,10 @@ std::vector<OptionSpec> build() {
        0, 0, false, false, false, true, {}, [](R& r, const V& v) { r.train.validation_file = v.s; }, "same"});
   add({"validation-split", {}, OptType::Float, kTrainPlan, "0", "Hold out this fraction of the training data", 0, 1, false,
        true, false, false, {}, [](R& r, const V& v) { r.train.validation_split = v.d; }});
+  add({"validation-split-percentage", {}, OptType::Int, kTrainPlan, "5 (--task mlm)",
+       "--task mlm without --validation-file or --validation-split: the first N% of --train-file's rows validate and "
+       "the rest train, as run_mlm.py splits train[:N%] (0: train on every row, no validation)", 0, 99, false, false,
+       false, false, {}, [](R& r, const V& v) { r.train.validation_split_percentage = static_cast<int>(v.i); }, "same"});
   add({"text-column", {"text-column-name"}, OptType::Text, kAll, "text", "Column (JSON key or CSV header) holding the text; when no text column is named and the file "
        "has no 'text', run_glue.py's: sentence1 and sentence2, else the first one or two columns beside the label "
        "(--task mlm: run_mlm.py's first column; token-classification: 'tokens', else run_ner.py's first column)",

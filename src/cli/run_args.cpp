@@ -123,9 +123,28 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
   for (const char* f : {"line-by-line", "mlm-probability"})
     if (a.was_given(f) && !o.masked_lm())
       usage("--", f, " is run_mlm.py's: add --task mlm to train a masked LM (this run trains --task ", o.task, ")");
-  if (a.was_given("do-eval") && a.do_eval && o.validation_file.empty() && o.validation_split == 0)
-    usage("--do-eval needs validation data: --validation-file or --validation-split");
+  // run_mlm.py holds out the first validation_split_percentage (5) % of the rows when it has no
+  // validation file (Note [run_mlm.py's validation head] in train/task_data.cpp).
+  const bool percentage_given = a.was_given("validation-split-percentage");
+  if (percentage_given && !o.masked_lm())
+    usage("--validation-split-percentage is run_mlm.py's: add --task mlm, or hold out a seeded fraction with "
+          "--validation-split");
+  if (percentage_given && o.validation_split > 0)
+    usage("--validation-split-percentage and --validation-split each hold out part of --train-file: give one");
+  if (!o.masked_lm() || !o.validation_file.empty() || o.validation_split > 0) {
+    if (percentage_given && !o.validation_file.empty())
+      a.notes.push_back("--validation-split-percentage is unused: --validation-file " + o.validation_file +
+                        " validates, as in run_mlm.py");
+    o.validation_split_percentage = 0;
+  } else if (!percentage_given) {
+    o.validation_split_percentage = 5;
+  }
+  if (a.was_given("do-eval") && a.do_eval && o.validation_file.empty() && o.validation_split == 0 &&
+      o.validation_split_percentage == 0)
+    usage("--do-eval needs validation data: --validation-file or --validation-split",
+          o.masked_lm() ? " (or --validation-split-percentage above 0)" : "");
   o.eval_at_end = a.do_eval;
+  o.eval_asked = a.was_given("do-eval") && a.do_eval;
   o.track_best_model = o.load_best_model_at_end || a.was_given("metric-for-best-model");
   o.greater_is_better = a.greater_is_better >= 0 ? a.greater_is_better == 1 : o.metric_for_best_model != "eval_loss" && o.metric_for_best_model != "eval_mse";
   if (o.load_best_model_at_end) {

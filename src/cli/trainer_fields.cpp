@@ -81,8 +81,6 @@ const std::vector<Refusal>& refused_arguments() {
       {"do_regression", "the problem type follows the labels: numbers train a regression (or a config.json's "
                         "problem_type says it)"},
       // run_mlm.py's and run_ner.py's own arguments.
-      {"validation_split_percentage", "use --validation-split, a fraction of the training samples drawn with --seed "
-                                      "(run_mlm.py takes the first N% of the file)"},
       {"label_all_tokens", "each word's first sub-token carries its tag, the others none (run_ner.py's default)"},
       {"return_entity_level_metrics", "entity precision, recall and F1 are reported over all entity types together "
                                       "(run_ner.py's default)"},

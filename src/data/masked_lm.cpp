@@ -69,21 +69,37 @@ bool is_lines_file(const std::string& path) {
   return ext == ".txt";
 }
 
+// The length of the line break at `p` (0: none): \n, \r\n or \r, Python's universal newlines.
+static size_t line_break_at(std::string_view s, size_t p) {
+  if (s[p] == '\r') return p + 1 < s.size() && s[p + 1] == '\n' ? 2 : 1;
+  return s[p] == '\n' ? 1 : 0;
+}
+
+void for_each_line(std::string_view text, const std::function<void(std::string_view)>& fn) {
+  size_t start = 0;
+  for (size_t p = 0; p < text.size();) {
+    const size_t brk = line_break_at(text, p);
+    if (brk == 0) {
+      ++p;
+      continue;
+    }
+    fn(text.substr(start, p - start));
+    p += brk;
+    start = p;
+  }
+  if (start < text.size()) fn(text.substr(start));
+}
+
 LinesDataset::LinesDataset(const std::string& path, const Tokenizer& tok, int64_t max_length, bool keep_blank_lines)
     : m_max_length(max_length), m_pad(tok.pad_id()) {
   const std::string text = read_regular_file(path);
-  size_t pos = 0;
-  while (pos < text.size()) {
-    const size_t end = std::min(text.find('\n', pos), text.size());
-    std::string_view line(text.data() + pos, end - pos);
-    pos = end + 1;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (!keep_blank_lines && unicode::is_blank_text(line)) continue;  // run_mlm.py: not line.isspace()
+  for_each_line(text, [&](std::string_view line) {
+    if (!keep_blank_lines && unicode::is_blank_text(line)) return;  // run_mlm.py: not line.isspace()
     const Encoding e = tok.encode(line, std::nullopt, static_cast<size_t>(max_length), Truncation::LongestFirst,
                                   Padding::None);
     m_ids.insert(m_ids.end(), e.input_ids.begin(), e.input_ids.end());
     m_offsets.push_back(m_ids.size());
-  }
+  });
   ANATOMY_CHECK(size() > 0, path, ": no text (every line is empty)");
 }
 
@@ -100,7 +116,7 @@ void LinesDataset::get(size_t i, HostBatch& out, int64_t row) const {
 }
 
 GroupedTextsDataset::GroupedTextsDataset(size_t texts, const std::function<std::span<const int32_t>(size_t)>& text,
-                                         int64_t block, const std::string& source)
+                                         int64_t block, const std::string& source, bool may_be_empty)
     : m_block(block) {
   const size_t B = static_cast<size_t>(block);
   std::vector<int32_t> group;
@@ -112,7 +128,7 @@ GroupedTextsDataset::GroupedTextsDataset(size_t texts, const std::function<std::
     }
     m_ids.insert(m_ids.end(), group.begin(), group.begin() + static_cast<std::ptrdiff_t>(group.size() / B * B));
   }
-  ANATOMY_CHECK(size() > 0, source, ": its texts hold fewer tokens than one block of --max-seq-length ", block,
+  ANATOMY_CHECK(size() > 0 || may_be_empty, source, ": its texts hold fewer tokens than one block of --max-seq-length ", block,
                 " (run_mlm.py's grouping); lower --max-seq-length, or --line-by-line for a sample per text");
 }
 

@@ -24,6 +24,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "data/dataset.h"
@@ -73,8 +74,13 @@ class MaskedLMDataset final : public Dataset {
 // A `.txt` path (any case): masked-LM texts read as LinesDataset, one per line.
 bool is_lines_file(const std::string& path);
 
+// The lines of `text` as the datasets library's text loader (5.x) reads a file's rows: a line
+// ends at \n, \r\n or \r (Python's universal newlines; \f, U+2028 and the other breaks of
+// str.splitlines stay inside a line); a last line without an end is a line, an empty file none.
+void for_each_line(std::string_view text, const std::function<void(std::string_view)>& fn);
+
 // A plain text file, one sample per non-empty line (every line with keep_blank_lines, as the
-// datasets library's text loader reads one), tokenized in memory with [CLS] ... [SEP] (the
+// datasets library's text loader reads one: for_each_line), tokenized in memory with [CLS] ... [SEP] (the
 // tokenizer's template) and cut to max_length.
 class LinesDataset final : public Dataset {
  public:
@@ -101,8 +107,9 @@ class LinesDataset final : public Dataset {
 class GroupedTextsDataset final : public Dataset {
  public:
   static constexpr size_t kTextsPerGroup = 1000;  // datasets.map's batch_size
+  // No block at all is an error naming `source`, unless `may_be_empty`.
   GroupedTextsDataset(size_t texts, const std::function<std::span<const int32_t>(size_t)>& text, int64_t block,
-                      const std::string& source);
+                      const std::string& source, bool may_be_empty = false);
   size_t size() const override { return m_ids.size() / static_cast<size_t>(m_block); }
   int64_t seq_len() const override { return m_block; }
   void get(size_t i, HostBatch& out, int64_t row) const override;

@@ -81,6 +81,10 @@ void TrainOptions::validate() const {
   ANATOMY_CHECK(validation_split >= 0 && validation_split < 1, "--validation-split must be in [0, 1) (got ",
                 validation_split, ")");
   ANATOMY_CHECK(validation_split == 0 || validation_file.empty(), "--validation-split and --validation-file exclude each other");
+  ANATOMY_CHECK(validation_split_percentage >= 0 && validation_split_percentage < 100,
+                "--validation-split-percentage must be in [0, 100) (got ", validation_split_percentage, ")");
+  ANATOMY_CHECK(validation_split_percentage == 0 || (masked_lm() && validation_file.empty() && validation_split == 0),
+                "--validation-split-percentage is run_mlm.py's: --task mlm without --validation-file or --validation-split");
   ANATOMY_CHECK(nproc_per_node >= 1 && nproc_per_node <= 64, "--nproc-per-node: expected 1 to 64 (got ", nproc_per_node, ")");
   ANATOMY_CHECK(zero_stage >= 0 && zero_stage <= 2, "--zero-stage: expected 0, 1 or 2 (got ", zero_stage, ")");
   ANATOMY_CHECK(!group_by_length || !train_file.empty(), "--group-by-length needs --train-file (synthetic samples all have one length)");

@@ -54,6 +54,9 @@ struct TrainOptions {
   int prefetch = 2;
   std::string train_file, validation_file;
   double validation_split = 0;   // > 0: hold out this fraction of the training data
+  // --task mlm: the first N% of the training file's rows validate (Note [run_mlm.py's validation
+  // head] in train/task_data.cpp); the CLI sets run_mlm.py's 5 when no other validation is given.
+  int validation_split_percentage = 0;
   std::string text_column = "text", text_pair_column, label_column = "label";
   // None of --text-column, --text-column-names, --text-pair-column given: a classification file
   // without text_column is read with run_glue.py's columns (Note [run_glue.py's text columns]).
@@ -104,6 +107,7 @@ struct TrainOptions {
   int64_t eval_steps = 0;      // 0: logging_steps
   int64_t per_device_eval_batch_size = 8;
   bool eval_at_end = true;     // with validation data and eval_strategy no: evaluate once at the end (do_eval)
+  bool eval_asked = false;     // --do-eval given: a run without validation data is refused, not left unevaluated
   std::string test_file;       // with do_predict: predictions for it in predict_results.txt
   // Output and checkpoints (checkpoint_strategy: no, steps (every save_steps) or epoch).
   std::string output_dir = "runs/train";

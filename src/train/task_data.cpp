@@ -1,14 +1,19 @@
 #include "train/task_data.h"
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <numeric>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/csv.h"
 #include "data/float_labels.h"
 #include "data/masked_lm.h"
 #include "data/token_tags.h"
 #include "data/tokenizer.h"
+#include "data/unicode.h"
+#include "io/read_file.h"
 
 namespace anatomy {
 
@@ -142,10 +147,50 @@ static MaskedLmTexts read_masked_lm_texts(const std::string& path, const char* f
 
 // Note [grouped texts]: the blocks of the texts `idx` (in that order) of `t`.
 static std::shared_ptr<const Dataset> grouped(const MaskedLmTexts& t, const std::vector<size_t>& idx, int64_t block,
-                                              const std::string& path, const char* flag) {
+                                              const std::string& path, const char* flag, bool may_be_empty = false) {
   return named(flag, [&] {
-    return std::make_shared<GroupedTextsDataset>(idx.size(), [&](size_t i) { return t.ids(idx[i]); }, block, path);
+    return std::make_shared<GroupedTextsDataset>(idx.size(), [&](size_t i) { return t.ids(idx[i]); }, block, path,
+                                                 may_be_empty);
   });
+}
+
+// Note [run_mlm.py's validation head]
+// run_mlm.py without a validation file splits the training file's rows before anything else:
+// load_dataset(..., split="train[:N%]") validates and "train[N%:]" trains, N its
+// validation_split_percentage (5 unless given), whether or not it evaluates. The datasets
+// library's N% of R rows is round(N * R / 100) (Python's round: halves to even). The rows are a
+// .txt file's lines (blank ones too: for_each_line) or a JSON/CSV file's records; --line-by-line
+// drops each side's blank texts after the split, and grouping groups each side alone, so a block
+// never holds texts of both. The split is the file's order, not seeded: the same rows validate at
+// every --seed. A head too small for one sample leaves the run without validation (said in the
+// log line), and its rows are still not trained on, as in run_mlm.py.
+static TrainValSplit validation_head(const TrainOptions& opt, const TextDataOptions& to, size_t texts,
+                                     bool blanks_dropped) {
+  std::vector<bool> blank;  // per row of the file; only needed when blank rows were dropped
+  if (blanks_dropped) {
+    const std::string data = read_regular_file(opt.train_file, "--train-file");
+    const auto row = [&](std::string_view text) { blank.push_back(unicode::is_blank_text(text)); };
+    if (is_lines_file(opt.train_file)) {
+      for_each_line(data, row);
+    } else {
+      const TextFormat f = to.format == TextFormat::Auto ? format_from_path(opt.train_file) : to.format;
+      read_text_records(data, opt.train_file, f, to.delimiter, RecordColumns{to.text_column, "", ""},
+                        to.max_record_bytes, [&](const TextRecord& r) { row(r.text); });
+    }
+  }
+  const size_t rows = blanks_dropped ? blank.size() : texts;
+  const auto head_rows = static_cast<size_t>(
+      std::nearbyint(static_cast<double>(static_cast<size_t>(opt.validation_split_percentage) * rows) / 100.0));
+  const auto head = static_cast<size_t>(blanks_dropped ? std::count(blank.begin(), blank.begin() + head_rows, false)
+                                                      : head_rows);
+  ANATOMY_CHECK(!blanks_dropped || rows - static_cast<size_t>(std::count(blank.begin(), blank.end(), true)) == texts,
+                "--train-file ", opt.train_file, " changed while it was read");
+  TrainValSplit s;
+  s.val.resize(head);
+  std::iota(s.val.begin(), s.val.end(), size_t{0});
+  s.train.resize(texts - head);
+  std::iota(s.train.begin(), s.train.end(), head);
+  return s;
 }
 
 // A masked LM's samples from a file: a text each (--line-by-line), or run_mlm.py's blocks of the
@@ -177,17 +222,22 @@ TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, con
     return masked_lm_texts(path, flag, tok, columns, opt.seq_len, opt.line_by_line, lengths);
   };
   std::vector<int64_t> lengths;
-  if (opt.validation_file.empty() && opt.validation_split > 0 && !opt.line_by_line) {
+  const bool head = opt.validation_file.empty() && opt.validation_split_percentage > 0;
+  if (opt.validation_file.empty() && (opt.validation_split > 0 || head) && !opt.line_by_line) {
     // Split the texts, then group each side, as run_mlm.py splits its texts before group_texts:
     // a block never holds texts of both sides.
     const MaskedLmTexts t = read_masked_lm_texts(opt.train_file, "--train-file", tok, columns, opt.seq_len, false);
-    const TrainValSplit sp = split(t.texts->size(), opt.validation_split, opt.seed);
+    const TrainValSplit sp = head ? validation_head(opt, columns, t.texts->size(), false)
+                                  : split(t.texts->size(), opt.validation_split, opt.seed);
     auto train = grouped(t, sp.train, opt.seq_len, opt.train_file, "--train-file");
-    auto val = grouped(t, sp.val, opt.seq_len, opt.train_file, "--validation-split");
+    auto val = grouped(t, sp.val, opt.seq_len, opt.train_file,
+                       head ? "--validation-split-percentage" : "--validation-split", head);
     lengths = train->lengths();
-    d.validation_lengths = val->lengths();
     d.train = std::make_shared<MaskedLMDataset>(train, mo);
-    d.validation = std::make_shared<MaskedLMDataset>(val, mo);
+    if (val->size() > 0) {
+      d.validation_lengths = val->lengths();
+      d.validation = std::make_shared<MaskedLMDataset>(val, mo);
+    }
   } else {
     auto train = std::make_shared<MaskedLMDataset>(texts(opt.train_file, "--train-file", lengths), mo);
     d.train = train;
@@ -196,6 +246,12 @@ TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, con
                                                        validation_masking(mo));
     else if (opt.validation_split > 0)
       lengths = d.split_validation(train, lengths, opt.validation_split, opt.seed);
+    else if (head)
+      lengths = d.split_validation(train, lengths, validation_head(opt, columns, train->size(), true));
+    if (d.validation && d.validation->size() == 0) {
+      d.validation.reset();
+      d.validation_lengths.clear();
+    }
   }
   ANATOMY_CHECK(opt.test_file.empty(), "--test-file: predictions are not written for --task mlm");
   d.train_lengths = std::move(lengths);
@@ -206,7 +262,14 @@ TrainData load_masked_lm_data(const TrainOptions& opt, const Tokenizer& tok, con
                           " for masked-language modelling (",
                           opt.mlm_probability, " of the tokens masked), mean length ",
                           d.train->size() ? tokens / static_cast<int64_t>(d.train->size()) : 0, " tokens",
-                          d.validation ? str_cat(", ", d.validation->size(), " for validation") : std::string());
+                          d.validation ? str_cat(", ", d.validation->size(), " for validation") : std::string(),
+                          !head ? std::string()
+                          : d.validation
+                              ? str_cat(" (the first ", opt.validation_split_percentage, "% of its rows, as run_mlm.py "
+                                        "holds out validation_split_percentage; --validation-split-percentage 0 trains "
+                                        "on all)")
+                              : str_cat(", no validation (the first ", opt.validation_split_percentage,
+                                        "% of its rows, held out as run_mlm.py holds them out, make no sample)"));
   return d;
 }
 

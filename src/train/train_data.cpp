@@ -11,7 +11,11 @@ namespace anatomy {
 
 std::vector<int64_t> TrainData::split_validation(const std::shared_ptr<const Dataset>& all,
                                                  const std::vector<int64_t>& lengths, double fraction, uint64_t seed) {
-  TrainValSplit s = split(*all, fraction, seed);
+  return split_validation(all, lengths, split(*all, fraction, seed));
+}
+
+std::vector<int64_t> TrainData::split_validation(const std::shared_ptr<const Dataset>& all,
+                                                 const std::vector<int64_t>& lengths, TrainValSplit s) {
   std::vector<int64_t> kept;
   if (!lengths.empty()) {
     for (size_t i : s.train) kept.push_back(lengths[i]);

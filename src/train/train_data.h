@@ -33,6 +33,9 @@ struct TrainData {
   // validation_lengths, the training part returned.
   std::vector<int64_t> split_validation(const std::shared_ptr<const Dataset>& all, const std::vector<int64_t>& lengths,
                                         double fraction, uint64_t seed);
+  // The same for a split already drawn (its indices are samples of `all`).
+  std::vector<int64_t> split_validation(const std::shared_ptr<const Dataset>& all, const std::vector<int64_t>& lengths,
+                                        TrainValSplit s);
 };
 
 // Reads (or maps the cache of) the text files, or builds the synthetic set. With text data the

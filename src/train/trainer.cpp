@@ -63,15 +63,20 @@ nlohmann::json run_fingerprint(const TrainOptions& o, int64_t global_batch) {
           {"--group-by-length", o.group_by_length}};
   if (o.precision == Precision::Fp8) fp["--fp8-format"] = fp8_format_name(o.fp8_grads);
   if (o.optim.kind == OptimizerKind::Sgd) fp["--sgd-momentum"] = o.optim.momentum;
-  if (o.masked_lm()) fp["--line-by-line"] = o.line_by_line;  // the samples themselves (Note [grouped texts])
+  if (o.masked_lm()) {
+    fp["--line-by-line"] = o.line_by_line;  // the samples themselves (Note [grouped texts])
+    fp["--validation-split-percentage"] = o.validation_split_percentage;
+  }
   return fp;
 }
 
 // Fingerprint flags added after checkpoints already existed: the value a checkpoint without the
 // flag ran with.
 const nlohmann::json& fingerprint_defaults() {
-  // SGD's momentum default until 2026-11-29; masked-LM samples were a text each until then.
-  static const nlohmann::json d = {{"--fp8-format", "hybrid"}, {"--sgd-momentum", 0.9f}, {"--line-by-line", true}};
+  // SGD's momentum default until 2026-11-29; masked-LM samples were a text each until then, and
+  // trained on every row of the file until 2026-11-30.
+  static const nlohmann::json d = {{"--fp8-format", "hybrid"}, {"--sgd-momentum", 0.9f}, {"--line-by-line", true},
+                                   {"--validation-split-percentage", 0}};
   return d;
 }
 
@@ -213,6 +218,7 @@ void RankRun::setup() {
   if (m_lead && !m_data->warning.empty()) std::fprintf(stderr, "anatomy: %s\n", m_data->warning.c_str());
   ANATOMY_CHECK(m_opt.eval_strategy == Cadence::No || m_data->validation, "--eval-strategy ", cadence_name(m_opt.eval_strategy),
                 " needs validation data: --validation-file or --validation-split");
+  ANATOMY_CHECK(!m_opt.eval_asked || m_data->validation, "--do-eval needs validation data: ", m_data->description);
   check_metric_for_best_model(m_opt, m_cfg);
   std::string resume_dir;
   if (!m_opt.resume_from_checkpoint.empty()) {

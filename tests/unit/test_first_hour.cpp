@@ -483,6 +483,29 @@ const std::vector<Case> kCases = {
          " --max-steps 1 --output-dir {dir}/out",
      0, {"--train-file {dir}/m.csv has no 'text' column: reading 'sentence' as the text, as run_mlm.py would"},
      {"--validation-file {dir}/m.csv has no"}, files_exist({"out/model.safetensors"})},
+    // Note [run_mlm.py's validation head]: without --validation_file the first 5% of the rows
+    // (1 of 24) validate and the rest train, as run_mlm.py splits them; a head too small for a
+    // block under --do_eval is refused (run_mlm.py: "corresponds to no data").
+    {"RunMlmWithoutAValidationFileHoldsOutTheFirstRows", kMlmCsv,
+     kTiny + "--task mlm --train_file {dir}/m.csv --line_by_line --max_seq_length 32 --do_eval --tokenizer " + kTok +
+         " --max-steps 1 --output-dir {dir}/out",
+     0, {"23 texts for masked-language modelling", ", 1 for validation (the first 5% of its rows, as run_mlm.py holds "
+         "out validation_split_percentage"},
+     {}, [](const std::string& d) {
+       const json all = read_json(d + "/out/all_results.json");
+       EXPECT_EQ(all["train_samples"], 23) << all;
+       EXPECT_EQ(all["eval_samples"], 1) << all;
+     }},
+    {"RunMlmHeadTooSmallForDoEval", kMlmCsv,
+     kTiny + "--task mlm --train_file {dir}/m.csv --max_seq_length 32 --do_eval --tokenizer " + kTok +
+         " --max-steps 1 --output-dir {dir}/out",
+     2, {"--do-eval needs validation data: {dir}/m.csv:", "no validation (the first 5% of its rows"}, {},
+     files_absent({"out"})},
+    {"RunMlmValidationSplitPercentageZeroTrainsOnAll", kMlmCsv,
+     kTiny + "--task mlm --train_file {dir}/m.csv --line_by_line --validation_split_percentage 0 --max_seq_length 32 "
+         "--tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out",
+     0, {"24 texts for masked-language modelling"}, {"for validation"},
+     [](const std::string& d) { EXPECT_EQ(read_json(d + "/out/all_results.json")["train_samples"], 24); }},
     {"NamedTextColumnIsNotReplaced", kGlueCsv,
      kTiny + "--train_file {dir}/s.csv --text_column_name text --tokenizer " + kTok + " --max-steps 1 --output-dir {dir}/out",
      2, {"{dir}/s.csv:1: no column 'text' in the header (columns: 'sentence', 'label')"}, {"run_glue.py would"}},

@@ -260,7 +260,37 @@ TEST(Options, RunMlmAndRunNerArguments) {
   EXPECT_NE(r.notes[0].find("--preprocessing-num-workers 4: accepted, it changes nothing here"), std::string::npos);
   EXPECT_NE(error_of(kTrain, {"--label_all_tokens", "true"}).find("each word's first sub-token carries its tag"),
             std::string::npos);
-  EXPECT_NE(error_of(kTrain, {"--validation_split_percentage", "5"}).find("use --validation-split"), std::string::npos);
+  // Note [run_mlm.py's validation head]: 5 for a masked LM without other validation, else 0;
+  // refused off --task mlm and beside --validation-split, unused (said) beside --validation-file.
+  const auto finished = [](const std::vector<std::string>& args) {
+    RunArgs r = parse_args(kTrain, args);
+    const TrainOptions o = finish_train_args(r, kTrain, false);
+    return std::make_pair(o.validation_split_percentage, r.notes);
+  };
+  const auto finish_error = [](const std::vector<std::string>& args) -> std::string {
+    try {
+      RunArgs r = parse_args(kTrain, args);
+      finish_train_args(r, kTrain, false);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(finished({"--task", "mlm"}).first, 5);
+  EXPECT_EQ(finished({"--task", "mlm", "--validation_split_percentage", "10"}).first, 10);
+  EXPECT_EQ(finished({"--task", "mlm", "--validation_split_percentage", "0"}).first, 0);
+  EXPECT_EQ(finished({"--task", "mlm", "--validation-split", "0.1"}).first, 0);
+  EXPECT_EQ(finished({}).first, 0);
+  EXPECT_NE(finish_error({"--validation_split_percentage", "5"}).find("is run_mlm.py's: add --task mlm"),
+            std::string::npos);
+  EXPECT_NE(finish_error({"--task", "mlm", "--validation_split_percentage", "5", "--validation-split", "0.1"})
+                .find("give one"), std::string::npos);
+  EXPECT_NE(error_of(kTrain, {"--task", "mlm", "--validation_split_percentage", "100"}).find("[0, 99]"), std::string::npos);
+  const auto with_file = finished({"--task", "mlm", "--validation_split_percentage", "5", "--validation-file", "v.txt"});
+  EXPECT_EQ(with_file.first, 0);
+  ASSERT_EQ(with_file.second.size(), 1u);
+  EXPECT_NE(with_file.second[0].find("--validation-split-percentage is unused: --validation-file v.txt validates"),
+            std::string::npos);
   // run_classification.py's: refused with the way (they were unknown flags), or noted.
   EXPECT_NE(error_of(kTrain, {"--remove_splits", "test"}).find("the splits are the files"), std::string::npos);
   EXPECT_NE(error_of(kTrain, {"--do_regression", "true"}).find("the problem type follows the labels"), std::string::npos);

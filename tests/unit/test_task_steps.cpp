@@ -15,6 +15,7 @@
 #include "../common/dirs.h"
 #include "data/masked_lm.h"
 #include "data/tokenizer.h"
+#include "data/unicode.h"
 #include "io/read_file.h"
 #include "train/train_data.h"
 #include "train/trainer.h"
@@ -177,7 +178,9 @@ TEST(MaskedLmGroupedTexts, ATextFilesLinesAreJoinedAsRunMlmJoinsThem) {
     BertConfig cfg = model_config(o);
     const TrainData d = load_train_data(o, cfg);
     EXPECT_EQ(d.train->size(), line_by_line ? 3u : tokens / 8) << tokens;
-    if (!line_by_line) EXPECT_EQ(d.train_lengths, std::vector<int64_t>(tokens / 8, 8));
+    if (!line_by_line) {
+      EXPECT_EQ(d.train_lengths, std::vector<int64_t>(tokens / 8, 8));
+    }
   }
   // --validation-split splits the texts and groups each side (a block never mixes the two).
   {
@@ -218,6 +221,60 @@ TEST(MaskedLmGroupedTexts, ATextFilesLinesAreJoinedAsRunMlmJoinsThem) {
   const TrainData d = load_train_data(o, cfg);
   EXPECT_EQ(d.train->size(), 3u);
   EXPECT_EQ(d.train_lengths.size(), 3u);
+}
+
+// Note [run_mlm.py's validation head]: without a validation file the first N% of the rows
+// validate, the rest train, as the datasets library (5.2, tests/fixtures/make_run_mlm_split.py)
+// reads and splits a .txt file (its lines end at \n, \r\n, \r only) and a JSON Lines file:
+// 59 rows at 5% validate 3 (2.95 rounded), 50 rows at 5% validate 2 (2.5 rounded to even).
+// --line-by-line drops each side's blank rows after the split; grouped, each side is grouped alone.
+TEST(MaskedLmValidationHead, TheFirstRowsValidateAsTheDatasetsLibrarySplitsThem) {
+  const std::string roberta = std::string(ANATOMY_SOURCE_DIR) + "/tests/fixtures/models/roberta";
+  const std::string dir = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/run_mlm_split";
+  const auto tok = Tokenizer::from_directory(roberta);
+  const json want = json::parse(read_regular_file(dir + "/expected.json"));
+  ASSERT_EQ(want["cases"].size(), 6u);
+  const std::string cache = fresh_dir("mlm_head_cache");
+  for (const json& c : want["cases"]) {
+    for (bool line_by_line : {true, false}) {
+      const int64_t len = line_by_line ? 16 : 8;
+      // What the texts of one side make: a sample per non-blank text, or blocks of the joined texts.
+      const auto side = [&](const json& texts) {
+        std::vector<int64_t> lengths;
+        size_t tokens = 0;
+        for (const std::string t : texts) {
+          const size_t n = tok.encode(t, std::nullopt, line_by_line ? static_cast<size_t>(len) : 0,
+                                      line_by_line ? Truncation::LongestFirst : Truncation::None, Padding::None)
+                               .input_ids.size();
+          tokens += n;
+          if (!unicode::is_blank_text(t)) lengths.push_back(static_cast<int64_t>(n));
+        }
+        return line_by_line ? lengths : std::vector<int64_t>(tokens / static_cast<size_t>(len), len);
+      };
+      const std::string name = c["file"].get<std::string>() + " " + std::to_string(c["percentage"].get<int>()) +
+                               (line_by_line ? " line by line" : " grouped");
+      TrainOptions o = task_options("mlm", roberta, dir + "/" + c["file"].get<std::string>(), "mlm_head");
+      o.validation_split_percentage = c["percentage"].get<int>();
+      o.line_by_line = line_by_line;
+      o.seq_len = len;
+      o.dataset_cache_dir = cache;
+      BertConfig cfg = model_config(o);
+      const TrainData d = load_train_data(o, cfg);
+      const std::vector<int64_t> val = side(c["validation"]), train = side(c["train"]);
+      EXPECT_EQ(d.train_lengths, train) << name;
+      EXPECT_EQ(d.train->size(), train.size()) << name;
+      if (val.empty()) {
+        EXPECT_FALSE(d.validation) << name;
+        EXPECT_NE(d.description.find("no validation (the first"), std::string::npos) << d.description;
+        continue;
+      }
+      ASSERT_TRUE(d.validation) << name;
+      EXPECT_EQ(d.validation->size(), val.size()) << name;
+      EXPECT_EQ(d.validation_lengths, val) << name;
+      EXPECT_NE(d.description.find(str_cat("the first ", c["percentage"].get<int>(), "% of its rows")), std::string::npos)
+          << d.description;
+    }
+  }
 }
 
 // Note [prefix space for words]: RoBERTa's tagged words are tokenized with a space before each,
