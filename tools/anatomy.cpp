@@ -378,6 +378,18 @@ int run_report(int argc, char** argv) {
   return 0;
 }
 
+// Note [failure before the group] in dist/launch.cpp: a rank of `anatomy train` under an outside
+// launcher that fails before it joins its group tells the others.
+bool g_joined_group = false;
+
+void tell_group_unless_joined(int argc, char** argv, const std::string& error) {
+  if (g_joined_group || argc < 2 || std::string(argv[1]) != "train") return;
+  try {
+    tell_group_of_failure(detect_launch(), error);
+  } catch (const Error&) {  // the launch variables themselves are wrong: there is no group to tell
+  }
+}
+
 int run_command(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
@@ -439,6 +451,7 @@ int run_command(int argc, char** argv) {
       return 0;
     }
     TrainDevice device = make_train_device(o, env.local_rank, env.local_world_size);
+    g_joined_group = true;  // from here a failure is the group's (its rendezvous, then Note [failure watch])
     std::unique_ptr<Communicator> comm = make_process_group(env, *device.backend);
     try {
       train(o, *comm, device);
@@ -458,9 +471,11 @@ int main(int argc, char** argv) {
     return run_command(argc, argv);
   } catch (const Error& e) {  // bad flags, files and values: one line, exit 2
     std::fprintf(stderr, "anatomy: error: %s\n", e.what());
+    tell_group_unless_joined(argc, argv, e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "anatomy: error: %s\n", e.what());
+    tell_group_unless_joined(argc, argv, e.what());
     return 3;
   }
 }

@@ -11,6 +11,11 @@
 // connection close without 'B' when a rank dies (the kernel closes its sockets) or gives up
 // (leave()); it then closes every watch connection, so every rank's watcher thread sees its own
 // close within milliseconds and aborts its communicator. Rank 0 dying closes them all too.
+//
+// Before the watch exists, a rank that fails tells the store instead (fail_group: the key
+// anatomy/failed holds its error; Note [failure before the group] in dist/launch.cpp), and every
+// member's wait() looks for that key at each poll, says it saw it (anatomy/failure-seen/<rank>)
+// and throws the error.
 #include "dist/bootstrap.h"
 
 #include <netdb.h>
@@ -36,6 +41,9 @@ namespace anatomy {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+const char* const kFailedKey = "anatomy/failed";
+std::string seen_key(int rank) { return str_cat("anatomy/failure-seen/", rank); }
 
 bool send_all(int fd, const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
@@ -277,6 +285,18 @@ void TcpStore::join(int rank) {
   ANATOMY_CHECK(reply == 'K', "rank ", rank, " is already a process of this group (", std::string(held.begin(), held.end()),
                 "; this one is ", me, "): two processes were started with the same rank; check the launcher's ranks "
                 "(RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID) and that one job is started once");
+  m_rank = rank;
+}
+
+void TcpStore::fail_group(int rank, const std::string& message) {
+  set(kFailedKey, std::vector<char>(message.begin(), message.end()));
+  set(seen_key(rank), {});  // it knows its own failure
+}
+
+void TcpStore::await_failure_seen(int world) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back(seen_key(r));
+  wait(keys);  // not a member: no failure key to heed here
 }
 
 std::vector<char> TcpStore::get(const std::string& key) {
@@ -298,6 +318,13 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
       std::vector<char> out;
       request('G', key, {}, reply, out);
       if (reply == 'F') break;
+      if (m_rank >= 0) {  // a member: has a rank failed before the group formed?
+        request('G', kFailedKey, {}, reply, out);
+        if (reply == 'F') {
+          set(seen_key(m_rank), {});
+          fail("the group did not form: ", std::string(out.begin(), out.end()));
+        }
+      }
       ANATOMY_CHECK(Clock::now() < deadline, "bootstrap: '", key, "' never appeared in the store at ", address(),
                     " within ", timeout.count() / 1000, " s (a rank did not start, or WORLD_SIZE differs between ranks)");
       std::this_thread::sleep_for(pause);

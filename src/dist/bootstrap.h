@@ -22,8 +22,14 @@ class TcpStore {
   TcpStore& operator=(const TcpStore&) = delete;
 
   // This process is `rank` of the group: the first to say so holds it; a second process with the
-  // same rank fails at once, naming both, instead of waiting out the rendezvous.
+  // same rank fails at once, naming both, instead of waiting out the rendezvous. A member's waits
+  // end at once with the error of a rank that failed before the group formed (fail_group).
   void join(int rank);
+  // Note [failure before the group] (dist/launch.cpp): rank `rank` of the job will not join;
+  // every member waiting in the rendezvous ends with `message`. await_failure_seen waits (up to
+  // the timeout) until every other rank of `world` has seen it, or failed itself.
+  void fail_group(int rank, const std::string& message);
+  void await_failure_seen(int world);
   void set(const std::string& key, const std::vector<char>& value);
   // The value of key, once some rank has set it; throws naming the address after the timeout.
   std::vector<char> get(const std::string& key);
@@ -47,6 +53,7 @@ class TcpStore {
   int m_port;
   std::chrono::milliseconds m_timeout;
   std::unique_ptr<StoreServer> m_server;  // rank 0 only
+  int m_rank = -1;                        // join()'s; -1: not a member (it only reports a failure)
   int m_fd = -1;                          // requests
   int m_watch_fd = -1;                    // Note [failure watch]
   struct Watcher;

@@ -1,8 +1,11 @@
 #include "dist/launch.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "core/error.h"
+#include "dist/bootstrap.h"
 #include "dist/gloo_group.h"
 #include "ops/backend.h"
 
@@ -162,6 +165,29 @@ LaunchEnv detect_launch() {
     if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
   }
   return detect_launch(env);
+}
+
+// Note [failure before the group]
+// torchrun's agent and mpirun end every process of a job when one exits with an error; srun does
+// not (unless told --kill-on-bad-exit), nor do launchers of one node each (torchrun per node,
+// two nodes over sockets). A rank that failed before its group formed (a flag or file its node
+// refuses, a missing GPU) left the others waiting in the rendezvous for the timeout
+// (ANATOMY_DIST_TIMEOUT, 300 s). Now it puts its error in the bootstrap store, where each
+// member's rendezvous wait finds it at its next poll (dist/bootstrap.cpp) and ends with it. A
+// failing rank 0 has no store yet, so it serves one for that, until every rank has seen the
+// error or failed too. Failures inside the rendezvous are not told (a duplicate rank must not end
+// the group it could not join); after it, Note [failure watch] ends the group.
+void tell_group_of_failure(const LaunchEnv& env, const std::string& error) noexcept {
+  if (!env.launched() || env.by_anatomy || env.world_size < 2) return;  // anatomy's spawner ends its ranks itself
+  try {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    TcpStore store(env.master_addr, env.bootstrap_port, env.rank == 0, env.timeout);
+    store.fail_group(env.rank, str_cat("rank ", env.rank, " (", host, " pid ", ::getpid(), ") failed before the group "
+                                       "formed: ", error));
+    if (env.rank == 0) store.await_failure_seen(env.world_size);
+  } catch (const std::exception&) {  // no store to tell (rank 0 gone, its port taken): the timeout, as before
+  }
 }
 
 std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env, Backend& backend) {

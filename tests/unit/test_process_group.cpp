@@ -236,6 +236,46 @@ TEST(TrainRanks, DifferentFlagsEndEveryRankNamingThem) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/out/train_results.json"));
 }
 
+// Note [failure before the group] (dist/launch.cpp): a rank refusing its flags before it joins
+// the group (here --num-samples 0, as if its node's command line differed) ends the others with
+// its error within seconds, where they waited out the rendezvous (ANATOMY_DIST_TIMEOUT, 60 s in
+// these tests): rank 1 failing, rank 0 failing (it serves the store only to tell them), and both
+// failing alike (no rank waits for another to see what it knows).
+class TrainRanksFailBeforeGroup : public ::testing::TestWithParam<int> {};
+
+TEST_P(TrainRanksFailBeforeGroup, TheOthersEndWithItsErrorWithinSeconds) {
+  const int bad = GetParam();  // the failing rank; 2: both
+  const std::string dir = testing_dirs::fresh_dir("train_fail_before_group_" + std::to_string(bad));
+  const int port = free_local_port();
+  std::vector<pid_t> pids(2);
+  const auto t0 = Clock::now();
+  for (int r : {1 - std::min(bad, 1), std::min(bad, 1)}) {  // the healthy rank first, waiting for the other
+    const bool fails = bad == 2 || r == bad;
+    pids[static_cast<size_t>(r)] = start_rank(
+        {ANATOMY_BINARY, "train", "--device", "cpu", "--threads", "1", "--disable-tqdm", "--preset", "bert-tiny",
+         "--num-samples", fails ? "0" : "32", "--seq-len", "16", "--max-steps", "2", "--output-dir", dir + "/out"},
+        r, 2, port, dir + "/log" + std::to_string(r));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pids[static_cast<size_t>(r)], &status, 0), pids[static_cast<size_t>(r)]);
+    const std::string log = slurp(dir + "/log" + std::to_string(r));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << log;
+    if (bad == 2 || r == bad) {
+      EXPECT_NE(log.find("anatomy: error: --num-samples"), std::string::npos) << log;
+      EXPECT_EQ(log.find("the group did not form"), std::string::npos) << log;
+    } else {
+      EXPECT_NE(log.find(str_cat("anatomy: error: the group did not form: rank ", bad, " (")), std::string::npos) << log;
+      EXPECT_NE(log.find("failed before the group formed: --num-samples"), std::string::npos) << log;
+    }
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 20.0);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/out/train_results.json"));
+}
+
+INSTANTIATE_TEST_SUITE_P(FailingRank, TrainRanksFailBeforeGroup, ::testing::Values(0, 1, 2));
+
 // Open MPI's launcher (openmpi-bin from scripts/setup.sh) starts the ranks; they find rank 0's
 // store through the MASTER_ADDR/MASTER_PORT it forwards (-x). One node, so no ssh: plm=isolated.
 class ProcessGroupMpirun : public ::testing::TestWithParam<int> {};
