@@ -47,6 +47,24 @@ void refuse_left_truncation(const std::filesystem::path& dir) {
                 "first tokens (truncation_side \"right\", transformers' default); set it to \"right\" or shorten the texts");
 }
 
+nlohmann::json read_json_object(const std::filesystem::path& path) {
+  if (!std::filesystem::is_regular_file(path)) return nlohmann::json::object();
+  std::ifstream in(path, std::ios::binary);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+// Note [XLM-R as transformers 5 builds it] (data/tokenizer_json.cpp): the class AutoTokenizer
+// would build for `dir` is XLMRobertaTokenizer: tokenizer_config.json's tokenizer_class, or
+// without one config.json's model_type.
+bool xlm_roberta_class(const std::filesystem::path& dir, const nlohmann::json& tokenizer_config) {
+  if (tokenizer_config.contains("tokenizer_class") && tokenizer_config["tokenizer_class"].is_string())
+    return tokenizer_config["tokenizer_class"].get<std::string>().rfind("XLMRobertaTokenizer", 0) == 0;
+  const nlohmann::json config = read_json_object(dir / "config.json");
+  return config.value("model_type", nlohmann::json()).is_string() &&
+         config["model_type"].get<std::string>() == "xlm-roberta";
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::with_prefix_space() const { return m_json ? Tokenizer(m_json->with_prefix_space()) : *this; }
@@ -54,8 +72,14 @@ Tokenizer Tokenizer::with_prefix_space() const { return m_json ? Tokenizer(m_jso
 Tokenizer Tokenizer::from_directory(const std::string& dir) {
   refuse_left_truncation(dir);
   const auto file = std::filesystem::path(dir) / "tokenizer.json";
-  if (std::filesystem::is_regular_file(file)) return from_tokenizer_json(file.string());
-  return WordPieceTokenizer::from_directory(dir);
+  if (!std::filesystem::is_regular_file(file)) return WordPieceTokenizer::from_directory(dir);
+  Tokenizer t = from_tokenizer_json(file.string());
+  const nlohmann::json cfg = read_json_object(std::filesystem::path(dir) / "tokenizer_config.json");
+  if (t.m_json && xlm_roberta_class(dir, cfg)) {
+    const nlohmann::json prefix = cfg.value("add_prefix_space", nlohmann::json(true));
+    return Tokenizer(t.m_json->as_xlm_roberta_class(!prefix.is_boolean() || prefix.get<bool>()));
+  }
+  return t;
 }
 
 std::vector<std::string> Tokenizer::files_in(const std::string& dir) {
