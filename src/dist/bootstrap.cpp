@@ -247,12 +247,43 @@ int connect_until(const std::string& host, int port, Clock::time_point deadline,
 
 TcpStore::TcpStore(const std::string& host, int port, bool serve, std::chrono::milliseconds timeout)
     : m_host(host), m_port(port), m_timeout(timeout) {
-  if (serve) m_server = std::make_unique<StoreServer>(port);
+  if (serve) {
+    try {
+      m_server = std::make_unique<StoreServer>(port);
+    } catch (const Error& e) {
+      refuse_second_rank_zero(e.what());
+    }
+  }
   const auto deadline = Clock::now() + timeout;
   m_fd = connect_until(host, port, deadline, address(), timeout);
   // Replies come at once (Note [bootstrap protocol]); a silent server is a dead one.
   timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
   ::setsockopt(m_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+// Rank 0 could not listen on its port: when a store of this protocol answers there and a rank 0
+// holds its place, say that (a second process started as rank 0, or another job on the port),
+// not "set a free port"; else `listen_error`.
+void TcpStore::refuse_second_rank_zero(const std::string& listen_error) {
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  std::string held;
+  try {
+    m_fd = connect_until(m_host, m_port, deadline, address(), std::chrono::seconds(2));
+    timeval tv{2, 0};
+    ::setsockopt(m_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char reply = 0;
+    std::vector<char> out;
+    request('G', "anatomy/rank/0", {}, reply, out);
+    if (reply == 'F') held.assign(out.begin(), out.end());
+  } catch (const Error&) {  // nothing of ours answers there
+  }
+  close_fd(m_fd);
+  if (held.empty()) throw Error(listen_error);
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  fail("rank 0 is already a process of a group at ", address(), " (", held, "; this one is ", host, " pid ", ::getpid(),
+       "): two processes were started as rank 0, or another job uses this MASTER_PORT; check the launcher's ranks "
+       "(RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID) and give each job its own port");
 }
 
 TcpStore::~TcpStore() {

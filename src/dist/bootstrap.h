@@ -48,6 +48,7 @@ class TcpStore {
 
  private:
   void request(char op, const std::string& key, const std::vector<char>& value, char& reply, std::vector<char>& out);
+  [[noreturn]] void refuse_second_rank_zero(const std::string& listen_error);
 
   std::string m_host;
   int m_port;

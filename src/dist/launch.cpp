@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -95,6 +96,7 @@ LaunchEnv detect_launch(const Env& env) {
   auto take = [&](const char* launcher, bool present) { return forced ? *forced == launcher : present; };
   if (forced && *forced == "none") return e;
   e.by_anatomy = find(env, "ANATOMY_NPROC_AGENT") != nullptr;
+  e.torchrun_agent = find(env, "TORCHELASTIC_RUN_ID") != nullptr;
   if (take("torchrun", find(env, "RANK") || find(env, "WORLD_SIZE"))) {
     e.launcher = "torchrun";
     e.rank = int_var(env, "RANK", 0, "torchrun sets it with WORLD_SIZE");
@@ -168,21 +170,25 @@ LaunchEnv detect_launch() {
 }
 
 // Note [failure before the group]
-// torchrun's agent and mpirun end every process of a job when one exits with an error; srun does
-// not (unless told --kill-on-bad-exit), nor do launchers of one node each (torchrun per node,
-// two nodes over sockets). A rank that failed before its group formed (a flag or file its node
-// refuses, a missing GPU) left the others waiting in the rendezvous for the timeout
-// (ANATOMY_DIST_TIMEOUT, 300 s). Now it puts its error in the bootstrap store, where each
-// member's rendezvous wait finds it at its next poll (dist/bootstrap.cpp) and ends with it. A
-// failing rank 0 has no store yet, so it serves one for that, until every rank has seen the
-// error or failed too. Failures inside the rendezvous are not told (a duplicate rank must not end
-// the group it could not join); after it, Note [failure watch] ends the group.
+// mpirun, anatomy's spawner and torchrun's agent on one node end every process of a job when one
+// exits with an error; srun does not (unless told --kill-on-bad-exit), nor do the agents of a
+// torchrun job over several nodes for the other nodes. A rank that failed before its group formed
+// (a flag or file its node refuses, a missing GPU) left the others waiting in the rendezvous for
+// the timeout (ANATOMY_DIST_TIMEOUT, 300 s). Now, under srun and torchrun, it puts its error in
+// the bootstrap store, where each member's rendezvous wait finds it at its next poll
+// (dist/bootstrap.cpp) and ends with it. A failing rank 0 has no store yet, so it serves one for
+// that, until every rank has seen the error or failed too. Each waits kTellFailureFor at most,
+// so a process started by hand with a launcher's variables and no others still ends soon. Failures
+// inside the rendezvous are not told (a duplicate rank must not end the group it could not join);
+// after it, Note [failure watch] ends the group.
 void tell_group_of_failure(const LaunchEnv& env, const std::string& error) noexcept {
-  if (!env.launched() || env.by_anatomy || env.world_size < 2) return;  // anatomy's spawner ends its ranks itself
+  const bool others_wait = env.launcher == "srun" || (env.launcher == "torchrun" && env.torchrun_agent);
+  if (!others_wait || env.by_anatomy || env.world_size < 2) return;
   try {
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
-    TcpStore store(env.master_addr, env.bootstrap_port, env.rank == 0, env.timeout);
+    const auto bound = std::min<std::chrono::milliseconds>(env.timeout, kTellFailureFor);
+    TcpStore store(env.master_addr, env.bootstrap_port, env.rank == 0, bound);
     store.fail_group(env.rank, str_cat("rank ", env.rank, " (", host, " pid ", ::getpid(), ") failed before the group "
                                        "formed: ", error));
     if (env.rank == 0) store.await_failure_seen(env.world_size);

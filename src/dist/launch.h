@@ -22,6 +22,7 @@ struct LaunchEnv {
   int bootstrap_port = 0;  // where rank 0's store listens: Note [bootstrap port]
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // ANATOMY_DIST_TIMEOUT (seconds)
   bool by_anatomy = false;  // a rank `anatomy train --nproc-per-node N` started (ANATOMY_NPROC_AGENT)
+  bool torchrun_agent = false;  // torchrun's agent started it (TORCHELASTIC_RUN_ID), not variables set by hand
   bool launched() const { return launcher != "none"; }
 };
 
@@ -36,11 +37,13 @@ LaunchEnv detect_launch(const std::map<std::string, std::string>& env);
 // dist/gloo_group.cpp. A launch of world size 1 still gets a group (of one).
 std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env, Backend& backend);
 
-// Note [failure before the group]: this process, rank env.rank of an outside launcher's job,
-// failed with `error` before joining its group: the ranks that wait for it are told and end with
-// the error instead of waiting out the rendezvous timeout. Rank 0 serves the store that tells
-// them until each has seen it (at most the timeout); another rank tells rank 0's store (once it
-// answers). Never throws; a store it cannot reach leaves the others to their timeout, as before.
+// Note [failure before the group]: this process, rank env.rank of an srun or torchrun job, failed
+// with `error` before joining its group: the ranks that wait for it are told and end with the
+// error instead of waiting out the rendezvous timeout. Rank 0 serves the store that tells them
+// until each has seen it; another rank tells rank 0's store once it answers; either for at most
+// kTellFailureFor (or the timeout, if shorter). Never throws; a store it cannot reach leaves the
+// others to their timeout, as before.
+inline constexpr std::chrono::seconds kTellFailureFor{30};
 void tell_group_of_failure(const LaunchEnv& env, const std::string& error) noexcept;
 
 // The NCCL half (dist/nccl_group.cpp; nccl_stub.cpp without CUDA).

@@ -73,17 +73,15 @@ std::pair<int, std::string> spawn_capturing(const SpawnOptions& opt, const std::
 }
 
 // One process with torchrun's variables for rank r of world, its stderr to `log`.
-pid_t start_rank(const std::vector<std::string>& args, int r, int world, int port, const std::string& log) {
+// A process of `args` with this environment and `vars` (theirs win), stderr into `log`.
+pid_t start_process(const std::vector<std::string>& args, const std::map<std::string, std::string>& vars,
+                    const std::string& log) {
   std::vector<std::string> env;
-  for (char** p = environ; *p; ++p) env.emplace_back(*p);
-  for (const auto& [k, v] : std::map<std::string, std::string>{{"RANK", std::to_string(r)},
-                                                                {"LOCAL_RANK", std::to_string(r)},
-                                                                {"WORLD_SIZE", std::to_string(world)},
-                                                                {"LOCAL_WORLD_SIZE", std::to_string(world)},
-                                                                {"MASTER_ADDR", "127.0.0.1"},
-                                                                {"MASTER_PORT", std::to_string(port)},
-                                                                {"ANATOMY_DIST_TIMEOUT", "60"}})
-    env.push_back(k + "=" + v);
+  for (char** p = environ; *p; ++p) {
+    const std::string kv = *p;
+    if (!vars.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
+  }
+  for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
   std::vector<char*> argv, envp;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
@@ -97,6 +95,30 @@ pid_t start_rank(const std::vector<std::string>& args, int r, int world, int por
     ::_exit(127);
   }
   return pid;
+}
+
+// Rank r of `world` with torchrun's variables (as set by hand: no agent), plus `extra`.
+pid_t start_rank(const std::vector<std::string>& args, int r, int world, int port, const std::string& log,
+                 std::map<std::string, std::string> extra = {}) {
+  for (const auto& [k, v] : std::map<std::string, std::string>{{"RANK", std::to_string(r)},
+                                                                {"LOCAL_RANK", std::to_string(r)},
+                                                                {"WORLD_SIZE", std::to_string(world)},
+                                                                {"LOCAL_WORLD_SIZE", std::to_string(world)},
+                                                                {"MASTER_ADDR", "127.0.0.1"},
+                                                                {"MASTER_PORT", std::to_string(port)},
+                                                                {"ANATOMY_DIST_TIMEOUT", "60"}})
+    extra.emplace(k, v);
+  return start_process(args, extra, log);
+}
+
+// Task r of an srun step of `world` tasks on one node.
+pid_t start_srun_task(const std::vector<std::string>& args, int r, int world, int port, const std::string& log) {
+  return start_process(args,
+                       {{"SLURM_PROCID", std::to_string(r)}, {"SLURM_LOCALID", std::to_string(r)},
+                        {"SLURM_STEP_NUM_TASKS", std::to_string(world)},
+                        {"SLURM_STEP_TASKS_PER_NODE", std::to_string(world)}, {"MASTER_ADDR", "127.0.0.1"},
+                        {"MASTER_PORT", std::to_string(port)}, {"ANATOMY_DIST_TIMEOUT", "60"}},
+                       log);
 }
 
 std::string slurp(const std::string& path) {
@@ -178,6 +200,29 @@ TEST(ProcessGroupTorchrunEnvDuplicate, ASecondProcessOfOneRankFailsAtOnceNamingT
   expect_script_results(dir, 2);
 }
 
+// A second process started as rank 0 cannot listen on the port the first serves: it says that a
+// rank 0 already holds the group (naming it), not "set MASTER_PORT to a free port"; the group of
+// the first rank 0 and rank 1 works.
+TEST(ProcessGroupTorchrunEnvDuplicate, ASecondRankZeroIsToldTheFirstHoldsThePort) {
+  const std::string dir = testing_dirs::fresh_dir("pg_duplicate_rank0");
+  const int port = free_local_port();
+  const pid_t first = start_rank({ANATOMY_PG_WORKER, "script", dir}, 0, 2, port, dir + "/log0a");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // its store is up and its place claimed
+  const pid_t second = start_rank({ANATOMY_PG_WORKER, "script", dir}, 0, 2, port, dir + "/log0b");
+  int status = 0;
+  ASSERT_EQ(::waitpid(second, &status, 0), second);
+  const std::string log = slurp(dir + "/log0b");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << log;
+  EXPECT_NE(log.find("rank 0 is already a process of a group at 127.0.0.1:"), std::string::npos) << log;
+  EXPECT_EQ(log.find("to a free port"), std::string::npos) << log;
+  const pid_t one = start_rank({ANATOMY_PG_WORKER, "script", dir}, 1, 2, port, dir + "/log1");
+  for (pid_t p : {first, one}) {
+    ASSERT_EQ(::waitpid(p, &status, 0), p);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(dir + "/log0a") << slurp(dir + "/log1");
+  }
+  expect_script_results(dir, 2);
+}
+
 // The last rank is killed (SIGKILL: no goodbye, no error of its own) while the others wait for
 // it inside a collective: they must fail within seconds, each saying so.
 TEST_P(ProcessGroupTorchrunEnv, KillingOneProcessEndsTheOthersWithinSeconds) {
@@ -239,22 +284,26 @@ TEST(TrainRanks, DifferentFlagsEndEveryRankNamingThem) {
 // Note [failure before the group] (dist/launch.cpp): a rank refusing its flags before it joins
 // the group (here --num-samples 0, as if its node's command line differed) ends the others with
 // its error within seconds, where they waited out the rendezvous (ANATOMY_DIST_TIMEOUT, 60 s in
-// these tests): rank 1 failing, rank 0 failing (it serves the store only to tell them), and both
-// failing alike (no rank waits for another to see what it knows).
+// these tests): under srun, rank 1 failing, rank 0 failing (it serves the store only to tell
+// them), and both failing alike (no rank waits for another to see what it knows); under
+// torchrun's agent (TORCHELASTIC_RUN_ID), rank 1 failing.
 class TrainRanksFailBeforeGroup : public ::testing::TestWithParam<int> {};
 
 TEST_P(TrainRanksFailBeforeGroup, TheOthersEndWithItsErrorWithinSeconds) {
-  const int bad = GetParam();  // the failing rank; 2: both
-  const std::string dir = testing_dirs::fresh_dir("train_fail_before_group_" + std::to_string(bad));
+  const int bad = GetParam() % 10;  // the failing rank; 2: both
+  const bool srun = GetParam() < 10;  // else torchrun's variables with its agent's
+  const std::string dir = testing_dirs::fresh_dir("train_fail_before_group_" + std::to_string(GetParam()));
   const int port = free_local_port();
   std::vector<pid_t> pids(2);
   const auto t0 = Clock::now();
   for (int r : {1 - std::min(bad, 1), std::min(bad, 1)}) {  // the healthy rank first, waiting for the other
     const bool fails = bad == 2 || r == bad;
-    pids[static_cast<size_t>(r)] = start_rank(
-        {ANATOMY_BINARY, "train", "--device", "cpu", "--threads", "1", "--disable-tqdm", "--preset", "bert-tiny",
-         "--num-samples", fails ? "0" : "32", "--seq-len", "16", "--max-steps", "2", "--output-dir", dir + "/out"},
-        r, 2, port, dir + "/log" + std::to_string(r));
+    const std::vector<std::string> args = {ANATOMY_BINARY, "train", "--device", "cpu", "--threads", "1",
+                                           "--disable-tqdm", "--preset", "bert-tiny", "--num-samples", fails ? "0" : "32",
+                                           "--seq-len", "16", "--max-steps", "2", "--output-dir", dir + "/out"};
+    const std::string log = dir + "/log" + std::to_string(r);
+    pids[static_cast<size_t>(r)] = srun ? start_srun_task(args, r, 2, port, log)
+                                        : start_rank(args, r, 2, port, log, {{"TORCHELASTIC_RUN_ID", "qa"}});
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
   for (int r = 0; r < 2; ++r) {
@@ -274,7 +323,21 @@ TEST_P(TrainRanksFailBeforeGroup, TheOthersEndWithItsErrorWithinSeconds) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/out/train_results.json"));
 }
 
-INSTANTIATE_TEST_SUITE_P(FailingRank, TrainRanksFailBeforeGroup, ::testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(FailingRank, TrainRanksFailBeforeGroup, ::testing::Values(0, 1, 2, 11));
+
+// Variables set by hand (no launcher that would leave the others waiting): a failing rank 0
+// whose group never comes ends at once, serving no store for others that will not come.
+TEST(TrainRanks, ByHandAFailingRankEndsAtOnce) {
+  const std::string dir = testing_dirs::fresh_dir("train_fail_by_hand");
+  const auto t0 = Clock::now();
+  const pid_t pid = start_rank({ANATOMY_BINARY, "train", "--device", "cpu", "--preset", "bert-tiny", "--num-samples", "0",
+                                "--output-dir", dir + "/out"},
+                               0, 2, free_local_port(), dir + "/log");
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << slurp(dir + "/log");
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
+}
 
 // Open MPI's launcher (openmpi-bin from scripts/setup.sh) starts the ranks; they find rank 0's
 // store through the MASTER_ADDR/MASTER_PORT it forwards (-x). One node, so no ssh: plm=isolated.
