@@ -316,6 +316,14 @@ WordPieceTokenizer WordPieceTokenizer::from_tokenizer_json(const std::string& pa
   }
 }
 
+WordPieceTokenizer WordPieceTokenizer::with_normalizer(const BertNormalizerConfig& n) const {
+  WordPieceTokenizer t = *this;
+  t.m_norm = n;
+  t.m_prefix = "##";
+  t.m_max_input_chars_per_word = 100;
+  return t;
+}
+
 void WordPieceTokenizer::finish(const std::string& path) {
   ANATOMY_CHECK(!m_vocab.empty(), "tokenizer '", path, "' has an empty vocabulary");
   ANATOMY_CHECK(m_max_input_chars_per_word > 0, "tokenizer '", path, "': max_input_chars_per_word is 0");

@@ -80,6 +80,9 @@ class WordPieceTokenizer {
   int32_t pad_id() const { return m_pad; }
   int32_t unk_id() const { return m_unk; }
   const BertNormalizerConfig& normalizer() const { return m_norm; }
+  // Note [BERT as transformers 5 builds it] (data/tokenizer_any.cpp): the same vocabulary and
+  // special tokens with `n`, the "##" prefix and 100 characters a word, as BertTokenizer sets them.
+  WordPieceTokenizer with_normalizer(const BertNormalizerConfig& n) const;
   BertSemantics semantics() const { return m_semantics; }
   size_t max_input_chars_per_word() const { return m_max_input_chars_per_word; }
 

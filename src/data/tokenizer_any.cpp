@@ -65,6 +65,39 @@ bool xlm_roberta_class(const std::filesystem::path& dir, const nlohmann::json& t
          config["model_type"].get<std::string>() == "xlm-roberta";
 }
 
+// Note [BERT as transformers 5 builds it]
+// transformers 5's BertTokenizer (DistilBERT's and ELECTRA's too) builds its pipeline from its
+// constructor's arguments, tokenizer_config.json's: BertNormalizer(clean_text, handle_chinese_chars
+// = tokenize_chinese_chars, strip_accents, lowercase = do_lower_case), defaults true, true, unset,
+// true, whatever the tokenizer.json's normalizer says (a cased tokenizer.json with no
+// tokenizer_config.json is lower-cased: "Hello" becomes "hello"); the vocabulary and special
+// tokens are the file's. So for such a directory (the class named, or none named and config.json's
+// model_type bert, distilbert or electra) the normalizer is tokenizer_config.json's. Hub models
+// state both alike; the rule matters for a tokenizer saved without its config.
+bool bert_class(const std::filesystem::path& dir, const nlohmann::json& tokenizer_config) {
+  if (tokenizer_config.contains("tokenizer_class") && tokenizer_config["tokenizer_class"].is_string()) {
+    const std::string c = tokenizer_config["tokenizer_class"].get<std::string>();
+    for (const char* name : {"BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer"})
+      if (c.rfind(name, 0) == 0) return true;
+    return false;
+  }
+  const nlohmann::json config = read_json_object(dir / "config.json");
+  const std::string type = config.value("model_type", nlohmann::json()).is_string() ? config["model_type"].get<std::string>() : "";
+  return type == "bert" || type == "distilbert" || type == "electra";
+}
+
+BertNormalizerConfig bert_class_normalizer(const nlohmann::json& cfg) {
+  const auto flag = [&](const char* key, bool fallback) {
+    return cfg.contains(key) && cfg[key].is_boolean() ? cfg[key].get<bool>() : fallback;
+  };
+  BertNormalizerConfig n;
+  n.clean_text = true;
+  n.handle_chinese_chars = flag("tokenize_chinese_chars", true);
+  n.lowercase = flag("do_lower_case", true);
+  if (cfg.contains("strip_accents") && cfg["strip_accents"].is_boolean()) n.strip_accents = cfg["strip_accents"].get<bool>();
+  return n;
+}
+
 }  // namespace
 
 Tokenizer Tokenizer::with_prefix_space() const { return m_json ? Tokenizer(m_json->with_prefix_space()) : *this; }
@@ -72,9 +105,10 @@ Tokenizer Tokenizer::with_prefix_space() const { return m_json ? Tokenizer(m_jso
 Tokenizer Tokenizer::from_directory(const std::string& dir) {
   refuse_left_truncation(dir);
   const auto file = std::filesystem::path(dir) / "tokenizer.json";
-  if (!std::filesystem::is_regular_file(file)) return WordPieceTokenizer::from_directory(dir);
-  Tokenizer t = from_tokenizer_json(file.string());
+  Tokenizer t = std::filesystem::is_regular_file(file) ? from_tokenizer_json(file.string())
+                                                       : Tokenizer(WordPieceTokenizer::from_directory(dir));
   const nlohmann::json cfg = read_json_object(std::filesystem::path(dir) / "tokenizer_config.json");
+  if (t.m_wordpiece && bert_class(dir, cfg)) return Tokenizer(t.m_wordpiece->with_normalizer(bert_class_normalizer(cfg)));
   if (t.m_json && xlm_roberta_class(dir, cfg)) {
     const nlohmann::json prefix = cfg.value("add_prefix_space", nlohmann::json(true));
     return Tokenizer(t.m_json->as_xlm_roberta_class(!prefix.is_boolean() || prefix.get<bool>()));

@@ -331,6 +331,33 @@ TEST(Tokenizer, AVocabTxtDirectoryFollowsTheFastTokenizer) {
   EXPECT_NE(t.tokenize("ΟΔΟΣ"), variant("slow_uncased").tokenize("ΟΔΟΣ"));
 }
 
+// Note [BERT as transformers 5 builds it]: a BERT directory's normalizer is tokenizer_config.json's
+// (do_lower_case, strip_accents, tokenize_chinese_chars; lower-casing when it says nothing), not
+// its tokenizer.json's: transformers 5.24 gave [2, 50, 229, 82, 65, 122, 91, 83, 3] for "Hello
+// World" through a cased tokenizer.json with config.json's model_type bert and no
+// tokenizer_config.json (the lower-cased words), where the file's pipeline gives [2, 1, 1, 3].
+// A directory of no BERT class keeps the file's normalizer.
+TEST(Tokenizer, ABertDirectoryNormalizesAsItsTokenizerConfigSays) {
+  const std::string dir = (scratch().dir / "cased_json").string();
+  fs::create_directories(dir);
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(kJson));
+  j["normalizer"]["lowercase"] = false;
+  j["normalizer"]["strip_accents"] = false;
+  std::ofstream(dir + "/tokenizer.json") << j.dump();
+  const std::vector<int32_t> lower = Tokenizer::from_tokenizer_json(kJson).encode_words("hello world");
+  const std::vector<int32_t> cased = Tokenizer::from_tokenizer_json(dir + "/tokenizer.json").encode_words("Hello World");
+  ASSERT_NE(cased, lower);
+  EXPECT_EQ(Tokenizer::from_directory(dir).encode_words("Hello World"), cased);  // no class: the file's
+  std::ofstream(dir + "/config.json") << R"({"model_type": "bert"})";
+  EXPECT_EQ(Tokenizer::from_directory(dir).encode_words("Hello World"), lower);
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"do_lower_case": false, "tokenizer_class": "DistilBertTokenizer"})";
+  EXPECT_EQ(Tokenizer::from_directory(dir).encode_words("Hello World"), cased);
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"tokenizer_class": "ElectraTokenizerFast"})";
+  EXPECT_EQ(Tokenizer::from_directory(dir).encode_words("Hello World"), lower);
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"tokenizer_class": "PreTrainedTokenizerFast"})";
+  EXPECT_EQ(Tokenizer::from_directory(dir).encode_words("Hello World"), cased);
+}
+
 // A tokenizer that truncates on the left (tokenizer_config.json's truncation_side) would be given
 // other tokens than the user's script sees: refused, naming the file and the setting.
 TEST(Tokenizer, LeftTruncationIsRefused) {
