@@ -28,7 +28,7 @@ class RangeDataset final : public Dataset {
 // over the set, not per part). Each rank's per-word tags stay with it: evaluation during training
 // writes metrics only.
 enum PerTokenSum { kLabelled, kScored, kHits, kPredicted, kGold, kCorrect, kTokens, kPadded, kComputed, kBatches,
-                   kRuntime, kLossSum, kSums };
+                   kPacked, kSkipPadding, kRuntime, kLossSum, kSums };
 
 EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size_t n, size_t begin, size_t end,
                              Communicator& comm) {
@@ -46,6 +46,8 @@ EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size
     sum[kPadded] = static_cast<double>(part.padded_tokens);
     sum[kComputed] = static_cast<double>(part.computed_tokens);
     sum[kBatches] = static_cast<double>(part.batches);
+    sum[kPacked] = static_cast<double>(part.packed_batches);
+    sum[kSkipPadding] = part.skip_padding ? 1 : 0;
     sum[kRuntime] = part.runtime;
     sum[kHits] = static_cast<double>(part.correct_tokens);
   }
@@ -72,6 +74,8 @@ EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size
   res.padded_tokens = static_cast<int64_t>(sum[kPadded]);
   res.computed_tokens = static_cast<int64_t>(sum[kComputed]);
   res.batches = static_cast<int64_t>(sum[kBatches]);
+  res.packed_batches = static_cast<int64_t>(sum[kPacked]);
+  res.skip_padding = sum[kSkipPadding] > 0;
   res.runtime = sum[kRuntime] / static_cast<double>(N);
   res.samples_per_second = static_cast<double>(n) / std::max(res.runtime, 1e-9);
   if (!res.labelled || res.scored_tokens == 0) return res;
@@ -109,23 +113,48 @@ EvalResult evaluate_over_ranks(EncoderModel& model, const Dataset& ds, const std
   if (N == 1) return part;
   if (has_token_labels(model.config())) return combine_per_token(part, model.config(), n, begin, end, comm);
   // Every rank's samples at their places in one buffer: predictions, labels, losses; summed.
-  // Float labels (regression, multi-label) add the logits and targets [n, C] after them.
+  // Then the counts (kCounts); float labels (regression, multi-label) add the logits and targets
+  // [n, C] after them. A rank may hold no sample (fewer samples than ranks): the result's fields
+  // come from the sums, never from one rank's part.
+  enum Count { kRuntime, kLabelled, kTokens, kPadded, kComputed, kBatches, kPacked, kSkipPadding, kCounts };
   const bool floats = has_float_labels(problem_type_of(model.config()));
   const size_t C = static_cast<size_t>(model.config().num_labels), wide = floats ? n * C : 0;
-  std::vector<double> all(3 * n + 1 + 2 * wide, 0.0);
+  std::vector<double> all(3 * n + kCounts + 2 * wide, 0.0);
   for (size_t i = begin; i < end; ++i) {
     all[i] = part.predictions[i - begin];
     all[n + i] = part.labels[i - begin];
     all[2 * n + i] = part.losses.empty() ? 0.0 : part.losses[i - begin];
     for (size_t c = 0; c < wide / std::max<size_t>(1, n); ++c) {
-      all[3 * n + 1 + i * C + c] = part.outputs[(i - begin) * C + c];
-      if (!part.targets.empty()) all[3 * n + 1 + wide + i * C + c] = part.targets[(i - begin) * C + c];
+      all[3 * n + kCounts + i * C + c] = part.outputs[(i - begin) * C + c];
+      if (!part.targets.empty()) all[3 * n + kCounts + wide + i * C + c] = part.targets[(i - begin) * C + c];
     }
   }
-  all[3 * n] = part.runtime;
+  double* count = all.data() + 3 * n;
+  if (end > begin) {
+    count[kRuntime] = part.runtime;
+    count[kLabelled] = part.labelled ? 1 : 0;
+    count[kTokens] = static_cast<double>(part.tokens);
+    count[kPadded] = static_cast<double>(part.padded_tokens);
+    count[kComputed] = static_cast<double>(part.computed_tokens);
+    count[kBatches] = static_cast<double>(part.batches);
+    count[kPacked] = static_cast<double>(part.packed_batches);
+    count[kSkipPadding] = part.skip_padding ? 1 : 0;
+  }
   comm.all_reduce_host(all, Communicator::Op::Sum);
-  EvalResult res = part;
+  double batch = static_cast<double>(part.batch_size);
+  comm.all_reduce_host(std::span<double>(&batch, 1), Communicator::Op::Max);
+  count = all.data() + 3 * n;
+  EvalResult res;
   res.samples = static_cast<int64_t>(n);
+  res.num_labels = model.config().num_labels;
+  res.batch_size = static_cast<int64_t>(batch);
+  res.labelled = count[kLabelled] > 0;
+  res.tokens = static_cast<int64_t>(count[kTokens]);
+  res.padded_tokens = static_cast<int64_t>(count[kPadded]);
+  res.computed_tokens = static_cast<int64_t>(count[kComputed]);
+  res.batches = static_cast<int64_t>(count[kBatches]);
+  res.packed_batches = static_cast<int64_t>(count[kPacked]);
+  res.skip_padding = count[kSkipPadding] > 0;
   res.predictions.resize(n);
   res.labels.resize(n);
   res.losses.assign(all.begin() + static_cast<std::ptrdiff_t>(2 * n), all.begin() + static_cast<std::ptrdiff_t>(3 * n));
@@ -133,14 +162,15 @@ EvalResult evaluate_over_ranks(EncoderModel& model, const Dataset& ds, const std
     res.predictions[i] = static_cast<int32_t>(all[i]);
     res.labels[i] = static_cast<int32_t>(all[n + i]);
   }
-  res.runtime = all[3 * n] / static_cast<double>(N);
+  res.runtime = count[kRuntime] / static_cast<double>(N);
   res.samples_per_second = static_cast<double>(n) / std::max(res.runtime, 1e-9);
+  if (!res.labelled) return res;
   double loss = 0;
   for (double l : res.losses) loss += l;
   res.loss = loss / static_cast<double>(std::max<size_t>(1, n));
   if (floats) {
     res.problem = problem_type_of(model.config());
-    const auto first = all.begin() + static_cast<std::ptrdiff_t>(3 * n + 1);
+    const auto first = all.begin() + static_cast<std::ptrdiff_t>(3 * n + kCounts);
     res.outputs.assign(first, first + static_cast<std::ptrdiff_t>(wide));
     res.targets.assign(first + static_cast<std::ptrdiff_t>(wide), first + static_cast<std::ptrdiff_t>(2 * wide));
     finish_float_metrics(res);

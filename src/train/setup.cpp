@@ -115,14 +115,13 @@ void OutputDir::claim() {
   fs::create_directories(dir, ec);
   ANATOMY_CHECK(!ec, m_opt.output_dir, ": cannot create the output directory: ", ec.message());
   fs::remove(dir / "train_results.json", ec);  // a run in progress does not look finished
-  if (m_opt.overwrite_output_dir && m_opt.resume_from_checkpoint.empty()) {
-    for (const char* f : {"model.safetensors", "config.json", "all_results.json", "eval_results.json", "predict_results.txt", "profile.json",
-                          "gemm_tuning.md"})
-      fs::remove(dir / f, ec);
-    std::vector<fs::path> old;
+  if (m_opt.overwrite_output_dir && m_opt.resume_from_checkpoint.empty()) {  // Note [overwriting a run]
+    for (const char* f : {"model.safetensors", "config.json", "all_results.json", "eval_results.json", "predict_results.txt",
+                          "profile.json", "gemm_tuning.md"})
+      if (fs::exists(dir / f, ec)) m_previous_files.push_back((dir / f).string());
     for (const auto& e : fs::directory_iterator(dir, ec))
-      if (e.is_directory() && is_checkpoint_name(e.path().filename().string())) old.push_back(e.path());
-    for (const fs::path& p : old) fs::remove_all(p, ec);
+      if (e.is_directory() && is_checkpoint_name(e.path().filename().string()))
+        m_previous_checkpoints.push_back(e.path().string());
   }
   rotate_checkpoints(m_opt.output_dir, 0);  // clears the staging leftovers of a killed run; keeps every checkpoint
   remove_atomic_leftovers(dir);
@@ -149,6 +148,30 @@ void OutputDir::claim() {
   }
   m_metrics = std::make_unique<std::ofstream>(metrics, m_start_step > 0 ? std::ios::app : std::ios::trunc);
   ANATOMY_CHECK(*m_metrics, metrics.string(), ": cannot be written: ", std::strerror(errno));
+}
+
+// Note [overwriting a run]
+// --overwrite-output-dir replaces a previous run, but not before this run has something to put
+// in its place: until this run's first checkpoint the previous run's checkpoints stay, and until
+// this run's own model and results its model and results stay, so a run that fails early (a
+// non-finite loss, a full disk, a kill) leaves the previous one's model usable. Its
+// train_results.json goes at once (the directory does not look finished while a run is in
+// progress), and its metrics.jsonl is this run's from the first line. The previous checkpoints
+// must go before this run's first (resuming "latest" would take a later step of the old run, and
+// the --save-total-limit rotation would count them); the previous results a run does not write
+// again (an eval_results.json of a run that evaluated) go with the rest at the end.
+void OutputDir::replace_previous_checkpoints() {
+  claim();
+  std::error_code ec;
+  for (const std::string& p : m_previous_checkpoints) fs::remove_all(p, ec);
+  m_previous_checkpoints.clear();
+}
+
+void OutputDir::replace_previous_results() {
+  replace_previous_checkpoints();
+  std::error_code ec;
+  for (const std::string& p : m_previous_files) fs::remove(p, ec);
+  m_previous_files.clear();
 }
 
 void OutputDir::append_metrics(const std::string& json_line) {

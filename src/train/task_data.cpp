@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <numeric>
 
 #include "core/error.h"
@@ -292,6 +293,21 @@ static Tokenizer run_ner_tokenizer(const Tokenizer& tok, const BertConfig& cfg) 
   return type == "roberta" || type == "deberta" || type == "gpt2" || type == "bloom" ? tok.with_prefix_space() : tok;
 }
 
+// Note [untyped tags]
+// Entity precision, recall and F1 chunk IOB tags (B-PER, I-PER, O; data/token_tags.cpp). Integer
+// tags with no names (the file's ids, a config.json whose id2label says LABEL_0 ...) are no IOB
+// tags: every run of one tag, the outside tag's too, would count as an entity of that tag's type,
+// and the F1 would mean nothing (run_ner.py fails on them at its first evaluation). Training goes
+// on; a warning says so and how to name them.
+static std::string untyped_tags_warning(const std::string& file, const std::map<int, std::string>& id2label) {
+  for (const auto& [id, name] : id2label)
+    if (name == "O" || (name.size() > 2 && name[1] == '-')) return "";
+  return str_cat("warning: --train-file ", file, ": its ", id2label.size(), " tags (",
+                 id2label.empty() ? std::string() : id2label.begin()->second, ", ...) are not IOB tags (B-PER, I-PER, "
+                 "O), so the entity precision, recall and F1 count every run of one tag as an entity and mean nothing; "
+                 "write the tag names in the file, or in config.json's id2label (eval_accuracy is the tokens')");
+}
+
 TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokenizer& run_tok, TrainData d) {
   const Tokenizer tok = run_ner_tokenizer(run_tok, cfg);
   TokenTagOptions to = token_tag_options(opt.text_column, opt.label_column, opt.seq_len);
@@ -335,6 +351,7 @@ TrainData load_token_data(const TrainOptions& opt, BertConfig& cfg, const Tokeni
     po.tags_optional = true;
     d.test = named("--test-file", [&] { return std::make_shared<TokenTagDataset>(opt.test_file, tok, po); });
   }
+  if (std::string w = untyped_tags_warning(opt.train_file, cfg.id2label); !w.empty()) d.warnings.push_back(std::move(w));
   d.train_lengths = std::move(lengths);
   d.description = str_cat(opt.train_file, ": ", d.train->size(), " tagged sentences, ", tags.size(), " tags",
                           d.validation ? str_cat(", ", d.validation->size(), " for validation") : std::string());

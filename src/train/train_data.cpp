@@ -84,7 +84,8 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
                 tok.vocab_size(), " tokens do not fit the model's vocab_size ", cfg.vocab_size);
   d.tokenizer_files = Tokenizer::files_in(tok_dir);
   TrainData t = load_text_data(opt, cfg, tok, tok_dir, std::move(d));
-  t.warning = unknown_token_warning(*t.train, tok, tok_dir, cfg.vocab_size, true);
+  if (std::string w = unknown_token_warning(*t.train, tok, tok_dir, cfg.vocab_size, true); !w.empty())
+    t.warnings.push_back(std::move(w));
   return t;
 }
 

@@ -25,7 +25,7 @@ struct TrainData {
   std::optional<LabelSet> labels;             // text data: the classes, as the model's config will name them
   std::vector<std::string> tokenizer_files;   // copied next to the saved model
   std::string description;                    // one line for the log
-  std::string warning;                        // one line for the log, or empty (Note [unknown-token share])
+  std::vector<std::string> warnings;          // a line each for the log (Note [unknown-token share], [untyped tags])
 
   BatchPlan batch_plan(int64_t batch, uint64_t seed, bool group_by_length) const;
   // --validation-split: a seeded `fraction` of `all` becomes `validation`, the rest `train`;

@@ -215,7 +215,8 @@ void RankRun::setup() {
   m_data.emplace(load_train_data(m_opt, m_cfg));
   if (m_lead) m_comm.barrier();
   check_ranks_agree(m_opt, static_cast<int64_t>(m_data->train->size()), m_comm);
-  if (m_lead && !m_data->warning.empty()) std::fprintf(stderr, "anatomy: %s\n", m_data->warning.c_str());
+  for (const std::string& w : m_data->warnings)
+    if (m_lead) std::fprintf(stderr, "anatomy: %s\n", w.c_str());
   ANATOMY_CHECK(m_opt.eval_strategy == Cadence::No || m_data->validation, "--eval-strategy ", cadence_name(m_opt.eval_strategy),
                 " needs validation data: --validation-file or --validation-split");
   ANATOMY_CHECK(!m_opt.eval_asked || m_data->validation, "--do-eval needs validation data: ", m_data->description);
@@ -378,7 +379,7 @@ void RankRun::save_checkpoint(int64_t step) {
                              {"fingerprint", m_fingerprint},
                              {"best_model_checkpoint", m_best_ckpt},
                              {"best_metric", m_best_metric}};
-  if (m_lead) m_out->claim();
+  if (m_lead) m_out->replace_previous_checkpoints();  // Note [overwriting a run]; claims first
   m_step->complete_masters();
   OptimizerPart part;
   if (m_step->zero_stage() >= 1) part = {true, m_step->shard().begin, m_step->shard().end};
@@ -613,6 +614,7 @@ void RankRun::finish() {
   }
 
   // The model (before --profile-steps, whose extra steps change the weights), with its tokenizer.
+  if (m_lead) m_out->replace_previous_results();  // Note [overwriting a run]
   if (m_opt.save_model) m_step->complete_masters();  // every rank: a collective
   if (m_lead && m_opt.save_model) {
     m_out->claim();

@@ -408,7 +408,7 @@ void expect_two_rank_evaluation_like_one(const std::string& task, const std::str
                                          const std::vector<std::string>& keys) {
   const std::string model = dropout_free_roberta(name + "_model");
   std::vector<json> results;
-  for (int world : {1, 2}) {
+  for (int world : {1, 2, 3}) {
     TrainOptions o = task_options(task, model, train_file, name + "_w" + std::to_string(world));
     o.validation_file = validation_file;
     o.per_device_train_batch_size = 6 / world;
@@ -416,14 +416,27 @@ void expect_two_rank_evaluation_like_one(const std::string& task, const std::str
     o.nproc_per_node = world;
     o.max_steps = 2;
     train(o);
-    results.push_back(json::parse(read_regular_file(o.output_dir + "/eval_results.json")));
+    // The last evaluation as metrics.jsonl logs it (with the token counts), which must carry the
+    // metrics as eval_results.json does.
+    json logged;
+    std::ifstream metrics(o.output_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);)
+      if (json j = json::parse(line); j.contains("eval_samples")) logged = j;
+    const json file = json::parse(read_regular_file(o.output_dir + "/eval_results.json"));
+    for (const std::string& k : keys) EXPECT_EQ(logged.value(k, json()), file.value(k, json())) << k << " at " << world;
+    results.push_back(logged);
   }
-  SCOPED_TRACE(results[0].dump() + "\n" + results[1].dump());
-  EXPECT_EQ(results[1].at("eval_samples"), 25);
-  for (const std::string& k : keys) {
-    ASSERT_TRUE(results[0].contains(k) && results[1].contains(k)) << k;
-    const double a = results[0].at(k).get<double>(), b = results[1].at(k).get<double>();
-    EXPECT_NEAR(b, a, 1e-5 * std::max(1.0, std::abs(a))) << k;
+  for (size_t w = 1; w < results.size(); ++w) {
+    SCOPED_TRACE(results[0].dump() + "\n" + results[w].dump());
+    EXPECT_EQ(results[w].at("eval_samples"), results[0].at("eval_samples"));
+    // The whole set's counts, not rank 0's share (a rank may hold no sample at all).
+    EXPECT_EQ(results[w].at("eval_tokens"), results[0].at("eval_tokens"));
+    EXPECT_EQ(results[w].at("eval_skip_padding"), results[0].at("eval_skip_padding"));
+    for (const std::string& k : keys) {
+      ASSERT_TRUE(results[0].contains(k) && results[w].contains(k)) << k;
+      const double a = results[0].at(k).get<double>(), b = results[w].at(k).get<double>();
+      EXPECT_NEAR(b, a, 1e-5 * std::max(1.0, std::abs(a))) << k;
+    }
   }
 }
 
@@ -439,6 +452,23 @@ TEST(TokenEvaluationRanks, MaskedLmOverTwoRanksEqualsOne) {
   val_out.close();
   expect_two_rank_evaluation_like_one("mlm", dir + "/train.jsonl", dir + "/val.jsonl", "mlm_eval_ranks",
                                       {"eval_loss", "perplexity"});
+}
+
+// Fewer validation samples than ranks (one, at two and three ranks): rank 0 evaluates none, and
+// the metrics are still the whole set's (they were left out of the log and the results).
+TEST(TokenEvaluationRanks, OneValidationSampleOverThreeRanksEqualsOne) {
+  const std::string dir = fresh_dir("one_eval_ranks_data");
+  std::ifstream in(kSentiment);
+  std::ofstream train_out(dir + "/train.jsonl"), val_out(dir + "/val.jsonl");
+  std::string line;
+  for (int i = 0; i < 25 && std::getline(in, line); ++i) (i < 24 ? train_out : val_out) << line << "\n";
+  train_out.close();
+  val_out.close();
+  expect_two_rank_evaluation_like_one("text-classification", dir + "/train.jsonl", dir + "/val.jsonl", "one_eval_ranks",
+                                      {"eval_loss", "eval_accuracy", "eval_macro_f1"});
+  expect_two_rank_evaluation_like_one("token-classification", write_tagged(dir + "/ner_train.jsonl", 24, 0),
+                                      write_tagged(dir + "/ner_dev.jsonl", 1, 3), "one_eval_ranks_ner",
+                                      {"eval_loss", "eval_f1", "eval_accuracy"});
 }
 
 TEST(TokenEvaluationRanks, TokenClassificationOverTwoRanksEqualsOne) {

@@ -685,6 +685,22 @@ TEST(TokenTags, IntegerTagsAreNumberedAsRunNerNumbersThem) {
   }
 }
 
+// Note [untyped tags]: integer tags without names (LABEL_0 ...) train, with a warning that the
+// entity scores mean nothing and how to name them.
+TEST(TasksCli, IntegerTagsWithoutNamesAreWarnedAbout) {
+  const std::string dir = testing_cli::fresh_dir("tasks_ner_ids");
+  {
+    std::ofstream out(dir + "/ids.jsonl");
+    for (int i = 0; i < 16; ++i) out << R"({"tokens": ["Anna", "lives", "in", "Oslo"], "ner_tags": [1, 0, 0, 2]})" << "\n";
+  }
+  const auto r = testing_cli::run_anatomy("train --device cpu --task token-classification --model-name-or-path " +
+                                          model_dir() + " --train-file " + dir + "/ids.jsonl --max-seq-length 16 "
+                                          "--max-steps 1 --disable-tqdm --output-dir " + dir + "/run");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("anatomy: warning: --train-file " + dir + "/ids.jsonl: its 3 tags (LABEL_0, ...) are not IOB "
+                          "tags"), std::string::npos) << r.output;
+}
+
 TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {
   const std::string dir = testing_cli::fresh_dir("tasks_ner");
   const std::string train = write_tagged(dir + "/train.jsonl", 150, 0), dev = write_tagged(dir + "/dev.jsonl", 30, 7);
@@ -695,6 +711,7 @@ TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {
       " --validation-file " + dev + " --max-seq-length 32 --per-device-train-batch-size 16 --num-train-epochs 10"
       " --learning-rate 3e-3 --logging-steps 20 --disable-tqdm --do-predict --test-file " + test + " --output-dir " + out);
   ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("are not IOB tags"), std::string::npos) << r.output;
   const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(out + "/config.json"));
   EXPECT_EQ(cfg.at("architectures"), nlohmann::json::array({"RobertaForTokenClassification"}));
   EXPECT_EQ(cfg.at("id2label").size(), 5u);  // B-LOC B-ORG B-PER I-PER O

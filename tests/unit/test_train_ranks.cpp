@@ -227,9 +227,39 @@ TEST(TrainRanks, AnOutputDirectoryHoldingARunIsRefusedUntilTheUserSaysHow) {
   expect_clean_error(run_anatomy("train --device cpu --seq-len 16 --num-samples 8 --max-steps 1 --model-name-or-path " + out +
                                  " --overwrite-output-dir --output-dir " + out),
                      "input model");
+  // Note [overwriting a run]: a run told to overwrite that fails before its first checkpoint (a
+  // non-finite loss at step 2, as NonFiniteStepStopsTheRunKeepingTheLastCheckpoint makes it)
+  // leaves the previous run's model and checkpoints; only the finished marker is gone.
+  const std::string model = slurp(fs::path(out) / "model.safetensors");
+  const auto diverging = [&](Cadence save) {  // 1e38 is beyond the flag's range: through the API
+    TrainOptions o = options("cpu", dropout_free_model("ranks_outdir_model"), "ranks_outdir_unused", 1, 4, 1);
+    o.output_dir = out;
+    o.overwrite_output_dir = true;
+    o.learning_rate = 1e38f;
+    o.max_grad_norm = 0;
+    o.max_steps = 3;
+    o.checkpoint_strategy = save;
+    o.save_steps = 1;
+    try {
+      train(o);
+      ADD_FAILURE() << "the run did not stop";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the loss is not finite"), std::string::npos) << e.what();
+    }
+  };
+  diverging(Cadence::No);
+  EXPECT_EQ(slurp(fs::path(out) / "model.safetensors"), model);
+  EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-1"));
+  EXPECT_FALSE(fs::exists(fs::path(out) / "train_results.json"));
   EXPECT_EQ(run_anatomy(base + " --overwrite-output-dir --seed 7").status, 0);
   EXPECT_NE(slurp(fs::path(out) / "train_results.json"), results);
   EXPECT_FALSE(fs::exists(fs::path(out) / "checkpoint-1")) << "the old run's checkpoints would mix with the new run's";
+  // The first checkpoint of an overwriting run replaces the previous run's.
+  ASSERT_EQ(run_anatomy(base + " --overwrite-output-dir --max-steps 3 --save-strategy steps --save-steps 1").status, 0);
+  ASSERT_TRUE(fs::exists(fs::path(out) / "checkpoint-3"));
+  diverging(Cadence::Steps);
+  EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-1"));  // this run's, at step 1
+  EXPECT_FALSE(fs::exists(fs::path(out) / "checkpoint-3")) << "resuming latest would take the previous run's step 3";
 }
 
 TEST(TrainRanks, ProfilingAtTwoRanksWritesRankZerosProfile) {
