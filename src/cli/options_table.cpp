@@ -294,8 +294,9 @@ std::vector<OptionSpec> build() {
        false, false, {}, [](R& r, const V& v) { if (v.b) r.train.device = DeviceChoice::Cpu; }, "same"});
   add({"nproc-per-node", {"world-size"}, OptType::Int, kTrainPlan, "1", "Data-parallel ranks, one per device", 1, 1024, false, false,
        false, false, {}, [](R& r, const V& v) { r.train.nproc_per_node = static_cast<int>(v.i); }});
-  add({"zero-stage", {}, OptType::Int, kTrainPlan, "1",
-       "With several ranks: 0 replicated optimizer state, 1 sharded (ZeRO-1), 2 sharded state and gradients (ZeRO-2)", 0, 2, false, false, false, false,
+  add({"zero-stage", {}, OptType::Int, kTrainPlan, "1 (0 for adafactor, adamw_8bit)",
+       "With several ranks: 0 replicated optimizer state, 1 sharded (ZeRO-1), 2 sharded state and gradients (ZeRO-2); "
+       "1 and 2 shard adamw and sgd only", 0, 2, false, false, false, false,
        {}, [](R& r, const V& v) { r.train.zero_stage = static_cast<int>(v.i); }});
   add({"ddp-bucket-cap-mb", {}, OptType::Int, kTrain, "25",
        "With several ranks: gradients are reduced while backward runs, in buckets of this many MiB (0: each layer)",

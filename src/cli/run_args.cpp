@@ -77,6 +77,11 @@ TrainOptions finish_train_args(RunArgs& a, Command cmd, bool has_gpu) {
     usage("--gemm-tuning measure times cuBLASLt's algorithms: it needs the GPU, not --device cpu");
   o.gradient_checkpointing = parse_checkpoint_policy(a.checkpointing);
   o.optim.kind = parse_optimizer(a.optim);
+  // ZeRO shards element-wise optimizer state (AdamW, SGD); Adafactor's factored and 8-bit AdamW's
+  // block-quantized state are replicated, as PyTorch's DDP replicates them: the default stage is
+  // then 0, so a command that runs on one rank runs on several (a --zero-stage given stays refused).
+  if (!a.was_given("zero-stage") && o.optim.kind != OptimizerKind::AdamW && o.optim.kind != OptimizerKind::Sgd)
+    o.zero_stage = 0;
   if (a.was_given("sgd-momentum") && o.optim.kind != OptimizerKind::Sgd)
     usage("--sgd-momentum applies to --optim sgd only (this run: --optim ", a.optim, ")");
   resolve_gradient_placement(o.gradient_placement, o.gradient_accumulation_steps,

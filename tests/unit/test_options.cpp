@@ -336,6 +336,17 @@ TEST(Options, SharedDefaults) {
   }
   RunArgs e = parse_args(kEval, {});
   EXPECT_EQ(e.train.per_device_eval_batch_size, 8);
+  // ZeRO-1 by default, but 0 for the optimizers whose state it cannot shard (a command that runs
+  // on one rank runs on several); a stage given stays as given (and is refused at set-up).
+  const auto zero = [](std::vector<std::string> args) {
+    RunArgs r = parse_args(kTrain, args);
+    return finish_train_args(r, kTrain, false).zero_stage;
+  };
+  EXPECT_EQ(zero({}), 1);
+  EXPECT_EQ(zero({"--optim", "sgd"}), 1);
+  EXPECT_EQ(zero({"--optim", "adafactor"}), 0);
+  EXPECT_EQ(zero({"--optim", "adamw_8bit"}), 0);
+  EXPECT_EQ(zero({"--optim", "adafactor", "--zero-stage", "1"}), 1);
   RunArgs seed = parse_args(kTrain, {"--seed-experiment", "--device", "cpu"});
   const TrainOptions s = finish_train_args(seed, kTrain, false);
   EXPECT_EQ(s.seq_len, 512);

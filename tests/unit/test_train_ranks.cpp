@@ -203,6 +203,18 @@ TEST(TrainRanks, NonFiniteStepStopsTheRunKeepingTheLastCheckpoint) {
   }
 }
 
+// Adafactor (and 8-bit AdamW) on two ranks from the command line: ZeRO's default stage would
+// refuse their state, so the default is replicated state there (Options.SharedDefaults).
+TEST(TrainRanks, AdafactorRunsOnTwoRanksWithTheDefaultStage) {
+  using namespace anatomy::testing_cli;
+  const std::string out = fresh_dir("ranks_adafactor");
+  const CmdResult r = run_anatomy("train --preset bert-tiny --device cpu --seq-len 16 --num-samples 8 "
+                                  "--per-device-train-batch-size 2 --max-steps 2 --disable-tqdm --optim adafactor "
+                                  "--nproc-per-node 2 --output-dir " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::exists(fs::path(out) / "train_results.json"));
+}
+
 TEST(TrainRanks, AnOutputDirectoryHoldingARunIsRefusedUntilTheUserSaysHow) {
   using namespace anatomy::testing_cli;
   const std::string out = fresh_dir("ranks_outdir");
