@@ -196,6 +196,7 @@ class RankRun {
   // Note [best model] (train/options.h): the last evaluation's metric and the best checkpoint's.
   double m_eval_metric = 0, m_best_metric = 0;
   int64_t m_eval_step = -1;
+  bool m_best_loaded = false;  // load_best_model() replaced the last step's weights
   std::string m_best_ckpt;
   double m_now = 0;                     // seconds from the loop's start to the last step's end
   std::vector<double> m_train_stamps;   // each step's end, less the evaluations and checkpoints before it
@@ -474,7 +475,6 @@ bool RankRun::loop(const StopSignals& stop) {
   }
   const int64_t eval_every = m_opt.eval_interval();
   const auto t0 = Clock::now();
-  int64_t last_eval = -1;
   // Note [the last step ends an epoch]: as the Trainer, the run's last step ends its (maybe
   // partial) epoch, evaluated and saved under the epoch strategies; under the steps strategy it is
   // saved (DefaultFlowCallback's should_save at max_steps), so that the best checkpoint and a
@@ -535,10 +535,7 @@ bool RankRun::loop(const StopSignals& stop) {
     account(done, s, cur);
     const auto between = Clock::now();
     if (m_opt.gemm_tuning && step == m_start_step) tune_gemms();  // nothing in flight after the first step
-    if (evaluates_at(done)) {
-      evaluate_now(done);
-      last_eval = done;
-    }
+    if (evaluates_at(done)) evaluate_now(done);
     if (saves_at(done)) save_checkpoint(done);
     paused += std::chrono::duration<double>(Clock::now() - between).count();
     if (s.stop_signal != 0) stop_signal = s.stop_signal;
@@ -560,10 +557,7 @@ bool RankRun::loop(const StopSignals& stop) {
   if (m_lead) m_log->end_of_bar();
   m_dev.backend->synchronize();
   m_runtime = std::chrono::duration<double>(Clock::now() - t0).count();
-  // The end of the run is evaluated once (Trainer's do_eval), whatever the strategy did before.
-  if (m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end) && last_eval != m_total_steps)
-    evaluate_now(m_total_steps);
-  if (m_opt.track_best_model) load_best_model();
+  if (m_opt.track_best_model) load_best_model();  // evaluated in finish(), once saved
   sampler.stop();
   // The clock and power of the steps steady samples/s counts (Note [clock and power]).
   if (m_step_ends_s.size() > 3)
@@ -574,6 +568,21 @@ bool RankRun::loop(const StopSignals& stop) {
 void RankRun::finish() {
   TrainResult& res = m_res;
   const int N = m_comm.size();
+  // Note [saved before the final evaluation]: the model (before --profile-steps, whose extra
+  // steps change the weights), with its tokenizer, then the evaluation of the run's end (the
+  // Trainer's do_eval, whatever the strategy did before; the best model's when it was loaded),
+  // as run_glue.py saves before it evaluates: an evaluation that fails (a rank lost, memory short
+  // for the evaluation batch) leaves the trained model saved.
+  if (m_lead) m_out->replace_previous_results();  // Note [overwriting a run]
+  if (m_opt.save_model) m_step->complete_masters();  // every rank: a collective
+  if (m_lead && m_opt.save_model) {
+    m_out->claim();
+    save_pretrained(m_opt.output_dir, *m_model);
+    copy_files_into(m_opt.output_dir, m_data->tokenizer_files);
+  }
+  if (m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end) &&
+      (m_eval_step != m_total_steps || m_best_loaded))
+    evaluate_now(m_total_steps);
   res.steps = m_total_steps;
   res.samples = m_p.samples;
   res.train_dataset_samples = static_cast<int64_t>(m_data->train->size());
@@ -613,14 +622,6 @@ void RankRun::finish() {
     if (N > 1) res.gpu_memory_per_rank_mb = gather_per_rank(m_comm, res.gpu_memory_occupied_mb);
   }
 
-  // The model (before --profile-steps, whose extra steps change the weights), with its tokenizer.
-  if (m_lead) m_out->replace_previous_results();  // Note [overwriting a run]
-  if (m_opt.save_model) m_step->complete_masters();  // every rank: a collective
-  if (m_lead && m_opt.save_model) {
-    m_out->claim();
-    save_pretrained(m_opt.output_dir, *m_model);
-    copy_files_into(m_opt.output_dir, m_data->tokenizer_files);
-  }
   if (m_lead && m_data->test) {
     m_out->claim();  // with --save-strategy no, nothing has made the directory yet
     res.predict_samples = predict_into(m_opt, *m_model, *m_data->test, std::min(m_opt.per_device_eval_batch_size, m_B), m_cfg);
@@ -688,7 +689,7 @@ void RankRun::load_best_model() {
   if (m_lead)
     std::fprintf(stderr, "anatomy: loading the best model, %s (%s %.6g), as --load-best-model-at-end says\n",
                  m_best_ckpt.c_str(), m_opt.metric_for_best_model.c_str(), m_best_metric);
-  evaluate_now(m_total_steps);
+  m_best_loaded = true;
 }
 
 // --profile-steps: extra steps, outside the timed ones, with every op between timing marks.

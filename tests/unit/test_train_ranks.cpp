@@ -10,10 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/cli.h"
 #include "../common/data_parallel.h"
+#include "io/read_file.h"
 #include "train/step.h"
 #include "train/trainer.h"
 
@@ -272,6 +274,45 @@ TEST(TrainRanks, AnOutputDirectoryHoldingARunIsRefusedUntilTheUserSaysHow) {
   diverging(Cadence::Steps);
   EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-1"));  // this run's, at step 1
   EXPECT_FALSE(fs::exists(fs::path(out) / "checkpoint-3")) << "resuming latest would take the previous run's step 3";
+}
+
+// Note [saved before the final evaluation]: the model is on disk before the run's end is
+// evaluated (as run_glue.py saves, then evaluates), so a final evaluation that fails leaves it
+// saved. Seen from outside while the run goes: when model.safetensors first exists, the log holds
+// no evaluation yet (the only one here is the end's, of 4000 validation samples).
+TEST(TrainRanks, TheModelIsSavedBeforeTheFinalEvaluation) {
+  const std::string dir = fresh_dir("ranks_save_then_eval");
+  {
+    std::ifstream in(kData);
+    const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream out(dir + "/val.jsonl");
+    for (int i = 0; i < 20; ++i) out << all;
+  }
+  TrainOptions o = options("cpu", dropout_free_model("ranks_save_then_eval_model"), "ranks_save_then_eval_out", 2, 2, 1);
+  o.dataset = "seed";
+  o.train_file = kData;
+  o.validation_file = dir + "/val.jsonl";
+  o.tokenizer = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/tokenizer";
+  o.max_steps = 2;
+  o.eval_at_end = true;
+  const fs::path model = fs::path(o.output_dir) / "model.safetensors", log = fs::path(o.output_dir) / "metrics.jsonl";
+  std::thread run([&] { train(o); });
+  bool seen = false, evaluated_before = false;
+  while (!seen) {
+    seen = fs::exists(model);
+    if (seen) {
+      std::ifstream in(log);
+      const std::string lines((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      evaluated_before = lines.find("\"eval_loss\"") != std::string::npos;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  run.join();
+  EXPECT_FALSE(evaluated_before) << "the end was evaluated before the model was saved";
+  const std::vector<json> logged = read_jsonl(log);
+  ASSERT_FALSE(logged.empty());
+  EXPECT_TRUE(std::any_of(logged.begin(), logged.end(), [](const json& j) { return j.contains("eval_loss"); }));
+  EXPECT_EQ(json::parse(read_regular_file(o.output_dir + "/eval_results.json")).at("eval_samples"), 3940);
 }
 
 TEST(TrainRanks, ProfilingAtTwoRanksWritesRankZerosProfile) {
