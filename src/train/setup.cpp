@@ -322,8 +322,10 @@ void check_ranks_agree(const TrainOptions& o, int64_t train_rows, Communicator& 
                               {"--metric-for-best-model", o.metric_for_best_model},
                               {"--profile-steps", o.profile_steps},
                               {"--eval-steps", o.eval_ratio > 0 ? o.eval_ratio : static_cast<double>(o.eval_steps)},
-                              {"--save-strategy",
-                               str_cat(cadence_name(o.checkpoint_strategy), o.save_model ? "" : ", no final model")},
+                              {"--save-strategy",  // as the flag spells it: final is no checkpoints, a final model
+                               o.checkpoint_strategy == Cadence::No
+                                   ? std::string(o.save_model ? "final" : "no")
+                                   : str_cat(cadence_name(o.checkpoint_strategy), o.save_model ? "" : ", no final model")},
                               {"--save-steps", o.save_ratio > 0 ? o.save_ratio : static_cast<double>(o.save_steps)},
                               {"--skip-nonfinite-steps", o.skip_nonfinite_steps},
                               {"the training data's rows", train_rows}};

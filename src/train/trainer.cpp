@@ -627,6 +627,9 @@ void RankRun::finish() {
     res.predict_samples = predict_into(m_opt, *m_model, *m_data->test, std::min(m_opt.per_device_eval_batch_size, m_B), m_cfg);
   }
   if (m_opt.profile_steps > 0) profile();
+  // Every rank is still there before the run is marked finished (train_results.json): a rank
+  // lost while rank 0 predicted alone ends the job here, its directory not looking finished.
+  m_comm.barrier();
   if (m_lead) {
     m_out->claim();
     // trainer_state.json beside the model, as run_glue.py's trainer.save_state() leaves it,

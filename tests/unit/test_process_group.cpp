@@ -281,6 +281,66 @@ TEST(TrainRanks, DifferentFlagsEndEveryRankNamingThem) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/out/train_results.json"));
 }
 
+// The values named are the flags' own spellings: the default --save-strategy is "final" (a model
+// at the end, no checkpoints), not "no" (the message said rank 0's "no" against rank 1's "no").
+TEST(TrainRanks, DifferentSaveStrategiesAreNamedAsTheFlagSpellsThem) {
+  const std::string dir = testing_dirs::fresh_dir("train_ranks_save_differ");
+  const int port = free_local_port();
+  std::vector<pid_t> pids;
+  for (int r = 1; r >= 0; --r) {
+    std::vector<std::string> args = {ANATOMY_BINARY, "train", "--device", "cpu", "--threads", "1", "--disable-tqdm",
+                                     "--preset", "bert-tiny", "--num-samples", "32", "--seq-len", "16", "--max-steps",
+                                     "2", "--output-dir", dir + "/out"};
+    if (r == 1) args.insert(args.end(), {"--save-strategy", "no"});
+    pids.push_back(start_rank(args, r, 2, port, dir + "/log" + std::to_string(r)));
+  }
+  for (size_t i = 0; i < pids.size(); ++i) {
+    const int r = 1 - static_cast<int>(i);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pids[i], &status, 0), pids[i]);
+    const std::string log = slurp(dir + "/log" + std::to_string(r));
+    EXPECT_NE(log.find(str_cat("--save-strategy (rank ", r, ": \"", r == 0 ? "final" : "no", "\")")), std::string::npos)
+        << log;
+  }
+}
+
+// A rank killed while rank 0 predicts alone (--do-predict) ends the job before the run is marked
+// finished: rank 0 fails at the barrier before train_results.json (it wrote it, and its summary).
+TEST(TrainRanks, ARankLostDuringPredictionLeavesTheRunUnfinished) {
+  const std::string dir = testing_dirs::fresh_dir("train_ranks_predict_kill");
+  const std::string data = std::string(ANATOMY_SOURCE_DIR) + "/tests/data/text/sentiment.jsonl";
+  {
+    std::ifstream in(data);
+    const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream train(dir + "/train.jsonl"), big(dir + "/test.jsonl");
+    train << all;
+    for (int i = 0; i < 100; ++i) big << all;  // 19700 sentences: seconds of prediction
+  }
+  const int port = free_local_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r)
+    pids.push_back(start_rank({ANATOMY_BINARY, "train", "--device", "cpu", "--threads", "1", "--disable-tqdm", "--preset",
+                               "bert-tiny", "--tokenizer", std::string(ANATOMY_SOURCE_DIR) + "/tests/data/tokenizer",
+                               "--train-file", dir + "/train.jsonl", "--validation-file", dir + "/train.jsonl",
+                               "--max-seq-length", "32", "--max-steps", "2", "--do-predict", "--test-file",
+                               dir + "/test.jsonl", "--output-dir", dir + "/out"},
+                              r, 2, port, dir + "/log" + std::to_string(r)));
+  // The end's evaluation is logged once the model is saved; prediction follows it on rank 0.
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (slurp(dir + "/out/metrics.jsonl").find("eval_loss") == std::string::npos && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_LT(Clock::now(), deadline) << slurp(dir + "/log0");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past the result gathers: predicting
+  ::kill(pids[1], SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pids[1], &status, 0), pids[1]);
+  ASSERT_EQ(::waitpid(pids[0], &status, 0), pids[0]);
+  const std::string log = slurp(dir + "/log0");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << log;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/out/train_results.json")) << log;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/out/model.safetensors")) << log;
+}
+
 // Note [failure before the group] (dist/launch.cpp): a rank refusing its flags before it joins
 // the group (here --num-samples 0, as if its node's command line differed) ends the others with
 // its error within seconds, where they waited out the rendezvous (ANATOMY_DIST_TIMEOUT, 60 s in
