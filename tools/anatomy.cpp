@@ -121,7 +121,7 @@ int run_eval(EvalFlags f) {
                 " is longer than the model's position table (max_position_embeddings = ", cfg.max_position_embeddings,
                 cfg.position_offset() ? str_cat(", of which ", cfg.max_sequence_length(), " follow pad_token_id") : "", ")");
   const std::string tok_dir = f.tokenizer.empty() ? f.model : f.tokenizer;
-  const Tokenizer tok = Tokenizer::from_directory(tok_dir);
+  const Tokenizer tok = Tokenizer::from_directory(tok_dir, cfg.model_type());
   ANATOMY_CHECK(static_cast<int64_t>(tok.vocab_size()) <= cfg.vocab_size, "--tokenizer ", tok_dir, ": ", tok.vocab_size(),
                 " tokens, more than the model's vocab_size of ", cfg.vocab_size);
   TextDataOptions topt;

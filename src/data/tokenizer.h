@@ -123,8 +123,11 @@ class Tokenizer {
   // A tokenizer.json of any supported model type.
   static Tokenizer from_tokenizer_json(const std::string& path);
   // A model directory: its tokenizer.json when present, else its vocab.txt (as
-  // WordPieceTokenizer::from_directory reads it).
-  static Tokenizer from_directory(const std::string& dir);
+  // WordPieceTokenizer::from_directory reads it), built as transformers 5 builds the class the
+  // directory names (Note [XLM-R as transformers 5 builds it], [BERT as transformers 5 builds it]):
+  // tokenizer_config.json's tokenizer_class, else config.json's model_type, else `model_type`
+  // (the model's, whose saved directory will name it: Note [the class of a bare tokenizer]).
+  static Tokenizer from_directory(const std::string& dir, const std::string& model_type = "");
   // The tokenizer files of a model directory that exist, to copy next to a saved model.
   static std::vector<std::string> files_in(const std::string& dir);
   // Note [prefix space for words] (data/tokenizer_json.h): a byte-level tokenizer that adds a

@@ -54,15 +54,27 @@ nlohmann::json read_json_object(const std::filesystem::path& path) {
   return j.is_object() ? j : nlohmann::json::object();
 }
 
+// The model type whose tokenizer class AutoTokenizer takes for `dir` when tokenizer_config.json
+// names no class: config.json's model_type, else `fallback`.
+//
+// Note [the class of a bare tokenizer]
+// A tokenizer directory naming no class (only a tokenizer.json, say, passed with --tokenizer) is
+// built as the model's type builds it: the run saves that tokenizer.json beside a config.json of
+// the model's type, so transformers (and `anatomy eval`) build the saved model's tokenizer as that
+// type's class; training on the same tokens keeps the saved model's tokens its training's.
+std::string model_type_of(const std::filesystem::path& dir, const std::string& fallback) {
+  const nlohmann::json config = read_json_object(dir / "config.json");
+  if (config.value("model_type", nlohmann::json()).is_string()) return config["model_type"].get<std::string>();
+  return fallback;
+}
+
 // Note [XLM-R as transformers 5 builds it] (data/tokenizer_json.cpp): the class AutoTokenizer
 // would build for `dir` is XLMRobertaTokenizer: tokenizer_config.json's tokenizer_class, or
-// without one config.json's model_type.
-bool xlm_roberta_class(const std::filesystem::path& dir, const nlohmann::json& tokenizer_config) {
+// without one the model type's.
+bool xlm_roberta_class(const std::filesystem::path& dir, const nlohmann::json& tokenizer_config, const std::string& type) {
   if (tokenizer_config.contains("tokenizer_class") && tokenizer_config["tokenizer_class"].is_string())
     return tokenizer_config["tokenizer_class"].get<std::string>().rfind("XLMRobertaTokenizer", 0) == 0;
-  const nlohmann::json config = read_json_object(dir / "config.json");
-  return config.value("model_type", nlohmann::json()).is_string() &&
-         config["model_type"].get<std::string>() == "xlm-roberta";
+  return model_type_of(dir, type) == "xlm-roberta";
 }
 
 // Note [BERT as transformers 5 builds it]
@@ -74,15 +86,14 @@ bool xlm_roberta_class(const std::filesystem::path& dir, const nlohmann::json& t
 // tokens are the file's. So for such a directory (the class named, or none named and config.json's
 // model_type bert, distilbert or electra) the normalizer is tokenizer_config.json's. Hub models
 // state both alike; the rule matters for a tokenizer saved without its config.
-bool bert_class(const std::filesystem::path& dir, const nlohmann::json& tokenizer_config) {
+bool bert_class(const std::filesystem::path& dir, const nlohmann::json& tokenizer_config, const std::string& model_type) {
   if (tokenizer_config.contains("tokenizer_class") && tokenizer_config["tokenizer_class"].is_string()) {
     const std::string c = tokenizer_config["tokenizer_class"].get<std::string>();
     for (const char* name : {"BertTokenizer", "DistilBertTokenizer", "ElectraTokenizer"})
       if (c.rfind(name, 0) == 0) return true;
     return false;
   }
-  const nlohmann::json config = read_json_object(dir / "config.json");
-  const std::string type = config.value("model_type", nlohmann::json()).is_string() ? config["model_type"].get<std::string>() : "";
+  const std::string type = model_type_of(dir, model_type);
   return type == "bert" || type == "distilbert" || type == "electra";
 }
 
@@ -102,16 +113,24 @@ BertNormalizerConfig bert_class_normalizer(const nlohmann::json& cfg) {
 
 Tokenizer Tokenizer::with_prefix_space() const { return m_json ? Tokenizer(m_json->with_prefix_space()) : *this; }
 
-Tokenizer Tokenizer::from_directory(const std::string& dir) {
+Tokenizer Tokenizer::from_directory(const std::string& dir, const std::string& model_type) {
   refuse_left_truncation(dir);
   const auto file = std::filesystem::path(dir) / "tokenizer.json";
   Tokenizer t = std::filesystem::is_regular_file(file) ? from_tokenizer_json(file.string())
                                                        : Tokenizer(WordPieceTokenizer::from_directory(dir));
   const nlohmann::json cfg = read_json_object(std::filesystem::path(dir) / "tokenizer_config.json");
-  if (t.m_wordpiece && bert_class(dir, cfg)) return Tokenizer(t.m_wordpiece->with_normalizer(bert_class_normalizer(cfg)));
-  if (t.m_json && xlm_roberta_class(dir, cfg)) {
+  if (t.m_wordpiece && bert_class(dir, cfg, model_type)) return Tokenizer(t.m_wordpiece->with_normalizer(bert_class_normalizer(cfg)));
+  if (t.m_json && xlm_roberta_class(dir, cfg, model_type)) {
     const nlohmann::json prefix = cfg.value("add_prefix_space", nlohmann::json(true));
-    return Tokenizer(t.m_json->as_xlm_roberta_class(!prefix.is_boolean() || prefix.get<bool>()));
+    // bos_token / eos_token: a string, or an AddedToken's {"content": ...}.
+    const auto token = [&](const char* key, const char* fallback) {
+      const nlohmann::json v = cfg.value(key, nlohmann::json());
+      if (v.is_string()) return v.get<std::string>();
+      if (v.is_object() && v.value("content", nlohmann::json()).is_string()) return v["content"].get<std::string>();
+      return std::string(fallback);
+    };
+    return Tokenizer(t.m_json->as_xlm_roberta_class(!prefix.is_boolean() || prefix.get<bool>(), token("bos_token", "<s>"),
+                                                    token("eos_token", "</s>")));
   }
   return t;
 }

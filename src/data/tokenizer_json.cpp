@@ -145,10 +145,11 @@ JsonTokenizer JsonTokenizer::with_prefix_space() const {
 
 // Note [XLM-R as transformers 5 builds it]
 // transformers 5 builds the tokenizer of a class with its own constructor from the class, not
-// from tokenizer.json: of the file it keeps the vocabulary, the post-processor and a Precompiled
-// (SentencePiece) normalizer, and XLMRobertaTokenizer puts around them a pre-tokenizer that splits
-// on whitespace before Metaspace (prepending ▁ to every word, or to none without
-// add_prefix_space). xlm-roberta-base's own tokenizer.json (Precompiled, spaces collapsed,
+// from tokenizer.json: of the file it keeps the vocabulary and a Precompiled (SentencePiece)
+// normalizer, and XLMRobertaTokenizer puts around them a pre-tokenizer that splits on whitespace
+// before Metaspace (prepending ▁ to every word, or to none without add_prefix_space) and its own
+// templates, <s> $A </s> and <s> $A </s> </s> $B </s>, every type id 0 (tokenizer_config.json's
+// bos_token and eos_token), whatever post-processor the file has. xlm-roberta-base's own tokenizer.json (Precompiled, spaces collapsed,
 // Metaspace alone) gives a ▁ token for leading and trailing whitespace and around added tokens
 // where the class gives none, and the file's other normalizers are dropped: 2978 of the 12006
 // lines of tests/fixtures/tokenizers/lines.txt.gz and 508 of its 2000 pairs tokenize otherwise. A model trained here is
@@ -156,8 +157,21 @@ JsonTokenizer JsonTokenizer::with_prefix_space() const {
 // (Tokenizer::from_directory, for a directory whose tokenizer_config.json names the class or
 // whose config.json's model_type is xlm-roberta). BERT, RoBERTa, DistilBERT, ELECTRA and
 // ModernBERT tokenize as their files say, in transformers 5 as here.
-JsonTokenizer JsonTokenizer::as_xlm_roberta_class(bool add_prefix_space) const {
+JsonTokenizer JsonTokenizer::as_xlm_roberta_class(bool add_prefix_space, const std::string& bos,
+                                                  const std::string& eos) const {
   json j = json::parse(m_file);
+  const int32_t bos_id = token_to_id(bos), eos_id = token_to_id(eos);
+  if (bos_id >= 0 && eos_id >= 0) {  // else transformers fails to build it: the file's stays
+    const auto special = [](const std::string& t) { return json{{"SpecialToken", {{"id", t}, {"type_id", 0}}}}; };
+    const auto seq = [](const char* s) { return json{{"Sequence", {{"id", s}, {"type_id", 0}}}}; };
+    j["post_processor"] = {
+        {"type", "TemplateProcessing"},
+        {"single", json::array({special(bos), seq("A"), special(eos)})},
+        {"pair", json::array({special(bos), seq("A"), special(eos), special(eos), seq("B"), special(eos)})},
+        {"special_tokens",
+         {{bos, {{"id", bos}, {"ids", json::array({bos_id})}, {"tokens", json::array({bos})}}},
+          {eos, {{"id", eos}, {"ids", json::array({eos_id})}, {"tokens", json::array({eos})}}}}}};
+  }
   json precompiled = nullptr;
   const json norm = j.value("normalizer", json());
   if (norm.is_object() && norm.value("type", std::string()) == "Precompiled") precompiled = norm;

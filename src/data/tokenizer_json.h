@@ -37,9 +37,9 @@ class JsonTokenizer {
   // word, for pre-split words), as AutoTokenizer(add_prefix_space=True) builds it (Note [prefix
   // space for words]); a pipeline without one is the same.
   JsonTokenizer with_prefix_space() const;
-  // Note [XLM-R as transformers 5 builds it]: the file's vocabulary, post-processor and
-  // Precompiled normalizer with transformers 5's XLMRobertaTokenizer pipeline around them.
-  JsonTokenizer as_xlm_roberta_class(bool add_prefix_space) const;
+  // Note [XLM-R as transformers 5 builds it]: the file's vocabulary and Precompiled normalizer
+  // with transformers 5's XLMRobertaTokenizer pipeline around them (`bos` $A `eos` templates).
+  JsonTokenizer as_xlm_roberta_class(bool add_prefix_space, const std::string& bos, const std::string& eos) const;
   JsonTokenizer(JsonTokenizer&&) noexcept;
   JsonTokenizer& operator=(JsonTokenizer&&) noexcept;
   ~JsonTokenizer();

@@ -79,7 +79,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   const std::string tok_dir = !opt.tokenizer.empty() ? opt.tokenizer : opt.model_name_or_path;
   ANATOMY_CHECK(!tok_dir.empty(), "--train-file needs a tokenizer: pass --tokenizer DIR (with vocab.txt or "
                 "tokenizer.json) or --model-name-or-path");
-  const Tokenizer tok = Tokenizer::from_directory(tok_dir);
+  const Tokenizer tok = Tokenizer::from_directory(tok_dir, cfg.model_type());  // Note [the class of a bare tokenizer]
   ANATOMY_CHECK(static_cast<int64_t>(tok.vocab_size()) <= cfg.vocab_size, "--tokenizer ", tok_dir, ": its ",
                 tok.vocab_size(), " tokens do not fit the model's vocab_size ", cfg.vocab_size);
   d.tokenizer_files = Tokenizer::files_in(tok_dir);

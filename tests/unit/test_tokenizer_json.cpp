@@ -139,6 +139,16 @@ TEST(TokenizerJsonXlmRobertaClass, EveryLineAndPairAsTransformers5) {
   expect_parity(Tokenizer::from_directory(dir), "xlmr_class", "model_type");
   std::ofstream(dir + "/tokenizer_config.json") << R"({"tokenizer_class": "PreTrainedTokenizerFast"})";
   expect_parity(Tokenizer::from_directory(dir), "xlmr", "another class");
+  // The class's templates replace the file's post-processor, even none (<s> and </s> were lost).
+  nlohmann::json j = nlohmann::json::parse(read_regular_file(file));
+  j["post_processor"] = nullptr;
+  std::ofstream(file) << j.dump();
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"tokenizer_class": "XLMRobertaTokenizer", "bos_token": {"content": "<s>"}})";
+  expect_parity(Tokenizer::from_directory(dir), "xlmr_class", "no post-processor");
+  // Note [the class of a bare tokenizer]: a directory naming no class takes the model's type.
+  const std::string bare = fs::path(unpack("xlmr")).parent_path().string();
+  expect_parity(Tokenizer::from_directory(bare), "xlmr", "bare");
+  expect_parity(Tokenizer::from_directory(bare, "xlm-roberta"), "xlmr_class", "bare, for an XLM-R model");
 }
 
 // Pre-split words (Hugging Face's is_split_into_words): ids and each token's word index, against
