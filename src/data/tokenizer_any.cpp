@@ -97,7 +97,11 @@ bool bert_class(const std::filesystem::path& dir, const nlohmann::json& tokenize
   return type == "bert" || type == "distilbert" || type == "electra";
 }
 
-BertNormalizerConfig bert_class_normalizer(const nlohmann::json& cfg) {
+BertNormalizerConfig bert_class_normalizer(const nlohmann::json& cfg, const std::filesystem::path& dir) {
+  // A value of another type ("false", a string) fails in transformers' BertNormalizer: here too.
+  for (const char* key : {"do_lower_case", "tokenize_chinese_chars", "strip_accents"})
+    ANATOMY_CHECK(!cfg.contains(key) || cfg[key].is_boolean() || (cfg[key].is_null() && key == std::string("strip_accents")),
+                  (dir / "tokenizer_config.json").string(), ": ", key, " must be true or false (got ", cfg[key].dump(), ")");
   const auto flag = [&](const char* key, bool fallback) {
     return cfg.contains(key) && cfg[key].is_boolean() ? cfg[key].get<bool>() : fallback;
   };
@@ -119,7 +123,7 @@ Tokenizer Tokenizer::from_directory(const std::string& dir, const std::string& m
   Tokenizer t = std::filesystem::is_regular_file(file) ? from_tokenizer_json(file.string())
                                                        : Tokenizer(WordPieceTokenizer::from_directory(dir));
   const nlohmann::json cfg = read_json_object(std::filesystem::path(dir) / "tokenizer_config.json");
-  if (t.m_wordpiece && bert_class(dir, cfg, model_type)) return Tokenizer(t.m_wordpiece->with_normalizer(bert_class_normalizer(cfg)));
+  if (t.m_wordpiece && bert_class(dir, cfg, model_type)) return Tokenizer(t.m_wordpiece->with_normalizer(bert_class_normalizer(cfg, dir)));
   if (t.m_json && xlm_roberta_class(dir, cfg, model_type)) {
     const nlohmann::json prefix = cfg.value("add_prefix_space", nlohmann::json(true));
     // bos_token / eos_token: a string, or an AddedToken's {"content": ...}.

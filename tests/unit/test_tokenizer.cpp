@@ -356,6 +356,15 @@ TEST(Tokenizer, ABertDirectoryNormalizesAsItsTokenizerConfigSays) {
   EXPECT_EQ(Tokenizer::from_directory(dir).encode_words("Hello World"), lower);
   std::ofstream(dir + "/tokenizer_config.json") << R"({"tokenizer_class": "PreTrainedTokenizerFast"})";
   EXPECT_EQ(Tokenizer::from_directory(dir).encode_words("Hello World"), cased);
+  // A setting that is not a boolean is refused naming the file (it was read as the default).
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"do_lower_case": "false"})";
+  try {
+    Tokenizer::from_directory(dir);
+    ADD_FAILURE() << "a string do_lower_case was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: do_lower_case must be true or false (got \"false\")"),
+              std::string::npos) << e.what();
+  }
 }
 
 // A tokenizer that truncates on the left (tokenizer_config.json's truncation_side) would be given
