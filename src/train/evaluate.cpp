@@ -316,15 +316,20 @@ std::string metric_key(const std::string& name, const std::string& prefix) {
   return name == "perplexity" ? name : prefix + name;
 }
 
+double speed_metric(double value, int decimals) {
+  const double scale = std::pow(10.0, decimals);
+  return std::round(value * scale) / scale;
+}
+
 nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix) {
   nlohmann::json j;
   if (r.labelled)
     for (const std::string& m : metric_names(metric_kind(r))) j[metric_key(m, prefix)] = metric_value(r, m);
   if (r.labelled && r.masked_lm) j[prefix + "scored_tokens"] = r.scored_tokens;
   j[prefix + "samples"] = r.samples;
-  j[prefix + "runtime"] = r.runtime;
-  j[prefix + "samples_per_second"] = r.samples_per_second;
-  j[prefix + "steps_per_second"] = static_cast<double>(r.batches) / std::max(r.runtime, 1e-9);  // the Trainer's key
+  j[prefix + "runtime"] = speed_metric(r.runtime, 4);
+  j[prefix + "samples_per_second"] = speed_metric(r.samples_per_second, 3);
+  j[prefix + "steps_per_second"] = speed_metric(static_cast<double>(r.batches) / std::max(r.runtime, 1e-9), 3);
   j[prefix + "tokens"] = r.tokens;
   j[prefix + "padded_tokens"] = r.padded_tokens;
   j[prefix + "computed_tokens"] = r.computed_tokens;

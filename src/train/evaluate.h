@@ -163,6 +163,11 @@ std::string metric_key(const std::string& name, const std::string& prefix = "eva
 // eval_samples_per_second, and the token counts, in the Trainer's style (`prefix` + name).
 nlohmann::json eval_metrics_json(const EvalResult& r, const std::string& prefix = "eval_");
 
+// The Trainer's speed_metrics: a runtime to 4 decimals and a rate to 3, as its logs and result
+// files give them (Python's round); anatomy's own figures (steady_samples_per_second, the log's
+// samples_per_second) keep every digit.
+double speed_metric(double value, int decimals);
+
 // One JSON line per sample, atomically: {"index", "prediction" (the id2label name),
 // "prediction_id", "label" and "label_id" (labelled only), "probabilities" (when kept)};
 // regression and multi-label as evaluate_float.h says; masked-LM {"index", "masked_loss_sum"}.

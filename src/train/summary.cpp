@@ -19,9 +19,9 @@ double mib(int64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); }
 
 void write_run_summary(const TrainOptions& opt, const TrainResult& res, const MemoryPlan& mem_plan, const BertConfig& cfg,
                        const ModelShape& shape, int64_t used_before) {
-  nlohmann::json out = {{"train_runtime", res.train_runtime},
-                        {"train_samples_per_second", res.train_samples_per_second},
-                        {"train_steps_per_second", res.train_steps_per_second},
+  nlohmann::json out = {{"train_runtime", speed_metric(res.train_runtime, 4)},
+                        {"train_samples_per_second", speed_metric(res.train_samples_per_second, 3)},
+                        {"train_steps_per_second", speed_metric(res.train_steps_per_second, 3)},
                         {"steady_samples_per_second", res.steady_samples_per_second},
                         {"train_loss", res.train_loss},
                         {"train_samples", res.train_dataset_samples},
@@ -63,17 +63,17 @@ void write_run_summary(const TrainOptions& opt, const TrainResult& res, const Me
   // all_results.json (the train_ and eval_ keys together).
   nlohmann::json all = {{"epoch", res.epoch},
                         {"train_loss", res.train_loss},
-                        {"train_runtime", res.train_runtime},
+                        {"train_runtime", speed_metric(res.train_runtime, 4)},
                         {"train_samples", res.train_dataset_samples},
-                        {"train_samples_per_second", res.train_samples_per_second},
-                        {"train_steps_per_second", res.train_steps_per_second}};
+                        {"train_samples_per_second", speed_metric(res.train_samples_per_second, 3)},
+                        {"train_steps_per_second", speed_metric(res.train_steps_per_second, 3)}};
   if (!res.eval_metrics.empty()) {
     const double rt = std::max(res.eval_runtime, 1e-9);
     nlohmann::json ev = {{"epoch", res.epoch},
-                         {"eval_runtime", res.eval_runtime},
+                         {"eval_runtime", speed_metric(res.eval_runtime, 4)},
                          {"eval_samples", res.eval_samples},
-                         {"eval_samples_per_second", static_cast<double>(res.eval_samples) / rt},
-                         {"eval_steps_per_second", static_cast<double>(res.eval_steps) / rt}};
+                         {"eval_samples_per_second", speed_metric(static_cast<double>(res.eval_samples) / rt, 3)},
+                         {"eval_steps_per_second", speed_metric(static_cast<double>(res.eval_steps) / rt, 3)}};
     for (const auto& [name, value] : res.eval_metrics) ev[metric_key(name)] = out[metric_key(name)] = value;
     write_file_atomic((fs::path(opt.output_dir) / "eval_results.json").string(), ev.dump(4) + "\n");
     all.update(ev);

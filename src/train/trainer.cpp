@@ -638,9 +638,9 @@ void RankRun::finish() {
                                  {"step", m_total_steps},
                                  {"total_flos", 0.0},
                                  {"train_loss", res.train_loss},
-                                 {"train_runtime", res.train_runtime},
-                                 {"train_samples_per_second", res.train_samples_per_second},
-                                 {"train_steps_per_second", res.train_steps_per_second}};
+                                 {"train_runtime", speed_metric(res.train_runtime, 4)},
+                                 {"train_samples_per_second", speed_metric(res.train_samples_per_second, 3)},
+                                 {"train_steps_per_second", speed_metric(res.train_steps_per_second, 3)}};
     write_file_atomic((fs::path(m_opt.output_dir) / "trainer_state.json").string(),
                       trainer_state(m_total_steps, last).dump(2) + "\n");
     write_run_summary(m_opt, res, m_plan, m_cfg, m_shape, m_dev.used_before);

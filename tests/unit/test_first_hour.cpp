@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -235,6 +236,17 @@ const std::function<void(const std::string&)> kOutputLoadable = [](const std::st
     EXPECT_EQ(all[k], ev[k]) << k;
   }
   EXPECT_EQ(ev["eval_samples"], 197);
+  // The Trainer's speed_metrics rounding: runtimes to 4 decimals, rates to 3.
+  const auto decimals = [](const json& v, int n) {
+    const double scaled = v.get<double>() * std::pow(10.0, n);
+    return std::abs(scaled - std::round(scaled)) < 1e-6 * std::max(1.0, std::abs(scaled));
+  };
+  for (const json* f : {&train, &ev})
+    for (const auto& [k, v] : f->items()) {
+      if (!k.starts_with("train_") && !k.starts_with("eval_")) continue;  // steady_samples_per_second: anatomy's own
+      if (k.ends_with("_runtime")) EXPECT_TRUE(decimals(v, 4)) << k << " " << v;
+      if (k.ends_with("_per_second")) EXPECT_TRUE(decimals(v, 3)) << k << " " << v;
+    }
 };
 
 const std::function<void(const std::string&)> kPredictResults = [](const std::string& d) {
