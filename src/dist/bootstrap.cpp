@@ -306,7 +306,7 @@ void TcpStore::set(const std::string& key, const std::vector<char>& value) {
   ANATOMY_CHECK(reply == 'K', "bootstrap: the store at ", address(), " answered '", reply, "' to a set");
 }
 
-void TcpStore::join(int rank) {
+void TcpStore::join(int rank, int world) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   const std::string me = str_cat(host, " pid ", ::getpid());
@@ -317,6 +317,13 @@ void TcpStore::join(int rank) {
                 "; this one is ", me, "): two processes were started with the same rank; check the launcher's ranks "
                 "(RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID) and that one job is started once");
   m_rank = rank;
+  m_world = world;
+  // Every rank here, or one failed before it could join (Note [failure before the group]): an
+  // engine's own rendezvous (NCCL's init) would never look at the store again.
+  set(str_cat("anatomy/joined/", rank), {});
+  std::vector<std::string> joined;
+  for (int r = 0; r < world; ++r) joined.push_back(str_cat("anatomy/joined/", r));
+  wait(joined);
 }
 
 void TcpStore::fail_group(int rank, const std::string& message) {
@@ -327,7 +334,7 @@ void TcpStore::fail_group(int rank, const std::string& message) {
 void TcpStore::await_failure_seen(int world) {
   std::vector<std::string> keys;
   for (int r = 0; r < world; ++r) keys.push_back(seen_key(r));
-  wait(keys);  // not a member: no failure key to heed here
+  wait_for(keys, m_timeout, false);
 }
 
 std::vector<char> TcpStore::get(const std::string& key) {
@@ -341,6 +348,10 @@ std::vector<char> TcpStore::get(const std::string& key) {
 void TcpStore::wait(const std::vector<std::string>& keys) { wait(keys, m_timeout); }
 
 void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  wait_for(keys, timeout, m_rank >= 0);
+}
+
+void TcpStore::wait_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout, bool heed_failure) {
   const auto deadline = Clock::now() + timeout;
   for (const std::string& key : keys) {
     auto pause = std::chrono::milliseconds(1);
@@ -349,10 +360,20 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
       std::vector<char> out;
       request('G', key, {}, reply, out);
       if (reply == 'F') break;
-      if (m_rank >= 0) {  // a member: has a rank failed before the group formed?
+      if (heed_failure) {  // a member: has a rank failed before the group formed?
         request('G', kFailedKey, {}, reply, out);
         if (reply == 'F') {
           set(seen_key(m_rank), {});
+          // Rank 0's store goes with it: it stays until the others have seen the failure too
+          // (else they would end with "lost rank 0's store", or a late one wait out its timeout).
+          if (m_server) {
+            try {
+              std::vector<std::string> seen;
+              for (int r = 0; r < m_world; ++r) seen.push_back(seen_key(r));
+              wait_for(seen, std::min<std::chrono::milliseconds>(m_timeout, kTellFailureFor), false);
+            } catch (const Error&) {  // one never came: the failure is still this rank's to report
+            }
+          }
           fail("the group did not form: ", std::string(out.begin(), out.end()));
         }
       }

@@ -21,15 +21,18 @@ class TcpStore {
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;
 
-  // This process is `rank` of the group: the first to say so holds it; a second process with the
-  // same rank fails at once, naming both, instead of waiting out the rendezvous. A member's waits
-  // end at once with the error of a rank that failed before the group formed (fail_group).
-  void join(int rank);
+  // This process is `rank` of the group of `world`: the first to say so holds it (a second
+  // process with the same rank fails at once, naming both, instead of waiting out the
+  // rendezvous); returns once every rank has joined. A member's waits end at once with the error
+  // of a rank that failed before the group formed (fail_group).
+  void join(int rank, int world);
   // Note [failure before the group] (dist/launch.cpp): rank `rank` of the job will not join;
   // every member waiting in the rendezvous ends with `message`. await_failure_seen waits (up to
   // the timeout) until every other rank of `world` has seen it, or failed itself.
   void fail_group(int rank, const std::string& message);
   void await_failure_seen(int world);
+  // How long rank 0's store stays up to tell the others of a failure before the group.
+  static constexpr std::chrono::seconds kTellFailureFor{30};
   void set(const std::string& key, const std::vector<char>& value);
   // The value of key, once some rank has set it; throws naming the address after the timeout.
   std::vector<char> get(const std::string& key);
@@ -48,13 +51,15 @@ class TcpStore {
 
  private:
   void request(char op, const std::string& key, const std::vector<char>& value, char& reply, std::vector<char>& out);
+  // wait(), heeding a failure before the group when `heed_failure` (a member's waits do).
+  void wait_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout, bool heed_failure);
   [[noreturn]] void refuse_second_rank_zero(const std::string& listen_error);
 
   std::string m_host;
   int m_port;
   std::chrono::milliseconds m_timeout;
   std::unique_ptr<StoreServer> m_server;  // rank 0 only
-  int m_rank = -1;                        // join()'s; -1: not a member (it only reports a failure)
+  int m_rank = -1, m_world = 0;           // join()'s; rank -1: not a member (it only reports a failure)
   int m_fd = -1;                          // requests
   int m_watch_fd = -1;                    // Note [failure watch]
   struct Watcher;

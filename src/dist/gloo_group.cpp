@@ -86,7 +86,7 @@ class GlooCommunicator final : public Communicator {
   GlooCommunicator(const LaunchEnv& env) : m_rank(env.rank), m_world(env.world_size), m_timeout(env.timeout) {
     if (m_world == 1) return;
     m_store = std::make_unique<TcpStore>(env.master_addr, env.bootstrap_port, env.rank == 0, env.timeout);
-    m_store->join(m_rank);
+    m_store->join(m_rank, m_world);
     gloo::transport::tcp::attr attr;
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
       attr.iface = ifname;

@@ -177,7 +177,7 @@ LaunchEnv detect_launch() {
 // the timeout (ANATOMY_DIST_TIMEOUT, 300 s). Now, under srun and torchrun, it puts its error in
 // the bootstrap store, where each member's rendezvous wait finds it at its next poll
 // (dist/bootstrap.cpp) and ends with it. A failing rank 0 has no store yet, so it serves one for
-// that, until every rank has seen the error or failed too. Each waits kTellFailureFor at most,
+// that, until every rank has seen the error or failed too. Each waits TcpStore::kTellFailureFor at most,
 // so a process started by hand with a launcher's variables and no others still ends soon. Failures
 // inside the rendezvous are not told (a duplicate rank must not end the group it could not join);
 // after it, Note [failure watch] ends the group.
@@ -187,7 +187,7 @@ void tell_group_of_failure(const LaunchEnv& env, const std::string& error) noexc
   try {
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
-    const auto bound = std::min<std::chrono::milliseconds>(env.timeout, kTellFailureFor);
+    const auto bound = std::min<std::chrono::milliseconds>(env.timeout, TcpStore::kTellFailureFor);
     TcpStore store(env.master_addr, env.bootstrap_port, env.rank == 0, bound);
     store.fail_group(env.rank, str_cat("rank ", env.rank, " (", host, " pid ", ::getpid(), ") failed before the group "
                                        "formed: ", error));

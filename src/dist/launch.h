@@ -41,9 +41,8 @@ std::unique_ptr<Communicator> make_process_group(const LaunchEnv& env, Backend& 
 // with `error` before joining its group: the ranks that wait for it are told and end with the
 // error instead of waiting out the rendezvous timeout. Rank 0 serves the store that tells them
 // until each has seen it; another rank tells rank 0's store once it answers; either for at most
-// kTellFailureFor (or the timeout, if shorter). Never throws; a store it cannot reach leaves the
-// others to their timeout, as before.
-inline constexpr std::chrono::seconds kTellFailureFor{30};
+// TcpStore::kTellFailureFor (or the timeout, if shorter). Never throws; a store it cannot reach
+// leaves the others to their timeout, as before.
 void tell_group_of_failure(const LaunchEnv& env, const std::string& error) noexcept;
 
 // The NCCL half (dist/nccl_group.cpp; nccl_stub.cpp without CUDA).

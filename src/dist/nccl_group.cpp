@@ -296,7 +296,7 @@ std::unique_ptr<Communicator> make_nccl_process_group(const LaunchEnv& env, Back
   std::unique_ptr<TcpStore> store;
   if (env.world_size > 1) {
     store = std::make_unique<TcpStore>(env.master_addr, env.bootstrap_port, env.rank == 0, env.timeout);
-    store->join(env.rank);
+    store->join(env.rank, env.world_size);
     std::vector<char> bytes(sizeof id);
     if (env.rank == 0) {
       ANATOMY_CUDA_CHECK(ncclGetUniqueId(&id));
