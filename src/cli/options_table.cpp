@@ -329,8 +329,8 @@ std::vector<OptionSpec> build() {
        "Where results, metrics.jsonl, checkpoints and the model go", 0, 0, false, false, false, true, {},
        [](R& r, const V& v) { r.train.output_dir = v.s; }, "same"});
   add({"overwrite-output-dir", {}, OptType::Bool, kTrain | kEval, "false",
-       "Replace a previous run (eval: evaluation) in --output-dir: its checkpoints go when the new run saves its "
-       "first, its model and results when the new run writes its own", 0, 0, false,
+       "Replace a previous run (eval: evaluation) in --output-dir: its checkpoints go at the new run's first write, "
+       "its model and results when the new run writes its own", 0, 0, false,
        false, false, false, {}, [](R& r, const V& v) { r.train.overwrite_output_dir = v.b; }, "same"});
   add({"skip-nonfinite-steps", {}, OptType::Bool, kTrain, "false",
        "Skip (and count) steps whose loss or gradient norm is not finite instead of stopping", 0, 0, false, false,

@@ -47,11 +47,15 @@ void refuse_left_truncation(const std::filesystem::path& dir) {
                 "first tokens (truncation_side \"right\", transformers' default); set it to \"right\" or shorten the texts");
 }
 
+// A JSON object file of a tokenizer directory, {} when absent; one that is not a JSON object is an
+// error naming it (read as {}, a cased tokenizer would have been lower-cased without a word).
 nlohmann::json read_json_object(const std::filesystem::path& path) {
   if (!std::filesystem::is_regular_file(path)) return nlohmann::json::object();
   std::ifstream in(path, std::ios::binary);
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() ? j : nlohmann::json::object();
+  ANATOMY_CHECK(j.is_object(), path.string(), " is not a JSON object (", j.is_discarded() ? "not valid JSON" : j.type_name(),
+                ")");
+  return j;
 }
 
 // The model type whose tokenizer class AutoTokenizer takes for `dir` when tokenizer_config.json

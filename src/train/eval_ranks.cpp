@@ -58,10 +58,12 @@ EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size
     sum[kCorrect] = static_cast<double>(e.correct);
   }
   comm.all_reduce_host(all, Communicator::Op::Sum);
+  double batch = static_cast<double>(part.batch_size);  // rank 0 may hold no sample: the largest
+  comm.all_reduce_host(std::span<double>(&batch, 1), Communicator::Op::Max);
   const int64_t N = comm.size();
   EvalResult res;
   res.samples = static_cast<int64_t>(n);
-  res.batch_size = part.batch_size;
+  res.batch_size = static_cast<int64_t>(batch);
   res.num_labels = tags ? cfg.num_labels : 0;
   res.masked_lm = !tags;
   res.token_classification = tags;
@@ -164,12 +166,12 @@ EvalResult evaluate_over_ranks(EncoderModel& model, const Dataset& ds, const std
   }
   res.runtime = count[kRuntime] / static_cast<double>(N);
   res.samples_per_second = static_cast<double>(n) / std::max(res.runtime, 1e-9);
+  if (floats) res.problem = problem_type_of(model.config());
   if (!res.labelled) return res;
   double loss = 0;
   for (double l : res.losses) loss += l;
   res.loss = loss / static_cast<double>(std::max<size_t>(1, n));
   if (floats) {
-    res.problem = problem_type_of(model.config());
     const auto first = all.begin() + static_cast<std::ptrdiff_t>(3 * n + kCounts);
     res.outputs.assign(first, first + static_cast<std::ptrdiff_t>(wide));
     res.targets.assign(first + static_cast<std::ptrdiff_t>(wide), first + static_cast<std::ptrdiff_t>(2 * wide));

@@ -119,9 +119,10 @@ void OutputDir::claim() {
     for (const char* f : {"model.safetensors", "config.json", "all_results.json", "eval_results.json", "predict_results.txt",
                           "profile.json", "gemm_tuning.md"})
       if (fs::exists(dir / f, ec)) m_previous_files.push_back((dir / f).string());
+    std::vector<fs::path> old;
     for (const auto& e : fs::directory_iterator(dir, ec))
-      if (e.is_directory() && is_checkpoint_name(e.path().filename().string()))
-        m_previous_checkpoints.push_back(e.path().string());
+      if (e.is_directory() && is_checkpoint_name(e.path().filename().string())) old.push_back(e.path());
+    for (const fs::path& p : old) fs::remove_all(p, ec);
   }
   rotate_checkpoints(m_opt.output_dir, 0);  // clears the staging leftovers of a killed run; keeps every checkpoint
   remove_atomic_leftovers(dir);
@@ -151,24 +152,16 @@ void OutputDir::claim() {
 }
 
 // Note [overwriting a run]
-// --overwrite-output-dir replaces a previous run, but not before this run has something to put
-// in its place: until this run's first checkpoint the previous run's checkpoints stay, and until
-// this run's own model and results its model and results stay, so a run that fails early (a
-// non-finite loss, a full disk, a kill) leaves the previous one's model usable. Its
-// train_results.json goes at once (the directory does not look finished while a run is in
-// progress), and its metrics.jsonl is this run's from the first line. The previous checkpoints
-// must go before this run's first (resuming "latest" would take a later step of the old run, and
-// the --save-total-limit rotation would count them); the previous results a run does not write
+// --overwrite-output-dir replaces a previous run, its model and results not before this run
+// writes its own at the end, so a run that fails early (a non-finite loss, a full disk, a kill)
+// leaves the previous one's model usable. Its train_results.json goes at once (the directory does
+// not look finished while a run is in progress), its metrics.jsonl is this run's from the first
+// line, and its checkpoints go at once too: resuming "latest" after this run was killed would
+// take the old run's later step with this run's flags (the fingerprint holds not every flag), and
+// the --save-total-limit rotation would count them. The previous results a run does not write
 // again (an eval_results.json of a run that evaluated) go with the rest at the end.
-void OutputDir::replace_previous_checkpoints() {
-  claim();
-  std::error_code ec;
-  for (const std::string& p : m_previous_checkpoints) fs::remove_all(p, ec);
-  m_previous_checkpoints.clear();
-}
-
 void OutputDir::replace_previous_results() {
-  replace_previous_checkpoints();
+  claim();
   std::error_code ec;
   for (const std::string& p : m_previous_files) fs::remove(p, ec);
   m_previous_files.clear();

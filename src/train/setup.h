@@ -58,13 +58,12 @@ class OutputDir {
  public:
   OutputDir(const TrainOptions& opt, int64_t start_step) : m_opt(opt), m_start_step(start_step) {}
   // Before the first write: creates the directory, removes what a previous run left that the new
-  // one would mix with at once (its finished marker; metrics past the resumed step when resuming).
-  // Idempotent.
+  // one would mix with at once (its finished marker and, with --overwrite-output-dir, its
+  // checkpoints; metrics past the resumed step when resuming). Idempotent.
   void claim();
-  // Note [overwriting a run]: with --overwrite-output-dir the previous run's checkpoints go just
-  // before this run saves its first, its model and results just before this run writes its own
-  // at the end; a run that fails before then leaves them. Each acts once; claimed first.
-  void replace_previous_checkpoints();
+  // Note [overwriting a run]: with --overwrite-output-dir the previous run's model and results go
+  // just before this run writes its own at the end; a run that fails before then leaves them.
+  // Acts once; claims first.
   void replace_previous_results();
   void append_metrics(const std::string& json_line);  // metrics.jsonl, claimed first
   const std::string& path() const { return m_opt.output_dir; }
@@ -73,7 +72,7 @@ class OutputDir {
   const TrainOptions& m_opt;
   int64_t m_start_step;
   bool m_claimed = false;
-  std::vector<std::string> m_previous_checkpoints, m_previous_files;  // found by claim(), --overwrite-output-dir
+  std::vector<std::string> m_previous_files;  // found by claim() with --overwrite-output-dir
   std::unique_ptr<std::ofstream> m_metrics;
 };
 

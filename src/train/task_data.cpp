@@ -186,6 +186,9 @@ static TrainValSplit validation_head(const TrainOptions& opt, const TextDataOpti
                                                       : head_rows);
   ANATOMY_CHECK(!blanks_dropped || rows - static_cast<size_t>(std::count(blank.begin(), blank.end(), true)) == texts,
                 "--train-file ", opt.train_file, " changed while it was read");
+  ANATOMY_CHECK(head < texts, "--validation-split-percentage ", opt.validation_split_percentage, ": the first ",
+                head_rows, " of --train-file ", opt.train_file, "'s ", rows, " rows validate, and no text is left to train "
+                "on; lower it, or pass --validation-file");
   TrainValSplit s;
   s.val.resize(head);
   std::iota(s.val.begin(), s.val.end(), size_t{0});
@@ -296,12 +299,18 @@ static Tokenizer run_ner_tokenizer(const Tokenizer& tok, const BertConfig& cfg) 
 // Note [untyped tags]
 // Entity precision, recall and F1 chunk IOB tags (B-PER, I-PER, O; data/token_tags.cpp). Integer
 // tags with no names (the file's ids, a config.json whose id2label says LABEL_0 ...) are no IOB
-// tags: every run of one tag, the outside tag's too, would count as an entity of that tag's type,
+// tags (tags named otherwise, POS tags say, are taken as the user means them): every run of one tag, the outside tag's too, would count as an entity of that tag's type,
 // and the F1 would mean nothing (run_ner.py fails on them at its first evaluation). Training goes
 // on; a warning says so and how to name them.
 static std::string untyped_tags_warning(const std::string& file, const std::map<int, std::string>& id2label) {
+  // Names of no tag: the file's integers, or transformers' LABEL_<i> (other names, POS tags say,
+  // are the user's own and left alone).
+  const auto unnamed = [](const std::string& n) {
+    const std::string digits = n.rfind("LABEL_", 0) == 0 ? n.substr(6) : n;
+    return !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
   for (const auto& [id, name] : id2label)
-    if (name == "O" || (name.size() > 2 && name[1] == '-')) return "";
+    if (!unnamed(name)) return "";
   return str_cat("warning: --train-file ", file, ": its ", id2label.size(), " tags (",
                  id2label.empty() ? std::string() : id2label.begin()->second, ", ...) are not IOB tags (B-PER, I-PER, "
                  "O), so the entity precision, recall and F1 count every run of one tag as an entity and mean nothing; "

@@ -219,7 +219,8 @@ void RankRun::setup() {
   for (const std::string& w : m_data->warnings)
     if (m_lead) std::fprintf(stderr, "anatomy: %s\n", w.c_str());
   ANATOMY_CHECK(m_opt.eval_strategy == Cadence::No || m_data->validation, "--eval-strategy ", cadence_name(m_opt.eval_strategy),
-                " needs validation data: --validation-file or --validation-split");
+                " needs validation data: --validation-file or --validation-split",
+                m_opt.validation_split_percentage > 0 ? str_cat(" (", m_data->description, ")") : std::string());
   ANATOMY_CHECK(!m_opt.eval_asked || m_data->validation, "--do-eval needs validation data: ", m_data->description);
   check_metric_for_best_model(m_opt, m_cfg);
   std::string resume_dir;
@@ -380,7 +381,7 @@ void RankRun::save_checkpoint(int64_t step) {
                              {"fingerprint", m_fingerprint},
                              {"best_model_checkpoint", m_best_ckpt},
                              {"best_metric", m_best_metric}};
-  if (m_lead) m_out->replace_previous_checkpoints();  // Note [overwriting a run]; claims first
+  if (m_lead) m_out->claim();
   m_step->complete_masters();
   OptimizerPart part;
   if (m_step->zero_stage() >= 1) part = {true, m_step->shard().begin, m_step->shard().end};

@@ -275,6 +275,21 @@ TEST(MaskedLmValidationHead, TheFirstRowsValidateAsTheDatasetsLibrarySplitsThem)
           << d.description;
     }
   }
+  // A head that takes every row leaves nothing to train on: refused naming the flag (99% of 50
+  // rows is 49.5, rounded to 50).
+  TrainOptions all = task_options("mlm", roberta, dir + "/records.jsonl", "mlm_head_all");
+  all.validation_split_percentage = 99;
+  all.line_by_line = false;
+  all.seq_len = 8;
+  all.dataset_cache_dir = cache;
+  BertConfig cfg = model_config(all);
+  try {
+    load_train_data(all, cfg);
+    ADD_FAILURE() << "a validation head of every row was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--validation-split-percentage 99: the first 50 of --train-file"),
+              std::string::npos) << e.what();
+  }
 }
 
 // Note [prefix space for words]: RoBERTa's tagged words are tokenized with a space before each,

@@ -699,6 +699,16 @@ TEST(TasksCli, IntegerTagsWithoutNamesAreWarnedAbout) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("anatomy: warning: --train-file " + dir + "/ids.jsonl: its 3 tags (LABEL_0, ...) are not IOB "
                           "tags"), std::string::npos) << r.output;
+  // Named tags of another scheme (parts of speech) are the user's own: no warning.
+  {
+    std::ofstream out(dir + "/pos.jsonl");
+    for (int i = 0; i < 16; ++i) out << R"({"tokens": ["Anna", "lives", "here"], "ner_tags": ["NNP", "VBZ", "RB"]})" << "\n";
+  }
+  const auto pos = testing_cli::run_anatomy("train --device cpu --task token-classification --model-name-or-path " +
+                                            model_dir() + " --train-file " + dir + "/pos.jsonl --max-seq-length 16 "
+                                            "--max-steps 1 --disable-tqdm --output-dir " + dir + "/pos");
+  ASSERT_EQ(pos.status, 0) << pos.output;
+  EXPECT_EQ(pos.output.find("are not IOB tags"), std::string::npos) << pos.output;
 }
 
 TEST(TasksCli, TokenClassificationTrainsEvaluatesAndPredicts) {

@@ -365,6 +365,15 @@ TEST(Tokenizer, ABertDirectoryNormalizesAsItsTokenizerConfigSays) {
     EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: do_lower_case must be true or false (got \"false\")"),
               std::string::npos) << e.what();
   }
+  // A tokenizer_config.json that is not JSON is refused naming it (it was read as {}: lower-cased).
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"do_lower_case": false,)";
+  try {
+    Tokenizer::from_directory(dir);
+    ADD_FAILURE() << "a broken tokenizer_config.json was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json is not a JSON object (not valid JSON)"), std::string::npos)
+        << e.what();
+  }
 }
 
 // A tokenizer that truncates on the left (tokenizer_config.json's truncation_side) would be given

@@ -241,9 +241,9 @@ TEST(TrainRanks, AnOutputDirectoryHoldingARunIsRefusedUntilTheUserSaysHow) {
   expect_clean_error(run_anatomy("train --device cpu --seq-len 16 --num-samples 8 --max-steps 1 --model-name-or-path " + out +
                                  " --overwrite-output-dir --output-dir " + out),
                      "input model");
-  // Note [overwriting a run]: a run told to overwrite that fails before its first checkpoint (a
-  // non-finite loss at step 2, as NonFiniteStepStopsTheRunKeepingTheLastCheckpoint makes it)
-  // leaves the previous run's model and checkpoints; only the finished marker is gone.
+  // Note [overwriting a run]: a run told to overwrite that fails on the way (a non-finite loss at
+  // step 2, as NonFiniteStepStopsTheRunKeepingTheLastCheckpoint makes it) leaves the previous
+  // run's model; its finished marker and its checkpoints (which "latest" would resume) are gone.
   const std::string model = slurp(fs::path(out) / "model.safetensors");
   const auto diverging = [&](Cadence save) {  // 1e38 is beyond the flag's range: through the API
     TrainOptions o = options("cpu", dropout_free_model("ranks_outdir_model"), "ranks_outdir_unused", 1, 4, 1);
@@ -263,12 +263,12 @@ TEST(TrainRanks, AnOutputDirectoryHoldingARunIsRefusedUntilTheUserSaysHow) {
   };
   diverging(Cadence::No);
   EXPECT_EQ(slurp(fs::path(out) / "model.safetensors"), model);
-  EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-1"));
+  EXPECT_FALSE(fs::exists(fs::path(out) / "checkpoint-1"));
   EXPECT_FALSE(fs::exists(fs::path(out) / "train_results.json"));
   EXPECT_EQ(run_anatomy(base + " --overwrite-output-dir --seed 7").status, 0);
   EXPECT_NE(slurp(fs::path(out) / "train_results.json"), results);
   EXPECT_FALSE(fs::exists(fs::path(out) / "checkpoint-1")) << "the old run's checkpoints would mix with the new run's";
-  // The first checkpoint of an overwriting run replaces the previous run's.
+  // An overwriting run's checkpoints are its own: the previous run's step 3 would be "latest".
   ASSERT_EQ(run_anatomy(base + " --overwrite-output-dir --max-steps 3 --save-strategy steps --save-steps 1").status, 0);
   ASSERT_TRUE(fs::exists(fs::path(out) / "checkpoint-3"));
   diverging(Cadence::Steps);
@@ -296,9 +296,17 @@ TEST(TrainRanks, TheModelIsSavedBeforeTheFinalEvaluation) {
   o.max_steps = 2;
   o.eval_at_end = true;
   const fs::path model = fs::path(o.output_dir) / "model.safetensors", log = fs::path(o.output_dir) / "metrics.jsonl";
-  std::thread run([&] { train(o); });
+  std::string failed;
+  std::thread run([&] {
+    try {
+      train(o);
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+  });
   bool seen = false, evaluated_before = false;
-  while (!seen) {
+  for (const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+       !seen && std::chrono::steady_clock::now() < deadline;) {
     seen = fs::exists(model);
     if (seen) {
       std::ifstream in(log);
@@ -308,6 +316,8 @@ TEST(TrainRanks, TheModelIsSavedBeforeTheFinalEvaluation) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   run.join();
+  ASSERT_TRUE(failed.empty()) << failed;
+  ASSERT_TRUE(seen) << "no model was saved";
   EXPECT_FALSE(evaluated_before) << "the end was evaluated before the model was saved";
   const std::vector<json> logged = read_jsonl(log);
   ASSERT_FALSE(logged.empty());
