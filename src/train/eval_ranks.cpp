@@ -22,13 +22,49 @@ class RangeDataset final : public Dataset {
   size_t m_begin, m_end;
 };
 
+// The counts of every evaluation, each rank's part summed into the whole set's (a rank may hold
+// no sample when there are fewer samples than ranks: the result is made from the sums, never from
+// one rank's part). put_counts writes a part's into c[0, kCounts); take_counts reads the sums
+// back, the runtime as the ranks' mean, the batch size (reduced apart, a maximum) as the largest.
+enum Count { kRuntime, kLabelled, kTokens, kPadded, kComputed, kBatches, kPacked, kSkipPadding, kCounts };
+
+void put_counts(const EvalResult& part, double* c) {
+  c[kRuntime] = part.runtime;
+  c[kLabelled] = part.labelled ? 1 : 0;
+  c[kTokens] = static_cast<double>(part.tokens);
+  c[kPadded] = static_cast<double>(part.padded_tokens);
+  c[kComputed] = static_cast<double>(part.computed_tokens);
+  c[kBatches] = static_cast<double>(part.batches);
+  c[kPacked] = static_cast<double>(part.packed_batches);
+  c[kSkipPadding] = part.skip_padding ? 1 : 0;
+}
+
+void take_counts(const double* c, size_t n, double batch, int ranks, EvalResult& res) {
+  res.samples = static_cast<int64_t>(n);
+  res.batch_size = static_cast<int64_t>(batch);
+  res.labelled = c[kLabelled] > 0;
+  res.tokens = static_cast<int64_t>(c[kTokens]);
+  res.padded_tokens = static_cast<int64_t>(c[kPadded]);
+  res.computed_tokens = static_cast<int64_t>(c[kComputed]);
+  res.batches = static_cast<int64_t>(c[kBatches]);
+  res.packed_batches = static_cast<int64_t>(c[kPacked]);
+  res.skip_padding = c[kSkipPadding] > 0;
+  res.runtime = c[kRuntime] / static_cast<double>(ranks);
+  res.samples_per_second = static_cast<double>(n) / std::max(res.runtime, 1e-9);
+}
+
+double largest_batch(const EvalResult& part, Communicator& comm) {
+  double batch = static_cast<double>(part.batch_size);
+  comm.all_reduce_host(std::span<double>(&batch, 1), Communicator::Op::Max);
+  return batch;
+}
+
 // Per-token tasks (masked LM, token classification): the per-sample loss sums at their places,
 // then the sums the metrics are made of, all summed over the ranks. The entity counts add up
 // over sentences, so precision, recall and F1 are the whole set's (conlleval counts entities
 // over the set, not per part). Each rank's per-word tags stay with it: evaluation during training
 // writes metrics only.
-enum PerTokenSum { kLabelled, kScored, kHits, kPredicted, kGold, kCorrect, kTokens, kPadded, kComputed, kBatches,
-                   kPacked, kSkipPadding, kRuntime, kLossSum, kSums };
+enum PerTokenSum { kScored = kCounts, kHits, kPredicted, kGold, kCorrect, kLossSum, kSums };
 
 EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size_t n, size_t begin, size_t end,
                              Communicator& comm) {
@@ -40,15 +76,8 @@ EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size
     sum[kLossSum] += part.losses[i - begin];
   }
   if (end > begin) {
-    sum[kLabelled] = part.labelled ? 1 : 0;
+    put_counts(part, sum);
     sum[kScored] = static_cast<double>(part.scored_tokens);
-    sum[kTokens] = static_cast<double>(part.tokens);
-    sum[kPadded] = static_cast<double>(part.padded_tokens);
-    sum[kComputed] = static_cast<double>(part.computed_tokens);
-    sum[kBatches] = static_cast<double>(part.batches);
-    sum[kPacked] = static_cast<double>(part.packed_batches);
-    sum[kSkipPadding] = part.skip_padding ? 1 : 0;
-    sum[kRuntime] = part.runtime;
     sum[kHits] = static_cast<double>(part.correct_tokens);
   }
   if (tags && end > begin && part.labelled) {
@@ -58,28 +87,15 @@ EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size
     sum[kCorrect] = static_cast<double>(e.correct);
   }
   comm.all_reduce_host(all, Communicator::Op::Sum);
-  double batch = static_cast<double>(part.batch_size);  // rank 0 may hold no sample: the largest
-  comm.all_reduce_host(std::span<double>(&batch, 1), Communicator::Op::Max);
-  const int64_t N = comm.size();
   EvalResult res;
-  res.samples = static_cast<int64_t>(n);
-  res.batch_size = static_cast<int64_t>(batch);
+  take_counts(sum, n, largest_batch(part, comm), comm.size(), res);
   res.num_labels = tags ? cfg.num_labels : 0;
   res.masked_lm = !tags;
   res.token_classification = tags;
-  res.labelled = sum[kLabelled] > 0;
   res.predictions.assign(n, 0);
   res.labels.assign(n, 0);
   res.losses.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
   res.scored_tokens = static_cast<int64_t>(sum[kScored]);
-  res.tokens = static_cast<int64_t>(sum[kTokens]);
-  res.padded_tokens = static_cast<int64_t>(sum[kPadded]);
-  res.computed_tokens = static_cast<int64_t>(sum[kComputed]);
-  res.batches = static_cast<int64_t>(sum[kBatches]);
-  res.packed_batches = static_cast<int64_t>(sum[kPacked]);
-  res.skip_padding = sum[kSkipPadding] > 0;
-  res.runtime = sum[kRuntime] / static_cast<double>(N);
-  res.samples_per_second = static_cast<double>(n) / std::max(res.runtime, 1e-9);
   if (!res.labelled || res.scored_tokens == 0) return res;
   res.correct_tokens = static_cast<int64_t>(sum[kHits]);
   res.loss = sum[kLossSum] / sum[kScored];
@@ -115,10 +131,8 @@ EvalResult evaluate_over_ranks(EncoderModel& model, const Dataset& ds, const std
   if (N == 1) return part;
   if (has_token_labels(model.config())) return combine_per_token(part, model.config(), n, begin, end, comm);
   // Every rank's samples at their places in one buffer: predictions, labels, losses; summed.
-  // Then the counts (kCounts); float labels (regression, multi-label) add the logits and targets
-  // [n, C] after them. A rank may hold no sample (fewer samples than ranks): the result's fields
-  // come from the sums, never from one rank's part.
-  enum Count { kRuntime, kLabelled, kTokens, kPadded, kComputed, kBatches, kPacked, kSkipPadding, kCounts };
+  // Then the counts (put_counts); float labels (regression, multi-label) add the logits and
+  // targets [n, C] after them.
   const bool floats = has_float_labels(problem_type_of(model.config()));
   const size_t C = static_cast<size_t>(model.config().num_labels), wide = floats ? n * C : 0;
   std::vector<double> all(3 * n + kCounts + 2 * wide, 0.0);
@@ -131,32 +145,11 @@ EvalResult evaluate_over_ranks(EncoderModel& model, const Dataset& ds, const std
       if (!part.targets.empty()) all[3 * n + kCounts + wide + i * C + c] = part.targets[(i - begin) * C + c];
     }
   }
-  double* count = all.data() + 3 * n;
-  if (end > begin) {
-    count[kRuntime] = part.runtime;
-    count[kLabelled] = part.labelled ? 1 : 0;
-    count[kTokens] = static_cast<double>(part.tokens);
-    count[kPadded] = static_cast<double>(part.padded_tokens);
-    count[kComputed] = static_cast<double>(part.computed_tokens);
-    count[kBatches] = static_cast<double>(part.batches);
-    count[kPacked] = static_cast<double>(part.packed_batches);
-    count[kSkipPadding] = part.skip_padding ? 1 : 0;
-  }
+  if (end > begin) put_counts(part, all.data() + 3 * n);
   comm.all_reduce_host(all, Communicator::Op::Sum);
-  double batch = static_cast<double>(part.batch_size);
-  comm.all_reduce_host(std::span<double>(&batch, 1), Communicator::Op::Max);
-  count = all.data() + 3 * n;
   EvalResult res;
-  res.samples = static_cast<int64_t>(n);
+  take_counts(all.data() + 3 * n, n, largest_batch(part, comm), comm.size(), res);
   res.num_labels = model.config().num_labels;
-  res.batch_size = static_cast<int64_t>(batch);
-  res.labelled = count[kLabelled] > 0;
-  res.tokens = static_cast<int64_t>(count[kTokens]);
-  res.padded_tokens = static_cast<int64_t>(count[kPadded]);
-  res.computed_tokens = static_cast<int64_t>(count[kComputed]);
-  res.batches = static_cast<int64_t>(count[kBatches]);
-  res.packed_batches = static_cast<int64_t>(count[kPacked]);
-  res.skip_padding = count[kSkipPadding] > 0;
   res.predictions.resize(n);
   res.labels.resize(n);
   res.losses.assign(all.begin() + static_cast<std::ptrdiff_t>(2 * n), all.begin() + static_cast<std::ptrdiff_t>(3 * n));
@@ -164,8 +157,6 @@ EvalResult evaluate_over_ranks(EncoderModel& model, const Dataset& ds, const std
     res.predictions[i] = static_cast<int32_t>(all[i]);
     res.labels[i] = static_cast<int32_t>(all[n + i]);
   }
-  res.runtime = count[kRuntime] / static_cast<double>(N);
-  res.samples_per_second = static_cast<double>(n) / std::max(res.runtime, 1e-9);
   if (floats) res.problem = problem_type_of(model.config());
   if (!res.labelled) return res;
   double loss = 0;

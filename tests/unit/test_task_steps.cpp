@@ -455,16 +455,20 @@ void expect_two_rank_evaluation_like_one(const std::string& task, const std::str
   }
 }
 
-}  // namespace
-
-TEST(TokenEvaluationRanks, MaskedLmOverTwoRanksEqualsOne) {
-  const std::string dir = fresh_dir("mlm_eval_ranks_data");
+// {dir}/train.jsonl: the sentiment file's first `train` lines; {dir}/val.jsonl: the next `val`.
+std::string split_sentiment(const std::string& name, int train, int val) {
+  const std::string dir = fresh_dir(name);
   std::ifstream in(kSentiment);
   std::ofstream train_out(dir + "/train.jsonl"), val_out(dir + "/val.jsonl");
   std::string line;
-  for (int i = 0; i < 49 && std::getline(in, line); ++i) (i < 24 ? train_out : val_out) << line << "\n";
-  train_out.close();
-  val_out.close();
+  for (int i = 0; i < train + val && std::getline(in, line); ++i) (i < train ? train_out : val_out) << line << "\n";
+  return dir;
+}
+
+}  // namespace
+
+TEST(TokenEvaluationRanks, MaskedLmOverTwoRanksEqualsOne) {
+  const std::string dir = split_sentiment("mlm_eval_ranks_data", 24, 25);
   expect_two_rank_evaluation_like_one("mlm", dir + "/train.jsonl", dir + "/val.jsonl", "mlm_eval_ranks",
                                       {"eval_loss", "perplexity"});
 }
@@ -472,13 +476,7 @@ TEST(TokenEvaluationRanks, MaskedLmOverTwoRanksEqualsOne) {
 // Fewer validation samples than ranks (one, at two and three ranks): rank 0 evaluates none, and
 // the metrics are still the whole set's (they were left out of the log and the results).
 TEST(TokenEvaluationRanks, OneValidationSampleOverThreeRanksEqualsOne) {
-  const std::string dir = fresh_dir("one_eval_ranks_data");
-  std::ifstream in(kSentiment);
-  std::ofstream train_out(dir + "/train.jsonl"), val_out(dir + "/val.jsonl");
-  std::string line;
-  for (int i = 0; i < 25 && std::getline(in, line); ++i) (i < 24 ? train_out : val_out) << line << "\n";
-  train_out.close();
-  val_out.close();
+  const std::string dir = split_sentiment("one_eval_ranks_data", 24, 1);
   expect_two_rank_evaluation_like_one("text-classification", dir + "/train.jsonl", dir + "/val.jsonl", "one_eval_ranks",
                                       {"eval_loss", "eval_accuracy", "eval_macro_f1"});
   expect_two_rank_evaluation_like_one("token-classification", write_tagged(dir + "/ner_train.jsonl", 24, 0),
