@@ -25,11 +25,10 @@ class RangeDataset final : public Dataset {
 // The counts of every evaluation, each rank's part summed into the whole set's (a rank may hold
 // no sample when there are fewer samples than ranks: the result is made from the sums, never from
 // one rank's part). put_counts writes a part's into c[0, kCounts); take_counts reads the sums
-// back, the runtime as the ranks' mean, the batch size (reduced apart, a maximum) as the largest.
-enum Count { kRuntime, kLabelled, kTokens, kPadded, kComputed, kBatches, kPacked, kSkipPadding, kCounts };
+// back; the runtime and the batch size are the largest rank's (slowest_part: a maximum).
+enum Count { kLabelled, kTokens, kPadded, kComputed, kBatches, kPacked, kSkipPadding, kCounts };
 
 void put_counts(const EvalResult& part, double* c) {
-  c[kRuntime] = part.runtime;
   c[kLabelled] = part.labelled ? 1 : 0;
   c[kTokens] = static_cast<double>(part.tokens);
   c[kPadded] = static_cast<double>(part.padded_tokens);
@@ -39,9 +38,19 @@ void put_counts(const EvalResult& part, double* c) {
   c[kSkipPadding] = part.skip_padding ? 1 : 0;
 }
 
-void take_counts(const double* c, size_t n, double batch, int ranks, EvalResult& res) {
+struct Slowest {
+  double runtime, batch;
+};
+
+Slowest slowest_part(const EvalResult& part, Communicator& comm) {
+  double v[2] = {part.runtime, static_cast<double>(part.batch_size)};
+  comm.all_reduce_host(std::span<double>(v, 2), Communicator::Op::Max);
+  return {v[0], v[1]};
+}
+
+void take_counts(const double* c, size_t n, Slowest slowest, EvalResult& res) {
   res.samples = static_cast<int64_t>(n);
-  res.batch_size = static_cast<int64_t>(batch);
+  res.batch_size = static_cast<int64_t>(slowest.batch);
   res.labelled = c[kLabelled] > 0;
   res.tokens = static_cast<int64_t>(c[kTokens]);
   res.padded_tokens = static_cast<int64_t>(c[kPadded]);
@@ -49,14 +58,8 @@ void take_counts(const double* c, size_t n, double batch, int ranks, EvalResult&
   res.batches = static_cast<int64_t>(c[kBatches]);
   res.packed_batches = static_cast<int64_t>(c[kPacked]);
   res.skip_padding = c[kSkipPadding] > 0;
-  res.runtime = c[kRuntime] / static_cast<double>(ranks);
+  res.runtime = slowest.runtime;  // the set is evaluated when the slowest rank is done
   res.samples_per_second = static_cast<double>(n) / std::max(res.runtime, 1e-9);
-}
-
-double largest_batch(const EvalResult& part, Communicator& comm) {
-  double batch = static_cast<double>(part.batch_size);
-  comm.all_reduce_host(std::span<double>(&batch, 1), Communicator::Op::Max);
-  return batch;
 }
 
 // Per-token tasks (masked LM, token classification): the per-sample loss sums at their places,
@@ -88,7 +91,7 @@ EvalResult combine_per_token(const EvalResult& part, const BertConfig& cfg, size
   }
   comm.all_reduce_host(all, Communicator::Op::Sum);
   EvalResult res;
-  take_counts(sum, n, largest_batch(part, comm), comm.size(), res);
+  take_counts(sum, n, slowest_part(part, comm), res);
   res.num_labels = tags ? cfg.num_labels : 0;
   res.masked_lm = !tags;
   res.token_classification = tags;
@@ -148,7 +151,7 @@ EvalResult evaluate_over_ranks(EncoderModel& model, const Dataset& ds, const std
   if (end > begin) put_counts(part, all.data() + 3 * n);
   comm.all_reduce_host(all, Communicator::Op::Sum);
   EvalResult res;
-  take_counts(all.data() + 3 * n, n, largest_batch(part, comm), comm.size(), res);
+  take_counts(all.data() + 3 * n, n, slowest_part(part, comm), res);
   res.num_labels = model.config().num_labels;
   res.predictions.resize(n);
   res.labels.resize(n);

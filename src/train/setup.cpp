@@ -101,6 +101,18 @@ void check_output_dir(const TrainOptions& opt) {
       fs::equivalent(opt.output_dir, opt.model_name_or_path, ec))
     fail("--output-dir ", opt.output_dir, " is the input model's directory (--model-name-or-path): the run would overwrite "
          "its own starting point; name another directory");
+  // --overwrite-output-dir removes the directory's checkpoints: never the run's own input.
+  const auto inside_output = [&](const std::string& p) {
+    if (p.empty() || !fs::exists(opt.output_dir, ec) || !fs::exists(p, ec)) return false;
+    const fs::path out = fs::canonical(opt.output_dir, ec), in = fs::canonical(p, ec);
+    const auto [o, i] = std::mismatch(out.begin(), out.end(), in.begin(), in.end());
+    return !ec && o == out.end() && i != in.end();
+  };
+  for (const auto& [flag, path] : {std::pair<const char*, std::string>{"--model-name-or-path", opt.model_name_or_path},
+                                   {"--tokenizer", opt.tokenizer}})
+    if (opt.overwrite_output_dir && opt.resume_from_checkpoint.empty() && inside_output(path))
+      fail(flag, " ", path, " lies inside --output-dir ", opt.output_dir, ", whose checkpoints --overwrite-output-dir "
+           "removes: copy it out first, or name another output directory");
   if (!opt.resume_from_checkpoint.empty() || opt.overwrite_output_dir) return;
   const std::string found = previous_run_in(opt.output_dir);
   ANATOMY_CHECK(found.empty(), "--output-dir ", opt.output_dir, " already holds a run (", found,
@@ -115,10 +127,11 @@ void OutputDir::claim() {
   fs::create_directories(dir, ec);
   ANATOMY_CHECK(!ec, m_opt.output_dir, ": cannot create the output directory: ", ec.message());
   fs::remove(dir / "train_results.json", ec);  // a run in progress does not look finished
-  if (m_opt.overwrite_output_dir && m_opt.resume_from_checkpoint.empty()) {  // Note [overwriting a run]
+  if (m_opt.overwrite_output_dir)  // Note [overwriting a run]; resumed too: the first attempt may have left them
     for (const char* f : {"model.safetensors", "config.json", "all_results.json", "eval_results.json", "predict_results.txt",
                           "profile.json", "gemm_tuning.md"})
-      if (fs::exists(dir / f, ec)) m_previous_files.push_back((dir / f).string());
+      if (fs::exists(dir / f, ec)) m_previous_files.emplace_back((dir / f).string(), fs::last_write_time(dir / f, ec));
+  if (m_opt.overwrite_output_dir && m_opt.resume_from_checkpoint.empty()) {
     std::vector<fs::path> old;
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (e.is_directory() && is_checkpoint_name(e.path().filename().string())) old.push_back(e.path());
@@ -159,11 +172,15 @@ void OutputDir::claim() {
 // line, and its checkpoints go at once too: resuming "latest" after this run was killed would
 // take the old run's later step with this run's flags (the fingerprint holds not every flag), and
 // the --save-total-limit rotation would count them. The previous results a run does not write
-// again (an eval_results.json of a run that evaluated) go with the rest at the end.
+// again (an eval_results.json of a run that evaluated) go with the rest at the end, also when an
+// overwriting run was stopped and resumed (with the flag, as its resume hint says); a file written
+// since the claim (gemm_tuning.md at the first step) is this run's and stays. A checkpoint given
+// as the run's model or tokenizer is refused up front (check_output_dir), not removed.
 void OutputDir::replace_previous_results() {
   claim();
   std::error_code ec;
-  for (const std::string& p : m_previous_files) fs::remove(p, ec);
+  for (const auto& [p, when] : m_previous_files)  // unchanged since the claim: not this run's (gemm_tuning.md is)
+    if (fs::last_write_time(p, ec) == when && !ec) fs::remove(p, ec);
   m_previous_files.clear();
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -72,7 +73,8 @@ class OutputDir {
   const TrainOptions& m_opt;
   int64_t m_start_step;
   bool m_claimed = false;
-  std::vector<std::string> m_previous_files;  // found by claim() with --overwrite-output-dir
+  // Found by claim() with --overwrite-output-dir, with their times then.
+  std::vector<std::pair<std::string, std::filesystem::file_time_type>> m_previous_files;
   std::unique_ptr<std::ofstream> m_metrics;
 };
 

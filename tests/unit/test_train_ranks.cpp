@@ -15,6 +15,7 @@
 
 #include "../common/cli.h"
 #include "../common/data_parallel.h"
+#include "io/atomic_file.h"
 #include "io/read_file.h"
 #include "train/step.h"
 #include "train/trainer.h"
@@ -237,23 +238,31 @@ TEST(TrainRanks, AnOutputDirectoryHoldingARunIsRefusedUntilTheUserSaysHow) {
   expect_clean_error(run_anatomy(base + " --overwrite-output-dir --eval-strategy steps"), "--eval-strategy");
   EXPECT_EQ(slurp(fs::path(out) / "train_results.json"), results);
   EXPECT_EQ(slurp(fs::path(out) / "metrics.jsonl"), metrics);
-  // The input model's directory is never an output.
+  // The input model's directory is never an output, nor a checkpoint that overwriting would remove.
   expect_clean_error(run_anatomy("train --device cpu --seq-len 16 --num-samples 8 --max-steps 1 --model-name-or-path " + out +
                                  " --overwrite-output-dir --output-dir " + out),
                      "input model");
+  expect_clean_error(run_anatomy("train --device cpu --seq-len 16 --num-samples 8 --max-steps 1 --model-name-or-path " + out +
+                                 "/checkpoint-1 --overwrite-output-dir --output-dir " + out),
+                     "lies inside --output-dir");
+  EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-1"));
   // Note [overwriting a run]: a run told to overwrite that fails on the way (a non-finite loss at
   // step 2, as NonFiniteStepStopsTheRunKeepingTheLastCheckpoint makes it) leaves the previous
   // run's model; its finished marker and its checkpoints (which "latest" would resume) are gone.
   const std::string model = slurp(fs::path(out) / "model.safetensors");
-  const auto diverging = [&](Cadence save) {  // 1e38 is beyond the flag's range: through the API
+  const auto overwriting = [&](Cadence save) {
     TrainOptions o = options("cpu", dropout_free_model("ranks_outdir_model"), "ranks_outdir_unused", 1, 4, 1);
     o.output_dir = out;
     o.overwrite_output_dir = true;
-    o.learning_rate = 1e38f;
+    o.learning_rate = 1e38f;  // beyond the flag's range: through the API
     o.max_grad_norm = 0;
     o.max_steps = 3;
     o.checkpoint_strategy = save;
     o.save_steps = 1;
+    return o;
+  };
+  const auto diverging = [&](Cadence save) {
+    const TrainOptions o = overwriting(save);
     try {
       train(o);
       ADD_FAILURE() << "the run did not stop";
@@ -271,9 +280,18 @@ TEST(TrainRanks, AnOutputDirectoryHoldingARunIsRefusedUntilTheUserSaysHow) {
   // An overwriting run's checkpoints are its own: the previous run's step 3 would be "latest".
   ASSERT_EQ(run_anatomy(base + " --overwrite-output-dir --max-steps 3 --save-strategy steps --save-steps 1").status, 0);
   ASSERT_TRUE(fs::exists(fs::path(out) / "checkpoint-3"));
+  write_file_atomic((fs::path(out) / "predict_results.txt").string(), "the previous run's\n");
   diverging(Cadence::Steps);
   EXPECT_TRUE(fs::exists(fs::path(out) / "checkpoint-1"));  // this run's, at step 1
   EXPECT_FALSE(fs::exists(fs::path(out) / "checkpoint-3")) << "resuming latest would take the previous run's step 3";
+  // Resumed with the flag (as its resume hint says), the overwriting run still replaces what the
+  // previous run left and it does not write again.
+  TrainOptions resumed = overwriting(Cadence::Steps);
+  resumed.skip_nonfinite_steps = true;  // step 1's weights diverge: skipped, the run ends and writes its files
+  resumed.resume_from_checkpoint = "latest";
+  train(resumed);
+  EXPECT_TRUE(fs::exists(fs::path(out) / "train_results.json"));
+  EXPECT_FALSE(fs::exists(fs::path(out) / "predict_results.txt")) << "the previous run's predictions beside this model";
 }
 
 // Note [saved before the final evaluation]: the model is on disk before the run's end is
