@@ -44,6 +44,14 @@ using Clock = std::chrono::steady_clock;
 
 const char* const kFailedKey = "anatomy/failed";
 std::string seen_key(int rank) { return str_cat("anatomy/failure-seen/", rank); }
+std::string joined_key(int rank) { return str_cat("anatomy/joined/", rank); }
+
+// key(r) for every rank r of `world`.
+std::vector<std::string> per_rank(std::string (*key)(int), int world) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) keys.push_back(key(r));
+  return keys;
+}
 
 bool send_all(int fd, const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
@@ -279,9 +287,7 @@ void TcpStore::refuse_second_rank_zero(const std::string& listen_error) {
   }
   close_fd(m_fd);
   if (held.empty()) throw Error(listen_error);
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  fail("rank 0 is already a process of a group at ", address(), " (", held, "; this one is ", host, " pid ", ::getpid(),
+  fail("rank 0 is already a process of a group at ", address(), " (", held, "; this one is ", this_process(),
        "): two processes were started as rank 0, or another job uses this MASTER_PORT; check the launcher's ranks "
        "(RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID) and give each job its own port");
 }
@@ -306,10 +312,14 @@ void TcpStore::set(const std::string& key, const std::vector<char>& value) {
   ANATOMY_CHECK(reply == 'K', "bootstrap: the store at ", address(), " answered '", reply, "' to a set");
 }
 
-void TcpStore::join(int rank, int world) {
+std::string this_process() {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  const std::string me = str_cat(host, " pid ", ::getpid());
+  return str_cat(host, " pid ", ::getpid());
+}
+
+void TcpStore::join(int rank, int world) {
+  const std::string me = this_process();
   char reply = 0;
   std::vector<char> held;
   request('C', str_cat("anatomy/rank/", rank), std::vector<char>(me.begin(), me.end()), reply, held);
@@ -320,10 +330,8 @@ void TcpStore::join(int rank, int world) {
   m_world = world;
   // Every rank here, or one failed before it could join (Note [failure before the group]): an
   // engine's own rendezvous (NCCL's init) would never look at the store again.
-  set(str_cat("anatomy/joined/", rank), {});
-  std::vector<std::string> joined;
-  for (int r = 0; r < world; ++r) joined.push_back(str_cat("anatomy/joined/", r));
-  wait(joined);
+  set(joined_key(rank), {});
+  wait(per_rank(joined_key, world));
 }
 
 void TcpStore::fail_group(int rank, const std::string& message) {
@@ -331,11 +339,7 @@ void TcpStore::fail_group(int rank, const std::string& message) {
   set(seen_key(rank), {});  // it knows its own failure
 }
 
-void TcpStore::await_failure_seen(int world) {
-  std::vector<std::string> keys;
-  for (int r = 0; r < world; ++r) keys.push_back(seen_key(r));
-  wait_for(keys, m_timeout, false);
-}
+void TcpStore::await_failure_seen(int world) { wait_for(per_rank(seen_key, world), m_timeout, false); }
 
 std::vector<char> TcpStore::get(const std::string& key) {
   wait({key});
@@ -368,9 +372,7 @@ void TcpStore::wait_for(const std::vector<std::string>& keys, std::chrono::milli
           // (else they would end with "lost rank 0's store", or a late one wait out its timeout).
           if (m_server) {
             try {
-              std::vector<std::string> seen;
-              for (int r = 0; r < m_world; ++r) seen.push_back(seen_key(r));
-              wait_for(seen, std::min<std::chrono::milliseconds>(m_timeout, kTellFailureFor), false);
+              wait_for(per_rank(seen_key, m_world), std::min<std::chrono::milliseconds>(m_timeout, kTellFailureFor), false);
             } catch (const Error&) {  // one never came: the failure is still this rank's to report
             }
           }

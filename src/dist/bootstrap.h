@@ -12,6 +12,9 @@ namespace anatomy {
 
 class StoreServer;
 
+// "host pid N": this process, as the store's messages name a rank's process.
+std::string this_process();
+
 class TcpStore {
  public:
   // Rank 0 (serve = true) listens on every interface at `port`, then every rank connects to

@@ -1,7 +1,5 @@
 #include "dist/launch.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdlib>
 
@@ -185,12 +183,9 @@ void tell_group_of_failure(const LaunchEnv& env, const std::string& error) noexc
   const bool others_wait = env.launcher == "srun" || (env.launcher == "torchrun" && env.torchrun_agent);
   if (!others_wait || env.by_anatomy || env.world_size < 2) return;
   try {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
     const auto bound = std::min<std::chrono::milliseconds>(env.timeout, TcpStore::kTellFailureFor);
     TcpStore store(env.master_addr, env.bootstrap_port, env.rank == 0, bound);
-    store.fail_group(env.rank, str_cat("rank ", env.rank, " (", host, " pid ", ::getpid(), ") failed before the group "
-                                       "formed: ", error));
+    store.fail_group(env.rank, str_cat("rank ", env.rank, " (", this_process(), ") failed before the group formed: ", error));
     if (env.rank == 0) store.await_failure_seen(env.world_size);
   } catch (const std::exception&) {  // no store to tell (rank 0 gone, its port taken): the timeout, as before
   }

@@ -299,12 +299,12 @@ static Tokenizer run_ner_tokenizer(const Tokenizer& tok, const BertConfig& cfg) 
 // Note [untyped tags]
 // Entity precision, recall and F1 chunk IOB tags (B-PER, I-PER, O; data/token_tags.cpp). Integer
 // tags with no names (the file's ids, a config.json whose id2label says LABEL_0 ...) are no IOB
-// tags (tags named otherwise, POS tags say, are taken as the user means them): every run of one tag, the outside tag's too, would count as an entity of that tag's type,
-// and the F1 would mean nothing (run_ner.py fails on them at its first evaluation). Training goes
-// on; a warning says so and how to name them.
+// tags (tags named otherwise, POS tags say, are taken as the user means them): every run of one
+// tag, the outside tag's too, would count as an entity of that tag's type, and the F1 would mean
+// nothing (run_ner.py fails on them at its first evaluation). Training goes on; a warning says so
+// and how to name them.
 static std::string untyped_tags_warning(const std::string& file, const std::map<int, std::string>& id2label) {
-  // Names of no tag: the file's integers, or transformers' LABEL_<i> (other names, POS tags say,
-  // are the user's own and left alone).
+  // Names of no tag: the file's integers, or transformers' LABEL_<i>.
   const auto unnamed = [](const std::string& n) {
     const std::string digits = n.rfind("LABEL_", 0) == 0 ? n.substr(6) : n;
     return !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
