@@ -97,6 +97,7 @@ struct TrainOptions {
   int64_t fail_last_rank_at_step = -1;  // tests only (no flag): the last rank throws before this step's update
   int64_t sigterm_at_step = -1;  // tests only (no flag): the last rank has a SIGTERM pending from this step's launch on
   bool sigterm_at_end = false;   // tests only (no flag): rank 0 raises SIGTERM as the run's end (final save) begins
+  double evaluation_pause_s = 0;  // tests only (no flag): each evaluation lasts at least this long (a slow validation set)
   // Tests only (no flag): whether the next step is launched before this one is read (Note [a step
   // in flight] in train/trainer.cpp). Auto: where the device runs asynchronously (the GPU; on the
   // CPU a launch is the whole step, and running ahead gains nothing); On: also on the CPU.

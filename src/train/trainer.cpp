@@ -18,6 +18,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "dist/communicator.h"
 #include "io/atomic_file.h"
@@ -393,6 +394,7 @@ void RankRun::save_checkpoint(int64_t step) {
 }
 
 void RankRun::evaluate_now(int64_t step) {
+  if (m_opt.evaluation_pause_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(m_opt.evaluation_pause_s));
   const EvalResult ev = evaluate_over_ranks(*m_model, *m_data->validation, m_data->validation_lengths,
                                             std::min(m_opt.per_device_eval_batch_size, m_B), m_comm);
   m_res.eval_metrics.clear();
