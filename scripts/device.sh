@@ -105,7 +105,8 @@
 #   ncu       Nsight Compute's sections (speed of light, occupancy, launch, warp states, instructions)
 #             of every kernel of the registry ops NCU_OPS (anatomy_bench_ops --registry, bert-base sizes)
 #   launch    process groups under torchrun: collectives bitwise against the in-process group (NCCL
-#             with two GPUs, also as two "nodes" on sockets; Gloo on the CPU), a failing rank, and
+#             with two GPUs, also as two "nodes" on sockets; Gloo on the CPU), a failing rank, a rank lost
+#             before NCCL's init (one GPU is enough), and
 #             `anatomy train` launched by torchrun on the CPU (3 processes) and the GPU(s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -833,6 +834,11 @@ step_launch() {
     run_check train_gpu_torchrun_1 torchrun --no-python --nproc-per-node 1 $a train --device cuda --preset bert-base \
       --max-seq-length 128 --num-samples 512 --max-steps 20 --per-device-train-batch-size 32 --precision bf16 \
       --disable-tqdm --overwrite-output-dir --output-dir /tmp/launch/gpu1
+    # Rank 1 joins the store and dies before NCCL's init: rank 0 must end with the error in seconds
+    # (Note [non-blocking NCCL]); one GPU is enough, the lost rank never touches one.
+    run_check nccl_rank_lost_after_join bash -c "
+      export ANATOMY_PG_DEVICE=cuda MASTER_ADDR=127.0.0.1 MASTER_PORT=29631 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2
+      RANK=1 LOCAL_RANK=1 $w vanish 1 & RANK=0 LOCAL_RANK=0 $w vanish 1; s=\$?; wait; exit \$s"
     if ((gpus >= 2)); then
       run_check nccl_torchrun_2 env ANATOMY_PG_DEVICE=cuda torchrun --no-python --nproc-per-node 2 $w check
       run_check nccl_sockets_2nodes bash -c "

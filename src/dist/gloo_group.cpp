@@ -87,6 +87,9 @@ class GlooCommunicator final : public Communicator {
     if (m_world == 1) return;
     m_store = std::make_unique<TcpStore>(env.master_addr, env.bootstrap_port, env.rank == 0, env.timeout);
     m_store->join(m_rank, m_world);
+    // Watched from the join on: a rank lost before Gloo's mesh is connected ends this one within
+    // seconds (on_peer_failure, as in a collective), not at the rendezvous timeout.
+    m_store->watch([this] { on_peer_failure(); });
     gloo::transport::tcp::attr attr;
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
       attr.iface = ifname;
@@ -97,13 +100,15 @@ class GlooCommunicator final : public Communicator {
       auto ctx = std::make_shared<gloo::rendezvous::Context>(m_rank, m_world);
       ctx->setTimeout(env.timeout);
       StoreAdapter store(*m_store);
+      m_in_collective = "rendezvous";
       ctx->connectFullMesh(store, dev);
+      m_in_collective = nullptr;
       m_ctx = std::move(ctx);
     } catch (const gloo::Exception& e) {
+      m_in_collective = nullptr;
       fail("gloo: rank ", m_rank, " could not connect to the other ", m_world - 1, " ranks (rendezvous at ",
            m_store->address(), "): ", first_line(e.what()));
     }
-    m_store->watch([this] { on_peer_failure(); });
   }
   ~GlooCommunicator() override {
     m_closing = true;  // the watcher's on_peer_failure returns; m_store's destructor joins it

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -36,20 +37,57 @@ struct NcclGroupState {
   bool guarded = false;
   explicit NcclGroupState(std::vector<ncclComm_t> c, bool g = false) : comms(std::move(c)), aborted(comms.size()), guarded(g) {}
   std::unique_lock<std::mutex> lock() { return guarded ? std::unique_lock(mu) : std::unique_lock<std::mutex>(); }
+  // A null communicator is one still to be created (make_nccl_process_group): marked aborted, it
+  // is aborted by its creator (adopt).
   void abort_all() noexcept {
     auto lk = lock();
     for (size_t r = 0; r < comms.size(); ++r)
-      if (!aborted[r].exchange(true)) (void)ncclCommAbort(comms[r]);
+      if (!aborted[r].exchange(true) && comms[r]) (void)ncclCommAbort(comms[r]);
+  }
+  // Slot r's communicator, handed over as NCCL's init returns it (still initializing, for a
+  // non-blocking one): false, and aborted here, when the group was aborted before.
+  bool adopt(size_t r, ncclComm_t c) {
+    auto lk = lock();
+    comms[r] = c;
+    if (!aborted[r]) return true;
+    (void)ncclCommAbort(c);
+    return false;
+  }
+  // Note [non-blocking NCCL]: a call that returned ncclInProgress is done when the communicator's
+  // state leaves it; polled with the lock taken each time, so that an abort from the failure
+  // watch ends the wait (a group's abort frees the communicator: it is not read after that).
+  // `deadline` bounds a wait that no failure ends (a rank that joined and never came).
+  template <class Fail>
+  void settle(size_t r, ncclResult_t res, Fail&& failed,
+              std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max()) {
+    while (res == ncclInProgress) {
+      {
+        auto lk = lock();
+        if (aborted[r]) failed("another rank of the group failed");
+        if (std::chrono::steady_clock::now() > deadline) {
+          lk.unlock();
+          abort_all();
+          failed("it did not complete in time (ANATOMY_DIST_TIMEOUT)");
+        }
+        ANATOMY_CUDA_CHECK(ncclCommGetAsyncError(comms[r], &res));
+      }
+      if (res == ncclInProgress) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    ANATOMY_CUDA_CHECK(res);
   }
 };
 
-// Closes a grouped launch whatever happens inside it (a throw between Start and End would
-// leave the group open).
+// A grouped launch, closed by end() (whose result a non-blocking communicator settles), or
+// whatever happens inside it (a throw between Start and End would leave the group open).
 struct GroupScope {
+  bool open = true;
   GroupScope() { ANATOMY_CUDA_CHECK(ncclGroupStart()); }
-  ~GroupScope() noexcept(false) {
-    const ncclResult_t r = ncclGroupEnd();
-    if (std::uncaught_exceptions() == 0) ANATOMY_CUDA_CHECK(r);
+  ncclResult_t end() {
+    open = false;
+    return ncclGroupEnd();
+  }
+  ~GroupScope() {
+    if (open) (void)ncclGroupEnd();
   }
 };
 
@@ -85,7 +123,7 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_sum(const Tensor& buf) override {
     float* p = f32(buf);
     Enqueue q(*this);
-    ANATOMY_CUDA_CHECK(ncclAllReduce(p, p, buf.numel(), ncclFloat, ncclSum, m_comm, op_stream()));
+    q.settle(ncclAllReduce(p, p, buf.numel(), ncclFloat, ncclSum, m_comm, op_stream()), "all_reduce");
   }
   void begin_async() override {
     if (!m_side) {
@@ -135,6 +173,7 @@ class NcclCommunicator final : public Communicator {
       if (s.size() == 0) continue;  // every rank skips the same empty shards
       ANATOMY_CUDA_CHECK(ncclReduce(p + s.begin, p + s.begin, s.size(), ncclFloat, ncclSum, r, m_comm, stream));
     }
+    q.settle(group.end(), "reduce_scatter");
   }
   // F32 or a 16-bit type (the half-precision weights: Note [ZeRO gathers half weights] in dist/zero.h).
   void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) override {
@@ -149,6 +188,7 @@ class NcclCommunicator final : public Communicator {
       const ShardRange s = shards[static_cast<size_t>(r)];
       ANATOMY_CUDA_CHECK(ncclBroadcast(p + s.begin * es, p + s.begin * es, s.size(), t, r, m_comm, m_stream));
     }
+    q.settle(group.end(), "all_gather");
   }
 
   // Host values go through a small device buffer: every rank's row is gathered, then combined on
@@ -161,7 +201,7 @@ class NcclCommunicator final : public Communicator {
     ANATOMY_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), n * sizeof(double), cudaMemcpyHostToDevice, m_stream));
     {
       Enqueue q(*this);
-      ANATOMY_CUDA_CHECK(ncclAllGather(d, d + n, n, ncclDouble, m_comm, m_stream));
+      q.settle(ncclAllGather(d, d + n, n, ncclDouble, m_comm, m_stream), "all_reduce_host");
     }
     ANATOMY_CUDA_CHECK(cudaMemcpyAsync(rows.data(), d + n, w * n * sizeof(double), cudaMemcpyDeviceToHost, m_stream));
     wait_stream("all_reduce_host");
@@ -174,7 +214,7 @@ class NcclCommunicator final : public Communicator {
     ANATOMY_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), v.size_bytes(), cudaMemcpyHostToDevice, m_stream));
     {
       Enqueue q(*this);
-      ANATOMY_CUDA_CHECK(ncclBroadcast(d, d, v.size(), ncclDouble, root, m_comm, m_stream));
+      q.settle(ncclBroadcast(d, d, v.size(), ncclDouble, root, m_comm, m_stream), "broadcast_host");
     }
     ANATOMY_CUDA_CHECK(cudaMemcpyAsync(v.data(), d, v.size_bytes(), cudaMemcpyDeviceToHost, m_stream));
     wait_stream("broadcast_host");
@@ -193,6 +233,18 @@ class NcclCommunicator final : public Communicator {
     explicit Enqueue(NcclCommunicator& comm) : c(comm), lk(comm.m_group->lock()) {
       ANATOMY_CHECK(!c.m_group->aborted[c.m_slot], "nccl: another rank of the group failed (rank ", c.m_rank, " of ",
                     c.m_world, ")");
+    }
+    // The enqueue's result, once NCCL has finished it (Note [non-blocking NCCL]); the lock is
+    // given up first, so that the failure watch can abort the wait.
+    void settle(ncclResult_t r, const char* what) {
+      if (r != ncclInProgress) {
+        ANATOMY_CUDA_CHECK(r);
+        return;
+      }
+      if (lk.owns_lock()) lk.unlock();
+      c.m_group->settle(c.m_slot, r, [&](const char* why) {
+        fail("nccl ", what, ": ", why, " (rank ", c.m_rank, " of ", c.m_world, ")");
+      });
     }
     ~Enqueue() {
       if (!std::exchange(c.m_span_open, false)) return;
@@ -288,15 +340,25 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Bac
 }
 
 // One rank of a process group: NCCL's unique id comes from rank 0 through the bootstrap store
-// (Note [bootstrap port] in dist/launch.cpp); the store then watches the group.
+// (Note [bootstrap port] in dist/launch.cpp); the store watches the group from the join on.
+//
+// Note [non-blocking NCCL]: ncclCommInitRank waits, with no timeout, for every rank to enter it,
+// and a blocking one gives no handle to abort: a rank lost after the join (killed, or refusing
+// the id) left the others there for good. The communicator is created non-blocking (config
+// blocking 0): its init returns at once, and is polled (NcclGroupState::settle) until it completes,
+// the failure watch aborts it, or ANATOMY_DIST_TIMEOUT passes. Every later call on it may return
+// ncclInProgress too (a first connection set up in the background): each collective settles its
+// enqueue before anything else is recorded on its stream.
 std::unique_ptr<Communicator> make_nccl_process_group(const LaunchEnv& env, Backend& backend) {
   ANATOMY_CHECK(backend.native_stream(), "internal error: an NCCL rank without a CUDA backend");
   backend.bind_to_thread();  // its device is current for NCCL's init
   ncclUniqueId id;
   std::unique_ptr<TcpStore> store;
+  auto group = std::make_shared<NcclGroupState>(std::vector<ncclComm_t>{nullptr}, true);
   if (env.world_size > 1) {
     store = std::make_unique<TcpStore>(env.master_addr, env.bootstrap_port, env.rank == 0, env.timeout);
     store->join(env.rank, env.world_size);
+    store->watch([group] { group->abort_all(); });
     std::vector<char> bytes(sizeof id);
     if (env.rank == 0) {
       ANATOMY_CUDA_CHECK(ncclGetUniqueId(&id));
@@ -311,10 +373,17 @@ std::unique_ptr<Communicator> make_nccl_process_group(const LaunchEnv& env, Back
   } else {
     ANATOMY_CUDA_CHECK(ncclGetUniqueId(&id));
   }
+  const auto deadline = std::chrono::steady_clock::now() + env.timeout;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
   ncclComm_t comm = nullptr;
-  ANATOMY_CUDA_CHECK(ncclCommInitRank(&comm, env.world_size, id, env.rank));
-  auto group = std::make_shared<NcclGroupState>(std::vector<ncclComm_t>{comm}, true);
-  if (store) store->watch([group] { group->abort_all(); });
+  const ncclResult_t started = ncclCommInitRankConfig(&comm, env.world_size, id, env.rank, &config);
+  auto failed = [&](const char* why) {
+    fail("nccl: the group of ", env.world_size, " did not form: ", why, " (rank ", env.rank, ")");
+  };
+  if (started != ncclInProgress) ANATOMY_CUDA_CHECK(started);
+  if (!group->adopt(0, comm)) failed("another rank of the group failed");
+  group->settle(0, started, failed, deadline);
   return std::make_unique<NcclCommunicator>(group, 0, static_cast<cudaStream_t>(backend.native_stream()), env.rank,
                                             env.world_size, std::move(store));
 }

@@ -8,6 +8,9 @@
 //                        into a collective with it, which must throw within seconds
 //   stall                after a first barrier rank 0 writes a ready file and every rank waits
 //                        in a collective that one rank never joins (the test kills that rank)
+//   vanish R             rank R joins the group's store, is watched, and exits (status 3) a second
+//                        later, before its engine connects; the others run `script` into /dev/null
+//                        and must fail within seconds (Gloo's mesh, NCCL's init)
 #include <unistd.h>
 
 #include <cstdio>
@@ -16,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "dist/bootstrap.h"
 #include "dist/communicator.h"
 #include "memory/category.h"
 
@@ -27,11 +31,18 @@
 using namespace anatomy;
 
 static int run(int argc, char** argv) {
-  ANATOMY_CHECK(argc >= 2, "usage: anatomy_pg_worker script OUT_DIR | check | fail RANK | stall READY_FILE");
+  ANATOMY_CHECK(argc >= 2, "usage: anatomy_pg_worker script OUT_DIR | check | fail RANK | stall READY_FILE | vanish RANK");
   const std::string mode = argv[1];
   const LaunchEnv env = detect_launch();
   const char* device = std::getenv("ANATOMY_PG_DEVICE");
   const bool cuda = device && std::string(device) == "cuda";
+  if (mode == "vanish" && argc == 3 && env.rank == std::atoi(argv[2])) {
+    TcpStore store(env.master_addr, env.bootstrap_port, env.rank == 0, env.timeout);
+    store.join(env.rank, env.world_size);
+    store.watch([] {});
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::_Exit(3);  // as if killed: no goodbye to the store
+  }
   auto backend = cuda ? make_cuda_backend(env.local_rank) : make_cpu_backend(1);
   std::unique_ptr<Communicator> comm = make_process_group(env, *backend);
   try {
@@ -52,6 +63,10 @@ static int run(int argc, char** argv) {
                     "): differs from the in-process group at byte ", d.first - got.begin(), " of ", got.size());
       std::printf("rank %d of %d (%s, %s): %zu bytes bitwise equal to the in-process group\n", env.rank,
                   env.world_size, comm->kind(), env.launcher.c_str(), got.size());
+      return 0;
+    }
+    if (mode == "vanish" && argc == 3) {
+      (void)pg_test::run_script(*comm, *backend);
       return 0;
     }
     if (mode == "script" && argc == 3) {

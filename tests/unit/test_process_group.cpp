@@ -22,6 +22,7 @@
 #include "../common/dirs.h"
 #include "core/error.h"
 #include "dist/spawn.h"
+#include "ops/backend.h"
 #include "../dist/pg_script.h"
 
 extern char** environ;
@@ -159,6 +160,39 @@ TEST_P(ProcessGroupSpawn, AFailingRankEndsTheOthersWithItsStatusAndError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, ProcessGroupSpawn, ::testing::Values(2, 3));
+
+// A rank lost after the join, before its engine connected (killed; here it exits without a
+// goodbye to the store): the other waited in NCCL's init for ever, and under Gloo ended saying it
+// had lost rank 0's store (its own, which had closed it on seeing the failure). The failure watch
+// now starts at the join and ends it within seconds with the cause (Note [non-blocking NCCL] in
+// dist/nccl_group.cpp). The CUDA case needs one device: the lost rank never touches one.
+class RankLostAfterJoin : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RankLostAfterJoin, TheOtherEndsWithinSeconds) {
+  const bool cuda = GetParam() == "cuda";
+  if (cuda && cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = testing_dirs::fresh_dir("pg_lost_after_join_" + GetParam());
+  const int port = free_local_port();
+  const std::map<std::string, std::string> device = {{"ANATOMY_PG_DEVICE", GetParam()}};
+  const auto t0 = Clock::now();
+  const pid_t lost = start_rank({ANATOMY_PG_WORKER, "vanish", "1"}, 1, 2, port, dir + "/log1", device);
+  const pid_t kept = start_rank({ANATOMY_PG_WORKER, "vanish", "1"}, 0, 2, port, dir + "/log0", device);
+  int status = 0;
+  ASSERT_EQ(::waitpid(lost, &status, 0), lost);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << slurp(dir + "/log1");
+  ASSERT_EQ(::waitpid(kept, &status, 0), kept);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::string log = slurp(dir + "/log0");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << log;
+  EXPECT_LT(secs, 20.0) << log;  // ANATOMY_DIST_TIMEOUT is 60 s here
+  EXPECT_NE(log.find(cuda ? "nccl: the group of 2 did not form: another rank of the group failed (rank 0)"
+                          : "anatomy: error: gloo rendezvous: rank 0 of 2 lost its peers"),
+            std::string::npos)
+      << log;
+  std::printf("[lost after join] %s: rank 0 ended after %.1f s\n", GetParam().c_str(), secs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, RankLostAfterJoin, ::testing::Values("cpu", "cuda"));
 
 class ProcessGroupTorchrunEnv : public ::testing::TestWithParam<int> {};
 
