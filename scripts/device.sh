@@ -80,6 +80,9 @@
 #             fwdab: TRAINAB='ANATOMY_ATTENTION_FWD=mma;ANATOMY_ATTENTION_FWD=wgmma'). The word BUILD=before runs
 #             .carry/before's anatomy (scripts/stage_device.sh BEFORE=rev): TRAINAB=';BUILD=before' is an A/B of builds
 #             (this build first: a trailing empty setting would be dropped)
+#   launchab  two GPUs under torchrun (process groups, NCCL through the bootstrap store): .carry/before's anatomy
+#             and .carry/bin's, alternated twice, bert-base bf16 batch 32 seq 128, 300 steps: the wall time of
+#             the whole command (group formation included), steady samples/s and train_runtime (launchab.md)
 #   power     the GPU's SM clock, power and clock event reasons (nvidia-smi every 100 ms) while the PyTorch loop and
 #             anatomy each train bert-large bf16 batch 32 (120 steps): power.md (is the steady step held by
 #             the power limit rather than by its kernels?)
@@ -855,6 +858,27 @@ step_launch() {
     fi
   } | tee "$OUT/launch.md"
   grep -h "Samples/second\|error" "$OUT"/train_*.log | head -8
+}
+
+step_launchab() {
+  [ -x .carry/before/anatomy ] || { echo "launchab: no .carry/before (scripts/stage_device.sh BEFORE=rev)"; return; }
+  local i side t0 rc
+  {
+    echo "| build | round | exit status | wall s | steady samples/s | train_runtime s |"
+    echo "|---|---|---|---|---|---|"
+    for i in 1 2; do
+      for side in before bin; do
+        t0=$EPOCHREALTIME
+        timeout 150 torchrun --no-python --nproc-per-node 2 ".carry/$side/anatomy" train --device cuda --preset bert-base \
+          --max-seq-length 128 --num-samples 20000 --max-steps 300 --per-device-train-batch-size 32 --precision bf16 \
+          --disable-tqdm --overwrite-output-dir --output-dir "/tmp/launchab/$side$i" > "$OUT/launchab_$side$i.log" 2>&1
+        rc=$?
+        echo "| $side | $i | $rc | $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') | $(python3 -c "
+import json; d = json.load(open('/tmp/launchab/$side$i/train_results.json'))
+print(round(d['steady_samples_per_second'], 1), '|', d['train_runtime'])" 2>/dev/null || echo "- | -") |"
+      done
+    done
+  } | tee "$OUT/launchab.md"
 }
 
 (($#)) || { sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2; }

@@ -77,17 +77,13 @@ struct NcclGroupState {
   }
 };
 
-// A grouped launch, closed by end() (whose result a non-blocking communicator settles), or
-// whatever happens inside it (a throw between Start and End would leave the group open).
+// Closes a grouped launch whatever happens inside it (a throw between Start and End would
+// leave the group open).
 struct GroupScope {
-  bool open = true;
   GroupScope() { ANATOMY_CUDA_CHECK(ncclGroupStart()); }
-  ncclResult_t end() {
-    open = false;
-    return ncclGroupEnd();
-  }
-  ~GroupScope() {
-    if (open) (void)ncclGroupEnd();
+  ~GroupScope() noexcept(false) {
+    const ncclResult_t r = ncclGroupEnd();
+    if (std::uncaught_exceptions() == 0) ANATOMY_CUDA_CHECK(r);
   }
 };
 
@@ -123,7 +119,7 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_sum(const Tensor& buf) override {
     float* p = f32(buf);
     Enqueue q(*this);
-    q.settle(ncclAllReduce(p, p, buf.numel(), ncclFloat, ncclSum, m_comm, op_stream()), "all_reduce");
+    ANATOMY_CUDA_CHECK(ncclAllReduce(p, p, buf.numel(), ncclFloat, ncclSum, m_comm, op_stream()));
   }
   void begin_async() override {
     if (!m_side) {
@@ -173,7 +169,6 @@ class NcclCommunicator final : public Communicator {
       if (s.size() == 0) continue;  // every rank skips the same empty shards
       ANATOMY_CUDA_CHECK(ncclReduce(p + s.begin, p + s.begin, s.size(), ncclFloat, ncclSum, r, m_comm, stream));
     }
-    q.settle(group.end(), "reduce_scatter");
   }
   // F32 or a 16-bit type (the half-precision weights: Note [ZeRO gathers half weights] in dist/zero.h).
   void all_gather(const Tensor& buf, const std::vector<ShardRange>& shards) override {
@@ -188,7 +183,6 @@ class NcclCommunicator final : public Communicator {
       const ShardRange s = shards[static_cast<size_t>(r)];
       ANATOMY_CUDA_CHECK(ncclBroadcast(p + s.begin * es, p + s.begin * es, s.size(), t, r, m_comm, m_stream));
     }
-    q.settle(group.end(), "all_gather");
   }
 
   // Host values go through a small device buffer: every rank's row is gathered, then combined on
@@ -201,7 +195,7 @@ class NcclCommunicator final : public Communicator {
     ANATOMY_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), n * sizeof(double), cudaMemcpyHostToDevice, m_stream));
     {
       Enqueue q(*this);
-      q.settle(ncclAllGather(d, d + n, n, ncclDouble, m_comm, m_stream), "all_reduce_host");
+      ANATOMY_CUDA_CHECK(ncclAllGather(d, d + n, n, ncclDouble, m_comm, m_stream));
     }
     ANATOMY_CUDA_CHECK(cudaMemcpyAsync(rows.data(), d + n, w * n * sizeof(double), cudaMemcpyDeviceToHost, m_stream));
     wait_stream("all_reduce_host");
@@ -214,7 +208,7 @@ class NcclCommunicator final : public Communicator {
     ANATOMY_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), v.size_bytes(), cudaMemcpyHostToDevice, m_stream));
     {
       Enqueue q(*this);
-      q.settle(ncclBroadcast(d, d, v.size(), ncclDouble, root, m_comm, m_stream), "broadcast_host");
+      ANATOMY_CUDA_CHECK(ncclBroadcast(d, d, v.size(), ncclDouble, root, m_comm, m_stream));
     }
     ANATOMY_CUDA_CHECK(cudaMemcpyAsync(v.data(), d, v.size_bytes(), cudaMemcpyDeviceToHost, m_stream));
     wait_stream("broadcast_host");
@@ -233,18 +227,6 @@ class NcclCommunicator final : public Communicator {
     explicit Enqueue(NcclCommunicator& comm) : c(comm), lk(comm.m_group->lock()) {
       ANATOMY_CHECK(!c.m_group->aborted[c.m_slot], "nccl: another rank of the group failed (rank ", c.m_rank, " of ",
                     c.m_world, ")");
-    }
-    // The enqueue's result, once NCCL has finished it (Note [non-blocking NCCL]); the lock is
-    // given up first, so that the failure watch can abort the wait.
-    void settle(ncclResult_t r, const char* what) {
-      if (r != ncclInProgress) {
-        ANATOMY_CUDA_CHECK(r);
-        return;
-      }
-      if (lk.owns_lock()) lk.unlock();
-      c.m_group->settle(c.m_slot, r, [&](const char* why) {
-        fail("nccl ", what, ": ", why, " (rank ", c.m_rank, " of ", c.m_world, ")");
-      });
     }
     ~Enqueue() {
       if (!std::exchange(c.m_span_open, false)) return;
@@ -343,12 +325,15 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Bac
 // (Note [bootstrap port] in dist/launch.cpp); the store watches the group from the join on.
 //
 // Note [non-blocking NCCL]: ncclCommInitRank waits, with no timeout, for every rank to enter it,
-// and a blocking one gives no handle to abort: a rank lost after the join (killed, or refusing
-// the id) left the others there for good. The communicator is created non-blocking (config
-// blocking 0): its init returns at once, and is polled (NcclGroupState::settle) until it completes,
-// the failure watch aborts it, or ANATOMY_DIST_TIMEOUT passes. Every later call on it may return
-// ncclInProgress too (a first connection set up in the background): each collective settles its
-// enqueue before anything else is recorded on its stream.
+// and a blocking one gives no handle to abort: a rank lost after the join (killed, refusing the
+// id, or failing in NCCL's own init) left the others there for good. The group is formed by a
+// non-blocking communicator (config blocking 0), whose init returns at once and is polled
+// (NcclGroupState::settle) until it completes, the failure watch aborts it, or
+// ANATOMY_DIST_TIMEOUT passes. It is not the one that trains: NCCL runs every call on a
+// non-blocking communicator through a thread of its own (ncclGroupEnd returns ncclInProgress),
+// which made the steady step of two ranks 1% slower (bench/results/2026-11-30-h200/session39/).
+// Once formed, it is split (ncclCommSplit, itself non-blocking, so polled and abortable alike)
+// into a blocking communicator for the collectives, and destroyed.
 std::unique_ptr<Communicator> make_nccl_process_group(const LaunchEnv& env, Backend& backend) {
   ANATOMY_CHECK(backend.native_stream(), "internal error: an NCCL rank without a CUDA backend");
   backend.bind_to_thread();  // its device is current for NCCL's init
@@ -374,16 +359,39 @@ std::unique_ptr<Communicator> make_nccl_process_group(const LaunchEnv& env, Back
     ANATOMY_CUDA_CHECK(ncclGetUniqueId(&id));
   }
   const auto deadline = std::chrono::steady_clock::now() + env.timeout;
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclComm_t comm = nullptr;
-  const ncclResult_t started = ncclCommInitRankConfig(&comm, env.world_size, id, env.rank, &config);
   auto failed = [&](const char* why) {
     fail("nccl: the group of ", env.world_size, " did not form: ", why, " (rank ", env.rank, ")");
   };
+  ncclConfig_t forming = NCCL_CONFIG_INITIALIZER;
+  forming.blocking = 0;
+  ncclComm_t formed = nullptr;
+  const ncclResult_t started = ncclCommInitRankConfig(&formed, env.world_size, id, env.rank, &forming);
   if (started != ncclInProgress) ANATOMY_CUDA_CHECK(started);
-  if (!group->adopt(0, comm)) failed("another rank of the group failed");
+  if (!group->adopt(0, formed)) failed("another rank of the group failed");
   group->settle(0, started, failed, deadline);
+  ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
+  blocking.blocking = 1;
+  ncclComm_t comm = nullptr;
+  ncclResult_t split = ncclSuccess;
+  {
+    auto lk = group->lock();
+    if (group->aborted[0]) failed("another rank of the group failed");
+    split = ncclCommSplit(formed, 0, env.rank, &comm, &blocking);
+  }
+  // It returns ncclSuccess with the split still running: the forming communicator's state says
+  // when it is done (ncclInProgress until then), and `comm` is set by then.
+  if (split != ncclInProgress) ANATOMY_CUDA_CHECK(split);
+  group->settle(0, ncclInProgress, failed, deadline);
+  ANATOMY_CHECK(comm, "internal error: ncclCommSplit gave no communicator (rank ", env.rank, ")");
+  {
+    auto lk = group->lock();
+    if (group->aborted[0]) {  // the forming communicator was aborted with the group
+      (void)ncclCommAbort(comm);
+      failed("another rank of the group failed");
+    }
+    group->comms[0] = comm;
+  }
+  ANATOMY_CUDA_CHECK(ncclCommDestroy(formed));
   return std::make_unique<NcclCommunicator>(group, 0, static_cast<cudaStream_t>(backend.native_stream()), env.rank,
                                             env.world_size, std::move(store));
 }
