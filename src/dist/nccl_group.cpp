@@ -53,7 +53,7 @@ struct NcclGroupState {
     (void)ncclCommAbort(c);
     return false;
   }
-  // Note [non-blocking NCCL]: a call that returned ncclInProgress is done when the communicator's
+  // A call that returned ncclInProgress (Note [non-blocking NCCL]) is done when the communicator's
   // state leaves it; polled with the lock taken each time, so that an abort from the failure
   // watch ends the wait (a group's abort frees the communicator: it is not read after that).
   // `deadline` bounds a wait that no failure ends (a rank that joined and never came).
@@ -321,6 +321,45 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Bac
   return out;
 }
 
+// Puts this rank's blocking communicator in `group`'s slot 0, formed through a non-blocking one
+// there, which the failure watch may abort meanwhile (Note [non-blocking NCCL] below).
+void form_communicator(NcclGroupState& group, const LaunchEnv& env, const ncclUniqueId& id) {
+  const auto deadline = std::chrono::steady_clock::now() + env.timeout;
+  auto failed = [&](const char* why) {
+    fail("nccl: the group of ", env.world_size, " did not form: ", why, " (rank ", env.rank, ")");
+  };
+  ncclConfig_t forming = NCCL_CONFIG_INITIALIZER;
+  forming.blocking = 0;
+  ncclComm_t formed = nullptr;
+  const ncclResult_t started = ncclCommInitRankConfig(&formed, env.world_size, id, env.rank, &forming);
+  if (started != ncclInProgress) ANATOMY_CUDA_CHECK(started);
+  if (!group.adopt(0, formed)) failed("another rank of the group failed");
+  group.settle(0, started, failed, deadline);
+  ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
+  blocking.blocking = 1;
+  ncclComm_t comm = nullptr;
+  ncclResult_t split = ncclSuccess;
+  {
+    auto lk = group.lock();
+    if (group.aborted[0]) failed("another rank of the group failed");
+    split = ncclCommSplit(formed, 0, env.rank, &comm, &blocking);
+  }
+  // It returns ncclSuccess with the split still running: the forming communicator's state says
+  // when it is done (ncclInProgress until then), and `comm` is set by then.
+  if (split != ncclInProgress) ANATOMY_CUDA_CHECK(split);
+  group.settle(0, ncclInProgress, failed, deadline);
+  ANATOMY_CHECK(comm, "internal error: ncclCommSplit gave no communicator (rank ", env.rank, ")");
+  {
+    auto lk = group.lock();
+    if (group.aborted[0]) {  // the forming communicator was aborted with the group
+      (void)ncclCommAbort(comm);
+      failed("another rank of the group failed");
+    }
+    group.comms[0] = comm;  // aborted with the group from here on
+  }
+  ANATOMY_CUDA_CHECK(ncclCommDestroy(formed));
+}
+
 // One rank of a process group: NCCL's unique id comes from rank 0 through the bootstrap store
 // (Note [bootstrap port] in dist/launch.cpp); the store watches the group from the join on.
 //
@@ -358,40 +397,7 @@ std::unique_ptr<Communicator> make_nccl_process_group(const LaunchEnv& env, Back
   } else {
     ANATOMY_CUDA_CHECK(ncclGetUniqueId(&id));
   }
-  const auto deadline = std::chrono::steady_clock::now() + env.timeout;
-  auto failed = [&](const char* why) {
-    fail("nccl: the group of ", env.world_size, " did not form: ", why, " (rank ", env.rank, ")");
-  };
-  ncclConfig_t forming = NCCL_CONFIG_INITIALIZER;
-  forming.blocking = 0;
-  ncclComm_t formed = nullptr;
-  const ncclResult_t started = ncclCommInitRankConfig(&formed, env.world_size, id, env.rank, &forming);
-  if (started != ncclInProgress) ANATOMY_CUDA_CHECK(started);
-  if (!group->adopt(0, formed)) failed("another rank of the group failed");
-  group->settle(0, started, failed, deadline);
-  ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
-  blocking.blocking = 1;
-  ncclComm_t comm = nullptr;
-  ncclResult_t split = ncclSuccess;
-  {
-    auto lk = group->lock();
-    if (group->aborted[0]) failed("another rank of the group failed");
-    split = ncclCommSplit(formed, 0, env.rank, &comm, &blocking);
-  }
-  // It returns ncclSuccess with the split still running: the forming communicator's state says
-  // when it is done (ncclInProgress until then), and `comm` is set by then.
-  if (split != ncclInProgress) ANATOMY_CUDA_CHECK(split);
-  group->settle(0, ncclInProgress, failed, deadline);
-  ANATOMY_CHECK(comm, "internal error: ncclCommSplit gave no communicator (rank ", env.rank, ")");
-  {
-    auto lk = group->lock();
-    if (group->aborted[0]) {  // the forming communicator was aborted with the group
-      (void)ncclCommAbort(comm);
-      failed("another rank of the group failed");
-    }
-    group->comms[0] = comm;
-  }
-  ANATOMY_CUDA_CHECK(ncclCommDestroy(formed));
+  form_communicator(*group, env, id);
   return std::make_unique<NcclCommunicator>(group, 0, static_cast<cudaStream_t>(backend.native_stream()), env.rank,
                                             env.world_size, std::move(store));
 }
