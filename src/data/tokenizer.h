@@ -112,6 +112,13 @@ struct WordEncoding {
   std::vector<int32_t> word_ids;  // (n) the word's index, -1 for special tokens and padding
 };
 
+// The tokenizer saved beside a model: its directory's files, copied, and the tokenizer_config.json
+// written in their stead (empty: the directory's own, if it has one).
+struct TokenizerFiles {
+  std::vector<std::string> files;
+  std::string config;
+};
+
 // Any tokenizer a model directory holds: WordPiece (vocab.txt, or a tokenizer.json with a
 // WordPiece model) or a BPE / Unigram tokenizer.json (tokenizer_json.h). Copies share the
 // tokenizer (it is immutable).
@@ -128,8 +135,9 @@ class Tokenizer {
   // tokenizer_config.json's tokenizer_class, else config.json's model_type, else `model_type`
   // (the model's, whose saved directory will name it: Note [the class of a bare tokenizer]).
   static Tokenizer from_directory(const std::string& dir, const std::string& model_type = "");
-  // The tokenizer files of a model directory that exist, to copy next to a saved model.
-  static std::vector<std::string> files_in(const std::string& dir);
+  // What to save beside a model trained with `dir`'s tokenizer, built for `model_type` (the
+  // model's): Note [the class of a saved tokenizer].
+  static TokenizerFiles files_to_save(const std::string& dir, const std::string& model_type);
   // Note [prefix space for words] (data/tokenizer_json.h): a byte-level tokenizer that adds a
   // space before each text, as run_ner.py loads RoBERTa's; any other tokenizer unchanged.
   Tokenizer with_prefix_space() const;

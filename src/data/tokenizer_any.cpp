@@ -143,13 +143,33 @@ Tokenizer Tokenizer::from_directory(const std::string& dir, const std::string& m
   return t;
 }
 
-std::vector<std::string> Tokenizer::files_in(const std::string& dir) {
-  std::vector<std::string> out;
+// Note [the class of a saved tokenizer]
+// A tokenizer directory naming no class is built as its own config.json's model_type says, as
+// AutoTokenizer builds it (run_glue.py's --tokenizer_name), and only without one as the model's
+// type (Note [the class of a bare tokenizer]). The saved model's config.json is the model's: a
+// --tokenizer directory of another type (a RoBERTa tokenizer directory beside an XLM-R model)
+// reloaded as the model's type's class, tokenizing otherwise than in training. The class it was
+// built as is then written in the saved tokenizer_config.json, as transformers' save_pretrained
+// writes tokenizer_class; a directory whose class is the model type's is copied as it is.
+TokenizerFiles Tokenizer::files_to_save(const std::string& dir, const std::string& model_type) {
+  TokenizerFiles out;
   for (const char* name : {"tokenizer.json", "vocab.txt", "vocab.json", "merges.txt", "sentencepiece.bpe.model",
                            "spm.model", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"}) {
     const auto p = std::filesystem::path(dir) / name;
-    if (std::filesystem::is_regular_file(p)) out.push_back(p.string());
+    if (std::filesystem::is_regular_file(p)) out.files.push_back(p.string());
   }
+  nlohmann::json cfg = read_json_object(std::filesystem::path(dir) / "tokenizer_config.json");
+  const auto class_of = [](const std::string& type) -> std::string {
+    for (const auto& [t, c] : std::initializer_list<std::pair<const char*, const char*>>{
+             {"bert", "BertTokenizer"}, {"distilbert", "DistilBertTokenizer"}, {"electra", "ElectraTokenizer"},
+             {"roberta", "RobertaTokenizer"}, {"xlm-roberta", "XLMRobertaTokenizer"}})
+      if (type == t) return c;
+    return "PreTrainedTokenizerFast";
+  };
+  const std::string built = class_of(model_type_of(dir, model_type));
+  if (cfg.contains("tokenizer_class") || built == class_of(model_type)) return out;
+  cfg["tokenizer_class"] = built;
+  out.config = cfg.dump(2) + "\n";
   return out;
 }
 

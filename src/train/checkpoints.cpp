@@ -259,23 +259,24 @@ void remove_via_trash(const fs::path& path) {
 
 }  // namespace
 
-void copy_files_into(const std::string& dir, const std::vector<std::string>& files) {
-  for (const std::string& f : files) {
+void save_tokenizer_into(const std::string& dir, const TokenizerFiles& tokenizer) {
+  for (const std::string& f : tokenizer.files) {
     const fs::path to = fs::path(dir) / fs::path(f).filename();
     std::error_code ec;
     if (fs::exists(to, ec) && fs::equivalent(to, f, ec)) continue;
     write_file_atomic(to.string(), read_regular_file(f));
   }
+  if (!tokenizer.config.empty()) write_file_atomic((fs::path(dir) / "tokenizer_config.json").string(), tokenizer.config);
 }
 
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state,
-                                     const std::vector<std::string>& extra_files, const nlohmann::json& hf_state) {
+                                     const TokenizerFiles& tokenizer, const nlohmann::json& hf_state) {
   ANATOMY_CHECK(step >= 0, "internal error: checkpoint step ", step);
   const std::string path = (fs::path(output_dir) / checkpoint_name(step)).string();
   AtomicDir dir(path);
   save_pretrained(dir.staging(), model);
-  copy_files_into(dir.staging(), extra_files);
+  save_tokenizer_into(dir.staging(), tokenizer);
   if (!hf_state.is_null()) write_file_atomic(dir.file(kTrainerStateFile), hf_state.dump(2) + "\n");
 
   const std::string kind = optimizer_name(opt.kind());
@@ -294,12 +295,12 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
 
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state, Communicator& comm,
-                                     const OptimizerPart& part, const std::vector<std::string>& extra_files,
+                                     const OptimizerPart& part, const TokenizerFiles& tokenizer,
                                      const nlohmann::json& hf_state) {
   const bool lead = comm.rank() == 0;
   const fs::path path = fs::path(output_dir) / checkpoint_name(step);
   if (!part.sharded) {  // the whole state is the same on every rank: rank 0 writes it
-    if (lead) save_training_checkpoint(output_dir, step, model, opt, trainer_state, extra_files, hf_state);
+    if (lead) save_training_checkpoint(output_dir, step, model, opt, trainer_state, tokenizer, hf_state);
     comm.barrier();
     return path.string();
   }
@@ -322,7 +323,7 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
   if (lead) {
     AtomicDir dir(path.string());
     save_pretrained(dir.staging(), model);
-    copy_files_into(dir.staging(), extra_files);
+    save_tokenizer_into(dir.staging(), tokenizer);
     if (!hf_state.is_null()) write_file_atomic(dir.file(kTrainerStateFile), hf_state.dump(2) + "\n");
     nlohmann::json shards = nlohmann::json::array(), files = nlohmann::json::object();
     for (int r = 0; r < comm.size(); ++r) {

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "dist/communicator.h"
 #include "model/encoder.h"
 #include "optim/optimizer.h"
@@ -37,16 +38,17 @@ namespace anatomy {
 inline constexpr int kCheckpointFormatVersion = 1;
 
 // Writes OUTPUT_DIR/checkpoint-<step>/ (Note [checkpoint directory]), replacing one of the same
-// step atomically, with copies of `extra_files` (the tokenizer's: a checkpoint loads with
+// step atomically, with the tokenizer's files (save_tokenizer_into: a checkpoint loads with
 // transformers as it is) and `hf_state` as its trainer_state.json (null: none). Returns the
 // checkpoint's path.
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state,
-                                     const std::vector<std::string>& extra_files = {},
+                                     const TokenizerFiles& tokenizer = {},
                                      const nlohmann::json& hf_state = nullptr);
 
-// Copies each file into `dir` under its own name, atomically; a file already there as itself is left.
-void copy_files_into(const std::string& dir, const std::vector<std::string>& files);
+// Copies each of the tokenizer's files into `dir` under its own name, atomically (a file already
+// there as itself is left), then writes its tokenizer_config.json when it has one of its own.
+void save_tokenizer_into(const std::string& dir, const TokenizerFiles& tokenizer);
 
 // Note [optimizer shards]: AdamW's and SGD's state is flat over the parameter layout, so a ZeRO
 // shard is a range of it. A rank's part of the state is the whole state (a world of one, ZeRO
@@ -64,7 +66,7 @@ struct OptimizerPart {
 // directory appears whole once every part is written. Returns the checkpoint's path.
 std::string save_training_checkpoint(const std::string& output_dir, int64_t step, EncoderModel& model,
                                      Optimizer& opt, const nlohmann::json& trainer_state, Communicator& comm,
-                                     const OptimizerPart& part, const std::vector<std::string>& extra_files = {},
+                                     const OptimizerPart& part, const TokenizerFiles& tokenizer = {},
                                      const nlohmann::json& hf_state = nullptr);
 
 // Keeps the newest `limit` complete checkpoint-<step> directories of output_dir by step (limit

@@ -72,7 +72,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
                              " tokens");
     ANATOMY_CHECK(opt.test_file.empty(), "--test-file needs --train-file (synthetic data has no labels to predict)");
     const std::string tok_dir = !opt.tokenizer.empty() ? opt.tokenizer : opt.model_name_or_path;
-    if (!tok_dir.empty()) d.tokenizer_files = Tokenizer::files_in(tok_dir);
+    if (!tok_dir.empty()) d.tokenizer_files = Tokenizer::files_to_save(tok_dir, cfg.model_type());
     return d;
   }
 
@@ -82,7 +82,7 @@ TrainData load_train_data(const TrainOptions& opt, BertConfig& cfg) {
   const Tokenizer tok = Tokenizer::from_directory(tok_dir, cfg.model_type());  // Note [the class of a bare tokenizer]
   ANATOMY_CHECK(static_cast<int64_t>(tok.vocab_size()) <= cfg.vocab_size, "--tokenizer ", tok_dir, ": its ",
                 tok.vocab_size(), " tokens do not fit the model's vocab_size ", cfg.vocab_size);
-  d.tokenizer_files = Tokenizer::files_in(tok_dir);
+  d.tokenizer_files = Tokenizer::files_to_save(tok_dir, cfg.model_type());
   TrainData t = load_text_data(opt, cfg, tok, tok_dir, std::move(d));
   if (std::string w = unknown_token_warning(*t.train, tok, tok_dir, cfg.vocab_size, true); !w.empty())
     t.warnings.push_back(std::move(w));

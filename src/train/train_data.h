@@ -9,10 +9,9 @@
 
 #include "data/dataset.h"
 #include "data/text_dataset.h"
+#include "data/tokenizer.h"
 #include "model/config.h"
 #include "train/options.h"
-
-namespace anatomy { class Tokenizer; }
 
 namespace anatomy {
 
@@ -23,7 +22,7 @@ struct TrainData {
   std::vector<int64_t> train_lengths;         // per training sample; empty: all full length
   std::vector<int64_t> validation_lengths;    // per validation sample; empty: all full length
   std::optional<LabelSet> labels;             // text data: the classes, as the model's config will name them
-  std::vector<std::string> tokenizer_files;   // copied next to the saved model
+  TokenizerFiles tokenizer_files;             // saved next to the model (save_tokenizer_into)
   std::string description;                    // one line for the log
   std::vector<std::string> warnings;          // a line each for the log (Note [unknown-token share], [untyped tags])
 

@@ -581,7 +581,7 @@ void RankRun::finish() {
   if (m_lead && m_opt.save_model) {
     m_out->claim();
     save_pretrained(m_opt.output_dir, *m_model);
-    copy_files_into(m_opt.output_dir, m_data->tokenizer_files);
+    save_tokenizer_into(m_opt.output_dir, m_data->tokenizer_files);
   }
   if (m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end) &&
       (m_eval_step != m_total_steps || m_best_loaded))

@@ -17,6 +17,7 @@
 #include "data/tokenizer.h"
 #include "data/tokenizer_json.h"
 #include "io/read_file.h"
+#include "train/checkpoints.h"
 
 using namespace anatomy;
 namespace fs = std::filesystem;
@@ -149,6 +150,19 @@ TEST(TokenizerJsonXlmRobertaClass, EveryLineAndPairAsTransformers5) {
   const std::string bare = fs::path(unpack("xlmr")).parent_path().string();
   expect_parity(Tokenizer::from_directory(bare), "xlmr", "bare");
   expect_parity(Tokenizer::from_directory(bare, "xlm-roberta"), "xlmr_class", "bare, for an XLM-R model");
+  // Note [the class of a saved tokenizer]: the same file in a directory of type roberta, passed
+  // with an XLM-R model, is built as its own type (the file's pipeline) and saved naming that
+  // class, so that the saved model (whose config.json says xlm-roberta) reloads with the tokens
+  // it was trained on; it reloaded as XLM-R's class.
+  const std::string typed = fs::path(unpack("xlmr")).parent_path().string();
+  std::ofstream(typed + "/config.json") << R"({"model_type": "roberta"})";
+  expect_parity(Tokenizer::from_directory(typed, "xlm-roberta"), "xlmr", "a roberta directory for an XLM-R model");
+  const std::string saved = testing_dirs::fresh_dir("tokjson_saved_class");
+  save_tokenizer_into(saved, Tokenizer::files_to_save(typed, "xlm-roberta"));
+  std::ofstream(saved + "/config.json") << R"({"model_type": "xlm-roberta"})";
+  expect_parity(Tokenizer::from_directory(saved, "xlm-roberta"), "xlmr", "saved beside the XLM-R model");
+  EXPECT_EQ(nlohmann::json::parse(read_regular_file(saved + "/tokenizer_config.json"))["tokenizer_class"],
+            "RobertaTokenizer");
 }
 
 // Pre-split words (Hugging Face's is_split_into_words): ids and each token's word index, against
@@ -224,7 +238,9 @@ TEST(TokenizerJson, DirectoryPrefersTokenizerJsonThenVocabTxt) {
   const Tokenizer t = Tokenizer::from_directory(dir);
   ASSERT_NE(t.json(), nullptr);
   EXPECT_EQ(t.vocab_size(), 3002u);
-  EXPECT_EQ(Tokenizer::files_in(dir).size(), 1u);
+  const TokenizerFiles saved = Tokenizer::files_to_save(dir, "xlm-roberta");
+  EXPECT_EQ(saved.files.size(), 1u);
+  EXPECT_EQ(saved.config, "");  // built as the model type builds it: nothing to record
 
   const std::string wp = testing_dirs::fresh_dir("tokjson_wp");
   fs::copy_file(fs::path(ANATOMY_SOURCE_DIR) / "tests/data/tokenizer/vocab.txt", wp + "/vocab.txt");
