@@ -210,6 +210,15 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  void wait_for_all() override {
+    if (m_world == 1) return;
+    engine("barrier", [&] {
+      gloo::BarrierOptions o(m_ctx);
+      o.setTimeout(std::chrono::hours(24 * 30));  // a month: the failure watch ends it sooner
+      gloo::barrier(o);
+    });
+  }
+
   void abort() noexcept override {
     if (m_aborted.exchange(true) || !m_store) return;
     m_failed = true;

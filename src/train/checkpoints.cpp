@@ -301,7 +301,7 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
   const fs::path path = fs::path(output_dir) / checkpoint_name(step);
   if (!part.sharded) {  // the whole state is the same on every rank: rank 0 writes it
     if (lead) save_training_checkpoint(output_dir, step, model, opt, trainer_state, tokenizer, hf_state);
-    comm.barrier();
+    comm.wait_for_all();  // as long as the writing takes
     return path.string();
   }
   // Each rank writes its shard beside the checkpoint (a name rotate_checkpoints clears as a
@@ -344,7 +344,7 @@ std::string save_training_checkpoint(const std::string& output_dir, int64_t step
     dir.commit();
     fs::remove_all(side, ec);
   }
-  comm.barrier();
+  comm.wait_for_all();  // as long as rank 0's writing takes
   return path.string();
 }
 

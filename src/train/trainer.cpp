@@ -212,10 +212,11 @@ void RankRun::setup() {
   m_opt.validate();
   check_output_dir(m_opt);
   m_cfg = model_config(m_opt);
-  // Rank 0 loads first, so that a token cache is built once and the other ranks read it.
-  if (!m_lead) m_comm.barrier();
+  // Rank 0 loads first, so that a token cache is built once and the other ranks read it; they
+  // wait as long as its tokenizing takes (wait_for_all: not bounded by ANATOMY_DIST_TIMEOUT).
+  if (!m_lead) m_comm.wait_for_all();
   m_data.emplace(load_train_data(m_opt, m_cfg));
-  if (m_lead) m_comm.barrier();
+  if (m_lead) m_comm.wait_for_all();
   check_ranks_agree(m_opt, static_cast<int64_t>(m_data->train->size()), m_comm);
   for (const std::string& w : m_data->warnings)
     if (m_lead) std::fprintf(stderr, "anatomy: %s\n", w.c_str());
@@ -632,7 +633,9 @@ void RankRun::finish() {
   if (m_opt.profile_steps > 0) profile();
   // Every rank is still there before the run is marked finished (train_results.json): a rank
   // lost while rank 0 predicted alone ends the job here, its directory not looking finished.
-  m_comm.barrier();
+  // The others wait as long as the prediction takes (a CPU prediction past ANATOMY_DIST_TIMEOUT
+  // failed the run).
+  m_comm.wait_for_all();
   if (m_lead) {
     m_out->claim();
     // trainer_state.json beside the model, as run_glue.py's trainer.save_state() leaves it,
