@@ -167,7 +167,11 @@ TokenizerFiles Tokenizer::files_to_save(const std::string& dir, const std::strin
     return "PreTrainedTokenizerFast";
   };
   const std::string built = class_of(model_type_of(dir, model_type));
-  if (cfg.contains("tokenizer_class") || built == class_of(model_type)) return out;
+  // A class named (as from_directory reads it), or the model type's: nothing to record. Nor a
+  // generic class for a vocab.txt directory, which transformers cannot build as one.
+  if ((cfg.contains("tokenizer_class") && cfg["tokenizer_class"].is_string()) || built == class_of(model_type) ||
+      (built == "PreTrainedTokenizerFast" && !std::filesystem::is_regular_file(std::filesystem::path(dir) / "tokenizer.json")))
+    return out;
   cfg["tokenizer_class"] = built;
   out.config = cfg.dump(2) + "\n";
   return out;

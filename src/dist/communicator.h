@@ -49,9 +49,10 @@ class Communicator {
   virtual void all_reduce_host(std::span<double> v, Op op) = 0;
   virtual void broadcast_host(std::span<double> v, int root) = 0;
   virtual void barrier() = 0;
-  // A barrier for ranks waiting on one that works alone (rank 0 predicting, or writing a
-  // checkpoint): it waits as long as that takes. A rank's failure ends it (the failure watch);
-  // ANATOMY_DIST_TIMEOUT, which bounds a process group's other collectives, does not.
+  // A barrier for ranks waiting on one that works alone (rank 0 loading the data, writing the
+  // model or a checkpoint, predicting): it waits as long as that takes. A rank's failure ends it
+  // (the failure watch); ANATOMY_DIST_TIMEOUT, which bounds Gloo's other collectives, does not
+  // (NCCL's collectives have no bound of their own).
   virtual void wait_for_all() { barrier(); }
   // Between begin_async() and end_async(), all_reduce_sum and reduce_scatter_sum run on a side
   // stream of their own, each after the work enqueued so far on the backend's stream, so that

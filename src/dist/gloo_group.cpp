@@ -104,10 +104,20 @@ class GlooCommunicator final : public Communicator {
       ctx->connectFullMesh(store, dev);
       m_in_collective = nullptr;
       m_ctx = std::move(ctx);
-    } catch (const gloo::Exception& e) {
+    } catch (...) {
       m_in_collective = nullptr;
-      fail("gloo: rank ", m_rank, " could not connect to the other ", m_world - 1, " ranks (rendezvous at ",
-           m_store->address(), "): ", first_line(e.what()));
+      m_closing = true;  // this thread reports: a watcher that fired returns at once
+      // A rank lost during the rendezvous ends rank 0's store with it (its server closes every
+      // connection), so the mesh's next store request fails as the watch fires: the watch names
+      // the cause, given half a second to.
+      for (int i = 0; i < 20 && !m_failed; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+      if (m_failed) fail("gloo rendezvous: rank ", m_rank, " of ", m_world, " lost its peers (another rank failed)");
+      try {
+        throw;
+      } catch (const gloo::Exception& e) {
+        fail("gloo: rank ", m_rank, " could not connect to the other ", m_world - 1, " ranks (rendezvous at ",
+             m_store->address(), "): ", first_line(e.what()));
+      }
     }
   }
   ~GlooCommunicator() override {
@@ -212,11 +222,11 @@ class GlooCommunicator final : public Communicator {
 
   void wait_for_all() override {
     if (m_world == 1) return;
-    engine("barrier", [&] {
+    engine("wait for every rank", [&] {
       gloo::BarrierOptions o(m_ctx);
       o.setTimeout(std::chrono::hours(24 * 30));  // a month: the failure watch ends it sooner
       gloo::barrier(o);
-    });
+    }, /*timed=*/false);
   }
 
   void abort() noexcept override {
@@ -232,10 +242,10 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
-  // Runs one Gloo collective; its failures (a peer's sockets closing, the timeout) become one
-  // line naming the collective.
+  // Runs one Gloo collective; its failures (a peer's sockets closing, the timeout when `timed`)
+  // become one line naming the collective.
   template <class F>
-  void engine(const char* what, F&& run) {
+  void engine(const char* what, F&& run, bool timed = true) {
     ANATOMY_CHECK(!m_failed, "gloo ", what, ": another rank of the group failed (rank ", m_rank, " of ", m_world, ")");
     m_in_collective = what;
     struct Done {
@@ -246,8 +256,8 @@ class GlooCommunicator final : public Communicator {
       run();
     } catch (const gloo::Exception& e) {
       m_failed = true;
-      fail("gloo ", what, ": rank ", m_rank, " of ", m_world, " lost its peers (another rank failed, or ",
-           m_timeout.count() / 1000, " s passed): ", first_line(e.what()));
+      fail("gloo ", what, ": rank ", m_rank, " of ", m_world, " lost its peers (another rank failed",
+           timed ? str_cat(", or ", m_timeout.count() / 1000, " s passed") : std::string(), "): ", first_line(e.what()));
     }
   }
 
@@ -282,10 +292,12 @@ class GlooCommunicator final : public Communicator {
 
   int m_rank, m_world;
   std::chrono::milliseconds m_timeout;
-  std::unique_ptr<TcpStore> m_store;
   std::shared_ptr<gloo::Context> m_ctx;
   std::atomic<bool> m_failed{false}, m_aborted{false}, m_closing{false};
   std::atomic<const char*> m_in_collective{nullptr};  // the collective running, for on_peer_failure
+  // Last, so destroyed first: its destructor joins the watcher, which reads the members above
+  // (also when the constructor throws after the watch started).
+  std::unique_ptr<TcpStore> m_store;
 };
 
 }  // namespace

@@ -324,6 +324,14 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Bac
 // Puts this rank's blocking communicator in `group`'s slot 0, formed through a non-blocking one
 // there, which the failure watch may abort meanwhile (Note [non-blocking NCCL] below).
 void form_communicator(NcclGroupState& group, const LaunchEnv& env, const ncclUniqueId& id) {
+  // Whatever ends the forming early (an NCCL error, the deadline, a peer's failure) aborts what
+  // slot 0 holds, so that no NCCL thread of it outlives the error.
+  struct AbortUnlessFormed {
+    NcclGroupState& g;
+    ~AbortUnlessFormed() {
+      if (std::uncaught_exceptions() > 0) g.abort_all();
+    }
+  } guard{group};
   const auto deadline = std::chrono::steady_clock::now() + env.timeout;
   auto failed = [&](const char* why) {
     fail("nccl: the group of ", env.world_size, " did not form: ", why, " (rank ", env.rank, ")");

@@ -584,6 +584,7 @@ void RankRun::finish() {
     save_pretrained(m_opt.output_dir, *m_model);
     save_tokenizer_into(m_opt.output_dir, m_data->tokenizer_files);
   }
+  if (m_opt.save_model) m_comm.wait_for_all();  // as long as rank 0's writing takes
   if (m_data->validation && (m_opt.eval_strategy != Cadence::No || m_opt.eval_at_end) &&
       (m_eval_step != m_total_steps || m_best_loaded))
     evaluate_now(m_total_steps);
@@ -630,12 +631,12 @@ void RankRun::finish() {
     m_out->claim();  // with --save-strategy no, nothing has made the directory yet
     res.predict_samples = predict_into(m_opt, *m_model, *m_data->test, std::min(m_opt.per_device_eval_batch_size, m_B), m_cfg);
   }
-  if (m_opt.profile_steps > 0) profile();
   // Every rank is still there before the run is marked finished (train_results.json): a rank
   // lost while rank 0 predicted alone ends the job here, its directory not looking finished.
   // The others wait as long as the prediction takes (a CPU prediction past ANATOMY_DIST_TIMEOUT
-  // failed the run).
+  // failed the run), before the collectives of the profiled steps.
   m_comm.wait_for_all();
+  if (m_opt.profile_steps > 0) profile();
   if (m_lead) {
     m_out->claim();
     // trainer_state.json beside the model, as run_glue.py's trainer.save_state() leaves it,

@@ -90,7 +90,7 @@ TEST(Launch, SrunStepsOfOneJobTakeDifferentPorts) {
   EXPECT_EQ(port("0"), 24242);
   EXPECT_NE(port("1"), port("0"));
   EXPECT_NE(port("2"), port("1"));
-  for (const std::string& s : {"1", "2", "3", "40", "1073741824"}) {  // the last: 7919 x it overflows 32 bits
+  for (const char* s : {"1", "2", "3", "40", "1073741824"}) {  // the last: 7919 x it overflows 32 bits
     EXPECT_GE(port(s), 20000);
     EXPECT_LT(port(s), 30000);
   }

@@ -163,6 +163,14 @@ TEST(TokenizerJsonXlmRobertaClass, EveryLineAndPairAsTransformers5) {
   expect_parity(Tokenizer::from_directory(saved, "xlm-roberta"), "xlmr", "saved beside the XLM-R model");
   EXPECT_EQ(nlohmann::json::parse(read_regular_file(saved + "/tokenizer_config.json"))["tokenizer_class"],
             "RobertaTokenizer");
+  // A null class is no class (as from_directory reads it); a vocab.txt directory of a type with no
+  // class of its own here is not recorded as the generic class transformers cannot build from it.
+  std::ofstream(typed + "/tokenizer_config.json") << R"({"tokenizer_class": null})";
+  EXPECT_NE(Tokenizer::files_to_save(typed, "xlm-roberta").config.find("\"RobertaTokenizer\""), std::string::npos);
+  const std::string wp = testing_dirs::fresh_dir("tokjson_saved_wp");
+  fs::copy_file(fs::path(ANATOMY_SOURCE_DIR) / "tests/data/tokenizer/vocab.txt", wp + "/vocab.txt");
+  std::ofstream(wp + "/config.json") << R"({"model_type": "mobilebert"})";
+  EXPECT_EQ(Tokenizer::files_to_save(wp, "bert").config, "");
 }
 
 // Pre-split words (Hugging Face's is_split_into_words): ids and each token's word index, against
