@@ -328,8 +328,9 @@ void form_communicator(NcclGroupState& group, const LaunchEnv& env, const ncclUn
   // slot 0 holds, so that no NCCL thread of it outlives the error.
   struct AbortUnlessFormed {
     NcclGroupState& g;
+    const int unwinding = std::uncaught_exceptions();
     ~AbortUnlessFormed() {
-      if (std::uncaught_exceptions() > 0) g.abort_all();
+      if (std::uncaught_exceptions() > unwinding) g.abort_all();
     }
   } guard{group};
   const auto deadline = std::chrono::steady_clock::now() + env.timeout;
