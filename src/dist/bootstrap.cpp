@@ -6,16 +6,21 @@
 // goes when the claiming connection closes), 'W' watch, 'B' bye. A client waits for a reply only
 // after its own request.
 //
-// Note [failure watch]: after the rendezvous every rank keeps a second connection to rank 0's
-// server on which it sends only 'W' (its rank) and, when it ends normally, 'B'. The server sees a
-// connection close without 'B' when a rank dies (the kernel closes its sockets) or gives up
-// (leave()); it then closes every watch connection, so every rank's watcher thread sees its own
-// close within milliseconds and aborts its communicator. Rank 0 dying closes them all too.
+// Note [failure watch]: from its join on (before it counts as joined) every rank keeps a second
+// connection to rank 0's server on which it sends only 'W' (its rank and process) and, when it
+// ends normally, 'B'. The server sees a connection close without 'B' when a rank dies (the kernel
+// closes its sockets) or gives up (leave()); it then closes every watch connection, so every
+// rank's watcher thread sees its own close within milliseconds and aborts its communicator (the
+// engine's callback, given by watch() once the engine exists). Rank 0 dying closes them all too.
+// The server also records the loss in the store (anatomy/failed: "rank 1 (host pid N) was lost
+// after it joined"), so that ranks still forming the group (waiting for the others to join, or in
+// Gloo's rendezvous) end with it at their next poll: a rank lost while waiting for a late one was
+// seen by nobody, and the others waited out the timeout.
 //
-// Before the watch exists, a rank that fails tells the store instead (fail_group: the key
-// anatomy/failed holds its error; Note [failure before the group] in dist/launch.cpp), and every
-// member's wait() looks for that key at each poll, says it saw it (anatomy/failure-seen/<rank>)
-// and throws the error.
+// A rank that fails before it joins tells the store itself (fail_group: the key anatomy/failed
+// holds its error; Note [failure before the group] in dist/launch.cpp). Every member's wait()
+// looks for that key at each poll, says it saw it (anatomy/failure-seen/<rank>; the server says
+// so for a lost rank) and throws the error.
 #include "dist/bootstrap.h"
 
 #include <netdb.h>
@@ -162,6 +167,7 @@ class StoreServer {
     std::string key;
     std::vector<char> value;
     bool watching = false, said_bye = false;
+    std::string watched_rank, watched_process;  // the 'W' frame's
     std::vector<std::string> claimed;  // released when this connection closes: a restarted rank may claim again
     while (recv_frame(fd, op, key, value)) {
       std::unique_lock lk(m_mu);
@@ -183,7 +189,10 @@ class StoreServer {
         if (!send_frame(fd, found ? 'F' : 'N', {}, v)) break;
       } else if (op == 'W') {
         watching = true;
+        watched_rank = key;
+        watched_process.assign(value.begin(), value.end());
         ++m_open_watches;
+        m_watch_fds.push_back(fd);
         if (m_failed) ::shutdown(fd, SHUT_RDWR);
       } else if (op == 'B') {
         said_bye = true;
@@ -195,11 +204,18 @@ class StoreServer {
     ::close(fd);
     if (watching) {
       --m_open_watches;
+      m_watch_fds.erase(std::find(m_watch_fds.begin(), m_watch_fds.end(), fd));
       m_cv.notify_all();
       if (!said_bye && !m_stop && !m_failed) {
-        // A rank left without saying goodbye: Note [failure watch].
+        // A rank left without saying goodbye: Note [failure watch]. Ranks still forming the
+        // group read why from the store (the first failure told stays: a rank's own report
+        // before the group, fail_group), and do not wait for the lost one to see it.
         m_failed = true;
-        for (int c : m_conns) ::shutdown(c, SHUT_RDWR);
+        const std::string why = str_cat("rank ", watched_rank, " (", watched_process,
+                                        ") was lost after it joined (it ended without a goodbye: its own log has the cause)");
+        m_kv.try_emplace(kFailedKey, why.begin(), why.end());
+        m_kv[str_cat("anatomy/failure-seen/", watched_rank)] = {};
+        for (int c : m_watch_fds) ::shutdown(c, SHUT_RDWR);
       }
     }
   }
@@ -211,6 +227,7 @@ class StoreServer {
   int m_open_watches = 0;
   std::map<std::string, std::vector<char>> m_kv;
   std::vector<int> m_conns;  // open connections, each closed by its own thread
+  std::vector<int> m_watch_fds;  // those of them that watch (Note [failure watch])
   std::vector<std::thread> m_threads;
   std::thread m_accept;
 };
@@ -218,6 +235,9 @@ class StoreServer {
 struct TcpStore::Watcher {
   std::thread thread;
   std::atomic<bool> quiet{false};
+  std::mutex mu;
+  std::function<void()> on_failure;  // watch()'s; a failure before it is kept in `fired`
+  bool fired = false;
 };
 
 namespace {
@@ -328,6 +348,7 @@ void TcpStore::join(int rank, int world) {
                 "(RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID) and that one job is started once");
   m_rank = rank;
   m_world = world;
+  open_watch();  // before it counts as joined: a rank lost from here on is seen (Note [failure watch])
   // Every rank here, or one failed before it could join (Note [failure before the group]): an
   // engine's own rendezvous (NCCL's init) would never look at the store again.
   set(joined_key(rank), {});
@@ -387,22 +408,53 @@ void TcpStore::wait_for(const std::vector<std::string>& keys, std::chrono::milli
   }
 }
 
-void TcpStore::watch(std::function<void()> on_failure) {
+void TcpStore::open_watch() {
   ANATOMY_ASSERT(!m_watcher);
   m_watch_fd = connect_until(m_host, m_port, Clock::now() + m_timeout, address(), m_timeout);
-  ANATOMY_CHECK(send_frame(m_watch_fd, 'W', {}, {}), "bootstrap: lost rank 0's store at ", address());
+  const std::string me = this_process();
+  ANATOMY_CHECK(send_frame(m_watch_fd, 'W', std::to_string(m_rank), std::vector<char>(me.begin(), me.end())),
+                "bootstrap: lost rank 0's store at ", address());
   m_watcher = std::make_unique<Watcher>();
   Watcher* w = m_watcher.get();
   const int fd = m_watch_fd;
-  w->thread = std::thread([w, fd, on_failure = std::move(on_failure)] {
+  w->thread = std::thread([w, fd] {
     char c;
     while (true) {
       const ssize_t k = ::recv(fd, &c, 1, 0);
       if (k < 0 && errno == EINTR) continue;
       if (k <= 0) break;
     }
-    if (!w->quiet) on_failure();
+    if (w->quiet) return;
+    std::function<void()> f;
+    {
+      std::lock_guard lk(w->mu);
+      w->fired = true;
+      f = w->on_failure;
+    }
+    if (f) f();
   });
+}
+
+std::string TcpStore::failure() {
+  char reply = 0;
+  std::vector<char> out;
+  request('G', kFailedKey, {}, reply, out);
+  return reply == 'F' ? std::string(out.begin(), out.end()) : std::string();
+}
+
+void TcpStore::watch(std::function<void()> on_failure) {
+  if (!m_watcher) open_watch();
+  bool fired = false;
+  {
+    std::lock_guard lk(m_watcher->mu);
+    fired = m_watcher->fired;
+    if (!fired) m_watcher->on_failure = std::move(on_failure);
+  }
+  if (fired) {
+    const std::string why = failure();
+    if (m_rank >= 0) set(seen_key(m_rank), {});  // rank 0 waits for every rank to have seen it
+    fail("the group did not form: ", why.empty() ? std::string("a rank was lost after it joined") : why);
+  }
 }
 
 void TcpStore::finish() noexcept {

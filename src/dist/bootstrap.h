@@ -42,9 +42,13 @@ class TcpStore {
   void wait(const std::vector<std::string>& keys);
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
 
-  // Note [failure watch]: starts a thread that calls on_failure once when any rank of the group
-  // leaves without finish() (it died, or it called leave()), or rank 0's server goes away.
+  // Note [failure watch]: a thread (started by join) calls on_failure once when any rank of the
+  // group leaves without finish() (it died, or it called leave()), or rank 0's server goes away.
+  // Throws, naming the lost rank, when that happened before this call.
   void watch(std::function<void()> on_failure);
+  // What the group's first failure said (a rank lost, or one that failed before joining: the
+  // store's record); empty: none.
+  std::string failure();
   // This rank ends normally: later departures of others are not failures for this rank.
   void finish() noexcept;
   // This rank fails: the others' watches fire.
@@ -57,6 +61,7 @@ class TcpStore {
   // wait(), heeding a failure before the group when `heed_failure` (a member's waits do).
   void wait_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout, bool heed_failure);
   [[noreturn]] void refuse_second_rank_zero(const std::string& listen_error);
+  void open_watch();  // the watch connection and its thread (join's)
 
   std::string m_host;
   int m_port;

@@ -104,20 +104,20 @@ class GlooCommunicator final : public Communicator {
       ctx->connectFullMesh(store, dev);
       m_in_collective = nullptr;
       m_ctx = std::move(ctx);
-    } catch (...) {
+    } catch (const gloo::Exception& e) {
       m_in_collective = nullptr;
       m_closing = true;  // this thread reports: a watcher that fired returns at once
-      // A rank lost during the rendezvous ends rank 0's store with it (its server closes every
-      // connection), so the mesh's next store request fails as the watch fires: the watch names
-      // the cause, given half a second to.
+      // A peer lost during the rendezvous: the store says which (Note [failure watch]), given a
+      // moment to.
       for (int i = 0; i < 20 && !m_failed; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-      if (m_failed) fail("gloo rendezvous: rank ", m_rank, " of ", m_world, " lost its peers (another rank failed)");
-      try {
-        throw;
-      } catch (const gloo::Exception& e) {
-        fail("gloo: rank ", m_rank, " could not connect to the other ", m_world - 1, " ranks (rendezvous at ",
-             m_store->address(), "): ", first_line(e.what()));
-      }
+      if (const std::string why = m_failed ? m_store->failure() : std::string(); !why.empty())
+        fail("gloo rendezvous: the group did not form: ", why);
+      fail("gloo: rank ", m_rank, " could not connect to the other ", m_world - 1, " ranks (rendezvous at ",
+           m_store->address(), "): ", first_line(e.what()));
+    } catch (...) {  // the store's own error (a rank lost: the group did not form; the timeout)
+      m_in_collective = nullptr;
+      m_closing = true;
+      throw;
     }
   }
   ~GlooCommunicator() override {

@@ -323,7 +323,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<Bac
 
 // Puts this rank's blocking communicator in `group`'s slot 0, formed through a non-blocking one
 // there, which the failure watch may abort meanwhile (Note [non-blocking NCCL] below).
-void form_communicator(NcclGroupState& group, const LaunchEnv& env, const ncclUniqueId& id) {
+void form_communicator(NcclGroupState& group, const LaunchEnv& env, const ncclUniqueId& id, TcpStore* store) {
   // Whatever ends the forming early (an NCCL error, the deadline, a peer's failure) aborts what
   // slot 0 holds, so that no NCCL thread of it outlives the error.
   struct AbortUnlessFormed {
@@ -335,7 +335,9 @@ void form_communicator(NcclGroupState& group, const LaunchEnv& env, const ncclUn
   } guard{group};
   const auto deadline = std::chrono::steady_clock::now() + env.timeout;
   auto failed = [&](const char* why) {
-    fail("nccl: the group of ", env.world_size, " did not form: ", why, " (rank ", env.rank, ")");
+    const std::string lost = store && group.aborted[0] ? store->failure() : std::string();  // Note [failure watch]
+    fail("nccl: the group of ", env.world_size, " did not form: ", lost.empty() ? std::string(why) : lost, " (rank ",
+         env.rank, ")");
   };
   ncclConfig_t forming = NCCL_CONFIG_INITIALIZER;
   forming.blocking = 0;
@@ -406,7 +408,7 @@ std::unique_ptr<Communicator> make_nccl_process_group(const LaunchEnv& env, Back
   } else {
     ANATOMY_CUDA_CHECK(ncclGetUniqueId(&id));
   }
-  form_communicator(*group, env, id);
+  form_communicator(*group, env, id, store.get());
   return std::make_unique<NcclCommunicator>(group, 0, static_cast<cudaStream_t>(backend.native_stream()), env.rank,
                                             env.world_size, std::move(store));
 }
