@@ -12,8 +12,8 @@
 // closes its sockets) or gives up (leave()); it then closes every watch connection, so every
 // rank's watcher thread sees its own close within milliseconds and aborts its communicator (the
 // engine's callback, given by watch() once the engine exists). Rank 0 dying closes them all too.
-// The server also records the loss in the store (anatomy/failed: "rank 1 (host pid N) was lost
-// after it joined"), so that ranks still forming the group (waiting for the others to join, or in
+// The server also records the loss in the store (anatomy/failed: "rank 1 (host pid N) left the
+// group without a goodbye"), so that ranks still forming the group (waiting for the others to join, or in
 // Gloo's rendezvous) end with it at their next poll: a rank lost while waiting for a late one was
 // seen by nobody, and the others waited out the timeout.
 //
@@ -212,7 +212,7 @@ class StoreServer {
         // before the group, fail_group), and do not wait for the lost one to see it.
         m_failed = true;
         const std::string why = str_cat("rank ", watched_rank, " (", watched_process,
-                                        ") was lost after it joined (it ended without a goodbye: its own log has the cause)");
+                                        ") left the group without a goodbye (it failed or was killed: its own log has the cause)");
         m_kv.try_emplace(kFailedKey, why.begin(), why.end());
         m_kv[str_cat("anatomy/failure-seen/", watched_rank)] = {};
         for (int c : m_watch_fds) ::shutdown(c, SHUT_RDWR);
@@ -453,7 +453,7 @@ void TcpStore::watch(std::function<void()> on_failure) {
   if (fired) {
     const std::string why = failure();
     if (m_rank >= 0) set(seen_key(m_rank), {});  // rank 0 waits for every rank to have seen it
-    fail("the group did not form: ", why.empty() ? std::string("a rank was lost after it joined") : why);
+    fail("the group did not form: ", why.empty() ? std::string("a rank left the group") : why);
   }
 }
 

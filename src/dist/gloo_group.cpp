@@ -107,11 +107,7 @@ class GlooCommunicator final : public Communicator {
     } catch (const gloo::Exception& e) {
       m_in_collective = nullptr;
       m_closing = true;  // this thread reports: a watcher that fired returns at once
-      // A peer lost during the rendezvous: the store says which (Note [failure watch]), given a
-      // moment to.
-      for (int i = 0; i < 20 && !m_failed; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-      if (const std::string why = m_failed ? m_store->failure() : std::string(); !why.empty())
-        fail("gloo rendezvous: the group did not form: ", why);
+      if (const std::string why = lost_rank(); !why.empty()) fail("gloo rendezvous: the group did not form: ", why);
       fail("gloo: rank ", m_rank, " could not connect to the other ", m_world - 1, " ranks (rendezvous at ",
            m_store->address(), "): ", first_line(e.what()));
     } catch (...) {  // the store's own error (a rank lost: the group did not form; the timeout)
@@ -256,8 +252,21 @@ class GlooCommunicator final : public Communicator {
       run();
     } catch (const gloo::Exception& e) {
       m_failed = true;
+      if (const std::string who = lost_rank(); !who.empty()) fail("gloo ", what, ": ", who);
       fail("gloo ", what, ": rank ", m_rank, " of ", m_world, " lost its peers (another rank failed",
            timed ? str_cat(", or ", m_timeout.count() / 1000, " s passed") : std::string(), "): ", first_line(e.what()));
+    }
+  }
+
+  // The rank whose loss rank 0's store recorded (Note [failure watch]), given the watch a moment
+  // to see it (a peer's sockets may reset first); empty: none recorded, or the store is gone.
+  std::string lost_rank() {
+    if (!m_store) return {};
+    for (int i = 0; i < 20 && !m_watch_fired; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    try {
+      return m_watch_fired ? m_store->failure() : std::string();
+    } catch (const Error&) {
+      return {};
     }
   }
 
@@ -267,6 +276,7 @@ class GlooCommunicator final : public Communicator {
   // collective entered before the failure and still running 2 s later ends the process with the
   // error; one entered after it is refused by engine's check.
   void on_peer_failure() {
+    m_watch_fired = true;
     m_failed = true;
     for (int i = 0; i < 40 && !m_closing; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (const char* what = m_in_collective.load(); what && !m_closing) {
@@ -293,7 +303,7 @@ class GlooCommunicator final : public Communicator {
   int m_rank, m_world;
   std::chrono::milliseconds m_timeout;
   std::shared_ptr<gloo::Context> m_ctx;
-  std::atomic<bool> m_failed{false}, m_aborted{false}, m_closing{false};
+  std::atomic<bool> m_failed{false}, m_aborted{false}, m_closing{false}, m_watch_fired{false};
   std::atomic<const char*> m_in_collective{nullptr};  // the collective running, for on_peer_failure
   // Last, so destroyed first: its destructor joins the watcher, which reads the members above
   // (also when the constructor throws after the watch started).

@@ -161,6 +161,26 @@ TEST_P(ProcessGroupSpawn, AFailingRankEndsTheOthersWithItsStatusAndError) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, ProcessGroupSpawn, ::testing::Values(2, 3));
 
+// Its peers name the failed rank, from rank 0's store (Note [failure watch]); they said "lost its
+// peers (another rank failed, or 60 s passed)" with Gloo's socket error. Started without a
+// spawner, which would end them first.
+TEST(ProcessGroupFail, ThePeersNameTheRankThatLeft) {
+  const std::string dir = testing_dirs::fresh_dir("pg_fail_named");
+  const int port = free_local_port();
+  std::vector<pid_t> pids;
+  for (int r : {0, 1}) pids.push_back(start_rank({ANATOMY_PG_WORKER, "fail", "1"}, r, 2, port, dir + "/log" + std::to_string(r)));
+  for (pid_t p : pids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(p, &status, 0), p);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2);
+  }
+  const std::string log = slurp(dir + "/log0");
+  EXPECT_NE(log.find("rank 1 ("), std::string::npos) << log;
+  EXPECT_NE(log.find("left the group without a goodbye (it failed or was killed: its own log has the cause)"),
+            std::string::npos)
+      << log;
+}
+
 // A rank lost after the join, before its engine connected (killed; here it exits without a
 // goodbye to the store): the other waited in NCCL's init for ever, and under Gloo ended saying it
 // had lost rank 0's store (its own, which had closed it on seeing the failure). The failure watch
@@ -189,7 +209,7 @@ TEST_P(RankLostAfterJoin, TheOtherEndsWithinSeconds) {
   EXPECT_NE(log.find(str_cat(cuda ? "nccl: the group of 2 did not form: " : "the group did not form: ", "rank 1 (")),
             std::string::npos)
       << log;
-  EXPECT_NE(log.find("was lost after it joined"), std::string::npos) << log;
+  EXPECT_NE(log.find("left the group without a goodbye"), std::string::npos) << log;
   std::printf("[lost after join] %s: rank 0 ended after %.1f s\n", GetParam().c_str(), secs);
 }
 
@@ -215,7 +235,7 @@ TEST(RankLostAfterJoin, WhileTheGroupWaitsForALateRank) {
     const std::string log = slurp(dir + "/log" + std::to_string(r));
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << "rank " << r << ": " << log;
     EXPECT_NE(log.find("the group did not form: rank 1 ("), std::string::npos) << "rank " << r << ": " << log;
-    EXPECT_NE(log.find("was lost after it joined"), std::string::npos) << "rank " << r << ": " << log;
+    EXPECT_NE(log.find("left the group without a goodbye"), std::string::npos) << "rank " << r << ": " << log;
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_LT(secs, 20.0);  // ANATOMY_DIST_TIMEOUT is 60 s here
