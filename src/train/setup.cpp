@@ -1,6 +1,7 @@
 #include "train/setup.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -291,6 +292,14 @@ void load_starting_weights(const TrainOptions& opt, EncoderModel& model, bool an
                  small.size(), opt.model_name_or_path.c_str(), small[0].c_str());
 }
 
+// A float flag's value as given (5e-05), not as the float widened to a double prints it
+// (4.999999873689376e-05): its shortest decimal, read back as a double.
+static double as_given(float v) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, v).ptr;
+  return std::strtod(std::string(text, end).c_str(), nullptr);
+}
+
 void check_ranks_agree(const TrainOptions& o, int64_t train_rows, Communicator& comm) {
   if (comm.size() == 1) return;
   const nlohmann::json run = {{"--per-device-train-batch-size", o.per_device_train_batch_size},
@@ -302,12 +311,12 @@ void check_ranks_agree(const TrainOptions& o, int64_t train_rows, Communicator& 
                               {"--max-steps", o.max_steps},
                               {"--num-train-epochs",
                                o.train_epochs > 0 ? o.train_epochs : static_cast<double>(o.num_train_epochs)},
-                              {"--learning-rate", o.learning_rate},
+                              {"--learning-rate", as_given(o.learning_rate)},
                               {"--lr-scheduler-type", schedule_name(o.lr_scheduler_type)},
                               {"--warmup-steps", o.warmup_steps},
                               {"--warmup-ratio", o.warmup_ratio},
-                              {"--weight-decay", o.optim.weight_decay},
-                              {"--max-grad-norm", o.max_grad_norm},
+                              {"--weight-decay", as_given(o.optim.weight_decay)},
+                              {"--max-grad-norm", as_given(o.max_grad_norm)},
                               {"--zero-stage", o.zero_stage},
                               {"--ddp-bucket-cap-mb", o.ddp_bucket_cap_mb},
                               {"--gradient-checkpointing", checkpoint_policy_name(o.gradient_checkpointing)},

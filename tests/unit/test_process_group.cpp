@@ -395,7 +395,8 @@ TEST(TrainRanks, DifferentFlagsEndEveryRankNamingThem) {
   for (int r = 1; r >= 0; --r)
     pids.push_back(start_rank({ANATOMY_BINARY, "train", "--device", "cpu", "--threads", "1", "--disable-tqdm", "--preset",
                                "bert-tiny", "--num-samples", "32", "--seq-len", "16", "--max-steps", "2", "--output-dir",
-                               dir + "/out", "--per-device-train-batch-size", r == 0 ? "4" : "2"},
+                               dir + "/out", "--per-device-train-batch-size", r == 0 ? "4" : "2", "--learning-rate",
+                               r == 0 ? "5e-5" : "1e-4"},
                               r, 2, port, dir + "/log" + std::to_string(r)));
   for (size_t i = 0; i < pids.size(); ++i) {
     const int r = 1 - static_cast<int>(i);
@@ -403,8 +404,12 @@ TEST(TrainRanks, DifferentFlagsEndEveryRankNamingThem) {
     ASSERT_EQ(::waitpid(pids[i], &status, 0), pids[i]);
     const std::string log = slurp(dir + "/log" + std::to_string(r));
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << log;
-    EXPECT_NE(log.find(anatomy::str_cat("anatomy: error: the ranks were started with different flags: ",
-                                        "--per-device-train-batch-size (rank ", r, ": ", r == 0 ? 4 : 2, ")")),
+    EXPECT_NE(log.find("anatomy: error: the ranks were started with different flags: "), std::string::npos) << log;
+    EXPECT_NE(log.find(anatomy::str_cat("--per-device-train-batch-size (rank ", r, ": ", r == 0 ? 4 : 2, ")")),
+              std::string::npos)
+        << log;
+    // As given, not as a float widened to a double (4.999999873689376e-05).
+    EXPECT_NE(log.find(anatomy::str_cat("--learning-rate (rank ", r, ": ", r == 0 ? "5e-05" : "0.0001", ")")),
               std::string::npos)
         << log;
   }
