@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -63,8 +64,13 @@ std::string show(const std::vector<int32_t>& ids) {
 }
 
 // The fixture's tokenizer.json, unzipped into the test's folder.
+// In a directory of the running test's own: ctest runs tests in parallel processes, and a
+// directory shared by name was rewritten under another test's reader.
 std::string unpack(const std::string& name) {
-  const std::string dir = testing_dirs::fresh_dir("tokjson_" + name);
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string tag = test ? std::string(test->test_suite_name()) + "." + test->name() : "none";
+  std::replace(tag.begin(), tag.end(), '/', '_');
+  const std::string dir = testing_dirs::fresh_dir("tokjson_" + name + "_" + tag);
   const std::string path = dir + "/tokenizer.json";
   std::ofstream(path, std::ios::binary) << gunzip(kFixtures / (name + ".json.gz"));
   return path;
