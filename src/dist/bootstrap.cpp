@@ -48,7 +48,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 const char* const kFailedKey = "anatomy/failed";
-std::string seen_key(int rank) { return str_cat("anatomy/failure-seen/", rank); }
+const char* const kSeenPrefix = "anatomy/failure-seen/";
+std::string seen_key(int rank) { return str_cat(kSeenPrefix, rank); }
 std::string joined_key(int rank) { return str_cat("anatomy/joined/", rank); }
 
 // key(r) for every rank r of `world`.
@@ -214,7 +215,7 @@ class StoreServer {
         const std::string why = str_cat("rank ", watched_rank, " (", watched_process,
                                         ") left the group without a goodbye (it failed or was killed: its own log has the cause)");
         m_kv.try_emplace(kFailedKey, why.begin(), why.end());
-        m_kv[str_cat("anatomy/failure-seen/", watched_rank)] = {};
+        m_kv[kSeenPrefix + watched_rank] = {};
         for (int c : m_watch_fds) ::shutdown(c, SHUT_RDWR);
       }
     }

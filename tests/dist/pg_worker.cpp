@@ -8,8 +8,8 @@
 //                        into a collective with it, which must throw within seconds
 //   stall                after a first barrier rank 0 writes a ready file and every rank waits
 //                        in a collective that one rank never joins (the test kills that rank)
-//   late-lead HOW        rank 0 works alone for 4.5 s, then every rank meets in HOW (barrier or
-//                        wait_for_all): run with ANATOMY_DIST_TIMEOUT=2, barrier fails, wait_for_all not
+//   late-lead HOW        rank 0 works alone for 6.5 s, then every rank meets in HOW (barrier or
+//                        wait_for_all): run with ANATOMY_DIST_TIMEOUT=3, barrier fails, wait_for_all not
 //   vanish R             rank R joins the group's store, is watched, and exits (status 3) a second
 //                        later, before its engine connects; the others run `script` into /dev/null
 //                        and must fail within seconds (Gloo's mesh, NCCL's init)
@@ -79,7 +79,7 @@ static int run(int argc, char** argv) {
       return 0;
     }
     if (mode == "late-lead" && argc == 3) {
-      if (env.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(4500));
+      if (env.rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(6500));
       std::string(argv[2]) == "wait_for_all" ? comm->wait_for_all() : comm->barrier();
       std::fprintf(stderr, "rank %d: met the others\n", env.rank);
       return 0;

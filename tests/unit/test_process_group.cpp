@@ -21,6 +21,7 @@
 
 #include "../common/dirs.h"
 #include "core/error.h"
+#include "dist/bootstrap.h"
 #include "dist/spawn.h"
 #include "ops/backend.h"
 #include "../dist/pg_script.h"
@@ -224,7 +225,10 @@ TEST(RankLostAfterJoin, WhileTheGroupWaitsForALateRank) {
   const auto t0 = Clock::now();
   const pid_t r0 = start_rank({ANATOMY_PG_WORKER, "script", dir}, 0, 3, port, dir + "/log0");
   const pid_t r1 = start_rank({ANATOMY_PG_WORKER, "script", dir}, 1, 3, port, dir + "/log1");
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // rank 1 has joined and waits for rank 2
+  {  // rank 1 has joined (its key is in rank 0's store) and waits for rank 2
+    TcpStore look("127.0.0.1", port, false, std::chrono::seconds(30));
+    look.wait({"anatomy/joined/1"});
+  }
   ASSERT_EQ(::kill(r1, SIGKILL), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(r1, &status, 0), r1);
@@ -244,7 +248,7 @@ TEST(RankLostAfterJoin, WhileTheGroupWaitsForALateRank) {
 
 // Rank 0 working alone (predicting, writing a checkpoint) for longer than ANATOMY_DIST_TIMEOUT:
 // the others wait for it in wait_for_all, which a rank's failure ends, not the timeout; a plain
-// barrier ends at the timeout (2 s here, rank 0 alone for 4.5 s; rank 0 starts first, since the
+// barrier ends at the timeout (3 s here, rank 0 alone for 6.5 s; rank 0 starts first, since the
 // timeout bounds the join too). The trainer waits so for rank 0 working alone: a CPU prediction
 // longer than the timeout failed the run at its end.
 TEST(ProcessGroupWaits, ForARankWorkingAloneAsLongAsItTakes) {
@@ -255,7 +259,7 @@ TEST(ProcessGroupWaits, ForARankWorkingAloneAsLongAsItTakes) {
     std::vector<pid_t> pids;
     for (int r : {0, 1})
       pids.push_back(start_rank({ANATOMY_PG_WORKER, "late-lead", how}, r, 2, port, dir + "/log" + std::to_string(r),
-                                {{"ANATOMY_DIST_TIMEOUT", "2"}}));
+                                {{"ANATOMY_DIST_TIMEOUT", "3"}}));
     for (size_t i : {1, 0}) {
       int status = 0;
       ASSERT_EQ(::waitpid(pids[i], &status, 0), pids[i]);
